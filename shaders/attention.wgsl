@@ -1,0 +1,203 @@
+// Attention from stored weights: the naive score-matrix path, TinyGPT's
+// attn_fused_sv, and the backward both share.
+// q, k, v, dout, out are [B, T, C] with heads interleaved in C (head h owns
+// channels h*hd .. h*hd+hd-1). The score/weight buffers hold the heads
+// h0 .. h0+nh-1 as [B, nh, T, T], so the host can split the heads into chunks
+// when B*H*T*T floats would exceed one binding. Causal: t2 <= t1.
+//   attn_scores    S = q.k^T * scale, MASKED above the diagonal       (one invocation per score)
+//   attn_softmax   P = softmax(S) in place, row by row                  (one per row)
+//   attn_value     out = P @ v                                          (one per output element)
+//   attn_fused_sv  scores, max, exp, sum, P and P @ v in one kernel    (one per row, T <= 1024)
+//   attn_dscores   dS = P * (dO.v^T - rowsum(P * dO.v^T)) * scale     (one per row, any T)
+//   attn_dq        dq = dS @ k,  attn_dk  dk = dS^T @ q,  attn_dvalue  dv = P^T @ dO
+
+struct Params { B: u32, T: u32, C: u32, hd: u32, h0: u32, nh: u32, scale: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x1: array<f32>;
+@group(0) @binding(2) var<storage, read> x2: array<f32>;
+@group(0) @binding(3) var<storage, read> x3: array<f32>;
+@group(0) @binding(4) var<storage, read_write> o1: array<f32>;
+@group(0) @binding(5) var<storage, read_write> o2: array<f32>;
+
+const MASKED: f32 = -3.4028235e38;
+const FUSED_MAX_T: u32 = 1024u;
+
+fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
+  return (wid.y * nwg.x + wid.x) * 64u + lid.x;
+}
+
+// index of (b, hh, t1, t2) in a [B, nh, T, T] buffer
+fn sidx(b: u32, hh: u32, t1: u32, t2: u32) -> u32 {
+  return ((b * p.nh + hh) * p.T + t1) * p.T + t2;
+}
+
+// x[b, t, head channel d]
+fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
+  return (b * p.T + t) * p.C + h * p.hd + d;
+}
+
+@compute @workgroup_size(64)
+fn attn_scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.nh * p.T * p.T) { return; }
+  let t2 = i % p.T;
+  let t1 = (i / p.T) % p.T;
+  let hh = (i / (p.T * p.T)) % p.nh;
+  let b = i / (p.T * p.T * p.nh);
+  if (t2 > t1) { o1[i] = MASKED; return; }
+  let h = p.h0 + hh;
+  var s = 0.0;
+  for (var d = 0u; d < p.hd; d++) { s += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
+  o1[i] = s * p.scale;
+}
+
+@compute @workgroup_size(64)
+fn attn_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r = lin(wid, nwg, lid);                     // row (b, hh, t1)
+  if (r >= p.B * p.nh * p.T) { return; }
+  let t1 = r % p.T;
+  let base = r * p.T;
+  var m = MASKED;
+  for (var t2 = 0u; t2 <= t1; t2++) { m = max(m, o1[base + t2]); }
+  var s = 0.0;
+  for (var t2 = 0u; t2 <= t1; t2++) { let e = exp(o1[base + t2] - m); o1[base + t2] = e; s += e; }
+  let inv = 1.0 / s;
+  for (var t2 = 0u; t2 < p.T; t2++) {
+    if (t2 <= t1) { o1[base + t2] *= inv; } else { o1[base + t2] = 0.0; }
+  }
+}
+
+// one invocation per element of out within the head chunk: (b, t1, hh*hd + d)
+@compute @workgroup_size(64)
+fn attn_value(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+  let w = p.nh * p.hd;
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.T * w) { return; }
+  let cc = i % w;
+  let t1 = (i / w) % p.T;
+  let b = i / (w * p.T);
+  let hh = cc / p.hd;
+  let d = cc % p.hd;
+  let h = p.h0 + hh;
+  var s = 0.0;
+  for (var t2 = 0u; t2 <= t1; t2++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t2, h, d)]; }
+  o1[at(b, t1, h, d)] = s;
+}
+
+// TinyGPT's fused kernel: x1 = q, x2 = k, x3 = v -> o1 = out, o2 = P
+@compute @workgroup_size(64)
+fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r = lin(wid, nwg, lid);
+  if (r >= p.B * p.nh * p.T) { return; }
+  let t1 = r % p.T;
+  let hh = (r / p.T) % p.nh;
+  let b = r / (p.T * p.nh);
+  let h = p.h0 + hh;
+  var sc: array<f32, FUSED_MAX_T>;
+  // pass 1: scores and their max
+  var m = MASKED;
+  for (var t2 = 0u; t2 <= t1; t2++) {
+    var s = 0.0;
+    for (var d = 0u; d < p.hd; d++) { s += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
+    s *= p.scale;
+    sc[t2] = s;
+    m = max(m, s);
+  }
+  // pass 2: exponentials and their sum
+  var sum = 0.0;
+  for (var t2 = 0u; t2 <= t1; t2++) { sc[t2] = exp(sc[t2] - m); sum += sc[t2]; }
+  let inv = 1.0 / sum;
+  let base = r * p.T;
+  for (var t2 = 0u; t2 < p.T; t2++) {
+    if (t2 <= t1) { sc[t2] *= inv; o2[base + t2] = sc[t2]; } else { o2[base + t2] = 0.0; }
+  }
+  // pass 3: P @ v, one output channel at a time (no second private array)
+  for (var d = 0u; d < p.hd; d++) {
+    var acc = 0.0;
+    for (var t2 = 0u; t2 <= t1; t2++) { acc += sc[t2] * x3[at(b, t2, h, d)]; }
+    o1[at(b, t1, h, d)] = acc;
+  }
+}
+
+// x1 = dout, x2 = v, x3 = P -> o1 = dS. dP is parked in o1 on the first pass,
+// so no private array limits T (the original's 256-entry one did).
+@compute @workgroup_size(64)
+fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+  let r = lin(wid, nwg, lid);
+  if (r >= p.B * p.nh * p.T) { return; }
+  let t1 = r % p.T;
+  let hh = (r / p.T) % p.nh;
+  let b = r / (p.T * p.nh);
+  let h = p.h0 + hh;
+  let base = r * p.T;
+  var sum = 0.0;
+  for (var t2 = 0u; t2 <= t1; t2++) {
+    var dp = 0.0;
+    for (var d = 0u; d < p.hd; d++) { dp += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
+    o1[base + t2] = dp;
+    sum += x3[base + t2] * dp;
+  }
+  for (var t2 = 0u; t2 < p.T; t2++) {
+    if (t2 <= t1) { o1[base + t2] = x3[base + t2] * (o1[base + t2] - sum) * p.scale; } else { o1[base + t2] = 0.0; }
+  }
+}
+
+// x1 = dS, x2 = k -> o1 = dq (head chunk channels)
+@compute @workgroup_size(64)
+fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_id) lid: vec3<u32>) {
+  let w = p.nh * p.hd;
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.T * w) { return; }
+  let cc = i % w;
+  let t1 = (i / w) % p.T;
+  let b = i / (w * p.T);
+  let hh = cc / p.hd;
+  let h = p.h0 + hh;
+  let d = cc % p.hd;
+  var s = 0.0;
+  for (var t2 = 0u; t2 <= t1; t2++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t2, h, d)]; }
+  o1[at(b, t1, h, d)] = s;
+}
+
+// x1 = dS, x2 = q -> o1 = dk
+@compute @workgroup_size(64)
+fn attn_dk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_id) lid: vec3<u32>) {
+  let w = p.nh * p.hd;
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.T * w) { return; }
+  let cc = i % w;
+  let t2 = (i / w) % p.T;
+  let b = i / (w * p.T);
+  let hh = cc / p.hd;
+  let h = p.h0 + hh;
+  let d = cc % p.hd;
+  var s = 0.0;
+  for (var t1 = t2; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t1, h, d)]; }
+  o1[at(b, t2, h, d)] = s;
+}
+
+// x1 = P, x2 = dout -> o1 = dv
+@compute @workgroup_size(64)
+fn attn_dvalue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+  let w = p.nh * p.hd;
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.T * w) { return; }
+  let cc = i % w;
+  let t2 = (i / w) % p.T;
+  let b = i / (w * p.T);
+  let hh = cc / p.hd;
+  let h = p.h0 + hh;
+  let d = cc % p.hd;
+  var s = 0.0;
+  for (var t1 = t2; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t1, h, d)]; }
+  o1[at(b, t2, h, d)] = s;
+}

@@ -1,0 +1,55 @@
+// Token + position embedding and its two gradients, deterministic (no atomics).
+//   embed_forward   out[b,t,:] = tok[tokens[b,t], :] + pos[t, :]
+//   embed_tok_grad  dtok[v,:] (+)= sum of dout[i,:] over positions i holding token v
+//   embed_pos_grad  dpos[t,:] = sum_b dout[b,t,:]
+// The token gradient reads a bucket index built on the host with the batch
+// (positions sorted by token, offsets[v]..offsets[v+1]), so each (v, c) sums
+// its own positions in a fixed order: O(BT*C + V*C) work.
+
+struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> idx: array<u32>;    // tokens [B*T] | offsets [V+1] then positions [B*T]
+@group(0) @binding(2) var<storage, read> src: array<f32>;    // tok [V,C] (forward) | dout [B*T, C]
+@group(0) @binding(3) var<storage, read> src2: array<f32>;   // pos [ctx,C] (forward) | unused
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
+  return (wid.y * nwg.x + wid.x) * 64u + lid.x;
+}
+
+@compute @workgroup_size(64)
+fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.B * p.T * p.C) { return; }
+  let row = i / p.C;
+  let ch = i % p.C;
+  let t = row % p.T;
+  out[i] = src[idx[row] * p.C + ch] + src2[t * p.C + ch];
+}
+
+@compute @workgroup_size(64)
+fn embed_tok_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.V * p.C) { return; }
+  let v = i / p.C;
+  let ch = i % p.C;
+  var s = 0.0;
+  for (var j = idx[v]; j < idx[v + 1u]; j++) {
+    s += src[idx[p.V + 1u + j] * p.C + ch];
+  }
+  if (p.accumulate != 0u) { s += out[i]; }
+  out[i] = s;
+}
+
+@compute @workgroup_size(64)
+fn embed_pos_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.T * p.C) { return; }
+  var s = 0.0;
+  for (var b = 0u; b < p.B; b++) { s += src[b * p.T * p.C + i]; }
+  out[i] = s;
+}

@@ -1,0 +1,76 @@
+// Cross-entropy over the vocabulary, fused with its softmax backward, and the
+// deterministic mean of the per-row losses.
+//   cross_entropy  losses[r] = logsumexp(logits[r]) - logits[r, target[r]]
+//                  logits[r] <- (softmax(logits[r]) - onehot(target)) * scale   when write_grad
+//   loss_reduce    loss[0] = sum(losses) * scale
+// One workgroup of 64 per row; the row max and sum go through workgroup
+// memory so that large vocabularies (50257) stay parallel. Rows are split
+// into chunks by the host when the logits exceed a binding (row0 offsets).
+
+struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> targets: array<u32>;      // [all rows]
+@group(0) @binding(2) var<storage, read_write> logits: array<f32>; // [rows, V], becomes dlogits
+@group(0) @binding(3) var<storage, read_write> losses: array<f32>; // [all rows]
+
+var<workgroup> red: array<f32, 64>;
+
+fn reduce_max(lid: u32, v: f32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn reduce_sum(lid: u32, v: f32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+@compute @workgroup_size(64)
+fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let r = wid.y * nwg.x + wid.x;       // uniform across the workgroup
+  if (r >= p.rows) { return; }
+  let lid = lidv.x;
+  let base = r * p.V;
+  var m = -3.4028235e38;
+  for (var j = lid; j < p.V; j += 64u) { m = max(m, logits[base + j]); }
+  m = reduce_max(lid, m);
+  var s = 0.0;
+  for (var j = lid; j < p.V; j += 64u) { s += exp(logits[base + j] - m); }
+  s = reduce_sum(lid, s);
+  let tgt = targets[p.row0 + r];
+  if (lid == 0u) { losses[p.row0 + r] = m + log(s) - logits[base + tgt]; }
+  if (p.write_grad != 0u) {
+    workgroupBarrier();  // lane 0 read logits[tgt] above
+    let inv = 1.0 / s;
+    for (var j = lid; j < p.V; j += 64u) {
+      var g = exp(logits[base + j] - m) * inv;
+      if (j == tgt) { g -= 1.0; }
+      logits[base + j] = g * p.scale;
+    }
+  }
+}
+
+@compute @workgroup_size(64)
+fn loss_reduce(@builtin(local_invocation_id) lidv: vec3<u32>) {
+  let lid = lidv.x;
+  var s = 0.0;
+  for (var j = lid; j < p.rows; j += 64u) { s += losses[j]; }
+  s = reduce_sum(lid, s);
+  if (lid == 0u) { logits[0] = s * p.scale; }
+}

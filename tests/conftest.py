@@ -1,0 +1,28 @@
+"""Shared fixtures: one GPU for the session, and the compare helper every op test uses."""
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    from tinygpt.gpu import GPU
+    g = GPU()
+    print(f"\nadapter: {g.name} ({g.backend})")
+    return g
+
+
+def check(name, got, want, atol, rtol=0.0):
+    """Assert |got - want| <= atol + rtol*|want| and print the max error seen (llm.c style)."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    assert got.shape == want.shape, f"{name}: shape {got.shape} != {want.shape}"
+    err = np.abs(got - want)
+    ok = bool(np.all(err <= atol + rtol * np.abs(want)))
+    print(f"{name:40s} {'OK ' if ok else 'BAD'} maxdiff={err.max() if err.size else 0:.3e} (atol {atol:g}, rtol {rtol:g})")
+    assert ok, f"{name}: max error {err.max():.3e} over atol {atol} + rtol {rtol}"
+    return float(err.max()) if err.size else 0.0
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,70 @@
+"""The three attention paths against the float64 reference: out, dq, dk, dv."""
+import numpy as np
+import pytest
+
+from tinygpt import attention
+from tinygpt import reference_attention as RA
+from tinygpt.attention import AttentionError
+
+from conftest import check
+
+pytestmark = pytest.mark.kernel
+
+# (B, T, C, H): T in {1, 7, 64, 65, 257}; head dims 1, 5, 13, 24, 33 and 128
+SHAPES = [(2, 1, 10, 2), (2, 7, 15, 3), (1, 64, 48, 2), (2, 65, 26, 2), (1, 257, 33, 1), (1, 65, 128, 1)]
+TOL = 2e-5  # absolute; inputs ~N(0,1), outputs O(1)
+
+
+def _inputs(B, T, C, seed=0):
+    r = np.random.default_rng(seed)
+    return [r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4)]
+
+
+@pytest.mark.parametrize("impl", attention.IMPLS)
+@pytest.mark.parametrize("B,T,C,H", SHAPES)
+def test_attention_against_float64(gpu, impl, B, T, C, H):
+    q, k, v, do = _inputs(B, T, C)
+    f = lambda a: a.astype(np.float64)
+    ref = RA.attention_forward(f(q), f(k), f(v), H)
+    rdq, rdk, rdv = RA.attention_backward(f(q), f(k), f(v), f(do), H)
+    tag = f"{impl} B={B} T={T} C={C} H={H} hd={C // H}"
+    check(f"{tag} out", attention.forward(q, k, v, H, impl, gpu), ref, TOL)
+    dq, dk, dv = attention.backward(q, k, v, do, H, impl, gpu)
+    check(f"{tag} dq", dq, rdq, TOL)
+    check(f"{tag} dk", dk, rdk, TOL)
+    check(f"{tag} dv", dv, rdv, TOL)
+
+
+@pytest.mark.slow
+def test_online_beyond_the_old_cap(gpu):
+    B, T, C, H = 1, 2048, 32, 1
+    q, k, v, do = _inputs(B, T, C, 1)
+    f = lambda a: a.astype(np.float64)
+    check("online T=2048 out", attention.forward(q, k, v, H, "online", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
+    dq, dk, dv = attention.backward(q, k, v, do, H, "online", gpu)
+    for name, got, want in zip("qkv", (dq, dk, dv), RA.attention_backward(f(q), f(k), f(v), f(do), H)):
+        check(f"online T=2048 d{name}", got, want, TOL)
+
+
+def test_fused_sv_refuses_long_sequences(gpu):
+    q = np.zeros((1, 1025, 8), np.float32)
+    with pytest.raises(AttentionError, match="up to 1024"):
+        attention.forward(q, q, q, 1, "fused_sv", gpu)
+
+
+def test_scratch_is_quadratic_or_linear():
+    assert attention.scratch_bytes("online", 1, 4096, 1) == 2 * 4 * 4096
+    assert attention.scratch_bytes("naive", 1, 4096, 1) == 2 * 4 * 4096 * 4096
+    assert attention.scratch_bytes("fused_sv", 2, 10, 3) == 2 * 4 * 2 * 3 * 100
+
+
+def test_naive_splits_heads_over_the_binding_limit(gpu, monkeypatch):
+    """With a binding too small for all heads' T x T, the naive path runs head chunks."""
+    B, T, C, H = 1, 40, 12, 3
+    monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 4 * T * T + 16)
+    assert len(attention.head_chunks(gpu, B, T, H)) == 3
+    q, k, v, do = _inputs(B, T, C, 2)
+    f = lambda a: a.astype(np.float64)
+    check("naive in 3 head chunks out", attention.forward(q, k, v, H, "naive", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
+    dq, _, _ = attention.backward(q, k, v, do, H, "naive", gpu)
+    check("naive in 3 head chunks dq", dq, RA.attention_backward(f(q), f(k), f(v), f(do), H)[0], TOL)

@@ -1,0 +1,380 @@
+"""The small host API everything else uses: adapter and device, buffers, WGSL
+loading, pipelines and bind groups, and one-submit execution.
+
+Conventions every shader follows (the only contract between WGSL and Python):
+  * binding 0 is a `var<uniform>` Params struct of 4-byte scalars (u32/i32/f32),
+    packed in declaration order by `pack_params`;
+  * bindings 1.. are storage buffers, inputs first, then outputs;
+  * 1-D grids are folded into (x, y) because a dimension holds at most 65535
+    workgroups; shaders rebuild the linear id from `num_workgroups`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+# Tensors inside one buffer start on this many bytes, which satisfies every
+# adapter's min-storage-buffer-offset-alignment (at most 256) and lets a
+# 256-float workgroup of the optimizer never straddle two tensors.
+ALIGN_BYTES = 1024
+MAX_GROUPS = 65535
+
+
+class GPUError(RuntimeError):
+    """A failure of the WebGPU layer that a user can act on."""
+
+
+class NoAdapterError(GPUError):
+    pass
+
+
+class ShaderError(GPUError):
+    pass
+
+
+class LimitError(GPUError):
+    pass
+
+
+def shader_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for cand in (here / "shaders", here.parent / "shaders"):  # wheel, checkout
+        if (cand / "matmul.wgsl").exists():
+            return cand
+    raise GPUError(f"WGSL shaders not found next to {here}; reinstall tinygpt")
+
+
+def _quiet_wgpu_logs():
+    # wgpu-native logs adapter probing noise (XDG_RUNTIME_DIR etc.) at warning level.
+    import logging
+    logging.getLogger("wgpu").setLevel(logging.ERROR)
+
+
+_BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "d3d12": "D3D12", "gl": "OpenGL", "opengl": "OpenGL"}
+
+
+def pick_adapter(backend: str | None = None):
+    """Vulkan/Metal/D3D12 before OpenGL, real GPUs before CPUs; TINYGPT_BACKEND forces one."""
+    import wgpu
+    _quiet_wgpu_logs()
+    backend = (backend or os.environ.get("TINYGPT_BACKEND") or "").strip().lower()
+    if backend and backend not in _BACKENDS:
+        raise GPUError(f"unknown backend {backend!r}; TINYGPT_BACKEND takes one of vulkan, metal, d3d12, gl")
+    try:
+        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as e:  # no driver library at all
+        raise NoAdapterError(f"WebGPU could not enumerate adapters ({e})") from e
+    if backend:
+        adapters = [a for a in adapters if a.info.get("backend_type", "") == _BACKENDS[backend]]
+    if not adapters:
+        where = f" for backend {backend!r}" if backend else ""
+        raise NoAdapterError(
+            f"no WebGPU adapter found{where}: install a GPU driver, or on Debian/Ubuntu "
+            "the CPU one with 'apt-get install mesa-vulkan-drivers'")
+    kind_rank = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+    def rank(a):
+        info = a.info
+        return (info.get("backend_type") == "OpenGL", kind_rank.get(info.get("adapter_type"), 4))
+    return sorted(adapters, key=rank)[0]
+
+
+@dataclass
+class Tensor:
+    """A typed view of (part of) a GPU buffer. shape is logical, row-major."""
+    buf: object
+    offset: int  # bytes
+    shape: tuple
+    dtype: str = "f32"
+    name: str = ""
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.size
+
+    def binding(self):
+        # Bindings must be a multiple of 4 bytes and non-empty.
+        return {"buffer": self.buf, "offset": self.offset, "size": max(4, self.nbytes)}
+
+
+_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32}
+
+
+@dataclass
+class Kernel:
+    name: str  # entry point
+    file: str
+    pipeline: object
+    layout: object  # bind group layout
+    access: str  # one char per binding: u(niform) r(ead) w(rite)
+
+
+@dataclass
+class Dispatch:
+    kernel: Kernel
+    bind_group: object
+    grid: tuple
+    params: object = None  # the uniform buffer, kept alive with its bind group
+
+
+@dataclass
+class Counters:
+    buffers: int = 0
+    bind_groups: int = 0
+    pipelines: int = 0
+    submits: int = 0
+    readbacks: int = 0
+    live: dict = field(default_factory=dict)
+
+
+def pack_params(values) -> bytes:
+    """Python ints become u32 (i32 if negative), floats f32, padded to 16 bytes."""
+    out = bytearray()
+    for v in values:
+        if isinstance(v, (bool, np.bool_)):
+            out += struct.pack("<I", int(v))
+        elif isinstance(v, (int, np.integer)):
+            out += struct.pack("<i" if v < 0 else "<I", int(v))
+        else:
+            out += struct.pack("<f", float(v))
+    out += b"\0" * (-len(out) % 16 or (16 if not out else 0))
+    return bytes(out)
+
+
+def grid1d(n_groups: int) -> tuple:
+    """Fold n workgroups into (x, y, 1) within the per-dimension limit."""
+    n_groups = max(1, int(n_groups))
+    if n_groups <= MAX_GROUPS:
+        return (n_groups, 1, 1)
+    y = -(-n_groups // MAX_GROUPS)
+    return (-(-n_groups // y), y, 1)
+
+
+class GPU:
+    """One adapter, one device, the caches and the counters."""
+
+    def __init__(self, backend: str | None = None):
+        import wgpu
+        self.wgpu = wgpu
+        self.adapter = pick_adapter(backend)
+        info = self.adapter.info
+        self.backend = info.get("backend_type", "?")
+        self.name = info.get("device", "") or self.adapter.summary
+        feats = set(self.adapter.features)
+        want = [f for f in ("timestamp-query",) if f in feats]
+        lim = self.adapter.limits
+        keys = ["max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+                "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage",
+                "max-compute-workgroup-size-x", "max-compute-workgroup-size-y"]
+        required = {k: lim[k] for k in keys if k in lim}
+        self.device = self.adapter.request_device_sync(required_features=want, required_limits=required)
+        self.features = set(want)
+        self.limits = dict(self.device.limits)
+        self.align = max(ALIGN_BYTES, self.limits.get("min-storage-buffer-offset-alignment", 256))
+        self.queue = self.device.queue
+        self.counters = Counters()
+        self._modules = {}
+        self._kernels = {}
+        self._layouts = {}
+        self._dummy = None
+
+    # ---- limits ------------------------------------------------------------------
+    @property
+    def max_binding(self) -> int:
+        return int(self.limits["max-storage-buffer-binding-size"])
+
+    @property
+    def max_buffer(self) -> int:
+        return int(self.limits["max-buffer-size"])
+
+    def check_size(self, nbytes: int, what: str, binding: bool = True):
+        """Refuse before allocating, naming the tensor, its size and the limit."""
+        lim = min(self.max_binding, self.max_buffer) if binding else self.max_buffer
+        name = "max-storage-buffer-binding-size" if binding and self.max_binding <= self.max_buffer else "max-buffer-size"
+        if nbytes > lim:
+            raise LimitError(f"{what} needs {nbytes:,} bytes but this adapter allows {lim:,} ({name}); "
+                             "use a smaller --batch, --ctx or model")
+
+    # ---- buffers -------------------------------------------------------------------
+    def buffer(self, nbytes: int, label: str = "", binding: bool = True):
+        wgpu = self.wgpu
+        nbytes = max(16, (int(nbytes) + 15) // 16 * 16)
+        self.check_size(nbytes, label or "a buffer", binding)
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+        buf = self.device.create_buffer(size=nbytes, usage=usage, label=label)
+        self.counters.buffers += 1
+        return buf
+
+    def tensor(self, shape, dtype="f32", name="", data=None) -> Tensor:
+        shape = tuple(int(s) for s in shape)
+        t = Tensor(None, 0, shape, dtype, name)
+        t.buf = self.buffer(t.nbytes, name)
+        if data is not None:
+            self.write(t, data)
+        return t
+
+    def upload(self, array, name="") -> Tensor:
+        a = np.ascontiguousarray(array)
+        dtype = {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}.get(a.dtype)
+        if dtype is None:
+            a = a.astype(np.float32)
+            dtype = "f32"
+        return self.tensor(a.shape, dtype, name, a)
+
+    def write(self, t: Tensor, array, offset_elems: int = 0):
+        a = np.ascontiguousarray(array, dtype=_NP[t.dtype])
+        if a.size:
+            self.queue.write_buffer(t.buf, t.offset + 4 * offset_elems, a.tobytes())
+
+    def read(self, t: Tensor, count: int | None = None, offset_elems: int = 0) -> np.ndarray:
+        """A full sync: only for what is shown, saved or tested."""
+        n = t.size - offset_elems if count is None else count
+        start = t.offset + 4 * offset_elems
+        # Copies must be 4-byte aligned in offset and size, which they are.
+        data = self.queue.read_buffer(t.buf, start, 4 * n)
+        self.counters.readbacks += 1
+        a = np.frombuffer(data, dtype=_NP[t.dtype]).copy()
+        return a.reshape(t.shape) if count is None and offset_elems == 0 else a
+
+    def dummy(self, access: str = "r") -> Tensor:
+        """Bound where a kernel's optional binding is absent (flags say so).
+
+        One for reading and one for writing: a buffer may not be both in one dispatch."""
+        if self._dummy is None:
+            self._dummy = {c: self.tensor((4,), name=f"dummy_{c}", data=np.zeros(4, np.float32)) for c in "rw"}
+        return self._dummy[access]
+
+    # ---- shaders and pipelines -------------------------------------------------------
+    def module(self, file: str):
+        if file not in self._modules:
+            path = shader_dir() / file
+            src = path.read_text()
+            try:
+                mod = self.device.create_shader_module(code=src, label=file)
+            except Exception as e:
+                raise ShaderError(f"WGSL error in shaders/{file}:\n{e}") from e
+            self._modules[file] = mod
+        return self._modules[file]
+
+    def bind_layout(self, access: str):
+        if access not in self._layouts:
+            wgpu = self.wgpu
+            types = {"u": wgpu.BufferBindingType.uniform, "r": wgpu.BufferBindingType.read_only_storage,
+                     "w": wgpu.BufferBindingType.storage}
+            entries = [{"binding": i, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": types[c]}}
+                       for i, c in enumerate(access)]
+            bgl = self.device.create_bind_group_layout(entries=entries)
+            self._layouts[access] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
+        return self._layouts[access]
+
+    def kernel(self, file: str, entry: str, access: str, constants: dict | None = None) -> Kernel:
+        key = (file, entry, access, tuple(sorted((constants or {}).items())))
+        k = self._kernels.get(key)
+        if k is None:
+            bgl, pl = self.bind_layout(access)
+            stage = {"module": self.module(file), "entry_point": entry}
+            if constants:
+                stage["constants"] = {n: float(v) for n, v in constants.items()}
+            try:
+                pipe = self.device.create_compute_pipeline(layout=pl, compute=stage, label=entry)
+            except Exception as e:
+                raise ShaderError(f"cannot build pipeline {entry} from shaders/{file}: {e}") from e
+            self.counters.pipelines += 1
+            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access)
+        return k
+
+    def dispatch(self, kernel: Kernel, params, tensors, grid) -> Dispatch:
+        """Bind once: the returned Dispatch is replayed every step."""
+        assert len(tensors) + 1 == len(kernel.access), (kernel.name, len(tensors), kernel.access)
+        tensors = [t if t is not None else self.dummy(c) for t, c in zip(tensors, kernel.access[1:])]
+        if isinstance(params, (bytes, bytearray)):
+            pbytes = bytes(params)
+        else:
+            pbytes = pack_params(params)
+        ubuf = self.device.create_buffer_with_data(
+            data=pbytes, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
+        self.counters.buffers += 1
+        return self.dispatch_with(kernel, ubuf, tensors, grid)
+
+    def uniform(self, nbytes: int):
+        """A uniform buffer rewritten between steps (learning rate, step count)."""
+        buf = self.device.create_buffer(size=max(16, (nbytes + 15) // 16 * 16),
+                                        usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
+        self.counters.buffers += 1
+        return buf
+
+    def dispatch_with(self, kernel: Kernel, ubuf, tensors, grid) -> Dispatch:
+        tensors = [t if t is not None else self.dummy(c) for t, c in zip(tensors, kernel.access[1:])]
+        entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
+        entries += [{"binding": i + 1, "resource": t.binding()} for i, t in enumerate(tensors)]
+        bg = self.device.create_bind_group(layout=kernel.layout, entries=entries)
+        self.counters.bind_groups += 1
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        if max(grid) > MAX_GROUPS:
+            raise LimitError(f"{kernel.name}: grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
+        return Dispatch(kernel, bg, grid, ubuf)
+
+    # ---- execution -------------------------------------------------------------------
+    def run(self, dispatches, timestamps=None):
+        """Encode every dispatch into one compute pass and submit once.
+
+        With `timestamps` (a Profiler), each dispatch gets its own pass with
+        begin/end timestamp writes instead, so that its GPU time can be read.
+        """
+        enc = self.device.create_command_encoder()
+        if timestamps is None:
+            cp = enc.begin_compute_pass()
+            for d in dispatches:
+                cp.set_pipeline(d.kernel.pipeline)
+                cp.set_bind_group(0, d.bind_group)
+                cp.dispatch_workgroups(*d.grid)
+            cp.end()
+        else:
+            timestamps.encode(enc, dispatches)
+        self.queue.submit([enc.finish()])
+        self.counters.submits += 1
+
+    def sync(self):
+        """Wait for submitted work (a 16-byte readback: wgpu 0.32's work-done callback is broken)."""
+        self.queue.read_buffer(self.dummy("r").buf, 0, 16)
+
+
+class Profiler:
+    """GPU time per dispatch from timestamp queries (one pass per dispatch)."""
+
+    def __init__(self, gpu: GPU, n: int):
+        if "timestamp-query" not in gpu.features:
+            raise GPUError("this adapter offers no timestamp queries")
+        wgpu = gpu.wgpu
+        self.gpu, self.n = gpu, n
+        self.qs = gpu.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
+        self.buf = gpu.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+
+    def encode(self, enc, dispatches):
+        assert len(dispatches) <= self.n
+        for i, d in enumerate(dispatches):
+            cp = enc.begin_compute_pass(timestamp_writes={
+                "query_set": self.qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+            cp.set_pipeline(d.kernel.pipeline)
+            cp.set_bind_group(0, d.bind_group)
+            cp.dispatch_workgroups(*d.grid)
+            cp.end()
+        enc.resolve_query_set(self.qs, 0, 2 * len(dispatches), self.buf, 0)
+
+    def read_ms(self, count: int) -> np.ndarray:
+        raw = np.frombuffer(self.gpu.queue.read_buffer(self.buf, 0, 16 * count), dtype=np.uint64).reshape(count, 2)
+        return (raw[:, 1].astype(np.int64) - raw[:, 0].astype(np.int64)).clip(min=0) / 1e6
+
+
+def wgsl_error_location(msg: str):
+    """Pull 'file:line:col' out of a naga message, for tests and error lines."""
+    m = re.search(r":(\d+):(\d+)", msg)
+    return (int(m.group(1)), int(m.group(2))) if m else None

@@ -1,0 +1,209 @@
+"""One launcher per WGSL entry point: its bindings and its grid.
+
+The only place that knows binding numbers. Each launcher builds its bind
+group once and returns a Dispatch that the caller replays every step.
+Arguments follow the reference: inputs in binding order, then outputs, then sizes.
+None stands for an absent optional binding; gpu.dispatch binds a dummy there.
+"""
+from __future__ import annotations
+
+import math
+
+from .gpu import Dispatch, grid1d
+
+
+# ---- matmul ----------------------------------------------------------------------------
+MM_TILE = 4 * 8  # rows (and cols) of output per workgroup: TM * WG
+
+
+def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate):
+    k = gpu.kernel("matmul.wgsl", entry, "urrrw")
+    grid = (-(-N // MM_TILE), -(-M // MM_TILE))
+    has_bias = bias is not None
+    return gpu.dispatch(k, (M, N, K, has_bias, accumulate), [a, b, bias, out], grid)
+
+
+def matmul(gpu, a, b, bias, out, M, N, K, accumulate=False) -> Dispatch:      # out = a[M,K] @ b[K,N] + bias
+    return _mm(gpu, "matmul", a, b, bias, out, M, N, K, accumulate)
+
+
+def matmul_abt(gpu, a, b, out, M, N, K, accumulate=False) -> Dispatch:        # out = a[M,K] @ b[N,K]^T
+    return _mm(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate)
+
+
+def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False) -> Dispatch:        # out = a[K,M]^T @ b[K,N]
+    return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate)
+
+
+# ---- elementwise -------------------------------------------------------------------------
+def _ew(gpu, entry, x, y, out, n, cols=0, groups=None):
+    k = gpu.kernel("elementwise.wgsl", entry, "urrw")
+    return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
+
+
+def add(gpu, x, y, out, n):
+    return _ew(gpu, "add", x, y, out, n)
+
+
+def gelu_forward(gpu, x, out, n):
+    return _ew(gpu, "gelu_forward", x, None, out, n)
+
+
+def gelu_backward(gpu, x, dy, out, n):
+    return _ew(gpu, "gelu_backward", x, dy, out, n)
+
+
+def bias_grad(gpu, dy, out, rows, cols):
+    return _ew(gpu, "bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
+
+
+# ---- layernorm ---------------------------------------------------------------------------
+def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5):
+    """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
+    k = gpu.kernel("layernorm.wgsl", "layernorm_forward", "urrrww")
+    return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
+
+
+def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True):
+    k = gpu.kernel("layernorm.wgsl", "layernorm_dx", "urrrww")
+    return gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
+
+
+def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C):
+    k = gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww")
+    return gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
+
+
+# ---- embedding ---------------------------------------------------------------------------
+def embed_forward(gpu, tokens, tok, pos, out, B, T, C):
+    k = gpu.kernel("embed.wgsl", "embed_forward", "urrrw")
+    return gpu.dispatch(k, (B, T, C, 0, 0), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
+
+
+def embed_tok_grad(gpu, buckets, dout, dtok, B, T, C, V, accumulate=True):
+    """buckets = [offsets (V+1) | positions (B*T)] as u32."""
+    k = gpu.kernel("embed.wgsl", "embed_tok_grad", "urrrw")
+    return gpu.dispatch(k, (B, T, C, V, accumulate), [buckets, dout, None, dtok], grid1d(-(-V * C // 64)))
+
+
+def embed_pos_grad(gpu, dout, dpos, B, T, C):
+    k = gpu.kernel("embed.wgsl", "embed_pos_grad", "urrrw")
+    return gpu.dispatch(k, (B, T, C, 0, 0), [None, dout, None, dpos], grid1d(-(-T * C // 64)))
+
+
+# ---- loss --------------------------------------------------------------------------------
+def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0):
+    k = gpu.kernel("loss.wgsl", "cross_entropy", "urww")
+    return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0), [targets, logits, losses], grid1d(rows))
+
+
+def loss_reduce(gpu, losses, loss, rows, scale):
+    k = gpu.kernel("loss.wgsl", "loss_reduce", "urww")
+    return gpu.dispatch(k, (rows, 0, float(scale), 0, 0), [None, loss, losses], (1,))
+
+
+# ---- optimizer ---------------------------------------------------------------------------
+CHUNK = 4096
+
+
+def _opt(gpu, entry):
+    return gpu.kernel("optim.wgsl", entry, "urrwwww")
+
+
+def grad_sumsq(gpu, g, partials, n):
+    return gpu.dispatch(_opt(gpu, "grad_sumsq"), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
+                        grid1d(-(-n // CHUNK)))
+
+
+def grad_clip(gpu, partials, stats, n_partials, clip):
+    return gpu.dispatch(_opt(gpu, "grad_clip"), (n_partials, float(clip)) + (0.0,) * 6,
+                        [None, partials, stats, None, None, None], (1,))
+
+
+def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform):
+    """step_uniform: a uniform buffer holding (n, clip, lr, beta1, beta2, eps, bc1, bc2), rewritten each step."""
+    return gpu.dispatch_with(_opt(gpu, "adamw"), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
+
+
+# ---- attention ---------------------------------------------------------------------------
+def _attn(gpu, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv):
+    k = gpu.kernel("attention.wgsl", entry, "urrrww")
+    hd = C // H
+    return gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)),
+                        [x1, x2, x3, o1, o2], grid1d(-(-n_inv // 64)))
+
+
+def attn_scores(gpu, q, k, S, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T)
+
+
+def attn_softmax(gpu, S, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T)
+
+
+def attn_value(gpu, P, v, out, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+
+def attn_fused_sv(gpu, q, k, v, out, P, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T)
+
+
+def attn_dscores(gpu, dout, v, P, dS, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T)
+
+
+def attn_dq(gpu, dS, k, dq, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+
+def attn_dk(gpu, dS, q, dk, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+
+def attn_dvalue(gpu, P, dout, dv, B, T, C, H, h0=0, nh=None):
+    nh = nh or H
+    return _attn(gpu, "attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+
+def online_tiles(gpu, hd):
+    """Tile rows that fit two [tile, hd] f32 tiles (+ L, D) in workgroup memory, at most 32."""
+    limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
+    bk = 32
+    while bk > 1 and (2 * bk * hd + 2 * bk) * 4 > limit:
+        bk //= 2
+    return bk, bk
+
+
+def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
+    hd = C // H
+    bq, bk = block or online_tiles(gpu, hd)
+    k = gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "BQ": bq, "BK": bk})
+    ins = list(ins) + [None] * (6 - len(ins))
+    return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
+
+
+def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None):
+    bq, _ = block or online_tiles(gpu, C // H)
+    return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block)
+
+
+def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None):
+    return _online(gpu, "attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
+
+
+def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None):
+    bq, _ = block or online_tiles(gpu, C // H)
+    return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),), block)
+
+
+def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None):
+    _, bk = block or online_tiles(gpu, C // H)
+    return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),), block)

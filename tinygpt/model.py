@@ -1,0 +1,275 @@
+"""The GPT on the GPU: the parameter table, activations, and the recorded
+forward, backward and optimizer step.
+
+Everything is allocated and bound once in __init__; `step` uploads the batch
+(one write), encodes the recorded dispatches into one command buffer, submits
+once, and reads nothing back. `loss()` reads the loss when it is shown.
+
+Parameters, gradients and both AdamW moments are each one flat buffer with
+the same layout: tensors in .tinygpt order, each starting on a 256-float
+boundary (a LayerNorm's bias follows its gain directly, so [g | b] binds as one
+[2, C] tensor). Padding stays zero, so the flat optimizer kernels can ignore it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels as K
+from . import reference as R
+from .attention import Attention
+from .config import Config, param_specs
+from .gpu import GPU, Tensor
+
+BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
+
+
+def layout(cfg: Config):
+    """name -> (float offset, shape) in the flat buffers, and the total floats."""
+    offs, pos = {}, 0
+    for name, shape, _ in param_specs(cfg):
+        packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
+        if not packed:
+            pos = -(-pos // 256) * 256
+        offs[name] = (pos, shape)
+        pos += int(np.prod(shape))
+    return offs, -(-pos // 256) * 256
+
+
+class Model:
+    """A GPT of config `cfg` recorded for batches of [B, T] tokens.
+
+    training=False records the forward only (evaluation and sampling)."""
+
+    def __init__(self, gpu: GPU, cfg: Config, attention: str = "online", B: int | None = None,
+                 T: int | None = None, training: bool = True):
+        self.gpu, self.cfg, self.impl, self.training = gpu, cfg, attention, training
+        B = self.B = B or cfg.batch
+        T = self.T = T or cfg.ctx
+        C, V, M, H = cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.heads
+        BT = B * T
+        g = gpu
+        self.offsets, self.n_flat = layout(cfg)
+        flat = lambda name: g.tensor((self.n_flat,), name=name)
+        self.params = flat("params")
+        self.P = {n: self._view(self.params, n) for n in self.offsets}
+        if training:
+            self.grads, self.m, self.v = flat("grads"), flat("adam_m"), flat("adam_v")
+            self.G = {n: self._view(self.grads, n) for n in self.offsets}
+        # the batch: tokens | targets | bucket offsets (V+1) | bucket positions, one upload per step
+        self.batch_parts = [("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)]
+        self.batch_offsets, n = {}, 0
+        for name, size in self.batch_parts:
+            self.batch_offsets[name] = n
+            n = -(-(n + size) // 256) * 256
+        self.batch = g.tensor((n,), "u32", "batch")
+        bview = lambda name, size: Tensor(self.batch.buf, 4 * self.batch_offsets[name], (size,), "u32", name)
+        tokens, targets = bview("tokens", BT), bview("targets", BT)
+        buckets = bview("buckets", V + 1 + BT)
+
+        act = lambda *shape, name="": g.tensor(shape, name=name)
+        L = cfg.layers
+        self.x = [act(BT, C, name=f"x{l}") for l in range(L + 1)]          # residual stream in/out
+        self.x_mid = [act(BT, C, name=f"xmid{l}") for l in range(L)]
+        self.ln1 = [act(BT, C) for _ in range(L)]
+        self.ln1s = [act(2, BT) for _ in range(L)]                           # mean | rstd
+        self.qkv = [[act(BT, C) for _ in range(3)] for _ in range(L)]
+        self.ctx = [act(BT, C) for _ in range(L)]
+        self.ln2 = [act(BT, C) for _ in range(L)]
+        self.ln2s = [act(2, BT) for _ in range(L)]
+        self.pre = [act(BT, M) for _ in range(L)]
+        self.gel = [act(BT, M) for _ in range(L)]
+        self.tmp = act(BT, C, name="branch_out")                               # branch output before the residual add
+        self.lnf, self.lnfs = act(BT, C), act(2, BT)
+        g.check_size(4 * BT * V, f"logits [B*T={BT}, V={V}]")
+        self.logits = act(BT, V, name="logits")                                # becomes dlogits
+        self.losses = act(BT, name="losses")
+        self.loss_buf = act(4, name="loss")
+        shared = {}
+        self.att = [Attention(g, attention, B, T, C, H, shared) for _ in range(L)]
+
+        P = lambda l, n: self.P[f"h{l}.{n}"]
+        fwd = [K.embed_forward(g, tokens, self.P["tok_emb"], self.P["pos_emb"], self.x[0], B, T, C)]
+        for l in range(L):
+            x, q, k, v = self.x[l], *self.qkv[l]
+            fwd += [K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C),
+                    K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
+                    K.matmul(g, self.ln1[l], P(l, "Wk"), P(l, "bk"), k, BT, C, C),
+                    K.matmul(g, self.ln1[l], P(l, "Wv"), P(l, "bv"), v, BT, C, C)]
+            fwd += self.att[l].forward(q, k, v, self.ctx[l])
+            fwd += [K.matmul(g, self.ctx[l], P(l, "Wo"), P(l, "bo"), self.tmp, BT, C, C),
+                    K.add(g, x, self.tmp, self.x_mid[l], BT * C),
+                    K.layernorm_forward(g, self.x_mid[l], self._ln(l, 2), self.ln2[l], self.ln2s[l], BT, C),
+                    K.matmul(g, self.ln2[l], P(l, "fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
+                    K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
+                    K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M),
+                    K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C)]
+        fwd += [K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C),
+                K.matmul_abt(g, self.lnf, self.P["tok_emb"], self.logits, BT, V, C)]
+        self.forward_dispatches = fwd
+        self.loss_dispatches = [K.cross_entropy(g, targets, self.logits, self.losses, BT, V, 1.0 / BT, training),
+                                K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
+        self.eval_dispatches = [K.cross_entropy(g, targets, self.logits, self.losses, BT, V, 1.0 / BT, False),
+                                self.loss_dispatches[1]]
+        if training:
+            self.backward_dispatches = self._record_backward(buckets)
+            self.optim_dispatches = self._record_optimizer()
+        self.step_count = 0
+
+    # ---- layout helpers ---------------------------------------------------------------------
+    def _view(self, flat: Tensor, name: str) -> Tensor:
+        off, shape = self.offsets[name]
+        return Tensor(flat.buf, 4 * off, shape, "f32", name)
+
+    def _ln(self, l, which=1, flat=None):
+        """[g | b] of a LayerNorm as one [2, C] tensor."""
+        name = "ln_f_g" if l is None else f"h{l}.ln{which}_g"
+        off, _ = self.offsets[name]
+        return Tensor((flat or self.params).buf, 4 * off, (2, self.cfg.d_model), "f32", name)
+
+    # ---- backward ----------------------------------------------------------------------------
+    def _record_backward(self, buckets):
+        g, cfg = self.gpu, self.cfg
+        B, T, C, V, M, L = self.B, self.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
+        BT = B * T
+        act = lambda *shape: g.tensor(shape)
+        self.dres, self.dln = act(BT, C), act(BT, C)                  # residual grad, grad at a LN output
+        self.dact, self.dpre = act(BT, M), act(BT, M)
+        self.dctx = act(BT, C)
+        self.dqkv = [act(BT, C) for _ in range(3)]
+        P = lambda l, n: self.P[f"h{l}.{n}"]
+        G = lambda l, n: self.G[f"h{l}.{n}"]
+        dl = self.logits                                                 # holds dlogits after cross_entropy
+        ds = [K.matmul_atb(g, dl, self.lnf, self.G["tok_emb"], V, C, BT),
+              K.matmul(g, dl, self.P["tok_emb"], None, self.dln, BT, C, V),
+              K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=self.grads), BT, C),
+              K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
+        for l in reversed(range(L)):
+            q, k, v = self.qkv[l]
+            dq, dk, dv = self.dqkv
+            ds += [K.matmul_atb(g, self.gel[l], self.dres, G(l, "fc_out_W"), M, C, BT),
+                   K.bias_grad(g, self.dres, G(l, "fc_out_b"), BT, C),
+                   K.matmul_abt(g, self.dres, P(l, "fc_out_W"), self.dact, BT, M, C),
+                   K.gelu_backward(g, self.pre[l], self.dact, self.dpre, BT * M),
+                   K.matmul_atb(g, self.ln2[l], self.dpre, G(l, "fc_in_W"), C, M, BT),
+                   K.bias_grad(g, self.dpre, G(l, "fc_in_b"), BT, M),
+                   K.matmul_abt(g, self.dpre, P(l, "fc_in_W"), self.dln, BT, C, M),
+                   K.layernorm_dgb(g, self.dln, self.x_mid[l], self.ln2s[l], self._ln(l, 2, self.grads), BT, C),
+                   K.layernorm_dx(g, self.dln, self.x_mid[l], P(l, "ln2_g"), self.ln2s[l], self.dres, BT, C),
+                   K.matmul_atb(g, self.ctx[l], self.dres, G(l, "Wo"), C, C, BT),
+                   K.bias_grad(g, self.dres, G(l, "bo"), BT, C),
+                   K.matmul_abt(g, self.dres, P(l, "Wo"), self.dctx, BT, C, C)]
+            ds += self.att[l].backward(q, k, v, self.ctx[l], self.dctx, dq, dk, dv)
+            for i, (n, d) in enumerate((("q", dq), ("k", dk), ("v", dv))):
+                ds += [K.matmul_abt(g, d, P(l, "W" + n), self.dln, BT, C, C, accumulate=i > 0),
+                       K.matmul_atb(g, self.ln1[l], d, G(l, "W" + n), C, C, BT),
+                       K.bias_grad(g, d, G(l, "b" + n), BT, C)]
+            ds += [K.layernorm_dgb(g, self.dln, self.x[l], self.ln1s[l], self._ln(l, 1, self.grads), BT, C),
+                   K.layernorm_dx(g, self.dln, self.x[l], P(l, "ln1_g"), self.ln1s[l], self.dres, BT, C)]
+        ds += [K.embed_tok_grad(g, buckets, self.dres, self.G["tok_emb"], B, T, C, V),
+               K.embed_pos_grad(g, self.dres, self.G["pos_emb"], B, T, C)]
+        return ds
+
+    # ---- optimizer ---------------------------------------------------------------------------
+    def _record_optimizer(self):
+        g, cfg = self.gpu, self.cfg
+        n = self.n_flat
+        wd = np.zeros(n // 256, np.float32)
+        for name, shape, decayed in param_specs(cfg):
+            if decayed:
+                off = self.offsets[name][0]
+                wd[off // 256: -(-(off + int(np.prod(shape))) // 256)] = cfg.weight_decay
+        self.wd_table = g.upload(wd, "wd_table")
+        n_part = -(-n // K.CHUNK)
+        self.partials = g.tensor((n_part,), name="grad_partials")
+        self.stats = g.tensor((4,), name="grad_stats")                                   # norm, scale
+        self.step_uniform = g.uniform(32)
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else 3.0e38                             # 0: never clip
+        return [K.grad_sumsq(g, self.grads, self.partials, n),
+                K.grad_clip(g, self.partials, self.stats, n_part, clip),
+                K.adamw(g, self.grads, self.wd_table, self.stats, self.params, self.m, self.v, n, self.step_uniform)]
+
+    # ---- state in and out ------------------------------------------------------------------------
+    def _pack(self, tensors: dict) -> np.ndarray:
+        flat = np.zeros(self.n_flat, np.float32)
+        for name, (off, shape) in self.offsets.items():
+            a = np.asarray(tensors[name], np.float32)
+            if a.shape != tuple(shape):
+                raise ValueError(f"{name}: shape {a.shape}, expected {tuple(shape)}")
+            flat[off:off + a.size] = a.reshape(-1)
+        return flat
+
+    def _unpack(self, flat: np.ndarray) -> dict:
+        return {n: flat[o:o + int(np.prod(s))].reshape(s).copy() for n, (o, s) in self.offsets.items()}
+
+    def set_params(self, params: dict):
+        self.gpu.write(self.params, self._pack(params))
+
+    def get_params(self) -> dict:
+        return self._unpack(self.gpu.read(self.params))
+
+    def get_grads(self) -> dict:
+        return self._unpack(self.gpu.read(self.grads))
+
+    def set_opt_state(self, m: dict, v: dict, step: int):
+        self.gpu.write(self.m, self._pack(m))
+        self.gpu.write(self.v, self._pack(v))
+        self.step_count = int(step)
+
+    def get_opt_state(self):
+        return self._unpack(self.gpu.read(self.m)), self._unpack(self.gpu.read(self.v)), self.step_count
+
+    # ---- running -----------------------------------------------------------------------------
+    def write_batch(self, x: np.ndarray, y: np.ndarray | None = None):
+        """x, y [B, T] token ids -> the batch buffer, in one write."""
+        BT, V = self.B * self.T, self.cfg.vocab
+        x = np.asarray(x).reshape(-1)
+        data = np.zeros(self.batch.size, np.uint32)
+        data[self.batch_offsets["tokens"]:][:BT] = x
+        if y is not None:
+            data[self.batch_offsets["targets"]:][:BT] = np.asarray(y).reshape(-1)
+        if self.training:
+            offsets, positions = R.token_buckets(x, V)
+            b0 = self.batch_offsets["buckets"]
+            data[b0:b0 + V + 1] = offsets
+            data[b0 + V + 1:b0 + V + 1 + BT] = positions
+        self.gpu.write(self.batch, data)
+
+    def step(self, x, y, lr: float):
+        """One training step: forward, loss, backward, clip, AdamW; one submit, no readback."""
+        self.write_batch(x, y)
+        self.step_count += 1
+        t = self.step_count
+        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else 3.0e38
+        u = np.array([0, clip, lr, BETA1, BETA2, EPS, 1 - BETA1 ** t, 1 - BETA2 ** t], np.float32)
+        u = u.view(np.uint32)
+        u[0] = self.n_flat
+        self.gpu.queue.write_buffer(self.step_uniform, 0, u.tobytes())
+        self.gpu.run(self.forward_dispatches + self.loss_dispatches + self.backward_dispatches + self.optim_dispatches)
+
+    def grads_only(self, x, y):
+        """Forward, loss and backward without the update (tests compare gradients)."""
+        self.write_batch(x, y)
+        self.gpu.run(self.forward_dispatches + self.loss_dispatches + self.backward_dispatches)
+
+    def evaluate(self, x, y) -> float:
+        self.write_batch(x, y)
+        self.gpu.run(self.forward_dispatches + self.eval_dispatches)
+        return self.loss()
+
+    def logits_of(self, x) -> np.ndarray:
+        self.write_batch(x)
+        self.gpu.run(self.forward_dispatches)
+        return self.gpu.read(self.logits).reshape(self.B, self.T, -1)
+
+    def logits_row(self, x, row: int) -> np.ndarray:
+        """Forward, then read one position's logits only (sampling)."""
+        self.write_batch(x)
+        self.gpu.run(self.forward_dispatches)
+        V = self.cfg.vocab
+        return self.gpu.read(self.logits, count=V, offset_elems=row * V)
+
+    def loss(self) -> float:
+        return float(self.gpu.read(self.loss_buf, count=1)[0])
+
+    def grad_norm(self) -> float:
+        return float(self.gpu.read(self.stats, count=1)[0])

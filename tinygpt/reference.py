@@ -1,0 +1,275 @@
+"""The NumPy reference: what TinyGPT's C++ reference computes, op by op.
+
+One function per WGSL entry point, with the same name and the kernel's inputs
+in binding order; outputs are returned. Every function works in the dtype of
+its inputs (float32 to mirror the GPU, float64 to judge it). Forward sits
+beside backward. The attention family lives in reference_attention.py.
+
+Shapes: B batch, T time, C channels, V vocab, M MLP width, BT = B*T rows.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import Config, param_specs
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+
+def erf(x):
+    return _erf(x).astype(x.dtype)
+
+
+# ---- matmul (weights [in, out]) -------------------------------------------------------
+def matmul(a, b, bias=None):            # a [M,K], b [K,N], bias [N] -> [M,N]
+    out = a @ b
+    return out + bias if bias is not None else out
+
+
+def matmul_abt(a, b):                    # a [M,K], b [N,K] -> [M,N]
+    return a @ b.T
+
+
+def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
+    return a.T @ b
+
+
+# ---- elementwise ----------------------------------------------------------------------
+def add(x, y):
+    return x + y
+
+
+def gelu_forward(x):                     # exact erf GELU
+    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
+
+
+def gelu_backward(x, dy):                # x = pre-activation
+    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    return dy * (cdf + x * pdf)
+
+
+def bias_grad(dy):                       # dy [rows, N] -> [N]
+    return dy.sum(axis=0)
+
+
+# ---- layernorm ------------------------------------------------------------------------
+def layernorm_forward(x, g, b, eps=1e-5):  # x [rows,C] -> y [rows,C], mean [rows], rstd [rows]
+    mean = x.mean(axis=-1)
+    var = ((x - mean[:, None]) ** 2).mean(axis=-1)
+    rstd = 1.0 / np.sqrt(var + eps)
+    y = (x - mean[:, None]) * rstd[:, None] * g + b
+    return y, mean, rstd
+
+
+def layernorm_dx(dy, x, g, mean, rstd):
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    dxhat = dy * g
+    return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+
+
+def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
+    xhat = (x - mean[:, None]) * rstd[:, None]
+    return (dy * xhat).sum(0), dy.sum(0)
+
+
+# ---- embedding ------------------------------------------------------------------------
+def embed_forward(tokens, tok, pos):     # tokens [B,T] -> [B,T,C]
+    T = tokens.shape[1]
+    return tok[tokens] + pos[None, :T]
+
+
+def token_buckets(tokens, V):
+    """Positions grouped by token: offsets [V+1], positions [BT] (stable order)."""
+    flat = np.asarray(tokens).reshape(-1)
+    order = np.argsort(flat, kind="stable").astype(np.uint32)
+    offsets = np.zeros(V + 1, np.uint32)
+    np.cumsum(np.bincount(flat, minlength=V), out=offsets[1:])
+    return offsets, order
+
+
+def embed_tok_grad(offsets, positions, dout):  # dout [BT,C] -> dtok [V,C]
+    V = len(offsets) - 1
+    out = np.zeros((V, dout.shape[-1]), dout.dtype)
+    for v in range(V):
+        sel = positions[offsets[v]:offsets[v + 1]]
+        if len(sel):
+            out[v] = dout[sel].sum(0)
+    return out
+
+
+def embed_pos_grad(dout):                # dout [B,T,C] -> dpos [T,C]
+    return dout.sum(0)
+
+
+# ---- loss -----------------------------------------------------------------------------
+def cross_entropy(targets, logits, scale):  # logits [rows,V] -> losses [rows], dlogits [rows,V]
+    m = logits.max(-1, keepdims=True)
+    e = np.exp(logits - m)
+    s = e.sum(-1, keepdims=True)
+    rows = np.arange(len(targets))
+    losses = (m[:, 0] + np.log(s[:, 0])) - logits[rows, targets]
+    d = e / s
+    d[rows, targets] -= 1.0
+    return losses, d * scale
+
+
+def loss_reduce(losses, scale):
+    return losses.sum() * scale
+
+
+# ---- optimizer ------------------------------------------------------------------------
+def grad_sumsq(g, chunk=4096):           # g flat -> partial sums of squares per chunk
+    n = -(-len(g) // chunk)
+    return np.array([np.sum(g[i * chunk:(i + 1) * chunk] ** 2) for i in range(n)], g.dtype)
+
+
+def grad_clip(partials, clip):           # -> (norm, scale)
+    norm = math.sqrt(float(np.sum(partials)))
+    return norm, (clip / (norm + 1e-6) if norm > clip else 1.0)
+
+
+def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t):
+    """One AdamW step in place on w, m, v; wd per element (or scalar); t counts from 1."""
+    g = g * scale
+    m[...] = beta1 * m + (1 - beta1) * g
+    v[...] = beta2 * v + (1 - beta2) * g * g
+    mhat = m / (1 - beta1 ** t)
+    vhat = v / (1 - beta2 ** t)
+    w[...] = w - lr * (mhat / (np.sqrt(vhat) + eps) + wd * w)
+
+
+# ---- the whole model --------------------------------------------------------------------
+def init_params(cfg: Config, seed: int | None = None, dtype=np.float32):
+    """TinyGPT's init: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), LN gains 1, biases 0.
+
+    Drawn in float64 from one seeded generator in .tinygpt order, so the GPU
+    trainer and the reference start from the same bits."""
+    rng = np.random.default_rng(cfg.seed if seed is None else seed)
+    params = {}
+    proj_std = 0.02 / math.sqrt(2 * cfg.layers)
+    for name, shape, _ in param_specs(cfg):
+        short = name.split(".")[-1]
+        if short in ("Wo", "fc_out_W"):
+            a = rng.normal(0.0, proj_std, shape)
+        elif short.endswith("_g"):
+            a = np.ones(shape)
+        elif len(shape) == 2:
+            a = rng.normal(0.0, 0.02, shape)
+        else:
+            a = np.zeros(shape)
+        params[name] = a.astype(dtype)
+    return params
+
+
+def forward(params, cfg: Config, tokens, targets=None, attention=None):
+    """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward."""
+    from . import reference_attention as ra
+    attend = attention or ra.attention_forward
+    B, T = tokens.shape
+    C, H, L = cfg.d_model, cfg.heads, cfg.layers
+    P = params
+    x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
+    cache = {"tokens": tokens, "x0": x, "layers": []}
+    for l in range(L):
+        p = lambda n: P[f"h{l}.{n}"]
+        c = {"x": x}
+        c["ln1"] = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
+        h = c["ln1"][0]
+        q = matmul(h, p("Wq"), p("bq"))
+        k = matmul(h, p("Wk"), p("bk"))
+        v = matmul(h, p("Wv"), p("bv"))
+        c["qkv"] = (q, k, v)
+        ctx = attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C)
+        c["ctx"] = ctx
+        x = add(x, matmul(ctx, p("Wo"), p("bo")))
+        c["x_mid"] = x
+        c["ln2"] = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
+        c["pre"] = matmul(c["ln2"][0], p("fc_in_W"), p("fc_in_b"))      # [BT,M]
+        c["act"] = gelu_forward(c["pre"])
+        x = add(x, matmul(c["act"], p("fc_out_W"), p("fc_out_b")))
+        cache["layers"].append(c)
+    cache["x_final"] = x
+    cache["lnf"] = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
+    logits = matmul_abt(cache["lnf"][0], P["tok_emb"])                     # [BT,V]
+    if targets is None:
+        return logits.reshape(B, T, -1)
+    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
+    cache["dlogits"] = dlogits
+    return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
+
+
+def backward(params, cfg: Config, cache, attention_backward=None):
+    """Gradients of the mean loss for every parameter, from forward's cache."""
+    from . import reference_attention as ra
+    attend_bwd = attention_backward or ra.attention_backward
+    P = params
+    tokens = cache["tokens"]
+    B, T = tokens.shape
+    C, H = cfg.d_model, cfg.heads
+    G = {}
+    dlogits = cache["dlogits"]
+    lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
+    G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
+    dy = matmul(dlogits, P["tok_emb"])                                         # [BT,C]
+    G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
+    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
+    for l in reversed(range(cfg.layers)):
+        c = cache["layers"][l]
+        p = lambda n: P[f"h{l}.{n}"]
+        g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
+        # MLP branch
+        g("fc_out_W", matmul_atb(c["act"], dx))
+        g("fc_out_b", bias_grad(dx))
+        dact = matmul_abt(dx, p("fc_out_W"))
+        dpre = gelu_backward(c["pre"], dact)
+        g("fc_in_W", matmul_atb(c["ln2"][0], dpre))
+        g("fc_in_b", bias_grad(dpre))
+        dln2 = matmul_abt(dpre, p("fc_in_W"))
+        _, m2, r2 = c["ln2"]
+        dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
+        g("ln2_g", dg)
+        g("ln2_b", db)
+        dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
+        # attention branch
+        g("Wo", matmul_atb(c["ctx"], dx))
+        g("bo", bias_grad(dx))
+        dctx = matmul_abt(dx, p("Wo"))
+        q, k, v = c["qkv"]
+        dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
+                                dctx.reshape(B, T, C), H)
+        dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
+        h1 = c["ln1"][0]
+        dln1 = matmul_abt(dq, p("Wq")) + matmul_abt(dk, p("Wk")) + matmul_abt(dv, p("Wv"))
+        for n, d in (("q", dq), ("k", dk), ("v", dv)):
+            g("W" + n, matmul_atb(h1, d))
+            g("b" + n, bias_grad(d))
+        _, m1, r1 = c["ln1"]
+        dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
+        g("ln1_g", dg)
+        g("ln1_b", db)
+        dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
+    offsets, positions = token_buckets(tokens, cfg.vocab)
+    G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
+    G["pos_emb"] = np.zeros_like(P["pos_emb"])
+    G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
+    return {name: G[name] for name, _, _ in param_specs(cfg)}
+
+
+def clip_and_step(params, grads, opt, cfg: Config, lr: float):
+    """Global-norm clip then AdamW, in place. opt = {"m": {...}, "v": {...}, "t": int}. Returns the norm."""
+    flat = np.concatenate([g.reshape(-1) for g in grads.values()])
+    norm, scale = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
+        float(np.sqrt(np.sum(flat.astype(np.float64) ** 2))), 1.0)
+    opt["t"] += 1
+    for name, _, decayed in param_specs(cfg):
+        adamw(grads[name], cfg.weight_decay if decayed else 0.0, scale, params[name],
+              opt["m"][name], opt["v"][name], lr, 0.9, 0.95, 1e-8, opt["t"])
+    return norm
+
+
+def new_opt_state(params):
+    return {"m": {k: np.zeros_like(v) for k, v in params.items()},
+            "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
