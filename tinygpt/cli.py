@@ -1,11 +1,52 @@
-"""The command line: tinygpt train | eval | sample | info | export."""
+"""The command line: tinygpt train | eval | sample | info | export.
+
+Errors are one line on stderr with a non-zero exit code; --debug shows the traceback.
+"""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+
+EXIT_ERROR, EXIT_USAGE, EXIT_NUMERIC, EXIT_INTERRUPT = 1, 2, 3, 130
 
 
+def positive_int(s):
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+    return v
+
+
+def nonneg_int(s):
+    v = int(s)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def positive_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
+    if not v > 0 or v != v or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {s}")
+    return v
+
+
+def nonneg_float(s):
+    v = float(s)
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {s}")
+    return v
+
+
+# ---- commands ----------------------------------------------------------------------------------
 def cmd_info(args) -> int:
     from .gpu import GPU
     gpu = GPU()
@@ -23,30 +64,171 @@ def cmd_info(args) -> int:
         print(f"adapter   {info['adapter']}\nbackend   {info['backend']} ({info['adapter_type']})")
         print(f"features  {', '.join(info['features']) or '-'}")
         for k, v in info["limits"].items():
-            print(f"  {k:45s} {v:,}")
+            print(f"  {k:48s} {v:,}")
     return 0
 
 
+def cmd_train(args) -> int:
+    from . import checkpoint as ckpt
+    from .train import train
+    out = Path(args.out or f"runs/{args.preset}.tinygpt")
+    args.out = str(out)
+    if out.exists() and not args.force and not ckpt.is_tinygpt(out):
+        raise UsageError(f"--out {out} exists and is not a .tinygpt checkpoint; pass --force to overwrite it, "
+                         "or choose another --out")
+    if out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name such as {out}/model.tinygpt")
+    train(args)
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from . import checkpoint as ckpt
+    from .gpu import GPU
+    from .train import evaluate
+    ck = ckpt.load(args.model)
+    r = evaluate(GPU(), ck, args.data, args.max_windows, args.attention, args.tokenizer_file)
+    if args.json:
+        print(json.dumps(r))
+    else:
+        print(f"validation loss {r['loss']:.4f} (perplexity {r['perplexity']:.2f}) over {r['windows']} windows, "
+              f"{r['tokens']:,} tokens")
+    return 0
+
+
+MAX_SAMPLE_TOKENS = 100_000
+
+
+def cmd_sample(args) -> int:
+    from . import checkpoint as ckpt
+    from .data import get_tokenizer
+    from .gpu import GPU
+    from .train import generate
+    if args.tokens > MAX_SAMPLE_TOKENS:
+        raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
+    if args.top_k is not None and args.top_k <= 0:
+        raise UsageError(f"--top-k must be positive, got {args.top_k}")
+    ck = ckpt.load(args.model)
+    if args.top_k is not None and args.top_k > ck.cfg.vocab:
+        raise UsageError(f"--top-k {args.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
+    tok = get_tokenizer(ck.extra.get("tokenizer", "byte" if ck.cfg.vocab == 256 else "gpt2"), args.tokenizer_file)
+    gpu = GPU()
+    print(f"sampling {args.tokens} tokens at temperature {args.temperature} on {gpu.name}", file=sys.stderr)
+    text = generate(gpu, ck.cfg, ck.params, tok, args.prompt, args.tokens, args.temperature, args.top_k,
+                    args.seed, args.attention)
+    sys.stdout.write(text)
+    if not text.endswith("\n"):
+        sys.stdout.write("\n")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from . import checkpoint as ckpt
+    ck = ckpt.load(args.model)
+    if args.format == "safetensors":
+        ckpt.export_safetensors(ck, args.out)
+    else:
+        ckpt.export_hf(ck, args.out)
+    print(f"wrote {args.out} ({args.format})", file=sys.stderr)
+    return 0
+
+
+class UsageError(ValueError):
+    pass
+
+
+# ---- parser -------------------------------------------------------------------------------------
 def build_parser():
-    ap = argparse.ArgumentParser(prog="tinygpt", description=__doc__)
-    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    from .attention import IMPLS
+    from .config import PRESETS
+    ap = argparse.ArgumentParser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("train", help="train a model (default: the small preset on the built-in corpus)")
+    p.add_argument("--preset", default="small", choices=list(PRESETS), metavar="NAME",
+                   help=f"one of {', '.join(PRESETS)} (default small)")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--d-model", type=positive_int)
+    p.add_argument("--heads", type=positive_int)
+    p.add_argument("--ctx", type=positive_int)
+    p.add_argument("--batch", type=positive_int)
+    p.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus)")
+    p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
+    p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
+    p.add_argument("--steps", type=positive_int, default=1000)
+    p.add_argument("--lr", type=positive_float, help="learning rate (default 3e-4)")
+    p.add_argument("--warmup", type=nonneg_int, default=0, help="linear warmup steps, then cosine decay")
+    p.add_argument("--min-lr", type=nonneg_float, help="cosine schedule floor (turns the schedule on)")
+    p.add_argument("--grad-clip", type=nonneg_float, help="global grad-norm clip (default 1.0, 0 = off)")
+    p.add_argument("--seed", type=int, help="init and data sampling seed (default 1337)")
+    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--eval-every", type=nonneg_int, default=100)
+    p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
+    p.add_argument("--log-every", type=positive_int, default=10)
+    p.add_argument("--log", help="append one JSON line per logged step to this file")
+    p.add_argument("--out", help="checkpoint path (default runs/PRESET.tinygpt)")
+    p.add_argument("--force", action="store_true", help="overwrite --out even if it is not a .tinygpt file")
+    p.add_argument("--save-every", type=nonneg_int, default=500)
+    p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="validation loss of a checkpoint")
+    p.add_argument("--model", required=True)
+    p.add_argument("--data")
+    p.add_argument("--max-windows", type=positive_int)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--tokenizer-file")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--tokens", type=positive_int, default=200)
+    p.add_argument("--temperature", type=nonneg_float, default=0.8)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--tokenizer-file")
+    p.set_defaults(fn=cmd_sample)
+
     p = sub.add_parser("info", help="adapter, backend, features and limits")
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
     p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("export", help="weights as safetensors, or a Hugging Face GPT-2 directory")
+    p.add_argument("--model", required=True)
+    p.add_argument("--format", required=True, choices=["safetensors", "hf"])
+    p.add_argument("out")
+    p.set_defaults(fn=cmd_export)
     return ap
 
 
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    from .train import TrainingStopped
     try:
         return args.fn(args)
+    except TrainingStopped as e:
+        if args.debug:
+            raise
+        if e.exit_code != EXIT_INTERRUPT:
+            print(f"tinygpt: error: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
-        return 130
-    except Exception as e:
+        return EXIT_INTERRUPT
+    except UsageError as e:
         if args.debug:
             raise
         print(f"tinygpt: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USAGE
+    except Exception as e:
+        if args.debug:
+            raise
+        msg = str(e).strip().splitlines()
+        print(f"tinygpt: error: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,165 @@
+"""Corpora and tokenizers, the 90/10 split and batch sampling.
+
+The built-in corpus needs no download: the English text of Python's own
+reference documentation (`pydoc_data.topics`, about 465 KB, shipped with
+CPython), with the standard library's source as a fallback.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
+R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+
+
+class DataError(ValueError):
+    pass
+
+
+# ---- corpora ---------------------------------------------------------------------------------
+def builtin_corpus() -> bytes:
+    try:
+        from pydoc_data.topics import topics
+        text = "\n\n".join(topics[k] for k in sorted(topics))
+        if len(text) > 100_000:
+            return text.encode("utf-8")
+    except ImportError:
+        pass
+    import textwrap, difflib, argparse  # noqa: E401 - modules whose source we read as text
+    parts = [Path(m.__file__).read_text("utf-8") for m in (textwrap, difflib, argparse)]
+    return "\n\n".join(parts).encode("utf-8")
+
+
+def read_corpus(path: str | None) -> tuple[bytes, str]:
+    """(raw bytes, a name for logs). Errors say what is wrong and what to do."""
+    if path is None:
+        return builtin_corpus(), "built-in (Python's reference documentation)"
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"--data {path}: no such file; give a UTF-8 text file, or leave --data out for the built-in corpus")
+    if p.is_dir():
+        raise DataError(f"--data {path}: is a directory; give a UTF-8 text file")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise DataError(f"--data {path}: cannot read it ({e.strerror}); check its permissions") from e
+    if not raw:
+        raise DataError(f"--data {path}: the file is empty; give a text file with some content")
+    return raw, str(p)
+
+
+# ---- tokenizers ------------------------------------------------------------------------------
+class ByteTokenizer:
+    name = "byte"
+    vocab = 256
+
+    def encode(self, data: bytes | str) -> np.ndarray:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        return np.frombuffer(data, np.uint8).astype(np.uint32)
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+class GPT2Tokenizer:
+    name = "gpt2"
+    vocab = 50257
+
+    def __init__(self, enc, source: str):
+        self.enc, self.source = enc, source
+
+    def encode(self, data: bytes | str) -> np.ndarray:
+        if isinstance(data, bytes):
+            try:
+                data = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"the text is not valid UTF-8 (byte {e.start}); the gpt2 tokenizer needs UTF-8: "
+                                "convert the file, or use --tokenizer byte") from e
+        return np.asarray(self.enc.encode(data, disallowed_special=()), np.uint32)
+
+    def decode(self, ids) -> str:
+        return self.enc.decode_bytes([int(i) for i in ids]).decode("utf-8", errors="replace")
+
+
+def _encoding_from_file(path: str):
+    import tiktoken
+    import tiktoken_ext.openai_public as op  # r50k's split pattern
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"--tokenizer-file {path}: cannot read it ({e.strerror})") from e
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != R50K_SHA256:
+        raise DataError(f"--tokenizer-file {path}: sha256 {digest[:12]}... is not r50k_base.tiktoken's "
+                        f"({R50K_SHA256[:12]}...); give the right file")
+    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (ln.split() for ln in raw.splitlines() if ln)}
+    return tiktoken.Encoding(name="r50k_base", pat_str=op.r50k_pat_str, mergeable_ranks=ranks,
+                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
+
+
+def tiktoken_cache_path() -> Path:
+    import tempfile
+    d = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
+        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
+    return Path(d) / hashlib.sha1(R50K_URL.encode()).hexdigest()
+
+
+def get_tokenizer(name: str = "byte", tokenizer_file: str | None = None):
+    if name == "byte":
+        return ByteTokenizer()
+    if name != "gpt2":
+        raise DataError(f"unknown tokenizer {name!r}; choose byte or gpt2")
+    if tokenizer_file:
+        return GPT2Tokenizer(_encoding_from_file(tokenizer_file), "r50k_base")
+    import socket
+    import tiktoken
+    cached = tiktoken_cache_path().exists()
+    old = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(15)  # a blocked network should fail fast, not hang
+    try:
+        return GPT2Tokenizer(tiktoken.get_encoding("r50k_base"), "r50k_base")
+    except Exception as e:
+        where = "its cached copy is unusable" if cached else "it is not cached and could not be downloaded"
+        raise DataError(f"the gpt2 tokenizer needs tiktoken's r50k_base.tiktoken, and {where} ({type(e).__name__}); "
+                        "put the file in the directory named by TIKTOKEN_CACHE_DIR (as tiktoken caches it), "
+                        "or pass it with --tokenizer-file PATH") from e
+    finally:
+        socket.setdefaulttimeout(old)
+
+
+# ---- the token stream ------------------------------------------------------------------------
+class Dataset:
+    """A token stream split 90/10 (TinyGPT: validation from floor(0.9 n) on)."""
+
+    def __init__(self, tokens: np.ndarray, ctx: int, name: str = ""):
+        self.tokens = np.asarray(tokens, np.uint32)
+        self.ctx, self.name = ctx, name
+        n = len(self.tokens)
+        self.split = int(np.floor(0.9 * n))
+        self.train, self.val = self.tokens[:self.split], self.tokens[self.split:]
+        need = ctx + 1
+        if len(self.train) < need or len(self.val) < need:
+            minimum = 10 * need
+            raise DataError(f"the data has {n:,} tokens: too short for one window of ctx+1 = {need} tokens in both "
+                            f"the training (90%) and validation (10%) splits; give at least {minimum:,} tokens "
+                            "(bytes with the byte tokenizer) or a smaller --ctx")
+
+    def sample(self, rng: np.random.Generator, B: int):
+        """B random windows of ctx+1 training tokens -> (x [B, T], y [B, T])."""
+        starts = rng.integers(0, len(self.train) - self.ctx, B)
+        w = np.stack([self.train[s:s + self.ctx + 1] for s in starts])
+        return w[:, :-1], w[:, 1:]
+
+    def val_windows(self, max_windows: int | None = None):
+        """Consecutive non-overlapping windows of the validation split -> (x [N, T], y [N, T])."""
+        n = (len(self.val) - 1) // self.ctx
+        if max_windows:
+            n = min(n, max_windows)
+        idx = np.arange(n)[:, None] * self.ctx + np.arange(self.ctx)[None, :]
+        return self.val[idx], self.val[idx + 1]
