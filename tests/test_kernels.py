@@ -16,21 +16,25 @@ def run(gpu, *dispatches):
     gpu.run(list(dispatches))
 
 
-@pytest.mark.parametrize("M,N,K_", [(1, 1, 1), (7, 5, 3), (33, 65, 17), (64, 96, 48), (130, 37, 200)])
-def test_matmul_family(gpu, rng, M, N, K_):
+@pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "scalar"), (7, 5, 3, "scalar"), (33, 65, 17, "scalar"),
+                                            (64, 96, 48, "scalar"), (130, 37, 200, "scalar"),
+                                            (4, 4, 4, "vec4"), (1, 8, 12, "vec4"), (36, 52, 20, "vec4"),
+                                            (100, 96, 48, "vec4"), (17, 200, 64, "vec4")])
+def test_matmul_family(gpu, rng, M, N, K_, variant):
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
     prev = rng.standard_normal((M, N)).astype(np.float32)
     tol = 2e-6 * np.sqrt(K_) * 4
     out = gpu.tensor((M, N))
-    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_))
-    check(f"matmul {M}x{N}x{K_}", gpu.read(out), R.matmul(f64(a), f64(b), f64(bias)), tol)
-    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_))
-    check(f"matmul_abt {M}x{N}x{K_}", gpu.read(out), R.matmul_abt(f64(a), f64(b.T)), tol)
+    atb = variant if variant == "scalar" or M % 4 == 0 else "scalar"  # vec4 A^T @ B also needs M % 4 == 0
+    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant=variant))
+    check(f"matmul {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul(f64(a), f64(b), f64(bias)), tol)
+    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, variant=variant))
+    check(f"matmul_abt {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt(f64(a), f64(b.T)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_atb(gpu, gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, accumulate=True))
-    check(f"matmul_atb (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb(f64(a.T), f64(b)), tol)
+    run(gpu, K.matmul_atb(gpu, gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, accumulate=True, variant=atb))
+    check(f"matmul_atb {atb} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb(f64(a.T), f64(b)), tol)
 
 
 @pytest.mark.parametrize("n", [1, 63, 1000, 64 * 65535 + 5])

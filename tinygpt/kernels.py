@@ -16,23 +16,37 @@ from .gpu import Dispatch, grid1d
 MM_TILE = 4 * 8  # rows (and cols) of output per workgroup: TM * WG
 
 
-def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate):
+VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each)
+VEC_ROWS = 16        # rows per workgroup of the vec4 kernels
+
+
+def vec4_ok(entry, M, N, K) -> bool:
+    """The vec4 kernels need K and N (and M for A^T @ B) to be multiples of 4."""
+    return N % 4 == 0 and K % 4 == 0 and (M % 4 == 0 or entry != "matmul_atb")
+
+
+def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
+    variant = variant or ("vec4" if vec4_ok(entry, M, N, K) else "scalar")
+    if variant == "vec4":
+        k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": VEC_WX})
+        grid = (-(-N // (4 * VEC_WX)), -(-M // VEC_ROWS))
+        return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     k = gpu.kernel("matmul.wgsl", entry, "urrrw")
     grid = (-(-N // MM_TILE), -(-M // MM_TILE))
     has_bias = bias is not None
     return gpu.dispatch(k, (M, N, K, has_bias, accumulate), [a, b, bias, out], grid)
 
 
-def matmul(gpu, a, b, bias, out, M, N, K, accumulate=False) -> Dispatch:      # out = a[M,K] @ b[K,N] + bias
-    return _mm(gpu, "matmul", a, b, bias, out, M, N, K, accumulate)
+def matmul(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:  # out = a[M,K] @ b[K,N] + bias
+    return _mm(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant)
 
 
-def matmul_abt(gpu, a, b, out, M, N, K, accumulate=False) -> Dispatch:        # out = a[M,K] @ b[N,K]^T
-    return _mm(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate)
+def matmul_abt(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:    # out = a[M,K] @ b[N,K]^T
+    return _mm(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
 
 
-def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False) -> Dispatch:        # out = a[K,M]^T @ b[K,N]
-    return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate)
+def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:    # out = a[K,M]^T @ b[K,N]
+    return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
 
 
 # ---- elementwise -------------------------------------------------------------------------

@@ -1,0 +1,124 @@
+// The trainer's matmuls, read as vec4, for shapes where K and N (and M for
+// matmul_atb) are multiples of 4; matmul.wgsl serves every other shape.
+//   matmul_vec4      out[M,N] = A[M,K]   @ B[K,N] (+ bias)
+//   matmul_abt_vec4  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_vec4  out[M,N] = A[K,M]^T @ B[K,N]
+//
+// A workgroup owns 16 whole rows; its WX invocations each own 4 columns, and
+// keep the 16 x 4 block as four mat4x4 accumulators (column c of acc_q is
+// output row 4q+c). K advances four at a time: one 4x4 block of B per
+// invocation (4 vec4 loads) meets the 16 rows of A (16 vec4 loads) in four
+// mat4x4 products, 256 multiply-adds.
+// Why this shape: lavapipe runs invocations as SIMD lanes and pays per lane
+// for a load whose address differs between lanes, but loads an address that
+// depends only on the workgroup once for all lanes. A's addresses here depend
+// on the workgroup only, so only B's loads are paid per lane, and each B value
+// is used 16 times. No workgroup memory, no barriers (dear on lavapipe).
+// Rows past M are clamped on load and skipped on store; columns past N are
+// clamped likewise.
+
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+
+override WX: u32 = 16u;  // invocations per workgroup, 4 columns each
+const TM: u32 = 16u;     // rows per workgroup
+
+struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
+
+fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
+
+fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
+  if (!live) { return; }
+  let n4 = p.N / 4u;
+  var b = vec4<f32>();
+  if (p.has_bias != 0u) { b = bias[c4]; }
+  for (var q = 0u; q < 4u; q++) {
+    var m: mat4x4<f32>;
+    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
+    for (var c = 0u; c < 4u; c++) {
+      let i = row0 + 4u * q + c;
+      if (i < p.M) {
+        var v = m[c] + b;
+        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
+        out[i * n4 + c4] = v;
+      }
+    }
+  }
+}
+
+@compute @workgroup_size(WX)
+fn matmul_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let n4 = p.N / 4u;
+  let k4 = p.K / 4u;
+  let cw = wid.x * WX + lid;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let a0 = row(row0) * k4;       let a1 = row(row0 + 1u) * k4;   let a2 = row(row0 + 2u) * k4;   let a3 = row(row0 + 3u) * k4;
+  let a4 = row(row0 + 4u) * k4;  let a5 = row(row0 + 5u) * k4;   let a6 = row(row0 + 6u) * k4;   let a7 = row(row0 + 7u) * k4;
+  let a8 = row(row0 + 8u) * k4;  let a9 = row(row0 + 9u) * k4;   let a10 = row(row0 + 10u) * k4; let a11 = row(row0 + 11u) * k4;
+  let a12 = row(row0 + 12u) * k4; let a13 = row(row0 + 13u) * k4; let a14 = row(row0 + 14u) * k4; let a15 = row(row0 + 15u) * k4;
+  var acc: Acc;
+  for (var kk = 0u; kk < k4; kk++) {
+    let k = 4u * kk;
+    // columns of bm: B rows k..k+3 at this invocation's 4 columns
+    let bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+    acc.q0 += bm * mat4x4<f32>(A[a0 + kk], A[a1 + kk], A[a2 + kk], A[a3 + kk]);
+    acc.q1 += bm * mat4x4<f32>(A[a4 + kk], A[a5 + kk], A[a6 + kk], A[a7 + kk]);
+    acc.q2 += bm * mat4x4<f32>(A[a8 + kk], A[a9 + kk], A[a10 + kk], A[a11 + kk]);
+    acc.q3 += bm * mat4x4<f32>(A[a12 + kk], A[a13 + kk], A[a14 + kk], A[a15 + kk]);
+  }
+  store(acc, row0, c4, cw < n4);
+}
+
+@compute @workgroup_size(WX)
+fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let n4 = p.N / 4u;
+  let k4 = p.K / 4u;
+  let cw = wid.x * WX + lid;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let a0 = row(row0) * k4;       let a1 = row(row0 + 1u) * k4;   let a2 = row(row0 + 2u) * k4;   let a3 = row(row0 + 3u) * k4;
+  let a4 = row(row0 + 4u) * k4;  let a5 = row(row0 + 5u) * k4;   let a6 = row(row0 + 6u) * k4;   let a7 = row(row0 + 7u) * k4;
+  let a8 = row(row0 + 8u) * k4;  let a9 = row(row0 + 9u) * k4;   let a10 = row(row0 + 10u) * k4; let a11 = row(row0 + 11u) * k4;
+  let a12 = row(row0 + 12u) * k4; let a13 = row(row0 + 13u) * k4; let a14 = row(row0 + 14u) * k4; let a15 = row(row0 + 15u) * k4;
+  let j = 4u * c4;
+  var acc: Acc;
+  for (var kk = 0u; kk < k4; kk++) {
+    // rows of bm: B rows j..j+3 (this invocation's output columns) at k..k+3
+    let bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+    acc.q0 += bm * mat4x4<f32>(A[a0 + kk], A[a1 + kk], A[a2 + kk], A[a3 + kk]);
+    acc.q1 += bm * mat4x4<f32>(A[a4 + kk], A[a5 + kk], A[a6 + kk], A[a7 + kk]);
+    acc.q2 += bm * mat4x4<f32>(A[a8 + kk], A[a9 + kk], A[a10 + kk], A[a11 + kk]);
+    acc.q3 += bm * mat4x4<f32>(A[a12 + kk], A[a13 + kk], A[a14 + kk], A[a15 + kk]);
+  }
+  store(acc, row0, c4, cw < n4);
+}
+
+@compute @workgroup_size(WX)
+fn matmul_atb_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let n4 = p.N / 4u;
+  let m4 = p.M / 4u;
+  let cw = wid.x * WX + lid;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let r0 = min(row0 / 4u, m4 - 1u);        // A's columns row0.. as vec4 groups
+  let r1 = min(row0 / 4u + 1u, m4 - 1u);
+  let r2 = min(row0 / 4u + 2u, m4 - 1u);
+  let r3 = min(row0 / 4u + 3u, m4 - 1u);
+  var acc: Acc;
+  for (var k = 0u; k + 3u < p.K; k += 4u) {
+    let bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+    let s0 = k * m4; let s1 = s0 + m4; let s2 = s1 + m4; let s3 = s2 + m4;
+    // transpose: column c of each block is A[k..k+3, row 4q+c]
+    acc.q0 += bm * transpose(mat4x4<f32>(A[s0 + r0], A[s1 + r0], A[s2 + r0], A[s3 + r0]));
+    acc.q1 += bm * transpose(mat4x4<f32>(A[s0 + r1], A[s1 + r1], A[s2 + r1], A[s3 + r1]));
+    acc.q2 += bm * transpose(mat4x4<f32>(A[s0 + r2], A[s1 + r2], A[s2 + r2], A[s3 + r2]));
+    acc.q3 += bm * transpose(mat4x4<f32>(A[s0 + r3], A[s1 + r3], A[s2 + r3], A[s3 + r3]));
+  }
+  store(acc, row0, c4, cw < n4);
+}
