@@ -63,6 +63,28 @@ def mean_loss(model: Model, xs: np.ndarray, ys: np.ndarray) -> float:
     return total / (n * model.T)
 
 
+class StopFlag:
+    """Ctrl-C during training asks to stop after the current step (never mid-step, so the
+    saved data-sampling state and weights agree); a third Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.requested = 0
+        try:
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        except ValueError:  # not the main thread: leave Ctrl-C alone
+            self.old = None
+
+    def _handler(self, *_):
+        self.requested += 1
+        if self.requested >= 3:
+            raise KeyboardInterrupt
+
+    def restore(self):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
+
+
 @contextmanager
 def no_interrupt():
     """Defer Ctrl-C while a checkpoint is written; re-raise it afterwards."""
@@ -166,7 +188,8 @@ def setup(args, gpu: GPU | None = None) -> tuple[Run, int]:
     return Run(cfg, model, data, tok, rng, history, extra), start
 
 
-def train(args, gpu: GPU | None = None, out=sys.stdout, err=sys.stderr) -> dict:
+def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
+    out, err = out or sys.stdout, err or sys.stderr
     run, start = setup(args, gpu)
     cfg, model, data = run.cfg, run.model, run.data
     steps = args.steps
@@ -185,9 +208,12 @@ def train(args, gpu: GPU | None = None, out=sys.stdout, err=sys.stderr) -> dict:
                mininterval=0.1 if getattr(err, "isatty", lambda: False)() else 5.0)
     t_last, tok_s, step = time.time(), 0.0, start
     last = {"train": None, "val": None}
+    stop = StopFlag()
     try:
         n_since = 0
         for step in range(start, steps):
+            if stop.requested:
+                break
             lr = lr_at(step, cfg.lr, args.warmup, args.min_lr, steps)
             x, y = data.sample(run.rng, B)
             model.step(x, y, lr)
@@ -218,13 +244,14 @@ def train(args, gpu: GPU | None = None, out=sys.stdout, err=sys.stderr) -> dict:
             bar.update(1)
             if args.save_every and done % args.save_every == 0 and not is_last:
                 save_run(run, out_path)
-    except KeyboardInterrupt:
-        bar.close()
-        print(f"\ninterrupted at step {model.step_count}: saving {out_path}", file=err)
-        save_run(run, out_path)
-        print(f"saved; continue with: tinygpt train --resume {out_path} --steps {steps}", file=err)
-        raise TrainingStopped("interrupted", 130)
+        if stop.requested:
+            bar.close()
+            print(f"\ninterrupted at step {model.step_count}: saving {out_path}", file=err)
+            save_run(run, out_path)
+            print(f"saved; continue with: tinygpt train --resume {out_path} --steps {steps}", file=err)
+            raise TrainingStopped("interrupted", 130)
     finally:
+        stop.restore()
         bar.close()
         if log:
             log.close()
@@ -233,7 +260,8 @@ def train(args, gpu: GPU | None = None, out=sys.stdout, err=sys.stderr) -> dict:
     sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "\n", 200, 0.0, None, 0)
     summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
                "checkpoint": str(out_path), "plot": str(png) if png else None, "steps": steps}
-    print(f"final train loss {last['train']:.4f}, val loss {last['val']:.4f}, {tok_s:,.0f} tokens/s", file=out)
+    val = f"{last['val']:.4f}" if last["val"] is not None else "not evaluated (--eval-every 0)"
+    print(f"final train loss {last['train']:.4f}, val loss {val}, {tok_s:,.0f} tokens/s", file=out)
     print(f"checkpoint {out_path}" + (f", loss curve {png}" if png else ""), file=out)
     print("greedy sample:\n" + sample_text, file=out)
     return summary

@@ -1,0 +1,260 @@
+"""The command line end to end on the tiny preset: train, resume, eval, sample,
+info, export, and the .tinygpt round trip."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt import checkpoint as ckpt
+from tinygpt import reference as R
+from tinygpt.cli import main
+from tinygpt.data import ByteTokenizer
+
+pytestmark = pytest.mark.kernel
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "corpus.txt"
+    text = (SHARED / "tinyshakespeare.txt").read_text()[:60_000] if (SHARED / "tinyshakespeare.txt").exists() \
+        else ("To be, or not to be, that is the question. " * 1500)
+    p.write_text(text)
+    return p
+
+
+def run_cli(*args):
+    """In-process; returns the exit code."""
+    return main([str(a) for a in args])
+
+
+def read_log(path):
+    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+
+
+def test_train_writes_checkpoint_log_plot_and_sample(tmp_path, corpus, capsys):
+    out, log = tmp_path / "m.tinygpt", tmp_path / "log.jsonl"
+    assert run_cli("train", *TINY, "--data", corpus, "--steps", 30, "--eval-every", 15, "--log-every", 5,
+                   "--out", out, "--log", log) == 0
+    printed = capsys.readouterr().out
+    assert "final train loss" in printed and "greedy sample" in printed
+    rows = read_log(log)
+    assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
+    assert set(rows[0]) == {"step", "train_loss", "val_loss", "lr", "tokens_per_s"}
+    assert rows[2]["val_loss"] is not None and rows[0]["val_loss"] is None
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+    assert out.exists() and out.with_suffix(".png").exists()
+    ck = ckpt.load(out)
+    assert ck.step == 30 and ck.cfg.layers == 2 and ck.cfg.ctx == 16
+    assert ck.extra["tokenizer"] == "byte" and "dataRngState" in ck.extra
+
+
+def test_same_seed_same_losses(tmp_path, corpus):
+    logs = []
+    for i in range(2):
+        log = tmp_path / f"{i}.jsonl"
+        assert run_cli("train", *TINY, "--data", corpus, "--steps", 12, "--log-every", 1, "--eval-every", 0,
+                       "--out", tmp_path / f"{i}.tinygpt", "--log", log) == 0
+        logs.append([r["train_loss"] for r in read_log(log)])
+    assert logs[0] == logs[1]
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path, corpus):
+    """Stop at step 7 (a shorter run, constant lr), resume to 16: the same 16 losses, bit for bit."""
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0]
+    assert run_cli("train", *common, "--steps", 16, "--out", tmp_path / "full.tinygpt", "--log", full) == 0
+    assert run_cli("train", *common, "--steps", 7, "--out", tmp_path / "part.tinygpt", "--log", part) == 0
+    assert run_cli("train", "--resume", tmp_path / "part.tinygpt", "--quiet", "--data", corpus, "--log-every", 1,
+                   "--eval-every", 0, "--steps", 16, "--out", tmp_path / "part.tinygpt", "--log", part) == 0
+    a = [r["train_loss"] for r in read_log(full)]
+    b = [r["train_loss"] for r in read_log(part)]
+    assert len(a) == len(b) == 16
+    assert a == b, "resumed losses differ from the uninterrupted run"
+
+
+def _train_cmd(*args):
+    return [sys.executable, "-m", "tinygpt", "train", *[str(a) for a in args]]
+
+
+def test_ctrl_c_saves_exits_130_and_resume_matches(tmp_path, corpus):
+    """A real SIGINT mid-run (warmup + cosine schedule): saved, exit 130, resumed to the same losses."""
+    import signal
+    import time
+    common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0, "--warmup", 5, "--min-lr", 1e-5,
+              "--steps", 60]
+    full, part, ck = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "part.tinygpt"
+    assert run_cli("train", *common, "--out", tmp_path / "full.tinygpt", "--log", full) == 0
+    proc = subprocess.Popen(_train_cmd(*common, "--out", ck, "--log", part), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not part.exists() or len(part.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "saved; continue with" in stderr
+    stopped = ckpt.load(ck).step
+    assert 5 <= stopped < 60
+    assert run_cli("train", "--resume", ck, *common[len(TINY):], "--out", ck, "--log", part) == 0
+    a = [r["train_loss"] for r in read_log(full)]
+    b = [r["train_loss"] for r in read_log(part)]
+    assert [r["step"] for r in read_log(part)] == list(range(1, 61))
+    assert a == b, f"resumed after step {stopped}: losses differ"
+
+
+def test_checkpoint_round_trip_is_byte_identical(tmp_path):
+    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
+    p = R.init_params(cfg)
+    m = {k: np.full_like(v, 0.5) for k, v in p.items()}
+    v = {k: np.full_like(x, 0.25) for k, x in p.items()}
+    ck = ckpt.Checkpoint(cfg, p, m, v, step=7, loss_history=[{"step": 7, "train": 5.0}], extra={"tokenizer": "byte"})
+    raw = ckpt.encode(ck)
+    assert raw[:4] == b"TGPT" and int.from_bytes(raw[4:8], "little") == 2
+    back = ckpt.decode(raw)
+    assert back.step == 7 and back.cfg.d_model == 8
+    for name in p:
+        assert np.array_equal(back.params[name], p[name]) and np.array_equal(back.v[name], v[name])
+    assert ckpt.encode(back) == raw
+    hdr = json.loads(raw[12:12 + int.from_bytes(raw[8:12], "little")])
+    assert hdr["includesOptimizerState"] is True and hdr["weightDtype"] == "fp32"
+    assert hdr["stateByteLength"] == len(raw) - 12 - len(json.dumps(hdr, separators=(",", ":")))
+    assert [e["name"] for e in hdr["manifest"]][:4] == ["tok_emb", "pos_emb", "ln_f_g", "ln_f_b"]
+
+
+def test_version_1_file_without_optimizer_state_loads(tmp_path):
+    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
+    p = R.init_params(cfg)
+    header = {"config": ckpt.config_to_header(cfg), "includesOptimizerState": False}
+    body = b"".join(p[n].astype("<f4").tobytes() for n, _, _ in R.param_specs(cfg))
+    hb = json.dumps(header).encode()
+    raw = b"TGPT" + (1).to_bytes(4, "little") + len(hb).to_bytes(4, "little") + hb + (3).to_bytes(4, "little") + body
+    ck = ckpt.decode(raw)
+    assert ck.step == 3 and ck.m is None and np.array_equal(ck.params["h0.Wq"], p["h0.Wq"])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trained")
+    corpus = d / "c.txt"
+    corpus.write_text(("The quick brown fox jumps over the lazy dog. " * 400))
+    out = d / "m.tinygpt"
+    assert main(["train", *TINY, "--data", str(corpus), "--steps", "60", "--lr", "3e-3", "--eval-every", "0",
+                 "--out", str(out)]) == 0
+    return out, corpus
+
+
+def test_eval_json_is_deterministic(trained, capsys):
+    out, corpus = trained
+    results = []
+    for _ in range(2):
+        assert run_cli("eval", "--model", out, "--data", corpus, "--json") == 0
+        results.append(json.loads(capsys.readouterr().out))
+    r = results[0]
+    assert results[0] == results[1]
+    assert set(r) == {"loss", "perplexity", "windows", "tokens"}
+    n = len(corpus.read_bytes())
+    val = n - int(np.floor(0.9 * n))
+    assert r["windows"] == (val - 1) // 16 and r["tokens"] == r["windows"] * 16
+    assert abs(r["perplexity"] - np.exp(r["loss"])) < 1e-6 * r["perplexity"]
+    assert run_cli("eval", "--model", out, "--data", corpus, "--json", "--max-windows", 3) == 0
+    assert json.loads(capsys.readouterr().out)["windows"] == 3
+
+
+def test_eval_matches_the_reference(trained, capsys):
+    out, corpus = trained
+    assert run_cli("eval", "--model", out, "--data", corpus, "--json", "--max-windows", 5) == 0
+    got = json.loads(capsys.readouterr().out)["loss"]
+    ck = ckpt.load(out)
+    toks = ByteTokenizer().encode(corpus.read_bytes())
+    val = toks[int(np.floor(0.9 * len(toks))):]
+    x = np.stack([val[i * 16:i * 16 + 16] for i in range(5)])
+    y = np.stack([val[i * 16 + 1:i * 16 + 17] for i in range(5)])
+    params = {k: v.astype(np.float64) for k, v in ck.params.items()}
+    cfg = ck.cfg
+    cfg.batch = 5
+    _, loss, _ = R.forward(params, cfg, x, y)
+    assert abs(got - loss) < 1e-4
+
+
+def test_greedy_sample_matches_reference(trained, capsys):
+    out, _ = trained
+    prompt = "The quick"
+    assert run_cli("sample", "--model", out, "--prompt", prompt, "--tokens", 24, "--temperature", 0) == 0
+    text = capsys.readouterr().out
+    ck = ckpt.load(out)
+    params = {k: v.astype(np.float64) for k, v in ck.params.items()}
+    ids = list(prompt.encode())
+    for _ in range(24):
+        window = np.array([ids[-ck.cfg.ctx:]])
+        logits = R.forward(params, ck.cfg, window)
+        ids.append(int(np.argmax(logits[0, -1])))
+    assert text == bytes(ids).decode("utf-8", errors="replace") + "\n"
+    assert text.startswith(prompt)
+
+
+def test_sample_long_prompt_and_top_k(trained, capsys):
+    out, _ = trained
+    assert run_cli("sample", "--model", out, "--prompt", "x" * 100, "--tokens", 5, "--top-k", 3, "--seed", 1) == 0
+    assert capsys.readouterr().out.startswith("x" * 100)
+
+
+def test_info_json(capsys):
+    assert run_cli("info", "--json") == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["adapter"] and info["backend"] and "max-storage-buffer-binding-size" in info["limits"]
+
+
+def test_export_safetensors_and_hf(trained, tmp_path):
+    out, _ = trained
+    from safetensors.numpy import load_file
+    st = tmp_path / "w.safetensors"
+    assert run_cli("export", "--model", out, "--format", "safetensors", st) == 0
+    ck = ckpt.load(out)
+    loaded = load_file(str(st))
+    assert list(loaded)[:0] == [] and set(loaded) == set(ck.params)
+    assert all(np.array_equal(loaded[k], ck.params[k]) for k in ck.params)
+    hf = tmp_path / "hf"
+    assert run_cli("export", "--model", out, "--format", "hf", hf) == 0
+    config = json.loads((hf / "config.json").read_text())
+    assert config["model_type"] == "gpt2" and config["n_layer"] == 2 and config["activation_function"] == "gelu"
+    sd = load_file(str(hf / "model.safetensors"))
+    assert sd["transformer.h.0.attn.c_attn.weight"].shape == (48, 144)
+    try:
+        import torch
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        pytest.skip("transformers/torch not installed: the export's names and shapes were checked")
+    model = GPT2LMHeadModel.from_pretrained(str(hf)).eval()
+    x = np.random.default_rng(0).integers(0, 256, (2, 16))
+    with torch.no_grad():
+        got = model(torch.tensor(x)).logits.numpy()
+    want = R.forward({k: v.astype(np.float64) for k, v in ck.params.items()}, ck.cfg, x)
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_gpt2_tokenizer_from_file(tmp_path, corpus):
+    f = SHARED / "r50k_base.tiktoken"
+    if not f.exists():
+        pytest.skip("no r50k_base.tiktoken beside the checkout")
+    out = tmp_path / "g.tinygpt"
+    assert run_cli("train", "--preset", "tiny", "--batch", "2", "--ctx", "8", "--quiet", "--steps", 3,
+                   "--tokenizer", "gpt2", "--tokenizer-file", f, "--data", corpus, "--eval-every", 0, "--out", out) == 0
+    ck = ckpt.load(out)
+    hdr = ck.header["config"]
+    assert hdr["vocabSize"] == 50257 and hdr["tokenizerSource"] == "r50k_base"
+
+
+def test_gpt2_without_file_or_cache_says_what_to_do(tmp_path, corpus):
+    env = dict(os.environ, TIKTOKEN_CACHE_DIR=str(tmp_path / "empty"))
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--steps", "1", "--quiet",
+                        "--tokenizer", "gpt2", "--data", str(corpus), "--out", str(tmp_path / "x.tinygpt")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    err = [l for l in r.stderr.splitlines() if "XDG_RUNTIME_DIR" not in l]
+    assert len(err) == 1 and "TIKTOKEN_CACHE_DIR" in err[0] and "--tokenizer-file" in err[0]
+    assert "Traceback" not in r.stderr
