@@ -22,6 +22,11 @@ struct Params { B: u32, T: u32, C: u32, hd: u32, h0: u32, nh: u32, scale: f32 }
 
 const MASKED: f32 = -3.4028235e38;
 const FUSED_MAX_T: u32 = 1024u;
+// The per-row kernels hold a head's channels as vec4 in blocks of 8 (HD4 =
+// ceil(hd/32)*8, zero-padded): CPU adapters (llvmpipe) silently stop an
+// invocation's loops after 65,535 iterations in total, and the compiler unrolls
+// these constant-trip channel loops, so a row costs about T iterations, not T*hd.
+override HD4: u32 = 16u;
 
 fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
   return (wid.y * nwg.x + wid.x) * 64u + lid.x;
@@ -35,6 +40,28 @@ fn sidx(b: u32, hh: u32, t1: u32, t2: u32) -> u32 {
 // x[b, t, head channel d]
 fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * p.hd + d;
+}
+
+// channels 4c .. 4c+3 of x1 / x2 / x3 at (b, t, h), zeros past hd
+fn ld4(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>();
+  for (var e = 0u; e < 4u; e++) {
+    let d = 4u * c + e;
+    if (d < p.hd) {
+      let i = at(b, t, h, d);
+      switch x { case 1u: { r[e] = x1[i]; } case 2u: { r[e] = x2[i]; } default: { r[e] = x3[i]; } }
+    }
+  }
+  return r;
+}
+
+// dot of a row held in registers with row t of x2, block by block
+fn dot_row(a: ptr<function, array<vec4<f32>, 32>>, b: u32, t: u32, h: u32) -> f32 {
+  var s = 0.0;
+  for (var cb = 0u; cb < HD4; cb += 8u) {
+    for (var e = 0u; e < 8u; e++) { s += dot((*a)[cb + e], ld4(2u, b, t, h, cb + e)); }
+  }
+  return s;
 }
 
 @compute @workgroup_size(64)
@@ -98,17 +125,17 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let hh = (r / p.T) % p.nh;
   let b = r / (p.T * p.nh);
   let h = p.h0 + hh;
+  var qr: array<vec4<f32>, 32>;
+  for (var c = 0u; c < HD4; c++) { qr[c] = ld4(1u, b, t1, h, c); }
   var sc: array<f32, FUSED_MAX_T>;
   // pass 1: scores and their max
   var m = MASKED;
   for (var t2 = 0u; t2 <= t1; t2++) {
-    var s = 0.0;
-    for (var d = 0u; d < p.hd; d++) { s += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
-    s *= p.scale;
+    let s = dot_row(&qr, b, t2, h) * p.scale;
     sc[t2] = s;
     m = max(m, s);
   }
-  // pass 2: exponentials and their sum
+  // pass 2: exponentials, their sum, the weights
   var sum = 0.0;
   for (var t2 = 0u; t2 <= t1; t2++) { sc[t2] = exp(sc[t2] - m); sum += sc[t2]; }
   let inv = 1.0 / sum;
@@ -116,12 +143,14 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   for (var t2 = 0u; t2 < p.T; t2++) {
     if (t2 <= t1) { sc[t2] *= inv; o2[base + t2] = sc[t2]; } else { o2[base + t2] = 0.0; }
   }
-  // pass 3: P @ v, one output channel at a time (no second private array)
-  for (var d = 0u; d < p.hd; d++) {
-    var acc = 0.0;
-    for (var t2 = 0u; t2 <= t1; t2++) { acc += sc[t2] * x3[at(b, t2, h, d)]; }
-    o1[at(b, t1, h, d)] = acc;
+  // pass 3: P @ v, all channels at once in registers
+  var acc: array<vec4<f32>, 32>;
+  for (var t2 = 0u; t2 <= t1; t2++) {
+    for (var cb = 0u; cb < HD4; cb += 8u) {
+      for (var e = 0u; e < 8u; e++) { acc[cb + e] = fma(vec4<f32>(sc[t2]), ld4(3u, b, t2, h, cb + e), acc[cb + e]); }
+    }
   }
+  for (var d = 0u; d < p.hd; d++) { o1[at(b, t1, h, d)] = acc[d / 4u][d % 4u]; }
 }
 
 // x1 = dout, x2 = v, x3 = P -> o1 = dS. dP is parked in o1 on the first pass,
@@ -136,10 +165,11 @@ fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let b = r / (p.T * p.nh);
   let h = p.h0 + hh;
   let base = r * p.T;
+  var dor: array<vec4<f32>, 32>;
+  for (var c = 0u; c < HD4; c++) { dor[c] = ld4(1u, b, t1, h, c); }
   var sum = 0.0;
   for (var t2 = 0u; t2 <= t1; t2++) {
-    var dp = 0.0;
-    for (var d = 0u; d < p.hd; d++) { dp += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
+    let dp = dot_row(&dor, b, t2, h);
     o1[base + t2] = dp;
     sum += x3[base + t2] * dp;
   }

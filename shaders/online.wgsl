@@ -9,6 +9,15 @@
 // Tiles entirely above the causal diagonal are never visited. No atomics:
 // each output row belongs to exactly one invocation. Work O(T^2 hd).
 // q, k, v, dout, out: [B, T, C] with heads interleaved; L, D: [B, H, T].
+//
+// Two facts about CPU adapters shape the loops (lavapipe, llvmpipe):
+//  * they stop any invocation's loops after 65,535 iterations in total, silently;
+//    so head channels are held as vec4 and the channel loops run in blocks of 8
+//    (at most 4 blocks, constant after override substitution), which the compiler
+//    unrolls, leaving about 3 loop trips per key: T up to ~20,000 stays under the cap;
+//  * lanes run in SIMD, and a tile read whose address is the same for every lane
+//    is one load: so all lanes walk the same keys and mask with select, in
+//    uniform control flow.
 
 struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 
@@ -22,29 +31,51 @@ struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 @group(0) @binding(7) var<storage, read_write> o1: array<f32>;  // out | D | dq | dk
 @group(0) @binding(8) var<storage, read_write> o2: array<f32>;  // L | dv
 
-override HD: u32 = 64u;  // head dim, <= HD_MAX
-override BQ: u32 = 32u;  // query rows per tile (forward/dq workgroup size; dkv streamed tile)
-override BK: u32 = 32u;  // key rows per tile (streamed in forward/dq; dkv workgroup size)
-const HD_MAX: u32 = 128u;
+override HD: u32 = 64u;              // head dim, <= 128
+override HD4: u32 = 16u;             // vec4 per row: ceil(HD / 32) * 8, zero-padded (loops go in blocks of 8)
+override BQ: u32 = 32u;              // query rows per tile (forward/dq workgroup size)
+override BK: u32 = 32u;              // key rows per tile (streamed in forward/dq; dkv workgroup size and its query tile)
 const B_MAX: u32 = 64u;
 const NEG: f32 = -3.4028235e38;
 
-var<workgroup> t1: array<f32, BK * HD>;  // K tile (forward, dq) | Q tile (dkv)
-var<workgroup> t2: array<f32, BK * HD>;  // V tile (forward, dq) | dO tile (dkv)
-var<workgroup> tl: array<f32, BK>;       // L of the Q tile (dkv)
-var<workgroup> td: array<f32, BK>;       // D of the Q tile (dkv)
+var<workgroup> t1: array<vec4<f32>, BK * HD4>;  // K tile (forward, dq) | Q*scale tile (dkv)
+var<workgroup> t2: array<vec4<f32>, BK * HD4>;  // V tile (forward, dq) | dO tile (dkv)
+var<workgroup> tl: array<f32, BK>;              // L of the Q tile (dkv)
+var<workgroup> td: array<f32, BK>;              // D of the Q tile (dkv)
 
 fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * HD + d;
 }
 
-// cooperative load of rows r0.. of a [B,T,C] head slice into a tile (zeros past T)
-fn load_kv(b: u32, h: u32, r0: u32, n: u32, lid: u32, nthreads: u32) {
-  for (var i = lid; i < n * HD; i += nthreads) {
-    let r = r0 + i / HD;
-    let d = i % HD;
-    if (r < p.T) { t1[i] = k[at(b, r, h, d)]; t2[i] = v[at(b, r, h, d)]; }
-    else { t1[i] = 0.0; t2[i] = 0.0; }
+// channels 4c .. 4c+3 of row t of a head slice, zeros past HD
+fn ld4(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
+  var r = vec4<f32>();
+  for (var e = 0u; e < 4u; e++) {
+    let d = 4u * c + e;
+    if (d < HD) {
+      let i = at(b, t, h, d);
+      switch x { case 0u: { r[e] = q[i]; } case 1u: { r[e] = k[i]; } case 2u: { r[e] = v[i]; } default: { r[e] = dout[i]; } }
+    }
+  }
+  return r;
+}
+
+fn st4(x: u32, b: u32, t: u32, h: u32, c: u32, val: vec4<f32>) {
+  for (var e = 0u; e < 4u; e++) {
+    let d = 4u * c + e;
+    if (d < HD) {
+      if (x == 0u) { o1[at(b, t, h, d)] = val[e]; } else { o2[at(b, t, h, d)] = val[e]; }
+    }
+  }
+}
+
+// cooperative load of n rows from r0 of two head slices into t1, t2 (zeros past T)
+fn load_tiles(x1: u32, x2: u32, s1: f32, b: u32, h: u32, r0: u32, lid: u32, nthreads: u32) {
+  for (var i = lid; i < BK * HD4; i += nthreads) {
+    let r = r0 + i / HD4;
+    let c = i % HD4;
+    if (r < p.T) { t1[i] = ld4(x1, b, r, h, c) * s1; t2[i] = ld4(x2, b, r, h, c); }
+    else { t1[i] = vec4<f32>(); t2[i] = vec4<f32>(); }
   }
 }
 
@@ -57,45 +88,40 @@ fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
   let b = wid.x / (nq * p.H);
   let q0 = qt * BQ;
   let row = q0 + lid;
-  let valid = row < p.T;
+  let rr = min(row, p.T - 1u);
   let last = min(q0 + BQ, p.T) - 1u;     // last query row of the tile: uniform
 
-  var qr: array<f32, HD_MAX>;
-  var o: array<f32, HD_MAX>;
-  for (var d = 0u; d < HD; d++) {
-    qr[d] = select(0.0, q[at(b, min(row, p.T - 1u), h, d)] * p.scale, valid);
-    o[d] = 0.0;
-  }
+  var qr: array<vec4<f32>, 32>;
+  var o: array<vec4<f32>, 32>;
+  for (var c = 0u; c < HD4; c++) { qr[c] = ld4(0u, b, rr, h, c) * p.scale; o[c] = vec4<f32>(); }
   var m = NEG;
   var l = 0.0;
   var s: array<f32, B_MAX>;
   for (var k0 = 0u; k0 <= last; k0 += BK) {
     workgroupBarrier();                  // previous tile fully consumed
-    load_kv(b, h, k0, BK, lid, BQ);
+    load_tiles(1u, 2u, 1.0, b, h, k0, lid, BQ);
     workgroupBarrier();
-    if (valid && k0 <= row) {
-      let nk = min(BK, row + 1u - k0);   // causal: keys k0 .. row
-      var mt = m;
-      for (var j = 0u; j < nk; j++) {
-        var acc = 0.0;
-        for (var d = 0u; d < HD; d++) { acc = fma(qr[d], t1[j * HD + d], acc); }
-        s[j] = acc;
-        mt = max(mt, acc);
-      }
-      let alpha = exp(m - mt);           // rescale what was summed against the old max
-      l *= alpha;
-      for (var d = 0u; d < HD; d++) { o[d] *= alpha; }
-      for (var j = 0u; j < nk; j++) {
-        let e = exp(s[j] - mt);
-        l += e;
-        for (var d = 0u; d < HD; d++) { o[d] = fma(e, t2[j * HD + d], o[d]); }
-      }
-      m = mt;
+    let nk = min(BK, last + 1u - k0);    // uniform; keys past this row's diagonal are masked
+    var mt = m;
+    for (var j = 0u; j < nk; j++) {
+      var acc = 0.0;
+      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; acc += dot(qr[c], t1[j * HD4 + c]); } }
+      s[j] = select(NEG, acc, k0 + j <= row);
+      mt = max(mt, s[j]);
     }
+    let alpha = exp(m - mt);             // rescale what was summed against the old max
+    l *= alpha;
+    for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { o[cb + e] *= alpha; } }
+    for (var j = 0u; j < nk; j++) {
+      let e = select(0.0, exp(s[j] - mt), k0 + j <= row);
+      l += e;
+      for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { let c = cb + i; o[c] = fma(vec4<f32>(e), t2[j * HD4 + c], o[c]); } }
+    }
+    m = mt;
   }
-  if (valid) {
+  if (row < p.T) {
     let inv = 1.0 / l;
-    for (var d = 0u; d < HD; d++) { o1[at(b, row, h, d)] = o[d] * inv; }
+    for (var c = 0u; c < HD4; c++) { st4(0u, b, row, h, c, o[c] * inv); }
     o2[(b * p.H + h) * p.T + row] = m + log(l);
   }
 }
@@ -109,7 +135,7 @@ fn attn_online_d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
   let h = (i / p.T) % p.H;
   let b = i / (p.T * p.H);
   var s = 0.0;
-  for (var d = 0u; d < HD; d++) { s = fma(q[at(b, t, h, d)], k[at(b, t, h, d)], s); }
+  for (var c = 0u; c < HD4; c++) { s += dot(ld4(0u, b, t, h, c), ld4(1u, b, t, h, c)); }
   o1[i] = s;
 }
 
@@ -122,45 +148,45 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
   let b = wid.x / (nq * p.H);
   let q0 = qt * BQ;
   let row = q0 + lid;
-  let valid = row < p.T;
   let rr = min(row, p.T - 1u);
   let last = min(q0 + BQ, p.T) - 1u;
 
-  var qr: array<f32, HD_MAX>;
-  var dor: array<f32, HD_MAX>;
-  var dq: array<f32, HD_MAX>;
-  for (var d = 0u; d < HD; d++) {
-    qr[d] = q[at(b, rr, h, d)] * p.scale;
-    dor[d] = dout[at(b, rr, h, d)];
-    dq[d] = 0.0;
+  var qr: array<vec4<f32>, 32>;
+  var dor: array<vec4<f32>, 32>;
+  var dq: array<vec4<f32>, 32>;
+  for (var c = 0u; c < HD4; c++) {
+    qr[c] = ld4(0u, b, rr, h, c) * p.scale;
+    dor[c] = ld4(3u, b, rr, h, c);
+    dq[c] = vec4<f32>();
   }
   let li = Lin[(b * p.H + h) * p.T + rr];
   let di = Din[(b * p.H + h) * p.T + rr];
   for (var k0 = 0u; k0 <= last; k0 += BK) {
     workgroupBarrier();
-    load_kv(b, h, k0, BK, lid, BQ);
+    load_tiles(1u, 2u, 1.0, b, h, k0, lid, BQ);
     workgroupBarrier();
-    if (valid && k0 <= row) {
-      let nk = min(BK, row + 1u - k0);
-      for (var j = 0u; j < nk; j++) {
-        var sc = 0.0;
-        var dp = 0.0;
-        for (var d = 0u; d < HD; d++) {
-          sc = fma(qr[d], t1[j * HD + d], sc);
-          dp = fma(dor[d], t2[j * HD + d], dp);
+    let nk = min(BK, last + 1u - k0);
+    for (var j = 0u; j < nk; j++) {
+      var sc = 0.0;
+      var dp = 0.0;
+      for (var cb = 0u; cb < HD4; cb += 8u) {
+        for (var e = 0u; e < 8u; e++) {
+          let c = cb + e;
+          sc += dot(qr[c], t1[j * HD4 + c]);
+          dp += dot(dor[c], t2[j * HD4 + c]);
         }
-        let ds = exp(sc - li) * (dp - di) * p.scale;
-        for (var d = 0u; d < HD; d++) { dq[d] = fma(ds, t1[j * HD + d], dq[d]); }
       }
+      let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, k0 + j <= row);
+      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; dq[c] = fma(vec4<f32>(ds), t1[j * HD4 + c], dq[c]); } }
     }
   }
-  if (valid) {
-    for (var d = 0u; d < HD; d++) { o1[at(b, row, h, d)] = dq[d]; }
+  if (row < p.T) {
+    for (var c = 0u; c < HD4; c++) { st4(0u, b, row, h, c, dq[c]); }
   }
 }
 
-// workgroup = BK key rows; the streamed query tiles have BK rows too (the
-// workgroup tiles reuse t1/t2 sized BK * HD), starting at the key tile's diagonal.
+// workgroup = BK key rows; the streamed query tiles have BK rows too,
+// starting at the key tile's diagonal.
 @compute @workgroup_size(BK)
 fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
@@ -170,54 +196,51 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
   let b = wid.x / (nk * p.H);
   let k0 = kt * BK;
   let col = k0 + lid;
-  let valid = col < p.T;
   let cc = min(col, p.T - 1u);
 
-  var kr: array<f32, HD_MAX>;
-  var vr: array<f32, HD_MAX>;
-  var dk: array<f32, HD_MAX>;
-  var dv: array<f32, HD_MAX>;
-  for (var d = 0u; d < HD; d++) {
-    kr[d] = k[at(b, cc, h, d)];
-    vr[d] = v[at(b, cc, h, d)];
-    dk[d] = 0.0;
-    dv[d] = 0.0;
+  var kr: array<vec4<f32>, 32>;
+  var vr: array<vec4<f32>, 32>;
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  for (var c = 0u; c < HD4; c++) {
+    kr[c] = ld4(1u, b, cc, h, c);
+    vr[c] = ld4(2u, b, cc, h, c);
+    dk[c] = vec4<f32>();
+    dv[c] = vec4<f32>();
   }
   let lbase = (b * p.H + h) * p.T;
   for (var q0 = k0; q0 < p.T; q0 += BK) {
     workgroupBarrier();
-    for (var i = lid; i < BK * HD; i += BK) {
-      let r = q0 + i / HD;
-      let d = i % HD;
-      if (r < p.T) { t1[i] = q[at(b, r, h, d)] * p.scale; t2[i] = dout[at(b, r, h, d)]; }
-      else { t1[i] = 0.0; t2[i] = 0.0; }
-    }
-    for (var i = lid; i < BK; i += BK) {
-      let r = min(q0 + i, p.T - 1u);
-      tl[i] = Lin[lbase + r];
-      td[i] = Din[lbase + r];
+    load_tiles(0u, 3u, p.scale, b, h, q0, lid, BK);
+    if (lid < BK) {
+      let r = min(q0 + lid, p.T - 1u);
+      tl[lid] = Lin[lbase + r];
+      td[lid] = Din[lbase + r];
     }
     workgroupBarrier();
-    if (valid) {
-      let first = select(0u, col - q0, col > q0);       // causal: rows >= col
-      let nr = min(BK, p.T - q0);
-      for (var i = first; i < nr; i++) {
-        var sc = 0.0;
-        var dp = 0.0;
-        for (var d = 0u; d < HD; d++) {
-          sc = fma(t1[i * HD + d], kr[d], sc);
-          dp = fma(t2[i * HD + d], vr[d], dp);
+    let nr = min(BK, p.T - q0);          // uniform; rows above this lane's key are masked
+    for (var i = 0u; i < nr; i++) {
+      var sc = 0.0;
+      var dp = 0.0;
+      for (var cb = 0u; cb < HD4; cb += 8u) {
+        for (var e = 0u; e < 8u; e++) {
+          let c = cb + e;
+          sc += dot(t1[i * HD4 + c], kr[c]);
+          dp += dot(t2[i * HD4 + c], vr[c]);
         }
-        let pij = exp(sc - tl[i]);
-        let ds = pij * (dp - td[i]);
-        for (var d = 0u; d < HD; d++) {
-          dv[d] = fma(pij, t2[i * HD + d], dv[d]);
-          dk[d] = fma(ds, t1[i * HD + d], dk[d]);   // t1 holds q * scale: dk = sum ds * q * scale
+      }
+      let pij = select(0.0, exp(sc - tl[i]), q0 + i >= col);
+      let ds = pij * (dp - td[i]);
+      for (var cb = 0u; cb < HD4; cb += 8u) {
+        for (var e = 0u; e < 8u; e++) {
+          let c = cb + e;
+          dv[c] = fma(vec4<f32>(pij), t2[i * HD4 + c], dv[c]);
+          dk[c] = fma(vec4<f32>(ds), t1[i * HD4 + c], dk[c]);   // t1 holds q * scale
         }
       }
     }
   }
-  if (valid) {
-    for (var d = 0u; d < HD; d++) { o1[at(b, col, h, d)] = dk[d]; o2[at(b, col, h, d)] = dv[d]; }
+  if (col < p.T) {
+    for (var c = 0u; c < HD4; c++) { st4(0u, b, col, h, c, dk[c]); st4(1u, b, col, h, c, dv[c]); }
   }
 }

@@ -36,14 +36,29 @@ def test_attention_against_float64(gpu, impl, B, T, C, H):
 
 
 @pytest.mark.slow
-def test_online_beyond_the_old_cap(gpu):
-    B, T, C, H = 1, 2048, 32, 1
+@pytest.mark.parametrize("hd", [32, 128])
+def test_online_beyond_the_old_cap(gpu, hd):
+    """T = 2048 (twice the original's cap). hd = 128 also guards llvmpipe's silent stop of an
+    invocation's loops after 65,535 iterations: a kernel looping over T*hd would fail here."""
+    B, T, C, H = 1, 2048, hd, 1
     q, k, v, do = _inputs(B, T, C, 1)
     f = lambda a: a.astype(np.float64)
     check("online T=2048 out", attention.forward(q, k, v, H, "online", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
     dq, dk, dv = attention.backward(q, k, v, do, H, "online", gpu)
     for name, got, want in zip("qkv", (dq, dk, dv), RA.attention_backward(f(q), f(k), f(v), f(do), H)):
         check(f"online T=2048 d{name}", got, want, TOL)
+
+
+@pytest.mark.parametrize("impl,T,hd", [("naive", 1024, 64), ("fused_sv", 600, 64)])
+def test_long_rows_are_not_cut_short(gpu, impl, T, hd):
+    """Rows whose loops would pass llvmpipe's 65,535-iteration cap if they looped over T*hd."""
+    q, k, v, do = _inputs(1, T, hd, 3)
+    f = lambda a: a.astype(np.float64)
+    tag = f"{impl} T={T} hd={hd}"
+    check(f"{tag} out", attention.forward(q, k, v, 1, impl, gpu), RA.attention_forward(f(q), f(k), f(v), 1), TOL)
+    for name, got, want in zip("qkv", attention.backward(q, k, v, do, 1, impl, gpu),
+                               RA.attention_backward(f(q), f(k), f(v), f(do), 1)):
+        check(f"{tag} d{name}", got, want, TOL)
 
 
 def test_fused_sv_refuses_long_sequences(gpu):

@@ -187,6 +187,20 @@ class GPU:
         self._dummy = None
 
     # ---- limits ------------------------------------------------------------------
+    # llvmpipe (lavapipe, and Mesa's GL) silently stops an invocation's loops after
+    # 65,535 iterations in total (measured: a 70,000-trip loop ran 65,535 times).
+    # Kernels keep their loops under it; loops over rows (B*T) are the ones a user can grow.
+    LOOP_CAP = 65535
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.adapter.info.get("adapter_type") == "CPU" or "llvmpipe" in self.name.lower()
+
+    def check_loop(self, trips: int, what: str):
+        if self.is_cpu and trips > self.LOOP_CAP:
+            raise LimitError(f"{what} is {trips:,}, but this CPU adapter ({self.name}) stops any kernel loop after "
+                             f"{self.LOOP_CAP:,} iterations; use a smaller --batch or --ctx")
+
     @property
     def max_binding(self) -> int:
         return int(self.limits["max-storage-buffer-binding-size"])

@@ -141,8 +141,8 @@ def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform):
 
 # ---- attention ---------------------------------------------------------------------------
 def _attn(gpu, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv):
-    k = gpu.kernel("attention.wgsl", entry, "urrrww")
     hd = C // H
+    k = gpu.kernel("attention.wgsl", entry, "urrrww", {"HD4": -(-hd // 32) * 8})
     return gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)),
                         [x1, x2, x3, o1, o2], grid1d(-(-n_inv // 64)))
 
@@ -188,10 +188,11 @@ def attn_dvalue(gpu, P, dout, dv, B, T, C, H, h0=0, nh=None):
 
 
 def online_tiles(gpu, hd):
-    """Tile rows that fit two [tile, hd] f32 tiles (+ L, D) in workgroup memory, at most 32."""
+    """Tile rows that fit two [tile, hd] f32 tiles (hd padded to 4, + L, D) in workgroup memory, at most 32."""
     limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
+    hd4 = -(-hd // 32) * 8
     bk = 32
-    while bk > 1 and (2 * bk * hd + 2 * bk) * 4 > limit:
+    while bk > 1 and (2 * bk * 4 * hd4 + 2 * bk) * 4 > limit:
         bk //= 2
     return bk, bk
 
@@ -199,7 +200,7 @@ def online_tiles(gpu, hd):
 def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
     hd = C // H
     bq, bk = block or online_tiles(gpu, hd)
-    k = gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "BQ": bq, "BK": bk})
+    k = gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk})
     ins = list(ins) + [None] * (6 - len(ins))
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 

@@ -48,6 +48,7 @@ class Model:
         C, V, M, H = cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.heads
         BT = B * T
         g = gpu
+        g.check_loop(BT, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
         self.offsets, self.n_flat = layout(cfg)
         flat = lambda name: g.tensor((self.n_flat,), name=name)
         self.params = flat("params")

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Attention side by side: naive, fused_sv and online at a ladder of sequence lengths.
+
+For each T and each implementation: forward, and forward+backward; GPU ms,
+attention scratch bytes, max abs error against the float64 reference (out, and
+dq/dk/dv for the backward), and naive/online. Validates before it times.
+
+    python scripts/compare_attention.py                    # T = 256, 1024, 4096; B=1, H=1, hd=64
+    python scripts/compare_attention.py --T 64,128 --json  # JSON Lines on stdout
+    python scripts/compare_attention.py --plot att.png
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from tinygpt import attention as A
+from tinygpt import reference_attention as RA
+from tinygpt.bench import emit, time_dispatches
+from tinygpt.gpu import GPU, LimitError
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--T", default="256,1024,4096", help="comma-separated sequence lengths")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--heads", type=int, default=1)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
+    ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
+    args = ap.parse_args(argv)
+    Ts = [int(t) for t in args.T.split(",") if t]
+    B, H, hd = args.batch, args.heads, args.head_dim
+    C = H * hd
+    gpu = GPU()
+    print(f"adapter: {gpu.name} ({gpu.backend}); B={B} H={H} hd={hd}", file=sys.stderr)
+    rows = []
+    for T in Ts:
+        r = np.random.default_rng(T)
+        q, k, v, do = (r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
+        f = lambda a: a.astype(np.float64)
+        ref_out = RA.attention_forward(f(q), f(k), f(v), H)
+        ref_grads = RA.attention_backward(f(q), f(k), f(v), f(do), H)
+        tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
+        out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
+        times = {}
+        for impl in A.IMPLS:
+            base = dict(impl=impl, T=T, B=B, H=H, hd=hd, scratch_bytes=A.scratch_bytes(impl, B, T, H))
+            try:
+                A.check(impl, T, C, H)
+                att = A.Attention(gpu, impl, B, T, C, H)
+            except (A.AttentionError, LimitError) as e:
+                for pas in ("fwd", "fwd+bwd"):
+                    rows.append(dict(base, **{"pass": pas, "ms": None, "max_err": None, "status": f"n/a: {e}"}))
+                continue
+            fwd = att.forward(tq, tk, tv, out)
+            bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
+            gpu.run(fwd + bwd)  # validate before timing
+            err_out = float(np.abs(gpu.read(out) - ref_out).max())
+            err_grads = [float(np.abs(gpu.read(t) - g).max()) for t, g in zip((dq, dk, dv), ref_grads)]
+            for pas, ds, err in (("fwd", fwd, err_out), ("fwd+bwd", fwd + bwd, max([err_out] + err_grads))):
+                ms, method = time_dispatches(gpu, ds, args.repeats)
+                times[(impl, pas)] = ms
+                row = dict(base, **{"pass": pas, "ms": ms, "max_err": err, "status": "ok", "timing": method})
+                if pas == "fwd+bwd":
+                    row.update(err_out=err_out, err_dq=err_grads[0], err_dk=err_grads[1], err_dv=err_grads[2])
+                rows.append(row)
+            print(f"T={T} {impl}: fwd {times[(impl, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, 'fwd+bwd')]:.3f} ms",
+                  file=sys.stderr)
+            del att
+        for row in rows:
+            if row["T"] == T and row["impl"] == "online" and ("naive", row["pass"]) in times and row["ms"]:
+                row["naive_over_online"] = times[("naive", row["pass"])] / row["ms"]
+    cols = ["impl", "T", "pass", "ms", "scratch_bytes", "max_err", "naive_over_online", "status"]
+    if not args.json:
+        print(f"# {gpu.name} ({gpu.backend}), B={B} H={H} hd={hd}; ms = "
+              f"{rows[0].get('timing', 'timestamp') if rows else ''} GPU time, median of {args.repeats}")
+    emit(rows, args.json, cols)
+    if args.plot:
+        plot(rows, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    for impl in A.IMPLS:
+        for pas, style in (("fwd", "--"), ("fwd+bwd", "-")):
+            pts = [(r["T"], r["ms"]) for r in rows if r["impl"] == impl and r["pass"] == pas and r["ms"]]
+            if pts:
+                a1.plot(*zip(*pts), style, marker="o", label=f"{impl} {pas}")
+        pts = [(r["T"], r["scratch_bytes"]) for r in rows if r["impl"] == impl and r["pass"] == "fwd"]
+        a2.plot(*zip(*pts), marker="o", label=impl)
+    for ax, yl in ((a1, "ms"), (a2, "attention scratch bytes")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
