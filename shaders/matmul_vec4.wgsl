@@ -111,14 +111,18 @@ fn matmul_atb_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
   let r2 = min(row0 / 4u + 2u, m4 - 1u);
   let r3 = min(row0 / 4u + 3u, m4 - 1u);
   var acc: Acc;
-  for (var k = 0u; k + 3u < p.K; k += 4u) {
-    let bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
-    let s0 = k * m4; let s1 = s0 + m4; let s2 = s1 + m4; let s3 = s2 + m4;
-    // transpose: column c of each block is A[k..k+3, row 4q+c]
-    acc.q0 += bm * transpose(mat4x4<f32>(A[s0 + r0], A[s1 + r0], A[s2 + r0], A[s3 + r0]));
-    acc.q1 += bm * transpose(mat4x4<f32>(A[s0 + r1], A[s1 + r1], A[s2 + r1], A[s3 + r1]));
-    acc.q2 += bm * transpose(mat4x4<f32>(A[s0 + r2], A[s1 + r2], A[s2 + r2], A[s3 + r2]));
-    acc.q3 += bm * transpose(mat4x4<f32>(A[s0 + r3], A[s1 + r3], A[s2 + r3], A[s3 + r3]));
+  for (var k = 0u; k < p.K; k++) {
+    let b = B[k * n4 + c4];
+    let s = k * m4;
+    // outer products: column c of acc_q gains b * A[k, 4q + c]
+    let x0 = A[s + r0];
+    acc.q0 += mat4x4<f32>(b * x0.x, b * x0.y, b * x0.z, b * x0.w);
+    let x1 = A[s + r1];
+    acc.q1 += mat4x4<f32>(b * x1.x, b * x1.y, b * x1.z, b * x1.w);
+    let x2 = A[s + r2];
+    acc.q2 += mat4x4<f32>(b * x2.x, b * x2.y, b * x2.z, b * x2.w);
+    let x3 = A[s + r3];
+    acc.q3 += mat4x4<f32>(b * x3.x, b * x3.y, b * x3.z, b * x3.w);
   }
   store(acc, row0, c4, cw < n4);
 }

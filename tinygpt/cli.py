@@ -70,7 +70,10 @@ def cmd_info(args) -> int:
 
 def cmd_train(args) -> int:
     from . import checkpoint as ckpt
-    from .train import train
+    from .train import profile, train
+    if args.profile:
+        print(profile(args))
+        return 0
     out = Path(args.out or f"runs/{args.preset}.tinygpt")
     args.out = str(out)
     if out.exists() and not args.force and not ckpt.is_tinygpt(out):
@@ -172,6 +175,8 @@ def build_parser():
     p.add_argument("--save-every", type=nonneg_int, default=500)
     p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--profile", action="store_true",
+                   help="run a few steps, print the GPU time of each kernel of one step, and exit")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("eval", help="validation loss of a checkpoint")

@@ -267,6 +267,23 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
     return summary
 
 
+def profile(args, warmup: int = 3) -> str:
+    """`tinygpt train --profile`: a few steps, then the per-kernel table of one step."""
+    from .profile import format_profile, profile_step
+    run, _ = setup(args)
+    model = run.model
+    if "timestamp-query" not in model.gpu.features:
+        raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
+    for _ in range(warmup):
+        model.step(*run.data.sample(run.rng, model.B), run.cfg.lr)
+    rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.cfg.lr)
+    cfg = run.cfg
+    head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
+            f"attention {args.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
+            f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)")
+    return head + "\n" + format_profile(rows, total)
+
+
 def plot_losses(history, path: Path):
     pts = [h for h in history if h.get("train") is not None]
     if not pts:

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Every matmul kernel of the trainer beside NumPy's sgemm, in GFLOP/s.
+
+Kernels: matmul (A@B + bias), matmul_abt (A@B^T), matmul_atb (A^T@B), each as
+the vec4 variant the trainer uses where shapes allow and the scalar fallback.
+Each is validated against NumPy before it is timed.
+
+    python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
+    python scripts/bench_matmul.py --sizes 256,1024 --json
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from tinygpt import kernels as K
+from tinygpt.bench import emit, time_dispatches
+from tinygpt.gpu import GPU
+
+KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("vec4", "scalar")]
+
+
+def numpy_gflops(entry, a, b, repeats):
+    f = {"matmul": lambda: a @ b, "matmul_abt": lambda: a @ b.T, "matmul_atb": lambda: a.T @ b}[entry]
+    f()
+    best = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        f()
+        best.append(time.perf_counter() - t0)
+    M, N = f().shape
+    Kd = a.shape[0] if entry == "matmul_atb" else a.shape[1]
+    return 2 * M * N * Kd / np.median(best) / 1e9
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    gpu = GPU()
+    print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
+    chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        M = N = Kd = n
+        r = np.random.default_rng(n)
+        a = r.standard_normal((M, Kd)).astype(np.float32)
+        b = r.standard_normal((Kd, N)).astype(np.float32)
+        for entry, variant in chosen:
+            A = a.T.copy() if entry == "matmul_atb" else a          # stored as the kernel reads it
+            B = b.T.copy() if entry == "matmul_abt" else b
+            ta, tb, out = gpu.upload(A), gpu.upload(B), gpu.tensor((M, N))
+            fn = getattr(K, entry)
+            extra = [None] if entry == "matmul" else []
+            d = fn(gpu, ta, tb, *extra, out, M, N, Kd, variant=variant)
+            gpu.run([d])
+            err = float(np.abs(gpu.read(out) - a.astype(np.float64) @ b).max())
+            ms, method = time_dispatches(gpu, [d], args.repeats)
+            gf = 2 * M * N * Kd / ms / 1e6
+            npg = numpy_gflops(entry, A, B, args.repeats)
+            rows.append({"kernel": f"{entry}:{variant}", "M": M, "N": N, "K": Kd, "gflops": gf,
+                         "numpy_gflops": npg, "ratio": gf / npg, "ms": ms, "max_err": err, "timing": method})
+            print(f"{entry}:{variant} {n}^3: {gf:.2f} GFLOP/s ({ms:.2f} ms), numpy {npg:.1f}", file=sys.stderr)
+    if not args.json:
+        print(f"# {gpu.name} ({gpu.backend}); GPU time from {rows[0]['timing'] if rows else '-'}, median of {args.repeats}")
+    emit(rows, args.json, ["kernel", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Training throughput: the WebGPU trainer, a trainer on the NumPy reference
+(float32), and the same model in PyTorch on the CPU when torch is importable.
+
+Same shapes, same batch, same init, same batches: tokens/s and the loss after
+the same steps, to show they train alike.
+
+    python scripts/bench_train.py --preset small --steps 20
+    python scripts/bench_train.py --preset tiny --steps 5 --json
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from tinygpt import reference as R
+from tinygpt.bench import emit
+from tinygpt.config import preset
+from tinygpt.data import ByteTokenizer, Dataset, read_corpus
+from tinygpt.gpu import GPU
+from tinygpt.model import Model
+
+
+def batches(cfg, steps, data_path, seed):
+    raw, _ = read_corpus(data_path)
+    ds = Dataset(ByteTokenizer().encode(raw), cfg.ctx)
+    rng = np.random.default_rng(seed)
+    return [ds.sample(rng, cfg.batch) for _ in range(steps)]
+
+
+def run_webgpu(cfg, params, data, lr, attention):
+    gpu = GPU()
+    m = Model(gpu, cfg, attention)
+    m.set_params(params)
+    t0 = time.perf_counter()
+    for x, y in data:
+        m.step(x, y, lr)
+    loss = m.loss()  # waits for the GPU
+    return time.perf_counter() - t0, loss, f"{gpu.name} ({gpu.backend}), attention {attention}"
+
+
+def run_numpy(cfg, params, data, lr):
+    p = {k: v.copy() for k, v in params.items()}
+    opt = R.new_opt_state(p)
+    t0 = time.perf_counter()
+    for x, y in data:
+        _, loss, cache = R.forward(p, cfg, x, y)
+        R.clip_and_step(p, R.backward(p, cfg, cache), opt, cfg, lr)
+    return time.perf_counter() - t0, float(loss), "NumPy reference, float32"
+
+
+def run_torch(cfg, params, data, lr):
+    import torch
+    from tinygpt.torch_model import TorchGPT
+    m = TorchGPT(cfg, params, lr)
+    t0 = time.perf_counter()
+    for x, y in data:
+        loss = m.step(x, y, lr)
+    return time.perf_counter() - t0, loss, f"PyTorch {torch.__version__} CPU, {torch.get_num_threads()} threads"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--data", help="text file (default: the built-in corpus)")
+    ap.add_argument("--attention", default="online")
+    ap.add_argument("--trainers", default="webgpu,numpy,torch")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    cfg = preset(args.preset).validate()
+    params = R.init_params(cfg)
+    data = batches(cfg, args.steps, args.data, cfg.seed)
+    tokens = args.steps * cfg.batch * cfg.ctx
+    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention),
+               "numpy": lambda: run_numpy(cfg, params, data, args.lr),
+               "torch": lambda: run_torch(cfg, params, data, args.lr)}
+    rows = []
+    for name in args.trainers.split(","):
+        if name == "torch":
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
+                continue
+        secs, loss, what = runners[name]()
+        rows.append({"trainer": name, "preset": args.preset, "steps": args.steps, "tokens_per_s": tokens / secs,
+                     "final_loss": loss, "seconds": secs, "what": what})
+        print(f"{name}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
+    base = {r["trainer"]: r["tokens_per_s"] for r in rows}
+    for r in rows:
+        if "webgpu" in base and r["trainer"] != "webgpu":
+            r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
+    if not args.json:
+        print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches")
+    emit(rows, args.json, ["trainer", "preset", "steps", "tokens_per_s", "final_loss", "webgpu_over_this", "what"])
+
+
+if __name__ == "__main__":
+    main()
