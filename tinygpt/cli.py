@@ -22,6 +22,13 @@ def positive_int(s):
     return v
 
 
+def preset_name(s):
+    from .config import PRESETS
+    if s not in PRESETS:
+        raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose one of {', '.join(PRESETS)}")
+    return s
+
+
 def nonneg_int(s):
     v = int(s)
     if v < 0:
@@ -141,15 +148,24 @@ class UsageError(ValueError):
 
 
 # ---- parser -------------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr (exit 2), not argparse's usage block."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"tinygpt: error: {message}; see '{self.prog} --help'\n")
+
+
 def build_parser():
     from .attention import IMPLS
     from .config import PRESETS
-    ap = argparse.ArgumentParser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+    ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
-    p = sub.add_parser("train", help="train a model (default: the small preset on the built-in corpus)")
-    p.add_argument("--preset", default="small", choices=list(PRESETS), metavar="NAME",
+    p = sub.add_parser("train", parents=[common], help="train a model (default: the small preset on the built-in corpus)")
+    p.add_argument("--preset", default="small", type=preset_name, metavar="NAME",
                    help=f"one of {', '.join(PRESETS)} (default small)")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--d-model", type=positive_int)
@@ -179,7 +195,7 @@ def build_parser():
                    help="run a few steps, print the GPU time of each kernel of one step, and exit")
     p.set_defaults(fn=cmd_train)
 
-    p = sub.add_parser("eval", help="validation loss of a checkpoint")
+    p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
     p.add_argument("--model", required=True)
     p.add_argument("--data")
     p.add_argument("--max-windows", type=positive_int)
@@ -188,7 +204,7 @@ def build_parser():
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_eval)
 
-    p = sub.add_parser("sample", help="generate text from a checkpoint")
+    p = sub.add_parser("sample", parents=[common], help="generate text from a checkpoint")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt", default="\n")
     p.add_argument("--tokens", type=positive_int, default=200)
@@ -199,12 +215,12 @@ def build_parser():
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("info", help="adapter, backend, features and limits")
+    p = sub.add_parser("info", parents=[common], help="adapter, backend, features and limits")
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
     p.set_defaults(fn=cmd_info)
 
-    p = sub.add_parser("export", help="weights as safetensors, or a Hugging Face GPT-2 directory")
+    p = sub.add_parser("export", parents=[common], help="weights as safetensors, or a Hugging Face GPT-2 directory")
     p.add_argument("--model", required=True)
     p.add_argument("--format", required=True, choices=["safetensors", "hf"])
     p.add_argument("out")
@@ -215,6 +231,8 @@ def build_parser():
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
+    from .attention import AttentionError
+    from .config import ConfigError
     from .train import TrainingStopped
     try:
         return args.fn(args)
@@ -226,7 +244,7 @@ def main(argv=None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPT
-    except UsageError as e:
+    except (UsageError, ConfigError, AttentionError) as e:
         if args.debug:
             raise
         print(f"tinygpt: error: {e}", file=sys.stderr)

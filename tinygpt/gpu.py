@@ -343,18 +343,33 @@ class GPU:
         With `timestamps` (a Profiler), each dispatch gets its own pass with
         begin/end timestamp writes instead, so that its GPU time can be read.
         """
-        enc = self.device.create_command_encoder()
-        if timestamps is None:
-            cp = enc.begin_compute_pass()
-            for d in dispatches:
-                cp.set_pipeline(d.kernel.pipeline)
-                cp.set_bind_group(0, d.bind_group)
-                cp.dispatch_workgroups(*d.grid)
-            cp.end()
-        else:
-            timestamps.encode(enc, dispatches)
-        self.queue.submit([enc.finish()])
+        try:
+            enc = self.device.create_command_encoder()
+            if timestamps is None:
+                cp = enc.begin_compute_pass()
+                for d in dispatches:
+                    cp.set_pipeline(d.kernel.pipeline)
+                    cp.set_bind_group(0, d.bind_group)
+                    cp.dispatch_workgroups(*d.grid)
+                cp.end()
+            else:
+                timestamps.encode(enc, dispatches)
+            self.queue.submit([enc.finish()])
+        except Exception as e:
+            raise self.explain(e, dispatches) from e
         self.counters.submits += 1
+
+    def explain(self, e: Exception, dispatches) -> GPUError:
+        """A wgpu failure as one GPUError line: what kind, and which kernel where known."""
+        msg = str(e)
+        kind = type(e).__name__
+        lost = "lost" in msg.lower() or "Lost" in kind
+        names = [d.kernel.name for d in dispatches]
+        named = [n for n in dict.fromkeys(names) if f"'{n}'" in msg]
+        where = f"in kernel {named[0]}" if named else f"in a submission of {len(names)} dispatches ({', '.join(dict.fromkeys(names[:4]))}{', ...' if len(names) > 4 else ''})"
+        first = next((l.strip() for l in msg.splitlines() if l.strip() and "Caused by" not in l), kind)
+        what = "the GPU device was lost" if lost else f"GPU {kind.replace('GPU', '').replace('Error', '').lower() or 'validation'} error"
+        return GPUError(f"{what} {where}: {first}")
 
     def sync(self):
         """Wait for submitted work (a 16-byte readback: wgpu 0.32's work-done callback is broken)."""

@@ -18,7 +18,7 @@ from . import kernels as K
 from . import reference as R
 from .attention import Attention
 from .config import Config, param_specs
-from .gpu import GPU, Tensor
+from .gpu import GPU, LimitError, Tensor
 
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
 
@@ -33,6 +33,25 @@ def layout(cfg: Config):
         offs[name] = (pos, shape)
         pos += int(np.prod(shape))
     return offs, -(-pos // 256) * 256
+
+
+def rows(t: Tensor, r0: int, n: int) -> Tensor:
+    """Rows r0 .. r0+n-1 of a [rows, cols] tensor, as a tensor of its own."""
+    cols = t.shape[1]
+    return Tensor(t.buf, t.offset + 4 * r0 * cols, (n, cols), t.dtype, t.name)
+
+
+def logit_chunks(gpu: GPU, BT: int, V: int):
+    """[(first row, rows)] so that each chunk of [BT, V] logits fits one binding.
+
+    Chunks start on multiples of 64 rows, which keeps every bound offset aligned."""
+    if 4 * BT * V <= gpu.max_binding:
+        return [(0, BT)]
+    per = (gpu.max_binding // (4 * V)) // 64 * 64
+    if per < 64:
+        raise LimitError(f"64 rows of logits (V={V}) need {64 * 4 * V:,} bytes, over this adapter's binding limit "
+                         f"{gpu.max_binding:,} (max-storage-buffer-binding-size)")
+    return [(r0, min(per, BT - r0)) for r0 in range(0, BT, per)]
 
 
 class Model:
@@ -81,8 +100,12 @@ class Model:
         self.gel = [act(BT, M) for _ in range(L)]
         self.tmp = act(BT, C, name="branch_out")                               # branch output before the residual add
         self.lnf, self.lnfs = act(BT, C), act(2, BT)
-        g.check_size(4 * BT * V, f"logits [B*T={BT}, V={V}]")
-        self.logits = act(BT, V, name="logits")                                # becomes dlogits
+        # The logits may exceed one binding (a 50257-token vocabulary): they live in one
+        # buffer and are bound in chunks of rows that each fit.
+        self.chunks = logit_chunks(g, BT, V)
+        g.check_size(4 * BT * V, f"logits [B*T={BT}, V={V}]", binding=len(self.chunks) == 1)
+        self.logits = g.tensor((BT, V), name="logits") if len(self.chunks) == 1 else \
+            Tensor(g.buffer(4 * BT * V, "logits", binding=False), 0, (BT, V), "f32", "logits")   # becomes dlogits
         self.losses = act(BT, name="losses")
         self.loss_buf = act(4, name="loss")
         shared = {}
@@ -104,13 +127,14 @@ class Model:
                     K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
                     K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M),
                     K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C)]
-        fwd += [K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C),
-                K.matmul_abt(g, self.lnf, self.P["tok_emb"], self.logits, BT, V, C)]
+        fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
+        for r0, n in self.chunks:
+            fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, V, C))
         self.forward_dispatches = fwd
-        self.loss_dispatches = [K.cross_entropy(g, targets, self.logits, self.losses, BT, V, 1.0 / BT, training),
-                                K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
-        self.eval_dispatches = [K.cross_entropy(g, targets, self.logits, self.losses, BT, V, 1.0 / BT, False),
-                                self.loss_dispatches[1]]
+        ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0)
+                           for r0, n in self.chunks]
+        self.loss_dispatches = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
+        self.eval_dispatches = ce(False) + self.loss_dispatches[-1:]
         if training:
             self.backward_dispatches = self._record_backward(buckets)
             self.optim_dispatches = self._record_optimizer()
@@ -139,10 +163,12 @@ class Model:
         self.dqkv = [act(BT, C) for _ in range(3)]
         P = lambda l, n: self.P[f"h{l}.{n}"]
         G = lambda l, n: self.G[f"h{l}.{n}"]
-        dl = self.logits                                                 # holds dlogits after cross_entropy
-        ds = [K.matmul_atb(g, dl, self.lnf, self.G["tok_emb"], V, C, BT),
-              K.matmul(g, dl, self.P["tok_emb"], None, self.dln, BT, C, V),
-              K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=self.grads), BT, C),
+        ds = []
+        for i, (r0, n) in enumerate(self.chunks):                       # logits hold dlogits after cross_entropy
+            dl = rows(self.logits, r0, n)
+            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), self.G["tok_emb"], V, C, n, accumulate=i > 0),
+                   K.matmul(g, dl, self.P["tok_emb"], None, rows(self.dln, r0, n), n, C, V)]
+        ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=self.grads), BT, C),
               K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
         for l in reversed(range(L)):
             q, k, v = self.qkv[l]

@@ -113,7 +113,7 @@ class Run:
     extra: dict
 
 
-def save_run(run: Run, path: Path, train_loss=None):
+def save_run(run: Run, path: Path):
     m, v, step = run.model.get_opt_state()
     params = run.model.get_params()
     for name, a in params.items():
@@ -121,10 +121,18 @@ def save_run(run: Run, path: Path, train_loss=None):
             raise TrainingStopped(f"not saving {path}: parameter {name} holds nan/inf; the previous checkpoint is kept", 3)
     extra = dict(run.extra)
     extra["dataRngState"] = run.rng.bit_generator.state
-    extra["savedAt"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra)
     with no_interrupt():
         ckpt.save(path, ck)
+
+
+def save_final(run: Run, path: Path):
+    try:
+        save_run(run, path)
+    except OSError as e:
+        keep = "the previous checkpoint there is intact" if path.exists() else "nothing was written"
+        raise TrainingStopped(f"could not save {path} ({e.strerror or e}); {keep}; free space or choose another --out "
+                              "and run again (with --resume if a checkpoint exists)", 1) from e
 
 
 def _differences(fcfg: Config, args) -> list[str]:
@@ -226,9 +234,11 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
                 now = time.time()
                 tok_s = n_since * B * T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
-                if not math.isfinite(loss):
-                    raise TrainingStopped(f"the loss became {loss} at step {done}; lower --lr (it is {lr:g}) or "
-                                          f"--grad-clip; the last good checkpoint, if any, is kept at {out_path}", 3)
+                norm = model.grad_norm()
+                if not (math.isfinite(loss) and math.isfinite(norm)):
+                    what = f"the loss became {loss}" if not math.isfinite(loss) else f"the gradient norm became {norm}"
+                    raise TrainingStopped(f"{what} at step {done}; lower --lr (it is {lr:g}) or --grad-clip; "
+                                          f"the last good checkpoint, if any, is kept at {out_path}", 3)
                 rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(tok_s, 1)}
                 if want_eval:
                     rec["val"] = mean_loss(model, vx, vy)
@@ -243,11 +253,15 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
                                     + f" {tok_s:,.0f} tok/s")
             bar.update(1)
             if args.save_every and done % args.save_every == 0 and not is_last:
-                save_run(run, out_path)
+                try:
+                    save_run(run, out_path)
+                except OSError as e:  # keep training: the state is in memory, the last good file on disk
+                    print(f"\nwarning: could not save {out_path} at step {done} ({e.strerror or e}); the previous "
+                          "checkpoint is intact, training goes on and saving is tried again", file=err)
         if stop.requested:
             bar.close()
             print(f"\ninterrupted at step {model.step_count}: saving {out_path}", file=err)
-            save_run(run, out_path)
+            save_final(run, out_path)
             print(f"saved; continue with: tinygpt train --resume {out_path} --steps {steps}", file=err)
             raise TrainingStopped("interrupted", 130)
     finally:
@@ -255,7 +269,7 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
         bar.close()
         if log:
             log.close()
-    save_run(run, out_path)
+    save_final(run, out_path)
     png = plot_losses(run.history, out_path.with_suffix(".png"))
     sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "\n", 200, 0.0, None, 0)
     summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
