@@ -14,7 +14,7 @@ from tinygpt import reference as R
 from tinygpt.cli import main
 from tinygpt.data import ByteTokenizer
 
-pytestmark = pytest.mark.kernel
+
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
 

@@ -18,7 +18,7 @@ from tinygpt import reference as R
 from tinygpt.cli import main
 from tinygpt.config import Config
 
-pytestmark = pytest.mark.kernel
+
 TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
 
 

@@ -80,8 +80,10 @@ class StopFlag:
             raise KeyboardInterrupt
 
     def restore(self):
+        """Put the old handler back; after a Ctrl-C, ignore further ones while the process exits
+        (a late one would otherwise kill it after the save, with no exit code of ours)."""
         if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
+            signal.signal(signal.SIGINT, signal.SIG_IGN if self.requested else self.old)
             self.old = None
 
 
