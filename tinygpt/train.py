@@ -273,7 +273,7 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
             log.close()
     save_final(run, out_path)
     png = plot_losses(run.history, out_path.with_suffix(".png"))
-    sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "\n", 200, 0.0, None, 0)
+    sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0)
     summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
                "checkpoint": str(out_path), "plot": str(png) if png else None, "steps": steps}
     val = f"{last['val']:.4f}" if last["val"] is not None else "not evaluated (--eval-every 0)"

@@ -1,0 +1,62 @@
+"""Each comparison script at a tiny size: it runs, validates, and its JSON Lines carry the named keys."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_json(script, *args):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / script), *map(str, args), "--json"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+
+
+def test_compare_attention_json(tmp_path):
+    png = tmp_path / "a.png"
+    rows = run_json("compare_attention.py", "--T", "8,1100", "--head-dim", "16", "--repeats", "1", "--plot", png)
+    keys = {"impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err", "status"}
+    assert all(keys <= set(r) for r in rows)
+    assert {(r["impl"], r["T"], r["pass"]) for r in rows} == {
+        (i, t, p) for i in ("naive", "fused_sv", "online") for t in (8, 1100) for p in ("fwd", "fwd+bwd")}
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert all(r["max_err"] < 1e-4 and r["ms"] > 0 for r in ok)
+    na = [r for r in rows if r["status"] != "ok"]
+    assert {(r["impl"], r["T"]) for r in na} == {("fused_sv", 1100)} and "1024" in na[0]["status"]
+    online = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "online"}
+    naive = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "naive"}
+    assert online[1100] == 2 * 4 * 1100 and naive[1100] == 2 * 4 * 1100 ** 2
+    assert png.exists()
+
+
+def test_bench_matmul_json():
+    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1")
+    assert len(rows) == 6
+    for r in rows:
+        assert {"kernel", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
+        assert r["gflops"] > 0 and r["numpy_gflops"] > 0 and r["max_err"] < 1e-3
+        assert abs(r["ratio"] - r["gflops"] / r["numpy_gflops"]) < 1e-9
+
+
+def test_bench_train_json():
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3")
+    by = {r["trainer"]: r for r in rows}
+    assert {"webgpu", "numpy"} <= set(by)
+    for r in rows:
+        assert {"trainer", "preset", "steps", "tokens_per_s", "final_loss"} <= set(r)
+        assert r["preset"] == "tiny" and r["steps"] == 3 and r["tokens_per_s"] > 0
+    # same init, same batches: they train alike
+    assert abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-3
+
+
+def test_train_profile_table():
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    for word in ("forward", "backward", "optimizer", "matmul", "attn_online_forward", "adamw", "100.0%"):
+        assert word in out
