@@ -60,3 +60,11 @@ def test_train_profile_table():
     out = r.stdout
     for word in ("forward", "backward", "optimizer", "matmul", "attn_online_forward", "adamw", "100.0%"):
         assert word in out
+
+
+def test_probe_adapter_json():
+    rows = run_json("probe_adapter.py", "--invocations", "256", "--iters", "16")
+    assert [r["probe"] for r in rows] == ["probe_fma", "probe_load_lane", "probe_load_wg", "probe_load_shared",
+                                          "numpy_sgemm_1024"]
+    assert all(r["rate"] > 0 for r in rows)
+    assert all(r["max_rel_err"] < 1e-3 for r in rows[:4])

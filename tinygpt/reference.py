@@ -282,3 +282,25 @@ def clip_and_step(params, grads, opt, cfg: Config, lr: float):
 def new_opt_state(params):
     return {"m": {k: np.zeros_like(v) for k, v in params.items()},
             "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
+
+
+# ---- adapter probes (scripts/probe_adapter.py): what they compute, to validate before timing ------------
+def probe_fma(iters, n):                  # -> [n, 4]: 8 chains x <- x*0.999 + 0.001 from gid+k, summed
+    x0 = np.arange(n, dtype=np.float64)[:, None] + np.arange(8)[None, :]
+    xn = (x0 - 1.0) * 0.999 ** iters + 1.0  # the fixed point of x*0.999 + 0.001 is 1
+    return np.repeat(xn.sum(1, keepdims=True), 4, axis=1)
+
+
+def probe_load_lane(src4, iters, n):      # src4 [n4, 4] -> [n, 4]
+    idx = (np.arange(n)[:, None] + 64 * np.arange(iters)[None, :]) % len(src4)
+    return src4[idx].sum(1)
+
+
+def probe_load_wg(src4, iters, n):
+    idx = ((np.arange(n) // 64)[:, None] + 64 * np.arange(iters)[None, :]) % len(src4)
+    return src4[idx].sum(1)
+
+
+def probe_load_shared(src4, iters, n):
+    idx = ((np.arange(n) % 64)[:, None] + 7 * np.arange(iters)[None, :]) & 1023
+    return src4[:1024][idx].sum(1)
