@@ -97,34 +97,44 @@ fn attn_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
 }
 
-// one invocation per element of out within the head chunk: (b, t1, hh*hd + d)
+// The four products with a stored [B, nh, T, T] matrix X, one invocation per output element
+// (b, t, head channel) of the head chunk:
+//   causal_rows: out[b, t1] = sum_{t2 <= t1} X[t1, t2] y[b, t2]     attn_value (P, v), attn_dq (dS, k)
+//   causal_cols: out[b, t2] = sum_{t1 >= t2} X[t1, t2] y[b, t1]     attn_dk (dS, q), attn_dvalue (P, dO)
+fn causal_product(i: u32, cols: bool) {
+  let w = p.nh * p.hd;
+  if (i >= p.B * p.T * w) { return; }
+  let cc = i % w;
+  let t = (i / w) % p.T;
+  let b = i / (w * p.T);
+  let hh = cc / p.hd;
+  let h = p.h0 + hh;
+  let d = cc % p.hd;
+  var s = 0.0;
+  if (cols) {
+    for (var t1 = t; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t)] * x2[at(b, t1, h, d)]; }
+  } else {
+    for (var t2 = 0u; t2 <= t; t2++) { s += x1[sidx(b, hh, t, t2)] * x2[at(b, t2, h, d)]; }
+  }
+  o1[at(b, t, h, d)] = s;
+}
+
+// x1 = P, x2 = v -> o1 = out
 @compute @workgroup_size(64)
 fn attn_value(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_id) lid: vec3<u32>) {
-  let w = p.nh * p.hd;
-  let i = lin(wid, nwg, lid);
-  if (i >= p.B * p.T * w) { return; }
-  let cc = i % w;
-  let t1 = (i / w) % p.T;
-  let b = i / (w * p.T);
-  let hh = cc / p.hd;
-  let d = cc % p.hd;
-  let h = p.h0 + hh;
-  var s = 0.0;
-  for (var t2 = 0u; t2 <= t1; t2++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t2, h, d)]; }
-  o1[at(b, t1, h, d)] = s;
+  causal_product(lin(wid, nwg, lid), false);
 }
 
 // TinyGPT's fused kernel: x1 = q, x2 = k, x3 = v -> o1 = out, o2 = P
 @compute @workgroup_size(64)
 fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
-  let r = lin(wid, nwg, lid);
+  let r = lin(wid, nwg, lid);             // row (b, hh, t1) of the [B, nh, T, T] buffers
   if (r >= p.B * p.nh * p.T) { return; }
   let t1 = r % p.T;
-  let hh = (r / p.T) % p.nh;
   let b = r / (p.T * p.nh);
-  let h = p.h0 + hh;
+  let h = p.h0 + (r / p.T) % p.nh;
   var qr: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { qr[c] = ld4(1u, b, t1, h, c); }
   var sc: array<f32, FUSED_MAX_T>;
@@ -158,12 +168,11 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 @compute @workgroup_size(64)
 fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_id) lid: vec3<u32>) {
-  let r = lin(wid, nwg, lid);
+  let r = lin(wid, nwg, lid);             // row (b, hh, t1) of the [B, nh, T, T] buffers
   if (r >= p.B * p.nh * p.T) { return; }
   let t1 = r % p.T;
-  let hh = (r / p.T) % p.nh;
   let b = r / (p.T * p.nh);
-  let h = p.h0 + hh;
+  let h = p.h0 + (r / p.T) % p.nh;
   let base = r * p.T;
   var dor: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { dor[c] = ld4(1u, b, t1, h, c); }
@@ -178,56 +187,23 @@ fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
 }
 
-// x1 = dS, x2 = k -> o1 = dq (head chunk channels)
+// x1 = dS, x2 = k -> o1 = dq
 @compute @workgroup_size(64)
 fn attn_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) lid: vec3<u32>) {
-  let w = p.nh * p.hd;
-  let i = lin(wid, nwg, lid);
-  if (i >= p.B * p.T * w) { return; }
-  let cc = i % w;
-  let t1 = (i / w) % p.T;
-  let b = i / (w * p.T);
-  let hh = cc / p.hd;
-  let h = p.h0 + hh;
-  let d = cc % p.hd;
-  var s = 0.0;
-  for (var t2 = 0u; t2 <= t1; t2++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t2, h, d)]; }
-  o1[at(b, t1, h, d)] = s;
+  causal_product(lin(wid, nwg, lid), false);
 }
 
 // x1 = dS, x2 = q -> o1 = dk
 @compute @workgroup_size(64)
 fn attn_dk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_id) lid: vec3<u32>) {
-  let w = p.nh * p.hd;
-  let i = lin(wid, nwg, lid);
-  if (i >= p.B * p.T * w) { return; }
-  let cc = i % w;
-  let t2 = (i / w) % p.T;
-  let b = i / (w * p.T);
-  let hh = cc / p.hd;
-  let h = p.h0 + hh;
-  let d = cc % p.hd;
-  var s = 0.0;
-  for (var t1 = t2; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t1, h, d)]; }
-  o1[at(b, t2, h, d)] = s;
+  causal_product(lin(wid, nwg, lid), true);
 }
 
 // x1 = P, x2 = dout -> o1 = dv
 @compute @workgroup_size(64)
 fn attn_dvalue(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lid: vec3<u32>) {
-  let w = p.nh * p.hd;
-  let i = lin(wid, nwg, lid);
-  if (i >= p.B * p.T * w) { return; }
-  let cc = i % w;
-  let t2 = (i / w) % p.T;
-  let b = i / (w * p.T);
-  let hh = cc / p.hd;
-  let h = p.h0 + hh;
-  let d = cc % p.hd;
-  var s = 0.0;
-  for (var t1 = t2; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t2)] * x2[at(b, t1, h, d)]; }
-  o1[at(b, t2, h, d)] = s;
+  causal_product(lin(wid, nwg, lid), true);
 }

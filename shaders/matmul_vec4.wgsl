@@ -32,6 +32,17 @@ struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> 
 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
 
+// where rows row0 .. row0+15 of a row-major [M, 4*k4] A start (clamped to the last row)
+struct Rows16 { r0: u32, r1: u32, r2: u32, r3: u32, r4: u32, r5: u32, r6: u32, r7: u32,
+                r8: u32, r9: u32, r10: u32, r11: u32, r12: u32, r13: u32, r14: u32, r15: u32 }
+
+fn rows16(row0: u32, k4: u32) -> Rows16 {
+  return Rows16(row(row0) * k4, row(row0 + 1u) * k4, row(row0 + 2u) * k4, row(row0 + 3u) * k4,
+                row(row0 + 4u) * k4, row(row0 + 5u) * k4, row(row0 + 6u) * k4, row(row0 + 7u) * k4,
+                row(row0 + 8u) * k4, row(row0 + 9u) * k4, row(row0 + 10u) * k4, row(row0 + 11u) * k4,
+                row(row0 + 12u) * k4, row(row0 + 13u) * k4, row(row0 + 14u) * k4, row(row0 + 15u) * k4);
+}
+
 fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
   let n4 = p.N / 4u;
@@ -51,52 +62,40 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   }
 }
 
-@compute @workgroup_size(WX)
-fn matmul_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+// A @ B (tb = false) or A @ B^T (tb = true): the same walk, only B's 4x4 block is read differently.
+fn a_times_b(wid: vec3<u32>, lid: u32, tb: bool) {
   let n4 = p.N / 4u;
   let k4 = p.K / 4u;
   let cw = wid.x * WX + lid;
   let c4 = min(cw, n4 - 1u);
   let row0 = wid.y * TM;
-  let a0 = row(row0) * k4;       let a1 = row(row0 + 1u) * k4;   let a2 = row(row0 + 2u) * k4;   let a3 = row(row0 + 3u) * k4;
-  let a4 = row(row0 + 4u) * k4;  let a5 = row(row0 + 5u) * k4;   let a6 = row(row0 + 6u) * k4;   let a7 = row(row0 + 7u) * k4;
-  let a8 = row(row0 + 8u) * k4;  let a9 = row(row0 + 9u) * k4;   let a10 = row(row0 + 10u) * k4; let a11 = row(row0 + 11u) * k4;
-  let a12 = row(row0 + 12u) * k4; let a13 = row(row0 + 13u) * k4; let a14 = row(row0 + 14u) * k4; let a15 = row(row0 + 15u) * k4;
+  let a = rows16(row0, k4);
+  let j = 4u * c4;
   var acc: Acc;
   for (var kk = 0u; kk < k4; kk++) {
-    let k = 4u * kk;
-    // columns of bm: B rows k..k+3 at this invocation's 4 columns
-    let bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
-    acc.q0 += bm * mat4x4<f32>(A[a0 + kk], A[a1 + kk], A[a2 + kk], A[a3 + kk]);
-    acc.q1 += bm * mat4x4<f32>(A[a4 + kk], A[a5 + kk], A[a6 + kk], A[a7 + kk]);
-    acc.q2 += bm * mat4x4<f32>(A[a8 + kk], A[a9 + kk], A[a10 + kk], A[a11 + kk]);
-    acc.q3 += bm * mat4x4<f32>(A[a12 + kk], A[a13 + kk], A[a14 + kk], A[a15 + kk]);
+    var bm: mat4x4<f32>;
+    if (tb) {  // rows of bm: B rows j..j+3 (this invocation's output columns) at k..k+3
+      bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+    } else {   // columns of bm: B rows k..k+3 at this invocation's 4 columns
+      let k = 4u * kk;
+      bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+    }
+    acc.q0 += bm * mat4x4<f32>(A[a.r0 + kk], A[a.r1 + kk], A[a.r2 + kk], A[a.r3 + kk]);
+    acc.q1 += bm * mat4x4<f32>(A[a.r4 + kk], A[a.r5 + kk], A[a.r6 + kk], A[a.r7 + kk]);
+    acc.q2 += bm * mat4x4<f32>(A[a.r8 + kk], A[a.r9 + kk], A[a.r10 + kk], A[a.r11 + kk]);
+    acc.q3 += bm * mat4x4<f32>(A[a.r12 + kk], A[a.r13 + kk], A[a.r14 + kk], A[a.r15 + kk]);
   }
   store(acc, row0, c4, cw < n4);
 }
 
 @compute @workgroup_size(WX)
+fn matmul_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  a_times_b(wid, lid, false);
+}
+
+@compute @workgroup_size(WX)
 fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let n4 = p.N / 4u;
-  let k4 = p.K / 4u;
-  let cw = wid.x * WX + lid;
-  let c4 = min(cw, n4 - 1u);
-  let row0 = wid.y * TM;
-  let a0 = row(row0) * k4;       let a1 = row(row0 + 1u) * k4;   let a2 = row(row0 + 2u) * k4;   let a3 = row(row0 + 3u) * k4;
-  let a4 = row(row0 + 4u) * k4;  let a5 = row(row0 + 5u) * k4;   let a6 = row(row0 + 6u) * k4;   let a7 = row(row0 + 7u) * k4;
-  let a8 = row(row0 + 8u) * k4;  let a9 = row(row0 + 9u) * k4;   let a10 = row(row0 + 10u) * k4; let a11 = row(row0 + 11u) * k4;
-  let a12 = row(row0 + 12u) * k4; let a13 = row(row0 + 13u) * k4; let a14 = row(row0 + 14u) * k4; let a15 = row(row0 + 15u) * k4;
-  let j = 4u * c4;
-  var acc: Acc;
-  for (var kk = 0u; kk < k4; kk++) {
-    // rows of bm: B rows j..j+3 (this invocation's output columns) at k..k+3
-    let bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
-    acc.q0 += bm * mat4x4<f32>(A[a0 + kk], A[a1 + kk], A[a2 + kk], A[a3 + kk]);
-    acc.q1 += bm * mat4x4<f32>(A[a4 + kk], A[a5 + kk], A[a6 + kk], A[a7 + kk]);
-    acc.q2 += bm * mat4x4<f32>(A[a8 + kk], A[a9 + kk], A[a10 + kk], A[a11 + kk]);
-    acc.q3 += bm * mat4x4<f32>(A[a12 + kk], A[a13 + kk], A[a14 + kk], A[a15 + kk]);
-  }
-  store(acc, row0, c4, cw < n4);
+  a_times_b(wid, lid, true);
 }
 
 @compute @workgroup_size(WX)

@@ -79,17 +79,22 @@ fn load_tiles(x1: u32, x2: u32, s1: f32, b: u32, h: u32, r0: u32, lid: u32, nthr
   }
 }
 
+// The query tile of workgroup wg: (b, h), this invocation's row (rr clamped to T-1),
+// and the tile's last row (uniform across the workgroup).
+struct QTile { b: u32, h: u32, row: u32, rr: u32, last: u32 }
+
+fn q_tile(wg: u32, lid: u32) -> QTile {
+  let nq = (p.T + BQ - 1u) / BQ;
+  let q0 = (wg % nq) * BQ;
+  let row = q0 + lid;
+  return QTile(wg / (nq * p.H), (wg / nq) % p.H, row, min(row, p.T - 1u), min(q0 + BQ, p.T) - 1u);
+}
+
 @compute @workgroup_size(BQ)
 fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
-  let nq = (p.T + BQ - 1u) / BQ;
-  let qt = wid.x % nq;
-  let h = (wid.x / nq) % p.H;
-  let b = wid.x / (nq * p.H);
-  let q0 = qt * BQ;
-  let row = q0 + lid;
-  let rr = min(row, p.T - 1u);
-  let last = min(q0 + BQ, p.T) - 1u;     // last query row of the tile: uniform
+  let t = q_tile(wid.x, lid);
+  let b = t.b; let h = t.h; let row = t.row; let rr = t.rr; let last = t.last;
 
   var qr: array<vec4<f32>, 32>;
   var o: array<vec4<f32>, 32>;
@@ -142,14 +147,8 @@ fn attn_online_d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 @compute @workgroup_size(BQ)
 fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
-  let nq = (p.T + BQ - 1u) / BQ;
-  let qt = wid.x % nq;
-  let h = (wid.x / nq) % p.H;
-  let b = wid.x / (nq * p.H);
-  let q0 = qt * BQ;
-  let row = q0 + lid;
-  let rr = min(row, p.T - 1u);
-  let last = min(q0 + BQ, p.T) - 1u;
+  let t = q_tile(wid.x, lid);
+  let b = t.b; let h = t.h; let row = t.row; let rr = t.rr; let last = t.last;
 
   var qr: array<vec4<f32>, 32>;
   var dor: array<vec4<f32>, 32>;
