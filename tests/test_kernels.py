@@ -138,3 +138,17 @@ def test_clip_and_adamw(gpu, rng, n):
     check(f"adamw w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
     check(f"adamw m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
     check(f"adamw v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
+
+
+def test_wgsl_errors_name_file_and_line(gpu, tmp_path):
+    from tinygpt.gpu import ShaderError
+    bad = tmp_path / "broken.wgsl"
+    bad.write_text("fn f() -> f32 {\n  return 1u;\n}\n")
+    with pytest.raises(ShaderError) as e:
+        gpu.module(str(bad))
+    msg = str(e.value)
+    print(msg)
+    assert "\n" not in msg and f"{bad}:1:1" in msg and "return" in msg
+    bad.write_text("fn f( {\n")
+    with pytest.raises(ShaderError, match=r"broken\.wgsl:1:\d+: .*pars"):
+        gpu.kernel(str(bad), "main", "u")

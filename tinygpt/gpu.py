@@ -268,13 +268,15 @@ class GPU:
 
     # ---- shaders and pipelines -------------------------------------------------------
     def module(self, file: str):
+        """A shader module from shaders/ (or an absolute path); compile errors name file:line:col."""
         if file not in self._modules:
-            path = shader_dir() / file
+            path = Path(file) if Path(file).is_absolute() else shader_dir() / file
             src = path.read_text()
+            shown = file if Path(file).is_absolute() else f"shaders/{file}"
             try:
-                mod = self.device.create_shader_module(code=src, label=file)
+                mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
-                raise ShaderError(f"WGSL error in shaders/{file}:\n{e}") from e
+                raise ShaderError(wgsl_error_line(str(e), shown)) from e
             self._modules[file] = mod
         return self._modules[file]
 
@@ -403,7 +405,11 @@ class Profiler:
         return (raw[:, 1].astype(np.int64) - raw[:, 0].astype(np.int64)).clip(min=0) / 1e6
 
 
-def wgsl_error_location(msg: str):
-    """Pull 'file:line:col' out of a naga message, for tests and error lines."""
-    m = re.search(r":(\d+):(\d+)", msg)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+def wgsl_error_line(msg: str, shown: str) -> str:
+    """naga's multi-line report as one line: 'WGSL error at FILE:LINE:COL: what (note)'."""
+    lines = [l.strip() for l in msg.splitlines() if l.strip()]
+    pos = next((m.groups() for l in lines if (m := re.search(r"┌─\s*\S*?:(\d+):(\d+)", l))), None)
+    where = f"{shown}:{pos[0]}:{pos[1]}" if pos else shown
+    what = next((l for l in lines if l.startswith("Shader ")), lines[-1] if lines else "invalid shader")
+    note = next((l.lstrip("= ").strip() for l in lines if l.startswith("=")), "")
+    return f"WGSL error at {where}: {what}" + (f" ({note})" if note else "")
