@@ -122,3 +122,14 @@ def test_adamw_matches_formula():
     check("adamw step 1", w, w0 - 0.01 * (g / (np.abs(g) + 1e-8) + 0.1 * w0), 1e-15)
     norm, scale = R.grad_clip(R.grad_sumsq(np.array([3.0, 4.0])), 1.0)
     assert abs(norm - 5.0) < 1e-12 and abs(scale - 1.0 / (5.0 + 1e-6)) < 1e-12
+
+
+def test_every_wgsl_entry_point_has_a_numpy_twin():
+    """The rule of the house: each kernel has a reference function of the same name."""
+    import re
+    from pathlib import Path
+    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    names = [n for f in sorted(shaders.glob("*.wgsl")) for n in re.findall(r"@compute[^\n]*\n\s*fn (\w+)", f.read_text())]
+    assert len(names) > 30
+    missing = [n for n in names if not (hasattr(R, n) or hasattr(RA, n))]
+    assert not missing, f"no NumPy twin for {missing}"

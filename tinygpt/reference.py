@@ -45,6 +45,10 @@ def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
     return a.T @ b
 
 
+# the vec4 kernels (matmul_vec4.wgsl) compute the same products; only the reads differ
+matmul_vec4, matmul_abt_vec4, matmul_atb_vec4 = matmul, matmul_abt, matmul_atb
+
+
 # ---- elementwise ----------------------------------------------------------------------
 def add(x, y):
     return x + y
