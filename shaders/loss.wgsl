@@ -6,12 +6,14 @@
 // One workgroup of 64 per row; the row max and sum go through workgroup
 // memory so that large vocabularies (50257) stay parallel. Rows are split
 // into chunks by the host when the logits exceed a binding (row0 offsets).
+// Rows are `stride` >= V apart: the host pads the vocabulary to a multiple of 4 for
+// the vec4 matmuls; the padding columns are skipped and their gradient written as 0.
 
-struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32 }
+struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, stride: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> targets: array<u32>;      // [all rows]
-@group(0) @binding(2) var<storage, read_write> logits: array<f32>; // [rows, V], becomes dlogits
+@group(0) @binding(2) var<storage, read_write> logits: array<f32>; // [rows, stride], becomes dlogits
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>; // [all rows]
 
 var<workgroup> red: array<f32, 64>;
@@ -46,7 +48,7 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let r = wid.y * nwg.x + wid.x;       // uniform across the workgroup
   if (r >= p.rows) { return; }
   let lid = lidv.x;
-  let base = r * p.V;
+  let base = r * p.stride;
   var m = -3.4028235e38;
   for (var j = lid; j < p.V; j += 64u) { m = max(m, logits[base + j]); }
   m = reduce_max(lid, m);
@@ -58,10 +60,10 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (p.write_grad != 0u) {
     workgroupBarrier();  // lane 0 read logits[tgt] above
     let inv = 1.0 / s;
-    for (var j = lid; j < p.V; j += 64u) {
+    for (var j = lid; j < p.stride; j += 64u) {
       var g = exp(logits[base + j] - m) * inv;
       if (j == tgt) { g -= 1.0; }
-      logits[base + j] = g * p.scale;
+      logits[base + j] = select(0.0, g * p.scale, j < p.V);
     }
   }
 }

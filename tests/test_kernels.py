@@ -99,16 +99,20 @@ def test_embedding(gpu, rng, B, T, C, V):
     check(f"embed_pos_grad {B}x{T}x{C}", gpu.read(dpos), R.embed_pos_grad(f64(dout).reshape(B, T, C)), 1e-5)
 
 
-@pytest.mark.parametrize("rows,V", [(1, 5), (7, 256), (65, 1000)])
-def test_cross_entropy(gpu, rng, rows, V):
-    logits = (rng.standard_normal((rows, V)) * 3).astype(np.float32)
+@pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304)])
+def test_cross_entropy(gpu, rng, rows, V, stride):
+    """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0."""
+    padded = (rng.standard_normal((rows, stride)) * 3).astype(np.float32)
+    logits = padded[:, :V]
     tgt = rng.integers(0, V, rows).astype(np.uint32)
-    tl, losses, loss = gpu.upload(logits), gpu.tensor((rows,)), gpu.tensor((4,))
-    run(gpu, K.cross_entropy(gpu, gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows),
+    tl, losses, loss = gpu.upload(padded), gpu.tensor((rows,)), gpu.tensor((4,))
+    run(gpu, K.cross_entropy(gpu, gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
         K.loss_reduce(gpu, losses, loss, rows, 1.0 / rows))
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
+    want = np.zeros((rows, stride))
+    want[:, :V] = rd
     check(f"cross_entropy losses {rows}x{V}", gpu.read(losses), rl, 5e-6, 1e-6)
-    check(f"cross_entropy dlogits {rows}x{V}", gpu.read(tl), rd, 1e-7, 1e-5)
+    check(f"cross_entropy dlogits {rows}x{V} stride {stride}", gpu.read(tl), want, 1e-7, 1e-5)
     check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
 
 

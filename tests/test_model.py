@@ -28,7 +28,9 @@ def tiny():
     return preset("tiny")
 
 
-def test_step0_logits_loss_and_every_gradient(gpu, tiny):
+@pytest.mark.parametrize("vocab", [256, 301])  # 301: padded to 304 inside, for the vec4 head
+def test_step0_logits_loss_and_every_gradient(gpu, tiny, vocab):
+    tiny = preset("tiny", vocab=vocab)
     params = R.init_params(tiny)
     x, y = batch(tiny)
     m = Model(gpu, tiny, "online")

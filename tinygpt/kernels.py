@@ -106,14 +106,16 @@ def embed_pos_grad(gpu, dout, dpos, B, T, C):
 
 
 # ---- loss --------------------------------------------------------------------------------
-def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0):
+def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None):
+    """stride: floats between logit rows (>= V; the padded vocabulary)."""
     k = gpu.kernel("loss.wgsl", "cross_entropy", "urww")
-    return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0), [targets, logits, losses], grid1d(rows))
+    return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride or V), [targets, logits, losses],
+                        grid1d(rows))
 
 
 def loss_reduce(gpu, losses, loss, rows, scale):
     k = gpu.kernel("loss.wgsl", "loss_reduce", "urww")
-    return gpu.dispatch(k, (rows, 0, float(scale), 0, 0), [None, loss, losses], (1,))
+    return gpu.dispatch(k, (rows, 0, float(scale), 0, 0, 0), [None, loss, losses], (1,))
 
 
 # ---- optimizer ---------------------------------------------------------------------------

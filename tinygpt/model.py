@@ -23,8 +23,16 @@ from .gpu import GPU, LimitError, Tensor
 BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
 
 
+def padded_vocab(V: int) -> int:
+    """The vocabulary rounded up to a multiple of 4, so the head's matmuls take the vec4 kernels
+    (50257 -> 50260). The extra rows of tok_emb stay zero and their logits are never used."""
+    return -(-V // 4) * 4
+
+
 def layout(cfg: Config):
-    """name -> (float offset, shape) in the flat buffers, and the total floats."""
+    """name -> (float offset, shape) in the flat buffers, and the total floats.
+
+    tok_emb reserves padded_vocab rows; the extra ones stay zero (no gradient reaches them)."""
     offs, pos = {}, 0
     for name, shape, _ in param_specs(cfg):
         packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
@@ -32,6 +40,8 @@ def layout(cfg: Config):
             pos = -(-pos // 256) * 256
         offs[name] = (pos, shape)
         pos += int(np.prod(shape))
+        if name == "tok_emb":
+            pos += (padded_vocab(cfg.vocab) - cfg.vocab) * cfg.d_model
     return offs, -(-pos // 256) * 256
 
 
@@ -65,6 +75,7 @@ class Model:
         B = self.B = B or cfg.batch
         T = self.T = T or cfg.ctx
         C, V, M, H = cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.heads
+        VP = self.VP = padded_vocab(V)                                          # logits row stride
         BT = B * T
         g = gpu
         g.check_loop(BT, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
@@ -72,9 +83,11 @@ class Model:
         flat = lambda name: g.tensor((self.n_flat,), name=name)
         self.params = flat("params")
         self.P = {n: self._view(self.params, n) for n in self.offsets}
+        self.P["tok_emb"] = Tensor(self.params.buf, self.P["tok_emb"].offset, (VP, C), "f32", "tok_emb")  # [VP, C]
         if training:
             self.grads, self.m, self.v = flat("grads"), flat("adam_m"), flat("adam_v")
             self.G = {n: self._view(self.grads, n) for n in self.offsets}
+            self.G["tok_emb"] = Tensor(self.grads.buf, self.G["tok_emb"].offset, (VP, C), "f32", "d tok_emb")
         # the batch: tokens | targets | bucket offsets (V+1) | bucket positions, one upload per step
         self.batch_parts = [("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)]
         self.batch_offsets, n = {}, 0
@@ -102,10 +115,10 @@ class Model:
         self.lnf, self.lnfs = act(BT, C), act(2, BT)
         # The logits may exceed one binding (a 50257-token vocabulary): they live in one
         # buffer and are bound in chunks of rows that each fit.
-        self.chunks = logit_chunks(g, BT, V)
-        g.check_size(4 * BT * V, f"logits [B*T={BT}, V={V}]", binding=len(self.chunks) == 1)
-        self.logits = g.tensor((BT, V), name="logits") if len(self.chunks) == 1 else \
-            Tensor(g.buffer(4 * BT * V, "logits", binding=False), 0, (BT, V), "f32", "logits")   # becomes dlogits
+        self.chunks = logit_chunks(g, BT, VP)
+        g.check_size(4 * BT * VP, f"logits [B*T={BT}, V={VP}]", binding=len(self.chunks) == 1)
+        self.logits = g.tensor((BT, VP), name="logits") if len(self.chunks) == 1 else \
+            Tensor(g.buffer(4 * BT * VP, "logits", binding=False), 0, (BT, VP), "f32", "logits")  # becomes dlogits
         self.losses = act(BT, name="losses")
         self.loss_buf = act(4, name="loss")
         shared = {}
@@ -129,9 +142,9 @@ class Model:
                     K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C)]
         fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
-            fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, V, C))
+            fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, VP, C))
         self.forward_dispatches = fwd
-        ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0)
+        ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0, VP)
                            for r0, n in self.chunks]
         self.loss_dispatches = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
         self.eval_dispatches = ce(False) + self.loss_dispatches[-1:]
@@ -155,6 +168,7 @@ class Model:
     def _record_backward(self, buckets):
         g, cfg = self.gpu, self.cfg
         B, T, C, V, M, L = self.B, self.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
+        VP = self.VP
         BT = B * T
         act = lambda *shape: g.tensor(shape)
         self.dres, self.dln = act(BT, C), act(BT, C)                  # residual grad, grad at a LN output
@@ -166,8 +180,8 @@ class Model:
         ds = []
         for i, (r0, n) in enumerate(self.chunks):                       # logits hold dlogits after cross_entropy
             dl = rows(self.logits, r0, n)
-            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), self.G["tok_emb"], V, C, n, accumulate=i > 0),
-                   K.matmul(g, dl, self.P["tok_emb"], None, rows(self.dln, r0, n), n, C, V)]
+            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), self.G["tok_emb"], VP, C, n, accumulate=i > 0),
+                   K.matmul(g, dl, self.P["tok_emb"], None, rows(self.dln, r0, n), n, C, VP)]
         ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=self.grads), BT, C),
               K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
         for l in reversed(range(L)):
@@ -286,14 +300,13 @@ class Model:
     def logits_of(self, x) -> np.ndarray:
         self.write_batch(x)
         self.gpu.run(self.forward_dispatches)
-        return self.gpu.read(self.logits).reshape(self.B, self.T, -1)
+        return self.gpu.read(self.logits)[:, :self.cfg.vocab].reshape(self.B, self.T, -1)
 
     def logits_row(self, x, row: int) -> np.ndarray:
         """Forward, then read one position's logits only (sampling)."""
         self.write_batch(x)
         self.gpu.run(self.forward_dispatches)
-        V = self.cfg.vocab
-        return self.gpu.read(self.logits, count=V, offset_elems=row * V)
+        return self.gpu.read(self.logits, count=self.cfg.vocab, offset_elems=row * self.VP)
 
     def loss(self) -> float:
         return float(self.gpu.read(self.loss_buf, count=1)[0])
