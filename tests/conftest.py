@@ -1,6 +1,13 @@
 """Shared fixtures: one GPU for the session, and the compare helper every op test uses."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
+
+# Tests use the default kernel variants, whatever `tinygpt tune` cached on this machine
+# (subprocesses inherit this too).
+os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -68,3 +68,23 @@ def test_probe_adapter_json():
                                           "numpy_sgemm_1024"]
     assert all(r["rate"] > 0 for r in rows)
     assert all(r["max_rel_err"] < 1e-3 for r in rows[:4])
+
+
+def test_tune_caches_the_fastest_variants_per_adapter(tmp_path):
+    import os
+    env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "tune", "--quick", "--json"], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    assert {row["kernel"] for row in rows} == {"matmul_vec4", "attn_online"}
+    assert sum(1 for row in rows if row.get("chosen")) == 2
+    cache = json.loads((tmp_path / "tuning.json").read_text())
+    (key, chosen), = cache.items()
+    assert set(chosen) == {"matmul_wx", "online_block"}
+    # a new GPU on this adapter reads the choice, and the kernels use it
+    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; g = GPU(); "
+            "print(g.tuning['matmul_wx'], list(K.online_tiles(g, 16)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert out.split()[0] == str(chosen["matmul_wx"])
+    assert json.loads(out.split(" ", 1)[1]) == chosen["online_block"]

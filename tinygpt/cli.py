@@ -143,6 +143,19 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from .bench import emit
+    from .gpu import GPU
+    from .tune import tune
+    gpu = GPU()
+    print(f"tuning kernel variants on {gpu.name} ({gpu.backend})", file=sys.stderr)
+    r = tune(gpu, quick=args.quick, log=lambda m: print(m, file=sys.stderr))
+    emit(r["rows"], args.json, ["kernel", "variant", "ms", "chosen"])
+    if not args.json:
+        print(f"chosen: {r['chosen']} -> {r['cache']}")
+    return 0
+
+
 class UsageError(ValueError):
     pass
 
@@ -219,6 +232,11 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
     p.set_defaults(fn=cmd_info)
+
+    p = sub.add_parser("tune", parents=[common], help="measure kernel variants on this adapter and cache the fastest")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors, or a Hugging Face GPT-2 directory")
     p.add_argument("--model", required=True)

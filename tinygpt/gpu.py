@@ -158,6 +158,21 @@ def grid1d(n_groups: int) -> tuple:
     return (-(-n_groups // y), y, 1)
 
 
+def cache_dir() -> Path:
+    d = os.environ.get("TINYGPT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tinygpt")
+    return Path(d)
+
+
+def read_tuning(key: str) -> dict:
+    """The kernel variants `tinygpt tune` measured fastest on this adapter, or {} (the defaults)."""
+    import json
+    try:
+        return dict(json.loads((cache_dir() / "tuning.json").read_text()).get(key, {}))
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 class GPU:
     """One adapter, one device, the caches and the counters."""
 
@@ -185,6 +200,8 @@ class GPU:
         self._kernels = {}
         self._layouts = {}
         self._dummy = None
+        self.key = f"{self.name} | {self.backend} | {info.get('driver', '')}"  # what tuning is cached under
+        self.tuning = read_tuning(self.key)
 
     # ---- limits ------------------------------------------------------------------
     # llvmpipe (lavapipe, and Mesa's GL) silently stops an invocation's loops after

@@ -16,7 +16,7 @@ from .gpu import Dispatch, grid1d
 MM_TILE = 4 * 8  # rows (and cols) of output per workgroup: TM * WG
 
 
-VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each)
+VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each); `tinygpt tune` may pick another
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels
 
 
@@ -28,8 +28,9 @@ def vec4_ok(entry, M, N, K) -> bool:
 def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
     variant = variant or ("vec4" if vec4_ok(entry, M, N, K) else "scalar")
     if variant == "vec4":
-        k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": VEC_WX})
-        grid = (-(-N // (4 * VEC_WX)), -(-M // VEC_ROWS))
+        wx = int(gpu.tuning.get("matmul_wx", VEC_WX))
+        k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
+        grid = (-(-N // (4 * wx)), -(-M // VEC_ROWS))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     k = gpu.kernel("matmul.wgsl", entry, "urrrw")
     grid = (-(-N // MM_TILE), -(-M // MM_TILE))
@@ -189,28 +190,43 @@ def attn_dvalue(gpu, P, dout, dv, B, T, C, H, h0=0, nh=None):
     return _attn(gpu, "attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
 
 
-def online_tiles(gpu, hd):
+def online_tiles(gpu, hd, T=None):
     """(BQ, BK): BK key rows whose two [BK, hd] tiles (hd padded, + L, D) fit workgroup memory, at most 32;
-    BQ = 128 query rows share each tile (lavapipe, T=2048, hd=64, fwd / dq ms: BQ 32: 342 / 344,
-    64: 301 / 320, 128: 289 / 294)."""
+    BQ query rows share each tile: 128 by default (lavapipe, T=2048, hd=64, fwd / dq ms: BQ 32: 342 / 344,
+    64: 301 / 320, 128: 289 / 294), or what `tinygpt tune` chose. Neither exceeds T rounded up to a
+    power of two: at T=64 a 128-row workgroup would leave half its lanes idle (forward 28 -> 48 ms)."""
     limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
     hd4 = -(-hd // 32) * 8
-    bk = 32
-    while bk > 1 and (2 * bk * 4 * hd4 + 2 * bk) * 4 > limit:
-        bk //= 2
-    return min(128, int(gpu.limits.get("max-compute-invocations-per-workgroup", 256))), bk
+    tuned = gpu.tuning.get("online_block")
+    if tuned and online_fits(gpu, hd, *tuned):
+        bq, bk = tuned
+    else:
+        bk = 32
+        while bk > 1 and (2 * bk * 4 * hd4 + 2 * bk) * 4 > limit:
+            bk //= 2
+        bq = min(128, int(gpu.limits.get("max-compute-invocations-per-workgroup", 256)))
+    if T:
+        p2 = 1 << max(0, int(T) - 1).bit_length()
+        bq, bk = min(bq, p2), min(bk, p2)
+    return int(bq), int(bk)
+
+
+def online_fits(gpu, hd, bq, bk) -> bool:
+    limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
+    inv = int(gpu.limits.get("max-compute-invocations-per-workgroup", 256))
+    return bq <= inv and bk <= min(inv, 64) and (2 * bk * 4 * (-(-hd // 32) * 8) + 2 * bk) * 4 <= limit
 
 
 def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
     hd = C // H
-    bq, bk = block or online_tiles(gpu, hd)
+    bq, bk = block or online_tiles(gpu, hd, T)
     k = gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk})
     ins = list(ins) + [None] * (6 - len(ins))
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
 
 def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None):
-    bq, _ = block or online_tiles(gpu, C // H)
+    bq, _ = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block)
 
 
@@ -219,10 +235,10 @@ def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None):
 
 
 def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None):
-    bq, _ = block or online_tiles(gpu, C // H)
+    bq, _ = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),), block)
 
 
 def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None):
-    _, bk = block or online_tiles(gpu, C // H)
+    _, bk = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),), block)

@@ -1,0 +1,102 @@
+"""`tinygpt tune`: measure the kernel variants on this adapter and cache the fastest.
+
+Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns) and the online
+attention's tiles (BQ query rows per workgroup, BK keys per tile). Each candidate is
+validated against NumPy before it is timed; the winners are written to
+~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
+backend and driver, and every later run on that adapter uses them. Different tiles
+sum in a different order, so losses can differ in the last bits after tuning.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from . import kernels as K
+from .bench import time_dispatches
+from .gpu import GPU, cache_dir
+
+WX_CANDIDATES = (8, 16, 32, 64)
+BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
+
+
+def _matmul_ms(gpu, wx, shapes, repeats):
+    gpu.tuning["matmul_wx"] = wx
+    total = 0.0
+    for M, N, Kd in shapes:
+        r = np.random.default_rng(M + N + Kd)
+        a = r.standard_normal((M, Kd)).astype(np.float32)
+        b = r.standard_normal((Kd, N)).astype(np.float32)
+        out = gpu.tensor((M, N))
+        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant="vec4")
+        gpu.run([d])
+        err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
+        if err > 1e-3 * np.sqrt(Kd):
+            raise RuntimeError(f"matmul WX={wx} gave a wrong result ({err:.2e}); not tuning")
+        total += time_dispatches(gpu, [d], repeats)[0]
+    return total
+
+
+def _online_ms(gpu, block, T, hd, repeats):
+    from . import reference_attention as RA
+    B, H, C = 1, 1, hd
+    r = np.random.default_rng(T)
+    q, k, v, do = (r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
+    tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
+    out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
+    L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
+    ds = [K.attn_online_forward(gpu, tq, tk, tv, out, L, B, T, C, H, block),
+          K.attn_online_d(gpu, tdo, out, D, B, T, C, H, block),
+          K.attn_online_dq(gpu, tq, tk, tv, tdo, L, D, dq, B, T, C, H, block),
+          K.attn_online_dkv(gpu, tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block)]
+    gpu.run(ds)
+    f = lambda x: x.astype(np.float64)
+    err = max(np.abs(gpu.read(out) - RA.attention_forward(f(q), f(k), f(v), H)).max(),
+              np.abs(gpu.read(dq) - RA.attention_backward(f(q), f(k), f(v), f(do), H)[0]).max())
+    if err > 1e-4:
+        raise RuntimeError(f"online attention with tiles {block} gave a wrong result ({err:.2e}); not tuning")
+    return time_dispatches(gpu, ds, repeats)[0]
+
+
+def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
+    """Measure, pick, cache. quick: small shapes (tests)."""
+    say = log or (lambda *_: None)
+    repeats = 1 if quick else 3
+    shapes = [(64, 64, 64)] if quick else [(1024, 96, 384), (1024, 384, 96), (512, 512, 512)]
+    T, hd = (64, 16) if quick else (1024, 64)
+    saved = dict(gpu.tuning)
+    rows = []
+    try:
+        for wx in WX_CANDIDATES:
+            if wx <= int(gpu.limits.get("max-compute-invocations-per-workgroup", 256)):
+                ms = _matmul_ms(gpu, wx, shapes, repeats)
+                rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
+                say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
+        gpu.tuning.pop("matmul_wx", None)
+        for block in BLOCK_CANDIDATES:
+            if K.online_fits(gpu, hd, *block):
+                ms = _online_ms(gpu, block, T, hd, repeats)
+                rows.append({"kernel": "attn_online", "variant": f"BQ={block[0]} BK={block[1]}", "ms": ms,
+                             "value": list(block)})
+                say(f"attn_online {block}: {ms:.2f} ms")
+    finally:
+        gpu.tuning = saved
+    best = {}
+    for kernel, key in (("matmul_vec4", "matmul_wx"), ("attn_online", "online_block")):
+        cands = [r for r in rows if r["kernel"] == kernel]
+        if cands:
+            win = min(cands, key=lambda r: r["ms"])
+            win["chosen"] = True
+            best[key] = win["value"]
+    path = cache_dir() / "tuning.json"
+    try:
+        allv = json.loads(path.read_text())
+    except (OSError, ValueError):
+        allv = {}
+    allv[gpu.key] = best
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from .checkpoint import atomic_write
+    atomic_write(path, json.dumps(allv, indent=2).encode())
+    gpu.tuning = dict(best)
+    return {"rows": rows, "chosen": best, "cache": str(path)}
