@@ -80,9 +80,8 @@ def main(argv=None):
     rows = []
     for name in args.trainers.split(","):
         if name == "torch":
-            try:
-                import torch  # noqa: F401
-            except ImportError:
+            import importlib.util
+            if importlib.util.find_spec("torch") is None:
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
         secs, loss, what = runners[name]()

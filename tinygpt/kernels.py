@@ -13,9 +13,7 @@ from .gpu import Dispatch, grid1d
 
 
 # ---- matmul ----------------------------------------------------------------------------
-MM_TILE = 4 * 8  # rows (and cols) of output per workgroup: TM * WG
-
-
+MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each); `tinygpt tune` may pick another
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels
 

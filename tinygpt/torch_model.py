@@ -5,7 +5,6 @@ AdamW with TinyGPT's decay split, global-norm clipping. Imported only where torc
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
@@ -51,4 +50,4 @@ class TorchGPT:
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(list(self.P.values()), self.cfg.grad_clip)
         self.opt.step()
-        return float(loss)
+        return float(loss.detach())
