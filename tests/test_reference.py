@@ -133,3 +133,10 @@ def test_every_wgsl_entry_point_has_a_numpy_twin():
     assert len(names) > 30
     missing = [n for n in names if not (hasattr(R, n) or hasattr(RA, n))]
     assert not missing, f"no NumPy twin for {missing}"
+
+
+def test_preset_parameter_counts_match_tinygpt():
+    from tinygpt.config import n_params, preset
+    assert n_params(preset("tiny")) == 70_464
+    assert n_params(preset("small")) == 366_432
+    assert n_params(preset("medium")) == 838_400

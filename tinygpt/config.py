@@ -1,7 +1,7 @@
 """Model configuration, TinyGPT's presets and the parameter table in .tinygpt order."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 # name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C (TINYGPT.md)
 PRESETS = {
@@ -57,11 +57,6 @@ class Config:
         if self.grad_clip < 0:
             raise ConfigError(f"grad-clip must be >= 0 (0 turns clipping off), got {self.grad_clip}")
         return self
-
-    def to_dict(self):
-        d = asdict(self)
-        d.pop("extra")
-        return d
 
 
 def preset(name: str, **overrides) -> Config:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -132,7 +132,6 @@ class Counters:
     pipelines: int = 0
     submits: int = 0
     readbacks: int = 0
-    live: dict = field(default_factory=dict)
 
 
 def pack_params(values) -> bytes:

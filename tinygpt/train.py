@@ -21,7 +21,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import reference as R
 from .attention import check as check_attention
-from .config import Config
+from .config import Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
 from .gpu import GPU
 from .model import Model
@@ -211,7 +211,8 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
     B, T = model.B, model.T
     vx, vy = data.val_windows(args.eval_windows)
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
-          f"vocab {cfg.vocab}, attention {args.attention} on {model.gpu.name} ({model.gpu.backend})", file=err)
+          f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {args.attention} on {model.gpu.name} "
+          f"({model.gpu.backend})", file=err)
     print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)", file=err)
     from tqdm import tqdm
     bar = tqdm(total=steps, initial=start, file=err, unit="step", dynamic_ncols=True, disable=args.quiet,
