@@ -9,20 +9,20 @@
 
 Fields this port adds live under the header key "tinygptPy", which the
 original ignores. Nothing here unpickles or evaluates anything from a file.
-Writes are atomic: a temporary file in the same directory, fsync, rename.
+Writes are atomic (files.atomic_write): a temporary file beside the target, fsync, rename.
 """
 from __future__ import annotations
 
 import json
 import os
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from .config import Config, param_specs
+from .files import atomic_write, read_user_file
 
 MAGIC = b"TGPT"
 VERSION = 2
@@ -150,45 +150,7 @@ def decode(raw: bytes, what: str = "the file") -> Checkpoint:
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
-    p = Path(path)
-    if not p.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if p.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a .tinygpt file")
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read it ({e.strerror})") from e
-    return decode(raw, str(path))
-
-
-def atomic_write(path: str | os.PathLike, data: bytes):
-    """Temporary file beside the target, fsync, rename, fsync the directory.
-
-    A crash at any point leaves either the old file or the new one, never half of one."""
-    p = Path(path)
-    d = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    return decode(read_user_file(path, CheckpointError, str(path), "a .tinygpt file"), str(path))
 
 
 def save(path, ck: Checkpoint):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .files import read_user_file
+
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
@@ -39,18 +41,11 @@ def read_corpus(path: str | None) -> tuple[bytes, str]:
     """(raw bytes, a name for logs). Errors say what is wrong and what to do."""
     if path is None:
         return builtin_corpus(), "built-in (Python's reference documentation)"
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"--data {path}: no such file; give a UTF-8 text file, or leave --data out for the built-in corpus")
-    if p.is_dir():
-        raise DataError(f"--data {path}: is a directory; give a UTF-8 text file")
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise DataError(f"--data {path}: cannot read it ({e.strerror}); check its permissions") from e
+    raw = read_user_file(path, DataError, f"--data {path}",
+                         "a UTF-8 text file, or leave --data out for the built-in corpus")
     if not raw:
         raise DataError(f"--data {path}: the file is empty; give a text file with some content")
-    return raw, str(p)
+    return raw, str(path)
 
 
 # ---- tokenizers ------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import kernels as K
 from .bench import time_dispatches
+from .files import atomic_write
 from .gpu import GPU, cache_dir
 
 WX_CANDIDATES = (8, 16, 32, 64)
@@ -96,7 +97,6 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
         allv = {}
     allv[gpu.key] = best
     path.parent.mkdir(parents=True, exist_ok=True)
-    from .checkpoint import atomic_write
     atomic_write(path, json.dumps(allv, indent=2).encode())
     gpu.tuning = dict(best)
     return {"rows": rows, "chosen": best, "cache": str(path)}
