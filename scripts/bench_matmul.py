@@ -18,7 +18,7 @@ from tinygpt import kernels as K
 from tinygpt.bench import emit, time_dispatches
 from tinygpt.gpu import GPU
 
-KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("vec4", "scalar")]
+KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "vec4", "scalar")]
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -44,6 +44,10 @@ def main(argv=None):
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
     chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
+    if not K.subgroups_ok(gpu):  # the sg kernels need the subgroup feature, and to agree with NumPy
+        if args.kernels and any(v == "sg" for _, v in chosen):
+            raise SystemExit(f"error: no working subgroups on {gpu.name} ({gpu.backend}); leave out the :sg kernels")
+        chosen = [(e, v) for e, v in chosen if v != "sg"]
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         M = N = Kd = n

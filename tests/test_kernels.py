@@ -37,6 +37,40 @@ def test_matmul_family(gpu, rng, M, N, K_, variant):
     check(f"matmul_atb {atb} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb(f64(a.T), f64(b)), tol)
 
 
+def need_subgroups(gpu):
+    if not K.subgroups_ok(gpu):
+        pytest.skip(f"no working subgroups on {gpu.name} ({gpu.backend})")
+
+
+@pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64), (40, 36, 1028)])
+def test_matmul_family_sg(gpu, rng, M, N, K_):
+    need_subgroups(gpu)
+    a = rng.standard_normal((M, K_)).astype(np.float32)
+    b = rng.standard_normal((K_, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    prev = rng.standard_normal((M, N)).astype(np.float32)
+    tol = 2e-6 * np.sqrt(K_) * 4
+    out = gpu.tensor((M, N))
+    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="sg"))
+    check(f"matmul sg {M}x{N}x{K_}", gpu.read(out), R.matmul_sg(f64(a), f64(b), f64(bias)), tol)
+    gpu.write(out, prev)
+    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True, variant="sg"))
+    check(f"matmul_abt sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_abt_sg(f64(a), f64(b.T)), tol)
+    if M % 4 == 0:  # A^T @ B reads A's rows as vec4; K need not be a multiple of 4 (4 k per step, zeros past K)
+        for k in (K_, K_ - 1, K_ - 3):
+            run(gpu, K.matmul_atb(gpu, gpu.upload(a[:, :k].T.copy()), gpu.upload(b[:k]), out, M, N, k, variant="sg"))
+            check(f"matmul_atb sg {M}x{N}x{k}", gpu.read(out), R.matmul_atb_sg(f64(a[:, :k].T), f64(b[:k])), tol)
+
+
+def test_subgroups_used_on_lavapipe(gpu):
+    """The sg kernels are the CPU adapter's fast path: losing them silently would cost 2-3x."""
+    if not (gpu.is_cpu and gpu.backend == "Vulkan"):
+        pytest.skip("lavapipe only")
+    assert "subgroup" in gpu.features and K.subgroups_ok(gpu)
+    assert K.mm_variant(gpu, "matmul_atb", 64, 64, 64) == "sg"
+    assert K.mm_variant(gpu, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
+
+
 @pytest.mark.parametrize("n", [1, 63, 1000, 64 * 65535 + 5])
 def test_elementwise(gpu, rng, n):
     if n > 100000:  # only the folded (x, y) grid matters at this size: test add

@@ -183,7 +183,10 @@ class GPU:
         self.backend = info.get("backend_type", "?")
         self.name = info.get("device", "") or self.adapter.summary
         feats = set(self.adapter.features)
-        want = [f for f in ("timestamp-query",) if f in feats]
+        # subgroup: matmul_sg.wgsl's broadcasts (kernels.py checks them before use);
+        # TINYGPT_NO_SUBGROUPS=1 leaves the feature off, to test or compare without it
+        optional = ("timestamp-query",) + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else ("subgroup",))
+        want = [f for f in optional if f in feats]
         lim = self.adapter.limits
         keys = ["max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
                 "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage",
@@ -201,6 +204,7 @@ class GPU:
         self._dummy = None
         self.key = f"{self.name} | {self.backend} | {info.get('driver', '')}"  # what tuning is cached under
         self.tuning = read_tuning(self.key)
+        self.sg_checked = None  # kernels.subgroups_ok's verdict, once asked
 
     # ---- limits ------------------------------------------------------------------
     # llvmpipe (lavapipe, and Mesa's GL) silently stops an invocation's loops after

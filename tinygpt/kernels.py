@@ -15,16 +15,59 @@ from .gpu import Dispatch, grid1d
 # ---- matmul ----------------------------------------------------------------------------
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each); `tinygpt tune` may pick another
-VEC_ROWS = 16        # rows per workgroup of the vec4 kernels
+VEC_ROWS = 16        # rows per workgroup of the vec4 and sg kernels
+SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
 
 
 def vec4_ok(entry, M, N, K) -> bool:
-    """The vec4 kernels need K and N (and M for A^T @ B) to be multiples of 4."""
+    """The vec4 and sg kernels need K and N (and M for A^T @ B) to be multiples of 4."""
     return N % 4 == 0 and K % 4 == 0 and (M % 4 == 0 or entry != "matmul_atb")
 
 
+def subgroups_ok(gpu) -> bool:
+    """Whether matmul_sg.wgsl computes right on this device: the subgroup feature is on and
+    its lane indexing holds (subgroups of 8 or more lanes holding a workgroup). Asked once:
+    all three kernels against NumPy at shapes with ragged edges."""
+    if gpu.sg_checked is None:
+        gpu.sg_checked = "subgroup" in gpu.features and _sg_agrees(gpu)
+    return gpu.sg_checked
+
+
+def _sg_agrees(gpu) -> bool:
+    import numpy as np
+    M, N, Kd = 20, 40, 12
+    r = np.random.default_rng(7)
+    a, b, bias = r.standard_normal((M, Kd)), r.standard_normal((Kd, N)), r.standard_normal(N)
+    at, bt = r.standard_normal((Kd + 1, M)), r.standard_normal((Kd + 1, N))  # odd K for A^T @ B
+    up = lambda x: gpu.upload(x.astype(np.float32))
+    out = gpu.tensor((M, N))
+    try:
+        for d, want in ((_mm(gpu, "matmul", up(a), up(b), up(bias), out, M, N, Kd, False, "sg"), a @ b + bias),
+                        (_mm(gpu, "matmul_abt", up(a), up(b.T), None, out, M, N, Kd, False, "sg"), a @ b),
+                        (_mm(gpu, "matmul_atb", up(at), up(bt), None, out, M, N, Kd + 1, False, "sg"), at.T @ bt)):
+            gpu.run([d])
+            if not np.allclose(gpu.read(out), want, rtol=1e-4, atol=1e-4):
+                return False
+    except Exception:  # a compiler that refuses the kernels counts as no
+        return False
+    return True
+
+
+def mm_variant(gpu, entry, M, N, K) -> str:
+    """sg where subgroups work (default on CPU adapters, where it measured fastest; elsewhere
+    when `tinygpt tune` chose it), else vec4 where the shape allows, else scalar."""
+    if not vec4_ok(entry, M, N, K):
+        return "scalar"
+    want = gpu.tuning.get("matmul_variant") or ("sg" if gpu.is_cpu else "vec4")
+    return "sg" if want == "sg" and subgroups_ok(gpu) else "vec4"
+
+
 def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
-    variant = variant or ("vec4" if vec4_ok(entry, M, N, K) else "scalar")
+    variant = variant or mm_variant(gpu, entry, M, N, K)
+    if variant == "sg":
+        k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw")
+        grid = (-(-N // (4 * SG_LANES)), -(-M // VEC_ROWS))
+        return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "vec4":
         wx = int(gpu.tuning.get("matmul_wx", VEC_WX))
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})

@@ -47,6 +47,8 @@ def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
 
 # the vec4 kernels (matmul_vec4.wgsl) compute the same products; only the reads differ
 matmul_vec4, matmul_abt_vec4, matmul_atb_vec4 = matmul, matmul_abt, matmul_atb
+# and so do the subgroup kernels (matmul_sg.wgsl)
+matmul_sg, matmul_abt_sg, matmul_atb_sg = matmul, matmul_abt, matmul_atb
 
 
 # ---- elementwise ----------------------------------------------------------------------

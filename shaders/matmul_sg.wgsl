@@ -1,0 +1,148 @@
+// The trainer's matmuls with subgroup broadcasts, for adapters with the
+// "subgroup" feature; same bindings, shapes and results as matmul_vec4.wgsl
+// (K and N multiples of 4, M too for matmul_atb).
+//   matmul_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias)
+//   matmul_abt_sg  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_sg  out[M,N] = A[K,M]^T @ B[K,N]
+//
+// A workgroup is one subgroup of 8 lanes and owns 16 rows x 32 columns of out:
+// each lane keeps a 16 x 4 block as four mat4x4 (column c of acc_q is row
+// 4q+c), as in matmul_vec4. What differs is how A reaches the lanes.
+// Why: lavapipe loads storage buffers one lane at a time whatever the address
+// (scripts/probe_adapter.py), so matmul_vec4's 16 A loads per lane per step,
+// although all lanes read the same address, cost as much as 16 distinct ones.
+// Here each lane loads 2 of the 16 A values and subgroupBroadcast hands them
+// to the others: a register shuffle, not a load. Loads per 256 multiply-adds
+// per lane fall from 20 vec4 to 6, and matmul at 1024^3 ran 2.5x faster.
+// The lane indexing assumes subgroups of at least 8 lanes holding the whole
+// workgroup; kernels.py checks these kernels against NumPy before using them.
+// Rows past M are clamped on load and skipped on store; columns past N
+// likewise. Every lane runs the whole loop (broadcasts need all 8).
+
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+
+const LANES: u32 = 8u;   // invocations per workgroup, 4 columns each
+const TM: u32 = 16u;     // rows per workgroup
+
+struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
+
+fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
+
+// the four rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the
+// lanes that loaded them: lane l holds rows 2l (in x0) and 2l+1 (in x1)
+fn rows_of(x0: vec4<f32>, x1: vec4<f32>, q: u32) -> mat4x4<f32> {
+  switch q {
+    case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x1, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x1, 1u)); }
+    case 1u: { return mat4x4<f32>(subgroupBroadcast(x0, 2u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x0, 3u), subgroupBroadcast(x1, 3u)); }
+    case 2u: { return mat4x4<f32>(subgroupBroadcast(x0, 4u), subgroupBroadcast(x1, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x1, 5u)); }
+    default: { return mat4x4<f32>(subgroupBroadcast(x0, 6u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x0, 7u), subgroupBroadcast(x1, 7u)); }
+  }
+}
+
+fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
+  if (!live) { return; }
+  let n4 = p.N / 4u;
+  var b = vec4<f32>();
+  if (p.has_bias != 0u) { b = bias[c4]; }
+  for (var q = 0u; q < 4u; q++) {
+    var m: mat4x4<f32>;
+    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
+    for (var c = 0u; c < 4u; c++) {
+      let i = row0 + 4u * q + c;
+      if (i < p.M) {
+        var v = m[c] + b;
+        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
+        out[i * n4 + c4] = v;
+      }
+    }
+  }
+}
+
+// A @ B (tb = false) or A @ B^T (tb = true): only B's 4x4 block is read differently.
+fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
+  let n4 = p.N / 4u;
+  let k4 = p.K / 4u;
+  let cw = wid.x * LANES + lane;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let a0 = row(row0 + 2u * lane) * k4;       // this lane's two rows of A
+  let a1 = row(row0 + 2u * lane + 1u) * k4;
+  let j = 4u * c4;
+  var acc: Acc;
+  for (var kk = 0u; kk < k4; kk++) {
+    var bm: mat4x4<f32>;
+    if (tb) {  // rows of bm: B rows j..j+3 (this lane's output columns) at k..k+3
+      bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+    } else {   // columns of bm: B rows k..k+3 at this lane's 4 columns
+      let k = 4u * kk;
+      bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+    }
+    let x0 = A[a0 + kk];
+    let x1 = A[a1 + kk];
+    acc.q0 += bm * rows_of(x0, x1, 0u);
+    acc.q1 += bm * rows_of(x0, x1, 1u);
+    acc.q2 += bm * rows_of(x0, x1, 2u);
+    acc.q3 += bm * rows_of(x0, x1, 3u);
+  }
+  store(acc, row0, c4, cw < n4);
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  a_times_b(wid, lane, false);
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  a_times_b(wid, lane, true);
+}
+
+// Four k per step: lane l loads A[k + l/4, the 16 rows] and A[k + 2 + l/4, ...] as the
+// vec4 l%4 of them; column c of acc_q gains b * A[k, 4q + c]. Past K, A reads as zeros.
+// a0..a3: the same 4 output rows of A at k..k+3; b0..b3: this lane's 4 columns of B at k..k+3
+fn outer4(b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32>,
+          a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> mat4x4<f32> {
+  return mat4x4<f32>(b0 * a0.x + b1 * a1.x + b2 * a2.x + b3 * a3.x, b0 * a0.y + b1 * a1.y + b2 * a2.y + b3 * a3.y,
+                     b0 * a0.z + b1 * a1.z + b2 * a2.z + b3 * a3.z, b0 * a0.w + b1 * a1.w + b2 * a2.w + b3 * a3.w);
+}
+
+fn a_row(k: u32, col: u32, m4: u32) -> vec4<f32> {
+  return select(A[min(k, p.K - 1u) * m4 + col], vec4<f32>(), k >= p.K);
+}
+
+fn b_row(k: u32, c4: u32, n4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * n4 + c4]; }
+
+@compute @workgroup_size(LANES)
+fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let n4 = p.N / 4u;
+  let m4 = p.M / 4u;
+  let cw = wid.x * LANES + lane;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let mine = min(row0 / 4u + lane % 4u, m4 - 1u);  // the vec4 of A's row this lane loads
+  let half = lane / 4u;
+  var acc: Acc;
+  for (var k = 0u; k < p.K; k += 4u) {
+    let x = a_row(k + half, mine, m4);
+    let y = a_row(k + 2u + half, mine, m4);
+    let b0 = b_row(k, c4, n4);
+    let b1 = b_row(k + 1u, c4, n4);
+    let b2 = b_row(k + 2u, c4, n4);
+    let b3 = b_row(k + 3u, c4, n4);
+    acc.q0 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 0u), subgroupBroadcast(x, 4u),
+                       subgroupBroadcast(y, 0u), subgroupBroadcast(y, 4u));
+    acc.q1 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 1u), subgroupBroadcast(x, 5u),
+                       subgroupBroadcast(y, 1u), subgroupBroadcast(y, 5u));
+    acc.q2 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 2u), subgroupBroadcast(x, 6u),
+                       subgroupBroadcast(y, 2u), subgroupBroadcast(y, 6u));
+    acc.q3 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 3u), subgroupBroadcast(x, 7u),
+                       subgroupBroadcast(y, 3u), subgroupBroadcast(y, 7u));
+  }
+  store(acc, row0, c4, cw < n4);
+}
