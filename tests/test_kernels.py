@@ -63,12 +63,15 @@ def test_matmul_family_sg(gpu, rng, M, N, K_):
 
 
 def test_subgroups_used_on_lavapipe(gpu):
-    """The sg kernels are the CPU adapter's fast path: losing them silently would cost 2-3x."""
+    """The sg kernels are the CPU adapter's fast path: losing them silently would cost 2-3x
+    (matmul) and 3-15x (online attention)."""
     if not (gpu.is_cpu and gpu.backend == "Vulkan"):
         pytest.skip("lavapipe only")
     assert "subgroup" in gpu.features and K.subgroups_ok(gpu)
     assert K.mm_variant(gpu, "matmul_atb", 64, 64, 64) == "sg"
     assert K.mm_variant(gpu, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
+    assert K.online_variant(gpu, 1024, 64) == "sg"
+    assert K.online_variant(gpu, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
 
 
 @pytest.mark.parametrize("n", [1, 63, 1000, 64 * 65535 + 5])

@@ -96,6 +96,11 @@ def test_attention_plain_and_family(r, T):
     dk2, dv2 = RA.attn_online_dkv(q, k, v, w, L, D, H, BQ=2, BK=2)
     check("online dk", dk2, dk, 1e-12)
     check("online dv", dv2, dv, 1e-12)
+    o8, L8 = RA.attn_online_forward_sg(q, k, v, H)                     # 8-row tiles, as online_sg.wgsl
+    check("online sg out", o8, out, 1e-12)
+    check("online sg dq", RA.attn_online_dq_sg(q, k, v, w, L8, D, H), dq, 1e-12)
+    for name, got, want in zip(("dk", "dv"), RA.attn_online_dkv_sg(q, k, v, w, L8, D, H), (dk, dv)):
+        check(f"online sg {name}", got, want, 1e-12)
 
 
 def test_whole_model_finite_differences():

@@ -258,6 +258,17 @@ def online_fits(gpu, hd, bq, bk) -> bool:
     return bq <= inv and bk <= min(inv, 64) and (2 * bk * 4 * (-(-hd // 32) * 8) + 2 * bk) * 4 <= limit
 
 
+def online_variant(gpu, T=0, hd=0) -> str:
+    """sg (online_sg.wgsl) where subgroups work: by default on CPU adapters, where it measured
+    fastest, elsewhere when `tinygpt tune` chose it; else the workgroup-memory tiles (online.wgsl).
+    On a CPU adapter sg also has to stay under llvmpipe's loop cap: a lane makes up to
+    6 * ceil(hd / 32) + 2 loop trips per block of 8 rows (T up to ~20,000 at hd = 128)."""
+    want = gpu.tuning.get("online_variant") or ("sg" if gpu.is_cpu else "tiles")
+    trips = -(-T // SG_LANES) * (6 * -(-hd // 32) + 2)
+    fits = not gpu.is_cpu or trips <= gpu.LOOP_CAP
+    return "sg" if want == "sg" and fits and subgroups_ok(gpu) else "tiles"
+
+
 def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
     hd = C // H
     bq, bk = block or online_tiles(gpu, hd, T)
@@ -266,7 +277,18 @@ def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
 
-def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None):
+def _online_sg(gpu, entry, ins, o1, o2, B, T, C, H):
+    """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h)."""
+    hd = C // H
+    consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0}
+    k = gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
+    ins = list(ins) + [None] * (6 - len(ins))
+    return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
+
+
+def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None, variant=None):
+    if (variant or online_variant(gpu, T, C // H)) == "sg":
+        return _online_sg(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H)
     bq, _ = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block)
 
@@ -275,11 +297,15 @@ def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None):
     return _online(gpu, "attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
 
 
-def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None):
+def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None):
+    if (variant or online_variant(gpu, T, C // H)) == "sg":
+        return _online_sg(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H)
     bq, _ = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),), block)
 
 
-def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None):
+def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None):
+    if (variant or online_variant(gpu, T, C // H)) == "sg":
+        return _online_sg(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H)
     _, bk = block or online_tiles(gpu, C // H, T)
     return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),), block)

@@ -177,3 +177,16 @@ def attn_online_dkv(q, k, v, dout, L, D, H, BQ=32, BK=32):
                     ds = p * (dp - D[b, h, rows, None]) * scale
                     dk[b, h, cols] += ds.T @ qh[b, h, rows]
     return merge(dk), merge(dv)
+
+
+# online_sg.wgsl walks the same way with 8-row tiles on both sides (one subgroup of 8 lanes per tile)
+def attn_online_forward_sg(q, k, v, H):
+    return attn_online_forward(q, k, v, H, BQ=8, BK=8)
+
+
+def attn_online_dq_sg(q, k, v, dout, L, D, H):
+    return attn_online_dq(q, k, v, dout, L, D, H, BQ=8, BK=8)
+
+
+def attn_online_dkv_sg(q, k, v, dout, L, D, H):
+    return attn_online_dkv(q, k, v, dout, L, D, H, BQ=8, BK=8)

@@ -1,0 +1,246 @@
+// online.wgsl's attention with subgroup broadcasts instead of workgroup memory,
+// for adapters with the "subgroup" feature: same bindings, same results.
+//   attn_online_forward_sg  lane = one query row; out and L = m + log l
+//   attn_online_dq_sg       lane = one query row; dq = scale * sum_j dS_ij k_j
+//   attn_online_dkv_sg      lane = one key row;   dk, dv from the query rows at and below it
+// (D = rowsum(dO * O) comes from online.wgsl's attn_online_d.)
+//
+// A workgroup is one subgroup of 8 lanes, and the other side of the product
+// streams through in blocks of 8 rows: lane l loads row r0 + l whole, and
+// subgroupBroadcast hands each row to the 8 lanes that need it.
+// Why: lavapipe loads storage and workgroup memory one lane at a time even
+// when all lanes read the same address, so online.wgsl's tiles, read by every
+// lane, cost 8 loads per value used. Here each value is loaded once and
+// broadcast (a register shuffle); there is no workgroup memory and no barrier.
+// The lane indexing assumes subgroups of 8 or more lanes holding the whole
+// workgroup; kernels.py checks that against NumPy before using these.
+// Loops: channels run in unrolled blocks of 8 vec4 (llvmpipe stops an
+// invocation's loops after 65,535 trips), so a lane makes at most
+// 6 * HD4 / 8 + 2 trips per block of 8 rows: T up to ~20,000 at hd = 128
+// (kernels.online_variant takes online.wgsl beyond that).
+// q, k, v, dout, out: [B, T, C] with heads interleaved; L, D: [B, H, T].
+
+struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> dout: array<vec4<f32>>;  // dO (backward) | unused
+@group(0) @binding(5) var<storage, read> Lin: array<f32>;         // L (backward) | unused
+@group(0) @binding(6) var<storage, read> Din: array<f32>;         // D (backward) | unused
+@group(0) @binding(7) var<storage, read_write> o1: array<vec4<f32>>;  // out | dq | dk
+@group(0) @binding(8) var<storage, read_write> o2: array<f32>;        // L | unused | dv (as floats)
+
+override HD: u32 = 64u;        // head dim, <= 128
+override HD4: u32 = 16u;       // vec4 per row held: ceil(HD / 32) * 8, zeros past HD
+override ALIGNED: bool = true; // HD and C multiples of 4: a head's row is whole vec4 (else gathered by float)
+const LANES: u32 = 8u;
+const NEG: f32 = -3.4028235e38;
+
+// channels 4c .. 4c+3 of row t of a head slice of buffer x (0 q, 1 k, 2 v, 3 dout), zeros past HD
+fn ld(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
+  let base = (b * p.T + t) * p.C + h * HD;  // in floats
+  if (ALIGNED) {
+    let i = base / 4u + min(c, HD / 4u - 1u);
+    var r: vec4<f32>;
+    switch x { case 0u: { r = q[i]; } case 1u: { r = k[i]; } case 2u: { r = v[i]; } default: { r = dout[i]; } }
+    return select(r, vec4<f32>(), 4u * c >= HD);
+  }
+  var r = vec4<f32>();
+  for (var e = 0u; e < 4u; e++) {
+    let d = 4u * c + e;
+    let i = base + min(d, HD - 1u);
+    var s: f32;
+    switch x { case 0u: { s = q[i / 4u][i % 4u]; } case 1u: { s = k[i / 4u][i % 4u]; }
+               case 2u: { s = v[i / 4u][i % 4u]; } default: { s = dout[i / 4u][i % 4u]; } }
+    r[e] = select(s, 0.0, d >= HD);
+  }
+  return r;
+}
+
+// store channels 4c .. 4c+3 of row t to o1 (x = 0) or o2 (x = 1), dropping those past HD
+fn st(x: u32, b: u32, t: u32, h: u32, c: u32, val: vec4<f32>) {
+  let base = (b * p.T + t) * p.C + h * HD;
+  if (ALIGNED && x == 0u) {
+    if (4u * c < HD) { o1[base / 4u + c] = val; }
+    return;
+  }
+  for (var e = 0u; e < 4u; e++) {
+    let d = 4u * c + e;
+    let i = base + d;
+    if (d < HD) { if (x == 0u) { o1[i / 4u][i % 4u] = val[e]; } else { o2[i] = val[e]; } }
+  }
+}
+
+// The 8 rows of workgroup wg: (b, h), the first row, and this lane's row clamped to T-1.
+struct Rows { b: u32, h: u32, r0: u32, mine: u32 }
+
+fn rows8(wg: u32, lane: u32) -> Rows {
+  let n = (p.T + LANES - 1u) / LANES;
+  let r0 = (wg % n) * LANES;
+  return Rows(wg / (n * p.H), (wg / n) % p.H, r0, min(r0 + lane, p.T - 1u));
+}
+
+// dot products of this lane's row x (HD4 vec4) with the rows y held by lanes 0..7
+struct Dots8 { d0: f32, d1: f32, d2: f32, d3: f32, d4: f32, d5: f32, d6: f32, d7: f32 }
+
+fn dots8(x: ptr<function, array<vec4<f32>, 32>>, y: ptr<function, array<vec4<f32>, 32>>) -> Dots8 {
+  var r: Dots8;
+  for (var cb = 0u; cb < HD4; cb += 8u) {
+    for (var e = 0u; e < 8u; e++) {
+      let c = cb + e;
+      let a = (*x)[c];
+      let w = (*y)[c];
+      r.d0 += dot(a, subgroupBroadcast(w, 0u)); r.d1 += dot(a, subgroupBroadcast(w, 1u));
+      r.d2 += dot(a, subgroupBroadcast(w, 2u)); r.d3 += dot(a, subgroupBroadcast(w, 3u));
+      r.d4 += dot(a, subgroupBroadcast(w, 4u)); r.d5 += dot(a, subgroupBroadcast(w, 5u));
+      r.d6 += dot(a, subgroupBroadcast(w, 6u)); r.d7 += dot(a, subgroupBroadcast(w, 7u));
+    }
+  }
+  return r;
+}
+
+// acc += sum over lanes l of w.d_l * (row y held by lane l)
+fn axpy8(acc: ptr<function, array<vec4<f32>, 32>>, w: Dots8, y: ptr<function, array<vec4<f32>, 32>>) {
+  for (var cb = 0u; cb < HD4; cb += 8u) {
+    for (var e = 0u; e < 8u; e++) {
+      let c = cb + e;
+      let r = (*y)[c];
+      (*acc)[c] += w.d0 * subgroupBroadcast(r, 0u) + w.d1 * subgroupBroadcast(r, 1u)
+                 + w.d2 * subgroupBroadcast(r, 2u) + w.d3 * subgroupBroadcast(r, 3u)
+                 + w.d4 * subgroupBroadcast(r, 4u) + w.d5 * subgroupBroadcast(r, 5u)
+                 + w.d6 * subgroupBroadcast(r, 6u) + w.d7 * subgroupBroadcast(r, 7u);
+    }
+  }
+}
+
+fn load_row(dst: ptr<function, array<vec4<f32>, 32>>, x: u32, b: u32, t: u32, h: u32, s: f32) {
+  for (var cb = 0u; cb < HD4; cb += 8u) {
+    for (var e = 0u; e < 8u; e++) { (*dst)[cb + e] = ld(x, b, t, h, cb + e) * s; }
+  }
+}
+
+fn max8(d: Dots8) -> f32 {
+  return max(max(max(d.d0, d.d1), max(d.d2, d.d3)), max(max(d.d4, d.d5), max(d.d6, d.d7)));
+}
+
+// keep d_l where row r0 + l is at or before `upto`, else `other`
+fn causal(d: Dots8, r0: u32, upto: u32, other: f32) -> Dots8 {
+  return Dots8(select(other, d.d0, r0 <= upto), select(other, d.d1, r0 + 1u <= upto),
+               select(other, d.d2, r0 + 2u <= upto), select(other, d.d3, r0 + 3u <= upto),
+               select(other, d.d4, r0 + 4u <= upto), select(other, d.d5, r0 + 5u <= upto),
+               select(other, d.d6, r0 + 6u <= upto), select(other, d.d7, r0 + 7u <= upto));
+}
+
+@compute @workgroup_size(LANES)
+fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x, lane);
+  let b = w.b; let h = w.h;
+  let row = w.r0 + lane;
+  let last = min(w.r0 + LANES, p.T) - 1u;      // the workgroup's last row: keys beyond it are never needed
+  var qr: array<vec4<f32>, 32>;
+  var o: array<vec4<f32>, 32>;
+  var kr: array<vec4<f32>, 32>;
+  var vr: array<vec4<f32>, 32>;
+  load_row(&qr, 0u, b, w.mine, h, p.scale);
+  var m = NEG;
+  var l = 0.0;
+  for (var j0 = 0u; j0 <= last; j0 += LANES) {
+    let key = min(j0 + lane, p.T - 1u);        // this lane loads key and value row j0 + lane
+    load_row(&kr, 1u, b, key, h, 1.0);
+    load_row(&vr, 2u, b, key, h, 1.0);
+    let s = causal(dots8(&qr, &kr), j0, row, NEG);
+    let mt = max(m, max8(s));                   // finite: key j0 <= row always
+    let alpha = exp(m - mt);                    // rescale what was summed against the old max
+    let e = Dots8(exp(s.d0 - mt), exp(s.d1 - mt), exp(s.d2 - mt), exp(s.d3 - mt),
+                  exp(s.d4 - mt), exp(s.d5 - mt), exp(s.d6 - mt), exp(s.d7 - mt));
+    l = l * alpha + e.d0 + e.d1 + e.d2 + e.d3 + e.d4 + e.d5 + e.d6 + e.d7;
+    for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { o[cb + i] *= alpha; } }
+    axpy8(&o, e, &vr);
+    m = mt;
+  }
+  if (row < p.T) {
+    let inv = 1.0 / l;
+    for (var c = 0u; c < HD4; c++) { st(0u, b, row, h, c, o[c] * inv); }
+    o2[(b * p.H + h) * p.T + row] = m + log(l);
+  }
+}
+
+@compute @workgroup_size(LANES)
+fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x, lane);
+  let b = w.b; let h = w.h;
+  let row = w.r0 + lane;
+  let last = min(w.r0 + LANES, p.T) - 1u;
+  var qr: array<vec4<f32>, 32>;
+  var dor: array<vec4<f32>, 32>;
+  var dq: array<vec4<f32>, 32>;
+  var kr: array<vec4<f32>, 32>;
+  var vr: array<vec4<f32>, 32>;
+  load_row(&qr, 0u, b, w.mine, h, p.scale);
+  load_row(&dor, 3u, b, w.mine, h, 1.0);
+  let li = Lin[(b * p.H + h) * p.T + w.mine];
+  let di = Din[(b * p.H + h) * p.T + w.mine];
+  for (var j0 = 0u; j0 <= last; j0 += LANES) {
+    let key = min(j0 + lane, p.T - 1u);
+    load_row(&kr, 1u, b, key, h, 1.0);
+    load_row(&vr, 2u, b, key, h, 1.0);
+    let s = dots8(&qr, &kr);
+    let dp = dots8(&dor, &vr);
+    // dS = P * (dP - D), P = exp(S - L); times scale, as S = scale * q.k
+    let ds = causal(Dots8(exp(s.d0 - li) * (dp.d0 - di), exp(s.d1 - li) * (dp.d1 - di),
+                          exp(s.d2 - li) * (dp.d2 - di), exp(s.d3 - li) * (dp.d3 - di),
+                          exp(s.d4 - li) * (dp.d4 - di), exp(s.d5 - li) * (dp.d5 - di),
+                          exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
+    axpy8(&dq, ds, &kr);
+  }
+  if (row < p.T) {
+    for (var c = 0u; c < HD4; c++) { st(0u, b, row, h, c, dq[c] * p.scale); }
+  }
+}
+
+// lane = key row col; query rows stream in blocks of 8 from the block holding the workgroup's first key.
+@compute @workgroup_size(LANES)
+fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x, lane);
+  let b = w.b; let h = w.h;
+  let col = w.r0 + lane;
+  var kr: array<vec4<f32>, 32>;
+  var vr: array<vec4<f32>, 32>;
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  var qs: array<vec4<f32>, 32>;
+  var g: array<vec4<f32>, 32>;
+  load_row(&kr, 1u, b, w.mine, h, 1.0);
+  load_row(&vr, 2u, b, w.mine, h, 1.0);
+  let lbase = (b * p.H + h) * p.T;
+  for (var i0 = w.r0; i0 < p.T; i0 += LANES) {
+    let r = min(i0 + lane, p.T - 1u);           // this lane loads query row i0 + lane
+    load_row(&qs, 0u, b, r, h, p.scale);
+    load_row(&g, 3u, b, r, h, 1.0);
+    let lr = Lin[lbase + r];
+    let dr = Din[lbase + r];
+    let s = dots8(&kr, &qs);                     // s.d_i = scale * q_(i0+i) . k_col
+    let dp = dots8(&vr, &g);                     // dO_(i0+i) . v_col
+    // P_ij for rows i0+i at or below this key (and inside T: rows past T repeat row T-1)
+    let n = min(p.T - 1u, i0 + 7u);
+    var pij = Dots8(exp(s.d0 - subgroupBroadcast(lr, 0u)), exp(s.d1 - subgroupBroadcast(lr, 1u)),
+                    exp(s.d2 - subgroupBroadcast(lr, 2u)), exp(s.d3 - subgroupBroadcast(lr, 3u)),
+                    exp(s.d4 - subgroupBroadcast(lr, 4u)), exp(s.d5 - subgroupBroadcast(lr, 5u)),
+                    exp(s.d6 - subgroupBroadcast(lr, 6u)), exp(s.d7 - subgroupBroadcast(lr, 7u)));
+    pij = Dots8(select(0.0, pij.d0, i0 >= col && i0 <= n), select(0.0, pij.d1, i0 + 1u >= col && i0 + 1u <= n),
+                select(0.0, pij.d2, i0 + 2u >= col && i0 + 2u <= n), select(0.0, pij.d3, i0 + 3u >= col && i0 + 3u <= n),
+                select(0.0, pij.d4, i0 + 4u >= col && i0 + 4u <= n), select(0.0, pij.d5, i0 + 5u >= col && i0 + 5u <= n),
+                select(0.0, pij.d6, i0 + 6u >= col && i0 + 6u <= n), select(0.0, pij.d7, i0 + 7u >= col && i0 + 7u <= n));
+    let ds = Dots8(pij.d0 * (dp.d0 - subgroupBroadcast(dr, 0u)), pij.d1 * (dp.d1 - subgroupBroadcast(dr, 1u)),
+                   pij.d2 * (dp.d2 - subgroupBroadcast(dr, 2u)), pij.d3 * (dp.d3 - subgroupBroadcast(dr, 3u)),
+                   pij.d4 * (dp.d4 - subgroupBroadcast(dr, 4u)), pij.d5 * (dp.d5 - subgroupBroadcast(dr, 5u)),
+                   pij.d6 * (dp.d6 - subgroupBroadcast(dr, 6u)), pij.d7 * (dp.d7 - subgroupBroadcast(dr, 7u)));
+    axpy8(&dv, pij, &g);
+    axpy8(&dk, ds, &qs);                          // qs holds q * scale
+  }
+  if (col < p.T) {
+    for (var c = 0u; c < HD4; c++) { st(0u, b, col, h, c, dk[c]); st(1u, b, col, h, c, dv[c]); }
+  }
+}
