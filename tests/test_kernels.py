@@ -74,7 +74,7 @@ def test_subgroups_used_on_lavapipe(gpu):
     assert K.online_variant(gpu, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
 
 
-@pytest.mark.parametrize("n", [1, 63, 1000, 64 * 65535 + 5])
+@pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take elementwise4.wgsl
 def test_elementwise(gpu, rng, n):
     if n > 100000:  # only the folded (x, y) grid matters at this size: test add
         x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
@@ -101,7 +101,7 @@ def test_bias_grad(gpu, rng, rows, cols):
     check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5)
 
 
-@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97)])
+@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96)])  # C % 4 == 0: layernorm4.wgsl
 def test_layernorm(gpu, rng, rows, C):
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)

@@ -93,6 +93,9 @@ def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispa
 
 # ---- elementwise -------------------------------------------------------------------------
 def _ew(gpu, entry, x, y, out, n, cols=0, groups=None):
+    if n % 4 == 0 and groups is None:  # elementwise4.wgsl: 16 floats per invocation as 4 vec4
+        k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw")
+        return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
     k = gpu.kernel("elementwise.wgsl", entry, "urrw")
     return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
 
@@ -114,14 +117,19 @@ def bias_grad(gpu, dy, out, rows, cols):
 
 
 # ---- layernorm ---------------------------------------------------------------------------
+def _ln_file(entry, C):
+    """layernorm4.wgsl (rows read as vec4) where C is a multiple of 4."""
+    return ("layernorm4.wgsl", entry + "4") if C % 4 == 0 else ("layernorm.wgsl", entry)
+
+
 def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5):
     """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
-    k = gpu.kernel("layernorm.wgsl", "layernorm_forward", "urrrww")
+    k = gpu.kernel(*_ln_file("layernorm_forward", C), "urrrww")
     return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
 
 
 def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True):
-    k = gpu.kernel("layernorm.wgsl", "layernorm_dx", "urrrww")
+    k = gpu.kernel(*_ln_file("layernorm_dx", C), "urrrww")
     return gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
 
 

@@ -66,6 +66,10 @@ def gelu_backward(x, dy):                # x = pre-activation
     return dy * (cdf + x * pdf)
 
 
+# elementwise4.wgsl: the same, read as vec4
+add4, gelu_forward4, gelu_backward4 = add, gelu_forward, gelu_backward
+
+
 def bias_grad(dy):                       # dy [rows, N] -> [N]
     return dy.sum(axis=0)
 
@@ -83,6 +87,10 @@ def layernorm_dx(dy, x, g, mean, rstd):
     xhat = (x - mean[:, None]) * rstd[:, None]
     dxhat = dy * g
     return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+
+
+# layernorm4.wgsl: the same, rows read as vec4
+layernorm_forward4, layernorm_dx4 = layernorm_forward, layernorm_dx
 
 
 def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
