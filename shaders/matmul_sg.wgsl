@@ -5,15 +5,19 @@
 //   matmul_abt_sg  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_sg  out[M,N] = A[K,M]^T @ B[K,N]
 //
-// A workgroup is one subgroup of 8 lanes and owns 16 rows x 32 columns of out:
-// each lane keeps a 16 x 4 block as four mat4x4 (column c of acc_q is row
-// 4q+c), as in matmul_vec4. What differs is how A reaches the lanes.
+// A workgroup is one subgroup of 8 lanes and owns 16 rows x 32*NC columns of
+// out: each lane keeps NC blocks of 16 x 4 (columns 4c4.. and, for NC = 2,
+// 4(c4+8)..), each as four mat4x4 (column c of acc_q is row 4q+c), as in
+// matmul_vec4. What differs is how A reaches the lanes.
 // Why: lavapipe loads storage buffers one lane at a time whatever the address
 // (scripts/probe_adapter.py), so matmul_vec4's 16 A loads per lane per step,
 // although all lanes read the same address, cost as much as 16 distinct ones.
 // Here each lane loads 2 of the 16 A values and subgroupBroadcast hands them
 // to the others: a register shuffle, not a load. Loads per 256 multiply-adds
-// per lane fall from 20 vec4 to 6, and matmul at 1024^3 ran 2.5x faster.
+// per lane fall from 20 vec4 to 6 (NC = 1) or 5 (NC = 2: the broadcast rows
+// meet two column blocks); matmul at 1024^3 ran 2.5x faster with NC = 1 and
+// 1.27x faster again with NC = 2 (33 -> 42 GFLOP/s). NC = 3 gained nothing
+// more: 128 accumulators per lane already spill from the CPU's 16 registers.
 // The lane indexing assumes subgroups of at least 8 lanes holding the whole
 // workgroup; kernels.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N
@@ -27,12 +31,23 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
-const LANES: u32 = 8u;   // invocations per workgroup, 4 columns each
+override NC: u32 = 2u;   // column blocks per lane, 1 or 2 (kernels.py picks what wastes fewer lanes)
+const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
 const TM: u32 = 16u;     // rows per workgroup
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
+
+// this lane's column blocks: the vec4 column index of each (clamped) and whether it is real
+struct Cols { a: u32, b: u32, live_a: bool, live_b: bool }
+
+fn cols(wid: vec3<u32>, lane: u32) -> Cols {
+  let n4 = p.N / 4u;
+  let ca = wid.x * LANES * NC + lane;
+  let cb = ca + LANES;
+  return Cols(min(ca, n4 - 1u), min(cb, n4 - 1u), ca < n4, NC == 2u && cb < n4);
+}
 
 // the four rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the
 // lanes that loaded them: lane l holds rows 2l (in x0) and 2l+1 (in x1)
@@ -64,33 +79,50 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   }
 }
 
-// A @ B (tb = false) or A @ B^T (tb = true): only B's 4x4 block is read differently.
-fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
+// B's 4x4 block at k = 4kk.. for output columns 4c4..: as columns (B rows k..k+3 at the
+// 4 columns) for A @ B, or transposed from B's rows 4c4.. for A @ B^T (tb)
+fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
+  if (tb) {
+    let k4 = p.K / 4u;
+    let j = 4u * c4;
+    return transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+  }
   let n4 = p.N / 4u;
+  let k = 4u * kk;
+  return mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+}
+
+// A @ B (tb = false) or A @ B^T (tb = true): only B's 4x4 blocks are read differently.
+fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k4 = p.K / 4u;
-  let cw = wid.x * LANES + lane;
-  let c4 = min(cw, n4 - 1u);
+  let c = cols(wid, lane);
   let row0 = wid.y * TM;
   let a0 = row(row0 + 2u * lane) * k4;       // this lane's two rows of A
   let a1 = row(row0 + 2u * lane + 1u) * k4;
-  let j = 4u * c4;
   var acc: Acc;
+  var acc2: Acc;                             // the second column block (NC = 2)
   for (var kk = 0u; kk < k4; kk++) {
-    var bm: mat4x4<f32>;
-    if (tb) {  // rows of bm: B rows j..j+3 (this lane's output columns) at k..k+3
-      bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
-    } else {   // columns of bm: B rows k..k+3 at this lane's 4 columns
-      let k = 4u * kk;
-      bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
-    }
     let x0 = A[a0 + kk];
     let x1 = A[a1 + kk];
-    acc.q0 += bm * rows_of(x0, x1, 0u);
-    acc.q1 += bm * rows_of(x0, x1, 1u);
-    acc.q2 += bm * rows_of(x0, x1, 2u);
-    acc.q3 += bm * rows_of(x0, x1, 3u);
+    let r0 = rows_of(x0, x1, 0u);
+    let r1 = rows_of(x0, x1, 1u);
+    let r2 = rows_of(x0, x1, 2u);
+    let r3 = rows_of(x0, x1, 3u);
+    let bm = b_block(c.a, kk, tb);
+    acc.q0 += bm * r0;
+    acc.q1 += bm * r1;
+    acc.q2 += bm * r2;
+    acc.q3 += bm * r3;
+    if (NC == 2u) {
+      let bm2 = b_block(c.b, kk, tb);
+      acc2.q0 += bm2 * r0;
+      acc2.q1 += bm2 * r1;
+      acc2.q2 += bm2 * r2;
+      acc2.q3 += bm2 * r3;
+    }
   }
-  store(acc, row0, c4, cw < n4);
+  store(acc, row0, c.a, c.live_a);
+  if (NC == 2u) { store(acc2, row0, c.b, c.live_b); }
 }
 
 @compute @workgroup_size(LANES)
@@ -105,7 +137,7 @@ fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
 
 // Four k per step: lane l loads A[k + l/4, the 16 rows] and A[k + 2 + l/4, ...] as the
 // vec4 l%4 of them; column c of acc_q gains b * A[k, 4q + c]. Past K, A reads as zeros.
-// a0..a3: the same 4 output rows of A at k..k+3; b0..b3: this lane's 4 columns of B at k..k+3
+// a0..a3: the same 4 output rows of A at k..k+3; b0..b3: this block's 4 columns of B at k..k+3
 fn outer4(b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32>,
           a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> mat4x4<f32> {
   return mat4x4<f32>(b0 * a0.x + b1 * a1.x + b2 * a2.x + b3 * a3.x, b0 * a0.y + b1 * a1.y + b2 * a2.y + b3 * a3.y,
@@ -116,33 +148,55 @@ fn a_row(k: u32, col: u32, m4: u32) -> vec4<f32> {
   return select(A[min(k, p.K - 1u) * m4 + col], vec4<f32>(), k >= p.K);
 }
 
-fn b_row(k: u32, c4: u32, n4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * n4 + c4]; }
+fn b_row(k: u32, c4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * (p.N / 4u) + c4]; }
+
+struct Rows4 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32> }
+
+// rows 4q..4q+3 of A at k..k+3, from lanes q and q+4 (x: k, k+1) and the same lanes' y (k+2, k+3)
+fn bcast(x: vec4<f32>, y: vec4<f32>, q: u32) -> Rows4 {
+  switch q {
+    case 0u: { return Rows4(subgroupBroadcast(x, 0u), subgroupBroadcast(x, 4u), subgroupBroadcast(y, 0u), subgroupBroadcast(y, 4u)); }
+    case 1u: { return Rows4(subgroupBroadcast(x, 1u), subgroupBroadcast(x, 5u), subgroupBroadcast(y, 1u), subgroupBroadcast(y, 5u)); }
+    case 2u: { return Rows4(subgroupBroadcast(x, 2u), subgroupBroadcast(x, 6u), subgroupBroadcast(y, 2u), subgroupBroadcast(y, 6u)); }
+    default: { return Rows4(subgroupBroadcast(x, 3u), subgroupBroadcast(x, 7u), subgroupBroadcast(y, 3u), subgroupBroadcast(y, 7u)); }
+  }
+}
 
 @compute @workgroup_size(LANES)
 fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  let n4 = p.N / 4u;
   let m4 = p.M / 4u;
-  let cw = wid.x * LANES + lane;
-  let c4 = min(cw, n4 - 1u);
+  let c = cols(wid, lane);
   let row0 = wid.y * TM;
   let mine = min(row0 / 4u + lane % 4u, m4 - 1u);  // the vec4 of A's row this lane loads
   let half = lane / 4u;
   var acc: Acc;
+  var acc2: Acc;
   for (var k = 0u; k < p.K; k += 4u) {
     let x = a_row(k + half, mine, m4);
     let y = a_row(k + 2u + half, mine, m4);
-    let b0 = b_row(k, c4, n4);
-    let b1 = b_row(k + 1u, c4, n4);
-    let b2 = b_row(k + 2u, c4, n4);
-    let b3 = b_row(k + 3u, c4, n4);
-    acc.q0 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 0u), subgroupBroadcast(x, 4u),
-                       subgroupBroadcast(y, 0u), subgroupBroadcast(y, 4u));
-    acc.q1 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 1u), subgroupBroadcast(x, 5u),
-                       subgroupBroadcast(y, 1u), subgroupBroadcast(y, 5u));
-    acc.q2 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 2u), subgroupBroadcast(x, 6u),
-                       subgroupBroadcast(y, 2u), subgroupBroadcast(y, 6u));
-    acc.q3 += outer4(b0, b1, b2, b3, subgroupBroadcast(x, 3u), subgroupBroadcast(x, 7u),
-                       subgroupBroadcast(y, 3u), subgroupBroadcast(y, 7u));
+    let b0 = b_row(k, c.a);
+    let b1 = b_row(k + 1u, c.a);
+    let b2 = b_row(k + 2u, c.a);
+    let b3 = b_row(k + 3u, c.a);
+    let s0 = bcast(x, y, 0u);
+    let s1 = bcast(x, y, 1u);
+    let s2 = bcast(x, y, 2u);
+    let s3 = bcast(x, y, 3u);
+    acc.q0 += outer4(b0, b1, b2, b3, s0.a0, s0.a1, s0.a2, s0.a3);
+    acc.q1 += outer4(b0, b1, b2, b3, s1.a0, s1.a1, s1.a2, s1.a3);
+    acc.q2 += outer4(b0, b1, b2, b3, s2.a0, s2.a1, s2.a2, s2.a3);
+    acc.q3 += outer4(b0, b1, b2, b3, s3.a0, s3.a1, s3.a2, s3.a3);
+    if (NC == 2u) {
+      let e0 = b_row(k, c.b);
+      let e1 = b_row(k + 1u, c.b);
+      let e2 = b_row(k + 2u, c.b);
+      let e3 = b_row(k + 3u, c.b);
+      acc2.q0 += outer4(e0, e1, e2, e3, s0.a0, s0.a1, s0.a2, s0.a3);
+      acc2.q1 += outer4(e0, e1, e2, e3, s1.a0, s1.a1, s1.a2, s1.a3);
+      acc2.q2 += outer4(e0, e1, e2, e3, s2.a0, s2.a1, s2.a2, s2.a3);
+      acc2.q3 += outer4(e0, e1, e2, e3, s3.a0, s3.a1, s3.a2, s3.a3);
+    }
   }
-  store(acc, row0, c4, cw < n4);
+  store(acc, row0, c.a, c.live_a);
+  if (NC == 2u) { store(acc2, row0, c.b, c.live_b); }
 }

@@ -42,9 +42,11 @@ def need_subgroups(gpu):
         pytest.skip(f"no working subgroups on {gpu.name} ({gpu.backend})")
 
 
-@pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64), (40, 36, 1028)])
+@pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64), (40, 36, 1028),
+                                    (33, 64, 8), (20, 240, 36)])  # the last two: two column blocks per lane
 def test_matmul_family_sg(gpu, rng, M, N, K_):
     need_subgroups(gpu)
+    assert K.sg_blocks(N) == (2 if N in (64, 240) else 1)
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)

@@ -53,6 +53,13 @@ def _sg_agrees(gpu) -> bool:
     return True
 
 
+def sg_blocks(N) -> int:
+    """Column blocks per lane of the sg kernels: 2 (faster) unless that leaves over 1/8 of the
+    lanes computing columns past N (N = 96: 24 vec4 columns fill 3 workgroups of 1 block, 2 of 2)."""
+    n4 = N // 4
+    return 2 if -(-n4 // 16) * 16 - n4 <= n4 // 8 else 1
+
+
 def mm_variant(gpu, entry, M, N, K) -> str:
     """sg where subgroups work (default on CPU adapters, where it measured fastest; elsewhere
     when `tinygpt tune` chose it), else vec4 where the shape allows, else scalar."""
@@ -65,8 +72,9 @@ def mm_variant(gpu, entry, M, N, K) -> str:
 def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
     variant = variant or mm_variant(gpu, entry, M, N, K)
     if variant == "sg":
-        k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw")
-        grid = (-(-N // (4 * SG_LANES)), -(-M // VEC_ROWS))
+        nc = sg_blocks(N)
+        k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc})
+        grid = (-(-N // (4 * SG_LANES * nc)), -(-M // VEC_ROWS))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "vec4":
         wx = int(gpu.tuning.get("matmul_wx", VEC_WX))
