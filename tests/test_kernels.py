@@ -138,9 +138,13 @@ def test_embedding(gpu, rng, B, T, C, V):
     check(f"embed_pos_grad {B}x{T}x{C}", gpu.read(dpos), R.embed_pos_grad(f64(dout).reshape(B, T, C)), 1e-5)
 
 
-@pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304)])
-def test_cross_entropy(gpu, rng, rows, V, stride):
-    """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0."""
+@pytest.mark.parametrize("variant", ["default", "plain"])
+@pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304), (3, 2, 4)])
+def test_cross_entropy(gpu, rng, monkeypatch, rows, V, stride, variant):
+    """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0.
+    default: loss_sg.wgsl where subgroups work and stride % 4 == 0; plain: loss.wgsl always."""
+    if variant == "plain":
+        monkeypatch.setitem(gpu.tuning, "loss_variant", "plain")
     padded = (rng.standard_normal((rows, stride)) * 3).astype(np.float32)
     logits = padded[:, :V]
     tgt = rng.integers(0, V, rows).astype(np.uint32)

@@ -60,13 +60,19 @@ def sg_blocks(N) -> int:
     return 2 if -(-n4 // 16) * 16 - n4 <= n4 // 8 else 1
 
 
+def use_sg(gpu, key) -> bool:
+    """Whether to take a subgroup kernel: by default on CPU adapters, where they measured fastest
+    (see each sg file), elsewhere when `tinygpt tune` chose "sg" for `key`; only where they work."""
+    want = gpu.tuning.get(key) or ("sg" if gpu.is_cpu else "")
+    return want == "sg" and subgroups_ok(gpu)
+
+
 def mm_variant(gpu, entry, M, N, K) -> str:
     """sg where subgroups work (default on CPU adapters, where it measured fastest; elsewhere
     when `tinygpt tune` chose it), else vec4 where the shape allows, else scalar."""
     if not vec4_ok(entry, M, N, K):
         return "scalar"
-    want = gpu.tuning.get("matmul_variant") or ("sg" if gpu.is_cpu else "vec4")
-    return "sg" if want == "sg" and subgroups_ok(gpu) else "vec4"
+    return "sg" if use_sg(gpu, "matmul_variant") else "vec4"
 
 
 def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
@@ -165,7 +171,13 @@ def embed_pos_grad(gpu, dout, dpos, B, T, C):
 
 # ---- loss --------------------------------------------------------------------------------
 def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None):
-    """stride: floats between logit rows (>= V; the padded vocabulary)."""
+    """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
+    subgroup per row, no barriers) where rows are whole vec4 and the sg kernels are in use."""
+    stride = stride or V
+    if stride % 4 == 0 and use_sg(gpu, "loss_variant"):
+        k = gpu.kernel("loss_sg.wgsl", "cross_entropy_sg", "urww")
+        return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
+                            grid1d(rows))
     k = gpu.kernel("loss.wgsl", "cross_entropy", "urww")
     return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride or V), [targets, logits, losses],
                         grid1d(rows))
@@ -279,10 +291,9 @@ def online_variant(gpu, T=0, hd=0) -> str:
     fastest, elsewhere when `tinygpt tune` chose it; else the workgroup-memory tiles (online.wgsl).
     On a CPU adapter sg also has to stay under llvmpipe's loop cap: a lane makes up to
     6 * ceil(hd / 32) + 2 loop trips per block of 8 rows (T up to ~20,000 at hd = 128)."""
-    want = gpu.tuning.get("online_variant") or ("sg" if gpu.is_cpu else "tiles")
     trips = -(-T // SG_LANES) * (6 * -(-hd // 32) + 2)
     fits = not gpu.is_cpu or trips <= gpu.LOOP_CAP
-    return "sg" if want == "sg" and fits and subgroups_ok(gpu) else "tiles"
+    return "sg" if fits and use_sg(gpu, "online_variant") else "tiles"
 
 
 def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):

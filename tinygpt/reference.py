@@ -139,6 +139,9 @@ def cross_entropy(targets, logits, scale):  # logits [rows,V] -> losses [rows], 
     return losses, d * scale
 
 
+cross_entropy_sg = cross_entropy         # loss_sg.wgsl: the same, one subgroup per row
+
+
 def loss_reduce(losses, scale):
     return losses.sum() * scale
 
