@@ -95,15 +95,15 @@ def test_elementwise(gpu, rng, n):
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
 
 
-@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 65), (130, 3)])
+@pytest.mark.parametrize("rows,cols", [(1, 1), (7, 65), (130, 3), (1, 4), (13, 96), (1030, 8)])  # cols % 4 == 0: sg
 def test_bias_grad(gpu, rng, rows, cols):
     dy = rng.standard_normal((rows, cols)).astype(np.float32)
     out = gpu.tensor((cols,))
     run(gpu, K.bias_grad(gpu, gpu.upload(dy), out, rows, cols))
-    check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5)
+    check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * np.sqrt(rows))  # float32 sums of rows
 
 
-@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96)])  # C % 4 == 0: layernorm4.wgsl
+@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4 == 0: layernorm4, _sg
 def test_layernorm(gpu, rng, rows, C):
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
@@ -118,7 +118,8 @@ def test_layernorm(gpu, rng, rows, C):
     run(gpu, K.layernorm_dx(gpu, gpu.upload(dy), tx, gpu.upload(g), stats, dx, rows, C, accumulate=True),
         K.layernorm_dgb(gpu, gpu.upload(dy), tx, stats, dgb, rows, C))
     check(f"layernorm_dx (+=) {rows}x{C}", gpu.read(dx), prev + R.layernorm_dx(f64(dy), f64(x), f64(g), rm, rr), 2e-5)
-    check(f"layernorm_dgb {rows}x{C}", gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr)), 2e-5)
+    check(f"layernorm_dgb {rows}x{C}", gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr)),
+          2e-5 * np.sqrt(rows))
 
 
 @pytest.mark.parametrize("B,T,C,V", [(1, 1, 3, 5), (2, 7, 65, 256), (3, 33, 8, 70)])
@@ -159,7 +160,7 @@ def test_cross_entropy(gpu, rng, monkeypatch, rows, V, stride, variant):
     check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
 
 
-@pytest.mark.parametrize("n", [5, 4096, 4096 * 3 + 7])
+@pytest.mark.parametrize("n", [5, 4096, 4096 * 3 + 7, 4096 * 3 + 8])  # multiples of 4: optim4.wgsl
 def test_clip_and_adamw(gpu, rng, n):
     grads = rng.standard_normal(n).astype(np.float32)
     w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))

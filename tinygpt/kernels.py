@@ -127,6 +127,9 @@ def gelu_backward(gpu, x, dy, out, n):
 
 
 def bias_grad(gpu, dy, out, rows, cols):
+    if cols % 4 == 0 and use_sg(gpu, "reduce_variant"):  # one 8-lane subgroup per 4 columns
+        k = gpu.kernel("elementwise_sg.wgsl", "bias_grad_sg", "urrw")
+        return gpu.dispatch(k, (rows, cols), [dy, None, out], grid1d(cols // 4))
     return _ew(gpu, "bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
 
 
@@ -148,6 +151,9 @@ def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True):
 
 
 def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C):
+    if C % 4 == 0 and use_sg(gpu, "reduce_variant"):  # one 8-lane subgroup per 4 channels
+        k = gpu.kernel("layernorm_sg.wgsl", "layernorm_dgb_sg", "urrrww")
+        return gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
     k = gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww")
     return gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
 
@@ -196,8 +202,13 @@ def _opt(gpu, entry):
     return gpu.kernel("optim.wgsl", entry, "urrwwww")
 
 
+def _opt4(gpu, entry, n):
+    """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
+    return gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if n % 4 == 0 else _opt(gpu, entry)
+
+
 def grad_sumsq(gpu, g, partials, n):
-    return gpu.dispatch(_opt(gpu, "grad_sumsq"), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
+    return gpu.dispatch(_opt4(gpu, "grad_sumsq", n), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
                         grid1d(-(-n // CHUNK)))
 
 
@@ -208,7 +219,7 @@ def grad_clip(gpu, partials, stats, n_partials, clip):
 
 def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform):
     """step_uniform: a uniform buffer holding (n, clip, lr, beta1, beta2, eps, bc1, bc2), rewritten each step."""
-    return gpu.dispatch_with(_opt(gpu, "adamw"), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
+    return gpu.dispatch_with(_opt4(gpu, "adamw", n), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
 
 
 # ---- attention ---------------------------------------------------------------------------

@@ -74,6 +74,9 @@ def bias_grad(dy):                       # dy [rows, N] -> [N]
     return dy.sum(axis=0)
 
 
+bias_grad_sg = bias_grad                 # elementwise_sg.wgsl: summed by subgroups, in another order
+
+
 # ---- layernorm ------------------------------------------------------------------------
 def layernorm_forward(x, g, b, eps=1e-5):  # x [rows,C] -> y [rows,C], mean [rows], rstd [rows]
     mean = x.mean(axis=-1)
@@ -96,6 +99,9 @@ layernorm_forward4, layernorm_dx4 = layernorm_forward, layernorm_dx
 def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
     xhat = (x - mean[:, None]) * rstd[:, None]
     return (dy * xhat).sum(0), dy.sum(0)
+
+
+layernorm_dgb_sg = layernorm_dgb         # layernorm_sg.wgsl: summed by subgroups, in another order
 
 
 # ---- embedding ------------------------------------------------------------------------
@@ -165,6 +171,10 @@ def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t):
     mhat = m / (1 - beta1 ** t)
     vhat = v / (1 - beta2 ** t)
     w[...] = w - lr * (mhat / (np.sqrt(vhat) + eps) + wd * w)
+
+
+# optim4.wgsl: the same, read as vec4 (grad_sumsq4 adds each chunk in another order)
+grad_sumsq4, adamw4 = grad_sumsq, adamw
 
 
 # ---- the whole model --------------------------------------------------------------------

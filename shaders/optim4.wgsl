@@ -1,0 +1,56 @@
+// optim.wgsl's grad_sumsq and adamw reading and writing vec4 (the flat buffers hold
+// whole 256-float blocks, so n is always a multiple of 4). Same bindings, same
+// arithmetic per element: adamw4 gives adamw's bits; grad_sumsq4 sums each chunk
+// in another fixed order.
+// Why: lavapipe pays per lane for every load instruction whatever its width;
+// AdamW touches 5 floats and writes 3 per parameter.
+
+struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc1: f32, bc2: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;     // grads [n]
+@group(0) @binding(2) var<storage, read> aux: array<f32>;         // wd_table (adamw4)
+@group(0) @binding(3) var<storage, read_write> stats: array<f32>; // partials (sumsq4) | [norm, scale]
+@group(0) @binding(4) var<storage, read_write> w: array<vec4<f32>>;  // params (adamw4)
+@group(0) @binding(5) var<storage, read_write> m: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> v: array<vec4<f32>>;
+
+const CHUNK: u32 = 4096u;  // floats per partial, as optim.wgsl
+var<workgroup> red: array<f32, 64>;
+
+// 64 lanes; a chunk is 1024 vec4, 16 per lane
+@compute @workgroup_size(64)
+fn grad_sumsq4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let wg = wid.y * nwg.x + wid.x;
+  let lid = lidv.x;
+  let start = wg * (CHUNK / 4u);
+  let end = min(start + CHUNK / 4u, p.n / 4u);
+  var s = vec4<f32>();
+  for (var i = start + lid; i < end; i += 64u) { let x = g[i]; s += x * x; }
+  red[lid] = (s.x + s.y) + (s.z + s.w);
+  workgroupBarrier();
+  for (var k = 32u; k > 0u; k >>= 1u) {
+    if (lid < k) { red[lid] = red[lid] + red[lid + k]; }
+    workgroupBarrier();
+  }
+  if (lid == 0u) { stats[wg] = red[0]; }
+}
+
+// one workgroup per 256-float block (64 vec4): the block's weight decay is aux[blk]
+@compute @workgroup_size(64)
+fn adamw4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let blk = wid.y * nwg.x + wid.x;
+  let i = blk * 64u + lidv.x;
+  if (i >= p.n / 4u) { return; }
+  let grad = g[i] * stats[1];
+  let mi = p.beta1 * m[i] + (1.0 - p.beta1) * grad;
+  let vi = p.beta2 * v[i] + (1.0 - p.beta2) * grad * grad;
+  m[i] = mi;
+  v[i] = vi;
+  let mhat = mi / p.bc1;
+  let vhat = vi / p.bc2;
+  let wi = w[i];
+  w[i] = wi - p.lr * (mhat / (sqrt(vhat) + p.eps) + aux[blk] * wi);
+}
