@@ -6,8 +6,8 @@
 //   matmul_atb_sg  out[M,N] = A[K,M]^T @ B[K,N]
 //
 // A workgroup is one subgroup of 8 lanes and owns 16 rows x 32*NC columns of
-// out: each lane keeps NC blocks of 16 x 4 (columns 4c4.. and, for NC = 2,
-// 4(c4+8)..), each as four mat4x4 (column c of acc_q is row 4q+c), as in
+// out: each lane keeps NC blocks of 16 x 4 (columns 4c4.., 4(c4+8)..,
+// 4(c4+16)..), each as four mat4x4 (column c of acc_q is row 4q+c), as in
 // matmul_vec4. What differs is how A reaches the lanes.
 // Why: lavapipe loads storage buffers one lane at a time whatever the address
 // (scripts/probe_adapter.py), so matmul_vec4's 16 A loads per lane per step,
@@ -16,8 +16,10 @@
 // to the others: a register shuffle, not a load. Loads per 256 multiply-adds
 // per lane fall from 20 vec4 to 6 (NC = 1) or 5 (NC = 2: the broadcast rows
 // meet two column blocks); matmul at 1024^3 ran 2.5x faster with NC = 1 and
-// 1.27x faster again with NC = 2 (33 -> 42 GFLOP/s). NC = 3 gained nothing
-// more: 128 accumulators per lane already spill from the CPU's 16 registers.
+// 1.27x faster again with NC = 2 (33 -> 42 GFLOP/s). NC = 3 ran as fast as
+// NC = 2 (36-37 against 34-41 at 1024x1536x1024), no faster: 128 accumulators
+// per lane already spill from the CPU's 16 registers; it is there for widths
+// of 24 vec4 columns (N = 96), which it fills exactly.
 // The lane indexing assumes subgroups of at least 8 lanes holding the whole
 // workgroup; kernels.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N
@@ -31,7 +33,7 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
-override NC: u32 = 2u;   // column blocks per lane, 1 or 2 (kernels.py picks what wastes fewer lanes)
+override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (kernels.py picks what wastes fewest lanes)
 const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
 const TM: u32 = 16u;     // rows per workgroup
 
@@ -40,13 +42,15 @@ struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
 
 // this lane's column blocks: the vec4 column index of each (clamped) and whether it is real
-struct Cols { a: u32, b: u32, live_a: bool, live_b: bool }
+struct Cols { a: u32, b: u32, c: u32, live_a: bool, live_b: bool, live_c: bool }
 
 fn cols(wid: vec3<u32>, lane: u32) -> Cols {
   let n4 = p.N / 4u;
   let ca = wid.x * LANES * NC + lane;
   let cb = ca + LANES;
-  return Cols(min(ca, n4 - 1u), min(cb, n4 - 1u), ca < n4, NC == 2u && cb < n4);
+  let cc = ca + 2u * LANES;
+  return Cols(min(ca, n4 - 1u), min(cb, n4 - 1u), min(cc, n4 - 1u),
+              (ca < n4), (NC >= 2u) && (cb < n4), (NC >= 3u) && (cc < n4));
 }
 
 // the four rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the
@@ -100,7 +104,8 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let a0 = row(row0 + 2u * lane) * k4;       // this lane's two rows of A
   let a1 = row(row0 + 2u * lane + 1u) * k4;
   var acc: Acc;
-  var acc2: Acc;                             // the second column block (NC = 2)
+  var acc2: Acc;                             // the second and third column blocks (NC >= 2, 3)
+  var acc3: Acc;
   for (var kk = 0u; kk < k4; kk++) {
     let x0 = A[a0 + kk];
     let x1 = A[a1 + kk];
@@ -113,16 +118,24 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
     acc.q1 += bm * r1;
     acc.q2 += bm * r2;
     acc.q3 += bm * r3;
-    if (NC == 2u) {
+    if (NC >= 2u) {
       let bm2 = b_block(c.b, kk, tb);
       acc2.q0 += bm2 * r0;
       acc2.q1 += bm2 * r1;
       acc2.q2 += bm2 * r2;
       acc2.q3 += bm2 * r3;
     }
+    if (NC >= 3u) {
+      let bm3 = b_block(c.c, kk, tb);
+      acc3.q0 += bm3 * r0;
+      acc3.q1 += bm3 * r1;
+      acc3.q2 += bm3 * r2;
+      acc3.q3 += bm3 * r3;
+    }
   }
   store(acc, row0, c.a, c.live_a);
-  if (NC == 2u) { store(acc2, row0, c.b, c.live_b); }
+  if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
+  if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
 }
 
 @compute @workgroup_size(LANES)
@@ -171,6 +184,7 @@ fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
   let half = lane / 4u;
   var acc: Acc;
   var acc2: Acc;
+  var acc3: Acc;
   for (var k = 0u; k < p.K; k += 4u) {
     let x = a_row(k + half, mine, m4);
     let y = a_row(k + 2u + half, mine, m4);
@@ -186,7 +200,7 @@ fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
     acc.q1 += outer4(b0, b1, b2, b3, s1.a0, s1.a1, s1.a2, s1.a3);
     acc.q2 += outer4(b0, b1, b2, b3, s2.a0, s2.a1, s2.a2, s2.a3);
     acc.q3 += outer4(b0, b1, b2, b3, s3.a0, s3.a1, s3.a2, s3.a3);
-    if (NC == 2u) {
+    if (NC >= 2u) {
       let e0 = b_row(k, c.b);
       let e1 = b_row(k + 1u, c.b);
       let e2 = b_row(k + 2u, c.b);
@@ -196,7 +210,18 @@ fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
       acc2.q2 += outer4(e0, e1, e2, e3, s2.a0, s2.a1, s2.a2, s2.a3);
       acc2.q3 += outer4(e0, e1, e2, e3, s3.a0, s3.a1, s3.a2, s3.a3);
     }
+    if (NC >= 3u) {
+      let f0 = b_row(k, c.c);
+      let f1 = b_row(k + 1u, c.c);
+      let f2 = b_row(k + 2u, c.c);
+      let f3 = b_row(k + 3u, c.c);
+      acc3.q0 += outer4(f0, f1, f2, f3, s0.a0, s0.a1, s0.a2, s0.a3);
+      acc3.q1 += outer4(f0, f1, f2, f3, s1.a0, s1.a1, s1.a2, s1.a3);
+      acc3.q2 += outer4(f0, f1, f2, f3, s2.a0, s2.a1, s2.a2, s2.a3);
+      acc3.q3 += outer4(f0, f1, f2, f3, s3.a0, s3.a1, s3.a2, s3.a3);
+    }
   }
   store(acc, row0, c.a, c.live_a);
-  if (NC == 2u) { store(acc2, row0, c.b, c.live_b); }
+  if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
+  if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
 }
