@@ -70,18 +70,26 @@ def test_probe_adapter_json():
     assert all(r["max_rel_err"] < 1e-3 for r in rows[:4])
 
 
-def test_tune_caches_the_fastest_variants_per_adapter(tmp_path):
+def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     import os
+    from tinygpt import kernels as K
     env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "tinygpt", "tune", "--quick", "--json"], capture_output=True,
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
-    assert {row["kernel"] for row in rows} == {"matmul_vec4", "attn_online"}
-    assert sum(1 for row in rows if row.get("chosen")) == 2
+    sg = K.subgroups_ok(gpu)  # then the subgroup kernels race the best of the others too
+    assert {row["kernel"] for row in rows} == {"matmul_vec4", "attn_online"} | (
+        {"matmul_sg", "attn_online_sg"} if sg else set())
+    assert sum(1 for row in rows if row["kernel"] in ("matmul_vec4", "attn_online") and row.get("chosen")) == 2
     cache = json.loads((tmp_path / "tuning.json").read_text())
     (key, chosen), = cache.items()
-    assert set(chosen) == {"matmul_wx", "online_block"}
+    assert set(chosen) == {"matmul_wx", "online_block"} | ({"matmul_variant", "online_variant"} if sg else set())
+    if sg:
+        assert chosen["matmul_variant"] in ("sg", "vec4") and chosen["online_variant"] in ("sg", "tiles")
+        for r in rows:
+            if r["kernel"] in ("matmul_sg", "attn_online_sg"):
+                assert r["chosen"] == (r["value"] == chosen[r["kernel"].replace("attn_", "").replace("_sg", "_variant")])
     # a new GPU on this adapter reads the choice, and the kernels use it
     code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; g = GPU(); "
             "print(g.tuning['matmul_wx'], list(K.online_tiles(g, 16)))")

@@ -1,8 +1,10 @@
 """`tinygpt tune`: measure the kernel variants on this adapter and cache the fastest.
 
 Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns) and the online
-attention's tiles (BQ query rows per workgroup, BK keys per tile). Each candidate is
-validated against NumPy before it is timed; the winners are written to
+attention's tiles (BQ query rows per workgroup, BK keys per tile); where subgroups work,
+also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl) against the best of those,
+which sets matmul_variant and online_variant. Each candidate is validated against NumPy
+before it is timed; the winners are written to
 ~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
 backend and driver, and every later run on that adapter uses them. Different tiles
 sum in a different order, so losses can differ in the last bits after tuning.
@@ -19,10 +21,11 @@ from .files import atomic_write
 from .gpu import GPU, cache_dir
 
 WX_CANDIDATES = (8, 16, 32, 64)
+VEC_WX_DEFAULT = K.VEC_WX
 BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
 
 
-def _matmul_ms(gpu, wx, shapes, repeats):
+def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
     gpu.tuning["matmul_wx"] = wx
     total = 0.0
     for M, N, Kd in shapes:
@@ -30,16 +33,16 @@ def _matmul_ms(gpu, wx, shapes, repeats):
         a = r.standard_normal((M, Kd)).astype(np.float32)
         b = r.standard_normal((Kd, N)).astype(np.float32)
         out = gpu.tensor((M, N))
-        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant="vec4")
+        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant=variant)
         gpu.run([d])
         err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
         if err > 1e-3 * np.sqrt(Kd):
-            raise RuntimeError(f"matmul WX={wx} gave a wrong result ({err:.2e}); not tuning")
+            raise RuntimeError(f"matmul {variant} WX={wx} gave a wrong result ({err:.2e}); not tuning")
         total += time_dispatches(gpu, [d], repeats)[0]
     return total
 
 
-def _online_ms(gpu, block, T, hd, repeats):
+def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
     from . import reference_attention as RA
     B, H, C = 1, 1, hd
     r = np.random.default_rng(T)
@@ -47,16 +50,16 @@ def _online_ms(gpu, block, T, hd, repeats):
     tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
-    ds = [K.attn_online_forward(gpu, tq, tk, tv, out, L, B, T, C, H, block),
+    ds = [K.attn_online_forward(gpu, tq, tk, tv, out, L, B, T, C, H, block, variant),
           K.attn_online_d(gpu, tdo, out, D, B, T, C, H, block),
-          K.attn_online_dq(gpu, tq, tk, tv, tdo, L, D, dq, B, T, C, H, block),
-          K.attn_online_dkv(gpu, tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block)]
+          K.attn_online_dq(gpu, tq, tk, tv, tdo, L, D, dq, B, T, C, H, block, variant),
+          K.attn_online_dkv(gpu, tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block, variant)]
     gpu.run(ds)
     f = lambda x: x.astype(np.float64)
     err = max(np.abs(gpu.read(out) - RA.attention_forward(f(q), f(k), f(v), H)).max(),
               np.abs(gpu.read(dq) - RA.attention_backward(f(q), f(k), f(v), f(do), H)[0]).max())
     if err > 1e-4:
-        raise RuntimeError(f"online attention with tiles {block} gave a wrong result ({err:.2e}); not tuning")
+        raise RuntimeError(f"online attention {variant} {block} gave a wrong result ({err:.2e}); not tuning")
     return time_dispatches(gpu, ds, repeats)[0]
 
 
@@ -75,12 +78,22 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
                 rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
                 say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
         gpu.tuning.pop("matmul_wx", None)
+        sg = K.subgroups_ok(gpu)
+        if sg:
+            ms = _matmul_ms(gpu, VEC_WX_DEFAULT, shapes, repeats, "sg")
+            rows.append({"kernel": "matmul_sg", "variant": "sg", "ms": ms, "value": "sg"})
+            say(f"matmul_sg: {ms:.2f} ms")
+        gpu.tuning.pop("matmul_wx", None)
         for block in BLOCK_CANDIDATES:
             if K.online_fits(gpu, hd, *block):
                 ms = _online_ms(gpu, block, T, hd, repeats)
                 rows.append({"kernel": "attn_online", "variant": f"BQ={block[0]} BK={block[1]}", "ms": ms,
                              "value": list(block)})
                 say(f"attn_online {block}: {ms:.2f} ms")
+        if sg:
+            ms = _online_ms(gpu, None, T, hd, repeats, "sg")
+            rows.append({"kernel": "attn_online_sg", "variant": "sg", "ms": ms, "value": "sg"})
+            say(f"attn_online_sg: {ms:.2f} ms")
     finally:
         gpu.tuning = saved
     best = {}
@@ -90,6 +103,16 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             win = min(cands, key=lambda r: r["ms"])
             win["chosen"] = True
             best[key] = win["value"]
+    # the subgroup kernels against the best of the others (both stay cached: a variant
+    # that loses here is still the fallback where the subgroup one cannot run)
+    for sg_kernel, other, key, lose in (("matmul_sg", "matmul_vec4", "matmul_variant", "vec4"),
+                                        ("attn_online_sg", "attn_online", "online_variant", "tiles")):
+        s_rows = [r for r in rows if r["kernel"] == sg_kernel]
+        o_best = min((r["ms"] for r in rows if r["kernel"] == other), default=float("inf"))
+        if s_rows:
+            win = s_rows[0]["ms"] < o_best
+            s_rows[0]["chosen"] = win
+            best[key] = "sg" if win else lose
     path = cache_dir() / "tuning.json"
     try:
         allv = json.loads(path.read_text())
