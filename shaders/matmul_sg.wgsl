@@ -34,8 +34,8 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
 override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (kernels.py picks what wastes fewest lanes)
+override TM: u32 = 16u;  // rows per workgroup, 16 or 32 (A @ B and A @ B^T; A^T @ B keeps 16)
 const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
-const TM: u32 = 16u;     // rows per workgroup
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
 
@@ -54,13 +54,13 @@ fn cols(wid: vec3<u32>, lane: u32) -> Cols {
 }
 
 // the four rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the
-// lanes that loaded them: lane l holds rows 2l (in x0) and 2l+1 (in x1)
+// lanes that loaded them: lane l holds rows l (in x0) and 8+l (in x1)
 fn rows_of(x0: vec4<f32>, x1: vec4<f32>, q: u32) -> mat4x4<f32> {
   switch q {
-    case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x1, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x1, 1u)); }
-    case 1u: { return mat4x4<f32>(subgroupBroadcast(x0, 2u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x0, 3u), subgroupBroadcast(x1, 3u)); }
-    case 2u: { return mat4x4<f32>(subgroupBroadcast(x0, 4u), subgroupBroadcast(x1, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x1, 5u)); }
-    default: { return mat4x4<f32>(subgroupBroadcast(x0, 6u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x0, 7u), subgroupBroadcast(x1, 7u)); }
+    case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x0, 2u), subgroupBroadcast(x0, 3u)); }
+    case 1u: { return mat4x4<f32>(subgroupBroadcast(x0, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x0, 6u), subgroupBroadcast(x0, 7u)); }
+    case 2u: { return mat4x4<f32>(subgroupBroadcast(x1, 0u), subgroupBroadcast(x1, 1u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x1, 3u)); }
+    default: { return mat4x4<f32>(subgroupBroadcast(x1, 4u), subgroupBroadcast(x1, 5u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x1, 7u)); }
   }
 }
 
@@ -96,46 +96,55 @@ fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
   return mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
 }
 
+// acc (one 16-row, 4-column block) += bm (B's 4x4 block) times the 16 rows of A that
+// lanes hold in x0 (rows 0-7) and x1 (rows 8-15)
+fn mac16(acc: ptr<function, Acc>, bm: mat4x4<f32>, x0: vec4<f32>, x1: vec4<f32>) {
+  (*acc).q0 += bm * rows_of(x0, x1, 0u);
+  (*acc).q1 += bm * rows_of(x0, x1, 1u);
+  (*acc).q2 += bm * rows_of(x0, x1, 2u);
+  (*acc).q3 += bm * rows_of(x0, x1, 3u);
+}
+
 // A @ B (tb = false) or A @ B^T (tb = true): only B's 4x4 blocks are read differently.
+// Lane l loads rows l, 8+l (and 16+l, 24+l when TM = 32) of the workgroup's A rows.
 fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k4 = p.K / 4u;
   let c = cols(wid, lane);
   let row0 = wid.y * TM;
-  let a0 = row(row0 + 2u * lane) * k4;       // this lane's two rows of A
-  let a1 = row(row0 + 2u * lane + 1u) * k4;
-  var acc: Acc;
-  var acc2: Acc;                             // the second and third column blocks (NC >= 2, 3)
+  let a0 = row(row0 + lane) * k4;
+  let a1 = row(row0 + 8u + lane) * k4;
+  let a2 = row(row0 + 16u + lane) * k4;
+  let a3 = row(row0 + 24u + lane) * k4;
+  var acc: Acc;    // rows 0-15 of column blocks a, b, c (NC >= 2, 3)
+  var acc2: Acc;
   var acc3: Acc;
+  var hi: Acc;     // rows 16-31 (TM = 32) of column blocks a, b
+  var hi2: Acc;
   for (var kk = 0u; kk < k4; kk++) {
+    let bm = b_block(c.a, kk, tb);
+    var bm2: mat4x4<f32>;
+    var bm3: mat4x4<f32>;
+    if (NC >= 2u) { bm2 = b_block(c.b, kk, tb); }
+    if (NC >= 3u) { bm3 = b_block(c.c, kk, tb); }
     let x0 = A[a0 + kk];
     let x1 = A[a1 + kk];
-    let r0 = rows_of(x0, x1, 0u);
-    let r1 = rows_of(x0, x1, 1u);
-    let r2 = rows_of(x0, x1, 2u);
-    let r3 = rows_of(x0, x1, 3u);
-    let bm = b_block(c.a, kk, tb);
-    acc.q0 += bm * r0;
-    acc.q1 += bm * r1;
-    acc.q2 += bm * r2;
-    acc.q3 += bm * r3;
-    if (NC >= 2u) {
-      let bm2 = b_block(c.b, kk, tb);
-      acc2.q0 += bm2 * r0;
-      acc2.q1 += bm2 * r1;
-      acc2.q2 += bm2 * r2;
-      acc2.q3 += bm2 * r3;
-    }
-    if (NC >= 3u) {
-      let bm3 = b_block(c.c, kk, tb);
-      acc3.q0 += bm3 * r0;
-      acc3.q1 += bm3 * r1;
-      acc3.q2 += bm3 * r2;
-      acc3.q3 += bm3 * r3;
+    mac16(&acc, bm, x0, x1);
+    if (NC >= 2u) { mac16(&acc2, bm2, x0, x1); }
+    if (NC >= 3u) { mac16(&acc3, bm3, x0, x1); }
+    if (TM == 32u) {
+      let x2 = A[a2 + kk];
+      let x3 = A[a3 + kk];
+      mac16(&hi, bm, x2, x3);
+      if (NC >= 2u) { mac16(&hi2, bm2, x2, x3); }
     }
   }
   store(acc, row0, c.a, c.live_a);
   if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
   if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
+  if (TM == 32u) {
+    store(hi, row0 + 16u, c.a, c.live_a);
+    if (NC >= 2u) { store(hi2, row0 + 16u, c.b, c.live_b); }
+  }
 }
 
 @compute @workgroup_size(LANES)
@@ -179,7 +188,7 @@ fn bcast(x: vec4<f32>, y: vec4<f32>, q: u32) -> Rows4 {
 fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let m4 = p.M / 4u;
   let c = cols(wid, lane);
-  let row0 = wid.y * TM;
+  let row0 = wid.y * 16u;                         // TM is 16 here (kernels.py)
   let mine = min(row0 / 4u + lane % 4u, m4 - 1u);  // the vec4 of A's row this lane loads
   let half = lane / 4u;
   var acc: Acc;

@@ -43,12 +43,15 @@ def need_subgroups(gpu):
 
 
 @pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64), (40, 36, 1028),
-                                    (33, 64, 8), (20, 240, 36), (18, 288, 12), (18, 92, 12)])
+                                    (33, 64, 8), (20, 240, 36), (18, 288, 12), (18, 92, 12),
+                                    (64, 96, 20), (62, 64, 12), (96, 240, 36)])  # 32 rows per workgroup
 def test_matmul_family_sg(gpu, rng, M, N, K_):
     need_subgroups(gpu)
     # column blocks per lane: 2 where 16-column blocks fill N/4 but for 1/8 (64, 240, 288),
     # else 3 where 24-column ones do (96, 92), else 1
     assert K.sg_blocks(N) == {64: 2, 240: 2, 288: 2, 96: 3, 92: 3}.get(N, 1)
+    # rows per workgroup (A @ B, A @ B^T): 32 where M wastes at most 1/8 of them, with at most 2 blocks
+    assert K.sg_tile("matmul", M, N) == ((32, min(2, K.sg_blocks(N, most=2))) if M in (64, 62, 96) else (16, K.sg_blocks(N)))
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
