@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""What the adapter can do at all: peak vec4 FMA throughput with no memory traffic, and the
-rate of storage-buffer loads (address per lane, or per workgroup) and of workgroup-memory loads.
+"""What the adapter can do at all: peak vec4 FMA throughput with no memory traffic, the
+rate of storage-buffer loads (address per lane, or per workgroup) and of workgroup-memory loads,
+and, where subgroups work, the rate of subgroup broadcasts (FMA chains as probe_fma, each
+new value broadcast to the subgroup: a value handed over instead of loaded).
 
 These bound every kernel: a matmul cannot beat the FMA peak, and on a CPU adapter (lavapipe)
 the per-lane load rate is what the kernels are designed around.
@@ -31,16 +33,21 @@ def main(argv=None):
     src = gpu.upload(src_np)
     out = gpu.tensor((4 * n,))
     rows = []
-    for entry, what, per in (("probe_fma", "vec4 FMA, registers only", 8 * 4 * 2),
-                             ("probe_load_lane", "vec4 loads, address per lane", 4),
-                             ("probe_load_wg", "vec4 loads, address per workgroup", 4),
-                             ("probe_load_shared", "vec4 loads from workgroup memory", 4)):
-        k = gpu.kernel("probe.wgsl", entry, "urw")
-        d = gpu.dispatch(k, (it, n4), [src, out], (n // 64,))
+    from tinygpt import kernels as K
+    probes = [("probe_fma", "vec4 FMA, registers only", 8 * 4 * 2),
+              ("probe_load_lane", "vec4 loads, address per lane", 4),
+              ("probe_load_wg", "vec4 loads, address per workgroup", 4),
+              ("probe_load_shared", "vec4 loads from workgroup memory", 4)]
+    if K.subgroups_ok(gpu):
+        probes.append(("probe_broadcast", "vec4 subgroup broadcasts (+ as many FMA)", 8 * 4))
+    for entry, what, per in probes:
+        sg = entry == "probe_broadcast"
+        k = gpu.kernel("probe_sg.wgsl" if sg else "probe.wgsl", entry, "urw")
+        d = gpu.dispatch(k, (it, n4), [src, out], (n // 8 if sg else n // 64,))
         gpu.run([d])  # validate on the first 256 invocations before timing
         got = gpu.read(out, count=4 * 256).reshape(256, 4)
         twin = getattr(R, entry)
-        want = twin(it, 256) if entry == "probe_fma" else twin(src_np.reshape(-1, 4).astype(np.float64), it, 256)
+        want = twin(it, 256) if entry in ("probe_fma", "probe_broadcast") else twin(src_np.reshape(-1, 4).astype(np.float64), it, 256)
         err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
         if err > 1e-3:
             raise SystemExit(f"{entry}: result differs from its NumPy twin (relative error {err:.2e})")

@@ -62,12 +62,14 @@ def test_train_profile_table():
         assert word in out
 
 
-def test_probe_adapter_json():
+def test_probe_adapter_json(gpu):
+    from tinygpt import kernels as K
     rows = run_json("probe_adapter.py", "--invocations", "256", "--iters", "16")
+    sg = ["probe_broadcast"] if K.subgroups_ok(gpu) else []
     assert [r["probe"] for r in rows] == ["probe_fma", "probe_load_lane", "probe_load_wg", "probe_load_shared",
-                                          "numpy_sgemm_1024"]
+                                          *sg, "numpy_sgemm_1024"]
     assert all(r["rate"] > 0 for r in rows)
-    assert all(r["max_rel_err"] < 1e-3 for r in rows[:4])
+    assert all(r["max_rel_err"] < 1e-3 for r in rows[:-1])
 
 
 def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):

@@ -331,3 +331,12 @@ def probe_load_wg(src4, iters, n):
 def probe_load_shared(src4, iters, n):
     idx = ((np.arange(n) % 64)[:, None] + 7 * np.arange(iters)[None, :]) & 1023
     return src4[:1024][idx].sum(1)
+
+
+def probe_broadcast(iters, n):            # -> [n, 4]: sum over steps t of chain k of lane k, k < 8
+    base = (np.arange(n) // 8) * 8        # the subgroup's lane 0
+    r = 0.999
+    geo = r * (1 - r ** iters) / (1 - r)  # sum of r^t, t = 1..iters
+    x0 = base[:, None] + 2.0 * np.arange(8)[None, :]  # chain k of lane k starts at (base + k) + k
+    total = ((x0 - 1.0) * geo + iters).sum(1)
+    return np.repeat(total[:, None], 4, axis=1)
