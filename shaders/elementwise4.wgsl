@@ -36,6 +36,8 @@ fn erf4(v: vec4<f32>) -> vec4<f32> {
   return sign(v) * (1.0 - poly * exp(-a * a));
 }
 
+fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
+
 @compute @workgroup_size(64)
 fn gelu_forward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -44,7 +46,7 @@ fn gelu_forward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let i = i0 + 64u * j;
     if (i < p.n / 4u) {
       let v = x[i];
-      out[i] = 0.5 * v * (1.0 + erf4(v * 0.70710678118654752));
+      out[i] = v * cdf4(v);
     }
   }
 }
@@ -58,9 +60,7 @@ fn gelu_backward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let i = i0 + 64u * j;
     if (i < p.n / 4u) {
       let v = x[i];
-      let cdf = 0.5 * (1.0 + erf4(v * 0.70710678118654752));
-      let pdf = 0.3989422804014327 * exp(-0.5 * v * v);
-      out[i] = y[i] * (cdf + v * pdf);
+      out[i] = y[i] * (cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v));
     }
   }
 }

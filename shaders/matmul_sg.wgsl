@@ -174,6 +174,19 @@ fn b_row(k: u32, c4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * (p.N / 4u) 
 
 struct Rows4 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32> }
 
+// acc (16 rows, the 4 columns from 4c4) += the 4 rows k..k+3 of B at those columns times
+// A's 16 rows at k..k+3, as broadcast (s_q: rows 4q..4q+3)
+fn outer16(acc: ptr<function, Acc>, c4: u32, k: u32, s0: Rows4, s1: Rows4, s2: Rows4, s3: Rows4) {
+  let b0 = b_row(k, c4);
+  let b1 = b_row(k + 1u, c4);
+  let b2 = b_row(k + 2u, c4);
+  let b3 = b_row(k + 3u, c4);
+  (*acc).q0 += outer4(b0, b1, b2, b3, s0.a0, s0.a1, s0.a2, s0.a3);
+  (*acc).q1 += outer4(b0, b1, b2, b3, s1.a0, s1.a1, s1.a2, s1.a3);
+  (*acc).q2 += outer4(b0, b1, b2, b3, s2.a0, s2.a1, s2.a2, s2.a3);
+  (*acc).q3 += outer4(b0, b1, b2, b3, s3.a0, s3.a1, s3.a2, s3.a3);
+}
+
 // rows 4q..4q+3 of A at k..k+3, from lanes q and q+4 (x: k, k+1) and the same lanes' y (k+2, k+3)
 fn bcast(x: vec4<f32>, y: vec4<f32>, q: u32) -> Rows4 {
   switch q {
@@ -197,38 +210,13 @@ fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
   for (var k = 0u; k < p.K; k += 4u) {
     let x = a_row(k + half, mine, m4);
     let y = a_row(k + 2u + half, mine, m4);
-    let b0 = b_row(k, c.a);
-    let b1 = b_row(k + 1u, c.a);
-    let b2 = b_row(k + 2u, c.a);
-    let b3 = b_row(k + 3u, c.a);
     let s0 = bcast(x, y, 0u);
     let s1 = bcast(x, y, 1u);
     let s2 = bcast(x, y, 2u);
     let s3 = bcast(x, y, 3u);
-    acc.q0 += outer4(b0, b1, b2, b3, s0.a0, s0.a1, s0.a2, s0.a3);
-    acc.q1 += outer4(b0, b1, b2, b3, s1.a0, s1.a1, s1.a2, s1.a3);
-    acc.q2 += outer4(b0, b1, b2, b3, s2.a0, s2.a1, s2.a2, s2.a3);
-    acc.q3 += outer4(b0, b1, b2, b3, s3.a0, s3.a1, s3.a2, s3.a3);
-    if (NC >= 2u) {
-      let e0 = b_row(k, c.b);
-      let e1 = b_row(k + 1u, c.b);
-      let e2 = b_row(k + 2u, c.b);
-      let e3 = b_row(k + 3u, c.b);
-      acc2.q0 += outer4(e0, e1, e2, e3, s0.a0, s0.a1, s0.a2, s0.a3);
-      acc2.q1 += outer4(e0, e1, e2, e3, s1.a0, s1.a1, s1.a2, s1.a3);
-      acc2.q2 += outer4(e0, e1, e2, e3, s2.a0, s2.a1, s2.a2, s2.a3);
-      acc2.q3 += outer4(e0, e1, e2, e3, s3.a0, s3.a1, s3.a2, s3.a3);
-    }
-    if (NC >= 3u) {
-      let f0 = b_row(k, c.c);
-      let f1 = b_row(k + 1u, c.c);
-      let f2 = b_row(k + 2u, c.c);
-      let f3 = b_row(k + 3u, c.c);
-      acc3.q0 += outer4(f0, f1, f2, f3, s0.a0, s0.a1, s0.a2, s0.a3);
-      acc3.q1 += outer4(f0, f1, f2, f3, s1.a0, s1.a1, s1.a2, s1.a3);
-      acc3.q2 += outer4(f0, f1, f2, f3, s2.a0, s2.a1, s2.a2, s2.a3);
-      acc3.q3 += outer4(f0, f1, f2, f3, s3.a0, s3.a1, s3.a2, s3.a3);
-    }
+    outer16(&acc, c.a, k, s0, s1, s2, s3);
+    if (NC >= 2u) { outer16(&acc2, c.b, k, s0, s1, s2, s3); }
+    if (NC >= 3u) { outer16(&acc3, c.c, k, s0, s1, s2, s3); }
   }
   store(acc, row0, c.a, c.live_a);
   if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }

@@ -16,17 +16,21 @@ def run(gpu, *dispatches):
     gpu.run(list(dispatches))
 
 
+def mm_inputs(gpu, rng, M, N, K_):
+    """a [M,K], b [K,N], bias [N], prev [M,N] (what += adds to), out, and the tolerance 8e-6 sqrt(K)."""
+    a = rng.standard_normal((M, K_)).astype(np.float32)
+    b = rng.standard_normal((K_, N)).astype(np.float32)
+    bias = rng.standard_normal(N).astype(np.float32)
+    prev = rng.standard_normal((M, N)).astype(np.float32)
+    return a, b, bias, prev, gpu.tensor((M, N)), 2e-6 * np.sqrt(K_) * 4
+
+
 @pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "scalar"), (7, 5, 3, "scalar"), (33, 65, 17, "scalar"),
                                             (64, 96, 48, "scalar"), (130, 37, 200, "scalar"),
                                             (4, 4, 4, "vec4"), (1, 8, 12, "vec4"), (36, 52, 20, "vec4"),
                                             (100, 96, 48, "vec4"), (17, 200, 64, "vec4")])
 def test_matmul_family(gpu, rng, M, N, K_, variant):
-    a = rng.standard_normal((M, K_)).astype(np.float32)
-    b = rng.standard_normal((K_, N)).astype(np.float32)
-    bias = rng.standard_normal(N).astype(np.float32)
-    prev = rng.standard_normal((M, N)).astype(np.float32)
-    tol = 2e-6 * np.sqrt(K_) * 4
-    out = gpu.tensor((M, N))
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
     atb = variant if variant == "scalar" or M % 4 == 0 else "scalar"  # vec4 A^T @ B also needs M % 4 == 0
     run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant=variant))
     check(f"matmul {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul(f64(a), f64(b), f64(bias)), tol)
@@ -52,12 +56,7 @@ def test_matmul_family_sg(gpu, rng, M, N, K_):
     assert K.sg_blocks(N) == {64: 2, 240: 2, 288: 2, 96: 3, 92: 3}.get(N, 1)
     # rows per workgroup (A @ B, A @ B^T): 32 where M wastes at most 1/8 of them, with at most 2 blocks
     assert K.sg_tile("matmul", M, N) == ((32, min(2, K.sg_blocks(N, most=2))) if M in (64, 62, 96) else (16, K.sg_blocks(N)))
-    a = rng.standard_normal((M, K_)).astype(np.float32)
-    b = rng.standard_normal((K_, N)).astype(np.float32)
-    bias = rng.standard_normal(N).astype(np.float32)
-    prev = rng.standard_normal((M, N)).astype(np.float32)
-    tol = 2e-6 * np.sqrt(K_) * 4
-    out = gpu.tensor((M, N))
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
     run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="sg"))
     check(f"matmul sg {M}x{N}x{K_}", gpu.read(out), R.matmul_sg(f64(a), f64(b), f64(bias)), tol)
     gpu.write(out, prev)
