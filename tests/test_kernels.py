@@ -80,6 +80,19 @@ def test_subgroups_used_on_lavapipe(gpu):
     assert K.online_variant(gpu, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
 
 
+def test_no_subgroups_switch():
+    """TINYGPT_NO_SUBGROUPS=1 leaves the feature off: every kernel family takes its other set."""
+    import os
+    import subprocess
+    import sys
+    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; g = GPU(); "
+            "print('subgroup' in g.features, K.subgroups_ok(g), K.mm_variant(g, 'matmul', 64, 64, 64), "
+            "K.online_variant(g, 64, 32), K.use_sg(g, 'loss_variant'))")
+    env = dict(os.environ, TINYGPT_NO_SUBGROUPS="1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["False", "False", "vec4", "tiles", "False"], out.stderr[-500:]
+
+
 @pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take elementwise4.wgsl
 def test_elementwise(gpu, rng, n):
     if n > 100000:  # only the folded (x, y) grid matters at this size: test add
