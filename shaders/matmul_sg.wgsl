@@ -34,7 +34,7 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
 override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (kernels.py picks what wastes fewest lanes)
-override TM: u32 = 16u;  // rows per workgroup, 16 or 32 (A @ B and A @ B^T; A^T @ B keeps 16)
+override TM: u32 = 16u;  // rows per workgroup, 16 or 32 (32 with at most 2 column blocks)
 const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
@@ -157,8 +157,9 @@ fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
   a_times_b(wid, lane, true);
 }
 
-// Four k per step: lane l loads A[k + l/4, the 16 rows] and A[k + 2 + l/4, ...] as the
-// vec4 l%4 of them; column c of acc_q gains b * A[k, 4q + c]. Past K, A reads as zeros.
+// Four k per step. 16 rows: lane l loads A[k + l/4, the 16 rows] and A[k + 2 + l/4, ...]
+// as the vec4 l%4 of them; 32 rows: lane l loads the vec4 l of the 32 rows at k, k+1, k+2
+// and k+3. Column c of acc_q gains b * A[k, 4q + c]. Past K, A reads as zeros.
 // a0..a3: the same 4 output rows of A at k..k+3; b0..b3: this block's 4 columns of B at k..k+3
 fn outer4(b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32>,
           a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> mat4x4<f32> {
@@ -172,22 +173,21 @@ fn a_row(k: u32, col: u32, m4: u32) -> vec4<f32> {
 
 fn b_row(k: u32, c4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * (p.N / 4u) + c4]; }
 
-struct Rows4 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32> }
+struct Rows4 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32> }   // A's 4 rows at k..k+3
+struct Rows16 { s0: Rows4, s1: Rows4, s2: Rows4, s3: Rows4 }                     // 16 rows: s_q = rows 4q..
+struct BRows { b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32> }    // B's rows k..k+3 at 4 columns
 
-// acc (16 rows, the 4 columns from 4c4) += the 4 rows k..k+3 of B at those columns times
-// A's 16 rows at k..k+3, as broadcast (s_q: rows 4q..4q+3)
-fn outer16(acc: ptr<function, Acc>, c4: u32, k: u32, s0: Rows4, s1: Rows4, s2: Rows4, s3: Rows4) {
-  let b0 = b_row(k, c4);
-  let b1 = b_row(k + 1u, c4);
-  let b2 = b_row(k + 2u, c4);
-  let b3 = b_row(k + 3u, c4);
-  (*acc).q0 += outer4(b0, b1, b2, b3, s0.a0, s0.a1, s0.a2, s0.a3);
-  (*acc).q1 += outer4(b0, b1, b2, b3, s1.a0, s1.a1, s1.a2, s1.a3);
-  (*acc).q2 += outer4(b0, b1, b2, b3, s2.a0, s2.a1, s2.a2, s2.a3);
-  (*acc).q3 += outer4(b0, b1, b2, b3, s3.a0, s3.a1, s3.a2, s3.a3);
+fn b_rows(k: u32, c4: u32) -> BRows { return BRows(b_row(k, c4), b_row(k + 1u, c4), b_row(k + 2u, c4), b_row(k + 3u, c4)); }
+
+// acc (16 rows, 4 columns) += B's rows k..k+3 at those columns times A's 16 rows at k..k+3
+fn outer16(acc: ptr<function, Acc>, b: BRows, a: Rows16) {
+  (*acc).q0 += outer4(b.b0, b.b1, b.b2, b.b3, a.s0.a0, a.s0.a1, a.s0.a2, a.s0.a3);
+  (*acc).q1 += outer4(b.b0, b.b1, b.b2, b.b3, a.s1.a0, a.s1.a1, a.s1.a2, a.s1.a3);
+  (*acc).q2 += outer4(b.b0, b.b1, b.b2, b.b3, a.s2.a0, a.s2.a1, a.s2.a2, a.s2.a3);
+  (*acc).q3 += outer4(b.b0, b.b1, b.b2, b.b3, a.s3.a0, a.s3.a1, a.s3.a2, a.s3.a3);
 }
 
-// rows 4q..4q+3 of A at k..k+3, from lanes q and q+4 (x: k, k+1) and the same lanes' y (k+2, k+3)
+// 16 rows: rows 4q..4q+3 at k..k+3 from lanes q and q+4 (x: k, k+1) and the same lanes' y (k+2, k+3)
 fn bcast(x: vec4<f32>, y: vec4<f32>, q: u32) -> Rows4 {
   switch q {
     case 0u: { return Rows4(subgroupBroadcast(x, 0u), subgroupBroadcast(x, 4u), subgroupBroadcast(y, 0u), subgroupBroadcast(y, 4u)); }
@@ -197,28 +197,62 @@ fn bcast(x: vec4<f32>, y: vec4<f32>, q: u32) -> Rows4 {
   }
 }
 
+// 32 rows: rows 4q..4q+3 at k..k+3 from lane q's x0..x3 (q = 0..7)
+fn bcast32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, q: u32) -> Rows4 {
+  switch q {
+    case 0u: { return Rows4(subgroupBroadcast(x0, 0u), subgroupBroadcast(x1, 0u), subgroupBroadcast(x2, 0u), subgroupBroadcast(x3, 0u)); }
+    case 1u: { return Rows4(subgroupBroadcast(x0, 1u), subgroupBroadcast(x1, 1u), subgroupBroadcast(x2, 1u), subgroupBroadcast(x3, 1u)); }
+    case 2u: { return Rows4(subgroupBroadcast(x0, 2u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x2, 2u), subgroupBroadcast(x3, 2u)); }
+    case 3u: { return Rows4(subgroupBroadcast(x0, 3u), subgroupBroadcast(x1, 3u), subgroupBroadcast(x2, 3u), subgroupBroadcast(x3, 3u)); }
+    case 4u: { return Rows4(subgroupBroadcast(x0, 4u), subgroupBroadcast(x1, 4u), subgroupBroadcast(x2, 4u), subgroupBroadcast(x3, 4u)); }
+    case 5u: { return Rows4(subgroupBroadcast(x0, 5u), subgroupBroadcast(x1, 5u), subgroupBroadcast(x2, 5u), subgroupBroadcast(x3, 5u)); }
+    case 6u: { return Rows4(subgroupBroadcast(x0, 6u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x2, 6u), subgroupBroadcast(x3, 6u)); }
+    default: { return Rows4(subgroupBroadcast(x0, 7u), subgroupBroadcast(x1, 7u), subgroupBroadcast(x2, 7u), subgroupBroadcast(x3, 7u)); }
+  }
+}
+
 @compute @workgroup_size(LANES)
 fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let m4 = p.M / 4u;
   let c = cols(wid, lane);
-  let row0 = wid.y * 16u;                         // TM is 16 here (kernels.py)
-  let mine = min(row0 / 4u + lane % 4u, m4 - 1u);  // the vec4 of A's row this lane loads
-  let half = lane / 4u;
-  var acc: Acc;
+  let row0 = wid.y * TM;
+  var acc: Acc;   // rows 0-15 of column blocks a, b, c
   var acc2: Acc;
   var acc3: Acc;
+  var hi: Acc;    // rows 16-31 (TM = 32) of column blocks a, b
+  var hi2: Acc;
   for (var k = 0u; k < p.K; k += 4u) {
-    let x = a_row(k + half, mine, m4);
-    let y = a_row(k + 2u + half, mine, m4);
-    let s0 = bcast(x, y, 0u);
-    let s1 = bcast(x, y, 1u);
-    let s2 = bcast(x, y, 2u);
-    let s3 = bcast(x, y, 3u);
-    outer16(&acc, c.a, k, s0, s1, s2, s3);
-    if (NC >= 2u) { outer16(&acc2, c.b, k, s0, s1, s2, s3); }
-    if (NC >= 3u) { outer16(&acc3, c.c, k, s0, s1, s2, s3); }
+    let ba = b_rows(k, c.a);
+    var bb: BRows;
+    if (NC >= 2u) { bb = b_rows(k, c.b); }
+    if (TM == 32u) {
+      // rows 0-15 meet B, then rows 16-31: half the broadcast values live at a time
+      let mine = min(row0 / 4u + lane, m4 - 1u);       // the vec4 of the 32 rows this lane loads
+      let x0 = a_row(k, mine, m4);
+      let x1 = a_row(k + 1u, mine, m4);
+      let x2 = a_row(k + 2u, mine, m4);
+      let x3 = a_row(k + 3u, mine, m4);
+      let lo = Rows16(bcast32(x0, x1, x2, x3, 0u), bcast32(x0, x1, x2, x3, 1u), bcast32(x0, x1, x2, x3, 2u), bcast32(x0, x1, x2, x3, 3u));
+      outer16(&acc, ba, lo);
+      if (NC >= 2u) { outer16(&acc2, bb, lo); }
+      let up = Rows16(bcast32(x0, x1, x2, x3, 4u), bcast32(x0, x1, x2, x3, 5u), bcast32(x0, x1, x2, x3, 6u), bcast32(x0, x1, x2, x3, 7u));
+      outer16(&hi, ba, up);
+      if (NC >= 2u) { outer16(&hi2, bb, up); }
+    } else {
+      let mine = min(row0 / 4u + lane % 4u, m4 - 1u);  // the vec4 of the 16 rows this lane loads
+      let x = a_row(k + lane / 4u, mine, m4);
+      let y = a_row(k + 2u + lane / 4u, mine, m4);
+      let lo = Rows16(bcast(x, y, 0u), bcast(x, y, 1u), bcast(x, y, 2u), bcast(x, y, 3u));
+      outer16(&acc, ba, lo);
+      if (NC >= 2u) { outer16(&acc2, bb, lo); }
+      if (NC >= 3u) { outer16(&acc3, b_rows(k, c.c), lo); }
+    }
   }
   store(acc, row0, c.a, c.live_a);
   if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
   if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
+  if (TM == 32u) {
+    store(hi, row0 + 16u, c.a, c.live_a);
+    if (NC >= 2u) { store(hi2, row0 + 16u, c.b, c.live_b); }
+  }
 }

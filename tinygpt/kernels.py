@@ -68,7 +68,7 @@ def sg_tile(entry, M, N) -> tuple:
     """(rows per workgroup, column blocks per lane) of an sg matmul. 32 rows where M wastes at most
     1/8 of them (A @ B and A @ B^T; lavapipe: 42 -> 46 GFLOP/s at 1024^3, 22 -> 40 at 1024x96x384),
     with at most 2 column blocks (2 x 32 rows already spill); else 16."""
-    if entry != "matmul_atb" and -(-M // 32) * 32 - M <= M // 8:
+    if -(-M // 32) * 32 - M <= M // 8:
         return 32, sg_blocks(N, most=2)
     return 16, sg_blocks(N)
 
