@@ -5,21 +5,22 @@
 //   matmul_abt_sg  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_sg  out[M,N] = A[K,M]^T @ B[K,N]
 //
-// A workgroup is one subgroup of 8 lanes and owns 16 rows x 32*NC columns of
-// out: each lane keeps NC blocks of 16 x 4 (columns 4c4.., 4(c4+8)..,
-// 4(c4+16)..), each as four mat4x4 (column c of acc_q is row 4q+c), as in
-// matmul_vec4. What differs is how A reaches the lanes.
+// A workgroup is one subgroup of 8 lanes and owns TM (16 or 32) rows x 32*NC
+// columns of out: each lane keeps NC blocks of TM x 4 (columns 4c4..,
+// 4(c4+8).., 4(c4+16)..), each 16 rows as four mat4x4 (column c of acc_q is
+// row 4q+c), as in matmul_vec4. What differs is how A reaches the lanes.
 // Why: lavapipe loads storage buffers one lane at a time whatever the address
 // (scripts/probe_adapter.py), so matmul_vec4's 16 A loads per lane per step,
 // although all lanes read the same address, cost as much as 16 distinct ones.
-// Here each lane loads 2 of the 16 A values and subgroupBroadcast hands them
-// to the others: a register shuffle, not a load. Loads per 256 multiply-adds
-// per lane fall from 20 vec4 to 6 (NC = 1) or 5 (NC = 2: the broadcast rows
-// meet two column blocks); matmul at 1024^3 ran 2.5x faster with NC = 1 and
-// 1.27x faster again with NC = 2 (33 -> 42 GFLOP/s). NC = 3 ran as fast as
-// NC = 2 (36-37 against 34-41 at 1024x1536x1024), no faster: 128 accumulators
-// per lane already spill from the CPU's 16 registers; it is there for widths
-// of 24 vec4 columns (N = 96), which it fills exactly.
+// Here each lane loads TM/8 of the TM rows and subgroupBroadcast hands them to
+// the others: a register shuffle, not a load. Per lane and k-step of 4, loads
+// per multiply-add fall from 20 vec4 per 256 (matmul_vec4) to 6 per 256 (TM 16,
+// NC 1), 10 per 512 (NC 2) and 12 per 1024 (TM 32, NC 2). Measured at 1024^3
+// (bench_matmul and a harness): 12 -> 30 GFLOP/s with TM 16, NC 1; 33 -> 42
+// with NC 2; 42 -> 46-50 with TM 32. NC 3 ran as fast as NC 2, no faster
+// (128 accumulators per lane already spill from the CPU's 16 registers); it is
+// there for widths of 24 vec4 columns (N = 96), which it fills exactly. Larger
+// tiles (40 x 2, 24 x 3) and unrolling k ran slower.
 // The lane indexing assumes subgroups of at least 8 lanes holding the whole
 // workgroup; kernels.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N

@@ -54,8 +54,8 @@ def test_matmul_family_sg(gpu, rng, M, N, K_):
     # column blocks per lane: 2 where 16-column blocks fill N/4 but for 1/8 (64, 240, 288),
     # else 3 where 24-column ones do (96, 92), else 1
     assert K.sg_blocks(N) == {64: 2, 240: 2, 288: 2, 96: 3, 92: 3}.get(N, 1)
-    # rows per workgroup (A @ B, A @ B^T): 32 where M wastes at most 1/8 of them, with at most 2 blocks
-    assert K.sg_tile("matmul", M, N) == ((32, min(2, K.sg_blocks(N, most=2))) if M in (64, 62, 96) else (16, K.sg_blocks(N)))
+    # rows per workgroup: 32 where M wastes at most 1/8 of them, with at most 2 blocks
+    assert K.sg_tile(M, N) == ((32, min(2, K.sg_blocks(N, most=2))) if M in (64, 62, 96) else (16, K.sg_blocks(N)))
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
     run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="sg"))
     check(f"matmul sg {M}x{N}x{K_}", gpu.read(out), R.matmul_sg(f64(a), f64(b), f64(bias)), tol)

@@ -15,7 +15,7 @@ from .gpu import Dispatch, grid1d
 # ---- matmul ----------------------------------------------------------------------------
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each); `tinygpt tune` may pick another
-VEC_ROWS = 16        # rows per workgroup of the vec4 and sg kernels
+VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
 
 
@@ -64,10 +64,11 @@ def sg_blocks(N, most=3) -> int:
     return 1
 
 
-def sg_tile(entry, M, N) -> tuple:
+def sg_tile(M, N) -> tuple:
     """(rows per workgroup, column blocks per lane) of an sg matmul. 32 rows where M wastes at most
-    1/8 of them (A @ B and A @ B^T; lavapipe: 42 -> 46 GFLOP/s at 1024^3, 22 -> 40 at 1024x96x384),
-    with at most 2 column blocks (2 x 32 rows already spill); else 16."""
+    1/8 of them (lavapipe, A @ B: 42 -> 46 GFLOP/s at 1024^3, 22 -> 40 at 1024x96x384; A^T @ B:
+    21.6 -> 18.6 ms per small-preset step), with at most 2 column blocks (2 x 32 rows already
+    spill); else 16."""
     if -(-M // 32) * 32 - M <= M // 8:
         return 32, sg_blocks(N, most=2)
     return 16, sg_blocks(N)
@@ -91,7 +92,7 @@ def mm_variant(gpu, entry, M, N, K) -> str:
 def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
     variant = variant or mm_variant(gpu, entry, M, N, K)
     if variant == "sg":
-        tm, nc = sg_tile(entry, M, N)
+        tm, nc = sg_tile(M, N)
         k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
         grid = (-(-N // (4 * SG_LANES * nc)), -(-M // tm))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
