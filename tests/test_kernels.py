@@ -117,7 +117,8 @@ def test_bias_grad(gpu, rng, rows, cols):
     dy = rng.standard_normal((rows, cols)).astype(np.float32)
     out = gpu.tensor((cols,))
     run(gpu, K.bias_grad(gpu, gpu.upload(dy), out, rows, cols))
-    check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * np.sqrt(rows))  # float32 sums of rows
+    # 1e-5 up to 130 rows; past that float32 summation error grows as sqrt(rows), and so does the bound
+    check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * max(1.0, np.sqrt(rows / 130)))
 
 
 @pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4 == 0: layernorm4, _sg
@@ -136,7 +137,7 @@ def test_layernorm(gpu, rng, rows, C):
         K.layernorm_dgb(gpu, gpu.upload(dy), tx, stats, dgb, rows, C))
     check(f"layernorm_dx (+=) {rows}x{C}", gpu.read(dx), prev + R.layernorm_dx(f64(dy), f64(x), f64(g), rm, rr), 2e-5)
     check(f"layernorm_dgb {rows}x{C}", gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr)),
-          2e-5 * np.sqrt(rows))
+          2e-5 * max(1.0, np.sqrt(rows / 65)))  # 2e-5 up to 65 rows, then growing as float32 sums do
 
 
 @pytest.mark.parametrize("B,T,C,V", [(1, 1, 3, 5), (2, 7, 65, 256), (3, 33, 8, 70)])
