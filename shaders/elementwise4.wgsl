@@ -13,21 +13,6 @@ struct Params { n: u32, cols: u32 }
 
 const PER: u32 = 4u;  // vec4 per invocation
 
-// the first of this invocation's PER vec4; they sit 64 apart so a workgroup covers one block
-fn first(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 64u * PER + lid.x;
-}
-
-@compute @workgroup_size(64)
-fn add4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid: vec3<u32>) {
-  let i0 = first(wid, nwg, lid);
-  for (var j = 0u; j < PER; j++) {
-    let i = i0 + 64u * j;
-    if (i < p.n / 4u) { out[i] = x[i] + y[i]; }
-  }
-}
-
 // erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26), as in elementwise.wgsl
 fn erf4(v: vec4<f32>) -> vec4<f32> {
   let a = abs(v);
@@ -38,29 +23,45 @@ fn erf4(v: vec4<f32>) -> vec4<f32> {
 
 fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
 
-@compute @workgroup_size(64)
-fn gelu_forward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_id) lid: vec3<u32>) {
-  let i0 = first(wid, nwg, lid);
-  for (var j = 0u; j < PER; j++) {
-    let i = i0 + 64u * j;
-    if (i < p.n / 4u) {
-      let v = x[i];
-      out[i] = v * cdf4(v);
-    }
+const ADD: u32 = 0u;
+const GELU_FORWARD: u32 = 1u;
+const GELU_BACKWARD: u32 = 2u;
+
+// out[i] for op at vec4 i: x + y; gelu(x) = x Phi(x); or, with x the pre-activation and y = d(out),
+// d(pre) = dy * (Phi(x) + x phi(x))
+fn apply(op: u32, i: u32) -> vec4<f32> {
+  let v = x[i];
+  switch op {
+    case ADD: { return v + y[i]; }
+    case GELU_FORWARD: { return v * cdf4(v); }
+    default: { return y[i] * (cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v)); }
   }
 }
 
-// x = pre-activation, y = d(out); out = d(pre) = dy * (Phi(x) + x phi(x))
+// this invocation's PER vec4, 64 apart so that a workgroup covers one block (op is a
+// constant at each call: the switch in apply folds away)
+fn each(op: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
+  let i0 = (wid.y * nwg.x + wid.x) * 64u * PER + lid.x;
+  for (var j = 0u; j < PER; j++) {
+    let i = i0 + 64u * j;
+    if (i < p.n / 4u) { out[i] = apply(op, i); }
+  }
+}
+
+@compute @workgroup_size(64)
+fn add4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_id) lid: vec3<u32>) {
+  each(ADD, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn gelu_forward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lid: vec3<u32>) {
+  each(GELU_FORWARD, wid, nwg, lid);
+}
+
 @compute @workgroup_size(64)
 fn gelu_backward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
-  let i0 = first(wid, nwg, lid);
-  for (var j = 0u; j < PER; j++) {
-    let i = i0 + 64u * j;
-    if (i < p.n / 4u) {
-      let v = x[i];
-      out[i] = y[i] * (cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v));
-    }
-  }
+  each(GELU_BACKWARD, wid, nwg, lid);
 }

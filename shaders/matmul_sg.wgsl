@@ -84,6 +84,18 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   }
 }
 
+// the workgroup's tile: rows row0.. of column blocks a, b, c (NC >= 2, 3), and rows row0+16..
+// of blocks a, b (TM = 32)
+fn store_tile(acc: Acc, acc2: Acc, acc3: Acc, hi: Acc, hi2: Acc, row0: u32, c: Cols) {
+  store(acc, row0, c.a, c.live_a);
+  if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
+  if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
+  if (TM == 32u) {
+    store(hi, row0 + 16u, c.a, c.live_a);
+    if (NC >= 2u) { store(hi2, row0 + 16u, c.b, c.live_b); }
+  }
+}
+
 // B's 4x4 block at k = 4kk.. for output columns 4c4..: as columns (B rows k..k+3 at the
 // 4 columns) for A @ B, or transposed from B's rows 4c4.. for A @ B^T (tb)
 fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
@@ -139,13 +151,7 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
       if (NC >= 2u) { mac16(&hi2, bm2, x2, x3); }
     }
   }
-  store(acc, row0, c.a, c.live_a);
-  if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
-  if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
-  if (TM == 32u) {
-    store(hi, row0 + 16u, c.a, c.live_a);
-    if (NC >= 2u) { store(hi2, row0 + 16u, c.b, c.live_b); }
-  }
+  store_tile(acc, acc2, acc3, hi, hi2, row0, c);
 }
 
 @compute @workgroup_size(LANES)
@@ -249,11 +255,5 @@ fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
       if (NC >= 3u) { outer16(&acc3, b_rows(k, c.c), lo); }
     }
   }
-  store(acc, row0, c.a, c.live_a);
-  if (NC >= 2u) { store(acc2, row0, c.b, c.live_b); }
-  if (NC >= 3u) { store(acc3, row0, c.c, c.live_c); }
-  if (TM == 32u) {
-    store(hi, row0 + 16u, c.a, c.live_a);
-    if (NC >= 2u) { store(hi2, row0 + 16u, c.b, c.live_b); }
-  }
+  store_tile(acc, acc2, acc3, hi, hi2, row0, c);
 }
