@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """Attention side by side: naive, fused_sv and online at a ladder of sequence lengths.
+Where online runs online_sg.wgsl (subgroups: the default on CPU adapters), online-tiles
+adds the same algorithm in online.wgsl's workgroup-memory tiles.
 
 For each T and each implementation: forward, and forward+backward; GPU ms,
 attention scratch bytes, max abs error against the float64 reference (out, and
@@ -15,6 +17,7 @@ import sys
 import numpy as np
 
 from tinygpt import attention as A
+from tinygpt import kernels as K
 from tinygpt import reference_attention as RA
 from tinygpt.bench import emit, time_dispatches
 from tinygpt.gpu import GPU, LimitError
@@ -45,17 +48,24 @@ def main(argv=None):
         tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
         out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
         times = {}
-        for impl in A.IMPLS:
-            base = dict(impl=impl, T=T, B=B, H=H, hd=hd, scratch_bytes=A.scratch_bytes(impl, B, T, H))
+        impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(gpu, T, hd) == "sg" else [])
+        for impl in impls:
+            kind = "online" if impl == "online-tiles" else impl
+            base = dict(impl=impl, T=T, B=B, H=H, hd=hd, scratch_bytes=A.scratch_bytes(kind, B, T, H))
+            saved = dict(gpu.tuning)
+            if impl == "online-tiles":
+                gpu.tuning["online_variant"] = "tiles"   # read when the dispatches are built
             try:
-                A.check(impl, T, C, H)
-                att = A.Attention(gpu, impl, B, T, C, H)
+                A.check(kind, T, C, H)
+                att = A.Attention(gpu, kind, B, T, C, H)
+                fwd = att.forward(tq, tk, tv, out)
+                bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
             except (A.AttentionError, LimitError) as e:
                 for pas in ("fwd", "fwd+bwd"):
                     rows.append(dict(base, **{"pass": pas, "ms": None, "max_err": None, "status": f"n/a: {e}"}))
                 continue
-            fwd = att.forward(tq, tk, tv, out)
-            bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
+            finally:
+                gpu.tuning = saved
             gpu.run(fwd + bwd)  # validate before timing
             err_out = float(np.abs(gpu.read(out) - ref_out).max())
             err_grads = [float(np.abs(gpu.read(t) - g).max()) for t, g in zip((dq, dk, dv), ref_grads)]
@@ -70,7 +80,7 @@ def main(argv=None):
                   file=sys.stderr)
             del att
         for row in rows:
-            if row["T"] == T and row["impl"] == "online" and ("naive", row["pass"]) in times and row["ms"]:
+            if row["T"] == T and row["impl"].startswith("online") and ("naive", row["pass"]) in times and row["ms"]:
                 row["naive_over_online"] = times[("naive", row["pass"])] / row["ms"]
     cols = ["impl", "T", "pass", "ms", "scratch_bytes", "max_err", "naive_over_online", "status"]
     if not args.json:
@@ -87,7 +97,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    for impl in A.IMPLS:
+    for impl in dict.fromkeys(r["impl"] for r in rows):
         for pas, style in (("fwd", "--"), ("fwd+bwd", "-")):
             pts = [(r["T"], r["ms"]) for r in rows if r["impl"] == impl and r["pass"] == pas and r["ms"]]
             if pts:

@@ -15,13 +15,15 @@ def run_json(script, *args):
     return [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
 
 
-def test_compare_attention_json(tmp_path):
+def test_compare_attention_json(tmp_path, gpu):
+    from tinygpt import kernels as K
     png = tmp_path / "a.png"
     rows = run_json("compare_attention.py", "--T", "8,1100", "--head-dim", "16", "--repeats", "1", "--plot", png)
     keys = {"impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err", "status"}
     assert all(keys <= set(r) for r in rows)
+    impls = ("naive", "fused_sv", "online") + (("online-tiles",) if K.online_variant(gpu, 8, 16) == "sg" else ())
     assert {(r["impl"], r["T"], r["pass"]) for r in rows} == {
-        (i, t, p) for i in ("naive", "fused_sv", "online") for t in (8, 1100) for p in ("fwd", "fwd+bwd")}
+        (i, t, p) for i in impls for t in (8, 1100) for p in ("fwd", "fwd+bwd")}
     ok = [r for r in rows if r["status"] == "ok"]
     assert all(r["max_err"] < 1e-4 and r["ms"] > 0 for r in ok)
     na = [r for r in rows if r["status"] != "ok"]
