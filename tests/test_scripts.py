@@ -44,6 +44,21 @@ def test_bench_matmul_json(gpu):
         assert abs(r["ratio"] - r["gflops"] / r["numpy_gflops"]) < 1e-9
 
 
+def test_bench_kernels_json(gpu):
+    from tinygpt import kernels as K
+    rows = run_json("bench_kernels.py", "--preset", "tiny", "--repeats", "1")
+    sg = K.subgroups_ok(gpu)
+    want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
+                                    "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw")}
+    want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
+                                   "grad_sumsq", "adamw")}
+    want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
+    assert {(r["kernel"], r["variant"]) for r in rows} == want
+    assert len({r["entry"] for r in rows}) == len(rows)  # each variant a different entry point
+    assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)
+    assert all(r["speedup"] == 1.0 for r in rows if r["variant"] == "scalar")
+
+
 def test_bench_train_json():
     rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3")
     by = {r["trainer"]: r for r in rows}

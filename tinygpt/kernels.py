@@ -120,52 +120,58 @@ def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispa
 
 
 # ---- elementwise -------------------------------------------------------------------------
-def _ew(gpu, entry, x, y, out, n, cols=0, groups=None):
-    if n % 4 == 0 and groups is None:  # elementwise4.wgsl: 16 floats per invocation as 4 vec4
+# variant=None picks the fastest set the shape and adapter allow; "scalar", "vec4" or "sg" forces
+# one (scripts/bench_kernels.py compares them; the caller answers for the shape).
+def _ew(gpu, entry, x, y, out, n, cols=0, groups=None, variant=None):
+    variant = variant or ("vec4" if n % 4 == 0 and groups is None else "scalar")
+    if variant == "vec4":  # elementwise4.wgsl: 16 floats per invocation as 4 vec4
         k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw")
         return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
     k = gpu.kernel("elementwise.wgsl", entry, "urrw")
     return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
 
 
-def add(gpu, x, y, out, n):
-    return _ew(gpu, "add", x, y, out, n)
+def add(gpu, x, y, out, n, variant=None):
+    return _ew(gpu, "add", x, y, out, n, variant=variant)
 
 
-def gelu_forward(gpu, x, out, n):
-    return _ew(gpu, "gelu_forward", x, None, out, n)
+def gelu_forward(gpu, x, out, n, variant=None):
+    return _ew(gpu, "gelu_forward", x, None, out, n, variant=variant)
 
 
-def gelu_backward(gpu, x, dy, out, n):
-    return _ew(gpu, "gelu_backward", x, dy, out, n)
+def gelu_backward(gpu, x, dy, out, n, variant=None):
+    return _ew(gpu, "gelu_backward", x, dy, out, n, variant=variant)
 
 
-def bias_grad(gpu, dy, out, rows, cols):
-    if cols % 4 == 0 and use_sg(gpu, "reduce_variant"):  # one 8-lane subgroup per 4 columns
+def bias_grad(gpu, dy, out, rows, cols, variant=None):
+    variant = variant or ("sg" if cols % 4 == 0 and use_sg(gpu, "reduce_variant") else "scalar")
+    if variant == "sg":  # one 8-lane subgroup per 4 columns
         k = gpu.kernel("elementwise_sg.wgsl", "bias_grad_sg", "urrw")
         return gpu.dispatch(k, (rows, cols), [dy, None, out], grid1d(cols // 4))
     return _ew(gpu, "bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
 
 
 # ---- layernorm ---------------------------------------------------------------------------
-def _ln_file(entry, C):
+def _ln_file(entry, C, variant=None):
     """layernorm4.wgsl (rows read as vec4) where C is a multiple of 4."""
-    return ("layernorm4.wgsl", entry + "4") if C % 4 == 0 else ("layernorm.wgsl", entry)
+    variant = variant or ("vec4" if C % 4 == 0 else "scalar")
+    return ("layernorm4.wgsl", entry + "4") if variant == "vec4" else ("layernorm.wgsl", entry)
 
 
-def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5):
+def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5, variant=None):
     """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
-    k = gpu.kernel(*_ln_file("layernorm_forward", C), "urrrww")
+    k = gpu.kernel(*_ln_file("layernorm_forward", C, variant), "urrrww")
     return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
 
 
-def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True):
-    k = gpu.kernel(*_ln_file("layernorm_dx", C), "urrrww")
+def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None):
+    k = gpu.kernel(*_ln_file("layernorm_dx", C, variant), "urrrww")
     return gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
 
 
-def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C):
-    if C % 4 == 0 and use_sg(gpu, "reduce_variant"):  # one 8-lane subgroup per 4 channels
+def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C, variant=None):
+    variant = variant or ("sg" if C % 4 == 0 and use_sg(gpu, "reduce_variant") else "scalar")
+    if variant == "sg":  # one 8-lane subgroup per 4 channels
         k = gpu.kernel("layernorm_sg.wgsl", "layernorm_dgb_sg", "urrrww")
         return gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
     k = gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww")
@@ -190,16 +196,18 @@ def embed_pos_grad(gpu, dout, dpos, B, T, C):
 
 
 # ---- loss --------------------------------------------------------------------------------
-def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None):
+def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
+                  variant=None):
     """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
     subgroup per row, no barriers) where rows are whole vec4 and the sg kernels are in use."""
     stride = stride or V
-    if stride % 4 == 0 and use_sg(gpu, "loss_variant"):
+    variant = variant or ("sg" if stride % 4 == 0 and use_sg(gpu, "loss_variant") else "scalar")
+    if variant == "sg":
         k = gpu.kernel("loss_sg.wgsl", "cross_entropy_sg", "urww")
         return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
                             grid1d(rows))
     k = gpu.kernel("loss.wgsl", "cross_entropy", "urww")
-    return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride or V), [targets, logits, losses],
+    return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
                         grid1d(rows))
 
 
@@ -216,13 +224,14 @@ def _opt(gpu, entry):
     return gpu.kernel("optim.wgsl", entry, "urrwwww")
 
 
-def _opt4(gpu, entry, n):
+def _opt4(gpu, entry, n, variant=None):
     """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
-    return gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if n % 4 == 0 else _opt(gpu, entry)
+    variant = variant or ("vec4" if n % 4 == 0 else "scalar")
+    return gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if variant == "vec4" else _opt(gpu, entry)
 
 
-def grad_sumsq(gpu, g, partials, n):
-    return gpu.dispatch(_opt4(gpu, "grad_sumsq", n), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
+def grad_sumsq(gpu, g, partials, n, variant=None):
+    return gpu.dispatch(_opt4(gpu, "grad_sumsq", n, variant), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
                         grid1d(-(-n // CHUNK)))
 
 
@@ -231,9 +240,9 @@ def grad_clip(gpu, partials, stats, n_partials, clip):
                         [None, partials, stats, None, None, None], (1,))
 
 
-def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform):
+def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform, variant=None):
     """step_uniform: a uniform buffer holding (n, clip, lr, beta1, beta2, eps, bc1, bc2), rewritten each step."""
-    return gpu.dispatch_with(_opt4(gpu, "adamw", n), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
+    return gpu.dispatch_with(_opt4(gpu, "adamw", n, variant), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
 
 
 # ---- attention ---------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""The training kernels besides matmul and attention, in every variant this adapter runs,
+at one preset's shapes: GPU ms, max error against the entry point's NumPy twin (the
+reference function of the same name), and the speed-up over the scalar variant.
+
+Variants: scalar (elementwise, layernorm, loss, optim .wgsl), vec4 (elementwise4,
+layernorm4, optim4) and sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work).
+Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
+
+    python scripts/bench_kernels.py                    # the small preset's shapes
+    python scripts/bench_kernels.py --preset medium --json
+"""
+import argparse
+import sys
+
+import numpy as np
+
+from tinygpt import kernels as K
+from tinygpt import reference as R
+from tinygpt.bench import emit, time_dispatches
+from tinygpt.config import n_params, preset
+from tinygpt.gpu import GPU
+
+
+def cases(gpu, rows, C, M, V, n, rng):
+    """(kernel, variant, shape, dispatch, check): check() -> max abs error of what the dispatch
+    wrote against the twin, called after its first run."""
+    f64 = lambda a: np.asarray(a, np.float64)
+    up = gpu.upload
+    sg = ["sg"] if K.subgroups_ok(gpu) else []
+    x, y = rng.standard_normal(rows * M).astype(np.float32), rng.standard_normal(rows * M).astype(np.float32)
+    tx, ty, tout = up(x), up(y), gpu.tensor((rows * M,))
+    for entry, args, want in (("add", (tx, ty), f64(x) + y), ("gelu_forward", (tx,), R.gelu_forward(f64(x))),
+                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y)))):
+        for v in ("scalar", "vec4"):
+            d = getattr(K, entry)(gpu, *args, tout, rows * M, variant=v)
+            yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
+    bg = gpu.tensor((M,))
+    for v in ["scalar"] + sg:
+        d = K.bias_grad(gpu, ty, bg, rows, M, variant=v)
+        yield "bias_grad", v, f"{rows}x{M}", d, lambda: np.abs(gpu.read(bg) - f64(y).reshape(rows, M).sum(0)).max()
+
+    xl = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
+    g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    dy = rng.standard_normal((rows, C)).astype(np.float32)
+    ry, rm, rr = R.layernorm_forward(f64(xl), f64(g), f64(b))
+    txl, tdy, ln_y, stats = up(xl), up(dy), gpu.tensor((rows, C)), up(np.stack([rm, rr]).astype(np.float32))
+    dx, dgb = gpu.tensor((rows, C)), gpu.tensor((2, C))
+    shape = f"{rows}x{C}"
+    for v in ("scalar", "vec4"):
+        # the forward writes stats too; the twin's own stats are what dx and dgb read below
+        st = gpu.tensor((2, rows))
+        d = K.layernorm_forward(gpu, txl, up(np.stack([g, b])), ln_y, st, rows, C, variant=v)
+        yield "layernorm_forward", v, shape, d, lambda: np.abs(gpu.read(ln_y) - ry).max()
+        d = K.layernorm_dx(gpu, tdy, txl, up(g), stats, dx, rows, C, accumulate=False, variant=v)
+        want = R.layernorm_dx(f64(dy), f64(xl), f64(g), rm, rr)
+        yield "layernorm_dx", v, shape, d, lambda w=want: np.abs(gpu.read(dx) - w).max()
+    for v in ["scalar"] + sg:
+        d = K.layernorm_dgb(gpu, tdy, txl, stats, dgb, rows, C, variant=v)
+        want = np.stack(R.layernorm_dgb(f64(dy), f64(xl), rm, rr))
+        yield "layernorm_dgb", v, shape, d, lambda w=want: np.abs(gpu.read(dgb) - w).max()
+
+    logits = (rng.standard_normal((rows, V)) * 3).astype(np.float32)
+    tgt = rng.integers(0, V, rows).astype(np.uint32)
+    rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
+    for v in ["scalar"] + sg:
+        tl, losses = up(logits), gpu.tensor((rows,))  # logits become dlogits: a copy per variant
+        d = K.cross_entropy(gpu, up(tgt), tl, losses, rows, V, 1.0 / rows, variant=v)
+        yield "cross_entropy", v, f"{rows}x{V}", d, lambda tl=tl, losses=losses: max(
+            np.abs(gpu.read(losses) - rl).max(), np.abs(gpu.read(tl) - rd).max())
+
+    gr = (rng.standard_normal(n) * 0.01).astype(np.float32)
+    w0, m0, v0 = (rng.standard_normal(n).astype(np.float32) * s for s in (1.0, 0.01, 1e-4))
+    v0 = np.abs(v0)
+    tg, parts = up(gr), gpu.tensor((-(-n // K.CHUNK),))
+    for v in ("scalar", "vec4"):
+        d = K.grad_sumsq(gpu, tg, parts, n, variant=v)
+        yield "grad_sumsq", v, f"n={n}", d, lambda: np.abs(gpu.read(parts) - R.grad_sumsq(f64(gr))).max()
+    wd = np.full(-(-n // 256), 0.1, np.float32)
+    lr, t = 1e-3, 1
+    u = gpu.uniform(32)
+    step = np.array([0, 1.0, lr, 0.9, 0.95, 1e-8, 1 - 0.9 ** t, 1 - 0.95 ** t], np.float32).view(np.uint32)
+    step[0] = n
+    gpu.queue.write_buffer(u, 0, step.tobytes())
+    rw, rm_, rv = f64(w0), f64(m0), f64(v0)
+    R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, 0.9, 0.95, 1e-8, t)
+    for v in ("scalar", "vec4"):
+        tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
+        d = K.adamw(gpu, tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
+        yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="small", help="shapes: rows = batch x ctx, C, 4C, vocab, parameters")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    cfg = preset(args.preset)
+    rows, C, M, V = cfg.batch * cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.vocab
+    n = -(-n_params(cfg) // 256) * 256
+    gpu = GPU()
+    print(f"adapter: {gpu.name} ({gpu.backend}); preset {args.preset}", file=sys.stderr)
+    out, scalar_ms = [], {}
+    for kernel, variant, shape, d, check in cases(gpu, rows, C, M, V, n, np.random.default_rng(0)):
+        if not hasattr(R, d.kernel.name):
+            raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference")
+        gpu.run([d])
+        err = float(check())
+        ms, method = time_dispatches(gpu, [d], args.repeats)
+        if variant == "scalar":
+            scalar_ms[kernel] = ms
+        out.append({"kernel": kernel, "variant": variant, "entry": d.kernel.name, "shape": shape, "ms": ms,
+                    "max_err": err, "speedup": scalar_ms[kernel] / ms, "timing": method})
+        print(f"{d.kernel.name} {shape}: {ms:.3f} ms, max error {err:.2e}", file=sys.stderr)
+    if not args.json:
+        print(f"# {gpu.name} ({gpu.backend}); preset {args.preset}; GPU time from {out[0]['timing']}, "
+              f"median of {args.repeats}; speedup = the scalar variant's ms / this one's")
+    emit(out, args.json, ["kernel", "variant", "entry", "shape", "ms", "max_err", "speedup"])
+
+
+if __name__ == "__main__":
+    main()
