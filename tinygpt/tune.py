@@ -21,12 +21,14 @@ from .files import atomic_write
 from .gpu import GPU, cache_dir
 
 WX_CANDIDATES = (8, 16, 32, 64)
-VEC_WX_DEFAULT = K.VEC_WX
 BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
 
 
 def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
-    gpu.tuning["matmul_wx"] = wx
+    """wx: the vec4 kernels' width (None for the sg ones, whose width is a subgroup)."""
+    gpu.tuning.pop("matmul_wx", None)
+    if wx:
+        gpu.tuning["matmul_wx"] = wx
     total = 0.0
     for M, N, Kd in shapes:
         r = np.random.default_rng(M + N + Kd)
@@ -37,7 +39,8 @@ def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
         gpu.run([d])
         err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
         if err > 1e-3 * np.sqrt(Kd):
-            raise RuntimeError(f"matmul {variant} WX={wx} gave a wrong result ({err:.2e}); not tuning")
+            what = f"{variant} WX={wx}" if wx else variant
+            raise RuntimeError(f"matmul {what} gave a wrong result ({err:.2e}); not tuning")
         total += time_dispatches(gpu, [d], repeats)[0]
     return total
 
@@ -77,13 +80,11 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
                 ms = _matmul_ms(gpu, wx, shapes, repeats)
                 rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
                 say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
-        gpu.tuning.pop("matmul_wx", None)
         sg = K.subgroups_ok(gpu)
         if sg:
-            ms = _matmul_ms(gpu, VEC_WX_DEFAULT, shapes, repeats, "sg")
+            ms = _matmul_ms(gpu, None, shapes, repeats, "sg")
             rows.append({"kernel": "matmul_sg", "variant": "sg", "ms": ms, "value": "sg"})
             say(f"matmul_sg: {ms:.2f} ms")
-        gpu.tuning.pop("matmul_wx", None)
         for block in BLOCK_CANDIDATES:
             if K.online_fits(gpu, hd, *block):
                 ms = _online_ms(gpu, block, T, hd, repeats)
