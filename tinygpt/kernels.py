@@ -35,7 +35,7 @@ def subgroups_ok(gpu) -> bool:
 
 def _sg_agrees(gpu) -> bool:
     import numpy as np
-    M, N, Kd = 20, 40, 12
+    M, N, Kd = 60, 60, 12  # 32-row tiles, 2 column blocks, the last of each partly past M and N
     r = np.random.default_rng(7)
     a, b, bias = r.standard_normal((M, Kd)), r.standard_normal((Kd, N)), r.standard_normal(N)
     at, bt = r.standard_normal((Kd + 1, M)), r.standard_normal((Kd + 1, N))  # odd K for A^T @ B
