@@ -143,14 +143,18 @@ class Model:
         fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
             fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, VP, C))
-        self.forward_dispatches = fwd
+        # The dispatch lists are the model's own: callers use step / mean_loss / logits_of /
+        # dispatch_groups, so no caller can run part of a list (reading losses of rows whose
+        # chunk of cross-entropy never ran, as evaluation once did with split logits).
+        self._fwd = fwd
         ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0, VP)
                            for r0, n in self.chunks]
-        self.loss_dispatches = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
-        self.eval_dispatches = ce(False) + self.loss_dispatches[-1:]
+        self._loss = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
+        self._eval_rows = ce(False)                      # per-row losses of every chunk, no gradient
+        self._bwd, self._opt = [], []
         if training:
-            self.backward_dispatches = self._record_backward(buckets)
-            self.optim_dispatches = self._record_optimizer()
+            self._bwd = self._record_backward(buckets)
+            self._opt = self._record_optimizer()
         self.step_count = 0
 
     # ---- layout helpers ---------------------------------------------------------------------
@@ -285,27 +289,54 @@ class Model:
         u = u.view(np.uint32)
         u[0] = self.n_flat
         self.gpu.queue.write_buffer(self.step_uniform, 0, u.tobytes())
-        self.gpu.run(self.forward_dispatches + self.loss_dispatches + self.backward_dispatches + self.optim_dispatches)
+        self.gpu.run(self._fwd + self._loss + self._bwd + self._opt)
 
     def grads_only(self, x, y):
         """Forward, loss and backward without the update (tests compare gradients)."""
         self.write_batch(x, y)
-        self.gpu.run(self.forward_dispatches + self.loss_dispatches + self.backward_dispatches)
+        self.gpu.run(self._fwd + self._loss + self._bwd)
+
+    def dispatch_groups(self):
+        """[(group, dispatch)] of one training step in order (the profiler times each)."""
+        return ([("forward", d) for d in self._fwd + self._loss] + [("backward", d) for d in self._bwd]
+                + [("optimizer", d) for d in self._opt])
+
+    def row_losses(self, x, y, rows: int | None = None) -> np.ndarray:
+        """The next-token loss of each of the first `rows` of B*T positions (all by default):
+        forward, then cross-entropy over every chunk of logits, no gradient, no update."""
+        self.write_batch(x, y)
+        self.gpu.run(self._fwd + self._eval_rows)
+        return self.gpu.read(self.losses, count=rows or self.B * self.T)
+
+    def mean_loss(self, xs: np.ndarray, ys: np.ndarray) -> float:
+        """Mean next-token loss over N windows [N, T], B at a time (float64 sum); the last batch
+        is padded with copies of its first window, whose rows are not read."""
+        B, T, n = self.B, self.T, len(xs)
+        if n == 0:
+            raise ValueError("no windows to evaluate")
+        total = 0.0
+        for i in range(0, n, B):
+            x, y = xs[i:i + B], ys[i:i + B]
+            k = len(x)
+            if k < B:
+                x = np.concatenate([x, np.repeat(x[:1], B - k, 0)])
+                y = np.concatenate([y, np.repeat(y[:1], B - k, 0)])
+            total += self.row_losses(x, y, k * T).astype(np.float64).sum()
+        return total / (n * T)
 
     def evaluate(self, x, y) -> float:
-        self.write_batch(x, y)
-        self.gpu.run(self.forward_dispatches + self.eval_dispatches)
-        return self.loss()
+        """Mean loss of one batch [B, T]."""
+        return self.mean_loss(np.asarray(x), np.asarray(y))
 
     def logits_of(self, x) -> np.ndarray:
         self.write_batch(x)
-        self.gpu.run(self.forward_dispatches)
+        self.gpu.run(self._fwd)
         return self.gpu.read(self.logits)[:, :self.cfg.vocab].reshape(self.B, self.T, -1)
 
     def logits_row(self, x, row: int) -> np.ndarray:
         """Forward, then read one position's logits only (sampling)."""
         self.write_batch(x)
-        self.gpu.run(self.forward_dispatches)
+        self.gpu.run(self._fwd)
         return self.gpu.read(self.logits, count=self.cfg.vocab, offset_elems=row * self.VP)
 
     def loss(self) -> float:

@@ -15,9 +15,7 @@ from .model import Model
 
 def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5):
     """-> rows [(group, kernel, calls, ms)] sorted by time, and the total ms of a step."""
-    groups = ([("forward", d) for d in model.forward_dispatches + model.loss_dispatches]
-              + [("backward", d) for d in model.backward_dispatches]
-              + [("optimizer", d) for d in model.optim_dispatches])
+    groups = model.dispatch_groups()
     ds = [d for _, d in groups]
     prof = Profiler(model.gpu, len(ds))
     model.write_batch(x, y)

@@ -47,22 +47,6 @@ def lr_at(step: int, lr: float, warmup: int, min_lr: float | None, total: int) -
     return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * frac))
 
 
-def mean_loss(model: Model, xs: np.ndarray, ys: np.ndarray) -> float:
-    """Mean next-token loss over N windows, B at a time; rows of a padded last batch are dropped."""
-    B, total, n = model.B, 0.0, len(xs)
-    for i in range(0, n, B):
-        x, y = xs[i:i + B], ys[i:i + B]
-        k = len(x)
-        if k < B:  # pad with copies of the first window, read only the real rows
-            x = np.concatenate([x, np.repeat(x[:1], B - k, 0)])
-            y = np.concatenate([y, np.repeat(y[:1], B - k, 0)])
-        model.write_batch(x, y)
-        model.gpu.run(model.forward_dispatches + model.eval_dispatches[:1])
-        rows = model.gpu.read(model.losses, count=k * model.T).astype(np.float64)
-        total += rows.sum()
-    return total / (n * model.T)
-
-
 class StopFlag:
     """Ctrl-C during training asks to stop after the current step (never mid-step, so the
     saved data-sampling state and weights agree); a third Ctrl-C stops at once."""
@@ -244,7 +228,7 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
                                           f"the last good checkpoint, if any, is kept at {out_path}", 3)
                 rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(tok_s, 1)}
                 if want_eval:
-                    rec["val"] = mean_loss(model, vx, vy)
+                    rec["val"] = model.mean_loss(vx, vy)
                     last["val"] = rec["val"]
                 last["train"] = loss
                 run.history.append({k: rec[k] for k in ("step", "train", "val") if k in rec})
@@ -335,7 +319,7 @@ def evaluate(gpu: GPU, ck: ckpt.Checkpoint, data_path, max_windows=None, attenti
     xs, ys = data.val_windows(max_windows)
     model = Model(gpu, cfg, attention, B=min(cfg.batch, len(xs)), training=False)
     model.set_params(ck.params)
-    loss = mean_loss(model, xs, ys)
+    loss = model.mean_loss(xs, ys)
     return {"loss": loss, "perplexity": math.exp(loss), "windows": len(xs), "tokens": len(xs) * cfg.ctx}
 
 
