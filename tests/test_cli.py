@@ -48,7 +48,7 @@ def test_train_writes_checkpoint_log_plot_and_sample(tmp_path, corpus, capsys):
     assert set(rows[0]) == {"step", "train_loss", "val_loss", "lr", "tokens_per_s"}
     assert rows[2]["val_loss"] is not None and rows[0]["val_loss"] is None
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
-    assert out.exists() and out.with_suffix(".png").exists()
+    assert out.exists() and (tmp_path / "m.loss.png").exists()
     ck = ckpt.load(out)
     assert ck.step == 30 and ck.cfg.layers == 2 and ck.cfg.ctx == 16
     assert ck.extra["tokenizer"] == "byte" and "dataRngState" in ck.extra

@@ -86,13 +86,14 @@ def test_bad_data(tmp_path, case):
 def test_unreadable_data(tmp_path, monkeypatch, capsys):
     p = tmp_path / "locked.txt"
     p.write_text("some text")
-    real = Path.read_bytes
+    import builtins
+    real = builtins.open
 
-    def deny(self):
-        if self == p:
-            raise PermissionError(errno.EACCES, "Permission denied", str(self))
-        return real(self)
-    monkeypatch.setattr(Path, "read_bytes", deny)  # root reads anything: simulate the denial
+    def deny(path, *a, **k):
+        if str(path) == str(p):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", deny)  # root reads anything: simulate the denial
     assert main(["train", *TINY, "--steps", "1", "--data", str(p), "--out", str(tmp_path / "o.tinygpt")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "cannot read it (Permission denied)" in err[-1] and "permissions" in err[-1]
@@ -111,7 +112,7 @@ def test_invalid_utf8_with_gpt2(tmp_path):
 
 @pytest.mark.parametrize("args,needle", [
     (["--preset", "giant"], "unknown preset 'giant'"),
-    (["--d-model", "48", "--heads", "5"], "must divide d-model"),
+    (["--d-model", "48", "--heads", "5"], "must divide --d-model"),
     (["--steps", "0"], "--steps: must be positive"),
     (["--batch", "-2"], "--batch: must be positive"),
     (["--ctx", "0"], "--ctx: must be positive"),
@@ -204,7 +205,7 @@ def test_out_over_a_foreign_file_needs_force(tmp_path, corpus):
     precious = tmp_path / "notes.txt"
     precious.write_text("my notes")
     rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, "--out", precious)
-    one_line_error(rc, err, "not a .tinygpt", "--force")
+    one_line_error(rc, err, "not a checkpoint written by tinygpt", "--force")
     assert precious.read_text() == "my notes"
     rc, _ = cli("train", *TINY, "--steps", 1, "--data", corpus, "--eval-every", 0, "--out", precious, "--force")
     assert rc == 0 and ckpt.is_tinygpt(precious)
@@ -263,7 +264,7 @@ def test_second_ctrl_c_during_the_save_leaves_a_whole_file(tmp_path, corpus):
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert ckpt.load(out).step >= 3
-    assert not list(tmp_path.glob(".m.tinygpt.*.tmp"))
+    assert not list(tmp_path.glob(".tinygpt-*"))
 
 
 @pytest.mark.parametrize("final", [True, False])
@@ -279,7 +280,7 @@ def test_disk_full_at_save(tmp_path, corpus, saved, monkeypatch, capsys, final):
     if final:
         rc = main(args + ["--steps", "3"])
         err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 1 and "No space left on device" in err[-1] and "previous checkpoint there is intact" in err[-1]
+        assert rc == 1 and "No space left on device" in err[-1] and "keeps the checkpoint of step 4" in err[-1]
     else:
         calls = {"n": 0}
 
@@ -295,7 +296,7 @@ def test_disk_full_at_save(tmp_path, corpus, saved, monkeypatch, capsys, final):
         assert ckpt.load(saved).step == 4
         return
     assert saved.read_bytes() == before
-    assert not list(tmp_path.glob(".m.tinygpt.*.tmp"))
+    assert not list(tmp_path.glob(".tinygpt-*"))
 
 
 def test_nan_stops_with_the_step_and_a_hint(tmp_path, corpus, saved):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels as K
+from .errors import UsageError
 from .gpu import GPU, LimitError
 
 IMPLS = ("naive", "fused_sv", "online")
@@ -21,20 +22,20 @@ FUSED_MAX_T = 1024  # attn_fused_sv keeps a row of scores in a 1024-entry privat
 MAX_HEAD_DIM = 128
 
 
-class AttentionError(ValueError):
+class AttentionError(UsageError):
     pass
 
 
 def check(impl: str, T: int, C: int, H: int):
     if impl not in IMPLS:
-        raise AttentionError(f"unknown attention {impl!r}; choose one of {', '.join(IMPLS)}")
+        raise AttentionError(f"unknown {{opt:attention}} {impl!r}; choose one of {', '.join(IMPLS)}")
     if C % H:
         raise AttentionError(f"heads ({H}) must divide channels ({C})")
     if C // H > MAX_HEAD_DIM:
         raise AttentionError(f"head dim {C // H} exceeds {MAX_HEAD_DIM}; use more heads")
     if impl == "fused_sv" and T > FUSED_MAX_T:
         raise AttentionError(f"fused_sv handles sequences up to {FUSED_MAX_T} tokens, got T={T}; "
-                             "use --attention online (any length) or a shorter --ctx")
+                             "use {opt:attention} online (any length) or a shorter {opt:ctx}")
 
 
 def scratch_bytes(impl: str, B: int, T: int, H: int) -> int:
@@ -49,7 +50,7 @@ def head_chunks(gpu: GPU, B: int, T: int, H: int):
     nh = min(H, gpu.max_binding // per_head)
     if nh < 1:
         raise LimitError(f"the score matrix of one head needs {per_head:,} bytes (B={B}, T={T}) but a binding "
-                         f"allows {gpu.max_binding:,} (max-storage-buffer-binding-size); use --attention online")
+                         f"allows {gpu.max_binding:,} (max-storage-buffer-binding-size); use {{opt:attention}} online")
     return [(h0, min(nh, H - h0)) for h0 in range(0, H, nh)]
 
 

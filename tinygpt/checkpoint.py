@@ -21,14 +21,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .config import Config, param_specs
-from .files import atomic_write, read_user_file
+from .config import Config, n_params, param_specs
+from .errors import TinyGPTError
+from .files import WRITER, atomic_write, available_memory, check_regular
 
 MAGIC = b"TGPT"
 VERSION = 2
 
 
-class CheckpointError(ValueError):
+class CheckpointError(TinyGPTError, ValueError):
     pass
 
 
@@ -59,7 +60,7 @@ def config_from_header(c: dict) -> Config:
                      batch=int(c.get("batchSize", 16)), d_mlp=int(c.get("dMlp") or 4 * int(c["dModel"])),
                      vocab=int(c.get("vocabSize", 256)), lr=float(c.get("learningRate", 3e-4)),
                      grad_clip=float(c.get("gradClip", 1.0)), seed=int(c.get("seed", 0)))
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:
         raise CheckpointError(f"the header's config is incomplete or malformed ({e!r})") from e
     try:
         cfg.validate()
@@ -102,40 +103,66 @@ def encode(ck: Checkpoint) -> bytes:
     return b"".join(parts)
 
 
-def decode(raw: bytes, what: str = "the file") -> Checkpoint:
-    if len(raw) < 12:
-        raise CheckpointError(f"{what} is too short to be a .tinygpt file ({len(raw)} bytes)")
-    if raw[:4] != MAGIC:
-        raise CheckpointError(f"{what} is not a .tinygpt file (it starts with {raw[:4]!r}, not b'TGPT')")
-    version, hlen = struct.unpack("<II", raw[4:12])
+MAX_HEADER = 64 << 20   # bytes of JSON header we read at most (a long loss history is ~50 bytes a step)
+TOKENIZER_VOCAB = {"byte": 256, "gpt2": 50257}
+
+
+def _prefix(pre: bytes, size: int, what: str) -> tuple[int, int]:
+    """(version, header length) from the first 12 bytes of a file of `size` bytes."""
+    if len(pre) < 12:
+        raise CheckpointError(f"{what} is too short to be a .tinygpt file ({size} bytes)")
+    if pre[:4] != MAGIC:
+        raise CheckpointError(f"{what} is not a .tinygpt file (it starts with {pre[:4]!r}, not b'TGPT')")
+    version, hlen = struct.unpack("<II", pre[4:12])
     if version not in (1, 2):
         raise CheckpointError(f"{what} has .tinygpt version {version}; this tinygpt reads versions 1 and 2")
-    if 12 + hlen > len(raw):
-        raise CheckpointError(f"{what}: its header claims {hlen:,} bytes but the file has {len(raw) - 12:,} after the prefix; "
-                              "the file is truncated or corrupt")
+    if 12 + hlen > size:
+        raise CheckpointError(f"{what}: its header claims {hlen:,} bytes but the file has {size - 12:,} after the "
+                              "prefix; the file is truncated or corrupt")
+    if hlen > MAX_HEADER:
+        raise CheckpointError(f"{what}: its header claims {hlen:,} bytes, more than the {MAX_HEADER:,} a "
+                              ".tinygpt header may have")
+    return version, hlen
+
+
+def _header(version: int, hbytes: bytes, state_len: int, what: str):
+    """(header, cfg, with_opt, float count): the config checked by arithmetic against the state's
+    length before anything is sized from it."""
     try:
-        header = json.loads(raw[12:12 + hlen].decode("utf-8"))
+        header = json.loads(hbytes.decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("not an object")
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{what}: the header is not valid JSON ({e})") from e
-    if "config" not in header:
+    if not isinstance(header.get("config"), dict):
         raise CheckpointError(f"{what}: the header has no config")
     cfg = config_from_header(header["config"])
     dtype = header.get("weightDtype", "fp32")
     if dtype != "fp32":
         raise CheckpointError(f"{what} stores weights as {dtype!r}; this tinygpt reads fp32 only")
     with_opt = bool(header.get("includesOptimizerState", version >= 2))
-    _, nfloats = manifest(cfg, with_opt)
-    state = raw[12 + hlen:]
+    nfloats = n_params(cfg) * (3 if with_opt else 1)
     expected = 4 + 4 * nfloats
     declared = header.get("stateByteLength")
-    if declared is not None and int(declared) != expected:
-        raise CheckpointError(f"{what}: stateByteLength {declared:,} disagrees with its config, which needs {expected:,} bytes")
-    if len(state) < expected:
-        raise CheckpointError(f"{what} is truncated: its state has {len(state):,} of {expected:,} bytes")
-    if len(state) > expected:
-        raise CheckpointError(f"{what} has {len(state) - expected:,} bytes more state than its config needs")
+    if declared is not None and declared != expected:
+        raise CheckpointError(f"{what}: stateByteLength {declared!r} disagrees with its config, which needs "
+                              f"{expected:,} bytes")
+    if state_len < expected:
+        raise CheckpointError(f"{what} is truncated: its state has {state_len:,} of {expected:,} bytes")
+    if state_len > expected:
+        raise CheckpointError(f"{what} has {state_len - expected:,} bytes more state than its config needs")
+    extra = header.get("tinygptPy") or {}
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{what}: the header's tinygptPy field is not an object")
+    tok = extra.get("tokenizer", "byte" if cfg.vocab == 256 else "gpt2")
+    if TOKENIZER_VOCAB.get(tok) != cfg.vocab:
+        known = ", ".join(f"{k} ({v:,})" for k, v in TOKENIZER_VOCAB.items())
+        raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "
+                              f"tokens (known: {known}); the file is inconsistent")
+    return header, cfg, with_opt, nfloats
+
+
+def _build(header, cfg, with_opt, nfloats, state: bytes) -> Checkpoint:
     step = struct.unpack("<i", state[:4])[0]
     floats = np.frombuffer(state, "<f4", offset=4, count=nfloats)
     params, m, v = {}, ({} if with_opt else None), ({} if with_opt else None)
@@ -146,11 +173,50 @@ def decode(raw: bytes, what: str = "the file") -> Checkpoint:
             d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32)
             pos += n
     extra = header.get("tinygptPy") or {}
-    return Checkpoint(cfg, params, m, v, step, list(header.get("lossHistory") or []), dict(extra), header)
+    history = header.get("lossHistory")
+    return Checkpoint(cfg, params, m, v, step, list(history) if isinstance(history, list) else [], dict(extra),
+                      header)
 
 
-def load(path: str | os.PathLike) -> Checkpoint:
-    return decode(read_user_file(path, CheckpointError, str(path), "a .tinygpt file"), str(path))
+def decode(raw: bytes, what: str = "the file") -> Checkpoint:
+    version, hlen = _prefix(raw[:12], len(raw), what)
+    header, cfg, with_opt, nfloats = _header(version, raw[12:12 + hlen], len(raw) - 12 - hlen, what)
+    return _build(header, cfg, with_opt, nfloats, raw[12 + hlen:])
+
+
+def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
+    """Read a .tinygpt file: a regular file, its prefix and header checked against its size (and
+    the machine's free memory) before the state is read."""
+    what = label or str(path)
+    st = check_regular(path, CheckpointError, what, "a .tinygpt file")
+    try:
+        with open(path, "rb") as f:
+            version, hlen = _prefix(f.read(12), st.st_size, what)
+            hbytes = f.read(hlen)
+            state_len = st.st_size - 12 - hlen
+            header, cfg, with_opt, nfloats = _header(version, hbytes, state_len, what)
+            if 3 * state_len > available_memory():
+                raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
+                                      f"({available_memory():,} bytes)")
+            state = f.read(state_len)
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
+    if len(state) != state_len:
+        raise CheckpointError(f"{what} changed while being read; try again")
+    return _build(header, cfg, with_opt, nfloats, state)
+
+
+def peek_step(path) -> int | None:
+    """The step a .tinygpt file holds, reading only its prefix and header; None if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            version, hlen = _prefix(f.read(12), size, str(path))
+            f.seek(12 + hlen)
+            raw = f.read(4)
+        return struct.unpack("<i", raw)[0] if len(raw) == 4 else None
+    except (OSError, CheckpointError):
+        return None
 
 
 def save(path, ck: Checkpoint):
@@ -169,7 +235,8 @@ def is_tinygpt(path) -> bool:
 def export_safetensors(ck: Checkpoint, out):
     from safetensors.numpy import save
     tensors = {name: np.ascontiguousarray(ck.params[name], np.float32) for name, _, _ in param_specs(ck.cfg)}
-    atomic_write(out, save(tensors, metadata={"format": "tinygpt", "config": json.dumps(config_to_header(ck.cfg))}))
+    atomic_write(out, save(tensors, metadata={"format": "tinygpt", "writer": WRITER,
+                                              "config": json.dumps(config_to_header(ck.cfg))}))
 
 
 def hf_state(ck: Checkpoint) -> dict:
@@ -208,6 +275,7 @@ def export_hf(ck: Checkpoint, out_dir):
         "initializer_range": 0.02, "tie_word_embeddings": True, "scale_attn_weights": True,
         "bos_token_id": 50256 if cfg.vocab == 50257 else 0, "eos_token_id": 50256 if cfg.vocab == 50257 else 0,
         "torch_dtype": "float32",
+        "tinygpt_writer": WRITER,   # marks the directory's files as ours to replace
     }
     atomic_write(d / "config.json", json.dumps(config, indent=2).encode())
-    atomic_write(d / "model.safetensors", save(hf_state(ck), metadata={"format": "pt"}))
+    atomic_write(d / "model.safetensors", save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}))

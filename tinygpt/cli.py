@@ -7,9 +7,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
-EXIT_ERROR, EXIT_USAGE, EXIT_NUMERIC, EXIT_INTERRUPT = 1, 2, 3, 130
+from .errors import TinyGPTError, UsageError
+
+EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
+
+
+def flag(name: str) -> str:
+    """An options field as the flag that sets it."""
+    return "--" + name.replace("_", "-")
 
 
 def positive_int(s):
@@ -30,9 +38,19 @@ def preset_name(s):
 
 
 def nonneg_int(s):
-    v = int(s)
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
     if v < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def seed_int(s):
+    v = nonneg_int(s)
+    if v >= 2 ** 63:
+        raise argparse.ArgumentTypeError(f"must be below 2**63, got {v}")
     return v
 
 
@@ -47,9 +65,12 @@ def positive_float(s):
 
 
 def nonneg_float(s):
-    v = float(s)
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {s}")
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
     return v
 
 
@@ -75,34 +96,31 @@ def cmd_info(args) -> int:
     return 0
 
 
+def options(cls, args):
+    """The options dataclass of a command, from its parsed flags (same names)."""
+    return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
 def cmd_train(args) -> int:
-    from . import checkpoint as ckpt
+    from .options import TrainOptions
     from .train import profile, train
+    o = options(TrainOptions, args)
     if args.profile:
-        print(profile(args))
+        print(profile(o))
         return 0
-    out = Path(args.out or f"runs/{args.preset}.tinygpt")
-    args.out = str(out)
-    if out.exists() and not args.force and not ckpt.is_tinygpt(out):
-        raise UsageError(f"--out {out} exists and is not a .tinygpt checkpoint; pass --force to overwrite it, "
-                         "or choose another --out")
-    if out.is_dir():
-        raise UsageError(f"--out {out} is a directory; give a file name such as {out}/model.tinygpt")
-    train(args)
+    train(o)
     return 0
 
 
 def cmd_eval(args) -> int:
-    from . import checkpoint as ckpt
-    from .gpu import GPU
+    from .options import EvalOptions
     from .train import evaluate
-    ck = ckpt.load(args.model)
-    r = evaluate(GPU(), ck, args.data, args.max_windows, args.attention, args.tokenizer_file)
+    r = evaluate(options(EvalOptions, args))
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"validation loss {r['loss']:.4f} (perplexity {r['perplexity']:.2f}) over {r['windows']} windows, "
-              f"{r['tokens']:,} tokens")
+        ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
+        print(f"validation loss {r['loss']:.4f} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens")
     return 0
 
 
@@ -110,22 +128,13 @@ MAX_SAMPLE_TOKENS = 100_000
 
 
 def cmd_sample(args) -> int:
-    from . import checkpoint as ckpt
-    from .data import get_tokenizer
-    from .gpu import GPU
-    from .train import generate
+    from .options import SampleOptions
+    from .train import sample
     if args.tokens > MAX_SAMPLE_TOKENS:
         raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
     if args.top_k is not None and args.top_k <= 0:
         raise UsageError(f"--top-k must be positive, got {args.top_k}")
-    ck = ckpt.load(args.model)
-    if args.top_k is not None and args.top_k > ck.cfg.vocab:
-        raise UsageError(f"--top-k {args.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
-    tok = get_tokenizer(ck.extra.get("tokenizer", "byte" if ck.cfg.vocab == 256 else "gpt2"), args.tokenizer_file)
-    gpu = GPU()
-    print(f"sampling {args.tokens} tokens at temperature {args.temperature} on {gpu.name}", file=sys.stderr)
-    text = generate(gpu, ck.cfg, ck.params, tok, args.prompt, args.tokens, args.temperature, args.top_k,
-                    args.seed, args.attention)
+    text = sample(options(SampleOptions, args))
     sys.stdout.write(text)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
@@ -134,7 +143,17 @@ def cmd_sample(args) -> int:
 
 def cmd_export(args) -> int:
     from . import checkpoint as ckpt
-    ck = ckpt.load(args.model)
+    from .files import Outputs, is_our_json, is_our_safetensors
+    outs = Outputs(args.force, {"model": args.model})
+    if args.format == "safetensors":
+        outs.claim(args.out, "out", "safetensors file", is_our_safetensors)
+    else:
+        d = Path(args.out)
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"{d} exists and is not a directory; --format hf writes a directory: choose another name")
+        outs.claim(d / "config.json", "out", "Hugging Face config", is_our_json)
+        outs.claim(d / "model.safetensors", "out", "safetensors file", is_our_safetensors)
+    ck = ckpt.load(args.model, f"--model {args.model}")
     if args.format == "safetensors":
         ckpt.export_safetensors(ck, args.out)
     else:
@@ -148,16 +167,16 @@ def cmd_tune(args) -> int:
     from .gpu import GPU
     from .tune import tune
     gpu = GPU()
+    if args.reset:
+        from .gpu import reset_tuning
+        print(reset_tuning(gpu.key))
+        return 0
     print(f"tuning kernel variants on {gpu.name} ({gpu.backend})", file=sys.stderr)
     r = tune(gpu, quick=args.quick, log=lambda m: print(m, file=sys.stderr))
     emit(r["rows"], args.json, ["kernel", "variant", "ms", "chosen"])
     if not args.json:
         print(f"chosen: {r['chosen']} -> {r['cache']}")
     return 0
-
-
-class UsageError(ValueError):
-    pass
 
 
 # ---- parser -------------------------------------------------------------------------------------
@@ -193,14 +212,15 @@ def build_parser():
     p.add_argument("--warmup", type=nonneg_int, default=0, help="linear warmup steps, then cosine decay")
     p.add_argument("--min-lr", type=nonneg_float, help="cosine schedule floor (turns the schedule on)")
     p.add_argument("--grad-clip", type=nonneg_float, help="global grad-norm clip (default 1.0, 0 = off)")
-    p.add_argument("--seed", type=int, help="init and data sampling seed (default 1337)")
+    p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)
-    p.add_argument("--log", help="append one JSON line per logged step to this file")
-    p.add_argument("--out", help="checkpoint path (default runs/PRESET.tinygpt)")
-    p.add_argument("--force", action="store_true", help="overwrite --out even if it is not a .tinygpt file")
+    p.add_argument("--log", help="append one JSON line per logged step to this JSON Lines file")
+    p.add_argument("--out", help="checkpoint path (default: the --resume file, else runs/PRESET.tinygpt)")
+    p.add_argument("--force", action="store_true",
+                   help="replace --out (and its .loss.png) even if tinygpt did not write them")
     p.add_argument("--save-every", type=nonneg_int, default=500)
     p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -223,7 +243,7 @@ def build_parser():
     p.add_argument("--tokens", type=positive_int, default=200)
     p.add_argument("--temperature", type=nonneg_float, default=0.8)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--attention", default="online", choices=IMPLS)
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_sample)
@@ -236,11 +256,13 @@ def build_parser():
     p = sub.add_parser("tune", parents=[common], help="measure kernel variants on this adapter and cache the fastest")
     p.add_argument("--json", action="store_true")
     p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
+    p.add_argument("--reset", action="store_true", help="forget this adapter's cached choices and exit")
     p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors, or a Hugging Face GPT-2 directory")
     p.add_argument("--model", required=True)
     p.add_argument("--format", required=True, choices=["safetensors", "hf"])
+    p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)
     return ap
@@ -249,24 +271,20 @@ def build_parser():
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from .attention import AttentionError
-    from .config import ConfigError
-    from .train import TrainingStopped
+    from .errors import set_wording
+    from .train import Interrupted
+    set_wording(flag)
     try:
         return args.fn(args)
-    except TrainingStopped as e:
+    except TinyGPTError as e:
         if args.debug:
             raise
-        if e.exit_code != EXIT_INTERRUPT:
-            print(f"tinygpt: error: {e}", file=sys.stderr)
+        if not isinstance(e, Interrupted):
+            print(f"tinygpt: error: {e.worded(flag)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        print("tinygpt: stopped at once without saving; the last checkpoint on disk is kept", file=sys.stderr)
         return EXIT_INTERRUPT
-    except (UsageError, ConfigError, AttentionError) as e:
-        if args.debug:
-            raise
-        print(f"tinygpt: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
     except Exception as e:
         if args.debug:
             raise

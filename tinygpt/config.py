@@ -1,7 +1,9 @@
 """Model configuration, TinyGPT's presets and the parameter table in .tinygpt order."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .errors import UsageError
 
 # name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C (TINYGPT.md)
 PRESETS = {
@@ -16,7 +18,14 @@ PRESETS = {
 }
 
 
-class ConfigError(ValueError):
+# Largest values a config may hold, checked before anything is sized from them (a crafted
+# checkpoint header must not make us build a table of 1e9 entries).
+MAX_DIMS = {"layers": 4096, "d_model": 65536, "heads": 4096, "ctx": 1 << 20, "batch": 1 << 20,
+            "d_mlp": 1 << 20, "vocab": 1 << 24}
+MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and moments
+
+
+class ConfigError(UsageError):
     pass
 
 
@@ -33,7 +42,6 @@ class Config:
     grad_clip: float = 1.0
     weight_decay: float = 0.1
     seed: int = 1337
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -44,24 +52,35 @@ class Config:
         return self.d_model // self.heads
 
     def validate(self):
-        for name in ("layers", "d_model", "heads", "ctx", "batch", "d_mlp", "vocab"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        """Every dimension positive and bounded, the parameter count by arithmetic: nothing here
+        allocates or lists anything sized by the config."""
+        for name, most in MAX_DIMS.items():
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{{opt:{name}}} must be a positive whole number, got {v!r}")
+            if v > most:
+                raise ConfigError(f"{{opt:{name}}} {v:,} is more than this tinygpt allows ({most:,})")
         if self.d_model % self.heads:
-            raise ConfigError(f"heads ({self.heads}) must divide d-model ({self.d_model}); "
-                              f"try --heads {next(h for h in range(min(self.heads, self.d_model), 0, -1) if self.d_model % h == 0)}")
+            fit = next(h for h in range(min(self.heads, self.d_model), 0, -1) if self.d_model % h == 0)
+            raise ConfigError(f"{{opt:heads}} ({self.heads}) must divide {{opt:d_model}} ({self.d_model}); "
+                              f"try {{opt:heads}} {fit}")
         if self.head_dim > 128:
-            raise ConfigError(f"head dim d-model/heads = {self.head_dim} exceeds 128; use more --heads")
+            raise ConfigError(f"head dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} exceeds 128; "
+                              "use more {opt:heads}")
+        n = n_params(self)
+        if n > MAX_PARAMS:
+            raise ConfigError(f"the model would have {n:,} parameters, more than this tinygpt holds "
+                              f"({MAX_PARAMS:,}); use fewer {{opt:layers}} or a smaller {{opt:d_model}}")
         if not self.lr > 0:
-            raise ConfigError(f"lr must be positive, got {self.lr}")
+            raise ConfigError(f"{{opt:lr}} must be positive, got {self.lr}")
         if self.grad_clip < 0:
-            raise ConfigError(f"grad-clip must be >= 0 (0 turns clipping off), got {self.grad_clip}")
+            raise ConfigError(f"{{opt:grad_clip}} must be >= 0 (0 turns clipping off), got {self.grad_clip}")
         return self
 
 
 def preset(name: str, **overrides) -> Config:
     if name not in PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        raise ConfigError(f"unknown {{opt:preset}} {name!r}; choose one of {', '.join(PRESETS)}")
     L, C, H, T, B = PRESETS[name]
     cfg = Config(layers=L, d_model=C, heads=H, ctx=T, batch=B)
     for k, v in overrides.items():
@@ -92,10 +111,7 @@ def param_specs(cfg: Config):
 
 
 def n_params(cfg: Config) -> int:
-    n = 0
-    for _, shape, _ in param_specs(cfg):
-        k = 1
-        for s in shape:
-            k *= s
-        n += k
-    return n
+    """The sum over param_specs, by arithmetic (no table is built, whatever the sizes)."""
+    V, C, T, M, L = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers
+    per_layer = 4 * C * C + 2 * C * M + 9 * C + M   # Wq..Wo, fc_in, fc_out; 4 LN vectors + 5 biases of C; fc_in_b
+    return V * C + T * C + 2 * C + L * per_layer

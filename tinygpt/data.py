@@ -13,14 +13,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import read_user_file
+from .errors import TinyGPTError
+from .files import available_memory, read_user_file
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 
 
-class DataError(ValueError):
+class DataError(TinyGPTError, ValueError):
     pass
+
+
+def max_corpus_bytes() -> int:
+    """The largest text file we read: tokens take up to 16 bytes per input byte on the way
+    (uint32 ids, tiktoken's Python ints), so a sixteenth of free memory, and 4 GiB at most."""
+    return min(4 << 30, available_memory() // 16)
 
 
 # ---- corpora ---------------------------------------------------------------------------------
@@ -41,10 +48,11 @@ def read_corpus(path: str | None) -> tuple[bytes, str]:
     """(raw bytes, a name for logs). Errors say what is wrong and what to do."""
     if path is None:
         return builtin_corpus(), "built-in (Python's reference documentation)"
-    raw = read_user_file(path, DataError, f"--data {path}",
-                         "a UTF-8 text file, or leave --data out for the built-in corpus")
+    raw = read_user_file(path, DataError, f"{{opt:data}} {path}",
+                         "a UTF-8 text file, or leave {opt:data} out for the built-in corpus",
+                         max_corpus_bytes(), "a sixteenth of free memory, at most 4 GiB")
     if not raw:
-        raise DataError(f"--data {path}: the file is empty; give a text file with some content")
+        raise DataError(f"{{opt:data}} {path}: the file is empty; give a text file with some content")
     return raw, str(path)
 
 
@@ -75,7 +83,7 @@ class GPT2Tokenizer:
                 data = data.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"the text is not valid UTF-8 (byte {e.start}); the gpt2 tokenizer needs UTF-8: "
-                                "convert the file, or use --tokenizer byte") from e
+                                "convert the file, or use {opt:tokenizer} byte") from e
         return np.asarray(self.enc.encode(data, disallowed_special=()), np.uint32)
 
     def decode(self, ids) -> str:
@@ -85,13 +93,11 @@ class GPT2Tokenizer:
 def _encoding_from_file(path: str):
     import tiktoken
     import tiktoken_ext.openai_public as op  # r50k's split pattern
-    try:
-        raw = Path(path).read_bytes()
-    except OSError as e:
-        raise DataError(f"--tokenizer-file {path}: cannot read it ({e.strerror})") from e
+    raw = read_user_file(path, DataError, f"{{opt:tokenizer_file}} {path}", "tiktoken's r50k_base.tiktoken",
+                         16 << 20, "r50k_base.tiktoken has 1.6 MB")
     digest = hashlib.sha256(raw).hexdigest()
     if digest != R50K_SHA256:
-        raise DataError(f"--tokenizer-file {path}: sha256 {digest[:12]}... is not r50k_base.tiktoken's "
+        raise DataError(f"{{opt:tokenizer_file}} {path}: sha256 {digest[:12]}... is not r50k_base.tiktoken's "
                         f"({R50K_SHA256[:12]}...); give the right file")
     ranks = {base64.b64decode(tok): int(rank) for tok, rank in (ln.split() for ln in raw.splitlines() if ln)}
     return tiktoken.Encoding(name="r50k_base", pat_str=op.r50k_pat_str, mergeable_ranks=ranks,
@@ -123,7 +129,7 @@ def get_tokenizer(name: str = "byte", tokenizer_file: str | None = None):
         where = "its cached copy is unusable" if cached else "it is not cached and could not be downloaded"
         raise DataError(f"the gpt2 tokenizer needs tiktoken's r50k_base.tiktoken, and {where} ({type(e).__name__}); "
                         "put the file in the directory named by TIKTOKEN_CACHE_DIR (as tiktoken caches it), "
-                        "or pass it with --tokenizer-file PATH") from e
+                        "or pass it with {opt:tokenizer_file} PATH") from e
     finally:
         socket.setdefaulttimeout(old)
 
@@ -143,7 +149,7 @@ class Dataset:
             minimum = 10 * need
             raise DataError(f"the data has {n:,} tokens: too short for one window of ctx+1 = {need} tokens in both "
                             f"the training (90%) and validation (10%) splits; give at least {minimum:,} tokens "
-                            "(bytes with the byte tokenizer) or a smaller --ctx")
+                            "(bytes with the byte tokenizer) or a smaller {opt:ctx}")
 
     def sample(self, rng: np.random.Generator, B: int):
         """B random windows of ctx+1 training tokens -> (x [B, T], y [B, T])."""

@@ -1,35 +1,227 @@
 """Reading what a user names and writing what a user keeps.
 
-read_user_file turns every way a path can be wrong into one sentence of the
-caller's error type; atomic_write never leaves half a file behind.
+Reading: only regular files (a FIFO would hang, /dev/zero never ends), and
+only up to a size stated before a byte is read. Writing: every file a command
+will create is claimed first (`Outputs`), before any work: it must not be an
+input of the same command, must not replace a file tinygpt did not write
+(unless --force), and its directory must take a new file of that name. The
+write itself is atomic: a short temporary name beside the target, fsync,
+rename, so a crash leaves the old file or the new one, never half of one.
 """
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 
+from .errors import OutputError
 
-def read_user_file(path, error: type, label: str, expect: str) -> bytes:
-    """The bytes at path, or error(one line): label names the flag or file, expect what to give."""
-    p = Path(path)
-    if not p.exists():
-        raise error(f"{label}: no such file; give {expect}")
-    if p.is_dir():
-        raise error(f"{label}: is a directory; give {expect}")
+
+def available_memory() -> int:
+    """Bytes of memory free for this process to use, as the OS reports it (or 4 GiB if it can't)."""
     try:
-        return p.read_bytes()
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 4 << 30
+
+
+def check_regular(path, error: type, label: str, expect: str) -> os.stat_result:
+    """stat (follows links, opens nothing): a regular file, or error(one line)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{label}: no such file; give {expect}") from None
+    except OSError as e:
+        raise error(f"{label}: cannot read it ({e.strerror}); check the path and its permissions") from e
+    if stat.S_ISDIR(st.st_mode):
+        raise error(f"{label}: is a directory; give {expect}")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
+            stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
+        raise error(f"{label}: is {kind}, not a regular file; give {expect}")
+    return st
+
+
+def read_user_file(path, error: type, label: str, expect: str, max_bytes: int, what_limits: str = "") -> bytes:
+    """The bytes of a regular file of at most max_bytes, or error(one line) naming label and the fix."""
+    st = check_regular(path, error, label, expect)
+    if st.st_size > max_bytes:
+        why = f" ({what_limits})" if what_limits else ""
+        raise error(f"{label}: {st.st_size:,} bytes is more than the {max_bytes:,} this can read{why}; "
+                    f"give {expect}")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise error(f"{label}: cannot read it ({e.strerror}); check its permissions") from e
+    if len(data) > max_bytes:  # it grew since the stat
+        raise error(f"{label}: grew past {max_bytes:,} bytes while being read; give {expect}")
+    return data
 
 
+# ---- names -----------------------------------------------------------------------------------
+def name_max(directory) -> int:
+    try:
+        return int(os.pathconf(directory if Path(directory).exists() else ".", "PC_NAME_MAX"))
+    except (OSError, ValueError):
+        return 255
+
+
+def derived(path, suffix: str) -> Path:
+    """path's stem + suffix (model.tinygpt -> model.loss.png): never path itself (suffix is added
+    to the stem, so the name changes), and shortened with a hash where it would pass the name limit."""
+    p = Path(path)
+    name = p.stem + suffix
+    limit = name_max(p.parent if str(p.parent) else ".")
+    if len(os.fsencode(name)) > limit:
+        tag = "-" + hashlib.sha1(os.fsencode(p.name)).hexdigest()[:8]
+        keep = limit - len(os.fsencode(suffix + tag))
+        stem = os.fsencode(p.stem)[:keep].decode("utf-8", "ignore")
+        name = stem + tag + suffix
+    return p.with_name(name)
+
+
+# ---- what is ours ------------------------------------------------------------------------------
+WRITER = "tinygpt"   # stamped in every PNG and safetensors file we write
+
+
+def _head(path, n: int) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read(n)
+    except OSError:
+        return b""
+
+
+def is_our_png(path) -> bool:
+    head = _head(path, 4096)
+    return head.startswith(b"\x89PNG") and b"Software\x00" + WRITER.encode() in head
+
+
+def is_our_safetensors(path) -> bool:
+    head = _head(path, 8)
+    if len(head) < 8:
+        return False
+    n = int.from_bytes(head, "little")
+    if n > 100 << 20:
+        return False
+    try:
+        meta = json.loads(_head(path, 8 + n)[8:]).get("__metadata__") or {}
+    except (ValueError, AttributeError):
+        return False
+    return meta.get("writer") == WRITER
+
+
+def is_json_lines(path, limit: int = 1 << 20) -> bool:
+    """Empty, or every whole line of the first MiB a JSON object (our --log files)."""
+    head = _head(path, limit)
+    lines = head.split(b"\n")
+    if len(head) == limit:
+        lines = lines[:-1]  # the last may be cut
+    try:
+        return all(isinstance(json.loads(l), dict) for l in lines if l.strip())
+    except (ValueError, UnicodeDecodeError):
+        return False
+
+
+def is_our_json(path) -> bool:
+    try:
+        return json.loads(_head(path, 1 << 20)).get("tinygpt_writer") == WRITER
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+# ---- claiming outputs ------------------------------------------------------------------------
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+class Outputs:
+    """The files one command will write, each checked before any work is done.
+
+    inputs: {option: path} of what the command reads; no output may be one of them."""
+
+    def __init__(self, force: bool = False, inputs: dict | None = None):
+        self.force = force
+        self.inputs = {k: Path(v) for k, v in (inputs or {}).items() if v}
+        self.claimed: dict[Path, str] = {}
+
+    def claim(self, path, option: str, kind: str, ours=None, append: bool = False) -> Path:
+        """Check that `path` may be written, or raise OutputError naming {opt:option} and the fix.
+
+        kind: what we write there, for messages; ours(path): whether an existing file is one we
+        wrote (then it may be replaced); append: the file is appended to, never replaced."""
+        p = Path(path)
+        label = f"{{opt:{option}}} {p}"
+        if not p.name or p.name in (".", ".."):
+            raise OutputError(f"{label}: not a file name; give a file name for the {kind}")
+        for opt, src in self.inputs.items():
+            if _same(p, src) or p.resolve() == src.resolve():
+                raise OutputError(f"{label} is also this command's {{opt:{opt}}}; writing the {kind} there would "
+                                  "destroy an input: choose another name")
+        key = p.resolve()
+        if key in self.claimed:
+            raise OutputError(f"{label}: the {self.claimed[key]} is written there too; give another name")
+        if len(os.fsencode(p.name)) > name_max(p.parent if str(p.parent) else "."):
+            raise OutputError(f"{label}: the name is {len(os.fsencode(p.name))} bytes, over this file system's "
+                              f"limit of {name_max(p.parent)}; choose a shorter name")
+        if p.exists() or p.is_symlink():
+            try:
+                st = os.stat(p)
+            except OSError as e:
+                raise OutputError(f"{label}: cannot use it ({e.strerror}); choose another name") from e
+            if stat.S_ISDIR(st.st_mode):
+                raise OutputError(f"{label} is a directory; give a file name such as {p / ('x' + p.suffix)}")
+            if not stat.S_ISREG(st.st_mode):
+                raise OutputError(f"{label} exists and is not a regular file; choose another name")
+            if append:
+                if not (ours and ours(p)):
+                    raise OutputError(f"{label} exists and is not a JSON Lines log; the {kind} is only appended "
+                                      "to such a file: choose another name")
+            elif not (ours and ours(p)) and not self.force:
+                raise OutputError(f"{label} exists and is not a {kind} written by tinygpt; pass {{opt:force}} "
+                                  "to replace it, or choose another name")
+        self._check_writable(p, label)
+        self.claimed[key] = kind
+        return p
+
+    @staticmethod
+    def _check_writable(p: Path, label: str):
+        d = p.parent if str(p.parent) else Path(".")
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".tinygpt-", suffix=".probe", dir=d)
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as e:
+            raise OutputError(f"{label}: cannot write in {d} ({e.strerror}); {advice(e)}") from e
+
+
+def advice(e: OSError) -> str:
+    """What to do about a failed write, by its cause."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free some space or write elsewhere"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return "write somewhere you have permission to"
+    if e.errno == errno.ENAMETOOLONG:
+        return "choose a shorter name"
+    return "write elsewhere"
+
+
+# ---- writing ----------------------------------------------------------------------------------
 def atomic_write(path, data: bytes):
-    """Temporary file beside the target, fsync, rename, fsync the directory.
-
-    A crash at any point leaves either the old file or the new one, never half of one."""
+    """Temporary file beside the target (a short name, whatever the target's length), fsync,
+    rename, fsync the directory. A crash at any point leaves the old file or the new one."""
     p = Path(path)
     d = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=".tinygpt-", suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -50,3 +242,16 @@ def atomic_write(path, data: bytes):
             os.close(dfd)
     except OSError:
         pass
+
+
+def rescue_paths(path) -> list[Path]:
+    """Where a model that could not be saved at `path` goes instead: beside it under a short
+    name, then the working directory, then the temporary directory."""
+    short = f"tinygpt-rescued-{os.getpid()}.tinygpt"
+    p = Path(path)
+    cands = [p.parent / short, Path.cwd() / short, Path(tempfile.gettempdir()) / short]
+    out = []
+    for c in cands:
+        if c not in out and not c.exists():
+            out.append(c)
+    return out

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import TinyGPTError
+
 # Tensors inside one buffer start on this many bytes, which satisfies every
 # adapter's min-storage-buffer-offset-alignment (at most 256) and lets a
 # 256-float workgroup of the optimizer never straddle two tensors.
@@ -25,7 +27,7 @@ ALIGN_BYTES = 1024
 MAX_GROUPS = 65535
 
 
-class GPUError(RuntimeError):
+class GPUError(TinyGPTError, RuntimeError):
     """A failure of the WebGPU layer that a user can act on."""
 
 
@@ -163,13 +165,71 @@ def cache_dir() -> Path:
     return Path(d)
 
 
+TUNING_MAX_BYTES = 1 << 20
+
+
+def _valid_tuning(key: str, value) -> bool:
+    """What `tinygpt tune` can have written for each key; anything else is ignored."""
+    pow2 = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
+    if key == "matmul_wx":
+        return value in (8, 16, 32, 64) and not isinstance(value, bool)
+    if key == "online_block":
+        return isinstance(value, list) and len(value) == 2 and all(pow2(v) for v in value) \
+            and value[0] <= 1024 and value[1] <= 64
+    if key == "matmul_variant":
+        return value in ("sg", "vec4")
+    if key == "online_variant":
+        return value in ("sg", "tiles")
+    return False
+
+
 def read_tuning(key: str) -> dict:
-    """The kernel variants `tinygpt tune` measured fastest on this adapter, or {} (the defaults)."""
+    """The kernel variants `tinygpt tune` measured fastest on this adapter, or {} (the defaults).
+
+    A cache that cannot be read, or an entry of it that tune could not have written, is ignored
+    with one warning naming the file and how to reset it: a cache never stops a command."""
     import json
-    try:
-        return dict(json.loads((cache_dir() / "tuning.json").read_text()).get(key, {}))
-    except (OSError, ValueError, AttributeError):
+    from .errors import warn
+    path = cache_dir() / "tuning.json"
+    if not path.exists():
         return {}
+    reset = f"reset it with 'tinygpt tune {{opt:reset}}' or delete {path}"
+    try:
+        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
+            raise ValueError("not a regular file of at most 1 MiB")
+        entry = json.loads(path.read_text()).get(key, {})
+        if not isinstance(entry, dict):
+            raise ValueError(f"the entry for this adapter is {type(entry).__name__}, not an object")
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError) as e:
+        warn(f"ignoring the tuning cache {path} ({e}); the default kernels run; {reset}")
+        return {}
+    bad = {k: v for k, v in entry.items() if not _valid_tuning(k, v)}
+    if bad:
+        shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in list(bad.items())[:3])
+        warn(f"ignoring invalid entries of the tuning cache {path}: {shown}; {reset}")
+    return {k: v for k, v in entry.items() if k not in bad}
+
+
+def reset_tuning(key: str) -> str:
+    """Remove this adapter's entry from the cache (the file, if it cannot be read); says what it did."""
+    import json
+    from .files import atomic_write
+    path = cache_dir() / "tuning.json"
+    if not path.exists():
+        return f"no tuning cache at {path}: nothing to reset"
+    try:
+        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
+            raise ValueError
+        allv = json.loads(path.read_text())
+        if not isinstance(allv, dict):
+            raise ValueError
+    except (OSError, ValueError, UnicodeDecodeError):
+        path.unlink()
+        return f"removed the unreadable tuning cache {path}"
+    if allv.pop(key, None) is None:
+        return f"{path} holds no entry for this adapter: nothing to reset"
+    atomic_write(path, json.dumps(allv, indent=2).encode())
+    return f"removed this adapter's entry from {path}; the default kernels run until the next tune"
 
 
 class GPU:
@@ -219,7 +279,7 @@ class GPU:
     def check_loop(self, trips: int, what: str):
         if self.is_cpu and trips > self.LOOP_CAP:
             raise LimitError(f"{what} is {trips:,}, but this CPU adapter ({self.name}) stops any kernel loop after "
-                             f"{self.LOOP_CAP:,} iterations; use a smaller --batch or --ctx")
+                             f"{self.LOOP_CAP:,} iterations; use a smaller {{opt:batch}} or {{opt:ctx}}")
 
     @property
     def max_binding(self) -> int:
@@ -235,7 +295,7 @@ class GPU:
         name = "max-storage-buffer-binding-size" if binding and self.max_binding <= self.max_buffer else "max-buffer-size"
         if nbytes > lim:
             raise LimitError(f"{what} needs {nbytes:,} bytes but this adapter allows {lim:,} ({name}); "
-                             "use a smaller --batch, --ctx or model")
+                             "use a smaller {opt:batch}, {opt:ctx} or model")
 
     # ---- buffers -------------------------------------------------------------------
     def buffer(self, nbytes: int, label: str = "", binding: bool = True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels as K
-from . import reference as R
+from .prep import token_buckets
 from .attention import Attention
 from .config import Config, param_specs
 from .gpu import GPU, LimitError, Tensor
@@ -273,7 +273,7 @@ class Model:
         if y is not None:
             data[self.batch_offsets["targets"]:][:BT] = np.asarray(y).reshape(-1)
         if self.training:
-            offsets, positions = R.token_buckets(x, V)
+            offsets, positions = token_buckets(x, V)
             b0 = self.batch_offsets["buckets"]
             data[b0:b0 + V + 1] = offsets
             data[b0 + V + 1:b0 + V + 1 + BT] = positions

@@ -1,12 +1,14 @@
-"""Training, evaluation and sampling on the GPU; what the CLI calls.
+"""Training, evaluation and sampling on the GPU; what the CLI calls with an options object.
 
 The loop keeps everything on the GPU; it reads the loss back only on steps it
-logs, evaluates, or saves. Checkpoints are written atomically; Ctrl-C saves
-first and exits 130; a non-finite loss stops the run and keeps the last good
-checkpoint on disk.
+logs, evaluates, or saves. Every output is claimed before the first step
+(files.Outputs). A checkpoint is saved only after the weights it holds pass a
+health check; Ctrl-C or SIGTERM, at any moment, ends in a whole checkpoint
+(exit 130 or 143); a failed final save puts the model where it can go.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import signal
@@ -19,24 +21,27 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
-from . import reference as R
 from .attention import check as check_attention
 from .config import Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
+from .errors import TinyGPTError, UsageError
+from .files import WRITER, Outputs, advice, atomic_write, derived, is_json_lines, is_our_png, rescue_paths
 from .gpu import GPU
 from .model import Model
+from .options import EvalOptions, SampleOptions, TrainOptions
+from .prep import init_params
 
 
-class TrainingStopped(RuntimeError):
+class TrainingStopped(TinyGPTError):
     """A run ended early for a reason the user should see; exit_code says which."""
 
-    def __init__(self, msg, exit_code=1):
-        super().__init__(msg)
-        self.exit_code = exit_code
+
+class Interrupted(TrainingStopped):
+    """Stopped by a signal after saving (the lines before it said so); exit 130 or 143."""
 
 
 def lr_at(step: int, lr: float, warmup: int, min_lr: float | None, total: int) -> float:
-    """Constant lr by default (TinyGPT); with --warmup or --min-lr, linear warmup then cosine to min_lr."""
+    """Constant lr by default (TinyGPT); with warmup or min_lr, linear warmup then cosine to min_lr."""
     if not warmup and min_lr is None:
         return lr
     if warmup and step < warmup:
@@ -48,44 +53,49 @@ def lr_at(step: int, lr: float, warmup: int, min_lr: float | None, total: int) -
 
 
 class StopFlag:
-    """Ctrl-C during training asks to stop after the current step (never mid-step, so the
-    saved data-sampling state and weights agree); a third Ctrl-C stops at once."""
+    """Ctrl-C (SIGINT) or SIGTERM (systemd, Slurm, `timeout`, containers) asks to stop after the
+    current step, never mid-step, so the saved sampling state and weights agree. A third signal
+    stops at once without saving, except while a checkpoint is written: then it waits."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self):
-        self.requested = 0
+        self.requested, self.signum, self._saving, self.old = 0, None, False, {}
         try:
-            self.old = signal.signal(signal.SIGINT, self._handler)
-        except ValueError:  # not the main thread: leave Ctrl-C alone
-            self.old = None
+            for s in self.SIGNALS:
+                self.old[s] = signal.signal(s, self._handler)
+        except ValueError:  # not the main thread: leave signals alone
+            self.old = {}
 
-    def _handler(self, *_):
+    def _handler(self, signum, _frame):
         self.requested += 1
-        if self.requested >= 3:
+        self.signum = self.signum or signum
+        if self.requested >= 3 and not self._saving:
             raise KeyboardInterrupt
 
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)   # 130 for Ctrl-C, 143 for SIGTERM
+
+    @property
+    def name(self) -> str:
+        return "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
+
+    @contextmanager
+    def saving(self):
+        """While a checkpoint is written, signals only count."""
+        was, self._saving = self._saving, True
+        try:
+            yield
+        finally:
+            self._saving = was
+
     def restore(self):
-        """Put the old handler back; after a Ctrl-C, ignore further ones while the process exits
+        """Put the old handlers back; after a signal, ignore further ones while the process exits
         (a late one would otherwise kill it after the save, with no exit code of ours)."""
-        if self.old is not None:
-            signal.signal(signal.SIGINT, signal.SIG_IGN if self.requested else self.old)
-            self.old = None
-
-
-@contextmanager
-def no_interrupt():
-    """Defer Ctrl-C while a checkpoint is written; re-raise it afterwards."""
-    got = []
-    try:
-        old = signal.signal(signal.SIGINT, lambda *_: got.append(1))
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-    if got:
-        raise KeyboardInterrupt
+        for s, old in self.old.items():
+            signal.signal(s, signal.SIG_IGN if self.requested else old)
+        self.old = {}
 
 
 @dataclass
@@ -99,69 +109,161 @@ class Run:
     extra: dict
 
 
-def save_run(run: Run, path: Path):
-    m, v, step = run.model.get_opt_state()
-    params = run.model.get_params()
-    for name, a in params.items():
-        if not np.all(np.isfinite(a)):
-            raise TrainingStopped(f"not saving {path}: parameter {name} holds nan/inf; the previous checkpoint is kept", 3)
-    extra = dict(run.extra)
-    extra["dataRngState"] = run.rng.bit_generator.state
-    ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra)
-    with no_interrupt():
-        ckpt.save(path, ck)
+def unhealthy(loss: float, norm: float | None, best: float | None, vocab: int) -> str | None:
+    """Why the model has diverged, or None. Exploding: worse than 3 x ln V (uniform guessing
+    scores ln V), or worse than guessing and more than twice the best loss of this run."""
+    if not math.isfinite(loss):
+        return f"the loss became {loss}"
+    if norm is not None and not math.isfinite(norm):
+        return f"the gradient norm became {norm}"
+    guess = math.log(vocab)
+    if loss > 3 * guess:
+        return f"the loss exploded to {loss:.4g} (uniform guessing scores {guess:.3g})"
+    if best is not None and loss > guess and loss > 2 * best:
+        return f"the loss jumped to {loss:.4g}, over twice this run's best ({best:.4g})"
+    return None
 
 
-def save_final(run: Run, path: Path):
-    try:
-        save_run(run, path)
-    except OSError as e:
-        keep = "the previous checkpoint there is intact" if path.exists() else "nothing was written"
-        raise TrainingStopped(f"could not save {path} ({e.strerror or e}); {keep}; free space or choose another --out "
-                              "and run again (with --resume if a checkpoint exists)", 1) from e
+class Saver:
+    """Writes the run's checkpoint to one path, only after the weights pass the health check,
+    and remembers which step the file on disk holds (for messages after a refusal)."""
+
+    def __init__(self, run: Run, path: Path, stop: StopFlag):
+        self.run, self.path, self.stop = run, path, stop
+        self.kept = ckpt.peek_step(path) if ckpt.is_tinygpt(path) else None
+        self.best = None                       # the best train loss seen in this run
+
+    def kept_text(self) -> str:
+        if self.kept is None:
+            return f"no checkpoint was saved at {self.path}"
+        return f"{self.path} keeps the checkpoint of step {self.kept}"
+
+    def check(self, x, y, lr: float, done: int):
+        """The loss of the current (updated) weights on the last batch, and the weights themselves:
+        a step that diverged is never saved over a good checkpoint."""
+        model = self.run.model
+        loss = model.evaluate(x, y)
+        why = unhealthy(loss, None, self.best, self.run.cfg.vocab)
+        if why is None:
+            bad = [n for n, a in model.get_params().items() if not np.all(np.isfinite(a))]
+            why = f"parameter {bad[0]} holds nan/inf" if bad else None
+        if why:
+            raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; lower {{opt:lr}} "
+                                  f"(it is {lr:g}) or {{opt:grad_clip}}", 3)
+
+    def save(self, path: Path | None = None):
+        run, path = self.run, path or self.path
+        m, v, step = run.model.get_opt_state()
+        extra = dict(run.extra)
+        extra["dataRngState"] = run.rng.bit_generator.state
+        ck = ckpt.Checkpoint(run.cfg, run.model.get_params(), m, v, step, run.history, extra)
+        with self.stop.saving():
+            ckpt.save(path, ck)
+        if path == self.path:
+            self.kept = step
+
+    def save_final(self):
+        """Save, or put the model where it can go and say where (exit 1 either way on failure)."""
+        try:
+            self.save()
+            return
+        except OSError as e:
+            reason = f"could not save {self.path} ({e.strerror or e}; {advice(e)})"
+            tried = []
+            for alt in rescue_paths(self.path):
+                try:
+                    self.save(alt)
+                except OSError:
+                    tried.append(str(alt))
+                    continue
+                raise TrainingStopped(f"{reason}; the model was saved to {alt} instead: move it, or continue with "
+                                      f"{{opt:resume}} {alt}", 1) from e
+            raise TrainingStopped(f"{reason}, nor at {', '.join(tried)}; {self.kept_text()}", 1) from e
 
 
-def _differences(fcfg: Config, args) -> list[str]:
+class SideWriter:
+    """The log and the plot: a failure warns once and the run goes on."""
+
+    def __init__(self, err):
+        self.err, self.warned = err, set()
+
+    def attempt(self, what: str, fn, *a):
+        if what in self.warned:
+            return None
+        try:
+            return fn(*a)
+        except Exception as e:  # a plot or a log line never kills a run
+            self.warned.add(what)
+            print(f"\nwarning: could not write the {what} ({getattr(e, 'strerror', None) or e}); "
+                  "training goes on without it", file=self.err)
+            return None
+
+
+def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     diffs = []
-    for flag, name in (("layers", "layers"), ("d_model", "d_model"), ("heads", "heads"), ("ctx", "ctx")):
-        want = getattr(args, flag, None)
+    for name in ("layers", "d_model", "heads", "ctx"):
+        want = getattr(o, name)
         if want is not None and want != getattr(fcfg, name):
-            diffs.append(f"--{flag.replace('_', '-')} {want} (file: {getattr(fcfg, name)})")
+            diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, name)})")
     return diffs
 
 
-def setup(args, gpu: GPU | None = None) -> tuple[Run, int]:
+def data_path_for(given: str | None, recorded: str | None, option: str, source: str) -> str | None:
+    """The data to read: the one given, or the built-in corpus. A path recorded in a file is
+    never opened on the file's word: the user is asked to name it."""
+    if given or not recorded:
+        return given
+    raise UsageError(f"{source} was trained on {recorded}; give {{opt:data}} {recorded} (or another text file) "
+                     "to use it: tinygpt does not open paths read from a file")
+
+
+def output_paths(o: TrainOptions) -> Outputs:
+    """Claims the checkpoint, its loss-curve plot and the log before anything is read or run."""
+    from .checkpoint import is_tinygpt
+    out = Path(o.out or o.resume or f"runs/{o.preset}.tinygpt")
+    inputs = {"data": o.data, "tokenizer_file": o.tokenizer_file}
+    outs = Outputs(o.force, inputs)
+    outs.checkpoint = outs.claim(out, "out", "checkpoint", is_tinygpt)
+    outs.inputs["resume"] = Path(o.resume) if o.resume else None
+    outs.inputs = {k: v for k, v in outs.inputs.items() if v}
+    outs.plot = outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png)
+    outs.log = outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None
+    return outs
+
+
+def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     """Config, data, model and state for `tinygpt train`; returns the run and its start step."""
     from .config import preset
     resume = None
-    if args.resume:
-        resume = ckpt.load(args.resume)
-        diffs = _differences(resume.cfg, args)
+    if o.resume:
+        resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}")
+        diffs = _differences(resume.cfg, o)
         tok_file = resume.extra.get("tokenizer", "byte")
-        if args.tokenizer and args.tokenizer != tok_file:
-            diffs.append(f"--tokenizer {args.tokenizer} (file: {tok_file})")
+        if o.tokenizer and o.tokenizer != tok_file:
+            diffs.append(f"{{opt:tokenizer}} {o.tokenizer} (file: {tok_file})")
         if diffs:
-            raise TrainingStopped(f"--resume {args.resume}: these flags contradict the file: {'; '.join(diffs)}; "
-                                  "drop them to continue the saved model", 2)
+            raise TrainingStopped(f"{{opt:resume}} {o.resume}: these options contradict the file: "
+                                  f"{'; '.join(diffs)}; drop them to continue the saved model", 2)
         cfg = resume.cfg
         for k in ("batch", "lr", "grad_clip"):
-            if getattr(args, k, None) is not None:
-                setattr(cfg, k, getattr(args, k))
+            if getattr(o, k) is not None:
+                setattr(cfg, k, getattr(o, k))
         tokenizer_name = tok_file
     else:
-        cfg = preset(args.preset, layers=args.layers, d_model=args.d_model, heads=args.heads, ctx=args.ctx,
-                     batch=args.batch, lr=args.lr, grad_clip=args.grad_clip, seed=args.seed)
-        tokenizer_name = args.tokenizer or "byte"
-    tok = get_tokenizer(tokenizer_name, getattr(args, "tokenizer_file", None))
+        cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
+                     batch=o.batch, lr=o.lr, grad_clip=o.grad_clip, seed=o.seed)
+        tokenizer_name = o.tokenizer or "byte"
+    tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
     cfg.validate()
-    check_attention(args.attention, cfg.ctx, cfg.d_model, cfg.heads)
-    data_path = args.data if args.data else (resume.extra.get("data") if resume and resume.extra.get("data") else None)
+    check_attention(o.attention, cfg.ctx, cfg.d_model, cfg.heads)
+    data_path = data_path_for(o.data, resume.extra.get("data") if resume else None, "data",
+                              f"{{opt:resume}} {o.resume}")
     raw, name = read_corpus(data_path)
     data = Dataset(tok.encode(raw), cfg.ctx, name)
     gpu = gpu or GPU()
-    model = Model(gpu, cfg, args.attention)
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": args.attention}
+    model = Model(gpu, cfg, o.attention)
+    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
@@ -173,59 +275,67 @@ def setup(args, gpu: GPU | None = None) -> tuple[Run, int]:
         else:
             model.step_count = resume.step
         if "dataRngState" in resume.extra:
-            rng.bit_generator.state = resume.extra["dataRngState"]
+            try:
+                rng.bit_generator.state = resume.extra["dataRngState"]
+            except (TypeError, ValueError, KeyError) as e:
+                raise ckpt.CheckpointError(f"{{opt:resume}} {o.resume}: its data-sampling state is malformed") from e
         history = list(resume.loss_history)
         start = resume.step
     else:
-        model.set_params(R.init_params(cfg))
+        model.set_params(init_params(cfg))
         start = 0
     return Run(cfg, model, data, tok, rng, history, extra), start
 
 
-def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
+def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
     out, err = out or sys.stdout, err or sys.stderr
-    run, start = setup(args, gpu)
+    outs = output_paths(o)                       # every output checked before anything is read
+    out_path = outs.checkpoint
+    run, start = setup(o, gpu)
     cfg, model, data = run.cfg, run.model, run.data
-    steps = args.steps
+    steps = o.steps
     if steps <= start:
-        raise TrainingStopped(f"the checkpoint is already at step {start}; ask for more --steps than that", 2)
-    out_path = Path(args.out)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(args.log, "a") if args.log else None
+        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
+    side = SideWriter(err)
+    log = side.attempt("log", open, outs.log, "a") if outs.log else None
     B, T = model.B, model.T
-    vx, vy = data.val_windows(args.eval_windows)
+    vx, vy = data.val_windows(o.eval_windows)
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
-          f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {args.attention} on {model.gpu.name} "
+          f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
           f"({model.gpu.backend})", file=err)
     print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)", file=err)
     from tqdm import tqdm
-    bar = tqdm(total=steps, initial=start, file=err, unit="step", dynamic_ncols=True, disable=args.quiet,
+    bar = tqdm(total=steps, initial=start, file=err, unit="step", dynamic_ncols=True, disable=o.quiet,
                mininterval=0.1 if getattr(err, "isatty", lambda: False)() else 5.0)
-    t_last, tok_s, step = time.time(), 0.0, start
+    t_last, tok_s = time.time(), 0.0
     last = {"train": None, "val": None}
     stop = StopFlag()
+    saver = Saver(run, out_path, stop)
+    x = y = None
+    lr = cfg.lr
     try:
         n_since = 0
         for step in range(start, steps):
             if stop.requested:
                 break
-            lr = lr_at(step, cfg.lr, args.warmup, args.min_lr, steps)
+            lr = lr_at(step, cfg.lr, o.warmup, o.min_lr, steps)
             x, y = data.sample(run.rng, B)
             model.step(x, y, lr)
             n_since += 1
             done = step + 1
             is_last = done == steps
-            want_eval = args.eval_every and (done % args.eval_every == 0 or is_last)
-            if done % args.log_every == 0 or is_last or want_eval:
+            want_eval = o.eval_every and (done % o.eval_every == 0 or is_last)
+            if done % o.log_every == 0 or is_last or want_eval:
                 loss = model.loss()
                 now = time.time()
                 tok_s = n_since * B * T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
                 norm = model.grad_norm()
-                if not (math.isfinite(loss) and math.isfinite(norm)):
-                    what = f"the loss became {loss}" if not math.isfinite(loss) else f"the gradient norm became {norm}"
-                    raise TrainingStopped(f"{what} at step {done}; lower --lr (it is {lr:g}) or --grad-clip; "
-                                          f"the last good checkpoint, if any, is kept at {out_path}", 3)
+                why = unhealthy(loss, norm, saver.best, cfg.vocab)
+                if why:
+                    raise TrainingStopped(f"{why} at step {done}; lower {{opt:lr}} (it is {lr:g}) or "
+                                          f"{{opt:grad_clip}}; {saver.kept_text()}", 3)
+                saver.best = loss if saver.best is None else min(saver.best, loss)
                 rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(tok_s, 1)}
                 if want_eval:
                     rec["val"] = model.mean_loss(vx, vy)
@@ -233,45 +343,52 @@ def train(args, gpu: GPU | None = None, out=None, err=None) -> dict:
                 last["train"] = loss
                 run.history.append({k: rec[k] for k in ("step", "train", "val") if k in rec})
                 if log:
-                    log.write(json.dumps({"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr,
-                                          "tokens_per_s": rec["tokens_per_s"]}) + "\n")
-                    log.flush()
+                    line = json.dumps({"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr,
+                                       "tokens_per_s": rec["tokens_per_s"]}) + "\n"
+                    if side.attempt("log", lambda: (log.write(line), log.flush())) is None:
+                        log = None
                 bar.set_postfix_str(f"loss {loss:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
                                     + f" {tok_s:,.0f} tok/s")
             bar.update(1)
-            if args.save_every and done % args.save_every == 0 and not is_last:
+            if o.save_every and done % o.save_every == 0 and not is_last:
+                saver.check(x, y, lr, done)
                 try:
-                    save_run(run, out_path)
+                    saver.save()
                 except OSError as e:  # keep training: the state is in memory, the last good file on disk
-                    print(f"\nwarning: could not save {out_path} at step {done} ({e.strerror or e}); the previous "
-                          "checkpoint is intact, training goes on and saving is tried again", file=err)
+                    print(f"\nwarning: could not save {out_path} at step {done} ({e.strerror or e}); "
+                          f"{saver.kept_text()}; training goes on and saving is tried again", file=err)
+        bar.close()
+        # The final save: after the last step, or after a signal. The handlers stay in place
+        # until the file is whole, so a signal here is deferred, not fatal.
         if stop.requested:
-            bar.close()
-            print(f"\ninterrupted at step {model.step_count}: saving {out_path}", file=err)
-            save_final(run, out_path)
-            print(f"saved; continue with: tinygpt train --resume {out_path} --steps {steps}", file=err)
-            raise TrainingStopped("interrupted", 130)
+            print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=err)
+        if x is not None:
+            saver.check(x, y, lr, model.step_count)
+        saver.save_final()
+        if not stop.requested:
+            png = side.attempt("loss-curve plot", plot_losses, run.history, outs.plot)
+            sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0)
+        if stop.requested:   # before the save, or during the plot or sample after it
+            print(f"saved; continue with: tinygpt train {{opt:resume}} {out_path} {{opt:steps}} {steps}", file=err)
+            raise Interrupted("interrupted", stop.exit_code)
     finally:
-        stop.restore()
         bar.close()
         if log:
-            log.close()
-    save_final(run, out_path)
-    png = plot_losses(run.history, out_path.with_suffix(".png"))
-    sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0)
+            side.attempt("log", log.close)
+        stop.restore()
     summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
                "checkpoint": str(out_path), "plot": str(png) if png else None, "steps": steps}
-    val = f"{last['val']:.4f}" if last["val"] is not None else "not evaluated (--eval-every 0)"
+    val = f"{last['val']:.4f}" if last["val"] is not None else "not evaluated ({opt:eval_every} 0)"
     print(f"final train loss {last['train']:.4f}, val loss {val}, {tok_s:,.0f} tokens/s", file=out)
     print(f"checkpoint {out_path}" + (f", loss curve {png}" if png else ""), file=out)
     print("greedy sample:\n" + sample_text, file=out)
     return summary
 
 
-def profile(args, warmup: int = 3) -> str:
+def profile(o: TrainOptions, warmup: int = 3) -> str:
     """`tinygpt train --profile`: a few steps, then the per-kernel table of one step."""
     from .profile import format_profile, profile_step
-    run, _ = setup(args)
+    run, _ = setup(o)
     model = run.model
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
@@ -280,7 +397,7 @@ def profile(args, warmup: int = 3) -> str:
     rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.cfg.lr)
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
-            f"attention {args.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
+            f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
             f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)")
     return head + "\n" + format_profile(rows, total)
 
@@ -302,25 +419,44 @@ def plot_losses(history, path: Path):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=100, format="png", metadata={"Software": WRITER})  # marks the file as ours
     plt.close(fig)
-    tmp.replace(path)
+    atomic_write(path, buf.getvalue())
     return path
 
 
 # ---- evaluation and sampling --------------------------------------------------------------------
-def evaluate(gpu: GPU, ck: ckpt.Checkpoint, data_path, max_windows=None, attention="online",
-             tokenizer_file=None) -> dict:
+def tokenizer_of(ck: ckpt.Checkpoint, tokenizer_file=None):
+    """The checkpoint's tokenizer (load() has checked that it produces the file's vocabulary)."""
+    return get_tokenizer(ck.extra.get("tokenizer", "byte" if ck.cfg.vocab == 256 else "gpt2"), tokenizer_file)
+
+
+def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
+    """Mean validation loss of a checkpoint over the whole validation split (or max_windows)."""
+    ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
     cfg = ck.cfg
-    tok = get_tokenizer(ck.extra.get("tokenizer", "byte" if cfg.vocab == 256 else "gpt2"), tokenizer_file)
-    raw, _ = read_corpus(data_path if data_path else ck.extra.get("data"))
+    tok = tokenizer_of(ck, o.tokenizer_file)
+    raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), "data", f"{{opt:model}} {o.model}"))
     data = Dataset(tok.encode(raw), cfg.ctx)
-    xs, ys = data.val_windows(max_windows)
-    model = Model(gpu, cfg, attention, B=min(cfg.batch, len(xs)), training=False)
+    xs, ys = data.val_windows(o.max_windows)
+    model = Model(gpu or GPU(), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False)
     model.set_params(ck.params)
     loss = model.mean_loss(xs, ys)
-    return {"loss": loss, "perplexity": math.exp(loss), "windows": len(xs), "tokens": len(xs) * cfg.ctx}
+    # exp overflows past ~709 nats: say so instead of failing
+    ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
+    return {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx}
+
+
+def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> str:
+    """`tinygpt sample`: prompt + o.tokens generated tokens, decoded."""
+    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
+    if o.top_k is not None and o.top_k > ck.cfg.vocab:
+        raise UsageError(f"{{opt:top_k}} {o.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
+    tok = tokenizer_of(ck, o.tokenizer_file)
+    gpu = gpu or GPU()
+    print(f"sampling {o.tokens} tokens at temperature {o.temperature} on {gpu.name}", file=err or sys.stderr)
+    return generate(gpu, ck.cfg, ck.params, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.seed, o.attention)
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:

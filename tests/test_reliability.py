@@ -1,0 +1,344 @@
+"""Nothing a user owns is lost: each class of the reliability promises on real files, real
+signals and a real full disk (a small tmpfs, where this machine lets us mount one)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_hardening import TINY, cli, one_line_error
+from tinygpt import checkpoint as ckpt
+from tinygpt.cli import main
+from tinygpt.config import Config
+from tinygpt.prep import init_params
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("It was the best of times, it was the worst of times. " * 300)
+    return p
+
+
+def train(corpus, out, *extra, steps=3):
+    return cli("train", *TINY, "--data", corpus, "--steps", steps, "--eval-every", 0, "--out", out, *extra)
+
+
+@pytest.fixture
+def saved(tmp_path, corpus):
+    out = tmp_path / "m.tinygpt"
+    rc, err = train(corpus, out, steps=4)
+    assert rc == 0, err
+    return out
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 256 KiB file system: too small for a tiny checkpoint (~850 KB)."""
+    d = tmp_path / "small"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
+    yield d
+    subprocess.run(["umount", str(d)], capture_output=True)
+
+
+def foreign_png(path):
+    """A PNG some other program wrote."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path.read_bytes()
+
+
+# ---- 1. files: write only what is ours -----------------------------------------------------------
+def test_out_named_png_keeps_the_checkpoint(tmp_path, corpus):
+    out = tmp_path / "model.png"
+    rc, err = train(corpus, out)
+    assert rc == 0, err
+    assert ckpt.load(out).step == 3                      # the plot went beside it, not over it
+    assert (tmp_path / "model.loss.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_a_foreign_png_beside_the_checkpoint_is_never_replaced(tmp_path, corpus):
+    holiday = foreign_png(tmp_path / "holiday.png")
+    rc, err = train(corpus, tmp_path / "holiday.tinygpt")
+    assert rc == 0 and (tmp_path / "holiday.png").read_bytes() == holiday
+    # where the plot would go, a file of someone else's is refused before training, unless --force
+    other = foreign_png(tmp_path / "trip.loss.png")
+    rc, err = train(corpus, tmp_path / "trip.tinygpt")
+    one_line_error(rc, err, "trip.loss.png exists and is not a loss-curve plot written by tinygpt", "--force")
+    assert rc == 2 and (tmp_path / "trip.loss.png").read_bytes() == other
+    assert not (tmp_path / "trip.tinygpt").exists()
+    rc, err = train(corpus, tmp_path / "trip.tinygpt", "--force")
+    assert rc == 0 and (tmp_path / "trip.loss.png").read_bytes() != other
+    rc, err = train(corpus, tmp_path / "trip.tinygpt")  # our own plot and checkpoint: replaced freely
+    assert rc == 0, err
+
+
+def test_log_appends_only_to_json_lines(tmp_path, corpus, saved):
+    before = saved.read_bytes()
+    rc, err = train(corpus, tmp_path / "n.tinygpt", "--log", saved)
+    one_line_error(rc, err, "is not a JSON Lines log")
+    assert saved.read_bytes() == before and ckpt.load(saved).step == 4
+    log = tmp_path / "l.jsonl"
+    log.write_text('{"step": 1}\n')
+    rc, err = train(corpus, tmp_path / "n.tinygpt", "--log", log, "--log-every", 1)
+    assert rc == 0 and len(log.read_text().splitlines()) == 4
+
+
+def test_an_input_is_never_an_output(tmp_path, corpus, saved):
+    rc, err = train(corpus, corpus, "--force")
+    one_line_error(rc, err, "is also this command's --data")
+    rc, err = train(corpus, tmp_path / "x.tinygpt", "--log", corpus)
+    one_line_error(rc, err, "is also this command's --data")
+    before = saved.read_bytes()
+    for force in ([], ["--force"]):
+        rc, err = cli("export", "--model", saved, "--format", "safetensors", saved, *force)
+        one_line_error(rc, err, "is also this command's --model")
+    assert saved.read_bytes() == before
+
+
+def test_export_replaces_only_its_own_files(tmp_path, saved):
+    mine = tmp_path / "w.safetensors"
+    notes = tmp_path / "notes.safetensors"
+    notes.write_text("not weights")
+    rc, err = cli("export", "--model", saved, "--format", "safetensors", notes)
+    one_line_error(rc, err, "not a safetensors file written by tinygpt", "--force")
+    assert notes.read_text() == "not weights"
+    for _ in range(2):  # the second replaces the first: it is ours
+        rc, err = cli("export", "--model", saved, "--format", "safetensors", mine)
+        assert rc == 0, err
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"mine": true}')
+    rc, err = cli("export", "--model", saved, "--format", "hf", hf)
+    one_line_error(rc, err, "config.json exists and is not a Hugging Face config written by tinygpt")
+    assert json.loads((hf / "config.json").read_text()) == {"mine": True}
+
+
+def test_resume_without_out_writes_back_to_the_resumed_file(tmp_path, corpus, saved):
+    (tmp_path / "runs").mkdir()
+    bystander = tmp_path / "runs" / "tiny.tinygpt"
+    bystander.write_bytes(saved.read_bytes())
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--resume", str(saved), "--quiet", "--data",
+                        str(corpus), "--steps", "6", "--eval-every", "0"], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert ckpt.load(saved).step == 6 and ckpt.load(bystander).step == 4
+
+
+def test_long_names(tmp_path, corpus):
+    """A legal 248-byte name trains and saves (the temporary name is short); the plot's derived
+    name stays under the limit; a name over the limit is refused before the first step."""
+    out = tmp_path / ("m" * 240 + ".tinygpt")
+    rc, err = train(corpus, out)
+    assert rc == 0, err
+    assert ckpt.load(out).step == 3
+    pngs = list(tmp_path.glob("*.loss.png"))
+    assert len(pngs) == 1 and len(pngs[0].name) <= 255
+    rc, err = train(corpus, tmp_path / ("m" * 300 + ".tinygpt"))
+    one_line_error(rc, err, "over this file system's limit")
+    assert rc == 2
+
+
+def test_unwritable_output_is_refused_before_the_first_step(tmp_path, corpus):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    t0 = time.time()
+    rc, err = train(corpus, blocker / "m.tinygpt", steps=100000)
+    one_line_error(rc, err, "cannot write in")
+    assert rc == 2 and time.time() - t0 < 60 and not any("step" in l for l in err)
+
+
+# ---- 2. a finished run is never lost ---------------------------------------------------------------
+def test_full_disk_at_the_final_save_puts_the_model_elsewhere(tmp_path, corpus, tmpfs):
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(corpus), "--steps", "3",
+                        "--eval-every", "0", "--out", str(tmpfs / "m.tinygpt")], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    err = [l for l in r.stderr.splitlines() if "XDG" not in l and l.strip()]
+    one_line_error(r.returncode, err, "No space left on device", "saved to", "instead")
+    rescued = Path(err[-1].split("saved to ")[1].split(" instead")[0])
+    assert rescued.parent == tmp_path and ckpt.load(rescued).step == 3
+    assert not list(tmpfs.glob(".tinygpt-*"))
+
+
+def test_full_disk_for_the_log_warns_and_the_run_goes_on(tmp_path, corpus, tmpfs):
+    (tmpfs / "filler").write_bytes(b"\0" * (256 * 1024 - 8192))
+    rc, err = train(corpus, tmp_path / "m.tinygpt", "--log", tmpfs / "l.jsonl", "--log-every", 1, steps=120)
+    assert rc == 0, err
+    assert sum("warning: could not write the log" in l for l in err) == 1
+    assert ckpt.load(tmp_path / "m.tinygpt").step == 120
+
+
+def test_a_failing_plot_never_kills_a_run(tmp_path, corpus, monkeypatch, capsys):
+    import tinygpt.train as T
+
+    def broken(*_):
+        raise RuntimeError("no fonts")
+    monkeypatch.setattr(T, "plot_losses", broken)
+    assert main(["train", *TINY, "--data", str(corpus), "--steps", "3", "--out", str(tmp_path / "m.tinygpt")]) == 0
+    assert "could not write the loss-curve plot (no fonts)" in capsys.readouterr().err
+
+
+def _run_and_signal(tmp_path, corpus, sig, when_lines, steps):
+    out, log = tmp_path / "m.tinygpt", tmp_path / "l.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(corpus),
+                             "--steps", str(steps), "--eval-every", "0", "--log-every", "1", "--log", str(log),
+                             "--out", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not log.exists() or len(log.read_text().splitlines()) < when_lines):
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    return proc.returncode, stderr, out
+
+
+def test_sigterm_saves_like_ctrl_c(tmp_path, corpus):
+    rc, stderr, out = _run_and_signal(tmp_path, corpus, signal.SIGTERM, 3, 100000)
+    assert rc == 143 and "Traceback" not in stderr and "SIGTERM" in stderr, stderr
+    assert ckpt.load(out).step >= 3
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_ctrl_c_after_the_last_step_still_saves(tmp_path, corpus, trial):
+    """The signal lands between the last step's log line and the end of the run: exit 0 or 130,
+    and the checkpoint holds the last step either way."""
+    steps = 6
+    rc, stderr, out = _run_and_signal(tmp_path, corpus, signal.SIGINT, steps, steps)
+    assert rc in (0, 130) and "Traceback" not in stderr, stderr
+    assert ckpt.load(out).step == steps
+
+
+# ---- 3. a checkpoint saved is a good one -------------------------------------------------------------
+def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, corpus, saved):
+    before = saved.read_bytes()
+    rc, err = cli("train", "--resume", saved, "--quiet", "--data", corpus, "--steps", 40, "--eval-every", 0,
+                  "--lr", "1e4", "--save-every", 1, "--log-every", 100)
+    one_line_error(rc, err, "not saved", "keeps the checkpoint of step 4", "lower --lr")
+    assert rc == 3 and saved.read_bytes() == before
+
+
+def test_unhealthy_rules():
+    from tinygpt.train import unhealthy
+    assert unhealthy(float("nan"), 1.0, None, 256) and unhealthy(3.0, float("inf"), None, 256)
+    assert unhealthy(20.0, 1.0, None, 256)            # > 3 ln 256 = 16.6
+    assert unhealthy(6.0, 1.0, 1.5, 256)              # worse than guessing, 4x the best
+    assert unhealthy(5.0, 1.0, 1.5, 256) is None      # bad, but better than guessing
+    assert unhealthy(10.9, 1.0, None, 50257) is None  # ln 50257 = 10.8 at init
+
+
+# ---- 4. inputs bounded before they are read --------------------------------------------------------
+def test_data_that_is_not_a_regular_file(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "is a FIFO"), ("/dev/zero", "is a device"), ("/dev/urandom", "is a device")):
+        rc, err = cli("train", *TINY, "--steps", 1, "--data", path, "--out", tmp_path / "o.tinygpt", timeout=60)
+        one_line_error(rc, err, kind)
+    rc, err = cli("eval", "--model", fifo, timeout=60)
+    one_line_error(rc, err, "is a FIFO")
+
+
+def test_data_over_the_memory_bound_is_refused_unread(tmp_path, monkeypatch, capsys):
+    import tinygpt.data as D
+    monkeypatch.setattr(D, "max_corpus_bytes", lambda: 1000)
+    p = tmp_path / "big.txt"
+    p.write_text("x" * 5000)
+    assert main(["train", *TINY, "--steps", "1", "--data", str(p), "--out", str(tmp_path / "o.tinygpt")]) == 1
+    assert "5,000 bytes is more than the 1,000 this can read" in capsys.readouterr().err
+
+
+def test_crafted_header_is_refused_by_arithmetic(tmp_path, saved):
+    good = saved.read_bytes()
+    hlen = int.from_bytes(good[8:12], "little")
+    header = json.loads(good[12:12 + hlen])
+    header["config"]["layers"] = 1e8
+    hb = json.dumps(header).encode()
+    p = tmp_path / "crafted.tinygpt"
+    p.write_bytes(good[:8] + len(hb).to_bytes(4, "little") + hb + good[12 + hlen:])
+    t0 = time.time()
+    rc, err = cli("eval", "--model", p)
+    one_line_error(rc, err, "layers 100,000,000 is more than this tinygpt allows")
+    assert time.time() - t0 < 30
+
+
+def test_model_flags_too_big_are_refused_by_arithmetic(tmp_path, corpus):
+    for args, needle in ((["--layers", 10 ** 8], "--layers 100,000,000 is more than"),
+                         (["--layers", 4000, "--d-model", 8192, "--heads", 64], "parameters, more than")):
+        rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, *args, "--out", tmp_path / "o.tinygpt",
+                      timeout=60)
+        one_line_error(rc, err, needle)
+        assert rc == 2
+
+
+def test_a_path_inside_a_checkpoint_is_never_opened(tmp_path, corpus):
+    """The checkpoint records its --data; resuming or evaluating without --data asks for it
+    (the recorded path is a FIFO here: opening it would hang)."""
+    out = tmp_path / "m.tinygpt"
+    rc, err = train(corpus, out)
+    assert rc == 0, err
+    corpus.unlink()
+    os.mkfifo(corpus)
+    rc, err = cli("eval", "--model", out, timeout=60)
+    one_line_error(rc, err, f"was trained on {corpus}", "--data")
+    rc, err = cli("train", "--resume", out, "--steps", 5, "--quiet", timeout=60)
+    one_line_error(rc, err, f"was trained on {corpus}", "--data")
+
+
+def test_tokenizer_that_cannot_produce_the_vocabulary(tmp_path):
+    cfg = Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=300)
+    p = tmp_path / "v.tinygpt"
+    ckpt.save(p, ckpt.Checkpoint(cfg, init_params(cfg), extra={"tokenizer": "byte"}))
+    rc, err = cli("eval", "--model", p)
+    one_line_error(rc, err, "tokenizer 'byte' cannot produce its vocabulary of 300")
+
+
+# ---- 5. caches never brick the tool ------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [{"matmul_wx": 0}, {"online_block": [0, 32]}, {"matmul_wx": "8"},
+                                 {"online_variant": 3}, "a number", None])
+def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad):
+    from tinygpt.gpu import GPU
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = GPU().key
+    (cache / "tuning.json").write_text(json.dumps({key: bad}) if bad is not None else "{not json")
+    env = {"TINYGPT_CACHE_DIR": str(cache)}
+    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--out",
+                  tmp_path / "m.tinygpt", env=env)
+    assert rc == 0, err
+    warnings = [l for l in err if "warning" in l]
+    assert len(warnings) == 1 and str(cache / "tuning.json") in warnings[0] and "tinygpt tune --reset" in warnings[0]
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "tune", "--reset"], env=dict(os.environ, **env),
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "remove" in r.stdout
+    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--out",
+                  tmp_path / "m.tinygpt", env=env)
+    assert rc == 0 and not [l for l in err if "warning" in l], err
+
+
+# ---- 6. messages and codes ----------------------------------------------------------------------------
+def test_bad_flag_values_exit_2(tmp_path, corpus):
+    for args in (["--seed", "-1"], ["--seed", str(2 ** 70)], ["--warmup", "x"], ["--min-lr", "inf"]):
+        rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, *args, "--out", tmp_path / "o.tinygpt")
+        one_line_error(rc, err, args[0])
+        assert rc == 2
+
+
+def test_eval_of_an_exploded_model_prints_what_it_can(tmp_path, corpus, saved, capsys):
+    ck = ckpt.load(saved)
+    ck.params["tok_emb"] = ck.params["tok_emb"] * 1e4   # logits of ~1e4: a loss too large for exp
+    p = tmp_path / "big.tinygpt"
+    ckpt.save(p, ck)
+    assert main(["eval", "--model", str(p), "--data", str(corpus)]) == 0
+    out = capsys.readouterr().out
+    assert "perplexity too large to show" in out
+    assert main(["eval", "--model", str(p), "--data", str(corpus), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["perplexity"] is None and r["loss"] > 700 and np.isfinite(r["loss"])

@@ -1,0 +1,61 @@
+"""What a command asks for, as plain objects: the CLI builds them, the layers below read them.
+
+Field names are the option names that errors write as {opt:NAME}; the CLI turns
+NAME into the flag --NAME (underscores as dashes).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainOptions:
+    preset: str = "small"
+    layers: int | None = None
+    d_model: int | None = None
+    heads: int | None = None
+    ctx: int | None = None
+    batch: int | None = None
+    data: str | None = None            # None: the built-in corpus
+    tokenizer: str | None = None       # None: byte, or the resumed file's
+    tokenizer_file: str | None = None
+    steps: int = 1000
+    lr: float | None = None
+    warmup: int = 0
+    min_lr: float | None = None
+    grad_clip: float | None = None
+    seed: int | None = None
+    attention: str = "online"
+    kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
+    eval_every: int = 100
+    eval_windows: int = 64
+    log_every: int = 10
+    log: str | None = None
+    out: str | None = None             # None: the resumed file, else runs/PRESET.tinygpt
+    force: bool = False
+    save_every: int = 500
+    resume: str | None = None
+    quiet: bool = False
+
+
+@dataclass
+class EvalOptions:
+    model: str
+    data: str | None = None
+    max_windows: int | None = None
+    attention: str = "online"
+    kernels: dict = field(default_factory=dict)
+    tokenizer_file: str | None = None
+
+
+@dataclass
+class SampleOptions:
+    model: str
+    prompt: str = "\n"
+    tokens: int = 200
+    temperature: float = 0.8
+    top_k: int | None = None
+    seed: int = 0
+    attention: str = "online"
+    kernels: dict = field(default_factory=dict)
+    tokenizer_file: str | None = None
