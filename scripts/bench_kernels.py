@@ -18,7 +18,7 @@ import numpy as np
 from tinygpt import kernels as K
 from tinygpt import reference as R
 from tinygpt.bench import emit, time_dispatches
-from tinygpt.config import n_params, preset
+from tinygpt.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
 from tinygpt.gpu import GPU
 
 
@@ -79,11 +79,9 @@ def cases(gpu, rows, C, M, V, n, rng):
     wd = np.full(-(-n // 256), 0.1, np.float32)
     lr, t = 1e-3, 1
     u = gpu.uniform(32)
-    step = np.array([0, 1.0, lr, 0.9, 0.95, 1e-8, 1 - 0.9 ** t, 1 - 0.95 ** t], np.float32).view(np.uint32)
-    step[0] = n
-    gpu.queue.write_buffer(u, 0, step.tobytes())
+    gpu.queue.write_buffer(u, 0, K.adamw_uniform(n, 1.0, lr, t))
     rw, rm_, rv = f64(w0), f64(m0), f64(v0)
-    R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, 0.9, 0.95, 1e-8, t)
+    R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t)
     for v in ("scalar", "vec4"):
         tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
         d = K.adamw(gpu, tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)

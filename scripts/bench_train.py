@@ -15,10 +15,13 @@ import time
 import numpy as np
 
 from tinygpt import reference as R
+from tinygpt.prep import init_params
 from tinygpt.bench import emit
 from tinygpt.config import preset
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
+from tinygpt.cli import add_kernels
 from tinygpt.gpu import GPU
+from tinygpt.plan import make_plan
 from tinygpt.model import Model
 
 
@@ -29,15 +32,15 @@ def batches(cfg, steps, data_path, seed):
     return [ds.sample(rng, cfg.batch) for _ in range(steps)]
 
 
-def run_webgpu(cfg, params, data, lr, attention):
+def run_webgpu(cfg, params, data, lr, attention, kernels=None):
     gpu = GPU()
-    m = Model(gpu, cfg, attention)
+    m = Model(gpu, cfg, attention, plan=make_plan(gpu, kernels))
     m.set_params(params)
     t0 = time.perf_counter()
     for x, y in data:
         m.step(x, y, lr)
     loss = m.loss()  # waits for the GPU
-    return time.perf_counter() - t0, loss, f"{gpu.name} ({gpu.backend}), attention {attention}"
+    return time.perf_counter() - t0, loss, f"{gpu.name} ({gpu.backend}), attention {attention}, kernels {m.plan.describe()}"
 
 
 def run_numpy(cfg, params, data, lr):
@@ -69,12 +72,13 @@ def main(argv=None):
     ap.add_argument("--attention", default="online")
     ap.add_argument("--trainers", default="webgpu,numpy,torch")
     ap.add_argument("--json", action="store_true")
+    add_kernels(ap)
     args = ap.parse_args(argv)
     cfg = preset(args.preset).validate()
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
     tokens = args.steps * cfg.batch * cfg.ctx
-    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention),
+    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels),
                "numpy": lambda: run_numpy(cfg, params, data, args.lr),
                "torch": lambda: run_torch(cfg, params, data, args.lr)}
     rows = []

@@ -20,7 +20,9 @@ from tinygpt import attention as A
 from tinygpt import kernels as K
 from tinygpt import reference_attention as RA
 from tinygpt.bench import emit, time_dispatches
+from tinygpt.cli import add_kernels
 from tinygpt.gpu import GPU, LimitError
+from tinygpt.plan import make_plan
 
 
 def main(argv=None):
@@ -32,11 +34,14 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
+    add_kernels(ap)
     args = ap.parse_args(argv)
     Ts = [int(t) for t in args.T.split(",") if t]
     B, H, hd = args.batch, args.heads, args.head_dim
     C = H * hd
     gpu = GPU()
+    plan = make_plan(gpu, args.kernels)
+    print(f"kernels: {plan.describe()}", file=sys.stderr)
     print(f"adapter: {gpu.name} ({gpu.backend}); B={B} H={H} hd={hd}", file=sys.stderr)
     rows = []
     for T in Ts:
@@ -48,24 +53,20 @@ def main(argv=None):
         tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
         out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
         times = {}
-        impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(gpu, T, hd) == "sg" else [])
+        impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(plan, T, hd) == "sg" else [])
         for impl in impls:
             kind = "online" if impl == "online-tiles" else impl
             base = dict(impl=impl, T=T, B=B, H=H, hd=hd, scratch_bytes=A.scratch_bytes(kind, B, T, H))
-            saved = dict(gpu.tuning)
-            if impl == "online-tiles":
-                gpu.tuning["online_variant"] = "tiles"   # read when the dispatches are built
+            p = plan.with_(attention="tiles") if impl == "online-tiles" else plan
             try:
                 A.check(kind, T, C, H)
-                att = A.Attention(gpu, kind, B, T, C, H)
+                att = A.Attention(gpu, kind, B, T, C, H, plan=p)
                 fwd = att.forward(tq, tk, tv, out)
                 bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
             except (A.AttentionError, LimitError) as e:
                 for pas in ("fwd", "fwd+bwd"):
                     rows.append(dict(base, **{"pass": pas, "ms": None, "max_err": None, "status": f"n/a: {e}"}))
                 continue
-            finally:
-                gpu.tuning = saved
             gpu.run(fwd + bwd)  # validate before timing
             err_out = float(np.abs(gpu.read(out) - ref_out).max())
             err_grads = [float(np.abs(gpu.read(t) - g).max()) for t, g in zip((dq, dk, dv), ref_grads)]

@@ -20,26 +20,27 @@ def _inputs(B, T, C, seed=0):
     return [r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4)]
 
 
-def use(gpu, monkeypatch, impl):
-    """'online-tiles': online with online.wgsl's workgroup-memory tiles, where the adapter would
-    otherwise take online_sg.wgsl (both must stay right: GPUs and the GL backend use the tiles)."""
+def use(gpu, impl):
+    """-> (impl, plan). 'online-tiles': online with online.wgsl's workgroup-memory tiles, where the
+    device's plan would take online_sg.wgsl (both must stay right: GPUs and GL use the tiles)."""
+    from tinygpt.plan import make_plan
+    plan = make_plan(gpu, tuning={})
     if impl == "online-tiles":
-        monkeypatch.setitem(gpu.tuning, "online_variant", "tiles")
-        return "online"
-    return impl
+        return "online", plan.with_(attention="tiles")
+    return impl, plan
 
 
 @pytest.mark.parametrize("impl", attention.IMPLS + ("online-tiles",))
 @pytest.mark.parametrize("B,T,C,H", SHAPES)
-def test_attention_against_float64(gpu, monkeypatch, impl, B, T, C, H):
-    tag_impl, impl = impl, use(gpu, monkeypatch, impl)
+def test_attention_against_float64(gpu, impl, B, T, C, H):
+    tag_impl, (impl, plan) = impl, use(gpu, impl)
     q, k, v, do = _inputs(B, T, C)
     f = lambda a: a.astype(np.float64)
     ref = RA.attention_forward(f(q), f(k), f(v), H)
     rdq, rdk, rdv = RA.attention_backward(f(q), f(k), f(v), f(do), H)
     tag = f"{tag_impl} B={B} T={T} C={C} H={H} hd={C // H}"
-    check(f"{tag} out", attention.forward(q, k, v, H, impl, gpu), ref, TOL)
-    dq, dk, dv = attention.backward(q, k, v, do, H, impl, gpu)
+    check(f"{tag} out", attention.forward(q, k, v, H, impl, gpu, plan), ref, TOL)
+    dq, dk, dv = attention.backward(q, k, v, do, H, impl, gpu, plan)
     check(f"{tag} dq", dq, rdq, TOL)
     check(f"{tag} dk", dk, rdk, TOL)
     check(f"{tag} dv", dv, rdv, TOL)
@@ -48,15 +49,16 @@ def test_attention_against_float64(gpu, monkeypatch, impl, B, T, C, H):
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["online", "online-tiles"])
 @pytest.mark.parametrize("hd", [32, 128])
-def test_online_beyond_the_old_cap(gpu, monkeypatch, impl, hd):
+def test_online_beyond_the_old_cap(gpu, impl, hd):
     """T = 2048 (twice the original's cap). hd = 128 also guards llvmpipe's silent stop of an
     invocation's loops after 65,535 iterations: a kernel looping over T*hd would fail here."""
-    use(gpu, monkeypatch, impl)
+    _, plan = use(gpu, impl)
     B, T, C, H = 1, 2048, hd, 1
     q, k, v, do = _inputs(B, T, C, 1)
     f = lambda a: a.astype(np.float64)
-    check(f"{impl} T=2048 out", attention.forward(q, k, v, H, "online", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
-    dq, dk, dv = attention.backward(q, k, v, do, H, "online", gpu)
+    check(f"{impl} T=2048 out", attention.forward(q, k, v, H, "online", gpu, plan),
+          RA.attention_forward(f(q), f(k), f(v), H), TOL)
+    dq, dk, dv = attention.backward(q, k, v, do, H, "online", gpu, plan)
     for name, got, want in zip("qkv", (dq, dk, dv), RA.attention_backward(f(q), f(k), f(v), f(do), H)):
         check(f"{impl} T=2048 d{name}", got, want, TOL)
 

@@ -5,6 +5,7 @@ import pytest
 
 from tinygpt import kernels as K
 from tinygpt import reference as R
+from tinygpt.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
 
 from conftest import check
 
@@ -73,11 +74,14 @@ def test_subgroups_used_on_lavapipe(gpu):
     (matmul) and 3-15x (online attention)."""
     if not (gpu.is_cpu and gpu.backend == "Vulkan"):
         pytest.skip("lavapipe only")
+    from tinygpt.plan import make_plan
     assert "subgroup" in gpu.features and K.subgroups_ok(gpu)
-    assert K.mm_variant(gpu, "matmul_atb", 64, 64, 64) == "sg"
-    assert K.mm_variant(gpu, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
-    assert K.online_variant(gpu, 1024, 64) == "sg"
-    assert K.online_variant(gpu, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
+    plan = make_plan(gpu, tuning={})
+    assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("sg",) * 4 and plan.subgroups == "ok"
+    assert K.mm_variant(plan, "matmul_atb", 64, 64, 64) == "sg"
+    assert K.mm_variant(plan, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
+    assert K.online_variant(plan, 1024, 64) == "sg"
+    assert K.online_variant(plan, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
 
 
 def test_no_subgroups_switch():
@@ -85,12 +89,21 @@ def test_no_subgroups_switch():
     import os
     import subprocess
     import sys
-    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; g = GPU(); "
-            "print('subgroup' in g.features, K.subgroups_ok(g), K.mm_variant(g, 'matmul', 64, 64, 64), "
-            "K.online_variant(g, 64, 32), K.use_sg(g, 'loss_variant'))")
+    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; from tinygpt.plan import make_plan; "
+            "g = GPU(); p = make_plan(g); "
+            "print('subgroup' in g.features, K.subgroups_ok(g), K.mm_variant(p, 'matmul', 64, 64, 64), "
+            "K.online_variant(p, 64, 32), p.loss, p.reduce)")
     env = dict(os.environ, TINYGPT_NO_SUBGROUPS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.split() == ["False", "False", "vec4", "tiles", "False"], out.stderr[-500:]
+    assert out.stdout.split() == ["False", "False", "vec4", "tiles", "scalar", "scalar"], out.stderr[-500:]
+    # forcing a subgroup variant there is refused with the reason
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "eval", "--model", "x.tinygpt", "--kernels", "matmul=sg"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "no such file" in r.stderr  # the model is read first ...
+    code = ("from tinygpt.gpu import GPU; from tinygpt.plan import make_plan\n"
+            "try:\n    make_plan(GPU(), {'matmul': 'sg'})\nexcept Exception as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert "matmul=sg needs working subgroups" in out.stdout, out.stderr[-500:]
 
 
 @pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take elementwise4.wgsl
@@ -172,16 +185,16 @@ def test_embedding(gpu, rng, B, T, C, V):
 
 @pytest.mark.parametrize("variant", ["default", "plain"])
 @pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304), (3, 2, 4)])
-def test_cross_entropy(gpu, rng, monkeypatch, rows, V, stride, variant):
+def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0.
-    default: loss_sg.wgsl where subgroups work and stride % 4 == 0; plain: loss.wgsl always."""
-    if variant == "plain":
-        monkeypatch.setitem(gpu.tuning, "loss_variant", "plain")
+    default: the device's plan (loss_sg.wgsl where subgroups work and stride % 4 == 0); plain: loss.wgsl."""
+    from tinygpt.plan import make_plan
+    plan = make_plan(gpu, tuning={}) if variant == "default" else None
     padded = (rng.standard_normal((rows, stride)) * 3).astype(np.float32)
     logits = padded[:, :V]
     tgt = rng.integers(0, V, rows).astype(np.uint32)
     tl, losses, loss = gpu.upload(padded), gpu.tensor((rows,)), gpu.tensor((4,))
-    run(gpu, K.cross_entropy(gpu, gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
+    run(gpu, K.cross_entropy(gpu, gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride, plan=plan),
         K.loss_reduce(gpu, losses, loss, rows, 1.0 / rows))
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
     want = np.zeros((rows, stride))
@@ -203,9 +216,7 @@ def test_clip_and_adamw(gpu, rng, n):
     tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
     u = gpu.uniform(32)
     lr, t, clip = 1e-2, 3, 1.0
-    vals = np.array([0, clip, lr, 0.9, 0.95, 1e-8, 1 - 0.9 ** t, 1 - 0.95 ** t], np.float32).view(np.uint32)
-    vals[0] = n
-    gpu.queue.write_buffer(u, 0, vals.tobytes())
+    gpu.queue.write_buffer(u, 0, K.adamw_uniform(n, clip, lr, t))
     run(gpu, K.grad_sumsq(gpu, tg, parts, n), K.grad_clip(gpu, parts, stats, n_part, clip),
         K.adamw(gpu, tg, gpu.upload(wd), stats, tw, tm, tv, n, u))
     rparts = R.grad_sumsq(f64(grads))
@@ -213,7 +224,8 @@ def test_clip_and_adamw(gpu, rng, n):
     norm, scale = R.grad_clip(rparts, clip)
     check(f"grad_clip n={n}", gpu.read(stats)[:2], [norm, scale], 1e-7, 1e-5)
     rw, rm, rv = f64(w), f64(m), f64(v)
-    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), scale, rw, rm, rv, lr, 0.9, 0.95, 1e-8, t)
+    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), scale, rw, rm, rv, lr, ADAMW_BETA1, ADAMW_BETA2,
+            ADAMW_EPS, t)
     check(f"adamw w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
     check(f"adamw m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
     check(f"adamw v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)

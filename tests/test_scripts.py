@@ -103,15 +103,16 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     assert sum(1 for row in rows if row["kernel"] in ("matmul_vec4", "attn_online") and row.get("chosen")) == 2
     cache = json.loads((tmp_path / "tuning.json").read_text())
     (key, chosen), = cache.items()
-    assert set(chosen) == {"matmul_wx", "online_block"} | ({"matmul_variant", "online_variant"} if sg else set())
+    assert set(chosen) == {"matmul_wx", "online_block"} | ({"matmul", "attention"} if sg else set())
     if sg:
-        assert chosen["matmul_variant"] in ("sg", "vec4") and chosen["online_variant"] in ("sg", "tiles")
+        assert chosen["matmul"] in ("sg", "vec4") and chosen["attention"] in ("sg", "tiles")
         for r in rows:
             if r["kernel"] in ("matmul_sg", "attn_online_sg"):
-                assert r["chosen"] == (r["value"] == chosen[r["kernel"].replace("attn_", "").replace("_sg", "_variant")])
-    # a new GPU on this adapter reads the choice, and the kernels use it
-    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; g = GPU(); "
-            "print(g.tuning['matmul_wx'], list(K.online_tiles(g, 16)))")
+                fam = "matmul" if r["kernel"] == "matmul_sg" else "attention"
+                assert r["chosen"] == (chosen[fam] == "sg")
+    # a new plan on this adapter reads the choice, and the kernels use it
+    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; from tinygpt.plan import make_plan; "
+            "g = GPU(); p = make_plan(g); print(p.matmul_wx, list(K.online_tiles(g, 16, plan=p)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.split()[0] == str(chosen["matmul_wx"])
     assert json.loads(out.split(" ", 1)[1]) == chosen["online_block"]

@@ -16,6 +16,7 @@ import numpy as np
 from . import kernels as K
 from .errors import UsageError
 from .gpu import GPU, LimitError
+from .plan import KernelPlan, make_plan
 
 IMPLS = ("naive", "fused_sv", "online")
 FUSED_MAX_T = 1024  # attn_fused_sv keeps a row of scores in a 1024-entry private array
@@ -58,9 +59,9 @@ class Attention:
     """One causal attention of shape [B, T, C] with H heads, recorded once."""
 
     def __init__(self, gpu: GPU, impl: str, B: int, T: int, C: int, H: int, shared: dict | None = None,
-                 block=None):
+                 block=None, plan: KernelPlan | None = None):
         check(impl, T, C, H)
-        self.gpu, self.impl, self.shape, self.block = gpu, impl, (B, T, C, H), block
+        self.gpu, self.impl, self.shape, self.block, self.plan = gpu, impl, (B, T, C, H), block, plan
         shared = {} if shared is None else shared  # backward scratch, reusable across layers
         if impl == "online":
             self.L = gpu.tensor((B, H, T), name="attn.L")                       # [B,H,T]
@@ -77,16 +78,11 @@ class Attention:
                 shared[key] = gpu.tensor((B, nmax, T, T), name="attn.dS")
             self.dS = shared[key]
 
-    @property
-    def scratch_bytes(self) -> int:
-        B, T, C, H = self.shape
-        return scratch_bytes(self.impl, B, T, H)
-
     def forward(self, q, k, v, out):
         B, T, C, H = self.shape
         g = self.gpu
         if self.impl == "online":
-            return [K.attn_online_forward(g, q, k, v, out, self.L, B, T, C, H, self.block)]
+            return [K.attn_online_forward(g, q, k, v, out, self.L, B, T, C, H, self.block, plan=self.plan)]
         ds = []
         for (h0, nh), P in zip(self.chunks, self.P):
             if self.impl == "naive":
@@ -101,9 +97,10 @@ class Attention:
         B, T, C, H = self.shape
         g = self.gpu
         if self.impl == "online":
-            return [K.attn_online_d(g, dout, out, self.D, B, T, C, H, self.block),
-                    K.attn_online_dq(g, q, k, v, dout, self.L, self.D, dq, B, T, C, H, self.block),
-                    K.attn_online_dkv(g, q, k, v, dout, self.L, self.D, dk, dv, B, T, C, H, self.block)]
+            p = self.plan
+            return [K.attn_online_d(g, dout, out, self.D, B, T, C, H, self.block, plan=p),
+                    K.attn_online_dq(g, q, k, v, dout, self.L, self.D, dq, B, T, C, H, self.block, plan=p),
+                    K.attn_online_dkv(g, q, k, v, dout, self.L, self.D, dk, dv, B, T, C, H, self.block, plan=p)]
         ds = []
         for (h0, nh), P in zip(self.chunks, self.P):
             ds += [K.attn_dscores(g, dout, v, P, self.dS, B, T, C, H, h0, nh),
@@ -134,20 +131,23 @@ def _prepare(q, k, v, n_head, impl, gpu):
     return gpu, (B, T, C), [gpu.upload(x) for x in (q, k, v)]
 
 
-def forward(q, k, v, n_head: int, impl: str = "online", gpu: GPU | None = None) -> np.ndarray:
-    """Causal multi-head attention of [B, T, C] float32 arrays on the GPU -> out [B, T, C]."""
+def forward(q, k, v, n_head: int, impl: str = "online", gpu: GPU | None = None,
+            plan: KernelPlan | None = None) -> np.ndarray:
+    """Causal multi-head attention of [B, T, C] float32 arrays on the GPU -> out [B, T, C].
+    plan: the kernel plan (default: this device's, from make_plan)."""
     gpu, (B, T, C), (tq, tk, tv) = _prepare(q, k, v, n_head, impl, gpu)
-    att = Attention(gpu, impl, B, T, C, n_head)
+    att = Attention(gpu, impl, B, T, C, n_head, plan=plan or make_plan(gpu))
     out = gpu.tensor((B, T, C))
     gpu.run(att.forward(tq, tk, tv, out))
     return gpu.read(out)
 
 
-def backward(q, k, v, dout, n_head: int, impl: str = "online", gpu: GPU | None = None):
+def backward(q, k, v, dout, n_head: int, impl: str = "online", gpu: GPU | None = None,
+             plan: KernelPlan | None = None):
     """Gradients (dq, dk, dv) of sum(out * dout), each [B, T, C]; runs the forward first."""
     gpu, (B, T, C), (tq, tk, tv) = _prepare(q, k, v, n_head, impl, gpu)
     tdo = gpu.upload(np.ascontiguousarray(dout, np.float32))
-    att = Attention(gpu, impl, B, T, C, n_head)
+    att = Attention(gpu, impl, B, T, C, n_head, plan=plan or make_plan(gpu))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     gpu.run(att.forward(tq, tk, tv, out) + att.backward(tq, tk, tv, out, tdo, dq, dk, dv))
     return gpu.read(dq), gpu.read(dk), gpu.read(dv)

@@ -75,22 +75,54 @@ def nonneg_float(s):
 
 
 # ---- commands ----------------------------------------------------------------------------------
+def describe_checkpoint(path) -> dict:
+    """What `tinygpt info --model FILE` prints: read from the file alone, no device needed."""
+    import os
+    from . import checkpoint as ckpt
+    from .config import n_params
+    ck = ckpt.load(path, f"--model {path}")
+    cfg, hist = ck.cfg, ck.loss_history
+    last_train = next((h.get("train") for h in reversed(hist) if h.get("train") is not None), None)
+    last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
+    return {"file": str(path), "bytes": os.path.getsize(path),
+            "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
+            "batch": cfg.batch, "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
+            "vocab": cfg.vocab, "tokenizer": ck.extra.get("tokenizer", "byte" if cfg.vocab == 256 else "gpt2"),
+            "params": n_params(cfg), "step": ck.step, "optimizer_state": ck.m is not None,
+            "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
+            "data": ck.extra.get("data"), "attention": ck.extra.get("attention")}
+
+
 def cmd_info(args) -> int:
+    if args.model:
+        d = describe_checkpoint(args.model)
+        if args.json:
+            print(json.dumps(d, indent=2))
+        else:
+            show = lambda v: "-" if v is None else f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) \
+                else f"{v:.4f}" if isinstance(v, float) and v < 100 else str(v)
+            for k, v in d.items():
+                print(f"{k:16s} {show(v) if k != 'data' or v else 'built-in corpus'}")
+        return 0
     from .gpu import GPU
+    from .plan import make_plan
     gpu = GPU()
     if args.brief:
         print(f"{gpu.name} ({gpu.backend})")
         return 0
+    plan = make_plan(gpu)
     info = {"adapter": gpu.name, "backend": gpu.backend,
             "adapter_type": gpu.adapter.info.get("adapter_type", ""),
             "features": sorted(gpu.features),
             "limits": {k: gpu.limits[k] for k in sorted(gpu.limits)
-                       if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations"))}}
+                       if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations"))},
+            "kernel_plan": plan.as_dict()}
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         print(f"adapter   {info['adapter']}\nbackend   {info['backend']} ({info['adapter_type']})")
         print(f"features  {', '.join(info['features']) or '-'}")
+        print(f"kernels   {plan.describe()}")
         for k, v in info["limits"].items():
             print(f"  {k:48s} {v:,}")
     return 0
@@ -187,6 +219,22 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"tinygpt: error: {message}; see '{self.prog} --help'\n")
 
 
+def kernels_arg(s):
+    """--kernels matmul=vec4,attention=tiles -> {family: variant}, or a usage error listing the valid ones."""
+    from .plan import parse_kernels
+    try:
+        return parse_kernels(s)
+    except TinyGPTError as e:
+        raise argparse.ArgumentTypeError(e.worded(flag))
+
+
+def add_kernels(p):
+    from .plan import FAMILIES
+    p.add_argument("--kernels", type=kernels_arg, default={}, metavar="FAMILY=VARIANT,...",
+                   help="force kernel variants over the plan: " + "; ".join(f"{f}={'|'.join(v)}"
+                                                                      for f, v in FAMILIES.items()))
+
+
 def build_parser():
     from .attention import IMPLS
     from .config import PRESETS
@@ -214,6 +262,7 @@ def build_parser():
     p.add_argument("--grad-clip", type=nonneg_float, help="global grad-norm clip (default 1.0, 0 = off)")
     p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
     p.add_argument("--attention", default="online", choices=IMPLS)
+    add_kernels(p)
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)
@@ -234,6 +283,7 @@ def build_parser():
     p.add_argument("--max-windows", type=positive_int)
     p.add_argument("--json", action="store_true")
     p.add_argument("--attention", default="online", choices=IMPLS)
+    add_kernels(p)
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_eval)
 
@@ -245,10 +295,13 @@ def build_parser():
     p.add_argument("--top-k", type=int)
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--attention", default="online", choices=IMPLS)
+    add_kernels(p)
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_sample)
 
-    p = sub.add_parser("info", parents=[common], help="adapter, backend, features and limits")
+    p = sub.add_parser("info", parents=[common],
+                       help="adapter, backend, features, limits and kernel plan; or a checkpoint with --model")
+    p.add_argument("--model", help="describe this .tinygpt file instead (no device needed)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
     p.set_defaults(fn=cmd_info)

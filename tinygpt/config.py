@@ -23,6 +23,7 @@ PRESETS = {
 MAX_DIMS = {"layers": 4096, "d_model": 65536, "heads": 4096, "ctx": 1 << 20, "batch": 1 << 20,
             "d_mlp": 1 << 20, "vocab": 1 << 24}
 MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and moments
+ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8   # TinyGPT's AdamW: the one place they are set
 
 
 class ConfigError(UsageError):

@@ -51,6 +51,11 @@ def set_wording(name_option):
     _wording[0] = name_option
 
 
+def word(text: str) -> str:
+    """Text for the user with its options named as the CLI names them."""
+    return _OPT.sub(lambda m: _wording[0](m.group(1)), text)
+
+
 def warn(text: str, file=None):
     """One warning line on stderr; options named as in errors."""
     print("tinygpt: warning: " + _OPT.sub(lambda m: _wording[0](m.group(1)), text), file=file or sys.stderr)

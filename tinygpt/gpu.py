@@ -176,9 +176,9 @@ def _valid_tuning(key: str, value) -> bool:
     if key == "online_block":
         return isinstance(value, list) and len(value) == 2 and all(pow2(v) for v in value) \
             and value[0] <= 1024 and value[1] <= 64
-    if key == "matmul_variant":
-        return value in ("sg", "vec4")
-    if key == "online_variant":
+    if key in ("matmul", "matmul_variant"):     # *_variant: what older versions wrote
+        return value in ("sg", "vec4", "scalar")
+    if key in ("attention", "online_variant"):
         return value in ("sg", "tiles")
     return False
 
@@ -255,7 +255,6 @@ class GPU:
         self.device = self.adapter.request_device_sync(required_features=want, required_limits=required)
         self.features = set(want)
         self.limits = dict(self.device.limits)
-        self.align = max(ALIGN_BYTES, self.limits.get("min-storage-buffer-offset-alignment", 256))
         self.queue = self.device.queue
         self.counters = Counters()
         self._modules = {}
@@ -263,8 +262,6 @@ class GPU:
         self._layouts = {}
         self._dummy = None
         self.key = f"{self.name} | {self.backend} | {info.get('driver', '')}"  # what tuning is cached under
-        self.tuning = read_tuning(self.key)
-        self.sg_checked = None  # kernels.subgroups_ok's verdict, once asked
 
     # ---- limits ------------------------------------------------------------------
     # llvmpipe (lavapipe, and Mesa's GL) silently stops an invocation's loops after

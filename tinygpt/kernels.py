@@ -4,17 +4,20 @@ The only place that knows binding numbers. Each launcher builds its bind
 group once and returns a Dispatch that the caller replays every step.
 Arguments follow the reference: inputs in binding order, then outputs, then sizes.
 None stands for an absent optional binding; gpu.dispatch binds a dummy there.
+Which variant runs: `variant=` forces one; otherwise the kernel plan's choice for
+the family (plan.py; PORTABLE when no plan is given), where the shape allows it.
 """
 from __future__ import annotations
 
 import math
 
+from .config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
 from .gpu import Dispatch, grid1d
+from .plan import PORTABLE, KernelPlan
 
 
 # ---- matmul ----------------------------------------------------------------------------
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
-VEC_WX = 8           # invocations per workgroup of the vec4 kernels (4 columns each); `tinygpt tune` may pick another
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
 
@@ -25,15 +28,14 @@ def vec4_ok(entry, M, N, K) -> bool:
 
 
 def subgroups_ok(gpu) -> bool:
-    """Whether matmul_sg.wgsl computes right on this device: the subgroup feature is on and
-    its lane indexing holds (subgroups of 8 or more lanes holding a workgroup). Asked once:
-    all three kernels against NumPy at shapes with ragged edges."""
-    if gpu.sg_checked is None:
-        gpu.sg_checked = "subgroup" in gpu.features and _sg_agrees(gpu)
-    return gpu.sg_checked
+    """Whether the sg kernels compute right on this device (plan.subgroup_verdict, asked once)."""
+    from .plan import subgroup_verdict
+    return subgroup_verdict(gpu) == "ok"
 
 
-def _sg_agrees(gpu) -> bool:
+def check_subgroups(gpu) -> str:
+    """"ok" if matmul_sg.wgsl's lane indexing holds on this device (subgroups of 8 or more
+    lanes holding a workgroup), else why not: all three kernels against NumPy at ragged shapes."""
     import numpy as np
     M, N, Kd = 60, 60, 12  # 32-row tiles, 2 column blocks, the last of each partly past M and N
     r = np.random.default_rng(7)
@@ -47,10 +49,10 @@ def _sg_agrees(gpu) -> bool:
                         (_mm(gpu, "matmul_atb", up(at), up(bt), None, out, M, N, Kd + 1, False, "sg"), at.T @ bt)):
             gpu.run([d])
             if not np.allclose(gpu.read(out), want, rtol=1e-4, atol=1e-4):
-                return False
-    except Exception:  # a compiler that refuses the kernels counts as no
-        return False
-    return True
+                return f"unusable (the sg matmul {d.kernel.name} disagrees with NumPy on this device)"
+    except Exception as e:  # a compiler that refuses the kernels counts as no
+        return f"unusable (the sg kernels do not build here: {str(e).splitlines()[0][:120]})"
+    return "ok"
 
 
 def sg_blocks(N, most=3) -> int:
@@ -74,30 +76,21 @@ def sg_tile(M, N) -> tuple:
     return 16, sg_blocks(N)
 
 
-def use_sg(gpu, key) -> bool:
-    """Whether to take a subgroup kernel: by default on CPU adapters, where they measured fastest
-    (see each sg file), elsewhere when `tinygpt tune` chose "sg" for `key`; only where they work."""
-    want = gpu.tuning.get(key) or ("sg" if gpu.is_cpu else "")
-    return want == "sg" and subgroups_ok(gpu)
+def mm_variant(plan: KernelPlan, entry, M, N, K) -> str:
+    """The plan's matmul variant where the shape allows it (sg and vec4 need whole vec4), else scalar."""
+    return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
 
 
-def mm_variant(gpu, entry, M, N, K) -> str:
-    """sg where subgroups work (default on CPU adapters, where it measured fastest; elsewhere
-    when `tinygpt tune` chose it), else vec4 where the shape allows, else scalar."""
-    if not vec4_ok(entry, M, N, K):
-        return "scalar"
-    return "sg" if use_sg(gpu, "matmul_variant") else "vec4"
-
-
-def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
-    variant = variant or mm_variant(gpu, entry, M, N, K)
+def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
+    plan = plan or PORTABLE
+    variant = variant or mm_variant(plan, entry, M, N, K)
     if variant == "sg":
         tm, nc = sg_tile(M, N)
         k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
         grid = (-(-N // (4 * SG_LANES * nc)), -(-M // tm))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "vec4":
-        wx = int(gpu.tuning.get("matmul_wx", VEC_WX))
+        wx = plan.matmul_wx
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
         grid = (-(-N // (4 * wx)), -(-M // VEC_ROWS))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
@@ -107,23 +100,27 @@ def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None):
     return gpu.dispatch(k, (M, N, K, has_bias, accumulate), [a, b, bias, out], grid)
 
 
-def matmul(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:  # out = a[M,K] @ b[K,N] + bias
-    return _mm(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant)
+def matmul(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None) -> Dispatch:
+    """out[M,N] = a[M,K] @ b[K,N] + bias[N]"""
+    return _mm(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan)
 
 
-def matmul_abt(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:    # out = a[M,K] @ b[N,K]^T
-    return _mm(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
+def matmul_abt(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None) -> Dispatch:
+    """out[M,N] = a[M,K] @ b[N,K]^T"""
+    return _mm(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
-def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:    # out = a[K,M]^T @ b[K,N]
-    return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
+def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None) -> Dispatch:
+    """out[M,N] = a[K,M]^T @ b[K,N]"""
+    return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
 # ---- elementwise -------------------------------------------------------------------------
-# variant=None picks the fastest set the shape and adapter allow; "scalar", "vec4" or "sg" forces
+# variant=None takes the plan's choice where the shape allows; "scalar", "vec4" or "sg" forces
 # one (scripts/bench_kernels.py compares them; the caller answers for the shape).
-def _ew(gpu, entry, x, y, out, n, cols=0, groups=None, variant=None):
-    variant = variant or ("vec4" if n % 4 == 0 and groups is None else "scalar")
+def _ew(gpu, entry, x, y, out, n, cols=0, groups=None, variant=None, plan=None):
+    variant = variant or ("vec4" if (plan or PORTABLE).elementwise == "vec4" and n % 4 == 0 and groups is None
+                          else "scalar")
     if variant == "vec4":  # elementwise4.wgsl: 16 floats per invocation as 4 vec4
         k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw")
         return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
@@ -131,20 +128,20 @@ def _ew(gpu, entry, x, y, out, n, cols=0, groups=None, variant=None):
     return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
 
 
-def add(gpu, x, y, out, n, variant=None):
-    return _ew(gpu, "add", x, y, out, n, variant=variant)
+def add(gpu, x, y, out, n, variant=None, plan=None):
+    return _ew(gpu, "add", x, y, out, n, variant=variant, plan=plan)
 
 
-def gelu_forward(gpu, x, out, n, variant=None):
-    return _ew(gpu, "gelu_forward", x, None, out, n, variant=variant)
+def gelu_forward(gpu, x, out, n, variant=None, plan=None):
+    return _ew(gpu, "gelu_forward", x, None, out, n, variant=variant, plan=plan)
 
 
-def gelu_backward(gpu, x, dy, out, n, variant=None):
-    return _ew(gpu, "gelu_backward", x, dy, out, n, variant=variant)
+def gelu_backward(gpu, x, dy, out, n, variant=None, plan=None):
+    return _ew(gpu, "gelu_backward", x, dy, out, n, variant=variant, plan=plan)
 
 
-def bias_grad(gpu, dy, out, rows, cols, variant=None):
-    variant = variant or ("sg" if cols % 4 == 0 and use_sg(gpu, "reduce_variant") else "scalar")
+def bias_grad(gpu, dy, out, rows, cols, variant=None, plan=None):
+    variant = variant or ("sg" if cols % 4 == 0 and (plan or PORTABLE).reduce == "sg" else "scalar")
     if variant == "sg":  # one 8-lane subgroup per 4 columns
         k = gpu.kernel("elementwise_sg.wgsl", "bias_grad_sg", "urrw")
         return gpu.dispatch(k, (rows, cols), [dy, None, out], grid1d(cols // 4))
@@ -152,25 +149,25 @@ def bias_grad(gpu, dy, out, rows, cols, variant=None):
 
 
 # ---- layernorm ---------------------------------------------------------------------------
-def _ln_file(entry, C, variant=None):
+def _ln_file(entry, C, variant=None, plan=None):
     """layernorm4.wgsl (rows read as vec4) where C is a multiple of 4."""
-    variant = variant or ("vec4" if C % 4 == 0 else "scalar")
+    variant = variant or ("vec4" if (plan or PORTABLE).elementwise == "vec4" and C % 4 == 0 else "scalar")
     return ("layernorm4.wgsl", entry + "4") if variant == "vec4" else ("layernorm.wgsl", entry)
 
 
-def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5, variant=None):
+def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5, variant=None, plan=None):
     """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
-    k = gpu.kernel(*_ln_file("layernorm_forward", C, variant), "urrrww")
+    k = gpu.kernel(*_ln_file("layernorm_forward", C, variant, plan), "urrrww")
     return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
 
 
-def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None):
-    k = gpu.kernel(*_ln_file("layernorm_dx", C, variant), "urrrww")
+def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None, plan=None):
+    k = gpu.kernel(*_ln_file("layernorm_dx", C, variant, plan), "urrrww")
     return gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
 
 
-def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C, variant=None):
-    variant = variant or ("sg" if C % 4 == 0 and use_sg(gpu, "reduce_variant") else "scalar")
+def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C, variant=None, plan=None):
+    variant = variant or ("sg" if C % 4 == 0 and (plan or PORTABLE).reduce == "sg" else "scalar")
     if variant == "sg":  # one 8-lane subgroup per 4 channels
         k = gpu.kernel("layernorm_sg.wgsl", "layernorm_dgb_sg", "urrrww")
         return gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
@@ -197,11 +194,11 @@ def embed_pos_grad(gpu, dout, dpos, B, T, C):
 
 # ---- loss --------------------------------------------------------------------------------
 def cross_entropy(gpu, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
-                  variant=None):
+                  variant=None, plan=None):
     """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
-    subgroup per row, no barriers) where rows are whole vec4 and the sg kernels are in use."""
+    subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg."""
     stride = stride or V
-    variant = variant or ("sg" if stride % 4 == 0 and use_sg(gpu, "loss_variant") else "scalar")
+    variant = variant or ("sg" if stride % 4 == 0 and (plan or PORTABLE).loss == "sg" else "scalar")
     if variant == "sg":
         k = gpu.kernel("loss_sg.wgsl", "cross_entropy_sg", "urww")
         return gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
@@ -218,20 +215,31 @@ def loss_reduce(gpu, losses, loss, rows, scale):
 
 # ---- optimizer ---------------------------------------------------------------------------
 CHUNK = 4096
+NO_CLIP = 3.0e38                                        # a clip threshold no norm reaches
+
+
+def adamw_uniform(n: int, clip: float, lr: float, t: int) -> bytes:
+    """optim(4).wgsl's Params for step t (1-based): n, clip (0 = never), lr, beta1, beta2, eps and the
+    bias corrections 1 - beta^t, computed in float64 and stored as float32."""
+    import numpy as np
+    u = np.array([0, clip if clip > 0 else NO_CLIP, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS,
+                  1 - ADAMW_BETA1 ** t, 1 - ADAMW_BETA2 ** t], np.float32).view(np.uint32)
+    u[0] = n
+    return u.tobytes()
 
 
 def _opt(gpu, entry):
     return gpu.kernel("optim.wgsl", entry, "urrwwww")
 
 
-def _opt4(gpu, entry, n, variant=None):
+def _opt4(gpu, entry, n, variant=None, plan=None):
     """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
-    variant = variant or ("vec4" if n % 4 == 0 else "scalar")
+    variant = variant or ("vec4" if (plan or PORTABLE).elementwise == "vec4" and n % 4 == 0 else "scalar")
     return gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if variant == "vec4" else _opt(gpu, entry)
 
 
-def grad_sumsq(gpu, g, partials, n, variant=None):
-    return gpu.dispatch(_opt4(gpu, "grad_sumsq", n, variant), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
+def grad_sumsq(gpu, g, partials, n, variant=None, plan=None):
+    return gpu.dispatch(_opt4(gpu, "grad_sumsq", n, variant, plan), (n,) + (0.0,) * 7, [g, None, partials, None, None, None],
                         grid1d(-(-n // CHUNK)))
 
 
@@ -240,9 +248,9 @@ def grad_clip(gpu, partials, stats, n_partials, clip):
                         [None, partials, stats, None, None, None], (1,))
 
 
-def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform, variant=None):
-    """step_uniform: a uniform buffer holding (n, clip, lr, beta1, beta2, eps, bc1, bc2), rewritten each step."""
-    return gpu.dispatch_with(_opt4(gpu, "adamw", n, variant), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
+def adamw(gpu, g, wd_table, stats, w, m, v, n, step_uniform, variant=None, plan=None):
+    """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step."""
+    return gpu.dispatch_with(_opt4(gpu, "adamw", n, variant, plan), step_uniform, [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
 
 
 # ---- attention ---------------------------------------------------------------------------
@@ -293,14 +301,14 @@ def attn_dvalue(gpu, P, dout, dv, B, T, C, H, h0=0, nh=None):
     return _attn(gpu, "attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
 
 
-def online_tiles(gpu, hd, T=None):
+def online_tiles(gpu, hd, T=None, plan=None):
     """(BQ, BK): BK key rows whose two [BK, hd] tiles (hd padded, + L, D) fit workgroup memory, at most 32;
-    BQ query rows share each tile: 128 by default (lavapipe, T=2048, hd=64, fwd / dq ms: BQ 32: 342 / 344,
-    64: 301 / 320, 128: 289 / 294), or what `tinygpt tune` chose. Neither exceeds T rounded up to a
-    power of two: at T=64 a 128-row workgroup would leave half its lanes idle (forward 28 -> 48 ms)."""
+    BQ query rows share each tile: 128 by default (fastest of 32, 64, 128 on lavapipe: README), or
+    the plan's online_block. Neither exceeds T rounded up to a power of two: at T=64 a 128-row
+    workgroup would leave half its lanes idle."""
     limit = int(gpu.limits.get("max-compute-workgroup-storage-size", 16384))
     hd4 = -(-hd // 32) * 8
-    tuned = gpu.tuning.get("online_block")
+    tuned = (plan or PORTABLE).online_block
     if tuned and online_fits(gpu, hd, *tuned):
         bq, bk = tuned
     else:
@@ -320,19 +328,18 @@ def online_fits(gpu, hd, bq, bk) -> bool:
     return bq <= inv and bk <= min(inv, 64) and (2 * bk * 4 * (-(-hd // 32) * 8) + 2 * bk) * 4 <= limit
 
 
-def online_variant(gpu, T=0, hd=0) -> str:
-    """sg (online_sg.wgsl) where subgroups work: by default on CPU adapters, where it measured
-    fastest, elsewhere when `tinygpt tune` chose it; else the workgroup-memory tiles (online.wgsl).
-    On a CPU adapter sg also has to stay under llvmpipe's loop cap: a lane makes up to
-    6 * ceil(hd / 32) + 2 loop trips per block of 8 rows (T up to ~20,000 at hd = 128)."""
+def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
+    """The plan's online attention variant; sg also has to stay under llvmpipe's loop cap, where
+    a lane makes up to 6 * ceil(hd / 32) + 2 loop trips per block of 8 rows (T up to ~20,000
+    at hd = 128); past it, the tiles."""
     trips = -(-T // SG_LANES) * (6 * -(-hd // 32) + 2)
-    fits = not gpu.is_cpu or trips <= gpu.LOOP_CAP
-    return "sg" if fits and use_sg(gpu, "online_variant") else "tiles"
+    fits = plan.loop_cap is None or trips <= plan.loop_cap
+    return "sg" if plan.attention == "sg" and fits else "tiles"
 
 
-def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None):
+def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None, plan=None):
     hd = C // H
-    bq, bk = block or online_tiles(gpu, hd, T)
+    bq, bk = block or online_tiles(gpu, hd, T, plan)
     k = gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk})
     ins = list(ins) + [None] * (6 - len(ins))
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
@@ -347,26 +354,33 @@ def _online_sg(gpu, entry, ins, o1, o2, B, T, C, H):
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
 
 
-def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None, variant=None):
-    if (variant or online_variant(gpu, T, C // H)) == "sg":
+def _sg_attn(plan, variant, T, C, H) -> bool:
+    return (variant or online_variant(plan or PORTABLE, T, C // H)) == "sg"
+
+
+def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None, variant=None, plan=None):
+    if _sg_attn(plan, variant, T, C, H):
         return _online_sg(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H)
-    bq, _ = block or online_tiles(gpu, C // H, T)
-    return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block)
+    bq, _ = block or online_tiles(gpu, C // H, T, plan)
+    return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block, plan)
 
 
-def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None):
-    return _online(gpu, "attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
+def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None, plan=None):
+    return _online(gpu, "attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block,
+                   plan)
 
 
-def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None):
-    if (variant or online_variant(gpu, T, C // H)) == "sg":
+def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, plan=None):
+    if _sg_attn(plan, variant, T, C, H):
         return _online_sg(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H)
-    bq, _ = block or online_tiles(gpu, C // H, T)
-    return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),), block)
+    bq, _ = block or online_tiles(gpu, C // H, T, plan)
+    return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),),
+                   block, plan)
 
 
-def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None):
-    if (variant or online_variant(gpu, T, C // H)) == "sg":
+def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None, plan=None):
+    if _sg_attn(plan, variant, T, C, H):
         return _online_sg(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H)
-    _, bk = block or online_tiles(gpu, C // H, T)
-    return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),), block)
+    _, bk = block or online_tiles(gpu, C // H, T, plan)
+    return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),),
+                   block, plan)

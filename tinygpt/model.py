@@ -12,15 +12,30 @@ boundary (a LayerNorm's bias follows its gain directly, so [g | b] binds as one
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import numpy as np
 
-from . import kernels as K
-from .prep import token_buckets
+from . import kernels
 from .attention import Attention
 from .config import Config, param_specs
 from .gpu import GPU, LimitError, Tensor
+from .plan import KernelPlan, make_plan
+from .prep import token_buckets
 
-BETA1, BETA2, EPS = 0.9, 0.95, 1e-8
+
+class Launchers:
+    """kernels.py with the model's plan passed to every launcher that takes one."""
+
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+
+    def __getattr__(self, name):
+        fn = getattr(kernels, name)
+        if callable(fn) and "plan" in inspect.signature(fn).parameters:
+            return functools.partial(fn, plan=self.plan)
+        return fn
 
 
 def padded_vocab(V: int) -> int:
@@ -70,8 +85,10 @@ class Model:
     training=False records the forward only (evaluation and sampling)."""
 
     def __init__(self, gpu: GPU, cfg: Config, attention: str = "online", B: int | None = None,
-                 T: int | None = None, training: bool = True):
-        self.gpu, self.cfg, self.impl, self.training = gpu, cfg, attention, training
+                 T: int | None = None, training: bool = True, plan: KernelPlan | None = None):
+        self.gpu, self.cfg, self.training = gpu, cfg, training
+        self.plan = plan or make_plan(gpu)                                      # which kernel variants run
+        K = Launchers(self.plan)
         B = self.B = B or cfg.batch
         T = self.T = T or cfg.ctx
         C, V, M, H = cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.heads
@@ -122,7 +139,7 @@ class Model:
         self.losses = act(BT, name="losses")
         self.loss_buf = act(4, name="loss")
         shared = {}
-        self.att = [Attention(g, attention, B, T, C, H, shared) for _ in range(L)]
+        self.att = [Attention(g, attention, B, T, C, H, shared, plan=self.plan) for _ in range(L)]
 
         P = lambda l, n: self.P[f"h{l}.{n}"]
         fwd = [K.embed_forward(g, tokens, self.P["tok_emb"], self.P["pos_emb"], self.x[0], B, T, C)]
@@ -170,7 +187,7 @@ class Model:
 
     # ---- backward ----------------------------------------------------------------------------
     def _record_backward(self, buckets):
-        g, cfg = self.gpu, self.cfg
+        g, cfg, K = self.gpu, self.cfg, Launchers(self.plan)
         B, T, C, V, M, L = self.B, self.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
         VP = self.VP
         BT = B * T
@@ -216,7 +233,7 @@ class Model:
 
     # ---- optimizer ---------------------------------------------------------------------------
     def _record_optimizer(self):
-        g, cfg = self.gpu, self.cfg
+        g, cfg, K = self.gpu, self.cfg, Launchers(self.plan)
         n = self.n_flat
         wd = np.zeros(n // 256, np.float32)
         for name, shape, decayed in param_specs(cfg):
@@ -224,11 +241,11 @@ class Model:
                 off = self.offsets[name][0]
                 wd[off // 256: -(-(off + int(np.prod(shape))) // 256)] = cfg.weight_decay
         self.wd_table = g.upload(wd, "wd_table")
-        n_part = -(-n // K.CHUNK)
+        n_part = -(-n // kernels.CHUNK)
         self.partials = g.tensor((n_part,), name="grad_partials")
         self.stats = g.tensor((4,), name="grad_stats")                                   # norm, scale
         self.step_uniform = g.uniform(32)
-        clip = cfg.grad_clip if cfg.grad_clip > 0 else 3.0e38                             # 0: never clip
+        clip = cfg.grad_clip if cfg.grad_clip > 0 else kernels.NO_CLIP                   # 0: never clip
         return [K.grad_sumsq(g, self.grads, self.partials, n),
                 K.grad_clip(g, self.partials, self.stats, n_part, clip),
                 K.adamw(g, self.grads, self.wd_table, self.stats, self.params, self.m, self.v, n, self.step_uniform)]
@@ -284,11 +301,7 @@ class Model:
         self.write_batch(x, y)
         self.step_count += 1
         t = self.step_count
-        clip = self.cfg.grad_clip if self.cfg.grad_clip > 0 else 3.0e38
-        u = np.array([0, clip, lr, BETA1, BETA2, EPS, 1 - BETA1 ** t, 1 - BETA2 ** t], np.float32)
-        u = u.view(np.uint32)
-        u[0] = self.n_flat
-        self.gpu.queue.write_buffer(self.step_uniform, 0, u.tobytes())
+        self.gpu.queue.write_buffer(self.step_uniform, 0, kernels.adamw_uniform(self.n_flat, self.cfg.grad_clip, lr, t))
         self.gpu.run(self._fwd + self._loss + self._bwd + self._opt)
 
     def grads_only(self, x, y):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .config import Config, param_specs
+from .config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
 from .prep import init_params, token_buckets  # noqa: F401 - the runtime's, judged here, re-exported for tests
 
 _erf = np.frompyfunc(math.erf, 1, 1)
@@ -272,7 +272,7 @@ def clip_and_step(params, grads, opt, cfg: Config, lr: float):
     opt["t"] += 1
     for name, _, decayed in param_specs(cfg):
         adamw(grads[name], cfg.weight_decay if decayed else 0.0, scale, params[name],
-              opt["m"][name], opt["v"][name], lr, 0.9, 0.95, 1e-8, opt["t"])
+              opt["m"][name], opt["v"][name], lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, opt["t"])
     return norm
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import Config, param_specs
+from .config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
 
 
 class TorchGPT:
@@ -21,7 +21,7 @@ class TorchGPT:
         no_decay = [self.P[n] for n, _, d in param_specs(cfg) if not d]
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                                       {"params": no_decay, "weight_decay": 0.0}],
-                                     lr=lr, betas=(0.9, 0.95), eps=1e-8)
+                                     lr=lr, betas=(ADAMW_BETA1, ADAMW_BETA2), eps=ADAMW_EPS)
 
     def forward(self, x):
         P, cfg = self.P, self.cfg

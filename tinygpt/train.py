@@ -24,11 +24,12 @@ from . import checkpoint as ckpt
 from .attention import check as check_attention
 from .config import Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
-from .errors import TinyGPTError, UsageError
+from .errors import TinyGPTError, UsageError, word
 from .files import WRITER, Outputs, advice, atomic_write, derived, is_json_lines, is_our_png, rescue_paths
 from .gpu import GPU
 from .model import Model
 from .options import EvalOptions, SampleOptions, TrainOptions
+from .plan import make_plan
 from .prep import init_params
 
 
@@ -262,7 +263,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     raw, name = read_corpus(data_path)
     data = Dataset(tok.encode(raw), cfg.ctx, name)
     gpu = gpu or GPU()
-    model = Model(gpu, cfg, o.attention)
+    model = Model(gpu, cfg, o.attention, plan=make_plan(gpu, o.kernels))
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
@@ -303,6 +304,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
           f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
           f"({model.gpu.backend})", file=err)
+    print(f"kernels: {model.plan.describe()}", file=err)
     print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)", file=err)
     from tqdm import tqdm
     bar = tqdm(total=steps, initial=start, file=err, unit="step", dynamic_ncols=True, disable=o.quiet,
@@ -367,9 +369,11 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
         saver.save_final()
         if not stop.requested:
             png = side.attempt("loss-curve plot", plot_losses, run.history, outs.plot)
-            sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0)
+            sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0,
+                                   o.attention, plan=model.plan)
         if stop.requested:   # before the save, or during the plot or sample after it
-            print(f"saved; continue with: tinygpt train {{opt:resume}} {out_path} {{opt:steps}} {steps}", file=err)
+            print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path} {{opt:steps}} {steps}"),
+                  file=err)
             raise Interrupted("interrupted", stop.exit_code)
     finally:
         bar.close()
@@ -378,7 +382,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
         stop.restore()
     summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
                "checkpoint": str(out_path), "plot": str(png) if png else None, "steps": steps}
-    val = f"{last['val']:.4f}" if last["val"] is not None else "not evaluated ({opt:eval_every} 0)"
+    val = f"{last['val']:.4f}" if last["val"] is not None else word("not evaluated ({opt:eval_every} 0)")
     print(f"final train loss {last['train']:.4f}, val loss {val}, {tok_s:,.0f} tokens/s", file=out)
     print(f"checkpoint {out_path}" + (f", loss curve {png}" if png else ""), file=out)
     print("greedy sample:\n" + sample_text, file=out)
@@ -398,7 +402,7 @@ def profile(o: TrainOptions, warmup: int = 3) -> str:
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
             f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
-            f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)")
+            f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)\n# kernels: {model.plan.describe()}")
     return head + "\n" + format_profile(rows, total)
 
 
@@ -440,7 +444,9 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), "data", f"{{opt:model}} {o.model}"))
     data = Dataset(tok.encode(raw), cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
-    model = Model(gpu or GPU(), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False)
+    gpu = gpu or GPU()
+    model = Model(gpu, cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
+                  plan=make_plan(gpu, o.kernels))
     model.set_params(ck.params)
     loss = model.mean_loss(xs, ys)
     # exp overflows past ~709 nats: say so instead of failing
@@ -456,7 +462,9 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> str:
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()
     print(f"sampling {o.tokens} tokens at temperature {o.temperature} on {gpu.name}", file=err or sys.stderr)
-    return generate(gpu, ck.cfg, ck.params, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.seed, o.attention)
+    model = Model(gpu, ck.cfg, o.attention, B=1, training=False, plan=make_plan(gpu, o.kernels))
+    return generate(gpu, ck.cfg, ck.params, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.seed, o.attention,
+                    model)
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
@@ -472,11 +480,11 @@ def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.rand
 
 
 def generate(gpu: GPU, cfg: Config, params: dict, tok, prompt: str, n: int, temperature: float,
-             top_k: int | None, seed: int, attention="online", model: Model | None = None) -> str:
+             top_k: int | None, seed: int, attention="online", model: Model | None = None, plan=None) -> str:
     """prompt + n generated tokens, decoded. Each token is one forward of a [1, ctx] window on the GPU."""
     if model is None:
-        model = Model(gpu, cfg, attention, B=1, training=False)
-        model.set_params(params)
+        model = Model(gpu, cfg, attention, B=1, training=False, plan=plan)
+    model.set_params(params)
     ids = [int(i) for i in tok.encode(prompt)] or [int(tok.encode("\n")[0])]
     rng = np.random.default_rng(seed)
     for _ in range(n):

@@ -3,7 +3,7 @@
 Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns) and the online
 attention's tiles (BQ query rows per workgroup, BK keys per tile); where subgroups work,
 also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl) against the best of those,
-which sets matmul_variant and online_variant. Each candidate is validated against NumPy
+which sets the matmul and attention families. Each candidate is validated against NumPy
 before it is timed; the winners are written to
 ~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
 backend and driver, and every later run on that adapter uses them. Different tiles
@@ -19,6 +19,7 @@ from . import kernels as K
 from .bench import time_dispatches
 from .files import atomic_write
 from .gpu import GPU, cache_dir
+from .plan import PORTABLE, subgroup_verdict
 
 WX_CANDIDATES = (8, 16, 32, 64)
 BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
@@ -26,16 +27,14 @@ BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32
 
 def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
     """wx: the vec4 kernels' width (None for the sg ones, whose width is a subgroup)."""
-    gpu.tuning.pop("matmul_wx", None)
-    if wx:
-        gpu.tuning["matmul_wx"] = wx
+    plan = PORTABLE.with_(matmul_wx=wx or 8)
     total = 0.0
     for M, N, Kd in shapes:
         r = np.random.default_rng(M + N + Kd)
         a = r.standard_normal((M, Kd)).astype(np.float32)
         b = r.standard_normal((Kd, N)).astype(np.float32)
         out = gpu.tensor((M, N))
-        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant=variant)
+        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant=variant, plan=plan)
         gpu.run([d])
         err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
         if err > 1e-3 * np.sqrt(Kd):
@@ -72,31 +71,28 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
     repeats = 1 if quick else 3
     shapes = [(64, 64, 64)] if quick else [(1024, 96, 384), (1024, 384, 96), (512, 512, 512)]
     T, hd = (64, 16) if quick else (1024, 64)
-    saved = dict(gpu.tuning)
     rows = []
-    try:
-        for wx in WX_CANDIDATES:
-            if wx <= int(gpu.limits.get("max-compute-invocations-per-workgroup", 256)):
-                ms = _matmul_ms(gpu, wx, shapes, repeats)
-                rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
-                say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
-        sg = K.subgroups_ok(gpu)
-        if sg:
-            ms = _matmul_ms(gpu, None, shapes, repeats, "sg")
-            rows.append({"kernel": "matmul_sg", "variant": "sg", "ms": ms, "value": "sg"})
-            say(f"matmul_sg: {ms:.2f} ms")
-        for block in BLOCK_CANDIDATES:
-            if K.online_fits(gpu, hd, *block):
-                ms = _online_ms(gpu, block, T, hd, repeats)
-                rows.append({"kernel": "attn_online", "variant": f"BQ={block[0]} BK={block[1]}", "ms": ms,
-                             "value": list(block)})
-                say(f"attn_online {block}: {ms:.2f} ms")
-        if sg:
-            ms = _online_ms(gpu, None, T, hd, repeats, "sg")
-            rows.append({"kernel": "attn_online_sg", "variant": "sg", "ms": ms, "value": "sg"})
-            say(f"attn_online_sg: {ms:.2f} ms")
-    finally:
-        gpu.tuning = saved
+    # every candidate gets an explicit plan: nothing shared is changed while measuring
+    for wx in WX_CANDIDATES:
+        if wx <= int(gpu.limits.get("max-compute-invocations-per-workgroup", 256)):
+            ms = _matmul_ms(gpu, wx, shapes, repeats)
+            rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
+            say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
+    sg = subgroup_verdict(gpu) == "ok"
+    if sg:
+        ms = _matmul_ms(gpu, None, shapes, repeats, "sg")
+        rows.append({"kernel": "matmul_sg", "variant": "sg", "ms": ms, "value": "sg"})
+        say(f"matmul_sg: {ms:.2f} ms")
+    for block in BLOCK_CANDIDATES:
+        if K.online_fits(gpu, hd, *block):
+            ms = _online_ms(gpu, block, T, hd, repeats)
+            rows.append({"kernel": "attn_online", "variant": f"BQ={block[0]} BK={block[1]}", "ms": ms,
+                         "value": list(block)})
+            say(f"attn_online {block}: {ms:.2f} ms")
+    if sg:
+        ms = _online_ms(gpu, None, T, hd, repeats, "sg")
+        rows.append({"kernel": "attn_online_sg", "variant": "sg", "ms": ms, "value": "sg"})
+        say(f"attn_online_sg: {ms:.2f} ms")
     best = {}
     for kernel, key in (("matmul_vec4", "matmul_wx"), ("attn_online", "online_block")):
         cands = [r for r in rows if r["kernel"] == kernel]
@@ -106,8 +102,8 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             best[key] = win["value"]
     # the subgroup kernels against the best of the others (both stay cached: a variant
     # that loses here is still the fallback where the subgroup one cannot run)
-    for sg_kernel, other, key, lose in (("matmul_sg", "matmul_vec4", "matmul_variant", "vec4"),
-                                        ("attn_online_sg", "attn_online", "online_variant", "tiles")):
+    for sg_kernel, other, key, lose in (("matmul_sg", "matmul_vec4", "matmul", "vec4"),
+                                        ("attn_online_sg", "attn_online", "attention", "tiles")):
         s_rows = [r for r in rows if r["kernel"] == sg_kernel]
         o_best = min((r["ms"] for r in rows if r["kernel"] == other), default=float("inf"))
         if s_rows:
@@ -116,11 +112,12 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             best[key] = "sg" if win else lose
     path = cache_dir() / "tuning.json"
     try:
-        allv = json.loads(path.read_text())
-    except (OSError, ValueError):
+        allv = json.loads(path.read_text()) if path.is_file() and path.stat().st_size < (1 << 20) else {}
+        allv = allv if isinstance(allv, dict) else {}
+    except (OSError, ValueError, UnicodeDecodeError):
         allv = {}
     allv[gpu.key] = best
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(allv, indent=2).encode())
-    gpu.tuning = dict(best)
+    # what make_plan reads back: the families measured and the tunables, as plan overrides
     return {"rows": rows, "chosen": best, "cache": str(path)}
