@@ -258,3 +258,37 @@ def test_gpt2_without_file_or_cache_says_what_to_do(tmp_path, corpus):
     err = [l for l in r.stderr.splitlines() if "XDG_RUNTIME_DIR" not in l]
     assert len(err) == 1 and "TIKTOKEN_CACHE_DIR" in err[0] and "--tokenizer-file" in err[0]
     assert "Traceback" not in r.stderr
+
+
+def test_layers_below_the_cli_know_no_flags():
+    """Only cli.py knows argparse and flag names; the runtime never imports the reference (the judge)."""
+    import re
+    root = Path(__file__).resolve().parents[1] / "tinygpt"
+    for f in sorted(root.glob("*.py")):
+        if f.name == "cli.py":
+            continue
+        text = f.read_text()
+        assert "argparse" not in text and not re.search(r"\bargs\.", text), f"{f.name} reads an argparse namespace"
+        found = re.search(r"--[a-z][a-z-]*", text)
+        assert not found, f"{f.name} writes a flag name: {found and found[0]}"
+        if not f.name.startswith("reference") and f.name != "tune.py":  # tune checks candidates against it
+            assert not re.search(r"from \.reference import|import reference\b|from \. import reference", text), \
+                f"{f.name} imports the reference"
+
+
+def test_kernels_flag_banner_and_info(tmp_path, corpus, capsys):
+    out = tmp_path / "m.tinygpt"
+    assert run_cli("train", *TINY, "--data", corpus, "--steps", 3, "--eval-every", 0, "--out", out,
+                   "--kernels", "matmul=scalar,attention=tiles,loss=scalar") == 0
+    err = capsys.readouterr().err
+    assert "kernels: matmul=scalar(forced) attention=tiles(forced) loss=scalar(forced)" in err
+    with pytest.raises(SystemExit) as e:
+        run_cli("train", "--kernels", "matmul=fast")
+    assert e.value.code == 2 and "matmul has no variant 'fast'; choose sg|vec4|scalar" in capsys.readouterr().err
+    assert run_cli("info", "--model", out, "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["layers"], d["ctx"], d["step"], d["tokenizer"], d["optimizer_state"]) == (2, 16, 3, "byte", True)
+    assert d["params"] == 2 * (12 * 48 * 48 + 9 * 48 + 192) + 256 * 48 + 16 * 48 + 96
+    assert run_cli("info", "--json") == 0
+    plan = json.loads(capsys.readouterr().out)["kernel_plan"]
+    assert set(plan) >= {"matmul", "attention", "loss", "reduce", "elementwise", "subgroups"}

@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tinygpt.plan import make_plan
+
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,7 +23,7 @@ def test_compare_attention_json(tmp_path, gpu):
     rows = run_json("compare_attention.py", "--T", "8,1100", "--head-dim", "16", "--repeats", "1", "--plot", png)
     keys = {"impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err", "status"}
     assert all(keys <= set(r) for r in rows)
-    impls = ("naive", "fused_sv", "online") + (("online-tiles",) if K.online_variant(gpu, 8, 16) == "sg" else ())
+    impls = ("naive", "fused_sv", "online") + (("online-tiles",) if K.online_variant(make_plan(gpu), 8, 16) == "sg" else ())
     assert {(r["impl"], r["T"], r["pass"]) for r in rows} == {
         (i, t, p) for i in impls for t in (8, 1100) for p in ("fwd", "fwd+bwd")}
     ok = [r for r in rows if r["status"] == "ok"]

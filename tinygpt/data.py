@@ -39,8 +39,8 @@ def builtin_corpus() -> bytes:
             return text.encode("utf-8")
     except ImportError:
         pass
-    import textwrap, difflib, argparse  # noqa: E401 - modules whose source we read as text
-    parts = [Path(m.__file__).read_text("utf-8") for m in (textwrap, difflib, argparse)]
+    import textwrap, difflib, calendar  # noqa: E401 - modules whose source we read as text
+    parts = [Path(m.__file__).read_text("utf-8") for m in (textwrap, difflib, calendar)]
     return "\n\n".join(parts).encode("utf-8")
 
 

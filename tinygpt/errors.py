@@ -2,7 +2,7 @@
 
 Below the CLI, no module knows flag names. An error names an option as
 {opt:NAME} (NAME is the options dataclass field, e.g. {opt:batch}); str(e)
-words it plainly ("batch"), and the CLI words it as the flag ("--batch").
+words it plainly ("batch"), and the CLI words it as its flag.
 Each error class carries the exit code the CLI returns for it.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ Reading: only regular files (a FIFO would hang, /dev/zero never ends), and
 only up to a size stated before a byte is read. Writing: every file a command
 will create is claimed first (`Outputs`), before any work: it must not be an
 input of the same command, must not replace a file tinygpt did not write
-(unless --force), and its directory must take a new file of that name. The
+(unless forced), and its directory must take a new file of that name. The
 write itself is atomic: a short temporary name beside the target, fsync,
 rename, so a crash leaves the old file or the new one, never half of one.
 """
@@ -117,7 +117,7 @@ def is_our_safetensors(path) -> bool:
 
 
 def is_json_lines(path, limit: int = 1 << 20) -> bool:
-    """Empty, or every whole line of the first MiB a JSON object (our --log files)."""
+    """Empty, or every whole line of the first MiB a JSON object (our training logs)."""
     head = _head(path, limit)
     lines = head.split(b"\n")
     if len(head) == limit:

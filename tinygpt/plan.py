@@ -1,7 +1,7 @@
 """The kernel plan: which variant of each kernel family runs, decided once per device.
 
 A plan is made from what the adapter can do (the subgroup check), the tuning
-cache `tinygpt tune` writes, and explicit overrides (`--kernels matmul=vec4`);
+cache `tinygpt tune` writes, and explicit overrides (the kernels option: matmul=vec4);
 it is immutable and passed to the model, attention and launchers. A launcher
 given no plan uses PORTABLE, which needs no optional feature. Within a family
 the shape can still demand a fallback (the vec4 and sg matmuls need N and K

@@ -390,7 +390,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
 
 
 def profile(o: TrainOptions, warmup: int = 3) -> str:
-    """`tinygpt train --profile`: a few steps, then the per-kernel table of one step."""
+    """`tinygpt train` with the profile option: a few steps, then the per-kernel table of one step."""
     from .profile import format_profile, profile_step
     run, _ = setup(o)
     model = run.model
