@@ -28,10 +28,6 @@ const FUSED_MAX_T: u32 = 1024u;
 // these constant-trip channel loops, so a row costs about T iterations, not T*hd.
 override HD4: u32 = 16u;
 
-fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 64u + lid.x;
-}
-
 // index of (b, hh, t1, t2) in a [B, nh, T, T] buffer
 fn sidx(b: u32, hh: u32, t1: u32, t2: u32) -> u32 {
   return ((b * p.nh + hh) * p.T + t1) * p.T + t2;

@@ -9,10 +9,6 @@ struct Params { n: u32, cols: u32 }
 @group(0) @binding(2) var<storage, read> y: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 64u + lid.x;
-}
-
 // out = x + y  (the residual stream)
 @compute @workgroup_size(64)
 fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -21,14 +17,7 @@ fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   if (i < p.n) { out[i] = x[i] + y[i]; }
 }
 
-// erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26): WGSL has no erf.
-fn erf_approx(v: f32) -> f32 {
-  let s = sign(v);
-  let a = abs(v);
-  let t = 1.0 / (1.0 + 0.3275911 * a);
-  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
-  return s * (1.0 - poly * exp(-a * a));
-}
+// erf_approx: common.wgsl (Abramowitz & Stegun 7.1.26; WGSL has no erf).
 
 // out = 0.5 x (1 + erf(x / sqrt 2)); y is unused (bound to keep one layout).
 @compute @workgroup_size(64)

@@ -13,14 +13,7 @@ struct Params { n: u32, cols: u32 }
 
 const PER: u32 = 4u;  // vec4 per invocation
 
-// erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26), as in elementwise.wgsl
-fn erf4(v: vec4<f32>) -> vec4<f32> {
-  let a = abs(v);
-  let t = 1.0 / (1.0 + 0.3275911 * a);
-  let poly = ((((1.061405429 * t - 1.453152027) * t + 1.421413741) * t - 0.284496736) * t + 0.254829592) * t;
-  return sign(v) * (1.0 - poly * exp(-a * a));
-}
-
+// erf4: common.wgsl (Abramowitz & Stegun 7.1.26; WGSL has no erf).
 fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
 
 const ADD: u32 = 0u;
@@ -41,7 +34,7 @@ fn apply(op: u32, i: u32) -> vec4<f32> {
 // this invocation's PER vec4, 64 apart so that a workgroup covers one block (op is a
 // constant at each call: the switch in apply folds away)
 fn each(op: u32, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
-  let i0 = (wid.y * nwg.x + wid.x) * 64u * PER + lid.x;
+  let i0 = group_index(wid, nwg) * 64u * PER + lid.x;
   for (var j = 0u; j < PER; j++) {
     let i = i0 + 64u * j;
     if (i < p.n / 4u) { out[i] = apply(op, i); }

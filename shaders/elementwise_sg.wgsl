@@ -16,7 +16,7 @@ const LANES: u32 = 8u;
 @compute @workgroup_size(LANES)
 fn bias_grad_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(subgroup_invocation_id) lane: u32) {
-  let c4 = wid.y * nwg.x + wid.x;       // uniform across the subgroup
+  let c4 = group_index(wid, nwg);       // uniform across the subgroup
   let n4 = p.cols / 4u;
   if (c4 >= n4) { return; }
   var s = vec4<f32>();

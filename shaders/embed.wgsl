@@ -14,10 +14,6 @@ struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32 }
 @group(0) @binding(3) var<storage, read> src2: array<f32>;   // pos [ctx,C] (forward) | unused
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
-  return (wid.y * nwg.x + wid.x) * 64u + lid.x;
-}
-
 @compute @workgroup_size(64)
 fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {

@@ -19,7 +19,7 @@ const LANES: u32 = 8u;
 @compute @workgroup_size(LANES)
 fn layernorm_dgb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(subgroup_invocation_id) lane: u32) {
-  let c4 = wid.y * nwg.x + wid.x;
+  let c4 = group_index(wid, nwg);
   let n4 = p.C / 4u;
   if (c4 >= n4) { return; }
   var dg = vec4<f32>();

@@ -2,7 +2,7 @@
 // deterministic mean of the per-row losses.
 //   cross_entropy  losses[r] = logsumexp(logits[r]) - logits[r, target[r]]
 //                  logits[r] <- (softmax(logits[r]) - onehot(target)) * scale   when write_grad
-//   loss_reduce    loss[0] = sum(losses) * scale
+//   loss_reduce    loss[0] = sum(losses) * scale  (loss: binding 2, where cross_entropy has logits)
 // One workgroup of 64 per row; the row max and sum go through workgroup
 // memory so that large vocabularies (50257) stay parallel. Rows are split
 // into chunks by the host when the logits exceed a binding (row0 offsets).
@@ -15,6 +15,9 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 @group(0) @binding(1) var<storage, read> targets: array<u32>;      // [all rows]
 @group(0) @binding(2) var<storage, read_write> logits: array<f32>; // [rows, stride], becomes dlogits
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>; // [all rows]
+// loss_reduce's output: the same binding as logits, which cross_entropy uses (one entry point
+// touches one of the two names; the host binds the 4-float loss buffer there for loss_reduce)
+@group(0) @binding(2) var<storage, read_write> loss: array<f32>;   // [1]
 
 var<workgroup> red: array<f32, 64>;
 
@@ -45,7 +48,7 @@ fn reduce_sum(lid: u32, v: f32) -> f32 {
 @compute @workgroup_size(64)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let r = wid.y * nwg.x + wid.x;       // uniform across the workgroup
+  let r = group_index(wid, nwg);       // uniform across the workgroup
   if (r >= p.rows) { return; }
   let lid = lidv.x;
   let base = r * p.stride;
@@ -74,5 +77,5 @@ fn loss_reduce(@builtin(local_invocation_id) lidv: vec3<u32>) {
   var s = 0.0;
   for (var j = lid; j < p.rows; j += 64u) { s += losses[j]; }
   s = reduce_sum(lid, s);
-  if (lid == 0u) { logits[0] = s * p.scale; }
+  if (lid == 0u) { loss[0] = s * p.scale; }
 }

@@ -4,7 +4,7 @@
 // their gradient written as 0). Same bindings and results as cross_entropy.
 // Why: lavapipe runs loss.wgsl's 12 workgroup barriers per row as coroutine
 // switches, and reads one float per load; here there are no barriers and a
-// quarter of the loads (small preset, 1024 rows of 256: 5.0 ms before).
+// quarter of the loads (README, "How the subgroup matmul was shaped", for the time).
 
 struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, stride: u32 }
 
@@ -25,7 +25,7 @@ fn real(j: u32) -> vec4<bool> {
 @compute @workgroup_size(LANES)
 fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(subgroup_invocation_id) lane: u32) {
-  let r = wid.y * nwg.x + wid.x;       // uniform across the subgroup
+  let r = group_index(wid, nwg);       // uniform across the subgroup
   if (r >= p.rows) { return; }
   let s4 = p.stride / 4u;
   let v4 = (p.V + 3u) / 4u;

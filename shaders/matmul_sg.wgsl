@@ -15,12 +15,10 @@
 // Here each lane loads TM/8 of the TM rows and subgroupBroadcast hands them to
 // the others: a register shuffle, not a load. Per lane and k-step of 4, loads
 // per multiply-add fall from 20 vec4 per 256 (matmul_vec4) to 6 per 256 (TM 16,
-// NC 1), 10 per 512 (NC 2) and 12 per 1024 (TM 32, NC 2). Measured at 1024^3
-// (bench_matmul and a harness): 12 -> 30 GFLOP/s with TM 16, NC 1; 33 -> 42
-// with NC 2; 42 -> 46-50 with TM 32. NC 3 ran as fast as NC 2, no faster
-// (128 accumulators per lane already spill from the CPU's 16 registers); it is
-// there for widths of 24 vec4 columns (N = 96), which it fills exactly. Larger
-// tiles (40 x 2, 24 x 3) and unrolling k ran slower.
+// NC 1), 10 per 512 (NC 2) and 12 per 1024 (TM 32, NC 2). Each step measured
+// faster (README, "How the subgroup matmul was shaped"); NC 3 ran as fast as
+// NC 2, no faster (accumulators already spill from the CPU's registers): it is
+// there for widths of 24 vec4 columns (N = 96), which it fills exactly.
 // The lane indexing assumes subgroups of at least 8 lanes holding the whole
 // workgroup; kernels.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N

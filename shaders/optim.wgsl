@@ -32,7 +32,7 @@ fn reduce256(lid: u32, x: f32) -> f32 {
 @compute @workgroup_size(256)
 fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let wg = wid.y * nwg.x + wid.x;
+  let wg = group_index(wid, nwg);
   let lid = lidv.x;
   let start = wg * CHUNK;
   var s = 0.0;
@@ -58,7 +58,7 @@ fn grad_clip(@builtin(local_invocation_id) lidv: vec3<u32>) {
 @compute @workgroup_size(256)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let blk = wid.y * nwg.x + wid.x;
+  let blk = group_index(wid, nwg);
   let i = blk * 256u + lidv.x;
   if (i >= p.n) { return; }
   let grad = g[i] * stats[1];

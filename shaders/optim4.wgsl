@@ -22,7 +22,7 @@ var<workgroup> red: array<f32, 64>;
 @compute @workgroup_size(64)
 fn grad_sumsq4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let wg = wid.y * nwg.x + wid.x;
+  let wg = group_index(wid, nwg);
   let lid = lidv.x;
   let start = wg * (CHUNK / 4u);
   let end = min(start + CHUNK / 4u, p.n / 4u);
@@ -41,7 +41,7 @@ fn grad_sumsq4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 @compute @workgroup_size(64)
 fn adamw4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let blk = wid.y * nwg.x + wid.x;
+  let blk = group_index(wid, nwg);
   let i = blk * 64u + lidv.x;
   if (i >= p.n / 4u) { return; }
   let grad = g[i] * stats[1];

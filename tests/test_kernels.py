@@ -243,3 +243,33 @@ def test_wgsl_errors_name_file_and_line(gpu, tmp_path):
     bad.write_text("fn f( {\n")
     with pytest.raises(ShaderError, match=r"broken\.wgsl:1:\d+: .*pars"):
         gpu.kernel(str(bad), "main", "u")
+
+
+def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_path):
+    """common.wgsl is put in front of every shader; a helper is defined there only, and an error
+    on line 4 of a shader (after an enable directive) is still reported on line 4."""
+    import re
+    from pathlib import Path
+    from tinygpt.gpu import ShaderError
+    shaders = Path(K.__file__).resolve().parents[1] / "shaders"
+    defs = {}
+    for f in shaders.glob("*.wgsl"):
+        for name in re.findall(r"^fn (\w+)\(", f.read_text(), re.M):
+            defs.setdefault(name, []).append(f.name)
+    for helper in ("group_index", "lin", "erf4", "erf_approx"):
+        assert defs[helper] == ["common.wgsl"], (helper, defs[helper])
+    assert not any(re.search(r"wid\.y \* nwg\.x \+ wid\.x", f.read_text()) for f in shaders.glob("*.wgsl")
+                   if f.name != "common.wgsl")
+    bad = tmp_path / "late.wgsl"
+    bad.write_text("fn ok() -> u32 { return lin(vec3<u32>(), vec3<u32>(1u), vec3<u32>()); }\n\n"
+                   "fn f() -> f32 {\n  return 1u;\n}\n")
+    with pytest.raises(ShaderError) as e:
+        gpu.module(str(bad))
+    print(e.value)
+    assert f"{bad}:3:1" in str(e.value)
+    # the prelude goes after enable directives; lines map back on both sides of it
+    from tinygpt.gpu import with_prelude
+    src, where = with_prelude("enable subgroups;\nfn a() {}\n", "shaders/x.wgsl")
+    n = src.count("\n")
+    assert src.startswith("enable subgroups;\n// Helpers") and where(1) == ("shaders/x.wgsl", 1)
+    assert where(2) == ("shaders/common.wgsl", 1) and where(n) == ("shaders/x.wgsl", 2)

@@ -345,15 +345,16 @@ class GPU:
 
     # ---- shaders and pipelines -------------------------------------------------------
     def module(self, file: str):
-        """A shader module from shaders/ (or an absolute path); compile errors name file:line:col."""
+        """A shader module from shaders/ (or an absolute path), with common.wgsl put in front of its
+        declarations; compile errors name the file and line they are in."""
         if file not in self._modules:
             path = Path(file) if Path(file).is_absolute() else shader_dir() / file
-            src = path.read_text()
             shown = file if Path(file).is_absolute() else f"shaders/{file}"
+            src, where = with_prelude(path.read_text(), shown)
             try:
                 mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
-                raise ShaderError(wgsl_error_line(str(e), shown)) from e
+                raise ShaderError(wgsl_error_line(str(e), where)) from e
             self._modules[file] = mod
         return self._modules[file]
 
@@ -482,11 +483,44 @@ class Profiler:
         return (raw[:, 1].astype(np.int64) - raw[:, 0].astype(np.int64)).clip(min=0) / 1e6
 
 
-def wgsl_error_line(msg: str, shown: str) -> str:
-    """naga's multi-line report as one line: 'WGSL error at FILE:LINE:COL: what (note)'."""
+PRELUDE = "common.wgsl"
+
+
+def with_prelude(src: str, shown: str):
+    """-> (source with shaders/common.wgsl inserted after its leading `enable` directives,
+    where(line) -> (file, line) of a line of the combined source)."""
+    prelude = (shader_dir() / PRELUDE).read_text()
+    if shown.endswith(PRELUDE):
+        return src, lambda n: (shown, n)
+    lines = src.splitlines(keepends=True)
+    head = 0
+    for i, l in enumerate(lines):
+        if re.match(r"\s*enable\s", l):
+            head = i + 1
+    n_pre = prelude.count("\n") + 1
+    combined = "".join(lines[:head]) + prelude + "\n" + "".join(lines[head:])
+
+    def where(n: int):
+        if n <= head:
+            return shown, n
+        if n <= head + n_pre:
+            return f"shaders/{PRELUDE}", n - head
+        return shown, n - n_pre
+    return combined, where
+
+
+def wgsl_error_line(msg: str, where) -> str:
+    """naga's multi-line report as one line: 'WGSL error at FILE:LINE:COL: what (note)'.
+    where: the file shown, or where(line) -> (file, line) for a source with the prelude."""
+    if isinstance(where, str):
+        where = (lambda shown: lambda n: (shown, n))(where)
     lines = [l.strip() for l in msg.splitlines() if l.strip()]
     pos = next((m.groups() for l in lines if (m := re.search(r"┌─\s*\S*?:(\d+):(\d+)", l))), None)
-    where = f"{shown}:{pos[0]}:{pos[1]}" if pos else shown
+    if pos:
+        f, n = where(int(pos[0]))
+        where_text = f"{f}:{n}:{pos[1]}"
+    else:
+        where_text = where(0)[0]
     what = next((l for l in lines if l.startswith("Shader ")), lines[-1] if lines else "invalid shader")
     note = next((l.lstrip("= ").strip() for l in lines if l.startswith("=")), "")
-    return f"WGSL error at {where}: {what}" + (f" ({note})" if note else "")
+    return f"WGSL error at {where_text}: {what}" + (f" ({note})" if note else "")

@@ -56,9 +56,9 @@ def check_subgroups(gpu) -> str:
 
 
 def sg_blocks(N, most=3) -> int:
-    """Column blocks per lane of the sg kernels: 2 or 3 (about equally fast, 1.27x faster than 1)
-    unless that leaves over 1/8 of the lanes computing columns past N; 2 first, having fewer
-    accumulators to spill. N = 96: 24 vec4 columns fill 1 workgroup of 3 blocks exactly."""
+    """Column blocks per lane of the sg kernels: 2 or 3 (about equally fast, both faster than 1:
+    README, "How the subgroup matmul was shaped") unless that leaves over 1/8 of the lanes computing
+    columns past N; 2 first, having fewer accumulators to spill. N = 96: 24 vec4 columns fill 1 workgroup of 3 blocks exactly."""
     n4 = N // 4
     for nc in (2, 3)[:most - 1]:
         if -(-n4 // (8 * nc)) * 8 * nc - n4 <= n4 // 8:
@@ -68,9 +68,8 @@ def sg_blocks(N, most=3) -> int:
 
 def sg_tile(M, N) -> tuple:
     """(rows per workgroup, column blocks per lane) of an sg matmul. 32 rows where M wastes at most
-    1/8 of them (lavapipe, A @ B: 42 -> 46 GFLOP/s at 1024^3, 22 -> 40 at 1024x96x384; A^T @ B:
-    21.6 -> 18.6 ms per small-preset step), with at most 2 column blocks (2 x 32 rows already
-    spill); else 16."""
+    1/8 of them (faster for all three products on lavapipe: README, "How the subgroup matmul was
+    shaped"), with at most 2 column blocks (2 x 32 rows already spill); else 16."""
     if -(-M // 32) * 32 - M <= M // 8:
         return 32, sg_blocks(N, most=2)
     return 16, sg_blocks(N)
