@@ -153,17 +153,19 @@ class Outputs:
         self.inputs = {k: Path(v) for k, v in (inputs or {}).items() if v}
         self.claimed: dict[Path, str] = {}
 
-    def claim(self, path, option: str, kind: str, ours=None, append: bool = False) -> Path:
+    def claim(self, path, option: str, kind: str, ours=None, append: bool = False,
+              updates: str | None = None) -> Path:
         """Check that `path` may be written, or raise OutputError naming {opt:option} and the fix.
 
         kind: what we write there, for messages; ours(path): whether an existing file is one we
-        wrote (then it may be replaced); append: the file is appended to, never replaced."""
+        wrote (then it may be replaced); append: the file is appended to, never replaced;
+        updates: the one input this output may be (a resumed checkpoint written back)."""
         p = Path(path)
         label = f"{{opt:{option}}} {p}"
         if not p.name or p.name in (".", ".."):
             raise OutputError(f"{label}: not a file name; give a file name for the {kind}")
         for opt, src in self.inputs.items():
-            if _same(p, src) or p.resolve() == src.resolve():
+            if opt != updates and (_same(p, src) or p.resolve() == src.resolve()):
                 raise OutputError(f"{label} is also this command's {{opt:{opt}}}; writing the {kind} there would "
                                   "destroy an input: choose another name")
         key = p.resolve()

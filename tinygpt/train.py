@@ -139,41 +139,43 @@ class Saver:
             return f"no checkpoint was saved at {self.path}"
         return f"{self.path} keeps the checkpoint of step {self.kept}"
 
-    def check(self, x, y, lr: float, done: int):
-        """The loss of the current (updated) weights on the last batch, and the weights themselves:
-        a step that diverged is never saved over a good checkpoint."""
+    def checked_params(self, x, y, lr: float, done: int) -> dict:
+        """The current (updated) weights, read once, after checking them and their loss on the
+        last batch: a step that diverged is never saved over a good checkpoint."""
         model = self.run.model
         loss = model.evaluate(x, y)
+        params = model.get_params()
         why = unhealthy(loss, None, self.best, self.run.cfg.vocab)
         if why is None:
-            bad = [n for n, a in model.get_params().items() if not np.all(np.isfinite(a))]
+            bad = [n for n, a in params.items() if not np.all(np.isfinite(a))]
             why = f"parameter {bad[0]} holds nan/inf" if bad else None
         if why:
             raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; lower {{opt:lr}} "
                                   f"(it is {lr:g}) or {{opt:grad_clip}}", 3)
+        return params
 
-    def save(self, path: Path | None = None):
+    def save(self, params: dict, path: Path | None = None):
         run, path = self.run, path or self.path
         m, v, step = run.model.get_opt_state()
         extra = dict(run.extra)
         extra["dataRngState"] = run.rng.bit_generator.state
-        ck = ckpt.Checkpoint(run.cfg, run.model.get_params(), m, v, step, run.history, extra)
+        ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra)
         with self.stop.saving():
             ckpt.save(path, ck)
         if path == self.path:
             self.kept = step
 
-    def save_final(self):
+    def save_final(self, params: dict):
         """Save, or put the model where it can go and say where (exit 1 either way on failure)."""
         try:
-            self.save()
+            self.save(params)
             return
         except OSError as e:
             reason = f"could not save {self.path} ({e.strerror or e}; {advice(e)})"
             tried = []
             for alt in rescue_paths(self.path):
                 try:
-                    self.save(alt)
+                    self.save(params, alt)
                 except OSError:
                     tried.append(str(alt))
                     continue
@@ -209,7 +211,7 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     return diffs
 
 
-def data_path_for(given: str | None, recorded: str | None, option: str, source: str) -> str | None:
+def data_path_for(given: str | None, recorded: str | None, source: str) -> str | None:
     """The data to read: the one given, or the built-in corpus. A path recorded in a file is
     never opened on the file's word: the user is asked to name it."""
     if given or not recorded:
@@ -218,18 +220,21 @@ def data_path_for(given: str | None, recorded: str | None, option: str, source: 
                      "to use it: tinygpt does not open paths read from a file")
 
 
-def output_paths(o: TrainOptions) -> Outputs:
-    """Claims the checkpoint, its loss-curve plot and the log before anything is read or run."""
-    from .checkpoint import is_tinygpt
+@dataclass
+class TrainOutputs:
+    checkpoint: Path
+    plot: Path
+    log: Path | None
+
+
+def output_paths(o: TrainOptions) -> TrainOutputs:
+    """Claims the checkpoint, its loss-curve plot and the log before anything is read or run.
+    The checkpoint may be the resumed file (written back); nothing else may be an input."""
     out = Path(o.out or o.resume or f"runs/{o.preset}.tinygpt")
-    inputs = {"data": o.data, "tokenizer_file": o.tokenizer_file}
-    outs = Outputs(o.force, inputs)
-    outs.checkpoint = outs.claim(out, "out", "checkpoint", is_tinygpt)
-    outs.inputs["resume"] = Path(o.resume) if o.resume else None
-    outs.inputs = {k: v for k, v in outs.inputs.items() if v}
-    outs.plot = outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png)
-    outs.log = outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None
-    return outs
+    outs = Outputs(o.force, {"data": o.data, "tokenizer_file": o.tokenizer_file, "resume": o.resume})
+    return TrainOutputs(outs.claim(out, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
+                        outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
+                        outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
 
 
 def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
@@ -258,8 +263,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     cfg.vocab = tok.vocab
     cfg.validate()
     check_attention(o.attention, cfg.ctx, cfg.d_model, cfg.heads)
-    data_path = data_path_for(o.data, resume.extra.get("data") if resume else None, "data",
-                              f"{{opt:resume}} {o.resume}")
+    data_path = data_path_for(o.data, resume.extra.get("data") if resume else None, f"{{opt:resume}} {o.resume}")
     raw, name = read_corpus(data_path)
     data = Dataset(tok.encode(raw), cfg.ctx, name)
     gpu = gpu or GPU()
@@ -353,9 +357,9 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
                                     + f" {tok_s:,.0f} tok/s")
             bar.update(1)
             if o.save_every and done % o.save_every == 0 and not is_last:
-                saver.check(x, y, lr, done)
+                params = saver.checked_params(x, y, lr, done)
                 try:
-                    saver.save()
+                    saver.save(params)
                 except OSError as e:  # keep training: the state is in memory, the last good file on disk
                     print(f"\nwarning: could not save {out_path} at step {done} ({e.strerror or e}); "
                           f"{saver.kept_text()}; training goes on and saving is tried again", file=err)
@@ -364,13 +368,12 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
         # until the file is whole, so a signal here is deferred, not fatal.
         if stop.requested:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=err)
-        if x is not None:
-            saver.check(x, y, lr, model.step_count)
-        saver.save_final()
+        params = saver.checked_params(x, y, lr, model.step_count) if x is not None else model.get_params()
+        saver.save_final(params)
         if not stop.requested:
             png = side.attempt("loss-curve plot", plot_losses, run.history, outs.plot)
-            sample_text = generate(model.gpu, cfg, model.get_params(), run.tokenizer, "The ", 120, 0.0, None, 0,
-                                   o.attention, plan=model.plan)
+            sample_text = generate(model.gpu, cfg, params, run.tokenizer, "The ", 120, 0.0, None, 0,
+                                   o.attention, model.plan)
         if stop.requested:   # before the save, or during the plot or sample after it
             print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path} {{opt:steps}} {steps}"),
                   file=err)
@@ -441,7 +444,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
     cfg = ck.cfg
     tok = tokenizer_of(ck, o.tokenizer_file)
-    raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), "data", f"{{opt:model}} {o.model}"))
+    raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), f"{{opt:model}} {o.model}"))
     data = Dataset(tok.encode(raw), cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
@@ -462,9 +465,8 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> str:
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()
     print(f"sampling {o.tokens} tokens at temperature {o.temperature} on {gpu.name}", file=err or sys.stderr)
-    model = Model(gpu, ck.cfg, o.attention, B=1, training=False, plan=make_plan(gpu, o.kernels))
     return generate(gpu, ck.cfg, ck.params, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.seed, o.attention,
-                    model)
+                    make_plan(gpu, o.kernels))
 
 
 def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
@@ -480,10 +482,9 @@ def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.rand
 
 
 def generate(gpu: GPU, cfg: Config, params: dict, tok, prompt: str, n: int, temperature: float,
-             top_k: int | None, seed: int, attention="online", model: Model | None = None, plan=None) -> str:
+             top_k: int | None, seed: int, attention="online", plan=None) -> str:
     """prompt + n generated tokens, decoded. Each token is one forward of a [1, ctx] window on the GPU."""
-    if model is None:
-        model = Model(gpu, cfg, attention, B=1, training=False, plan=plan)
+    model = Model(gpu, cfg, attention, B=1, training=False, plan=plan)
     model.set_params(params)
     ids = [int(i) for i in tok.encode(prompt)] or [int(tok.encode("\n")[0])]
     rng = np.random.default_rng(seed)
