@@ -292,3 +292,18 @@ def test_kernels_flag_banner_and_info(tmp_path, corpus, capsys):
     assert run_cli("info", "--json") == 0
     plan = json.loads(capsys.readouterr().out)["kernel_plan"]
     assert set(plan) >= {"matmul", "attention", "loss", "reduce", "elementwise", "subgroups"}
+
+
+def test_resume_a_tinygpt_gpt2_file_without_our_fields(tmp_path, corpus):
+    """A file TinyGPT's app wrote (vocabSize 50257, no tinygptPy.tokenizer) resumes with the gpt2
+    tokenizer, as its vocabulary says; it used to be read as bytes and fail on the shapes."""
+    f = SHARED / "r50k_base.tiktoken"
+    if not f.exists():
+        pytest.skip("no r50k_base.tiktoken beside the checkout")
+    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=8, batch=2, vocab=50257)
+    p = tmp_path / "app.tinygpt"
+    ckpt.save(p, ckpt.Checkpoint(cfg, R.init_params(cfg), step=0))
+    assert "tokenizer" not in ckpt.load(p).extra
+    assert run_cli("train", "--resume", p, "--tokenizer-file", f, "--data", corpus, "--steps", 2, "--quiet",
+                   "--eval-every", 0) == 0
+    assert ckpt.load(p).step == 2 and ckpt.load(p).extra["tokenizer"] == "gpt2"

@@ -107,6 +107,11 @@ MAX_HEADER = 64 << 20   # bytes of JSON header we read at most (a long loss hist
 TOKENIZER_VOCAB = {"byte": 256, "gpt2": 50257}
 
 
+def tokenizer_name(extra: dict, vocab: int) -> str:
+    """The tokenizer a file names (ours, under tinygptPy), else TinyGPT's by vocabulary size."""
+    return extra.get("tokenizer", "byte" if vocab == 256 else "gpt2")
+
+
 def _prefix(pre: bytes, size: int, what: str) -> tuple[int, int]:
     """(version, header length) from the first 12 bytes of a file of `size` bytes."""
     if len(pre) < 12:
@@ -154,7 +159,7 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     extra = header.get("tinygptPy") or {}
     if not isinstance(extra, dict):
         raise CheckpointError(f"{what}: the header's tinygptPy field is not an object")
-    tok = extra.get("tokenizer", "byte" if cfg.vocab == 256 else "gpt2")
+    tok = tokenizer_name(extra, cfg.vocab)
     if TOKENIZER_VOCAB.get(tok) != cfg.vocab:
         known = ", ".join(f"{k} ({v:,})" for k, v in TOKENIZER_VOCAB.items())
         raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "

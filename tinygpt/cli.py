@@ -87,7 +87,7 @@ def describe_checkpoint(path) -> dict:
     return {"file": str(path), "bytes": os.path.getsize(path),
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
             "batch": cfg.batch, "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
-            "vocab": cfg.vocab, "tokenizer": ck.extra.get("tokenizer", "byte" if cfg.vocab == 256 else "gpt2"),
+            "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
             "params": n_params(cfg), "step": ck.step, "optimizer_state": ck.m is not None,
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
             "data": ck.extra.get("data"), "attention": ck.extra.get("attention")}

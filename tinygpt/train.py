@@ -244,7 +244,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     if o.resume:
         resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}")
         diffs = _differences(resume.cfg, o)
-        tok_file = resume.extra.get("tokenizer", "byte")
+        tok_file = ckpt.tokenizer_name(resume.extra, resume.cfg.vocab)
         if o.tokenizer and o.tokenizer != tok_file:
             diffs.append(f"{{opt:tokenizer}} {o.tokenizer} (file: {tok_file})")
         if diffs:
@@ -436,7 +436,7 @@ def plot_losses(history, path: Path):
 # ---- evaluation and sampling --------------------------------------------------------------------
 def tokenizer_of(ck: ckpt.Checkpoint, tokenizer_file=None):
     """The checkpoint's tokenizer (load() has checked that it produces the file's vocabulary)."""
-    return get_tokenizer(ck.extra.get("tokenizer", "byte" if ck.cfg.vocab == 256 else "gpt2"), tokenizer_file)
+    return get_tokenizer(ckpt.tokenizer_name(ck.extra, ck.cfg.vocab), tokenizer_file)
 
 
 def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
