@@ -168,6 +168,46 @@ def cache_dir() -> Path:
 TUNING_MAX_BYTES = 1 << 20
 
 
+def tuning_path() -> Path:
+    return cache_dir() / "tuning.json"
+
+
+def load_tuning_cache() -> dict:
+    """The whole cache {adapter key: entry}, {} where there is none; ValueError (saying why) where
+    it is not a regular JSON-object file of at most 1 MiB. The one reader of the file."""
+    import json
+    path = tuning_path()
+    if not path.exists():
+        return {}
+    try:
+        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
+            raise ValueError("not a regular file of at most 1 MiB")
+        allv = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(str(e)) from e
+    if not isinstance(allv, dict):
+        raise ValueError(f"it holds a {type(allv).__name__}, not an object")
+    return allv
+
+
+def save_tuning(key: str, entry: dict | None) -> Path:
+    """Write (or with None, remove) this adapter's entry; an unreadable cache is replaced."""
+    import json
+    from .files import atomic_write
+    try:
+        allv = load_tuning_cache()
+    except ValueError:
+        allv = {}
+    if entry is None:
+        allv.pop(key, None)
+    else:
+        allv[key] = entry
+    path = tuning_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(allv, indent=2).encode())
+    return path
+
+
 def _valid_tuning(key: str, value) -> bool:
     """What `tinygpt tune` can have written for each key; anything else is ignored."""
     pow2 = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
@@ -190,17 +230,13 @@ def read_tuning(key: str) -> dict:
     with one warning naming the file and how to reset it: a cache never stops a command."""
     import json
     from .errors import warn
-    path = cache_dir() / "tuning.json"
-    if not path.exists():
-        return {}
+    path = tuning_path()
     reset = f"reset it with 'tinygpt tune {{opt:reset}}' or delete {path}"
     try:
-        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
-            raise ValueError("not a regular file of at most 1 MiB")
-        entry = json.loads(path.read_text()).get(key, {})
+        entry = load_tuning_cache().get(key, {})
         if not isinstance(entry, dict):
             raise ValueError(f"the entry for this adapter is {type(entry).__name__}, not an object")
-    except (OSError, ValueError, AttributeError, UnicodeDecodeError) as e:
+    except ValueError as e:
         warn(f"ignoring the tuning cache {path} ({e}); the default kernels run; {reset}")
         return {}
     bad = {k: v for k, v in entry.items() if not _valid_tuning(k, v)}
@@ -212,23 +248,17 @@ def read_tuning(key: str) -> dict:
 
 def reset_tuning(key: str) -> str:
     """Remove this adapter's entry from the cache (the file, if it cannot be read); says what it did."""
-    import json
-    from .files import atomic_write
-    path = cache_dir() / "tuning.json"
+    path = tuning_path()
     if not path.exists():
         return f"no tuning cache at {path}: nothing to reset"
     try:
-        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
-            raise ValueError
-        allv = json.loads(path.read_text())
-        if not isinstance(allv, dict):
-            raise ValueError
-    except (OSError, ValueError, UnicodeDecodeError):
+        held = key in load_tuning_cache()
+    except ValueError:
         path.unlink()
         return f"removed the unreadable tuning cache {path}"
-    if allv.pop(key, None) is None:
+    if not held:
         return f"{path} holds no entry for this adapter: nothing to reset"
-    atomic_write(path, json.dumps(allv, indent=2).encode())
+    save_tuning(key, None)
     return f"removed this adapter's entry from {path}; the default kernels run until the next tune"
 
 

@@ -11,14 +11,11 @@ sum in a different order, so losses can differ in the last bits after tuning.
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from . import kernels as K
 from .bench import time_dispatches
-from .files import atomic_write
-from .gpu import GPU, cache_dir
+from .gpu import GPU, save_tuning
 from .plan import PORTABLE, subgroup_verdict
 
 WX_CANDIDATES = (8, 16, 32, 64)
@@ -110,14 +107,5 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             win = s_rows[0]["ms"] < o_best
             s_rows[0]["chosen"] = win
             best[key] = "sg" if win else lose
-    path = cache_dir() / "tuning.json"
-    try:
-        allv = json.loads(path.read_text()) if path.is_file() and path.stat().st_size < (1 << 20) else {}
-        allv = allv if isinstance(allv, dict) else {}
-    except (OSError, ValueError, UnicodeDecodeError):
-        allv = {}
-    allv[gpu.key] = best
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(allv, indent=2).encode())
-    # what make_plan reads back: the families measured and the tunables, as plan overrides
+    path = save_tuning(gpu.key, best)   # make_plan reads these back: the families measured, the tunables
     return {"rows": rows, "chosen": best, "cache": str(path)}
