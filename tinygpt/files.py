@@ -22,7 +22,16 @@ from .errors import OutputError
 
 
 def available_memory() -> int:
-    """Bytes of memory free for this process to use, as the OS reports it (or 4 GiB if it can't)."""
+    """Bytes of memory this process can still use: Linux's MemAvailable (free memory plus the page
+    cache it can drop; plain free memory would refuse files after any large read), else free
+    physical pages, else 4 GiB."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
