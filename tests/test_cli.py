@@ -67,7 +67,7 @@ def test_same_seed_same_losses(tmp_path, corpus):
 def test_resume_reproduces_the_uninterrupted_run(tmp_path, corpus):
     """Stop at step 7 (a shorter run, constant lr), resume to 16: the same 16 losses, bit for bit."""
     full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
-    common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0]
+    common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0, "--schedule", "constant"]
     assert run_cli("train", *common, "--steps", 16, "--out", tmp_path / "full.tinygpt", "--log", full) == 0
     assert run_cli("train", *common, "--steps", 7, "--out", tmp_path / "part.tinygpt", "--log", part) == 0
     assert run_cli("train", "--resume", tmp_path / "part.tinygpt", "--quiet", "--data", corpus, "--log-every", 1,
@@ -156,7 +156,8 @@ def test_eval_json_is_deterministic(trained, capsys):
         results.append(json.loads(capsys.readouterr().out))
     r = results[0]
     assert results[0] == results[1]
-    assert set(r) == {"loss", "perplexity", "windows", "tokens"}
+    assert set(r) == {"loss", "perplexity", "windows", "tokens", "bits_per_byte"}
+    assert abs(r["bits_per_byte"] - r["loss"] / np.log(2)) < 1e-12
     n = len(corpus.read_bytes())
     val = n - int(np.floor(0.9 * n))
     assert r["windows"] == (val - 1) // 16 and r["tokens"] == r["windows"] * 16

@@ -1,4 +1,4 @@
-"""The command line: tinygpt train | eval | sample | info | export.
+"""The command line: tinygpt train | eval | sample | inspect | info | tune | export.
 
 Errors are one line on stderr with a non-zero exit code; --debug shows the traceback.
 """
@@ -146,13 +146,14 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from .options import EvalOptions
-    from .train import evaluate
+    from .infer import evaluate
     r = evaluate(options(EvalOptions, args))
     if args.json:
         print(json.dumps(r))
     else:
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
-        print(f"validation loss {r['loss']:.4f} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens")
+        b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
+        print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens")
     return 0
 
 
@@ -161,7 +162,7 @@ MAX_SAMPLE_TOKENS = 100_000
 
 def cmd_sample(args) -> int:
     from .options import SampleOptions
-    from .train import sample
+    from .infer import sample
     if args.tokens > MAX_SAMPLE_TOKENS:
         raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
     if args.top_k is not None and args.top_k <= 0:
@@ -170,6 +171,15 @@ def cmd_sample(args) -> int:
     sys.stdout.write(text)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from .lens import inspect
+    from .options import InspectOptions
+    _, table = inspect(options(InspectOptions, args))
+    print("logit lens: the top next-token guess of each layer's residual stream\n" + table)
+    print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
 
@@ -255,10 +265,15 @@ def build_parser():
     p.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
     p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
-    p.add_argument("--steps", type=positive_int, default=1000)
-    p.add_argument("--lr", type=positive_float, help="learning rate (default 3e-4)")
-    p.add_argument("--warmup", type=nonneg_int, default=0, help="linear warmup steps, then cosine decay")
-    p.add_argument("--min-lr", type=nonneg_float, help="cosine schedule floor (turns the schedule on)")
+    p.add_argument("--steps", type=positive_int,
+                   help="total steps (default: the preset's, e.g. 2000 for small; on --resume, the run's planned end)")
+    p.add_argument("--minutes", type=positive_float,
+                   help="a time budget instead of --steps: the step count is fitted so the run ends on time")
+    p.add_argument("--schedule", choices=["cosine", "constant"],
+                   help="cosine (default: warm-up, then cosine decay to --min-lr) or constant (TinyGPT's, lr 3e-4)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's, e.g. 3e-3 for small)")
+    p.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (default 100, at most a tenth of the run)")
+    p.add_argument("--min-lr", type=nonneg_float, help="where the cosine decay ends (default: the preset's)")
     p.add_argument("--grad-clip", type=nonneg_float, help="global grad-norm clip (default 1.0, 0 = off)")
     p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
     p.add_argument("--attention", default="online", choices=IMPLS)
@@ -273,6 +288,8 @@ def build_parser():
     p.add_argument("--save-every", type=nonneg_int, default=500)
     p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--sample-tokens", type=nonneg_int, default=200,
+                   help="length of the greedy and the sampled text printed at the end (0: none)")
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time of each kernel of one step, and exit")
     p.set_defaults(fn=cmd_train)
@@ -298,6 +315,16 @@ def build_parser():
     add_kernels(p)
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_sample)
+
+    p = sub.add_parser("inspect", parents=[common],
+                       help="attention weights of every layer and head for a prompt, and a logit lens, as a PNG")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--out", required=True, help="the PNG to write")
+    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
+    add_kernels(p)
+    p.add_argument("--tokenizer-file")
+    p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("info", parents=[common],
                        help="adapter, backend, features, limits and kernel plan; or a checkpoint with --model")

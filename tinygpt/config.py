@@ -24,6 +24,31 @@ MAX_DIMS = {"layers": 4096, "d_model": 65536, "heads": 4096, "ctx": 1 << 20, "ba
             "d_mlp": 1 << 20, "vocab": 1 << 24}
 MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and moments
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8   # TinyGPT's AdamW: the one place they are set
+TINYGPT_LR = 3e-4               # TinyGPT's constant learning rate (the constant schedule's default)
+
+
+@dataclass(frozen=True)
+class TrainDefaults:
+    """What a training run of a preset runs when no flag says otherwise: linear warm-up, then
+    cosine decay from lr to min_lr at the last step. Chosen by the sweep in the README (Tiny
+    Shakespeare on a 2-core CPU with lavapipe) for tiny and small; the larger presets, too slow to
+    sweep here, take the small preset's schedule with lr scaled by 1/width (see the README)."""
+    steps: int
+    lr: float
+    warmup: int
+    min_lr: float
+
+
+TRAIN_DEFAULTS = {
+    "tiny": TrainDefaults(2000, 3e-3, 100, 1e-4),
+    "small": TrainDefaults(2000, 3e-3, 100, 1e-4),
+    "medium": TrainDefaults(1000, 2e-3, 100, 1e-4),
+    "large": TrainDefaults(1000, 1.5e-3, 100, 1e-4),
+    "xl": TrainDefaults(1000, 1e-3, 100, 1e-4),
+    "huge": TrainDefaults(1000, 1e-3, 100, 1e-4),
+    "massive": TrainDefaults(1000, 6e-4, 100, 6e-5),
+    "mega": TrainDefaults(1000, 6e-4, 100, 6e-5),
+}
 
 
 class ConfigError(UsageError):

@@ -341,9 +341,13 @@ class Model:
         """Mean loss of one batch [B, T]."""
         return self.mean_loss(np.asarray(x), np.asarray(y))
 
-    def logits_of(self, x) -> np.ndarray:
+    def forward(self, x):
+        """The forward alone; its activations (and the naive path's attention weights) are then readable."""
         self.write_batch(x)
         self.gpu.run(self._fwd)
+
+    def logits_of(self, x) -> np.ndarray:
+        self.forward(x)
         return self.gpu.read(self.logits)[:, :self.cfg.vocab].reshape(self.B, self.T, -1)
 
     def logits_row(self, x, row: int) -> np.ndarray:

@@ -19,9 +19,11 @@ class TrainOptions:
     data: str | None = None            # None: the built-in corpus
     tokenizer: str | None = None       # None: byte, or the resumed file's
     tokenizer_file: str | None = None
-    steps: int = 1000
+    steps: int | None = None           # None: the preset's default (config.TRAIN_DEFAULTS), or the resumed run's
+    minutes: float | None = None       # a time budget instead of steps
+    schedule: str | None = None        # cosine | constant; None: the preset's (or the resumed file's)
     lr: float | None = None
-    warmup: int = 0
+    warmup: int | None = None
     min_lr: float | None = None
     grad_clip: float | None = None
     seed: int | None = None
@@ -36,6 +38,7 @@ class TrainOptions:
     save_every: int = 500
     resume: str | None = None
     quiet: bool = False
+    sample_tokens: int = 200           # the greedy and the sampled text at the end; 0: none
 
 
 @dataclass
@@ -57,5 +60,15 @@ class SampleOptions:
     top_k: int | None = None
     seed: int = 0
     attention: str = "online"
+    kernels: dict = field(default_factory=dict)
+    tokenizer_file: str | None = None
+
+
+@dataclass
+class InspectOptions:
+    model: str
+    prompt: str
+    out: str
+    force: bool = False
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None

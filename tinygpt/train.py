@@ -22,15 +22,17 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .attention import check as check_attention
-from .config import Config, n_params
+from .config import TRAIN_DEFAULTS, Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
 from .errors import TinyGPTError, UsageError, word
 from .files import WRITER, Outputs, advice, atomic_write, derived, is_json_lines, is_our_png, rescue_paths
 from .gpu import GPU
+from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
 from .model import Model
-from .options import EvalOptions, SampleOptions, TrainOptions
+from .options import TrainOptions
 from .plan import make_plan
 from .prep import init_params
+from .schedule import Budget, Schedule, resolve
 
 
 class TrainingStopped(TinyGPTError):
@@ -39,18 +41,6 @@ class TrainingStopped(TinyGPTError):
 
 class Interrupted(TrainingStopped):
     """Stopped by a signal after saving (the lines before it said so); exit 130 or 143."""
-
-
-def lr_at(step: int, lr: float, warmup: int, min_lr: float | None, total: int) -> float:
-    """Constant lr by default (TinyGPT); with warmup or min_lr, linear warmup then cosine to min_lr."""
-    if not warmup and min_lr is None:
-        return lr
-    if warmup and step < warmup:
-        return lr * (step + 1) / warmup
-    lo = lr * 0.1 if min_lr is None else min_lr
-    span = max(1, total - warmup)
-    frac = min(1.0, (step - warmup) / span)
-    return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * frac))
 
 
 class StopFlag:
@@ -108,6 +98,7 @@ class Run:
     rng: np.random.Generator
     history: list
     extra: dict
+    schedule: Schedule
 
 
 def unhealthy(loss: float, norm: float | None, best: float | None, vocab: int) -> str | None:
@@ -159,6 +150,7 @@ class Saver:
         m, v, step = run.model.get_opt_state()
         extra = dict(run.extra)
         extra["dataRngState"] = run.rng.bit_generator.state
+        extra["schedule"] = run.schedule.as_dict()
         ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra)
         with self.stop.saving():
             ckpt.save(path, ck)
@@ -211,15 +203,6 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     return diffs
 
 
-def data_path_for(given: str | None, recorded: str | None, source: str) -> str | None:
-    """The data to read: the one given, or the built-in corpus. A path recorded in a file is
-    never opened on the file's word: the user is asked to name it."""
-    if given or not recorded:
-        return given
-    raise UsageError(f"{source} was trained on {recorded}; give {{opt:data}} {recorded} (or another text file) "
-                     "to use it: tinygpt does not open paths read from a file")
-
-
 @dataclass
 class TrainOutputs:
     checkpoint: Path
@@ -251,14 +234,17 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
             raise TrainingStopped(f"{{opt:resume}} {o.resume}: these options contradict the file: "
                                   f"{'; '.join(diffs)}; drop them to continue the saved model", 2)
         cfg = resume.cfg
-        for k in ("batch", "lr", "grad_clip"):
+        for k in ("batch", "grad_clip"):
             if getattr(o, k) is not None:
                 setattr(cfg, k, getattr(o, k))
         tokenizer_name = tok_file
+        schedule = resolve(o, resume.extra.get("schedule"), cfg.lr)
     else:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
-                     batch=o.batch, lr=o.lr, grad_clip=o.grad_clip, seed=o.seed)
+                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed)
         tokenizer_name = o.tokenizer or "byte"
+        schedule = resolve(o)
+    cfg.lr = schedule.lr              # the header's learningRate: the peak
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
     cfg.validate()
@@ -289,51 +275,98 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     else:
         model.set_params(init_params(cfg))
         start = 0
-    return Run(cfg, model, data, tok, rng, history, extra), start
+    return Run(cfg, model, data, tok, rng, history, extra, schedule), start
 
 
-def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
+def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
+    """The last step: the steps option, else the resumed run's planned end, else the preset's default;
+    None with minutes (the budget sets it)."""
+    if o.minutes is not None:
+        if o.steps is not None:
+            raise UsageError("give {opt:steps} or {opt:minutes}, not both")
+        return None
+    if o.steps is not None:
+        total = o.steps
+    elif o.resume:
+        total = run.schedule.total
+        if total <= start:
+            raise UsageError(f"the checkpoint is at step {start}, the end of its run; give the new total with "
+                             "{opt:steps}, or a time with {opt:minutes}")
+    else:
+        total = TRAIN_DEFAULTS[o.preset].steps
+    if total <= start:
+        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
+    return total
+
+
+UNPLANNED = 10 ** 9
+
+
+def clock_text(seconds: float) -> str:
+    s = max(0, int(round(seconds)))
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
+
+
+def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=time.monotonic) -> dict:
+    """`tinygpt train`. clock: seconds, monotonic; the time budget and the reported time read it."""
+    t0 = clock()
     out, err = out or sys.stdout, err or sys.stderr
     outs = output_paths(o)                       # every output checked before anything is read
     out_path = outs.checkpoint
     run, start = setup(o, gpu)
-    cfg, model, data = run.cfg, run.model, run.data
-    steps = o.steps
-    if steps <= start:
-        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
+    cfg, model, data, sched = run.cfg, run.model, run.data, run.schedule
+    total = planned_total(o, run, start)
+    budget = Budget(60 * o.minutes, clock, t0) if total is None else None
+    sched.total = total if total is not None else start + UNPLANNED     # until the budget's first estimate
     side = SideWriter(err)
     log = side.attempt("log", open, outs.log, "a") if outs.log else None
     B, T = model.B, model.T
     vx, vy = data.val_windows(o.eval_windows)
+    fx, fy = data.val_windows(FINAL_EVAL_WINDOWS)
+    sampler = Sampler(model.gpu, cfg, run.tokenizer, o.attention, model.plan) if o.sample_tokens else None
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
           f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
           f"({model.gpu.backend})", file=err)
     print(f"kernels: {model.plan.describe()}", file=err)
     print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)", file=err)
+    if budget:
+        budget.reserve = end_cost(model, sampler, fx, fy, o, clock)
+        print(f"schedule: {sched.describe().split(' at step')[0]} at the last step; steps fitted to "
+              f"{o.minutes:g} min", file=err)
+    else:
+        print(f"schedule: {sched.describe()}", file=err)
     from tqdm import tqdm
-    bar = tqdm(total=steps, initial=start, file=err, unit="step", dynamic_ncols=True, disable=o.quiet,
+    bar = tqdm(total=total, initial=start, file=err, unit="step", dynamic_ncols=True, disable=o.quiet,
                mininterval=0.1 if getattr(err, "isatty", lambda: False)() else 5.0)
-    t_last, tok_s = time.time(), 0.0
+    t_last, tok_s = clock(), 0.0
     last = {"train": None, "val": None}
     stop = StopFlag()
     saver = Saver(run, out_path, stop)
     x = y = None
-    lr = cfg.lr
+    lr = sched.lr
+    png = sample_text = None
     try:
-        n_since = 0
-        for step in range(start, steps):
+        n_since, step = 0, start
+        if budget:
+            budget.start(start)
+        while step < sched.total:
             if stop.requested:
                 break
-            lr = lr_at(step, cfg.lr, o.warmup, o.min_lr, steps)
+            lr = sched.at(step)
             x, y = data.sample(run.rng, B)
             model.step(x, y, lr)
             n_since += 1
-            done = step + 1
-            is_last = done == steps
+            step = done = step + 1
+            if budget and (done - start < 200 or done % o.log_every == 0):
+                fitted = budget.plan(done)
+                if fitted is not None and fitted != sched.total:
+                    sched.total = max(fitted, done)
+                    bar.total = sched.total
+            is_last = done == sched.total
             want_eval = o.eval_every and (done % o.eval_every == 0 or is_last)
             if done % o.log_every == 0 or is_last or want_eval:
                 loss = model.loss()
-                now = time.time()
+                now = clock()
                 tok_s = n_since * B * T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
                 norm = model.grad_norm()
@@ -354,7 +387,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
                     if side.attempt("log", lambda: (log.write(line), log.flush())) is None:
                         log = None
                 bar.set_postfix_str(f"loss {loss:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
-                                    + f" {tok_s:,.0f} tok/s")
+                                    + f" {tok_s:,.0f} tok/s"
+                                    + (f", {clock_text(budget.left())} left" if budget else ""))
             bar.update(1)
             if o.save_every and done % o.save_every == 0 and not is_last:
                 params = saver.checked_params(x, y, lr, done)
@@ -366,30 +400,70 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None) -> dict:
         bar.close()
         # The final save: after the last step, or after a signal. The handlers stay in place
         # until the file is whole, so a signal here is deferred, not fatal.
+        if sched.total >= start + UNPLANNED:      # stopped before the budget's first estimate
+            sched.total = model.step_count
         if stop.requested:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=err)
         params = saver.checked_params(x, y, lr, model.step_count) if x is not None else model.get_params()
         saver.save_final(params)
         if not stop.requested:
             png = side.attempt("loss-curve plot", plot_losses, run.history, outs.plot)
-            sample_text = generate(model.gpu, cfg, params, run.tokenizer, "The ", 120, 0.0, None, 0,
-                                   o.attention, model.plan)
+            if o.eval_every:
+                last["val_full"] = model.mean_loss(fx, fy)
+            if sampler:
+                sampler.set_params(params)
+                sample_text = [sampler.generate("\n", o.sample_tokens, 0.0),
+                               sampler.generate("\n", o.sample_tokens, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, cfg.seed)]
         if stop.requested:   # before the save, or during the plot or sample after it
-            print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path} {{opt:steps}} {steps}"),
-                  file=err)
+            print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path}"), file=err)
             raise Interrupted("interrupted", stop.exit_code)
     finally:
         bar.close()
         if log:
             side.attempt("log", log.close)
         stop.restore()
-    summary = {"final_train_loss": last["train"], "final_val_loss": last["val"], "tokens_per_s": tok_s,
-               "checkpoint": str(out_path), "plot": str(png) if png else None, "steps": steps}
-    val = f"{last['val']:.4f}" if last["val"] is not None else word("not evaluated ({opt:eval_every} 0)")
-    print(f"final train loss {last['train']:.4f}, val loss {val}, {tok_s:,.0f} tokens/s", file=out)
-    print(f"checkpoint {out_path}" + (f", loss curve {png}" if png else ""), file=out)
-    print("greedy sample:\n" + sample_text, file=out)
-    return summary
+    seconds = clock() - t0
+    report(out, run, o, last, len(fx), tok_s, seconds, out_path, png, sample_text)
+    return {"final_train_loss": last["train"], "final_val_loss": last.get("val_full"), "val_windows": len(fx),
+            "tokens_per_s": tok_s, "checkpoint": str(out_path), "plot": str(png) if png else None,
+            "steps": model.step_count, "seconds": seconds, "samples": sample_text}
+
+
+SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 40      # the sampled text at the end of a run
+
+
+def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clock) -> float:
+    """Seconds the end of a run will take after its last step, measured before the first step:
+    one batch of evaluation and one sampled token, times how many the end runs, plus a margin
+    for the save and the plot."""
+    def timed(fn, *a):               # the second of two calls: the first one warms up
+        fn(*a)
+        t = clock()
+        fn(*a)
+        return clock() - t
+    cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if o.eval_every else 0.0
+    if sampler:
+        cost += 2 * o.sample_tokens * timed(sampler.next_logits, [0])
+    return 1.05 * cost + 0.5
+
+
+def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: float, seconds: float,
+           out_path: Path, png, samples):
+    """The end of a run: losses (val over the whole split, in bits too for bytes), time, files, samples."""
+    val = last.get("val_full")
+    if val is None:
+        val_text = word("not evaluated ({opt:eval_every} 0)")
+    else:
+        unit = f" = {bits(val):.3f} bits/byte" if run.tokenizer.name == "byte" else ""
+        val_text = f"{val:.4f} nats{unit} (whole validation split, {windows:,} windows)"
+    train_text = f"{last['train']:.4f}" if last["train"] is not None else "-"
+    print(f"final train loss {train_text}, val loss {val_text}", file=out)
+    print(f"{run.model.step_count:,} steps in {clock_text(seconds)}, {tok_s:,.0f} tokens/s; checkpoint {out_path}"
+          + (f", loss curve {png}" if png else ""), file=out)
+    if samples:
+        print("greedy sample (temperature 0):\n" + samples[0].lstrip("\n"), file=out)
+        print(f"sample (temperature {SAMPLE_TEMPERATURE}, top-k {SAMPLE_TOP_K}, seed {run.cfg.seed}):\n"
+              + samples[1].lstrip("\n"), file=out)
 
 
 def profile(o: TrainOptions, warmup: int = 3) -> str:
@@ -400,8 +474,8 @@ def profile(o: TrainOptions, warmup: int = 3) -> str:
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
     for _ in range(warmup):
-        model.step(*run.data.sample(run.rng, model.B), run.cfg.lr)
-    rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.cfg.lr)
+        model.step(*run.data.sample(run.rng, model.B), run.schedule.lr)
+    rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr)
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
             f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
@@ -431,67 +505,3 @@ def plot_losses(history, path: Path):
     plt.close(fig)
     atomic_write(path, buf.getvalue())
     return path
-
-
-# ---- evaluation and sampling --------------------------------------------------------------------
-def tokenizer_of(ck: ckpt.Checkpoint, tokenizer_file=None):
-    """The checkpoint's tokenizer (load() has checked that it produces the file's vocabulary)."""
-    return get_tokenizer(ckpt.tokenizer_name(ck.extra, ck.cfg.vocab), tokenizer_file)
-
-
-def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
-    """Mean validation loss of a checkpoint over the whole validation split (or max_windows)."""
-    ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
-    cfg = ck.cfg
-    tok = tokenizer_of(ck, o.tokenizer_file)
-    raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), f"{{opt:model}} {o.model}"))
-    data = Dataset(tok.encode(raw), cfg.ctx)
-    xs, ys = data.val_windows(o.max_windows)
-    gpu = gpu or GPU()
-    model = Model(gpu, cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
-                  plan=make_plan(gpu, o.kernels))
-    model.set_params(ck.params)
-    loss = model.mean_loss(xs, ys)
-    # exp overflows past ~709 nats: say so instead of failing
-    ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
-    return {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx}
-
-
-def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> str:
-    """`tinygpt sample`: prompt + o.tokens generated tokens, decoded."""
-    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
-    if o.top_k is not None and o.top_k > ck.cfg.vocab:
-        raise UsageError(f"{{opt:top_k}} {o.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
-    tok = tokenizer_of(ck, o.tokenizer_file)
-    gpu = gpu or GPU()
-    print(f"sampling {o.tokens} tokens at temperature {o.temperature} on {gpu.name}", file=err or sys.stderr)
-    return generate(gpu, ck.cfg, ck.params, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.seed, o.attention,
-                    make_plan(gpu, o.kernels))
-
-
-def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    if top_k and top_k < len(z):
-        kth = np.partition(z, -top_k)[-top_k]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    return int(rng.choice(len(p), p=p))
-
-
-def generate(gpu: GPU, cfg: Config, params: dict, tok, prompt: str, n: int, temperature: float,
-             top_k: int | None, seed: int, attention="online", plan=None) -> str:
-    """prompt + n generated tokens, decoded. Each token is one forward of a [1, ctx] window on the GPU."""
-    model = Model(gpu, cfg, attention, B=1, training=False, plan=plan)
-    model.set_params(params)
-    ids = [int(i) for i in tok.encode(prompt)] or [int(tok.encode("\n")[0])]
-    rng = np.random.default_rng(seed)
-    for _ in range(n):
-        window = ids[-cfg.ctx:]
-        x = np.zeros((1, cfg.ctx), np.uint32)
-        x[0, :len(window)] = window          # later positions cannot affect earlier ones (causal)
-        logits = model.logits_row(x, len(window) - 1)
-        ids.append(pick(logits, temperature, top_k, rng))
-    return tok.decode(ids)
