@@ -72,6 +72,26 @@ def test_bench_train_json():
     assert abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-3
 
 
+def test_bench_learning_json(tmp_path):
+    """Both trainers (torch where importable) from the same init and batches: the same curve."""
+    import importlib.util
+    png = tmp_path / "learning.png"
+    rows = run_json("bench_learning.py", "--preset", "tiny", "--steps", "12", "--eval-every", "6",
+                    "--eval-windows", "8", "--plot", png)
+    assert all(set(r) == {"trainer", "step", "seconds", "val_loss"} for r in rows)
+    by = {}
+    for r in rows:
+        by.setdefault(r["trainer"], []).append(r)
+    want = {"webgpu", "torch"} if importlib.util.find_spec("torch") else {"webgpu"}
+    assert set(by) == want and all([r["step"] for r in v] == [0, 6, 12] for v in by.values())
+    w = by["webgpu"]
+    assert w[0]["seconds"] == 0 and w[1]["seconds"] > 0 and w[2]["val_loss"] < w[0]["val_loss"]
+    if "torch" in by:
+        for a, b in zip(w, by["torch"]):
+            assert abs(a["val_loss"] - b["val_loss"]) < 1e-3
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_train_profile_table():
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile"],
                        capture_output=True, text=True, timeout=300)

@@ -19,7 +19,7 @@ import numpy as np
 
 from .config import Config
 from .files import WRITER, atomic_write
-from .gpu import GPU
+from .gpu import GPU, Tensor
 from .model import Launchers, Model, logit_chunks, rows
 
 
@@ -39,8 +39,9 @@ class Inspector:
         self.model = m = Model(gpu, cfg, "naive", B=1, T=T, training=False, plan=plan)
         K, C, VP = Launchers(m.plan), cfg.d_model, m.VP
         self.ln, self.stats = gpu.tensor((T, C), name="lens.ln"), gpu.tensor((2, T), name="lens.stats")  # [T,C] [2,T]
-        self.logits = gpu.tensor((T, VP), name="lens.logits")                                     # [T,VP]
-        chunks = logit_chunks(gpu, T, VP)
+        chunks = logit_chunks(gpu, T, VP)              # bound a chunk of rows at a time when too large
+        self.logits = Tensor(gpu.buffer(4 * T * VP, "lens.logits", binding=len(chunks) == 1), 0, (T, VP), "f32",
+                             "lens.logits")                                                         # [T,VP]
         # one list of dispatches per residual stream x_0 .. x_L
         self.lens = [[K.layernorm_forward(gpu, x, m._ln(None), self.ln, self.stats, T, C)]
                      + [K.matmul_abt(gpu, rows(self.ln, r0, n), m.P["tok_emb"], rows(self.logits, r0, n), n, VP, C)

@@ -1,0 +1,222 @@
+"""The first run: the built-in corpus, the schedule and its defaults, the time budget on a fake
+clock, the end-of-run report, and `tinygpt inspect` against the float64 reference."""
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import check
+from tinygpt import checkpoint as ckpt
+from tinygpt import reference as R
+from tinygpt import reference_attention as RA
+from tinygpt.cli import main
+from tinygpt.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
+from tinygpt.data import Dataset, ByteTokenizer, builtin_corpus, read_corpus
+from tinygpt.errors import UsageError
+from tinygpt.model import Model
+from tinygpt.options import TrainOptions
+from tinygpt.schedule import Schedule, resolve
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+TINY = dict(preset="tiny", batch=4, ctx=16, quiet=True)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "corpus.txt"
+    text = (SHARED / "tinyshakespeare.txt").read_text()[:60_000] if (SHARED / "tinyshakespeare.txt").exists() \
+        else ("To be, or not to be, that is the question. " * 1500)
+    p.write_text(text)
+    return p
+
+
+# ---- the built-in corpus ------------------------------------------------------------------------
+def test_builtin_corpus_is_text_that_ships_with_python_and_trains(tmp_path, gpu):
+    raw = builtin_corpus()
+    text = raw.decode("utf-8")                       # valid UTF-8, whole
+    assert len(raw) > 400_000 and raw == builtin_corpus()
+    assert "def " in text and "class" in text        # Python's documentation, not some other text
+    got, name = read_corpus(None)
+    assert got == raw and name.startswith("built-in")
+    ds = Dataset(ByteTokenizer().encode(raw), 64)
+    assert len(ds.val) == len(raw) - int(0.9 * len(raw))
+    from tinygpt.train import train
+    s = train(TrainOptions(**TINY, steps=3, eval_every=0, sample_tokens=0, out=str(tmp_path / "b.tinygpt")), gpu,
+              out=io.StringIO(), err=io.StringIO())
+    assert s["steps"] == 3 and ckpt.load(tmp_path / "b.tinygpt").extra["data"] is None
+
+
+# ---- the schedule -------------------------------------------------------------------------------
+def test_default_schedule_warms_up_then_decays_to_the_floor():
+    d = TRAIN_DEFAULTS["small"]
+    s = resolve(TrainOptions())
+    assert (s.kind, s.lr, s.warmup, s.min_lr) == ("cosine", d.lr, d.warmup, d.min_lr)
+    s.total = 2000
+    lrs = [s.at(i) for i in range(s.total)]
+    assert lrs[0] == pytest.approx(d.lr / d.warmup) and lrs[d.warmup - 1] == pytest.approx(d.lr)
+    assert all(a >= b for a, b in zip(lrs[d.warmup:], lrs[d.warmup + 1:]))      # never rises after warm-up
+    assert lrs[-1] == pytest.approx(d.min_lr, rel=1e-3)
+    s.total = 50                                                                  # warm-up: at most a tenth
+    assert s.at(4) == pytest.approx(d.lr) and s.at(0) == pytest.approx(d.lr / 5)
+    for name in TRAIN_DEFAULTS:                                                   # every preset has its own
+        r = resolve(TrainOptions(preset=name))
+        assert r.lr == TRAIN_DEFAULTS[name].lr and r.min_lr < r.lr
+
+
+def test_constant_schedule_is_tinygpts_and_flags_override():
+    c = resolve(TrainOptions(schedule="constant"))
+    c.total = 100
+    assert {c.at(i) for i in range(100)} == {TINYGPT_LR}
+    assert resolve(TrainOptions(schedule="constant", lr=1e-3)).at(5) == 1e-3
+    s = resolve(TrainOptions(lr=1e-2, warmup=7, min_lr=0.0))
+    assert (s.lr, s.warmup, s.min_lr) == (1e-2, 7, 0.0)
+    with pytest.raises(UsageError, match="warmup"):
+        resolve(TrainOptions(schedule="constant", warmup=10))
+    with pytest.raises(UsageError, match="min-lr 0.01 is above"):
+        resolve(TrainOptions(lr=1e-3, min_lr=1e-2))
+
+
+def test_resumed_schedule_comes_from_the_file():
+    saved = Schedule("cosine", 2e-3, 30, 1e-5, 900).as_dict()
+    s = resolve(TrainOptions(), saved, file_lr=2e-3)
+    assert (s.kind, s.lr, s.warmup, s.min_lr) == ("cosine", 2e-3, 30, 1e-5)
+    old = resolve(TrainOptions(), None, file_lr=3e-4)                             # TinyGPT's files: constant
+    assert (old.kind, old.lr) == ("constant", 3e-4)
+    bad = resolve(TrainOptions(), {"kind": "cosine", "lr": "nan"}, file_lr=5e-4)  # malformed: the file's lr
+    assert (bad.kind, bad.lr) == ("constant", 5e-4)
+
+
+def test_steps_and_minutes_together_are_refused(corpus, capsys):
+    rc = main(["train", "--preset", "tiny", "--quiet", "--data", str(corpus), "--steps", "5", "--minutes", "1"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "--steps" in err and "--minutes" in err
+
+
+# ---- the time budget ----------------------------------------------------------------------------
+class FakeClock:
+    """Time passes only when the model works (and not while files are written)."""
+
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_minutes_ends_on_time_on_a_fake_clock(tmp_path, corpus, gpu, monkeypatch):
+    from tinygpt.train import train
+    clock = FakeClock()
+    step, rows, logits_row = Model.step, Model.row_losses, Model.logits_row
+
+    def timed(fn, cost):
+        def run(self, *a, **k):
+            clock.t += cost
+            return fn(self, *a, **k)
+        return run
+    monkeypatch.setattr(Model, "step", timed(step, 0.25))
+    monkeypatch.setattr(Model, "row_losses", timed(rows, 0.004))
+    monkeypatch.setattr(Model, "logits_row", timed(logits_row, 0.001))
+    budget = 60.0                                              # one minute of fake time
+    log = tmp_path / "l.jsonl"
+    o = TrainOptions(**TINY, data=str(corpus), minutes=budget / 60, eval_every=50, log_every=5, sample_tokens=20,
+                     out=str(tmp_path / "m.tinygpt"), log=str(log))
+    s = train(o, gpu, out=io.StringIO(), err=io.StringIO(), clock=clock)
+    print(f"budget {budget} s: ended after {s['seconds']:.3f} s, {s['steps']} steps")
+    assert abs(s["seconds"] - budget) <= 0.02 * budget             # on time within 2 %
+    assert 200 < s["steps"] < 240                                  # 0.25 s a step
+    sched = ckpt.load(tmp_path / "m.tinygpt").extra["schedule"]
+    assert sched["total"] == s["steps"]                            # the decay was fitted to the run's end
+    last = [json.loads(l) for l in log.read_text().splitlines()][-1]
+    assert last["step"] == s["steps"] and last["lr"] == pytest.approx(TRAIN_DEFAULTS["tiny"].min_lr, rel=0.05)
+
+
+# ---- the end of a run ---------------------------------------------------------------------------
+def test_end_of_run_shows_bits_and_a_reproducible_sample(tmp_path, corpus, gpu):
+    from tinygpt.infer import evaluate
+    from tinygpt.options import EvalOptions
+    from tinygpt.train import train
+    outs = []
+    for name in ("a", "b"):
+        out = io.StringIO()
+        s = train(TrainOptions(**TINY, data=str(corpus), steps=40, eval_every=20, sample_tokens=60,
+                               out=str(tmp_path / f"{name}.tinygpt")), gpu, out=out, err=io.StringIO())
+        outs.append((out.getvalue(), s))
+    (text, s), (text2, _) = outs
+    assert text.split("greedy sample")[1] == text2.split("greedy sample")[1]   # same seed, same two samples
+    greedy, sampled = s["samples"]
+    assert greedy != sampled and len(ByteTokenizer().encode(sampled)) == 61      # "\n" + 60 tokens
+    e = evaluate(EvalOptions(model=str(tmp_path / "a.tinygpt"), data=str(corpus)), gpu)
+    assert s["final_val_loss"] == pytest.approx(e["loss"], abs=1e-6) and s["val_windows"] == e["windows"]
+    assert f"{e['loss']:.4f} nats = {e['loss'] / math.log(2):.3f} bits/byte" in text
+    assert "temperature 0.8, top-k 40" in text
+
+
+# ---- tinygpt inspect ----------------------------------------------------------------------------
+def reference_inspection(params, cfg, ids):
+    """float64: each layer's softmax weights [L, H, T, T] and each residual stream's lens probabilities."""
+    p64 = {k: v.astype(np.float64) for k, v in params.items()}
+    weights = []
+
+    def attend(q, k, v, H):
+        weights.append(RA.attn_softmax(RA.attn_scores(q, k, H))[0])
+        return RA.attention_forward(q, k, v, H)
+    x = np.asarray(ids)[None]
+    _, _, cache = R.forward(p64, cfg, x, x, attention=attend)
+    streams = [c["x"] for c in cache["layers"]] + [cache["x_final"]]
+    probs = []
+    for s in streams:
+        y = R.layernorm_forward(s, p64["ln_f_g"], p64["ln_f_b"])[0]
+        z = R.matmul_abt(y, p64["tok_emb"])
+        e = np.exp(z - z.max(1, keepdims=True))
+        probs.append(e / e.sum(1, keepdims=True))
+    return np.stack(weights), np.stack(probs)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("T, limit", [(11, None), (1, None), (201, 200_000)])
+def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit):
+    """Odd T, T = 1, and the binding limit forced low so that the heads split into chunks."""
+    from tinygpt.lens import Inspector
+    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256)
+    params = R.init_params(cfg)
+    r = np.random.default_rng(3)
+    for k in params:                                   # larger weights: attention far from uniform
+        params[k] = (params[k] + r.standard_normal(params[k].shape) * 0.3).astype(np.float32)
+    ids = r.integers(0, cfg.vocab, T)
+    if limit:
+        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+    insp = Inspector(gpu, cfg, T)
+    if limit:
+        assert len(insp.model.att[0].chunks) == 3       # [201, 201] floats a head: one head a chunk
+    ins = insp.run(params, ids)
+    want_w, want_p = reference_inspection(params, cfg, ids)
+    check(f"attention weights T={T}", ins.weights, want_w, atol=2e-6)
+    check("rows sum to 1", ins.weights.sum(-1), np.ones((cfg.layers, cfg.heads, T)), atol=1e-5)
+    assert np.all(ins.weights[..., np.triu_indices(T, 1)[0], np.triu_indices(T, 1)[1]] == 0)  # written zeros
+    top = want_p.argmax(-1)
+    check("lens top probability", ins.lens_prob, want_p.max(-1), atol=1e-5)
+    srt = np.sort(want_p, -1)
+    clear = srt[..., -1] - srt[..., -2] > 1e-4              # a near-tie may pick either: detect, don't ignore
+    assert clear.mean() > 0.9 and np.array_equal(ins.lens_top[clear], top[clear])
+
+
+def test_inspect_cli_writes_a_png_and_keeps_what_it_did_not_write(tmp_path, corpus, capsys):
+    m = tmp_path / "m.tinygpt"
+    assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet", "--data", str(corpus),
+                 "--steps", "5", "--eval-every", "0", "--sample-tokens", "0", "--out", str(m)]) == 0
+    capsys.readouterr()
+    png = tmp_path / "a.png"
+    assert main(["inspect", "--model", str(m), "--prompt", "ROMEO: thou art", "--out", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "layer 2" in out and "embed" in out
+    foreign = tmp_path / "mine.png"
+    foreign.write_bytes(b"\x89PNG\r\n\x1a\nsomeone else's")
+    assert main(["inspect", "--model", str(m), "--prompt", "x", "--out", str(foreign)]) == 2
+    assert foreign.read_bytes().endswith(b"someone else's") and "--force" in capsys.readouterr().err
+    assert main(["inspect", "--model", str(m), "--prompt", "", "--out", str(png)]) == 2
+    long_prompt = "to be or not to be " * 3                 # 57 tokens > ctx 16: the last 16 are shown
+    assert main(["inspect", "--model", str(m), "--prompt", long_prompt, "--out", str(png)]) == 0
+    assert "its last 16" in capsys.readouterr().err
