@@ -48,6 +48,8 @@ def emit(rows, as_json: bool, columns, file=None):
 def fmt(v) -> str:
     if v is None:
         return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         if v == 0:
             return "0"

@@ -158,6 +158,7 @@ def cmd_eval(args) -> int:
 
 
 MAX_SAMPLE_TOKENS = 100_000
+MAX_SAMPLES = 256
 
 
 def cmd_sample(args) -> int:
@@ -165,12 +166,17 @@ def cmd_sample(args) -> int:
     from .infer import sample
     if args.tokens > MAX_SAMPLE_TOKENS:
         raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
+    if args.num_samples > MAX_SAMPLES:
+        raise UsageError(f"--num-samples {args.num_samples} is more than {MAX_SAMPLES}; ask for fewer")
     if args.top_k is not None and args.top_k <= 0:
         raise UsageError(f"--top-k must be positive, got {args.top_k}")
-    text = sample(options(SampleOptions, args))
-    sys.stdout.write(text)
-    if not text.endswith("\n"):
-        sys.stdout.write("\n")
+    if not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
+    texts = sample(options(SampleOptions, args))
+    for i, text in enumerate(texts):
+        if len(texts) > 1:
+            sys.stdout.write(f"---- sample {i + 1} of {len(texts)} ----\n")
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 
@@ -309,7 +315,12 @@ def build_parser():
     p.add_argument("--prompt", default="\n")
     p.add_argument("--tokens", type=positive_int, default=200)
     p.add_argument("--temperature", type=nonneg_float, default=0.8)
-    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus: draw from the most likely tokens that hold this share of the probability")
+    p.add_argument("--num-samples", type=positive_int, default=1, help="continuations of the prompt, in one batch")
+    p.add_argument("--no-cache", action="store_true",
+                   help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)

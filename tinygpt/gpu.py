@@ -365,13 +365,17 @@ class GPU:
         a = np.frombuffer(data, dtype=_NP[t.dtype]).copy()
         return a.reshape(t.shape) if count is None and offset_elems == 0 else a
 
-    def dummy(self, access: str = "r") -> Tensor:
+    def dummy(self, access: str = "r", slot: int = 0) -> Tensor:
         """Bound where a kernel's optional binding is absent (flags say so).
 
-        One for reading and one for writing: a buffer may not be both in one dispatch."""
+        One for reading, and one for writing per binding slot: a buffer may not be written
+        through two bindings, nor read and written, in one dispatch."""
         if self._dummy is None:
-            self._dummy = {c: self.tensor((4,), name=f"dummy_{c}", data=np.zeros(4, np.float32)) for c in "rw"}
-        return self._dummy[access]
+            self._dummy = {}
+        key = "r" if access == "r" else ("w", slot)
+        if key not in self._dummy:
+            self._dummy[key] = self.tensor((4,), name=f"dummy_{access}{slot}", data=np.zeros(4, np.float32))
+        return self._dummy[key]
 
     # ---- shaders and pipelines -------------------------------------------------------
     def module(self, file: str):
@@ -418,7 +422,6 @@ class GPU:
     def dispatch(self, kernel: Kernel, params, tensors, grid) -> Dispatch:
         """Bind once: the returned Dispatch is replayed every step."""
         assert len(tensors) + 1 == len(kernel.access), (kernel.name, len(tensors), kernel.access)
-        tensors = [t if t is not None else self.dummy(c) for t, c in zip(tensors, kernel.access[1:])]
         if isinstance(params, (bytes, bytearray)):
             pbytes = bytes(params)
         else:
@@ -436,7 +439,7 @@ class GPU:
         return buf
 
     def dispatch_with(self, kernel: Kernel, ubuf, tensors, grid) -> Dispatch:
-        tensors = [t if t is not None else self.dummy(c) for t, c in zip(tensors, kernel.access[1:])]
+        tensors = [t if t is not None else self.dummy(c, i) for i, (t, c) in enumerate(zip(tensors, kernel.access[1:]))]
         entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
         entries += [{"binding": i + 1, "resource": t.binding()} for i, t in enumerate(tensors)]
         bg = self.device.create_bind_group(layout=kernel.layout, entries=entries)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import sys
 
-import numpy as np
 
 from . import checkpoint as ckpt
 from .config import Config
@@ -63,55 +62,41 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     return r
 
 
-def pick(logits: np.ndarray, temperature: float, top_k: int | None, rng: np.random.Generator) -> int:
-    """The next token: argmax at temperature 0, else a draw from softmax(logits / temperature)
-    over the top_k most likely tokens (all when top_k is None)."""
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    if top_k and top_k < len(z):
-        kth = np.partition(z, -top_k)[-top_k]
-        z = np.where(z < kth, -np.inf, z)
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    return int(rng.choice(len(p), p=p))
-
-
 class Sampler:
-    """A [1, ctx] forward-only copy of a model, built once and reused for several samples.
-    Each new token is one forward of the last ctx tokens on the GPU."""
+    """Text from a model on the device: `num` continuations of a prompt at once, from the
+    key/value cache or, where the plan says decode=full, by the whole window's forward per token
+    (decode.py). Built once, reused for several samples of up to `capacity` tokens."""
 
-    def __init__(self, gpu: GPU, cfg: Config, tok, attention: str = "online", plan=None):
-        self.cfg, self.tok = cfg, tok
-        self.model = Model(gpu, cfg, attention, B=1, training=False, plan=plan)
+    def __init__(self, gpu: GPU, cfg: Config, tok, attention: str = "online", plan=None, num: int = 1,
+                 capacity: int = 256):
+        from .decode import Decoder
+        plan = plan or make_plan(gpu)
+        self.tok = tok
+        self.decoder = Decoder(gpu, cfg, num, attention, plan, plan.decode == "cache", capacity)
 
     def set_params(self, params: dict):
-        self.model.set_params(params)
-
-    def next_logits(self, ids: list[int]) -> np.ndarray:
-        window = ids[-self.cfg.ctx:]
-        x = np.zeros((1, self.cfg.ctx), np.uint32)
-        x[0, :len(window)] = window          # later positions cannot affect earlier ones (causal)
-        return self.model.logits_row(x, len(window) - 1)
+        self.decoder.set_params(params)
 
     def generate(self, prompt: str, n: int, temperature: float = 0.0, top_k: int | None = None,
-                 seed: int = 0) -> str:
-        """prompt + n generated tokens, decoded; the same seed gives the same text."""
+                 top_p: float = 1.0, seed: int = 0) -> list[str]:
+        """prompt + n generated tokens, decoded, for each sequence; a seed gives the same texts."""
         ids = [int(i) for i in self.tok.encode(prompt)] or [int(self.tok.encode("\n")[0])]
-        rng = np.random.default_rng(seed)
-        for _ in range(n):
-            ids.append(pick(self.next_logits(ids), temperature, top_k, rng))
-        return self.tok.decode(ids)
+        return [self.tok.decode(seq) for seq in self.decoder.generate(ids, n, temperature, top_k, top_p, seed)]
 
 
-def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> str:
-    """`tinygpt sample`: prompt + o.tokens generated tokens, decoded."""
+def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
+    """`tinygpt sample`: o.num_samples texts of prompt + o.tokens generated tokens."""
     ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
     if o.top_k is not None and o.top_k > ck.cfg.vocab:
         raise UsageError(f"{{opt:top_k}} {o.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()
-    print(f"sampling {o.tokens} tokens at temperature {o.temperature} on {gpu.name}", file=err or sys.stderr)
-    s = Sampler(gpu, ck.cfg, tok, o.attention, make_plan(gpu, o.kernels))
+    kernels = dict(o.kernels)
+    if o.no_cache:
+        kernels["decode"] = "full"
+    plan = make_plan(gpu, kernels)
+    print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
+          f"({'key/value cache' if plan.decode == 'cache' else 'the whole window per token'})", file=err or sys.stderr)
+    s = Sampler(gpu, ck.cfg, tok, o.attention, plan, o.num_samples, o.tokens)
     s.set_params(ck.params)
-    return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.seed)
+    return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

@@ -383,3 +383,41 @@ def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, va
     _, bk = block or online_tiles(gpu, C // H, T, plan)
     return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),),
                    block, plan)
+
+
+# ---- decoding from a key/value cache, and sampling (decode.wgsl) ---------------------------------
+# Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.
+DECODE_ACCESS = "urrrrwww"     # params | a b c ids_in | o1 o2 ids_out
+
+
+def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
+                   top_p=1.0) -> bytes:
+    from .gpu import pack_params
+    seed = int(seed) & (2 ** 64 - 1)
+    return pack_params((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
+                        seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H)))
+
+
+def _decode(gpu, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid):
+    k = gpu.kernel("decode.wgsl", entry, DECODE_ACCESS)
+    return gpu.dispatch_with(k, uniform, [a, b, c, ids_in, o1, o2, ids_out], grid)
+
+
+def embed_decode(gpu, ids, tok, pos, out, N, C, uniform):
+    """out[n] = tok[ids[n]] + pos[p.pos]"""
+    return _decode(gpu, "embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)))
+
+
+def kv_append(gpu, k, v, kc, vc, N, C, uniform):
+    """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, C])"""
+    return _decode(gpu, "kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * C // 64)))
+
+
+def attn_decode(gpu, q, kc, vc, out, scratch, N, H, uniform):
+    """out[n] = attention of q[n] over cache rows 0..p.pos, per head; scratch [N, H, T]."""
+    return _decode(gpu, "attn_decode", uniform, q, kc, vc, None, out, scratch, None, grid1d(N * H))
+
+
+def sample_tokens(gpu, logits, ids, N, uniform):
+    """ids[n] (and ids[N + step*N + n]) = the token drawn from logits row p.row0 + n * p.row_stride."""
+    return _decode(gpu, "sample_tokens", uniform, logits, None, None, None, None, None, ids, (N,))

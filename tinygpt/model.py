@@ -82,10 +82,12 @@ def logit_chunks(gpu: GPU, BT: int, V: int):
 class Model:
     """A GPT of config `cfg` recorded for batches of [B, T] tokens.
 
-    training=False records the forward only (evaluation and sampling)."""
+    training=False records the forward only (evaluation and sampling); head=False (with it) stops
+    the forward at the last block's output: a prefill, which needs each layer's keys and values."""
 
     def __init__(self, gpu: GPU, cfg: Config, attention: str = "online", B: int | None = None,
-                 T: int | None = None, training: bool = True, plan: KernelPlan | None = None):
+                 T: int | None = None, training: bool = True, plan: KernelPlan | None = None, head: bool = True):
+        assert head or not training, "training needs the head"
         self.gpu, self.cfg, self.training = gpu, cfg, training
         self.plan = plan or make_plan(gpu)                                      # which kernel variants run
         K = Launchers(self.plan)
@@ -129,15 +131,16 @@ class Model:
         self.pre = [act(BT, M) for _ in range(L)]
         self.gel = [act(BT, M) for _ in range(L)]
         self.tmp = act(BT, C, name="branch_out")                               # branch output before the residual add
-        self.lnf, self.lnfs = act(BT, C), act(2, BT)
         # The logits may exceed one binding (a 50257-token vocabulary): they live in one
         # buffer and are bound in chunks of rows that each fit.
-        self.chunks = logit_chunks(g, BT, VP)
-        g.check_size(4 * BT * VP, f"logits [B*T={BT}, V={VP}]", binding=len(self.chunks) == 1)
-        self.logits = g.tensor((BT, VP), name="logits") if len(self.chunks) == 1 else \
-            Tensor(g.buffer(4 * BT * VP, "logits", binding=False), 0, (BT, VP), "f32", "logits")  # becomes dlogits
-        self.losses = act(BT, name="losses")
-        self.loss_buf = act(4, name="loss")
+        self.chunks = logit_chunks(g, BT, VP) if head else []
+        if head:
+            self.lnf, self.lnfs = act(BT, C), act(2, BT)
+            g.check_size(4 * BT * VP, f"logits [B*T={BT}, V={VP}]", binding=len(self.chunks) == 1)
+            self.logits = g.tensor((BT, VP), name="logits") if len(self.chunks) == 1 else \
+                Tensor(g.buffer(4 * BT * VP, "logits", binding=False), 0, (BT, VP), "f32", "logits")  # becomes dlogits
+            self.losses = act(BT, name="losses")
+            self.loss_buf = act(4, name="loss")
         shared = {}
         self.att = [Attention(g, attention, B, T, C, H, shared, plan=self.plan) for _ in range(L)]
 
@@ -157,7 +160,8 @@ class Model:
                     K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
                     K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M),
                     K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C)]
-        fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
+        if head:
+            fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
             fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, VP, C))
         # The dispatch lists are the model's own: callers use step / mean_loss / logits_of /
@@ -166,7 +170,7 @@ class Model:
         self._fwd = fwd
         ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0, VP)
                            for r0, n in self.chunks]
-        self._loss = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)]
+        self._loss = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)] if head else []
         self._eval_rows = ce(False)                      # per-row losses of every chunk, no gradient
         self._bwd, self._opt = [], []
         if training:
@@ -341,10 +345,11 @@ class Model:
         """Mean loss of one batch [B, T]."""
         return self.mean_loss(np.asarray(x), np.asarray(y))
 
-    def forward(self, x):
-        """The forward alone; its activations (and the naive path's attention weights) are then readable."""
+    def forward(self, x, then=()):
+        """The forward alone, then `then` in the same submission; its activations (and the naive
+        path's attention weights) are then readable."""
         self.write_batch(x)
-        self.gpu.run(self._fwd)
+        self.gpu.run(self._fwd + list(then))
 
     def logits_of(self, x) -> np.ndarray:
         self.forward(x)

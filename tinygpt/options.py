@@ -58,6 +58,9 @@ class SampleOptions:
     tokens: int = 200
     temperature: float = 0.8
     top_k: int | None = None
+    top_p: float = 1.0
+    num_samples: int = 1
+    no_cache: bool = False             # the whole window's forward per token (the plan's decode=full)
     seed: int = 0
     attention: str = "online"
     kernels: dict = field(default_factory=dict)

@@ -21,6 +21,7 @@ FAMILIES = {
     "loss": ("sg", "scalar"),                  # cross-entropy: loss_sg.wgsl, loss.wgsl
     "reduce": ("sg", "scalar"),                # column sums: bias and LayerNorm gain/bias gradients
     "elementwise": ("vec4", "scalar"),         # GELU, add, LayerNorm rows, gradient norm, AdamW
+    "decode": ("cache", "full"),               # sampling: decode.wgsl from a key/value cache, or the whole window
 }
 
 
@@ -31,6 +32,7 @@ class KernelPlan:
     loss: str = "scalar"
     reduce: str = "scalar"
     elementwise: str = "vec4"
+    decode: str = "cache"
     matmul_wx: int = 8                     # lanes per workgroup of the vec4 matmuls (x 4 columns)
     online_block: tuple | None = None      # (BQ, BK) of online.wgsl; None: sized from the device limits
     loop_cap: int | None = None            # llvmpipe stops any kernel loop after this many trips
@@ -106,7 +108,8 @@ def make_plan(gpu, overrides: dict | None = None, tuning: dict | None = None) ->
     overrides = dict(overrides or {})
     tuning = read_tuning(gpu.key) if tuning is None else tuning
     sg = subgroup_verdict(gpu)
-    fallback = {"matmul": "vec4", "attention": "tiles", "loss": "scalar", "reduce": "scalar", "elementwise": "vec4"}
+    fallback = {"matmul": "vec4", "attention": "tiles", "loss": "scalar", "reduce": "scalar", "elementwise": "vec4",
+                "decode": "cache"}
     chosen, sources = {}, []
     for fam in FAMILIES:
         var, src = fallback[fam], "default"

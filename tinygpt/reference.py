@@ -281,6 +281,66 @@ def new_opt_state(params):
             "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
 
 
+# ---- decoding from a key/value cache, and sampling (decode.wgsl) ---------------------------------
+def embed_decode(ids, tok, pos, at):      # ids [N] -> x [N,C]: token rows + position row `at`
+    return tok[ids] + pos[at]
+
+
+def kv_append(k, v, kc, vc, at):          # k, v [N,C] -> caches [N,T,C] with row `at` written
+    kc, vc = kc.copy(), vc.copy()
+    kc[:, at], vc[:, at] = k, v
+    return kc, vc
+
+
+def attn_decode(q, kc, vc, at, H):        # q [N,C], caches [N,T,C] -> [N,C] over cache rows 0..at
+    N, C = q.shape
+    hd = C // H
+    qh = q.reshape(N, H, 1, hd)
+    kh = kc[:, :at + 1].reshape(N, at + 1, H, hd).transpose(0, 2, 3, 1)    # [N,H,hd,rows]
+    vh = vc[:, :at + 1].reshape(N, at + 1, H, hd).transpose(0, 2, 1, 3)    # [N,H,rows,hd]
+    s = (qh @ kh)[:, :, 0] / math.sqrt(hd)                                 # [N,H,rows]
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return (w[:, :, None] @ vh)[:, :, 0].reshape(N, C)
+
+
+def pcg(v):                               # PCG-RXS-M-XS on uint32 (as decode.wgsl)
+    s = (int(v) * 747796405 + 2891336453) & 0xFFFFFFFF
+    w = (((s >> ((s >> 28) + 4)) ^ s) * 277803737) & 0xFFFFFFFF
+    return (w >> 22) ^ w
+
+
+def draw(seed, n, step):                  # u in [0, 1) for sequence n's token `step`
+    lo, hi = int(seed) & 0xFFFFFFFF, (int(seed) >> 32) & 0xFFFFFFFF
+    return (pcg(pcg(pcg(pcg(lo) ^ hi) ^ n) ^ step) >> 8) / 16777216.0
+
+
+def sample_tokens(logits, temperature, top_k, top_p, seed, step):  # logits [N,V] -> ids [N]
+    """Greedy at temperature 0; else top-k (ties kept), then top-p (the largest logits whose
+    softmax mass reaches top_p, ties kept), then the first index whose running sum of
+    exp(z - max) over the eligible tokens passes draw() times their total."""
+    out = []
+    for n, row in enumerate(np.asarray(logits, np.float32)):
+        if temperature <= 0:
+            out.append(int(np.argmax(row)))
+            continue
+        z = (row / np.float32(temperature)).astype(np.float64)
+        keep = np.ones(len(z), bool)
+        if top_k and top_k < len(z):
+            keep = z >= np.partition(z, -top_k)[-top_k]
+        e = np.exp(z - z.max())
+        if top_p < 1:
+            vals = np.sort(z[keep])[::-1]
+            mass = np.cumsum(np.exp(vals - z.max()))
+            cut = vals[min(int(np.searchsorted(mass, top_p * e[keep].sum())), len(vals) - 1)]
+            keep &= z >= cut
+        w = np.where(keep, e, 0.0)
+        cum = np.cumsum(w)
+        i = int(np.searchsorted(cum, draw(seed, n, step) * cum[-1], side="right"))
+        out.append(i if i < len(z) and keep[i] else int(np.flatnonzero(keep)[-1]))
+    return np.asarray(out, np.uint32)
+
+
 # ---- adapter probes (scripts/probe_adapter.py): what they compute, to validate before timing ------------
 def probe_fma(iters, n):                  # -> [n, 4]: 8 chains x <- x*0.999 + 0.001 from gid+k, summed
     x0 = np.arange(n, dtype=np.float64)[:, None] + np.arange(8)[None, :]

@@ -79,7 +79,7 @@ def resolve(o, saved: dict | None = None, file_lr: float | None = None) -> Sched
         base = Schedule("cosine", base.lr, d.warmup, base.lr / 30)
     s = Schedule(kind, o.lr if o.lr is not None else base.lr,
                  o.warmup if o.warmup is not None else base.warmup,
-                 o.min_lr if o.min_lr is not None else base.min_lr)
+                 o.min_lr if o.min_lr is not None else base.min_lr, base.total)
     if kind == "cosine" and s.min_lr > s.lr:
         raise UsageError(f"{{opt:min_lr}} {s.min_lr:g} is above the peak lr {s.lr:g}; give a smaller {{opt:min_lr}}")
     return s

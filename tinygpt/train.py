@@ -323,7 +323,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
     B, T = model.B, model.T
     vx, vy = data.val_windows(o.eval_windows)
     fx, fy = data.val_windows(FINAL_EVAL_WINDOWS)
-    sampler = Sampler(model.gpu, cfg, run.tokenizer, o.attention, model.plan) if o.sample_tokens else None
+    sampler = Sampler(model.gpu, cfg, run.tokenizer, o.attention, model.plan, 1, o.sample_tokens) \
+        if o.sample_tokens else None
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
           f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
           f"({model.gpu.backend})", file=err)
@@ -412,8 +413,9 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
                 last["val_full"] = model.mean_loss(fx, fy)
             if sampler:
                 sampler.set_params(params)
-                sample_text = [sampler.generate("\n", o.sample_tokens, 0.0),
-                               sampler.generate("\n", o.sample_tokens, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, cfg.seed)]
+                sample_text = [sampler.generate("\n", o.sample_tokens, 0.0)[0],
+                               sampler.generate("\n", o.sample_tokens, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
+                                                seed=cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
             print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path}"), file=err)
             raise Interrupted("interrupted", stop.exit_code)
@@ -443,7 +445,8 @@ def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clo
         return clock() - t
     cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if o.eval_every else 0.0
     if sampler:
-        cost += 2 * o.sample_tokens * timed(sampler.next_logits, [0])
+        probe = min(8, o.sample_tokens)
+        cost += 2 * o.sample_tokens / probe * timed(sampler.generate, "\n", probe)
     return 1.05 * cost + 0.5
 
 

@@ -1,0 +1,302 @@
+// Decoding one token per sequence from a key/value cache, and choosing it on the device.
+//   embed_decode   x[n, :] = tok[ids[n], :] + pos[p.pos, :]
+//   kv_append      kc[n, p.pos, :] = k[n, :];  vc[n, p.pos, :] = v[n, :]
+//   attn_decode    out[n, h*hd + d] = sum_{t <= pos} softmax_t(q[n,h,:] . kc[n,t,h,:] * scale) vc[n,t,h*hd + d]
+//   sample_tokens  ids[n] = the next token of sequence n, from its row of logits (see there)
+// The caches are [N, T, C] per layer: the prefill's own key and value activations, so a prefill
+// fills them without a copy. p.pos and p.step change with every token: these kernels read one
+// uniform buffer that the host rewrites before each submit, so the bind groups are built once.
+
+struct Params {
+  N: u32, T: u32, C: u32, H: u32,              // sequences, cache rows per sequence (ctx), width, heads
+  pos: u32, step: u32, V: u32, VP: u32,        // position decoded, tokens drawn before, vocab, logits row stride
+  top_k: u32, row0: u32, row_stride: u32, seed_lo: u32,   // logits row of sequence n: row0 + n * row_stride
+  seed_hi: u32, temperature: f32, top_p: f32, scale: f32, // scale = 1 / sqrt(head dim)
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read> c: array<f32>;
+@group(0) @binding(4) var<storage, read> ids_in: array<u32>;          // [N] the tokens decoded now
+@group(0) @binding(5) var<storage, read_write> o1: array<f32>;
+@group(0) @binding(6) var<storage, read_write> o2: array<f32>;
+@group(0) @binding(7) var<storage, read_write> ids_out: array<u32>;   // [N] next tokens, then history [steps, N]
+
+// a = tok [V, C], b = pos [T, C], ids_in -> o1 = x [N, C]
+@compute @workgroup_size(64)
+fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.N * p.C) { return; }
+  let ch = i % p.C;
+  o1[i] = a[ids_in[i / p.C] * p.C + ch] + b[p.pos * p.C + ch];
+}
+
+// a = k [N, C], b = v [N, C] -> o1 = kc [N, T, C], o2 = vc [N, T, C], row pos of each sequence
+@compute @workgroup_size(64)
+fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.N * p.C) { return; }
+  let dst = ((i / p.C) * p.T + p.pos) * p.C + i % p.C;
+  o1[dst] = a[i];
+  o2[dst] = b[i];
+}
+
+var<workgroup> red: array<f32, 64>;
+
+fn max64(lid: u32, v: f32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn sum64(lid: u32, v: f32) -> f32 {
+  red[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = red[0];
+  workgroupBarrier();
+  return r;
+}
+
+// One workgroup per (n, h): a = q [N, C], b = kc [N, T, C], c = vc [N, T, C]
+// -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
+// Three passes over the pos + 1 cached rows: scores and their max, exp and sum, weighted values.
+@compute @workgroup_size(64)
+fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let g = group_index(wid, nwg);          // uniform: the same for every lane of the workgroup
+  let lid = lid3.x;
+  let live = g < p.N * p.H;               // a folded grid may hold a few spare workgroups
+  let n = g / p.H;
+  let hd = p.C / p.H;
+  let col = (g % p.H) * hd;               // the head's first channel
+  let rows = p.pos + 1u;
+  let srow = g * p.T;                     // this head's scratch row
+  var m = -3.0e38;
+  if (live) {
+    for (var t = lid; t < rows; t += 64u) {
+      let kb = (n * p.T + t) * p.C + col;
+      var s = 0.0;
+      for (var d = 0u; d < hd; d++) { s += a[n * p.C + col + d] * b[kb + d]; }
+      s *= p.scale;
+      o2[srow + t] = s;
+      m = max(m, s);
+    }
+  }
+  m = max64(lid, m);
+  var z = 0.0;
+  if (live) {
+    for (var t = lid; t < rows; t += 64u) {
+      let e = exp(o2[srow + t] - m);
+      o2[srow + t] = e;
+      z += e;
+    }
+  }
+  z = sum64(lid, z);
+  storageBarrier();                       // every lane's exponentials are visible to all
+  if (live) {
+    for (var d = lid; d < hd; d += 64u) {
+      var acc = 0.0;
+      for (var t = 0u; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * p.C + col + d]; }
+      o1[n * p.C + col + d] = acc / z;
+    }
+  }
+}
+
+// ---- sampling -----------------------------------------------------------------------------
+// One workgroup of 256 per sequence n, over its logits row a[(row0 + n*row_stride) * VP + i], i < V.
+// temperature 0: the argmax (the lowest index among equal maxima). Otherwise, with
+// z = logits / temperature, the eligible tokens are those with z >= the top_k-th largest z
+// (ties kept; top_k 0 or >= V keeps all), then, when top_p < 1, those of the largest z whose
+// softmax mass reaches top_p of the eligible mass (ties at the boundary kept). The draw: u from
+// a counter-based hash of (seed, n, step), and the first eligible index, in index order, whose
+// running sum of exp(z - max) passes u times their total. The thresholds are found by bisection
+// on the order-preserving integer key of z: 32 fixed rounds, each a workgroup reduction.
+var<workgroup> rf: array<f32, 256>;
+var<workgroup> ru: array<u32, 256>;
+
+fn key(z: f32) -> u32 {                   // u32 order == f32 order
+  let bits = bitcast<u32>(z);
+  if ((bits & 0x80000000u) != 0u) { return ~bits; }
+  return bits | 0x80000000u;
+}
+
+fn pcg(v: u32) -> u32 {                   // PCG-RXS-M-XS, a 32-bit hash (Jarzynski & Olano 2020)
+  let s = v * 747796405u + 2891336453u;
+  let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+  return (w >> 22u) ^ w;
+}
+
+fn draw(n: u32) -> f32 {                  // in [0, 1), 24 bits
+  return f32(pcg(pcg(pcg(pcg(p.seed_lo) ^ p.seed_hi) ^ n) ^ p.step) >> 8u) * (1.0 / 16777216.0);
+}
+
+fn sum256f(lid: u32, v: f32) -> f32 {
+  rf[lid] = v;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (lid < s) { rf[lid] = rf[lid] + rf[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = rf[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn max256f(lid: u32, v: f32) -> f32 {
+  rf[lid] = v;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (lid < s) { rf[lid] = max(rf[lid], rf[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = rf[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn sum256u(lid: u32, v: u32) -> u32 {
+  ru[lid] = v;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (lid < s) { ru[lid] = ru[lid] + ru[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = ru[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn zval(base: u32, i: u32) -> f32 {
+  return a[base + i] / p.temperature;
+}
+
+@compute @workgroup_size(256)
+fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let n = wid.x;
+  let lid = lid3.x;
+  let base = (p.row0 + n * p.row_stride) * p.VP;
+  if (p.temperature <= 0.0) {             // greedy
+    var best = -3.4e38;
+    var at = 0xffffffffu;
+    for (var i = lid; i < p.V; i += 256u) {
+      let v = a[base + i];
+      if (v > best) { best = v; at = i; }
+    }
+    rf[lid] = best;
+    ru[lid] = at;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+      if (lid < s) {
+        let v = rf[lid + s];
+        let j = ru[lid + s];
+        if (v > rf[lid] || (v == rf[lid] && j < ru[lid])) { rf[lid] = v; ru[lid] = j; }
+      }
+      workgroupBarrier();
+    }
+    if (lid == 0u) {
+      ids_out[n] = ru[0];
+      ids_out[p.N + p.step * p.N + n] = ru[0];
+    }
+    return;
+  }
+  var mx = -3.4e38;
+  for (var i = lid; i < p.V; i += 256u) { mx = max(mx, zval(base, i)); }
+  let m = max256f(lid, mx);
+  // top-k: the largest key t with count(key >= t) >= top_k
+  var lo = 0u;
+  var hi = 0xffffffffu;
+  let use_k = p.top_k > 0u && p.top_k < p.V;
+  for (var round = 0u; round < 32u; round++) {
+    let mid = lo + ((hi - lo) >> 1u) + ((hi - lo) & 1u);   // the upper middle, without overflow
+    var cnt = 0u;
+    if (use_k && lo < hi) {
+      for (var i = lid; i < p.V; i += 256u) { cnt += select(0u, 1u, key(zval(base, i)) >= mid); }
+    }
+    let total = sum256u(lid, cnt);
+    if (use_k && lo < hi) {
+      if (total >= p.top_k) { lo = mid; } else { hi = mid - 1u; }
+    }
+  }
+  let thr_k = select(0u, lo, use_k);
+  // top-p: the largest key t >= thr_k whose mass(key >= t) reaches top_p of mass(key >= thr_k)
+  let use_p = p.top_p < 1.0;
+  var part = 0.0;
+  for (var i = lid; i < p.V; i += 256u) {
+    let z = zval(base, i);
+    if (key(z) >= thr_k) { part += exp(z - m); }
+  }
+  let mass_k = sum256f(lid, part);
+  lo = thr_k;
+  hi = 0xffffffffu;
+  for (var round = 0u; round < 32u; round++) {
+    let mid = lo + ((hi - lo) >> 1u) + ((hi - lo) & 1u);   // the upper middle, without overflow
+    var s = 0.0;
+    if (use_p && lo < hi) {
+      for (var i = lid; i < p.V; i += 256u) {
+        let z = zval(base, i);
+        if (key(z) >= mid) { s += exp(z - m); }
+      }
+    }
+    let total = sum256f(lid, s);
+    if (use_p && lo < hi) {
+      if (total >= p.top_p * mass_k) { lo = mid; } else { hi = mid - 1u; }
+    }
+  }
+  let thr = select(thr_k, lo, use_p);
+  // the draw: each lane sums a contiguous chunk, lane 0 finds the chunk and the index in it
+  let chunk = (p.V + 255u) / 256u;
+  let i0 = min(p.V, lid * chunk);
+  let i1 = min(p.V, i0 + chunk);
+  var own = 0.0;
+  for (var i = i0; i < i1; i++) {
+    let z = zval(base, i);
+    if (key(z) >= thr) { own += exp(z - m); }
+  }
+  rf[lid] = own;
+  workgroupBarrier();
+  if (lid == 0u) {
+    var total = 0.0;
+    for (var j = 0u; j < 256u; j++) { total += rf[j]; }
+    let goal = draw(n) * total;              // the mass to pass
+    var acc = 0.0;
+    var owner = 0u;                       // the chunk holding the goal: else the last non-empty one
+    var before = 0.0;                     // the mass of the chunks before it
+    for (var j = 0u; j < 256u; j++) {
+      if (rf[j] > 0.0) {
+        owner = j;
+        before = acc;
+        if (acc + rf[j] > goal) { break; }
+        acc += rf[j];
+      }
+    }
+    var run = before;
+    var chosen = 0xffffffffu;
+    var last = 0u;                        // the chunk's last eligible index: where rounding past the end lands
+    let j0 = owner * chunk;
+    let j1 = min(p.V, j0 + chunk);
+    for (var i = j0; i < j1; i++) {
+      let z = zval(base, i);
+      if (key(z) >= thr) {
+        last = i;
+        run += exp(z - m);
+        if (run > goal) { chosen = i; break; }
+      }
+    }
+    if (chosen == 0xffffffffu) { chosen = last; }
+    ids_out[n] = chosen;
+    ids_out[p.N + p.step * p.N + n] = chosen;
+  }
+}
