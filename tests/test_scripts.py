@@ -92,6 +92,14 @@ def test_bench_learning_json(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_sample_json():
+    rows = run_json("bench_sample.py", "--presets", "tiny", "--tokens", "20", "--num-samples", "2")
+    assert [(r["preset"], r["cache"]) for r in rows] == [("tiny", True), ("tiny", False)]
+    for r in rows:
+        assert {"preset", "cache", "tokens", "tokens_per_s"} <= set(r)
+        assert r["tokens"] == 40 and r["tokens_per_s"] > 0 and r["same_text"] is True
+
+
 def test_train_profile_table():
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile"],
                        capture_output=True, text=True, timeout=300)

@@ -1,0 +1,98 @@
+"""scripts/train_ddp.py under torchrun with gloo on this machine's CPUs: two ranks step as one
+process at twice the batch, and a run goes WebGPU -> DDP -> WebGPU without losing its state.
+Skipped where torch is not installed (pip install 'tinygpt[torch]' or torch==2.13.0 here)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt import checkpoint as ckpt
+from tinygpt.cli import main
+
+torch = pytest.importorskip("torch", reason="torch is not installed: the DDP hand-off needs it (an optional extra)")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def start(tmp_path):
+    """A 5-step tinygpt run (batch 4) on a small corpus: the file every test continues. A constant
+    lr, so that runs of different lengths step alike and can be compared step by step."""
+    corpus = tmp_path / "c.txt"
+    text = (SHARED / "tinyshakespeare.txt").read_text()[:100_000] if (SHARED / "tinyshakespeare.txt").exists() \
+        else ("To be, or not to be, that is the question. " * 2500)
+    corpus.write_text(text)
+    f = tmp_path / "a.tinygpt"
+    assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--data", str(corpus), "--steps", "5",
+                 "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--out", str(f), "--schedule", "constant",
+                 "--lr", "3e-3"]) == 0
+    return f, corpus
+
+
+def ddp(ranks, *args, timeout=300):
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                        str(ROOT / "scripts" / "train_ddp.py"), *map(str, args)],
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, r.stderr
+
+
+def losses(path):
+    return {r["step"]: r["train_loss"] for r in map(json.loads, Path(path).read_text().splitlines())}
+
+
+def test_two_ranks_step_as_one_process_at_twice_the_batch(start, tmp_path):
+    f, corpus = start
+    out = {}
+    for ranks, batch in ((2, 2), (1, 4)):
+        o, log = tmp_path / f"r{ranks}.tinygpt", tmp_path / f"r{ranks}.jsonl"
+        rc, err = ddp(ranks, "--resume", f, "--data", corpus, "--steps", 10, "--batch", batch, "--out", o,
+                      "--log-every", 1, "--log-file", log)
+        assert rc == 0, err[-3000:]
+        out[ranks] = (ckpt.load(o), losses(log))
+    (two, l2), (one, l1) = out[2], out[1]
+    assert sorted(l2) == sorted(l1) == list(range(6, 11))
+    diff = max(abs(l2[s] - l1[s]) for s in l1)
+    print(f"2 ranks x 2 against 1 x 4: max loss difference {diff:.2e} over 5 steps")
+    assert diff < 1e-5
+    assert two.step == one.step == 10 and two.cfg.batch == one.cfg.batch == 4
+    for name in one.params:
+        np.testing.assert_allclose(two.params[name], one.params[name], atol=1e-5)
+        np.testing.assert_allclose(two.m[name], one.m[name], atol=1e-6)
+
+
+def test_webgpu_to_ddp_to_webgpu_keeps_the_run(start, tmp_path):
+    f, corpus = start
+    common = ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
+    # the same file continued on WebGPU: the losses DDP must reproduce
+    assert main(["train", "--resume", str(f), "--steps", "9", "--out", str(tmp_path / "w.tinygpt"),
+                 "--log", str(tmp_path / "w.jsonl"), *common]) == 0
+    web = losses(tmp_path / "w.jsonl")
+    d = tmp_path / "d.tinygpt"
+    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 7, "--out", d, "--log-every", 1,
+                  "--log-file", tmp_path / "d.jsonl")
+    assert rc == 0, err[-3000:]
+    dd = losses(tmp_path / "d.jsonl")
+    print(f"first DDP step's loss {dd[6]:.7f}, WebGPU's for the same batch {web[6]:.7f}")
+    assert abs(dd[6] - web[6]) < 1e-5 and abs(dd[7] - web[7]) < 1e-5
+    back = ckpt.load(d)
+    assert back.step == 7 and back.m is not None and back.extra["schedule"]["total"] == 7
+    assert any(np.abs(back.v[n]).max() > 0 for n in back.v)
+    # back on WebGPU from the DDP file: steps 8 and 9 as the uninterrupted WebGPU run had them,
+    # which needs the weights, both moments, the step count and the sampler state carried over
+    assert main(["train", "--resume", str(d), "--steps", "9", "--log", str(tmp_path / "b.jsonl"), *common]) == 0
+    bb = losses(tmp_path / "b.jsonl")
+    assert sorted(bb) == [8, 9] and ckpt.load(d).step == 9
+    assert max(abs(bb[s] - web[s]) for s in (8, 9)) < 1e-4
+
+
+def test_a_refused_output_stops_every_rank(start, tmp_path):
+    f, corpus = start
+    mine = tmp_path / "mine.tinygpt"
+    mine.write_bytes(b"not ours")
+    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 7, "--out", mine, timeout=120)
+    assert rc != 0 and "train_ddp: error:" in err and "--force" in err
+    assert mine.read_bytes() == b"not ours"
