@@ -20,6 +20,14 @@ fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
 // erf_approx: common.wgsl (Abramowitz & Stegun 7.1.26; WGSL has no erf).
 
 // out = 0.5 x (1 + erf(x / sqrt 2)); y is unused (bound to keep one layout).
+// out[i] += x[i]: gradient accumulation adds each micro-batch's gradients in place
+@compute @workgroup_size(64)
+fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i < p.n) { out[i] = out[i] + x[i]; }
+}
+
 @compute @workgroup_size(64)
 fn gelu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_id) lid: vec3<u32>) {

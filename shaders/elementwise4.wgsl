@@ -19,14 +19,16 @@ fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.707106781186
 const ADD: u32 = 0u;
 const GELU_FORWARD: u32 = 1u;
 const GELU_BACKWARD: u32 = 2u;
+const ACCUMULATE: u32 = 3u;
 
-// out[i] for op at vec4 i: x + y; gelu(x) = x Phi(x); or, with x the pre-activation and y = d(out),
-// d(pre) = dy * (Phi(x) + x phi(x))
+// out[i] for op at vec4 i: x + y; gelu(x) = x Phi(x); with x the pre-activation and y = d(out),
+// d(pre) = dy * (Phi(x) + x phi(x)); or out + x (accumulate: gradient accumulation's sum in place)
 fn apply(op: u32, i: u32) -> vec4<f32> {
   let v = x[i];
   switch op {
     case ADD: { return v + y[i]; }
     case GELU_FORWARD: { return v * cdf4(v); }
+    case ACCUMULATE: { return out[i] + v; }
     default: { return y[i] * (cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v)); }
   }
 }
@@ -57,4 +59,10 @@ fn gelu_forward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 fn gelu_backward4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
   each(GELU_BACKWARD, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn accumulate4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid: vec3<u32>) {
+  each(ACCUMULATE, wid, nwg, lid);
 }

@@ -123,6 +123,10 @@ def test_elementwise(gpu, rng, n):
     check(f"gelu_backward n={n}", gpu.read(out), R.gelu_backward(f64(x), f64(dy)), 5e-7, 1e-6)
     run(gpu, K.add(gpu, tx, gpu.upload(dy), out, n))
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
+    acc = gpu.upload(dy)
+    run(gpu, K.accumulate(gpu, tx, acc, n))                         # in place, twice
+    run(gpu, K.accumulate(gpu, tx, acc, n))
+    check(f"accumulate n={n}", gpu.read(acc), R.accumulate(f64(x), R.accumulate(f64(x), f64(dy))), 2e-6)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 65), (130, 3), (1, 4), (13, 96), (1030, 8)])  # cols % 4 == 0: sg

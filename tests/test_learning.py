@@ -222,3 +222,25 @@ def test_inspect_cli_writes_a_png_and_keeps_what_it_did_not_write(tmp_path, corp
     long_prompt = "to be or not to be " * 3                 # 57 tokens > ctx 16: the last 16 are shown
     assert main(["inspect", "--model", str(m), "--prompt", long_prompt, "--out", str(png)]) == 0
     assert "its last 16" in capsys.readouterr().err
+
+
+# ---- gradient accumulation from the command line -------------------------------------------------
+def test_grad_accum_gives_the_whole_batch_losses_and_resumes_mid_run(tmp_path, corpus):
+    """--batch 4 --grad-accum 4 against --batch 16: the same windows, the same losses; and a run
+    stopped at step 4 and resumed (the file remembers the accumulation) ends as the whole run."""
+    common = ["train", "--preset", "tiny", "--ctx", "16", "--quiet", "--data", str(corpus), "--eval-every", "0",
+              "--sample-tokens", "0", "--log-every", "1", "--schedule", "constant", "--lr", "3e-3"]
+    logs = {}
+    for name, extra in (("whole", ["--batch", "16", "--steps", "8"]),
+                        ("accum", ["--batch", "4", "--grad-accum", "4", "--steps", "8"]),
+                        ("part", ["--batch", "4", "--grad-accum", "4", "--steps", "4"])):
+        assert main(common + extra + ["--out", str(tmp_path / f"{name}.tinygpt"),
+                                      "--log", str(tmp_path / f"{name}.jsonl")]) == 0
+    assert main(["train", "--resume", str(tmp_path / "part.tinygpt"), "--quiet", "--data", str(corpus),
+                 "--eval-every", "0", "--sample-tokens", "0", "--log-every", "1", "--steps", "8",
+                 "--log", str(tmp_path / "part.jsonl")]) == 0
+    for name in ("whole", "accum", "part"):
+        logs[name] = [json.loads(l)["train_loss"] for l in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+    check("losses, 4 x 4 against 16", logs["accum"], logs["whole"], 1e-5)
+    assert logs["part"] == logs["accum"]                      # resumed: bit for bit
+    assert ckpt.load(tmp_path / "part.tinygpt").extra["gradAccum"] == 4

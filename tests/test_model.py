@@ -136,3 +136,37 @@ def test_every_attention_trains_alike(gpu, tiny):
     print({k: f"{v[0]:.4f} -> {v[-1]:.4f}" for k, v in runs.items()})
     for impl in IMPLS[:2]:
         check(f"20 losses {impl} vs online", runs[impl], runs["online"], 1e-4)
+
+
+def test_grad_accum_matches_the_whole_batch(gpu):
+    """4 micro-batches of 4 windows against one batch of 16: gradients against the float64
+    reference of the 16, then 5 AdamW steps whose losses match the batch-16 model's."""
+    cfg = preset("tiny", batch=16, ctx=16)
+    params = R.init_params(cfg)
+    r = np.random.default_rng(5)
+    xs = r.integers(0, cfg.vocab, (6, 16, cfg.ctx + 1)).astype(np.uint32)
+    whole, acc = Model(gpu, cfg, "online"), Model(gpu, cfg, "online", B=4, accum=4)
+    for m in (whole, acc):
+        m.set_params(params)
+    x, y = xs[0, :, :-1], xs[0, :, 1:]
+    acc.grads_only(x, y)
+    _, loss, cache = R.forward(f64(params), cfg, x, y)
+    want = R.backward(f64(params), cfg, cache)
+    G = acc.get_grads()
+    check("accumulated loss (mean of 4 micro-batches)", acc.loss(), loss, 1e-5)
+    for name in ("tok_emb", "pos_emb", "h0.Wq", "h0.bk", "h1.fc_out_W", "h1.ln2_g", "ln_f_b"):
+        scale = max(np.abs(want[name]).max(), 1e-6)
+        check(f"accumulated grad {name} (tol 1e-4 x {scale:.2e})", G[name], want[name], 1e-4 * scale)
+    la, lw = [], []
+    for w in xs[1:]:
+        for m, out in ((whole, lw), (acc, la)):
+            m.step(w[:, :-1], w[:, 1:], 3e-3)
+            out.append(m.loss())
+    check("5 steps: losses, accum 4 x 4 against batch 16", la, lw, 1e-5)
+    pa, pw = acc.get_params(), whole.get_params()
+    # AdamW divides each gradient by its own running size, so an entry whose gradient is at
+    # round-off level (the key biases' true gradient is 0) moves by up to lr a step whichever way
+    # the summation order rounds it: bounded by 2 x lr x steps. The rest agree to summation error.
+    d = np.concatenate([np.abs(pa[k] - pw[k]).ravel() for k in pa])
+    print(f"parameters after 5 steps: {np.mean(d <= 2e-6):.4%} within 2e-6, max {d.max():.2e}")
+    assert np.mean(d <= 2e-6) > 0.999 and d.max() <= 2 * 3e-3 * 5

@@ -86,7 +86,7 @@ def describe_checkpoint(path) -> dict:
     last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
     return {"file": str(path), "bytes": os.path.getsize(path),
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
-            "batch": cfg.batch, "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
+            "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
             "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
             "params": n_params(cfg), "step": ck.step, "optimizer_state": ck.m is not None,
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
@@ -268,6 +268,9 @@ def build_parser():
     p.add_argument("--heads", type=positive_int)
     p.add_argument("--ctx", type=positive_int)
     p.add_argument("--batch", type=positive_int)
+    p.add_argument("--grad-accum", type=positive_int, metavar="N",
+                   help="N micro-batches of --batch windows per step, their gradients summed before one update "
+                        "(the step of a batch N x --batch; default 1, or the resumed run's)")
     p.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
     p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")

@@ -131,6 +131,11 @@ def add(gpu, x, y, out, n, variant=None, plan=None):
     return _ew(gpu, "add", x, y, out, n, variant=variant, plan=plan)
 
 
+def accumulate(gpu, x, out, n, variant=None, plan=None):
+    """out += x (out is read and written: a buffer other than x)."""
+    return _ew(gpu, "accumulate", x, None, out, n, variant=variant, plan=plan)
+
+
 def gelu_forward(gpu, x, out, n, variant=None, plan=None):
     return _ew(gpu, "gelu_forward", x, None, out, n, variant=variant, plan=plan)
 

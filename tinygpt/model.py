@@ -38,6 +38,9 @@ class Launchers:
         return fn
 
 
+LOSS_SLOT = 64      # floats between micro-batch loss slots: 256 bytes, any adapter's binding alignment
+
+
 def padded_vocab(V: int) -> int:
     """The vocabulary rounded up to a multiple of 4, so the head's matmuls take the vec4 kernels
     (50257 -> 50260). The extra rows of tok_emb stay zero and their logits are never used."""
@@ -83,12 +86,16 @@ class Model:
     """A GPT of config `cfg` recorded for batches of [B, T] tokens.
 
     training=False records the forward only (evaluation and sampling); head=False (with it) stops
-    the forward at the last block's output: a prefill, which needs each layer's keys and values."""
+    the forward at the last block's output: a prefill, which needs each layer's keys and values.
+    accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
+    1/(N*B*T), so the sum is the mean's) before one clipped AdamW update: the step of a batch N*B."""
 
     def __init__(self, gpu: GPU, cfg: Config, attention: str = "online", B: int | None = None,
-                 T: int | None = None, training: bool = True, plan: KernelPlan | None = None, head: bool = True):
+                 T: int | None = None, training: bool = True, plan: KernelPlan | None = None, head: bool = True,
+                 accum: int = 1):
         assert head or not training, "training needs the head"
-        self.gpu, self.cfg, self.training = gpu, cfg, training
+        assert accum >= 1 and (accum == 1 or training)
+        self.gpu, self.cfg, self.training, self.accum = gpu, cfg, training, accum
         self.plan = plan or make_plan(gpu)                                      # which kernel variants run
         K = Launchers(self.plan)
         B = self.B = B or cfg.batch
@@ -140,7 +147,7 @@ class Model:
             self.logits = g.tensor((BT, VP), name="logits") if len(self.chunks) == 1 else \
                 Tensor(g.buffer(4 * BT * VP, "logits", binding=False), 0, (BT, VP), "f32", "logits")  # becomes dlogits
             self.losses = act(BT, name="losses")
-            self.loss_buf = act(4, name="loss")
+            self.loss_buf = act(LOSS_SLOT * accum, name="loss")                # one slot per micro-batch
         shared = {}
         self.att = [Attention(g, attention, B, T, C, H, shared, plan=self.plan) for _ in range(L)]
 
@@ -168,14 +175,23 @@ class Model:
         # dispatch_groups, so no caller can run part of a list (reading losses of rows whose
         # chunk of cross-entropy never ran, as evaluation once did with split logits).
         self._fwd = fwd
-        ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / BT, grad, r0, VP)
-                           for r0, n in self.chunks]
-        self._loss = ce(training) + [K.loss_reduce(g, self.losses, self.loss_buf, BT, 1.0 / BT)] if head else []
+        # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's
+        ce = lambda grad: [K.cross_entropy(g, targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / (accum * BT),
+                                           grad, r0, VP) for r0, n in self.chunks]
+        slot = lambda i: Tensor(self.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
+        self._reduce = [K.loss_reduce(g, self.losses, slot(i), BT, 1.0 / BT) for i in range(accum)] if head else []
+        self._loss = ce(training) + self._reduce[:1] if head else []
         self._eval_rows = ce(False)                      # per-row losses of every chunk, no gradient
-        self._bwd, self._opt = [], []
+        self._bwd, self._opt, self._bwd_more = [], [], []
         if training:
-            self._bwd = self._record_backward(buckets)
+            self._bwd = self._record_backward(buckets, self.grads, self.G)
             self._opt = self._record_optimizer()
+        if accum > 1:   # later micro-batches: the backward into a second buffer, added to the first
+            self.grads_micro = flat("grads_micro")
+            Gm = {n: self._view(self.grads_micro, n) for n in self.offsets}
+            Gm["tok_emb"] = Tensor(self.grads_micro.buf, Gm["tok_emb"].offset, (VP, C), "f32", "d tok_emb (micro)")
+            self._bwd_more = (self._record_backward(buckets, self.grads_micro, Gm)
+                              + [K.accumulate(g, self.grads_micro, self.grads, self.n_flat)])
         self.step_count = 0
 
     # ---- layout helpers ---------------------------------------------------------------------
@@ -190,24 +206,26 @@ class Model:
         return Tensor((flat or self.params).buf, 4 * off, (2, self.cfg.d_model), "f32", name)
 
     # ---- backward ----------------------------------------------------------------------------
-    def _record_backward(self, buckets):
+    def _record_backward(self, buckets, grads: Tensor, Gd: dict):
+        """The backward writing every gradient into `grads` (views `Gd`)."""
         g, cfg, K = self.gpu, self.cfg, Launchers(self.plan)
         B, T, C, V, M, L = self.B, self.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
         VP = self.VP
         BT = B * T
         act = lambda *shape: g.tensor(shape)
-        self.dres, self.dln = act(BT, C), act(BT, C)                  # residual grad, grad at a LN output
-        self.dact, self.dpre = act(BT, M), act(BT, M)
-        self.dctx = act(BT, C)
-        self.dqkv = [act(BT, C) for _ in range(3)]
+        if not hasattr(self, "dres"):                                  # shared by both recordings
+            self.dres, self.dln = act(BT, C), act(BT, C)              # residual grad, grad at a LN output
+            self.dact, self.dpre = act(BT, M), act(BT, M)
+            self.dctx = act(BT, C)
+            self.dqkv = [act(BT, C) for _ in range(3)]
         P = lambda l, n: self.P[f"h{l}.{n}"]
-        G = lambda l, n: self.G[f"h{l}.{n}"]
+        G = lambda l, n: Gd[f"h{l}.{n}"]
         ds = []
         for i, (r0, n) in enumerate(self.chunks):                       # logits hold dlogits after cross_entropy
             dl = rows(self.logits, r0, n)
-            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), self.G["tok_emb"], VP, C, n, accumulate=i > 0),
+            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), Gd["tok_emb"], VP, C, n, accumulate=i > 0),
                    K.matmul(g, dl, self.P["tok_emb"], None, rows(self.dln, r0, n), n, C, VP)]
-        ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=self.grads), BT, C),
+        ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=grads), BT, C),
               K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
         for l in reversed(range(L)):
             q, k, v = self.qkv[l]
@@ -219,7 +237,7 @@ class Model:
                    K.matmul_atb(g, self.ln2[l], self.dpre, G(l, "fc_in_W"), C, M, BT),
                    K.bias_grad(g, self.dpre, G(l, "fc_in_b"), BT, M),
                    K.matmul_abt(g, self.dpre, P(l, "fc_in_W"), self.dln, BT, C, M),
-                   K.layernorm_dgb(g, self.dln, self.x_mid[l], self.ln2s[l], self._ln(l, 2, self.grads), BT, C),
+                   K.layernorm_dgb(g, self.dln, self.x_mid[l], self.ln2s[l], self._ln(l, 2, grads), BT, C),
                    K.layernorm_dx(g, self.dln, self.x_mid[l], P(l, "ln2_g"), self.ln2s[l], self.dres, BT, C),
                    K.matmul_atb(g, self.ctx[l], self.dres, G(l, "Wo"), C, C, BT),
                    K.bias_grad(g, self.dres, G(l, "bo"), BT, C),
@@ -229,10 +247,10 @@ class Model:
                 ds += [K.matmul_abt(g, d, P(l, "W" + n), self.dln, BT, C, C, accumulate=i > 0),
                        K.matmul_atb(g, self.ln1[l], d, G(l, "W" + n), C, C, BT),
                        K.bias_grad(g, d, G(l, "b" + n), BT, C)]
-            ds += [K.layernorm_dgb(g, self.dln, self.x[l], self.ln1s[l], self._ln(l, 1, self.grads), BT, C),
+            ds += [K.layernorm_dgb(g, self.dln, self.x[l], self.ln1s[l], self._ln(l, 1, grads), BT, C),
                    K.layernorm_dx(g, self.dln, self.x[l], P(l, "ln1_g"), self.ln1s[l], self.dres, BT, C)]
-        ds += [K.embed_tok_grad(g, buckets, self.dres, self.G["tok_emb"], B, T, C, V),
-               K.embed_pos_grad(g, self.dres, self.G["pos_emb"], B, T, C)]
+        ds += [K.embed_tok_grad(g, buckets, self.dres, Gd["tok_emb"], B, T, C, V),
+               K.embed_pos_grad(g, self.dres, Gd["pos_emb"], B, T, C)]
         return ds
 
     # ---- optimizer ---------------------------------------------------------------------------
@@ -301,17 +319,24 @@ class Model:
         self.gpu.write(self.batch, data)
 
     def step(self, x, y, lr: float):
-        """One training step: forward, loss, backward, clip, AdamW; one submit, no readback."""
-        self.write_batch(x, y)
+        """One training step: forward, loss, backward, clip, AdamW; one submit (one per micro-batch
+        with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
         t = self.step_count
         self.gpu.queue.write_buffer(self.step_uniform, 0, kernels.adamw_uniform(self.n_flat, self.cfg.grad_clip, lr, t))
-        self.gpu.run(self._fwd + self._loss + self._bwd + self._opt)
+        self._micro_batches(x, y, self._opt)
 
     def grads_only(self, x, y):
         """Forward, loss and backward without the update (tests compare gradients)."""
-        self.write_batch(x, y)
-        self.gpu.run(self._fwd + self._loss + self._bwd)
+        self._micro_batches(x, y, [])
+
+    def _micro_batches(self, x, y, then):
+        x, y, B = np.asarray(x), np.asarray(y), self.B
+        for i in range(self.accum):
+            self.write_batch(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+            bwd = self._bwd if i == 0 else self._bwd_more
+            self.gpu.run(self._fwd + self._loss[:-1] + self._reduce[i:i + 1] + bwd
+                         + (then if i == self.accum - 1 else []))
 
     def dispatch_groups(self):
         """[(group, dispatch)] of one training step in order (the profiler times each)."""
@@ -362,7 +387,9 @@ class Model:
         return self.gpu.read(self.logits, count=self.cfg.vocab, offset_elems=row * self.VP)
 
     def loss(self) -> float:
-        return float(self.gpu.read(self.loss_buf, count=1)[0])
+        """The last step's mean loss (over its micro-batches)."""
+        slots = self.gpu.read(self.loss_buf, count=LOSS_SLOT * (self.accum - 1) + 1)[::LOSS_SLOT]
+        return float(slots.astype(np.float64).mean()) if self.accum > 1 else float(slots[0])
 
     def grad_norm(self) -> float:
         return float(self.gpu.read(self.stats, count=1)[0])

@@ -16,6 +16,7 @@ class TrainOptions:
     heads: int | None = None
     ctx: int | None = None
     batch: int | None = None
+    grad_accum: int | None = None      # micro-batches per step; None: 1, or the resumed run's
     data: str | None = None            # None: the built-in corpus
     tokenizer: str | None = None       # None: byte, or the resumed file's
     tokenizer_file: str | None = None

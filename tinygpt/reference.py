@@ -57,6 +57,10 @@ def add(x, y):
     return x + y
 
 
+def accumulate(x, out):                   # -> out + x (the kernel writes it into out)
+    return out + x
+
+
 def gelu_forward(x):                     # exact erf GELU
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
@@ -68,7 +72,7 @@ def gelu_backward(x, dy):                # x = pre-activation
 
 
 # elementwise4.wgsl: the same, read as vec4
-add4, gelu_forward4, gelu_backward4 = add, gelu_forward, gelu_backward
+add4, gelu_forward4, gelu_backward4, accumulate4 = add, gelu_forward, gelu_backward, accumulate
 
 
 def bias_grad(dy):                       # dy [rows, N] -> [N]

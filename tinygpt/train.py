@@ -252,9 +252,12 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     data_path = data_path_for(o.data, resume.extra.get("data") if resume else None, f"{{opt:resume}} {o.resume}")
     raw, name = read_corpus(data_path)
     data = Dataset(tok.encode(raw), cfg.ctx, name)
+    accum = o.grad_accum or (int(resume.extra.get("gradAccum", 1)) if resume else 1)
+    if not 1 <= accum <= 4096:
+        raise UsageError(f"{{opt:grad_accum}} must be 1 to 4096, got {accum}")
     gpu = gpu or GPU()
-    model = Model(gpu, cfg, o.attention, plan=make_plan(gpu, o.kernels))
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention}
+    model = Model(gpu, cfg, o.attention, plan=make_plan(gpu, o.kernels), accum=accum)
+    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
@@ -325,7 +328,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
     fx, fy = data.val_windows(FINAL_EVAL_WINDOWS)
     sampler = Sampler(model.gpu, cfg, run.tokenizer, o.attention, model.plan, 1, o.sample_tokens) \
         if o.sample_tokens else None
-    print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}, "
+    accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
+    print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}{accum_text}, "
           f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
           f"({model.gpu.backend})", file=err)
     print(f"kernels: {model.plan.describe()}", file=err)
@@ -354,7 +358,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
             if stop.requested:
                 break
             lr = sched.at(step)
-            x, y = data.sample(run.rng, B)
+            x, y = data.sample(run.rng, B * model.accum)     # the windows of one batch of accum x B
             model.step(x, y, lr)
             n_since += 1
             step = done = step + 1
@@ -368,7 +372,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
             if done % o.log_every == 0 or is_last or want_eval:
                 loss = model.loss()
                 now = clock()
-                tok_s = n_since * B * T / max(now - t_last, 1e-9)
+                tok_s = n_since * model.accum * B * T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
                 norm = model.grad_norm()
                 why = unhealthy(loss, norm, saver.best, cfg.vocab)
@@ -477,7 +481,7 @@ def profile(o: TrainOptions, warmup: int = 3) -> str:
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
     for _ in range(warmup):
-        model.step(*run.data.sample(run.rng, model.B), run.schedule.lr)
+        model.step(*run.data.sample(run.rng, model.B * model.accum), run.schedule.lr)
     rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr)
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
