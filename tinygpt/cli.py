@@ -144,6 +144,32 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from . import memory
+    from .config import preset
+    from .data import GPT2Tokenizer
+    from .gpu import GPU
+    cfg = preset(args.preset, layers=args.layers, d_model=args.d_model, heads=args.heads, ctx=args.ctx,
+                 batch=args.batch)
+    cfg.vocab = GPT2Tokenizer.vocab if args.tokenizer == "gpt2" else 256
+    cfg.validate()
+    gpu = GPU()
+    p = memory.plan(cfg, cfg.batch, args.attention, args.grad_accum, memory.device_limits(gpu), args.sample_tokens)
+    if args.json:
+        d = p.as_dict()
+        d["adapter"] = f"{gpu.name} ({gpu.backend})"
+        if not p.fits:
+            b = memory.largest_fitting_batch(cfg, cfg.batch * args.grad_accum, args.attention, p.limits)
+            d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * args.grad_accum // b) if b else (None, None)
+        print(json.dumps(d, indent=2))
+    else:
+        print(f"# {gpu.name} ({gpu.backend})\n" + memory.text(p))
+        if not p.fits:
+            from .errors import word
+            print(word(memory.refusal(p)))
+    return 0
+
+
 def cmd_eval(args) -> int:
     from .options import EvalOptions
     from .infer import evaluate
@@ -302,6 +328,21 @@ def build_parser():
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time of each kernel of one step, and exit")
     p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("plan", parents=[common],
+                       help="the memory a training run needs, buffer group by group, against this adapter's limits")
+    p.add_argument("--preset", default="small", type=preset_name, metavar="NAME")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--d-model", type=positive_int)
+    p.add_argument("--heads", type=positive_int)
+    p.add_argument("--ctx", type=positive_int)
+    p.add_argument("--batch", type=positive_int)
+    p.add_argument("--grad-accum", type=positive_int, default=1)
+    p.add_argument("--tokenizer", choices=["byte", "gpt2"], default="byte")
+    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--sample-tokens", type=nonneg_int, default=200)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
     p.add_argument("--model", required=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint as ckpt
+from . import memory
 from .attention import check as check_attention
 from .config import TRAIN_DEFAULTS, Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
@@ -256,6 +257,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     if not 1 <= accum <= 4096:
         raise UsageError(f"{{opt:grad_accum}} must be 1 to 4096, got {accum}")
     gpu = gpu or GPU()
+    mem = memory.plan(cfg, cfg.batch, o.attention, accum, memory.device_limits(gpu), o.sample_tokens)
+    if not mem.fits:                              # before anything is allocated: the plan's message
+        raise UsageError(memory.refusal(mem))
     model = Model(gpu, cfg, o.attention, plan=make_plan(gpu, o.kernels), accum=accum)
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum}
     if tok.name == "gpt2":

@@ -1,0 +1,77 @@
+"""The memory plan against what the model really allocates, and `tinygpt plan` / `train` refusing
+a run that does not fit before anything is allocated."""
+import json
+
+import pytest
+
+from tinygpt import memory
+from tinygpt.cli import main
+from tinygpt.config import preset
+
+
+def allocated(gpu, monkeypatch, build):
+    """Bytes of every device buffer `build()` asks for (dispatch uniforms and dummies aside)."""
+    from tinygpt.plan import make_plan
+    make_plan(gpu)                    # the subgroup check, once per device, allocates its own
+    for slot in range(8):
+        gpu.dummy("w", slot)
+    gpu.dummy("r")
+    sizes = []
+    real = gpu.buffer
+
+    def counting(nbytes, label="", binding=True):
+        sizes.append(memory._buf(nbytes))
+        return real(nbytes, label, binding)
+    monkeypatch.setattr(gpu, "buffer", counting)
+    build()
+    monkeypatch.setattr(gpu, "buffer", real)
+    return sum(sizes)
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("attention, accum, vocab, limit", [("online", 1, 256, None), ("naive", 1, 301, None),
+                                                            ("online", 3, 256, None), ("naive", 2, 2000, 600_000)])
+def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit):
+    from tinygpt.infer import Sampler
+    from tinygpt.data import ByteTokenizer
+    from tinygpt.model import Model
+    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=40, vocab=vocab)
+    if limit:     # logits and score matrices split into chunks
+        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+    limits = memory.device_limits(gpu)
+    p = memory.plan(cfg, 6, attention, accum, limits, sample=0)
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, cfg, attention, B=6, accum=accum))
+    print(f"{attention} accum {accum} V {vocab}: plan {p.total:,} bytes, model {got:,}")
+    assert got == p.total
+    want = memory.sampler_bytes(cfg, attention, 50)
+    got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, cfg, ByteTokenizer(), attention, capacity=50))
+    assert got == want
+
+
+def test_plan_cli_json_and_text(capsys):
+    assert main(["plan", "--preset", "small", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {"params", "total_bytes", "largest_binding_bytes", "fits"} <= set(d)
+    assert d["params"] == 366_432 and d["fits"] is True and d["total_bytes"] > 4 * 4 * 366_432
+    assert main(["plan", "--preset", "small", "--tokenizer", "gpt2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["params"] == 366_432 - 256 * 96 + 50257 * 96 and d["bytes"]["logits"] >= 4 * 1024 * 50260
+    assert main(["plan", "--preset", "medium", "--grad-accum", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "parameters" in out and "activations (saved)" in out and "largest binding" in out and "fits" in out
+
+
+def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, capsys, monkeypatch):
+    """batch x ctx over the CPU adapter's loop cap: the plan says which micro-batch fits."""
+    if not gpu.is_cpu:
+        pytest.skip("the loop cap is a CPU adapter's")
+    args = ["--preset", "tiny", "--ctx", "512", "--batch", "256"]
+    assert main(["plan", *args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["fits"] is False and "loop trips" in d["problems"][0]
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("abc " * 50_000)
+    monkeypatch.setattr("tinygpt.train.Model", lambda *a, **k: pytest.fail("the model was built"))
+    rc = main(["train", *args, "--quiet", "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "does not fit" in err and "--batch 64 --grad-accum 4" in err, err
