@@ -17,7 +17,6 @@ import json
 import os
 import struct
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -242,45 +241,3 @@ def export_safetensors(ck: Checkpoint, out):
     tensors = {name: np.ascontiguousarray(ck.params[name], np.float32) for name, _, _ in param_specs(ck.cfg)}
     atomic_write(out, save(tensors, metadata={"format": "tinygpt", "writer": WRITER,
                                               "config": json.dumps(config_to_header(ck.cfg))}))
-
-
-def hf_state(ck: Checkpoint) -> dict:
-    """GPT2LMHeadModel's names; Conv1D weights are [in, out] like ours; q|k|v -> c_attn."""
-    P, cfg = ck.params, ck.cfg
-    sd = {"transformer.wte.weight": P["tok_emb"], "transformer.wpe.weight": P["pos_emb"],
-          "transformer.ln_f.weight": P["ln_f_g"], "transformer.ln_f.bias": P["ln_f_b"]}
-    for l in range(cfg.layers):
-        p = lambda n: P[f"h{l}.{n}"]
-        h = f"transformer.h.{l}."
-        sd.update({
-            h + "ln_1.weight": p("ln1_g"), h + "ln_1.bias": p("ln1_b"),
-            h + "attn.c_attn.weight": np.concatenate([p("Wq"), p("Wk"), p("Wv")], axis=1),
-            h + "attn.c_attn.bias": np.concatenate([p("bq"), p("bk"), p("bv")]),
-            h + "attn.c_proj.weight": p("Wo"), h + "attn.c_proj.bias": p("bo"),
-            h + "ln_2.weight": p("ln2_g"), h + "ln_2.bias": p("ln2_b"),
-            h + "mlp.c_fc.weight": p("fc_in_W"), h + "mlp.c_fc.bias": p("fc_in_b"),
-            h + "mlp.c_proj.weight": p("fc_out_W"), h + "mlp.c_proj.bias": p("fc_out_b"),
-        })
-    return {k: np.ascontiguousarray(v, np.float32) for k, v in sd.items()}
-
-
-def export_hf(ck: Checkpoint, out_dir):
-    from safetensors.numpy import save
-    cfg = ck.cfg
-    d = Path(out_dir)
-    if d.exists() and not d.is_dir():
-        raise CheckpointError(f"{out_dir} exists and is not a directory")
-    d.mkdir(parents=True, exist_ok=True)
-    config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-        "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
-        "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.d_mlp,
-        "activation_function": "gelu",  # exact erf GELU, as trained
-        "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
-        "initializer_range": 0.02, "tie_word_embeddings": True, "scale_attn_weights": True,
-        "bos_token_id": 50256 if cfg.vocab == 50257 else 0, "eos_token_id": 50256 if cfg.vocab == 50257 else 0,
-        "torch_dtype": "float32",
-        "tinygpt_writer": WRITER,   # marks the directory's files as ours to replace
-    }
-    atomic_write(d / "config.json", json.dumps(config, indent=2).encode())
-    atomic_write(d / "model.safetensors", save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}))

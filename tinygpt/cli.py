@@ -231,8 +231,24 @@ def cmd_export(args) -> int:
     if args.format == "safetensors":
         ckpt.export_safetensors(ck, args.out)
     else:
-        ckpt.export_hf(ck, args.out)
+        from .hf import export_hf
+        export_hf(ck, args.out)
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
+    return 0
+
+
+def cmd_import_hf(args) -> int:
+    from . import checkpoint as ckpt
+    from .config import n_params
+    from .files import Outputs
+    from .hf import import_hf
+    out = Outputs(args.force, {"directory": args.directory}).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
+    ck = import_hf(args.directory, args.allow_tanh_gelu)
+    ckpt.save(out, ck)
+    cfg = ck.cfg
+    print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
+          f"{cfg.vocab} ({n_params(cfg):,} parameters), tokenizer {ck.extra['tokenizer']}, fresh optimizer state; "
+          f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
 
 
@@ -393,6 +409,15 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
     p.add_argument("--reset", action="store_true", help="forget this adapter's cached choices and exit")
     p.set_defaults(fn=cmd_tune)
+
+    p = sub.add_parser("import-hf", parents=[common],
+                       help="a Hugging Face GPT2LMHeadModel directory as a .tinygpt to fine-tune")
+    p.add_argument("directory", help="with config.json and model.safetensors")
+    p.add_argument("--out", required=True, help="the .tinygpt to write")
+    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
+    p.add_argument("--allow-tanh-gelu", action="store_true",
+                   help="accept GPT-2's tanh-approximated GELU (gelu_new); the model then computes the exact one")
+    p.set_defaults(fn=cmd_import_hf)
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors, or a Hugging Face GPT-2 directory")
     p.add_argument("--model", required=True)

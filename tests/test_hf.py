@@ -1,0 +1,119 @@
+"""Hugging Face GPT-2 directories: export then import is the identity, bit for bit; the imported
+model's logits are the reference's; what this architecture cannot hold is refused in one line;
+an imported model fine-tunes from the command line."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tinygpt import checkpoint as ckpt
+from tinygpt import reference as R
+from tinygpt.cli import main
+from tinygpt.config import preset
+from tinygpt.hf import export_hf, import_hf
+
+
+def model(vocab=256, seed=0):
+    cfg = preset("tiny", layers=2, d_model=16, heads=2, ctx=12, vocab=vocab)
+    p = R.init_params(cfg)
+    r = np.random.default_rng(seed)
+    p = {k: (v + r.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in p.items()}
+    extra = {"tokenizer": "gpt2" if vocab == 50257 else "byte"}
+    return ckpt.Checkpoint(cfg, p, None, None, 7, [], extra)
+
+
+@pytest.mark.parametrize("vocab", [256, 50257])
+def test_export_then_import_is_the_identity(tmp_path, vocab):
+    ck = model(vocab)
+    export_hf(ck, tmp_path / "hf")
+    back = import_hf(tmp_path / "hf")
+    assert back.cfg.__dict__ == {**ck.cfg.__dict__, "batch": back.cfg.batch, "lr": back.cfg.lr}
+    for name, a in ck.params.items():
+        assert back.params[name].dtype == np.float32 and np.array_equal(back.params[name], a), name
+    assert back.step == 0 and all(not m.any() for m in back.m.values())        # fresh optimizer state
+    assert back.extra["tokenizer"] == ("gpt2" if vocab == 50257 else "byte")
+
+
+def rewrite(d, config=None, tensors=None, drop=None):
+    """Edit an exported directory: config keys, tensors (name -> array), or a dropped tensor."""
+    from safetensors.numpy import load_file, save_file
+    if config:
+        c = json.loads((d / "config.json").read_text())
+        c.update(config)
+        (d / "config.json").write_text(json.dumps(c))
+    if tensors or drop:
+        sd = load_file(d / "model.safetensors")
+        sd.update(tensors or {})
+        sd.pop(drop, None)
+        save_file(sd, d / "model.safetensors")
+
+
+@pytest.mark.kernel
+def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu):
+    """Keys without the transformer. prefix, as GPT-2's own files have them, and half precision."""
+    from safetensors.numpy import load_file, save_file
+    from tinygpt.model import Model
+    ck = model()
+    export_hf(ck, tmp_path / "hf")
+    sd = load_file(tmp_path / "hf" / "model.safetensors")
+    save_file({k.replace("transformer.", ""): v for k, v in sd.items()}, tmp_path / "hf" / "model.safetensors")
+    back = import_hf(tmp_path / "hf")
+    x = np.random.default_rng(1).integers(0, 256, (2, 12)).astype(np.uint32)
+    m = Model(gpu, back.cfg, "online", B=2, training=False)
+    m.set_params(back.params)
+    want = R.forward({k: v.astype(np.float64) for k, v in back.params.items()}, back.cfg, x)
+    got = m.logits_of(x)
+    err = np.abs(got - want).max()
+    print(f"imported model's logits against the reference: max error {err:.2e}")
+    assert err < 1e-4 * np.abs(want).max()
+    rewrite(tmp_path / "hf", tensors={k.replace("transformer.", ""): v.astype(np.float16) for k, v in sd.items()})
+    half = import_hf(tmp_path / "hf")
+    assert np.array_equal(half.params["h1.Wv"], ck.params["h1.Wv"].astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("edit, says", [
+    (dict(config={"activation_function": "relu"}), "activation 'relu'"),
+    (dict(config={"activation_function": "gelu_new"}), "allow-tanh-gelu"),
+    (dict(config={"tie_word_embeddings": False}), "not tied"),
+    (dict(config={"vocab_size": 1000}), "vocabulary 1,000"),
+    (dict(config={"layer_norm_epsilon": 1e-6}), "epsilon"),
+    (dict(config={"model_type": "llama"}), "GPT2LMHeadModel only"),
+    (dict(drop="transformer.h.1.mlp.c_fc.bias"), "no tensor h.1.mlp.c_fc.bias"),
+    (dict(tensors={"transformer.h.0.ln_1.weight": np.ones(15, np.float32)}), "has shape [15]"),
+    (dict(tensors={"lm_head.weight": np.zeros((256, 16), np.float32)}), "lm_head.weight differs"),
+])
+def test_what_the_architecture_cannot_hold_is_refused(tmp_path, capsys, edit, says):
+    export_hf(model(), tmp_path / "hf")
+    rewrite(tmp_path / "hf", **edit)
+    out = tmp_path / "m.tinygpt"
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not out.exists()
+
+
+def test_damaged_safetensors_are_refused_before_reading(tmp_path, capsys):
+    export_hf(model(), tmp_path / "hf")
+    f = tmp_path / "hf" / "model.safetensors"
+    raw = f.read_bytes()
+    f.write_bytes(struct.pack("<Q", 1 << 40) + raw[8:])            # a header size past the file
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m.tinygpt")]) == 1
+    assert "header of" in capsys.readouterr().err
+    f.write_bytes(raw[:len(raw) // 2])                              # truncated inside a tensor
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(tmp_path / "m.tinygpt")]) == 1
+    err = capsys.readouterr().err
+    assert "outside the file" in err or "truncated" in err
+
+
+def test_import_then_fine_tune_from_the_command_line(tmp_path, capsys):
+    export_hf(model(), tmp_path / "hf")
+    rewrite(tmp_path / "hf", config={"activation_function": "gelu_new"})
+    m = tmp_path / "m.tinygpt"
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m), "--allow-tanh-gelu"]) == 0
+    assert "fine-tune with" in capsys.readouterr().err
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
+    assert main(["train", "--resume", str(m), "--data", str(corpus), "--steps", "3", "--batch", "4", "--lr", "1e-3",
+                 "--eval-every", "0", "--sample-tokens", "0", "--quiet"]) == 0
+    assert ckpt.load(m).step == 3

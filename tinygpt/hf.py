@@ -1,0 +1,202 @@
+"""Hugging Face GPT-2 directories: export (`tinygpt export --format hf`) and import
+(`tinygpt import-hf`), so that a GPT2LMHeadModel can be fine-tuned here and go back.
+
+Names: GPT2LMHeadModel's Conv1D weights are [in, out] like ours; c_attn holds q | k | v side by
+side. Import reads config.json and model.safetensors with every size checked before anything is
+read or allocated (the safetensors header, each tensor's dtype, shape and byte range), and
+refuses, in one line, what this architecture cannot hold.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Checkpoint, CheckpointError
+from .config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
+from .files import WRITER, atomic_write, check_regular, read_user_file
+
+VOCABS = {256: "byte", 50257: "gpt2"}            # the vocabularies there is a tokenizer for
+DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
+
+
+def hf_state(ck: Checkpoint) -> dict:
+    """GPT2LMHeadModel's names for our parameters."""
+    P, cfg = ck.params, ck.cfg
+    sd = {"transformer.wte.weight": P["tok_emb"], "transformer.wpe.weight": P["pos_emb"],
+          "transformer.ln_f.weight": P["ln_f_g"], "transformer.ln_f.bias": P["ln_f_b"]}
+    for l in range(cfg.layers):
+        p = lambda n: P[f"h{l}.{n}"]
+        h = f"transformer.h.{l}."
+        sd.update({
+            h + "ln_1.weight": p("ln1_g"), h + "ln_1.bias": p("ln1_b"),
+            h + "attn.c_attn.weight": np.concatenate([p("Wq"), p("Wk"), p("Wv")], axis=1),
+            h + "attn.c_attn.bias": np.concatenate([p("bq"), p("bk"), p("bv")]),
+            h + "attn.c_proj.weight": p("Wo"), h + "attn.c_proj.bias": p("bo"),
+            h + "ln_2.weight": p("ln2_g"), h + "ln_2.bias": p("ln2_b"),
+            h + "mlp.c_fc.weight": p("fc_in_W"), h + "mlp.c_fc.bias": p("fc_in_b"),
+            h + "mlp.c_proj.weight": p("fc_out_W"), h + "mlp.c_proj.bias": p("fc_out_b"),
+        })
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in sd.items()}
+
+
+def export_hf(ck: Checkpoint, out_dir):
+    from safetensors.numpy import save
+    cfg = ck.cfg
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise CheckpointError(f"{out_dir} exists and is not a directory")
+    d.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
+        "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.d_mlp,
+        "activation_function": "gelu",  # exact erf GELU, as trained
+        "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "initializer_range": 0.02, "tie_word_embeddings": True, "scale_attn_weights": True,
+        "bos_token_id": 50256 if cfg.vocab == 50257 else 0, "eos_token_id": 50256 if cfg.vocab == 50257 else 0,
+        "torch_dtype": "float32",
+        "tinygpt_writer": WRITER,   # marks the directory's files as ours to replace
+    }
+    atomic_write(d / "config.json", json.dumps(config, indent=2).encode())
+    atomic_write(d / "model.safetensors", save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}))
+
+
+# ---- import ----------------------------------------------------------------------------------------
+def _config(d: Path, allow_tanh_gelu: bool) -> Config:
+    label = f"{d}/config.json"
+    raw = read_user_file(d / "config.json", CheckpointError, label, "a GPT2LMHeadModel's config.json", 1 << 20)
+    try:
+        c = json.loads(raw)
+        assert isinstance(c, dict)
+    except (ValueError, AssertionError) as e:
+        raise CheckpointError(f"{label} is not a JSON object; give a Hugging Face model directory") from e
+    arch = c.get("architectures") or ["GPT2LMHeadModel"]
+    if c.get("model_type", "gpt2") != "gpt2" or "GPT2LMHeadModel" not in arch:
+        raise CheckpointError(f"{label}: a {c.get('model_type')} / {', '.join(map(str, arch))} model; "
+                              "tinygpt imports GPT2LMHeadModel only")
+    act = c.get("activation_function", "gelu_new")
+    if act != "gelu" and not (allow_tanh_gelu and act in ("gelu_new", "gelu_pytorch_tanh")):
+        hint = " (GPT-2's tanh approximation: {opt:allow_tanh_gelu} accepts it, computing the exact GELU " \
+               "instead, at most 0.0004 apart per unit)" if act in ("gelu_new", "gelu_pytorch_tanh") else ""
+        raise CheckpointError(f"{label}: activation {act!r}; this architecture computes the exact erf GELU{hint}")
+    if c.get("tie_word_embeddings", True) is not True:
+        raise CheckpointError(f"{label}: the head is not tied to the token embedding; this architecture ties them")
+    eps = float(c.get("layer_norm_epsilon", 1e-5))
+    if abs(eps - 1e-5) > 1e-12:
+        raise CheckpointError(f"{label}: LayerNorm epsilon {eps:g}; this architecture uses 1e-5")
+    for k in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if c.get(k):
+            raise CheckpointError(f"{label}: {k} is set; this architecture has no such variant")
+    if c.get("scale_attn_weights", True) is not True:
+        raise CheckpointError(f"{label}: attention without the 1/sqrt(head dim) scale; this architecture scales")
+    try:
+        C = int(c["n_embd"])
+        cfg = Config(layers=int(c["n_layer"]), d_model=C, heads=int(c["n_head"]), ctx=int(c["n_positions"]),
+                     d_mlp=int(c.get("n_inner") or 4 * C), vocab=int(c["vocab_size"]), batch=1)
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{label}: missing or malformed n_layer, n_embd, n_head, n_positions or "
+                              "vocab_size") from e
+    if cfg.vocab not in VOCABS:
+        raise CheckpointError(f"{label}: vocabulary {cfg.vocab:,}; tinygpt has tokenizers for 256 (bytes) and "
+                              "50,257 (GPT-2) only")
+    for name, most in MAX_DIMS.items():
+        v = getattr(cfg, name)
+        if not 0 < v <= most:
+            raise CheckpointError(f"{label}: {name} {v} is out of range (1 to {most:,})")
+    if cfg.d_model % cfg.heads or cfg.d_model // cfg.heads > 128:
+        raise CheckpointError(f"{label}: n_embd {cfg.d_model} / n_head {cfg.heads}: heads must divide the width "
+                              "into head dims of at most 128")
+    if n_params(cfg) > MAX_PARAMS:
+        raise CheckpointError(f"{label}: {n_params(cfg):,} parameters, more than tinygpt holds ({MAX_PARAMS:,})")
+    return cfg
+
+
+def _safetensors(path: Path, cfg: Config):
+    """(header, data offset) of a safetensors file whose size agrees with the config."""
+    label = str(path)
+    st = check_regular(path, CheckpointError, label, "the directory's model.safetensors")
+    with open(path, "rb") as f:
+        pre = f.read(8)
+        if len(pre) < 8:
+            raise CheckpointError(f"{label}: too short to be a safetensors file")
+        (hlen,) = struct.unpack("<Q", pre)
+        if hlen > min(64 << 20, st.st_size - 8):
+            raise CheckpointError(f"{label}: a header of {hlen:,} bytes, more than the file or 64 MiB holds; "
+                                  "the file is damaged")
+        try:
+            header = json.loads(f.read(hlen))
+            assert isinstance(header, dict)
+        except (ValueError, AssertionError) as e:
+            raise CheckpointError(f"{label}: its header is not JSON; the file is damaged") from e
+    n = n_params(cfg)
+    if st.st_size > 8 + hlen + 4 * n + 4 * cfg.layers * (cfg.ctx * cfg.ctx + 1) + (1 << 20) + 4 * cfg.vocab * cfg.d_model:
+        raise CheckpointError(f"{label}: {st.st_size:,} bytes, far more than a model of this config holds")
+    return header, 8 + hlen, st.st_size
+
+
+def import_hf(directory, allow_tanh_gelu: bool = False) -> Checkpoint:
+    """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
+                              "model.safetensors")
+    cfg = _config(d, allow_tanh_gelu)
+    path = d / "model.safetensors"
+    header, data0, size = _safetensors(path, cfg)
+    names = {k[len("transformer."):] if k.startswith("transformer.") else k: k for k in header if k != "__metadata__"}
+
+    def read(name, shape):
+        key = names.get(name)
+        if key is None:
+            raise CheckpointError(f"{path}: no tensor {name}; the model is incomplete or not a GPT-2")
+        t = header[key]
+        try:
+            dtype, width = DTYPES[t["dtype"]]
+            b0, b1 = (int(x) for x in t["data_offsets"])
+            got = tuple(int(s) for s in t["shape"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: tensor {key} has a dtype tinygpt does not read ({t.get('dtype')}), or "
+                                  "a malformed entry; F32, F16 and BF16 are read") from e
+        if got != shape:
+            raise CheckpointError(f"{path}: {key} has shape {list(got)}, the config says {list(shape)}")
+        if not 0 <= b0 <= b1 <= size - data0 or b1 - b0 != width * int(np.prod(shape)):
+            raise CheckpointError(f"{path}: {key}'s bytes lie outside the file or disagree with its shape")
+        with open(path, "rb") as f:
+            f.seek(data0 + b0)
+            raw = f.read(b1 - b0)
+        if len(raw) != b1 - b0:
+            raise CheckpointError(f"{path}: the file ends inside {key}; it is truncated")
+        if dtype is None:   # bfloat16: the top half of a float32
+            a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            a = np.frombuffer(raw, dtype).astype(np.float32)
+        return a.reshape(shape)
+
+    C, M, V, T = cfg.d_model, cfg.d_mlp, cfg.vocab, cfg.ctx
+    P = {"tok_emb": read("wte.weight", (V, C)), "pos_emb": read("wpe.weight", (T, C)),
+         "ln_f_g": read("ln_f.weight", (C,)), "ln_f_b": read("ln_f.bias", (C,))}
+    if "lm_head.weight" in names and not np.array_equal(read("lm_head.weight", (V, C)), P["tok_emb"]):
+        raise CheckpointError(f"{path}: lm_head.weight differs from the token embedding; this architecture ties them")
+    for l in range(cfg.layers):
+        h = f"h.{l}."
+        qkv_w, qkv_b = read(h + "attn.c_attn.weight", (C, 3 * C)), read(h + "attn.c_attn.bias", (3 * C,))
+        p = {"ln1_g": read(h + "ln_1.weight", (C,)), "ln1_b": read(h + "ln_1.bias", (C,)),
+             "Wq": qkv_w[:, :C], "Wk": qkv_w[:, C:2 * C], "Wv": qkv_w[:, 2 * C:],
+             "bq": qkv_b[:C], "bk": qkv_b[C:2 * C], "bv": qkv_b[2 * C:],
+             "Wo": read(h + "attn.c_proj.weight", (C, C)), "bo": read(h + "attn.c_proj.bias", (C,)),
+             "ln2_g": read(h + "ln_2.weight", (C,)), "ln2_b": read(h + "ln_2.bias", (C,)),
+             "fc_in_W": read(h + "mlp.c_fc.weight", (C, M)), "fc_in_b": read(h + "mlp.c_fc.bias", (M,)),
+             "fc_out_W": read(h + "mlp.c_proj.weight", (M, C)), "fc_out_b": read(h + "mlp.c_proj.bias", (C,))}
+        P.update({f"h{l}.{k}": np.ascontiguousarray(v) for k, v in p.items()})
+    bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
+    if bad:
+        raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
+    zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_specs(cfg)}
+    tok = VOCABS[V]
+    extra = {"tokenizer": tok, "importedFrom": str(d)}
+    if tok == "gpt2":
+        extra["tokenizerSource"] = "r50k_base"
+    return Checkpoint(cfg, P, zeros, {n: z.copy() for n, z in zeros.items()}, 0, [], extra)
