@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 directories: export (`tinygpt export --format hf`) and import
+"""Hugging Face GPT-2 directories: export (tinygpt export, hf format) and import
 (`tinygpt import-hf`), so that a GPT2LMHeadModel can be fine-tuned here and go back.
 
 Names: GPT2LMHeadModel's Conv1D weights are [in, out] like ours; c_attn holds q | k | v side by
