@@ -170,3 +170,29 @@ def test_grad_accum_matches_the_whole_batch(gpu):
     d = np.concatenate([np.abs(pa[k] - pw[k]).ravel() for k in pa])
     print(f"parameters after 5 steps: {np.mean(d <= 2e-6):.4%} within 2e-6, max {d.max():.2e}")
     assert np.mean(d <= 2e-6) > 0.999 and d.max() <= 2 * 3e-3 * 5
+
+
+def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch):
+    """The optimizer (and the accumulation) bound a chunk at a time: the same losses and weights
+    as one dispatch over the whole flat buffers, bit for bit."""
+    from tinygpt.model import flat_chunks
+    cfg = preset("tiny", batch=2, ctx=16)
+    params = R.init_params(cfg)
+    xs = np.random.default_rng(9).integers(0, cfg.vocab, (4, 4, cfg.ctx + 1)).astype(np.uint32)
+    out = {}
+    for limit in (None, 131_072):
+        if limit:
+            monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+        m = Model(gpu, cfg, "online", accum=2)
+        if limit:
+            assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(gpu, m.n_flat)
+            print(f"flat buffers of {m.n_flat:,} floats in {len(m.flat_chunks)} chunks")
+        m.set_params(params)
+        losses = []
+        for w in xs:
+            m.step(w[:, :-1], w[:, 1:], 3e-3)
+            losses.append(m.loss())
+        out[limit] = (losses, m.get_params(), m.get_opt_state()[1])
+    (l0, p0, v0), (l1, p1, v1) = out[None], out[131_072]
+    assert l0 == l1
+    assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)

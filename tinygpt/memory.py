@@ -76,9 +76,10 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
         p.bindings[what] = max(p.bindings.get(what, 0), nbytes if bound is None else bound)
 
     f = 4 * n_flat
-    add("parameters", "parameters (flat)", f)
-    add("gradients", "gradients (flat)", f, count=2 if accum > 1 else 1)
-    add("adam moments", "AdamW m and v (flat)", f, count=2)
+    fb = _flat_bound(n_flat, limits.get("max_binding"), limits.get("align") or 256)   # bound a chunk at a time
+    add("parameters", "parameters (flat)", f, bound=fb)
+    add("gradients", "gradients (flat)", f, bound=fb, count=2 if accum > 1 else 1)
+    add("adam moments", "AdamW m and v (flat)", f, bound=fb, count=2)
     add("batch", "token batch", _batch_bytes(BT, V))
     act = "activations (saved)"
     add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + 7 * L + 1)   # x; x_mid ln1 q k v ctx ln2; tmp
@@ -114,6 +115,16 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
         p.groups["sampling"] = sampler_bytes(cfg, attention, sample)
     _check(p, BT)
     return p
+
+
+def _flat_bound(n: int, max_binding: int | None, align: int) -> int:
+    """Bytes of the largest chunk model.flat_chunks binds (the whole buffer when it fits; more
+    than the limit when not even one aligned chunk does, which the check then reports)."""
+    if not max_binding or 4 * n <= max_binding:
+        return 4 * n
+    grain = 1024 * max(align, 4)
+    per = (max_binding // 4) // grain * grain
+    return 4 * min(n, per) if per else 4 * grain
 
 
 def _batch_bytes(BT: int, V: int) -> int:
@@ -163,6 +174,7 @@ def largest_fitting_batch(cfg: Config, batch: int, attention: str, limits: dict)
 def device_limits(gpu) -> dict:
     from .files import available_memory
     return {"max_binding": gpu.max_binding, "max_buffer": gpu.max_buffer,
+            "align": int(gpu.limits.get("min-storage-buffer-offset-alignment", 256)),
             "loop_cap": gpu.LOOP_CAP if gpu.is_cpu else None,
             "memory": available_memory() if gpu.is_cpu else None}
 
@@ -197,7 +209,7 @@ def text(p: Plan) -> str:
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")
     lines.append(f"largest binding: {what}, {largest:,} bytes")
     lim = p.limits
-    shown = {"max_binding": "binding limit", "max_buffer": "buffer limit", "loop_cap": "CPU loop cap (rows)",
+    shown = {"max_binding": "binding limit", "align": "offset alignment", "max_buffer": "buffer limit", "loop_cap": "CPU loop cap (rows)",
              "memory": "memory available"}
     lines.append("limits: " + ", ".join(f"{shown[k]} {v:,}" for k, v in lim.items() if v is not None and k in shown))
     lines.append("fits" if p.fits else "does not fit: " + "; ".join(p.problems))

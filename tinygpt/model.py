@@ -69,6 +69,26 @@ def rows(t: Tensor, r0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * r0 * cols, (n, cols), t.dtype, t.name)
 
 
+def flat_chunks(gpu: GPU, n: int):
+    """[(first float, floats)] of an n-float flat buffer, each chunk within one binding. Chunks
+    start on multiples of 1024 x the offset alignment in floats, so that the views of the norm's
+    partial sums (one per 4096 floats) and of the decay table (one per 256) are aligned too."""
+    if 4 * n <= gpu.max_binding:
+        return [(0, n)]
+    align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
+    grain = 1024 * max(align, 4)
+    per = (gpu.max_binding // 4) // grain * grain
+    if per == 0:
+        raise LimitError(f"a flat chunk of {4 * grain:,} bytes exceeds this adapter's binding limit "
+                         f"{gpu.max_binding:,} (max-storage-buffer-binding-size)")
+    return [(f0, min(per, n - f0)) for f0 in range(0, n, per)]
+
+
+def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
+    """Floats f0 .. f0+n-1 of a flat tensor."""
+    return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
+
+
 def logit_chunks(gpu: GPU, BT: int, V: int):
     """[(first row, rows)] so that each chunk of [BT, V] logits fits one binding.
 
@@ -106,7 +126,8 @@ class Model:
         g = gpu
         g.check_loop(BT, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
         self.offsets, self.n_flat = layout(cfg)
-        flat = lambda name: g.tensor((self.n_flat,), name=name)
+        # bound only in chunks that fit (flat_chunks) or as the views of single tensors
+        flat = lambda name: Tensor(g.buffer(4 * self.n_flat, name, binding=False), 0, (self.n_flat,), "f32", name)
         self.params = flat("params")
         self.P = {n: self._view(self.params, n) for n in self.offsets}
         self.P["tok_emb"] = Tensor(self.params.buf, self.P["tok_emb"].offset, (VP, C), "f32", "tok_emb")  # [VP, C]
@@ -191,7 +212,8 @@ class Model:
             Gm = {n: self._view(self.grads_micro, n) for n in self.offsets}
             Gm["tok_emb"] = Tensor(self.grads_micro.buf, Gm["tok_emb"].offset, (VP, C), "f32", "d tok_emb (micro)")
             self._bwd_more = (self._record_backward(buckets, self.grads_micro, Gm)
-                              + [K.accumulate(g, self.grads_micro, self.grads, self.n_flat)])
+                              + [K.accumulate(g, flat_view(self.grads_micro, f0, k), flat_view(self.grads, f0, k), k)
+                                 for f0, k in self.flat_chunks])
         self.step_count = 0
 
     # ---- layout helpers ---------------------------------------------------------------------
@@ -266,11 +288,21 @@ class Model:
         n_part = -(-n // kernels.CHUNK)
         self.partials = g.tensor((n_part,), name="grad_partials")
         self.stats = g.tensor((4,), name="grad_stats")                                   # norm, scale
-        self.step_uniform = g.uniform(32)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else kernels.NO_CLIP                   # 0: never clip
-        return [K.grad_sumsq(g, self.grads, self.partials, n),
-                K.grad_clip(g, self.partials, self.stats, n_part, clip),
-                K.adamw(g, self.grads, self.wd_table, self.stats, self.params, self.m, self.v, n, self.step_uniform)]
+        # The flat buffers are bound a chunk at a time where they exceed one binding (each chunk
+        # its own step uniform, which holds its length); the chunks start on whole blocks of the
+        # norm's partial sums, so the norm and the update are those of one dispatch, bit for bit.
+        self.flat_chunks = flat_chunks(g, n)
+        self.step_uniforms = [g.uniform(32) for _ in self.flat_chunks]
+        ds = [K.grad_sumsq(g, flat_view(self.grads, f0, k), flat_view(self.partials, f0 // kernels.CHUNK,
+                                                                    -(-k // kernels.CHUNK)), k)
+              for f0, k in self.flat_chunks]
+        ds.append(K.grad_clip(g, self.partials, self.stats, n_part, clip))
+        for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
+            ds.append(K.adamw(g, flat_view(self.grads, f0, k), flat_view(self.wd_table, f0 // 256, k // 256),
+                              self.stats, flat_view(self.params, f0, k), flat_view(self.m, f0, k),
+                              flat_view(self.v, f0, k), k, u))
+        return ds
 
     # ---- state in and out ------------------------------------------------------------------------
     def _pack(self, tensors: dict) -> np.ndarray:
@@ -323,7 +355,8 @@ class Model:
         with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
         t = self.step_count
-        self.gpu.queue.write_buffer(self.step_uniform, 0, kernels.adamw_uniform(self.n_flat, self.cfg.grad_clip, lr, t))
+        for (_, k), u in zip(self.flat_chunks, self.step_uniforms):
+            self.gpu.queue.write_buffer(u, 0, kernels.adamw_uniform(k, self.cfg.grad_clip, lr, t))
         self._micro_batches(x, y, self._opt)
 
     def grads_only(self, x, y):
