@@ -149,7 +149,7 @@ def test_end_of_run_shows_bits_and_a_reproducible_sample(tmp_path, corpus, gpu):
     (text, s), (text2, _) = outs
     assert text.split("greedy sample")[1] == text2.split("greedy sample")[1]   # same seed, same two samples
     greedy, sampled = s["samples"]
-    assert greedy != sampled and greedy.startswith("\n") and len(greedy) == 61   # "\n" + 60 tokens (ASCII)
+    assert greedy != sampled and greedy.startswith("The ") and len(greedy) == 64   # "The " + 60 tokens (ASCII)
     e = evaluate(EvalOptions(model=str(tmp_path / "a.tinygpt"), data=str(corpus)), gpu)
     assert s["final_val_loss"] == pytest.approx(e["loss"], abs=1e-6) and s["val_windows"] == e["windows"]
     assert f"{e['loss']:.4f} nats = {e['loss'] / math.log(2):.3f} bits/byte" in text

@@ -341,6 +341,7 @@ def build_parser():
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--sample-tokens", type=nonneg_int, default=200,
                    help="length of the greedy and the sampled text printed at the end (0: none)")
+    p.add_argument("--sample-prompt", default="The ", help="what the samples at the end continue (default 'The ')")
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time of each kernel of one step, and exit")
     p.set_defaults(fn=cmd_train)

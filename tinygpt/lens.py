@@ -71,8 +71,8 @@ class Inspector:
 
 def shown(tok, i: int) -> str:
     """A token as a short label: spaces and line ends made visible."""
-    s = tok.decode([i])
-    return s.replace(" ", "\u2423").replace("\n", "\u23ce").replace("\t", "\u21e5") or "?"
+    s = tok.decode([i]).replace(" ", "\u2423").replace("\n", "\u23ce").replace("\t", "\u21e5")
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in s) or "?"   # no glyph-less controls
 
 
 def lens_table(ins: Inspection, tok) -> str:

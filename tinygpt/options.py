@@ -40,6 +40,7 @@ class TrainOptions:
     resume: str | None = None
     quiet: bool = False
     sample_tokens: int = 200           # the greedy and the sampled text at the end; 0: none
+    sample_prompt: str = "The "        # what both continue (a bare newline sends greedy byte models into indentation)
 
 
 @dataclass

@@ -421,8 +421,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
                 last["val_full"] = model.mean_loss(fx, fy)
             if sampler:
                 sampler.set_params(params)
-                sample_text = [sampler.generate("\n", o.sample_tokens, 0.0)[0],
-                               sampler.generate("\n", o.sample_tokens, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
+                sample_text = [sampler.generate(o.sample_prompt, o.sample_tokens, 0.0)[0],
+                               sampler.generate(o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE, SAMPLE_TOP_K,
                                                 seed=cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
             print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path}"), file=err)
@@ -454,7 +454,7 @@ def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clo
     cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if o.eval_every else 0.0
     if sampler:
         probe = min(8, o.sample_tokens)
-        cost += 2 * o.sample_tokens / probe * timed(sampler.generate, "\n", probe)
+        cost += 2 * o.sample_tokens / probe * timed(sampler.generate, o.sample_prompt, probe)
     return 1.05 * cost + 0.5
 
 
@@ -472,9 +472,9 @@ def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: floa
     print(f"{run.model.step_count:,} steps in {clock_text(seconds)}, {tok_s:,.0f} tokens/s; checkpoint {out_path}"
           + (f", loss curve {png}" if png else ""), file=out)
     if samples:
-        print("greedy sample (temperature 0):\n" + samples[0].lstrip("\n"), file=out)
+        print("greedy sample (temperature 0):\n" + samples[0], file=out)
         print(f"sample (temperature {SAMPLE_TEMPERATURE}, top-k {SAMPLE_TOP_K}, seed {run.cfg.seed}):\n"
-              + samples[1].lstrip("\n"), file=out)
+              + samples[1], file=out)
 
 
 def profile(o: TrainOptions, warmup: int = 3) -> str:
