@@ -1,6 +1,7 @@
 // Helpers every shader may use, written once: gpu.py's loader puts this file in
 // front of each shader's declarations (after its `enable` directives), and compile
-// errors still name the right file and line. Functions only: no bindings here.
+// errors still name the right file and line. Functions, and the workgroup arrays of the
+// reductions below; no bindings here.
 
 // The workgroup's linear index in a 1-D grid that the host folded into (x, y)
 // because one dimension holds at most 65,535 workgroups (gpu.grid1d).
@@ -23,4 +24,59 @@ fn erf4(v: vec4<f32>) -> vec4<f32> {
 
 fn erf_approx(v: f32) -> f32 {
   return erf4(vec4<f32>(v)).x;
+}
+
+// Tree reductions across a 64- or 256-lane workgroup; every lane gets the result, so call them
+// from uniform control flow (they hold barriers). WGSL passes no pointer to workgroup memory into
+// a function, so each works in an array of its own, declared here once; an entry point that
+// calls none of them allocates none of it. The sum order is fixed: results are reproducible.
+var<workgroup> wg64: array<f32, 64>;
+var<workgroup> wg256: array<f32, 256>;
+
+fn wg_sum64(lid: u32, v: f32) -> f32 {
+  wg64[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { wg64[lid] = wg64[lid] + wg64[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = wg64[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn wg_max64(lid: u32, v: f32) -> f32 {
+  wg64[lid] = v;
+  workgroupBarrier();
+  for (var s = 32u; s > 0u; s >>= 1u) {
+    if (lid < s) { wg64[lid] = max(wg64[lid], wg64[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = wg64[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn wg_sum256(lid: u32, v: f32) -> f32 {
+  wg256[lid] = v;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (lid < s) { wg256[lid] = wg256[lid] + wg256[lid + s]; }
+    workgroupBarrier();
+  }
+  let r = wg256[0];
+  workgroupBarrier();
+  return r;
+}
+
+fn wg_max256(lid: u32, v: f32) -> f32 {
+  wg256[lid] = v;
+  workgroupBarrier();
+  for (var s = 128u; s > 0u; s >>= 1u) {
+    if (lid < s) { wg256[lid] = max(wg256[lid], wg256[lid + s]); }
+    workgroupBarrier();
+  }
+  let r = wg256[0];
+  workgroupBarrier();
+  return r;
 }

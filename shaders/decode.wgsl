@@ -44,32 +44,6 @@ fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   o2[dst] = b[i];
 }
 
-var<workgroup> red: array<f32, 64>;
-
-fn max64(lid: u32, v: f32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn sum64(lid: u32, v: f32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
 // One workgroup per (n, h): a = q [N, C], b = kc [N, T, C], c = vc [N, T, C]
 // -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
 // Three passes over the pos + 1 cached rows: scores and their max, exp and sum, weighted values.
@@ -95,7 +69,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
       m = max(m, s);
     }
   }
-  m = max64(lid, m);
+  m = wg_max64(lid, m);                   // common.wgsl
   var z = 0.0;
   if (live) {
     for (var t = lid; t < rows; t += 64u) {
@@ -104,7 +78,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
       z += e;
     }
   }
-  z = sum64(lid, z);
+  z = wg_sum64(lid, z);
   storageBarrier();                       // every lane's exponentials are visible to all
   if (live) {
     for (var d = lid; d < hd; d += 64u) {
@@ -124,7 +98,6 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 // a counter-based hash of (seed, n, step), and the first eligible index, in index order, whose
 // running sum of exp(z - max) passes u times their total. The thresholds are found by bisection
 // on the order-preserving integer key of z: 32 fixed rounds, each a workgroup reduction.
-var<workgroup> rf: array<f32, 256>;
 var<workgroup> ru: array<u32, 256>;
 
 fn key(z: f32) -> u32 {                   // u32 order == f32 order
@@ -141,30 +114,6 @@ fn pcg(v: u32) -> u32 {                   // PCG-RXS-M-XS, a 32-bit hash (Jarzyn
 
 fn draw(n: u32) -> f32 {                  // in [0, 1), 24 bits
   return f32(pcg(pcg(pcg(pcg(p.seed_lo) ^ p.seed_hi) ^ n) ^ p.step) >> 8u) * (1.0 / 16777216.0);
-}
-
-fn sum256f(lid: u32, v: f32) -> f32 {
-  rf[lid] = v;
-  workgroupBarrier();
-  for (var s = 128u; s > 0u; s >>= 1u) {
-    if (lid < s) { rf[lid] = rf[lid] + rf[lid + s]; }
-    workgroupBarrier();
-  }
-  let r = rf[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn max256f(lid: u32, v: f32) -> f32 {
-  rf[lid] = v;
-  workgroupBarrier();
-  for (var s = 128u; s > 0u; s >>= 1u) {
-    if (lid < s) { rf[lid] = max(rf[lid], rf[lid + s]); }
-    workgroupBarrier();
-  }
-  let r = rf[0];
-  workgroupBarrier();
-  return r;
 }
 
 fn sum256u(lid: u32, v: u32) -> u32 {
@@ -195,14 +144,14 @@ fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
       let v = a[base + i];
       if (v > best) { best = v; at = i; }
     }
-    rf[lid] = best;
+    wg256[lid] = best;
     ru[lid] = at;
     workgroupBarrier();
     for (var s = 128u; s > 0u; s >>= 1u) {
       if (lid < s) {
-        let v = rf[lid + s];
+        let v = wg256[lid + s];
         let j = ru[lid + s];
-        if (v > rf[lid] || (v == rf[lid] && j < ru[lid])) { rf[lid] = v; ru[lid] = j; }
+        if (v > wg256[lid] || (v == wg256[lid] && j < ru[lid])) { wg256[lid] = v; ru[lid] = j; }
       }
       workgroupBarrier();
     }
@@ -214,7 +163,7 @@ fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
   }
   var mx = -3.4e38;
   for (var i = lid; i < p.V; i += 256u) { mx = max(mx, zval(base, i)); }
-  let m = max256f(lid, mx);
+  let m = wg_max256(lid, mx);
   // top-k: the largest key t with count(key >= t) >= top_k
   var lo = 0u;
   var hi = 0xffffffffu;
@@ -238,7 +187,7 @@ fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let z = zval(base, i);
     if (key(z) >= thr_k) { part += exp(z - m); }
   }
-  let mass_k = sum256f(lid, part);
+  let mass_k = wg_sum256(lid, part);
   lo = thr_k;
   hi = 0xffffffffu;
   for (var round = 0u; round < 32u; round++) {
@@ -250,7 +199,7 @@ fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
         if (key(z) >= mid) { s += exp(z - m); }
       }
     }
-    let total = sum256f(lid, s);
+    let total = wg_sum256(lid, s);
     if (use_p && lo < hi) {
       if (total >= p.top_p * mass_k) { lo = mid; } else { hi = mid - 1u; }
     }
@@ -265,21 +214,21 @@ fn sample_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     let z = zval(base, i);
     if (key(z) >= thr) { own += exp(z - m); }
   }
-  rf[lid] = own;
+  wg256[lid] = own;
   workgroupBarrier();
   if (lid == 0u) {
     var total = 0.0;
-    for (var j = 0u; j < 256u; j++) { total += rf[j]; }
+    for (var j = 0u; j < 256u; j++) { total += wg256[j]; }
     let goal = draw(n) * total;              // the mass to pass
     var acc = 0.0;
     var owner = 0u;                       // the chunk holding the goal: else the last non-empty one
     var before = 0.0;                     // the mass of the chunks before it
     for (var j = 0u; j < 256u; j++) {
-      if (rf[j] > 0.0) {
+      if (wg256[j] > 0.0) {
         owner = j;
         before = acc;
-        if (acc + rf[j] > goal) { break; }
-        acc += rf[j];
+        if (acc + wg256[j] > goal) { break; }
+        acc += wg256[j];
       }
     }
     var run = before;

@@ -19,31 +19,7 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 // touches one of the two names; the host binds the 4-float loss buffer there for loss_reduce)
 @group(0) @binding(2) var<storage, read_write> loss: array<f32>;   // [1]
 
-var<workgroup> red: array<f32, 64>;
-
-fn reduce_max(lid: u32, v: f32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn reduce_sum(lid: u32, v: f32) -> f32 {
-  red[lid] = v;
-  workgroupBarrier();
-  for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
-    workgroupBarrier();
-  }
-  let r = red[0];
-  workgroupBarrier();
-  return r;
-}
+// the row reductions: wg_max64 / wg_sum64 (common.wgsl)
 
 @compute @workgroup_size(64)
 fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -54,10 +30,10 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let base = r * p.stride;
   var m = -3.4028235e38;
   for (var j = lid; j < p.V; j += 64u) { m = max(m, logits[base + j]); }
-  m = reduce_max(lid, m);
+  m = wg_max64(lid, m);
   var s = 0.0;
   for (var j = lid; j < p.V; j += 64u) { s += exp(logits[base + j] - m); }
-  s = reduce_sum(lid, s);
+  s = wg_sum64(lid, s);
   let tgt = targets[p.row0 + r];
   if (lid == 0u) { losses[p.row0 + r] = m + log(s) - logits[base + tgt]; }
   if (p.write_grad != 0u) {
@@ -76,6 +52,6 @@ fn loss_reduce(@builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
   var s = 0.0;
   for (var j = lid; j < p.rows; j += 64u) { s += losses[j]; }
-  s = reduce_sum(lid, s);
+  s = wg_sum64(lid, s);
   if (lid == 0u) { loss[0] = s * p.scale; }
 }

@@ -17,17 +17,7 @@ struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc
 @group(0) @binding(6) var<storage, read_write> v: array<f32>;
 
 const CHUNK: u32 = 4096u;
-var<workgroup> red: array<f32, 256>;
-
-fn reduce256(lid: u32, x: f32) -> f32 {
-  red[lid] = x;
-  workgroupBarrier();
-  for (var s = 128u; s > 0u; s >>= 1u) {
-    if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
-    workgroupBarrier();
-  }
-  return red[0];
-}
+// the workgroup sums: wg_sum256 (common.wgsl)
 
 @compute @workgroup_size(256)
 fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -37,7 +27,7 @@ fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   let start = wg * CHUNK;
   var s = 0.0;
   for (var i = start + lid; i < min(start + CHUNK, p.n); i += 256u) { let x = g[i]; s += x * x; }
-  let t = reduce256(lid, s);
+  let t = wg_sum256(lid, s);
   if (lid == 0u) { stats[wg] = t; }
 }
 
@@ -47,7 +37,7 @@ fn grad_clip(@builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
   var s = 0.0;
   for (var i = lid; i < p.n; i += 256u) { s += aux[i]; }
-  let t = reduce256(lid, s);
+  let t = wg_sum256(lid, s);
   if (lid == 0u) {
     let norm = sqrt(t);
     stats[0] = norm;

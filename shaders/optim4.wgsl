@@ -16,7 +16,6 @@ struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc
 @group(0) @binding(6) var<storage, read_write> v: array<vec4<f32>>;
 
 const CHUNK: u32 = 4096u;  // floats per partial, as optim.wgsl
-var<workgroup> red: array<f32, 64>;
 
 // 64 lanes; a chunk is 1024 vec4, 16 per lane
 @compute @workgroup_size(64)
@@ -28,13 +27,8 @@ fn grad_sumsq4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   let end = min(start + CHUNK / 4u, p.n / 4u);
   var s = vec4<f32>();
   for (var i = start + lid; i < end; i += 64u) { let x = g[i]; s += x * x; }
-  red[lid] = (s.x + s.y) + (s.z + s.w);
-  workgroupBarrier();
-  for (var k = 32u; k > 0u; k >>= 1u) {
-    if (lid < k) { red[lid] = red[lid] + red[lid + k]; }
-    workgroupBarrier();
-  }
-  if (lid == 0u) { stats[wg] = red[0]; }
+  let t = wg_sum64(lid, (s.x + s.y) + (s.z + s.w));     // common.wgsl
+  if (lid == 0u) { stats[wg] = t; }
 }
 
 // one workgroup per 256-float block (64 vec4): the block's weight decay is aux[blk]

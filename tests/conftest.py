@@ -1,6 +1,7 @@
 """Shared fixtures: one GPU for the session, and the compare helper every op test uses."""
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -33,3 +34,17 @@ def check(name, got, want, atol, rtol=0.0):
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """60 kB of Tiny Shakespeare where a copy lies beside the checkout (../shared), else a line
+    repeated: the tests pass without it."""
+    p = tmp_path / "corpus.txt"
+    text = (SHARED / "tinyshakespeare.txt").read_text()[:60_000] if (SHARED / "tinyshakespeare.txt").exists() \
+        else ("To be, or not to be, that is the question. " * 1500)
+    p.write_text(text)
+    return p

@@ -20,15 +20,6 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    text = (SHARED / "tinyshakespeare.txt").read_text()[:60_000] if (SHARED / "tinyshakespeare.txt").exists() \
-        else ("To be, or not to be, that is the question. " * 1500)
-    p.write_text(text)
-    return p
-
-
 def run_cli(*args):
     """In-process; returns the exit code."""
     return main([str(a) for a in args])

@@ -3,7 +3,6 @@ clock, the end-of-run report, and `tinygpt inspect` against the float64 referenc
 import io
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,17 +19,7 @@ from tinygpt.model import Model
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import Schedule, resolve
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = dict(preset="tiny", batch=4, ctx=16, quiet=True)
-
-
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "corpus.txt"
-    text = (SHARED / "tinyshakespeare.txt").read_text()[:60_000] if (SHARED / "tinyshakespeare.txt").exists() \
-        else ("To be, or not to be, that is the question. " * 1500)
-    p.write_text(text)
-    return p
 
 
 # ---- the built-in corpus ------------------------------------------------------------------------
