@@ -49,7 +49,7 @@ class WebGPUTrainer:
         gpu = GPU()
         self.m = Model(gpu, cfg, "online", plan=make_plan(gpu, kernels))
         self.m.set_params(params)
-        self.what = f"{gpu.name} ({gpu.backend}), kernels {self.m.plan.describe()}"
+        self.what = f"{gpu.name} ({gpu.backend})"
 
     def step(self, x, y, lr):
         self.m.step(x, y, lr)
@@ -123,7 +123,8 @@ def plot(rows, path, title):
     axes[0].set_xlabel("step")
     axes[1].set_xlabel("training seconds (evaluation excluded)")
     axes[0].legend()
-    fig.suptitle(title, fontsize=9)
+    import textwrap
+    fig.suptitle("\n".join(textwrap.fill(line, 150) for line in title.split("\n")), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -139,8 +140,15 @@ def main(argv=None):
     ap.add_argument("--trainers", default="webgpu,torch")
     ap.add_argument("--plot", help="write the two-panel PNG here")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
     add_kernels(ap)
     args = ap.parse_args(argv)
+    if args.replot:
+        import json
+        from pathlib import Path
+        rows = [json.loads(line) for line in Path(args.replot).read_text().splitlines() if line.strip()]
+        plot(rows, args.plot, f"{args.replot}: the rows of an earlier run")
+        return
     cfg = preset(args.preset).validate()
     sched = resolve(TrainOptions(preset=args.preset))
     from tinygpt.config import TRAIN_DEFAULTS

@@ -47,8 +47,9 @@ def parse(argv=None):
     ap.add_argument("--lr", type=float, help="peak lr over the file's schedule")
     ap.add_argument("--out", help="the .tinygpt to write (default: the --resume file)")
     ap.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    ap.add_argument("--log-file", help="append one JSON line per logged step, the lines of tinygpt train --log "
-                                       "(not --log: torchrun reads that as its own --log-dir)")
+    ap.add_argument("--log-file", "--log", dest="log_file",
+                    help="append one JSON line per logged step, the lines of tinygpt train --log (under torchrun "
+                         "write --log-file: torchrun takes a --log after the script for its own --log-dir)")
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-windows", type=int, default=64)

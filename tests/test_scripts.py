@@ -100,6 +100,14 @@ def test_bench_sample_json():
         assert r["tokens"] == 40 and r["tokens_per_s"] > 0 and r["same_text"] is True
 
 
+def test_sweep_schedule_json():
+    rows = run_json("sweep_schedule.py", "preset=tiny,steps=6,lr=1e-2,warmup=2", "preset=tiny,steps=4,schedule=constant")
+    assert [(r["spec"].split(",")[1], r["steps"]) for r in rows] == [("steps=6", 6), ("steps=4", 4)]
+    for r in rows:
+        assert {"spec", "steps", "seconds", "train_loss", "val_loss", "val_bits"} <= set(r)
+        assert 0 < r["val_loss"] < 6 and abs(r["val_bits"] * 0.6931471805599453 - r["val_loss"]) < 1e-9
+
+
 def test_train_profile_table():
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile"],
                        capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""The command line: tinygpt train | eval | sample | inspect | info | tune | export.
+"""The command line: tinygpt train | plan | eval | sample | inspect | info | tune | import-hf | export.
 
 Errors are one line on stderr with a non-zero exit code; --debug shows the traceback.
 """
