@@ -9,9 +9,10 @@ the plan is held against the memory the system has available.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from .config import Config, n_params
+from .config import Config, n_params, param_specs
 
 
 def _buf(nbytes: int) -> int:
@@ -111,6 +112,9 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add("optimizer scratch", "gradient-norm partials", 4 * -(-n_flat // CHUNK))
     add("optimizer scratch", "gradient-norm statistics", 16)
     p.bindings["token embedding"] = 4 * VP * C          # bound alone by the head's matmuls
+    name, shape, _ = max(param_specs(cfg), key=lambda s: math.prod(s[1]))
+    if name != "tok_emb":                                # every parameter (and its gradient) is bound whole
+        p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the Sampler the end of a run builds: another copy of the weights, a [1, ctx] prefill
         p.groups["sampling"] = sampler_bytes(cfg, attention, sample)
     _check(p, BT)

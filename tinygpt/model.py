@@ -126,6 +126,9 @@ class Model:
         g = gpu
         g.check_loop(BT, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
         self.offsets, self.n_flat = layout(cfg)
+        for name, (_, shape) in self.offsets.items():   # each parameter is bound whole by its kernels
+            rows_ = VP if name == "tok_emb" else shape[0]
+            g.check_size(4 * rows_ * int(np.prod(shape[1:])), f"parameter {name} {list(shape)}")
         # bound only in chunks that fit (flat_chunks) or as the views of single tensors
         flat = lambda name: Tensor(g.buffer(4 * self.n_flat, name, binding=False), 0, (self.n_flat,), "f32", name)
         self.params = flat("params")
