@@ -79,7 +79,7 @@ def test_ctrl_c_saves_exits_130_and_resume_matches(tmp_path, corpus):
     import signal
     import time
     common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0, "--warmup", 5, "--min-lr", 1e-5,
-              "--steps", 60]
+              "--steps", 60, "--lr", 3e-3]       # not the default: this test is about signals, on any corpus
     full, part, ck = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "part.tinygpt"
     assert run_cli("train", *common, "--out", tmp_path / "full.tinygpt", "--log", full) == 0
     proc = subprocess.Popen(_train_cmd(*common, "--out", ck, "--log", part), stderr=subprocess.PIPE, text=True)
