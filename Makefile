@@ -25,8 +25,13 @@ train: adapter
 
 # Everything on the preferred adapter (Vulkan's lavapipe on a CPU), then the
 # kernel tests again on OpenGL (llvmpipe) where that adapter exists.
+# The kernel tests run again with lavapipe's subgroups at 4 and 16 lanes (LP_NATIVE_VECTOR_WIDTH
+# 128 and 512; the default is 8): GPUs have 8 to 64, and the subgroup kernels must hold at each
+# size or be refused by the plan's check.
 test: adapter
 	$(BIN)/python -m pytest -q $(ARGS)
+	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py $(ARGS) || exit 1; done
 	@if $(BIN)/python -c "from tinygpt.gpu import pick_adapter; pick_adapter('gl')" 2>/dev/null; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
 		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q -m kernel $(ARGS); \

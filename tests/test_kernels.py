@@ -277,3 +277,23 @@ def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_p
     n = src.count("\n")
     assert src.startswith("enable subgroups;\n// Helpers") and where(1) == ("shaders/x.wgsl", 1)
     assert where(2) == ("shaders/common.wgsl", 1) and where(n) == ("shaders/x.wgsl", 2)
+
+
+def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
+    """make test reruns these tests with LP_NATIVE_VECTOR_WIDTH 128 and 512: that run means
+    something only if lavapipe's subgroups really are 4 and 16 lanes then (8 by default)."""
+    import os
+    if not (gpu.is_cpu and gpu.backend == "Vulkan" and "subgroup" in gpu.features):
+        pytest.skip("lavapipe only")
+    src = tmp_path / "size.wgsl"
+    src.write_text("@group(0) @binding(0) var<uniform> p: vec4<u32>;\n"
+                   "@group(0) @binding(1) var<storage, read_write> o: array<u32>;\n"
+                   "@compute @workgroup_size(8) fn size(@builtin(subgroup_size) s: u32,\n"
+                   "    @builtin(local_invocation_id) l: vec3<u32>) { o[l.x] = s; }\n")
+    out = gpu.tensor((8,), "u32")
+    run(gpu, gpu.dispatch(gpu.kernel(str(src), "size", "uw"), (0, 0, 0, 0), [out], (1,)))
+    width = os.environ.get("LP_NATIVE_VECTOR_WIDTH")
+    lanes = set(gpu.read(out).tolist())
+    print(f"LP_NATIVE_VECTOR_WIDTH={width}: subgroups of {lanes} lanes")
+    # unset, the width is the CPU's (256 bits with AVX2: 8 lanes)
+    assert lanes == {int(width) // 32} if width else len(lanes) == 1 and lanes <= {4, 8, 16}
