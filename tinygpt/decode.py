@@ -21,8 +21,8 @@ import numpy as np
 
 from . import kernels
 from .config import Config
-from .gpu import GPU
-from .model import Launchers, Model, logit_chunks, rows
+from .gpu import GPU, LimitError
+from .model import Launchers, Model
 
 
 def keep_of(ctx: int) -> int:
@@ -47,7 +47,10 @@ class Decoder:
         self.VP = self.model.VP
         self.uniform = g.uniform(64)
         self.ids = g.tensor((N + N * capacity,), "u32", "decode.ids")     # next tokens [N] | history [steps, N]
-        if not cache:
+        if not cache:   # the sampler binds every logits row at once
+            if len(self.model.chunks) > 1:
+                raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
+                                 f"({g.max_binding:,} bytes): sample with the key/value cache, or fewer samples")
             self.steps = [kernels.sample_tokens(g, self.model.logits, self.ids, N, self.uniform)]
             return
         K, m, u = Launchers(self.plan), self.model, self.uniform
@@ -77,13 +80,9 @@ class Decoder:
             x = xb if x is xa else xa
             steps.append(K.add(g, xm, tmp, x, N * C))
         steps.append(K.layernorm_forward(g, x, m._ln(None), h, stats, N, C))
-        chunks = logit_chunks(g, N, self.VP)
-        logits = g.tensor((N, self.VP), name="dec.logits") if len(chunks) == 1 else None
-        if logits is None:
-            from .gpu import Tensor
-            logits = Tensor(g.buffer(4 * N * self.VP, "dec.logits", binding=False), 0, (N, self.VP), "f32")
-        steps += [K.matmul_abt(g, rows(h, r0, n), m.P["tok_emb"], rows(logits, r0, n), n, self.VP, C)
-                  for r0, n in chunks]
+        # the sampler binds every row at once: g.tensor refuses, naming them, when they do not fit
+        logits = g.tensor((N, self.VP), name=f"logits of {N} samples")                  # [N,VP]
+        steps.append(K.matmul_abt(g, h, m.P["tok_emb"], logits, N, self.VP, C))
         steps.append(kernels.sample_tokens(g, logits, self.ids, N, u))
         self.steps = steps
 
