@@ -5,6 +5,8 @@ reference function of the same name), and the speed-up over the scalar variant.
 
 Variants: scalar (elementwise, layernorm, loss, optim .wgsl), vec4 (elementwise4,
 layernorm4, optim4) and sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work).
+decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
+ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -35,6 +37,11 @@ def cases(gpu, rows, C, M, V, n, rng):
         for v in ("scalar", "vec4"):
             d = getattr(K, entry)(gpu, *args, tout, rows * M, variant=v)
             yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
+    acc0 = rng.standard_normal(rows * M).astype(np.float32)
+    for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
+        tacc = up(acc0)
+        d = K.accumulate(gpu, tx, tacc, rows * M, variant=v)
+        yield "accumulate", v, f"n={rows * M}", d, lambda t=tacc: np.abs(gpu.read(t) - R.accumulate(f64(x), f64(acc0))).max()
     bg = gpu.tensor((M,))
     for v in ["scalar"] + sg:
         d = K.bias_grad(gpu, ty, bg, rows, M, variant=v)
@@ -88,6 +95,36 @@ def cases(gpu, rows, C, M, V, n, rng):
         yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
 
 
+def decode_cases(gpu, N, T, C, H, V, rng):
+    """decode.wgsl's kernels at one decode step of N sequences at the last position of a T-row
+    cache (one variant each, listed as scalar)."""
+    f64 = lambda a: np.asarray(a, np.float64)
+    up, pos = gpu.upload, T - 1
+    u = gpu.uniform(64)
+    gpu.queue.write_buffer(u, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, 40, 0, 1, 7, 0.8, 0.95))
+    tok, pe = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
+    ids = rng.integers(0, V, N).astype(np.uint32)
+    x = gpu.tensor((N, C))
+    d = K.embed_decode(gpu, gpu.tensor((N,), "u32", data=ids), up(tok), up(pe), x, N, C, u)
+    yield "embed_decode", "scalar", f"{N}x{C}", d, lambda: np.abs(gpu.read(x) - R.embed_decode(ids, tok, pe, pos)).max()
+    k, v, q = (rng.standard_normal((N, C)).astype(np.float32) for _ in range(3))
+    kc0, vc0 = rng.standard_normal((N, T, C)).astype(np.float32), rng.standard_normal((N, T, C)).astype(np.float32)
+    kc, vc = up(kc0), up(vc0)
+    wk, wv = R.kv_append(k, v, kc0, vc0, pos)
+    d = K.kv_append(gpu, up(k), up(v), kc, vc, N, C, u)
+    yield "kv_append", "scalar", f"{N}x{T}x{C}", d, lambda: max(np.abs(gpu.read(kc) - wk).max(),
+                                                                np.abs(gpu.read(vc) - wv).max())
+    out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
+    d = K.attn_decode(gpu, up(q), up(wk), up(wv), out, scratch, N, H, u)
+    want = R.attn_decode(f64(q), f64(wk), f64(wv), pos, H)
+    yield "attn_decode", "scalar", f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
+    logits = (rng.standard_normal((N, V)) * 3).astype(np.float32)
+    tid = gpu.tensor((2 * N,), "u32")
+    d = K.sample_tokens(gpu, up(logits), tid, N, u)
+    want_ids = R.sample_tokens(logits, 0.8, 40, 0.95, 7, 0)     # tokens: the error is how many differ
+    yield "sample_tokens", "scalar", f"{N}x{V}", d, lambda: float(np.sum(gpu.read(tid)[:N] != want_ids))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", help="shapes: rows = batch x ctx, C, 4C, vocab, parameters")
@@ -100,7 +137,9 @@ def main(argv=None):
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend}); preset {args.preset}", file=sys.stderr)
     out, scalar_ms = [], {}
-    for kernel, variant, shape, d, check in cases(gpu, rows, C, M, V, n, np.random.default_rng(0)):
+    rng = np.random.default_rng(0)
+    for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng),
+                                             *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng)]:
         if not hasattr(R, d.kernel.name):
             raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference")
         gpu.run([d])

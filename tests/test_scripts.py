@@ -53,7 +53,8 @@ def test_bench_kernels_json(gpu):
     want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
                                     "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw")}
     want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
-                                   "grad_sumsq", "adamw")}
+                                   "grad_sumsq", "adamw", "accumulate")}
+    want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
     assert {(r["kernel"], r["variant"]) for r in rows} == want
     assert len({r["entry"] for r in rows}) == len(rows)  # each variant a different entry point
