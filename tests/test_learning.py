@@ -167,11 +167,14 @@ def reference_inspection(params, cfg, ids):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("T, limit", [(11, None), (1, None), (201, 200_000)])
-def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit):
-    """Odd T, T = 1, and the binding limit forced low so that the heads split into chunks."""
+@pytest.mark.parametrize("T, limit, vocab", [(11, None, 256), (1, None, 256), (201, 200_000, 256),
+                                             (130, 13_000_000, 50257)])
+def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit, vocab):
+    """Odd T, T = 1, the binding limit forced low so that the heads split into chunks, and GPT-2's
+    vocabulary with the limit forced low so that the lens logits [130, 50260] split into 3."""
     from tinygpt.lens import Inspector
-    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256)
+    from tinygpt.model import logit_chunks
+    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256, vocab=vocab)
     params = R.init_params(cfg)
     r = np.random.default_rng(3)
     for k in params:                                   # larger weights: attention far from uniform
@@ -180,8 +183,10 @@ def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit):
     if limit:
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     insp = Inspector(gpu, cfg, T)
-    if limit:
+    if limit and vocab == 256:
         assert len(insp.model.att[0].chunks) == 3       # [201, 201] floats a head: one head a chunk
+    if limit and vocab > 256:
+        assert len(logit_chunks(gpu, T, insp.model.VP)) == 3 and len(insp.model.chunks) == 3
     ins = insp.run(params, ids)
     want_w, want_p = reference_inspection(params, cfg, ids)
     check(f"attention weights T={T}", ins.weights, want_w, atol=2e-6)

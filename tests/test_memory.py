@@ -30,7 +30,8 @@ def allocated(gpu, monkeypatch, build):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("attention, accum, vocab, limit", [("online", 1, 256, None), ("naive", 1, 301, None),
-                                                            ("online", 3, 256, None), ("naive", 2, 2000, 600_000)])
+                                                            ("online", 3, 256, None), ("naive", 2, 2000, 600_000),
+                                                            ("online", 2, 50257, 13_000_000)])
 def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit):
     from tinygpt.infer import Sampler
     from tinygpt.data import ByteTokenizer
@@ -75,3 +76,18 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
     rc = main(["train", *args, "--quiet", "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "does not fit" in err and "--batch 64 --grad-accum 4" in err, err
+
+
+@pytest.mark.kernel
+def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, monkeypatch):
+    """The sampler binds every row of logits at once: past the limit, a LimitError naming them
+    (with the cache: [N, V]; without it: N x ctx rows), not a wgpu failure."""
+    from tinygpt.decode import Decoder
+    from tinygpt.gpu import LimitError
+    cfg = preset("tiny", layers=1, d_model=16, heads=2, ctx=70, vocab=50257)
+    monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
+    assert Decoder(gpu, cfg, N=8, cache=True, capacity=4)              # 8 x 50260 floats fit
+    with pytest.raises(LimitError, match="logits of 80 samples"):
+        Decoder(gpu, cfg, N=80, cache=True, capacity=4)                 # 16.1 MB
+    with pytest.raises(LimitError, match="sample with the key/value cache"):
+        Decoder(gpu, cfg, N=1, cache=False, capacity=4)                 # 70 rows: 14.1 MB, in chunks

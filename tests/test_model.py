@@ -172,15 +172,19 @@ def test_grad_accum_matches_the_whole_batch(gpu):
     assert np.mean(d <= 2e-6) > 0.999 and d.max() <= 2 * 3e-3 * 5
 
 
-def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch):
+@pytest.mark.parametrize("vocab, width, limit", [(256, 48, 131_072),
+                                                  # GPT-2's vocabulary: its 12.9 MB embedding still fits
+                                                  # one binding, the 13.3 MB flat buffers do not
+                                                  (50257, 64, 13_000_000)])
+def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch, vocab, width, limit):
     """The optimizer (and the accumulation) bound a chunk at a time: the same losses and weights
     as one dispatch over the whole flat buffers, bit for bit."""
     from tinygpt.model import flat_chunks
-    cfg = preset("tiny", batch=2, ctx=16)
+    cfg = preset("tiny", batch=2, ctx=16, vocab=vocab, d_model=width, heads=2)
     params = R.init_params(cfg)
     xs = np.random.default_rng(9).integers(0, cfg.vocab, (4, 4, cfg.ctx + 1)).astype(np.uint32)
     out = {}
-    for limit in (None, 131_072):
+    for limit in (None, limit):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
         m = Model(gpu, cfg, "online", accum=2)
@@ -193,6 +197,6 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch
             m.step(w[:, :-1], w[:, 1:], 3e-3)
             losses.append(m.loss())
         out[limit] = (losses, m.get_params(), m.get_opt_state()[1])
-    (l0, p0, v0), (l1, p1, v1) = out[None], out[131_072]
+    (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)
