@@ -43,18 +43,23 @@ class TrainOptions:
     sample_prompt: str = "The "        # what both continue (a bare newline sends greedy byte models into indentation)
 
 
-@dataclass
-class EvalOptions:
-    model: str
-    data: str | None = None
-    max_windows: int | None = None
+@dataclass(kw_only=True)
+class ModelUse:
+    """What every command that runs a saved model shares."""
     attention: str = "online"
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None
 
 
 @dataclass
-class SampleOptions:
+class EvalOptions(ModelUse):
+    model: str
+    data: str | None = None
+    max_windows: int | None = None
+
+
+@dataclass
+class SampleOptions(ModelUse):
     model: str
     prompt: str = "\n"
     tokens: int = 200
@@ -64,16 +69,11 @@ class SampleOptions:
     num_samples: int = 1
     no_cache: bool = False             # the whole window's forward per token (the plan's decode=full)
     seed: int = 0
-    attention: str = "online"
-    kernels: dict = field(default_factory=dict)
-    tokenizer_file: str | None = None
 
 
 @dataclass
-class InspectOptions:
+class InspectOptions(ModelUse):
     model: str
     prompt: str
     out: str
     force: bool = False
-    kernels: dict = field(default_factory=dict)
-    tokenizer_file: str | None = None
