@@ -100,7 +100,7 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     cache (one variant each, listed as scalar)."""
     f64 = lambda a: np.asarray(a, np.float64)
     up, pos = gpu.upload, T - 1
-    u = gpu.uniform(64)
+    u = gpu.uniform(K.DECODE_UNIFORM_BYTES)
     gpu.queue.write_buffer(u, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, 40, 0, 1, 7, 0.8, 0.95))
     tok, pe = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
     ids = rng.integers(0, V, N).astype(np.uint32)

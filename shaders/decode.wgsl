@@ -12,6 +12,7 @@ struct Params {
   pos: u32, step: u32, V: u32, VP: u32,        // position decoded, tokens drawn before, vocab, logits row stride
   top_k: u32, row0: u32, row_stride: u32, seed_lo: u32,   // logits row of sequence n: row0 + n * row_stride
   seed_hi: u32, temperature: f32, top_p: f32, scale: f32, // scale = 1 / sqrt(head dim)
+  v0: u32, vn: u32,                            // embed_decode: a bound at token rows v0 .. v0+vn-1
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,14 +24,18 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> o2: array<f32>;
 @group(0) @binding(7) var<storage, read_write> ids_out: array<u32>;   // [N] next tokens, then history [steps, N]
 
-// a = tok [V, C], b = pos [T, C], ids_in -> o1 = x [N, C]
+// a = tok rows v0 .. v0+vn-1 [vn, C], b = pos [T, C], ids_in -> o1 = x [N, C]. A token table
+// over one binding is bound in chunks, one dispatch (and uniform) each: a sequence's row is
+// written by the chunk holding its token, as in embed.wgsl.
 @compute @workgroup_size(64)
 fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
   if (i >= p.N * p.C) { return; }
   let ch = i % p.C;
-  o1[i] = a[ids_in[i / p.C] * p.C + ch] + b[p.pos * p.C + ch];
+  let v = ids_in[i / p.C];
+  if (v < p.v0 || v - p.v0 >= p.vn) { return; }
+  o1[i] = a[(v - p.v0) * p.C + ch] + b[p.pos * p.C + ch];
 }
 
 // a = k [N, C], b = v [N, C] -> o1 = kc [N, T, C], o2 = vc [N, T, C], row pos of each sequence

@@ -2,15 +2,19 @@
 //   embed_forward   out[b,t,:] = tok[tokens[b,t], :] + pos[t, :]
 //   embed_tok_grad  dtok[v,:] (+)= sum of dout[i,:] over positions i holding token v
 //   embed_pos_grad  dpos[t,:] = sum_b dout[b,t,:]
+// A token table larger than one binding (GPT-2's 50257 x 768 floats against lavapipe's
+// 134 MB) is bound n rows at a time from row v0: embed_forward then writes only the
+// positions whose token lies in those rows (every position belongs to exactly one chunk),
+// embed_tok_grad sums the rows v0 .. v0+n-1. The whole table is v0 = 0, n = V.
 // The token gradient reads a bucket index built on the host with the batch
 // (positions sorted by token, offsets[v]..offsets[v+1]), so each (v, c) sums
 // its own positions in a fixed order: O(BT*C + V*C) work.
 
-struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32 }
+struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32, v0: u32, n: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> idx: array<u32>;    // tokens [B*T] | offsets [V+1] then positions [B*T]
-@group(0) @binding(2) var<storage, read> src: array<f32>;    // tok [V,C] (forward) | dout [B*T, C]
+@group(0) @binding(2) var<storage, read> src: array<f32>;    // tok rows v0.. [n,C] (forward) | dout [B*T, C]
 @group(0) @binding(3) var<storage, read> src2: array<f32>;   // pos [ctx,C] (forward) | unused
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
@@ -22,15 +26,17 @@ fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let row = i / p.C;
   let ch = i % p.C;
   let t = row % p.T;
-  out[i] = src[idx[row] * p.C + ch] + src2[t * p.C + ch];
+  let v = idx[row];
+  if (v < p.v0 || v - p.v0 >= p.n) { return; }      // another chunk's token
+  out[i] = src[(v - p.v0) * p.C + ch] + src2[t * p.C + ch];
 }
 
 @compute @workgroup_size(64)
 fn embed_tok_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
-  if (i >= p.V * p.C) { return; }
-  let v = i / p.C;
+  if (i >= p.n * p.C) { return; }                    // out holds rows v0 .. v0+n-1
+  let v = p.v0 + i / p.C;
   let ch = i % p.C;
   var s = 0.0;
   for (var j = idx[v]; j < idx[v + 1u]; j++) {

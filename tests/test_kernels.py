@@ -187,6 +187,39 @@ def test_embedding(gpu, rng, B, T, C, V):
     check(f"embed_pos_grad {B}x{T}x{C}", gpu.read(dpos), R.embed_pos_grad(f64(dout).reshape(B, T, C)), 1e-5)
 
 
+@pytest.mark.parametrize("B,T,C,V,v0,n", [(2, 7, 65, 256, 64, 128), (3, 33, 8, 70, 64, 6), (1, 1, 3, 5, 0, 3)])
+def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n):
+    """A token table over one binding is bound rows v0 .. v0+n-1 at a time: embed_forward writes the
+    positions holding those tokens and leaves the others; embed_tok_grad sums only those rows."""
+    tokens = rng.integers(0, V, (B, T)).astype(np.uint32)
+    tok, pos = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
+    prev = rng.standard_normal((B, T, C)).astype(np.float32)
+    out = gpu.upload(prev)
+    run(gpu, K.embed_forward(gpu, gpu.upload(tokens), gpu.upload(tok[v0:v0 + n]), gpu.upload(pos), out, B, T, C, v0, n))
+    want = R.embed_forward(tokens, tok[v0:v0 + n], pos, v0, out=prev)
+    assert ((tokens >= v0) & (tokens < v0 + n)).any() and not np.array_equal(want, prev)
+    check(f"embed_forward rows {v0}..{v0 + n - 1} of {V} (bitwise)", gpu.read(out), want, 0)
+    off, positions = R.token_buckets(tokens, V)
+    dout = rng.standard_normal((B * T, C)).astype(np.float32)
+    dtok = gpu.tensor((n, C))
+    run(gpu, K.embed_tok_grad(gpu, gpu.upload(np.concatenate([off, positions])), gpu.upload(dout), dtok, B, T, C, V,
+                              False, v0, n))
+    check(f"embed_tok_grad rows {v0}..{v0 + n - 1} of {V}", gpu.read(dtok),
+          R.embed_tok_grad(off, positions, f64(dout), v0, n), 1e-5)
+
+
+@pytest.mark.parametrize("rows,cols,src_stride,src_col,out_stride,out_col",
+                         [(1, 1, 1, 0, 3, 2), (5, 7, 7, 0, 20, 12), (64, 36, 100, 64, 36, 0), (3, 130, 131, 1, 260, 130)])
+def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_col):
+    """head.wgsl: a column block of the logits into place and out again, the rest left as it was."""
+    src = rng.standard_normal(rows * src_stride).astype(np.float32)
+    prev = rng.standard_normal(rows * out_stride).astype(np.float32)
+    out = gpu.upload(prev)
+    run(gpu, K.copy_block(gpu, gpu.upload(src), out, rows, cols, src_stride, src_col, out_stride, out_col))
+    check(f"copy_block {rows}x{cols} ({src_stride}+{src_col} -> {out_stride}+{out_col})", gpu.read(out),
+          R.copy_block(src, prev, rows, cols, src_stride, src_col, out_stride, out_col), 0)
+
+
 @pytest.mark.parametrize("variant", ["default", "plain"])
 @pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304), (3, 2, 4)])
 def test_cross_entropy(gpu, rng, rows, V, stride, variant):

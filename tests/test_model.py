@@ -65,10 +65,69 @@ def test_step0_with_logits_split_by_a_forced_limit(gpu, monkeypatch):
     assert check_step0(gpu, preset("tiny", layers=1, d_model=16, heads=2, vocab=2000, batch=16, ctx=16), limit=600_000, monkeypatch=monkeypatch) == 4
 
 
+def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
+    """tok_emb [2000, 128] over a 600 kB limit: bound in 2 chunks of rows, the head's logits and
+    gradients passing through the block scratch (head.wgsl), the logits in 4 chunks of rows."""
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
+    assert check_step0(gpu, cfg, limit=600_000, monkeypatch=monkeypatch) == 4
+    m = Model(gpu, cfg, "online")
+    print(f"token table chunks {m.head.vchunks}, blocks of {m.head.block} rows")
+    assert len(m.head.vchunks) == 2
+
+
+def test_split_token_embedding_trains_as_the_whole_one(gpu, monkeypatch):
+    """tok_emb split into 3 chunks against whole: the forward's logits are the same products in the
+    same order (bit for bit); the backward's sums are split into blocks, so float32 rounding differs:
+    every gradient within 4e-6 of its scale (1e-6 held with little room), and five AdamW steps' losses within 1e-5. (Weights are
+    not compared: AdamW's division by sqrt(v) turns a rounding difference in a gradient near zero
+    into a full step.)"""
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=4, ctx=16)
+    params = R.init_params(cfg)
+    xs = np.random.default_rng(3).integers(0, cfg.vocab, (5, cfg.batch, cfg.ctx + 1)).astype(np.uint32)
+    out = []
+    for limit in (None, 512_000):
+        if limit:
+            monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+        m = Model(gpu, cfg, "online")
+        assert len(m.head.vchunks) == (3 if limit else 1)
+        m.set_params(params)
+        logits0 = m.logits_of(xs[0][:, :-1])
+        m.grads_only(xs[0][:, :-1], xs[0][:, 1:])
+        grads = m.get_grads()
+        losses = []
+        for w in xs:
+            m.step(w[:, :-1], w[:, 1:], 3e-3)
+            losses.append(m.loss())
+        out.append((logits0, grads, losses))
+    (l0, g0, s0), (l1, g1, s1) = out
+    assert np.array_equal(l0, l1), "the split forward's logits differ"
+    for k in g0:
+        check(f"grad {k}, split vs whole", g1[k], g0[k], 4e-6 * max(np.abs(g0[k]).max(), 1e-4))  # bk: exactly 0, round-off
+    check("losses of 5 steps, split vs whole", s1, s0, 1e-5)
+
+
 def test_step0_gpt2_vocabulary_small_preset(gpu):
     """V = 50257 at the small preset: the logits split by themselves on lavapipe (134 MB bindings)."""
     n = check_step0(gpu, preset("small", vocab=50257), names=("tok_emb", "pos_emb", "h0.Wq", "h2.fc_out_W"))
     print(f"logit chunks: {n}")
+
+
+@pytest.mark.slow
+def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu):
+    """GPT-2 small's width, context and vocabulary with one layer: tok_emb [50260, 768] is 154 MB,
+    over lavapipe's 134 MB binding, so it splits by itself; logits, loss and gradients against
+    the float64 reference, then one AdamW step."""
+    cfg = preset("gpt2", layers=1)
+    assert (cfg.d_model, cfg.heads, cfg.ctx, cfg.vocab, cfg.batch) == (768, 12, 1024, 50257, 1)
+    m_split = 4 * 50260 * 768 > gpu.max_binding
+    n = check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"))
+    m = Model(gpu, cfg, "online")
+    print(f"logit chunks {n}, token table chunks {m.head.vchunks}")
+    assert (len(m.head.vchunks) > 1) == m_split
+    m.set_params(R.init_params(cfg))
+    x, y = batch(cfg, 1)
+    m.step(x, y, 6e-4)
+    assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
 def test_ten_adamw_steps_match_reference(gpu, tiny):

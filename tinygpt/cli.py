@@ -146,12 +146,13 @@ def cmd_train(args) -> int:
 
 def cmd_plan(args) -> int:
     from . import memory
-    from .config import preset
+    from .config import PRESET_TOKENIZER, preset
     from .data import GPT2Tokenizer
     from .gpu import GPU
     cfg = preset(args.preset, layers=args.layers, d_model=args.d_model, heads=args.heads, ctx=args.ctx,
                  batch=args.batch)
-    cfg.vocab = GPT2Tokenizer.vocab if args.tokenizer == "gpt2" else 256
+    tokenizer = args.tokenizer or PRESET_TOKENIZER.get(args.preset, "byte")
+    cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     gpu = GPU()
     p = memory.plan(cfg, cfg.batch, args.attention, args.grad_accum, memory.device_limits(gpu), args.sample_tokens)
@@ -355,7 +356,7 @@ def build_parser():
     p.add_argument("--ctx", type=positive_int)
     p.add_argument("--batch", type=positive_int)
     p.add_argument("--grad-accum", type=positive_int, default=1)
-    p.add_argument("--tokenizer", choices=["byte", "gpt2"], default="byte")
+    p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="default: the preset's (byte; gpt2 for gpt2)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     p.add_argument("--sample-tokens", type=nonneg_int, default=200)
     p.add_argument("--json", action="store_true")

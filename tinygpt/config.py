@@ -15,7 +15,11 @@ PRESETS = {
     "huge": (12, 256, 8, 256, 8),
     "massive": (14, 384, 12, 256, 4),
     "mega": (14, 384, 12, 512, 2),
+    "gpt2": (12, 768, 12, 1024, 1),     # GPT-2 small's shape, with its BPE vocabulary (PRESET_TOKENIZER)
 }
+GPT2_VOCAB = 50257
+# Presets that come with a tokenizer other than bytes: the preset names the model, the vocabulary with it.
+PRESET_TOKENIZER = {"gpt2": "gpt2"}
 
 
 # Largest values a config may hold, checked before anything is sized from them (a crafted
@@ -33,7 +37,8 @@ class TrainDefaults:
     cosine decay from lr to min_lr at the last step. tiny, small and medium: the best of the sweep
     in the README (Tiny Shakespeare, 2-core CPU, lavapipe); tiny takes 1e-2, not 2e-2, which scored
     0.008 better there but diverged in short runs at batch 4. The larger presets, too slow to sweep
-    here, take lr scaled by 1/width from small's (the usual rule for wider models), not measured."""
+    here, take lr scaled by 1/width from small's (the usual rule for wider models), not measured;
+    gpt2 takes nanoGPT's for GPT-2 small (6e-4 to 6e-5)."""
     steps: int
     lr: float
     warmup: int
@@ -49,6 +54,7 @@ TRAIN_DEFAULTS = {
     "huge": TrainDefaults(2000, 3.75e-3, 200, 1e-4),
     "massive": TrainDefaults(2000, 2.5e-3, 200, 1e-4),
     "mega": TrainDefaults(2000, 2.5e-3, 200, 1e-4),
+    "gpt2": TrainDefaults(2000, 6e-4, 200, 6e-5),    # nanoGPT's GPT-2 small peak and floor, not swept here
 }
 
 
@@ -109,7 +115,8 @@ def preset(name: str, **overrides) -> Config:
     if name not in PRESETS:
         raise ConfigError(f"unknown {{opt:preset}} {name!r}; choose one of {', '.join(PRESETS)}")
     L, C, H, T, B = PRESETS[name]
-    cfg = Config(layers=L, d_model=C, heads=H, ctx=T, batch=B)
+    cfg = Config(layers=L, d_model=C, heads=H, ctx=T, batch=B,
+                 vocab=GPT2_VOCAB if PRESET_TOKENIZER.get(name) == "gpt2" else 256)
     for k, v in overrides.items():
         if v is not None:
             setattr(cfg, k, v)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import GPT2_VOCAB
 from .errors import TinyGPTError
 from .files import available_memory, read_user_file
 
@@ -72,7 +73,7 @@ class ByteTokenizer:
 
 class GPT2Tokenizer:
     name = "gpt2"
-    vocab = 50257
+    vocab = GPT2_VOCAB
 
     def __init__(self, enc, source: str):
         self.enc, self.source = enc, source

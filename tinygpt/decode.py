@@ -22,7 +22,7 @@ import numpy as np
 from . import kernels
 from .config import Config
 from .gpu import GPU, LimitError
-from .model import Launchers, Model
+from .model import Head, Launchers, Model
 
 
 def keep_of(ctx: int) -> int:
@@ -45,7 +45,7 @@ class Decoder:
         self.model = Model(gpu, cfg, attention, B=N, T=T, training=False, plan=plan, head=not cache)
         self.plan = self.model.plan
         self.VP = self.model.VP
-        self.uniform = g.uniform(64)
+        self.uniform = g.uniform(kernels.DECODE_UNIFORM_BYTES)
         self.ids = g.tensor((N + N * capacity,), "u32", "decode.ids")     # next tokens [N] | history [steps, N]
         if not cache:   # the sampler binds every logits row at once
             if len(self.model.chunks) > 1:
@@ -61,7 +61,13 @@ class Decoder:
         q, k, v, att = act(N, C), act(N, C), act(N, C), act(N, C)
         pre, gel = act(N, M), act(N, M)
         scratch = act(N, H, T, name="dec.scores")                           # [N,H,T]
-        steps = [kernels.embed_decode(g, self.ids, m.P["tok_emb"], m.P["pos_emb"], xa, N, C, u)]
+        head = Head(g, self.plan, m.P["tok_emb"], C, N)
+        # one uniform per chunk of the token table (embed_decode reads which rows it holds there);
+        # the first is every other kernel's
+        self.embed_uniforms = [(v0, nv, u if i == 0 else g.uniform(kernels.DECODE_UNIFORM_BYTES))
+                               for i, (v0, nv) in enumerate(head.vchunks)]
+        steps = [kernels.embed_decode(g, self.ids, head._table(m.P["tok_emb"], v0, nv), m.P["pos_emb"], xa, N, C, ub)
+                 for v0, nv, ub in self.embed_uniforms]
         x = xa
         for l in range(cfg.layers):
             kc, vc = m.qkv[l][1], m.qkv[l][2]                               # the prefill's k, v [N, T, C]
@@ -82,7 +88,7 @@ class Decoder:
         steps.append(K.layernorm_forward(g, x, m._ln(None), h, stats, N, C))
         # the sampler binds every row at once: g.tensor refuses, naming them, when they do not fit
         logits = g.tensor((N, self.VP), name=f"logits of {N} samples")                  # [N,VP]
-        steps.append(K.matmul_abt(g, h, m.P["tok_emb"], logits, N, self.VP, C))
+        steps += head.forward(h, logits, N)
         steps.append(kernels.sample_tokens(g, logits, self.ids, N, u))
         self.steps = steps
 
@@ -91,9 +97,10 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
-        self.gpu.queue.write_buffer(self.uniform, 0, kernels.decode_uniform(
-            self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
-            row_stride, how["seed"], how["temperature"], how["top_p"]))
+        for v0, vn, u in getattr(self, "embed_uniforms", [(0, None, self.uniform)]):
+            self.gpu.queue.write_buffer(u, 0, kernels.decode_uniform(
+                self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
+                row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn))
 
     def _prefill(self, seqs, s: int, length: int):
         """Keys and values of positions s .. length-2 of every sequence into the cache."""

@@ -180,20 +180,31 @@ def layernorm_dgb(gpu, dy, x, stats, dgb, rows, C, variant=None, plan=None):
 
 
 # ---- embedding ---------------------------------------------------------------------------
-def embed_forward(gpu, tokens, tok, pos, out, B, T, C):
+def embed_forward(gpu, tokens, tok, pos, out, B, T, C, v0=0, n=None):
+    """tok: the token table's rows v0 .. v0+n-1 (all of it by default); only the positions whose
+    token lies there are written, so one dispatch per chunk of rows writes every position once."""
+    n = tok.shape[0] if n is None else n
     k = gpu.kernel("embed.wgsl", "embed_forward", "urrrw")
-    return gpu.dispatch(k, (B, T, C, 0, 0), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
+    return gpu.dispatch(k, (B, T, C, 0, 0, v0, n), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
 
 
-def embed_tok_grad(gpu, buckets, dout, dtok, B, T, C, V, accumulate=True):
-    """buckets = [offsets (V+1) | positions (B*T)] as u32."""
+def embed_tok_grad(gpu, buckets, dout, dtok, B, T, C, V, accumulate=True, v0=0, n=None):
+    """buckets = [offsets (V+1) | positions (B*T)] as u32; dtok: rows v0 .. v0+n-1 (all V by default)."""
+    n = V if n is None else n
     k = gpu.kernel("embed.wgsl", "embed_tok_grad", "urrrw")
-    return gpu.dispatch(k, (B, T, C, V, accumulate), [buckets, dout, None, dtok], grid1d(-(-V * C // 64)))
+    return gpu.dispatch(k, (B, T, C, V, accumulate, v0, n), [buckets, dout, None, dtok], grid1d(-(-n * C // 64)))
 
 
 def embed_pos_grad(gpu, dout, dpos, B, T, C):
     k = gpu.kernel("embed.wgsl", "embed_pos_grad", "urrrw")
-    return gpu.dispatch(k, (B, T, C, 0, 0), [None, dout, None, dpos], grid1d(-(-T * C // 64)))
+    return gpu.dispatch(k, (B, T, C, 0, 0, 0, 0), [None, dout, None, dpos], grid1d(-(-T * C // 64)))
+
+
+def copy_block(gpu, src, out, rows, cols, src_stride, src_col, out_stride, out_col):
+    """out[r, out_col + c] = src[r, src_col + c] (head.wgsl): a column block of the logits."""
+    k = gpu.kernel("head.wgsl", "copy_block", "urw")
+    return gpu.dispatch(k, (rows, cols, src_stride, src_col, out_stride, out_col), [src, out],
+                        grid1d(-(-rows * cols // 64)))
 
 
 # ---- loss --------------------------------------------------------------------------------
@@ -395,12 +406,17 @@ def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, va
 DECODE_ACCESS = "urrrrwww"     # params | a b c ids_in | o1 o2 ids_out
 
 
+DECODE_UNIFORM_BYTES = 80
+
+
 def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
-                   top_p=1.0) -> bytes:
+                   top_p=1.0, v0=0, vn=None) -> bytes:
+    """v0, vn: the token rows embed_decode's table binding holds (all VP by default)."""
     from .gpu import pack_params
     seed = int(seed) & (2 ** 64 - 1)
     return pack_params((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
-                        seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H)))
+                        seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H),
+                        v0, VP if vn is None else vn))
 
 
 def _decode(gpu, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid):
@@ -409,7 +425,7 @@ def _decode(gpu, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid):
 
 
 def embed_decode(gpu, ids, tok, pos, out, N, C, uniform):
-    """out[n] = tok[ids[n]] + pos[p.pos]"""
+    """out[n] = tok[ids[n]] + pos[p.pos], for the ids within rows p.v0 .. p.v0+p.vn-1 that tok holds"""
     return _decode(gpu, "embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)))
 
 

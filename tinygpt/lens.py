@@ -44,8 +44,7 @@ class Inspector:
                              "lens.logits")                                                         # [T,VP]
         # one list of dispatches per residual stream x_0 .. x_L
         self.lens = [[K.layernorm_forward(gpu, x, m._ln(None), self.ln, self.stats, T, C)]
-                     + [K.matmul_abt(gpu, rows(self.ln, r0, n), m.P["tok_emb"], rows(self.logits, r0, n), n, VP, C)
-                        for r0, n in chunks]
+                     + [d for r0, n in chunks for d in m.head.forward(rows(self.ln, r0, n), rows(self.logits, r0, n), n)]
                      for x in m.x]
 
     def run(self, params: dict, ids) -> Inspection:

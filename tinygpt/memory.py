@@ -111,12 +111,18 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add("optimizer scratch", "weight-decay table", 4 * (n_flat // 256))
     add("optimizer scratch", "gradient-norm partials", 4 * -(-n_flat // CHUNK))
     add("optimizer scratch", "gradient-norm statistics", 16)
-    p.bindings["token embedding"] = 4 * VP * C          # bound alone by the head's matmuls
+    # the token table is bound whole, or in chunks of rows through a block scratch (model.Head)
+    from .model import head_block_rows
+    tok_rows = VP if not max_binding or 4 * VP * C <= max_binding else max(64, (max_binding // (4 * C)) // 64 * 64)
+    p.bindings["token embedding"] = 4 * tok_rows * C
+    _, head_floats = head_block_rows(VP, C, min(BT, rows_per_chunk), max_binding or 4 * VP * C)
+    if head_floats:
+        add("logits", "head block scratch", 4 * head_floats)
     name, shape, _ = max(param_specs(cfg), key=lambda s: math.prod(s[1]))
     if name != "tok_emb":                                # every parameter (and its gradient) is bound whole
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the Sampler the end of a run builds: another copy of the weights, a [1, ctx] prefill
-        p.groups["sampling"] = sampler_bytes(cfg, attention, sample)
+        p.groups["sampling"] = sampler_bytes(cfg, attention, sample, max_binding)
     _check(p, BT)
     return p
 
@@ -139,14 +145,19 @@ def _batch_bytes(BT: int, V: int) -> int:
     return 4 * n
 
 
-def sampler_bytes(cfg: Config, attention: str, capacity: int) -> int:
+def sampler_bytes(cfg: Config, attention: str, capacity: int, max_binding: int | None = None) -> int:
     """The end-of-run Sampler (decode.Decoder, one sequence, key/value cache): a copy of the
-    weights, a [1, ctx] forward without its head (whose k and v are the cache), the decode step."""
+    weights, a [1, ctx] forward without its head (whose k and v are the cache), the decode step,
+    and the head's block scratch where the token table is split."""
+    from .model import head_block_rows
     T, C, M, H, L, V = cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.heads, cfg.layers, cfg.vocab
+    VP = -(-V // 4) * 4
+    _, head_floats = head_block_rows(VP, C, 1, max_binding or 4 * VP * C)
     b = _buf(4 * _flat_floats(cfg)) + _buf(_batch_bytes(T, V))
     b += (L + 1 + 7 * L + 1) * _buf(4 * T * C) + 2 * L * _buf(8 * T) + 2 * L * _buf(4 * T * M)
     b += (L + 1) * _buf(4 * H * T) if attention == "online" else (L + 1) * _buf(4 * H * T * T)
     b += 9 * _buf(4 * C) + _buf(8) + 2 * _buf(4 * M) + _buf(4 * H * T) + _buf(4 * (-(-V // 4) * 4))
+    b += _buf(4 * head_floats) if head_floats else 0        # (uniforms, one per chunk, are not counted)
     return b + _buf(4 * (1 + capacity))
 
 

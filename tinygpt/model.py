@@ -102,6 +102,102 @@ def logit_chunks(gpu: GPU, BT: int, V: int):
     return [(r0, min(per, BT - r0)) for r0 in range(0, BT, per)]
 
 
+def vocab_chunks(gpu: GPU, VP: int, C: int):
+    """[(first row, rows)] of the [VP, C] token table, each within one binding (GPT-2's 50260 x 768
+    floats are 154 MB, lavapipe binds 134 MB). Chunks start on multiples of 64 rows, which keeps
+    every bound offset aligned and every chunk a whole number of vec4 rows."""
+    if 4 * VP * C <= gpu.max_binding:
+        return [(0, VP)]
+    per = (gpu.max_binding // (4 * C)) // 64 * 64
+    if per < 64:
+        raise LimitError(f"64 rows of the token embedding (d_model {C}) need {64 * 4 * C:,} bytes, over this "
+                         f"adapter's binding limit {gpu.max_binding:,} (max-storage-buffer-binding-size)")
+    return [(v0, min(per, VP - v0)) for v0 in range(0, VP, per)]
+
+
+HEAD_BLOCK_BYTES = 32 << 20    # the split head's dense scratch block: at most this, or 64 rows
+
+
+def head_block_rows(VP: int, C: int, max_rows: int, max_binding: int) -> tuple[int, int]:
+    """(rows per block, floats of the scratch) of the split head; (0, 0) when the table fits whole.
+    Blocks of rows are multiples of 64 (aligned offsets), fewer only when max_rows is."""
+    if 4 * VP * C <= max_binding:
+        return 0, 0
+    wide = min(VP, (max_binding // (4 * C)) // 64 * 64)
+    rows_ = max(64, HEAD_BLOCK_BYTES // (4 * wide) // 64 * 64)
+    rows_ = min(rows_, max_rows)
+    return rows_, rows_ * wide
+
+
+class Head:
+    """The tied head: logits [n, VP] = x [n, C] @ tok_emb^T, and in the backward dtok_emb and dx.
+
+    tok_emb is bound whole where it fits one binding. Where it does not, it is bound in chunks of
+    rows (vocab_chunks); a chunk's logits are a column block of the logit rows, which the matmul
+    kernels cannot address, so each block passes through a dense scratch (head.wgsl's copy_block),
+    a block of rows at a time. The sums are the same products over the same K, in the same order:
+    the split changes which dispatch computes an element, not its value."""
+
+    def __init__(self, gpu: GPU, plan: KernelPlan, tok: Tensor, C: int, max_rows: int):
+        self.gpu, self.K, self.tok, self.C = gpu, Launchers(plan), tok, C
+        self.VP = tok.shape[0]
+        self.vchunks = vocab_chunks(gpu, self.VP, C)
+        self.split = len(self.vchunks) > 1
+        self.block, floats = head_block_rows(self.VP, C, max_rows, gpu.max_binding)
+        # max_rows 0: the embedding only (a prefill without the head), no scratch
+        self.scratch = gpu.tensor((floats,), name="head block") if floats and max_rows else None
+
+    def _table(self, t: Tensor, v0: int, n: int) -> Tensor:
+        return Tensor(t.buf, t.offset + 4 * v0 * self.C, (n, self.C), t.dtype, t.name)
+
+    def _blocks(self, n: int):
+        """[(block index, first row, rows, vocab chunk index, first token, tokens, scratch)]"""
+        out = []
+        for b, s in enumerate(range(0, n, self.block)):
+            nb = min(self.block, n - s)
+            for j, (v0, nv) in enumerate(self.vchunks):
+                blk = Tensor(self.scratch.buf, self.scratch.offset, (nb, nv), "f32", "head block")
+                out.append((b, s, nb, j, v0, nv, blk))
+        return out
+
+    def forward(self, x: Tensor, logits: Tensor, n: int) -> list:
+        g, K, VP, C = self.gpu, self.K, self.VP, self.C
+        if not self.split:
+            return [K.matmul_abt(g, x, self.tok, logits, n, VP, C)]
+        ds = []
+        for _, s, nb, _, v0, nv, blk in self._blocks(n):
+            ds += [K.matmul_abt(g, rows(x, s, nb), self._table(self.tok, v0, nv), blk, nb, nv, C),
+                   K.copy_block(g, blk, rows(logits, s, nb), nb, nv, nv, 0, VP, v0)]
+        return ds
+
+    def backward(self, dl: Tensor, x: Tensor, dtok: Tensor, dx: Tensor, n: int, accumulate: bool) -> list:
+        """dl [n, VP] dlogits, x [n, C] the head's input -> dtok [VP, C] (added to where
+        `accumulate`), dx [n, C] (written)."""
+        g, K, VP, C = self.gpu, self.K, self.VP, self.C
+        if not self.split:
+            return [K.matmul_atb(g, dl, x, dtok, VP, C, n, accumulate=accumulate),
+                    K.matmul(g, dl, self.tok, None, dx, n, C, VP)]
+        ds = []
+        for b, s, nb, j, v0, nv, blk in self._blocks(n):
+            ds += [K.copy_block(g, rows(dl, s, nb), blk, nb, nv, VP, v0, nv, 0),
+                   K.matmul_atb(g, blk, rows(x, s, nb), self._table(dtok, v0, nv), nv, C, nb,
+                                accumulate=accumulate or b > 0),
+                   K.matmul(g, blk, self._table(self.tok, v0, nv), None, rows(dx, s, nb), nb, C, nv,
+                            accumulate=j > 0)]
+        return ds
+
+    def embed(self, tokens: Tensor, pos: Tensor, out: Tensor, B: int, T: int) -> list:
+        """out [B*T, C] = tok_emb[tokens] + pos_emb, one dispatch per chunk of the table."""
+        return [kernels.embed_forward(self.gpu, tokens, self._table(self.tok, v0, nv), pos, out, B, T, self.C, v0, nv)
+                for v0, nv in self.vchunks]
+
+    def embed_grad(self, buckets: Tensor, dout: Tensor, dtok: Tensor, B: int, T: int, V: int) -> list:
+        """dtok [VP, C] += the embedding's gradient, rows of the first V tokens, chunk by chunk."""
+        return [kernels.embed_tok_grad(self.gpu, buckets, dout, self._table(dtok, v0, min(nv, V - v0)), B, T,
+                                       self.C, V, True, v0, min(nv, V - v0))
+                for v0, nv in self.vchunks if v0 < V]
+
+
 class Model:
     """A GPT of config `cfg` recorded for batches of [B, T] tokens.
 
@@ -126,9 +222,9 @@ class Model:
         g = gpu
         g.check_loop(BT, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
         self.offsets, self.n_flat = layout(cfg)
-        for name, (_, shape) in self.offsets.items():   # each parameter is bound whole by its kernels
-            rows_ = VP if name == "tok_emb" else shape[0]
-            g.check_size(4 * rows_ * int(np.prod(shape[1:])), f"parameter {name} {list(shape)}")
+        for name, (_, shape) in self.offsets.items():   # each parameter is bound whole by its kernels,
+            if name != "tok_emb":                        # except tok_emb: Head binds it in chunks
+                g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
         # bound only in chunks that fit (flat_chunks) or as the views of single tensors
         flat = lambda name: Tensor(g.buffer(4 * self.n_flat, name, binding=False), 0, (self.n_flat,), "f32", name)
         self.params = flat("params")
@@ -175,8 +271,9 @@ class Model:
         shared = {}
         self.att = [Attention(g, attention, B, T, C, H, shared, plan=self.plan) for _ in range(L)]
 
+        self.head = Head(g, self.plan, self.P["tok_emb"], C, max((n for _, n in self.chunks), default=0))
         P = lambda l, n: self.P[f"h{l}.{n}"]
-        fwd = [K.embed_forward(g, tokens, self.P["tok_emb"], self.P["pos_emb"], self.x[0], B, T, C)]
+        fwd = self.head.embed(tokens, self.P["pos_emb"], self.x[0], B, T)
         for l in range(L):
             x, q, k, v = self.x[l], *self.qkv[l]
             fwd += [K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C),
@@ -194,7 +291,7 @@ class Model:
         if head:
             fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
-            fwd.append(K.matmul_abt(g, rows(self.lnf, r0, n), self.P["tok_emb"], rows(self.logits, r0, n), n, VP, C))
+            fwd += self.head.forward(rows(self.lnf, r0, n), rows(self.logits, r0, n), n)
         # The dispatch lists are the model's own: callers use step / mean_loss / logits_of /
         # dispatch_groups, so no caller can run part of a list (reading losses of rows whose
         # chunk of cross-entropy never ran, as evaluation once did with split logits).
@@ -247,9 +344,8 @@ class Model:
         G = lambda l, n: Gd[f"h{l}.{n}"]
         ds = []
         for i, (r0, n) in enumerate(self.chunks):                       # logits hold dlogits after cross_entropy
-            dl = rows(self.logits, r0, n)
-            ds += [K.matmul_atb(g, dl, rows(self.lnf, r0, n), Gd["tok_emb"], VP, C, n, accumulate=i > 0),
-                   K.matmul(g, dl, self.P["tok_emb"], None, rows(self.dln, r0, n), n, C, VP)]
+            ds += self.head.backward(rows(self.logits, r0, n), rows(self.lnf, r0, n), Gd["tok_emb"],
+                                     rows(self.dln, r0, n), n, accumulate=i > 0)
         ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=grads), BT, C),
               K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
         for l in reversed(range(L)):
@@ -274,8 +370,8 @@ class Model:
                        K.bias_grad(g, d, G(l, "b" + n), BT, C)]
             ds += [K.layernorm_dgb(g, self.dln, self.x[l], self.ln1s[l], self._ln(l, 1, grads), BT, C),
                    K.layernorm_dx(g, self.dln, self.x[l], P(l, "ln1_g"), self.ln1s[l], self.dres, BT, C)]
-        ds += [K.embed_tok_grad(g, buckets, self.dres, Gd["tok_emb"], B, T, C, V),
-               K.embed_pos_grad(g, self.dres, Gd["pos_emb"], B, T, C)]
+        ds += self.head.embed_grad(buckets, self.dres, Gd["tok_emb"], B, T, V)
+        ds.append(K.embed_pos_grad(g, self.dres, Gd["pos_emb"], B, T, C))
         return ds
 
     # ---- optimizer ---------------------------------------------------------------------------

@@ -110,23 +110,38 @@ layernorm_dgb_sg = layernorm_dgb         # layernorm_sg.wgsl: summed by subgroup
 
 
 # ---- embedding ------------------------------------------------------------------------
-def embed_forward(tokens, tok, pos):     # tokens [B,T] -> [B,T,C]
+def embed_forward(tokens, tok, pos, v0=0, out=None):  # tokens [B,T] -> [B,T,C]
+    """tok holds rows v0 .. v0+n-1 of the table; positions whose token lies elsewhere keep out's."""
     T = tokens.shape[1]
-    return tok[tokens] + pos[None, :T]
+    if out is None:
+        out = np.zeros(tokens.shape + tok.shape[1:], tok.dtype)
+    out = out.copy()
+    mine = (tokens >= v0) & (tokens < v0 + len(tok))
+    out[mine] = (tok[np.where(mine, tokens - v0, 0)] + pos[None, :T])[mine]
+    return out
 
 
-def embed_tok_grad(offsets, positions, dout):  # dout [BT,C] -> dtok [V,C]
+def embed_tok_grad(offsets, positions, dout, v0=0, n=None):  # dout [BT,C] -> dtok rows v0 .. v0+n-1 [n,C]
     V = len(offsets) - 1
-    out = np.zeros((V, dout.shape[-1]), dout.dtype)
-    for v in range(V):
+    n = V - v0 if n is None else n
+    out = np.zeros((n, dout.shape[-1]), dout.dtype)
+    for v in range(v0, v0 + n):
         sel = positions[offsets[v]:offsets[v + 1]]
         if len(sel):
-            out[v] = dout[sel].sum(0)
+            out[v - v0] = dout[sel].sum(0)
     return out
 
 
 def embed_pos_grad(dout):                # dout [B,T,C] -> dpos [T,C]
     return dout.sum(0)
+
+
+# ---- the tied head, split over bindings (head.wgsl) -----------------------------------
+def copy_block(src, out, rows, cols, src_stride, src_col, out_stride, out_col):  # flat arrays -> out
+    out = out.copy()
+    for r in range(rows):
+        out[r * out_stride + out_col:][:cols] = src[r * src_stride + src_col:][:cols]
+    return out
 
 
 # ---- loss -----------------------------------------------------------------------------
@@ -286,8 +301,12 @@ def new_opt_state(params):
 
 
 # ---- decoding from a key/value cache, and sampling (decode.wgsl) ---------------------------------
-def embed_decode(ids, tok, pos, at):      # ids [N] -> x [N,C]: token rows + position row `at`
-    return tok[ids] + pos[at]
+def embed_decode(ids, tok, pos, at, v0=0, out=None):  # ids [N] -> x [N,C]: token rows + position row `at`
+    """tok holds rows v0 .. v0+n-1 of the table; sequences whose token lies elsewhere keep out's."""
+    out = np.zeros((len(ids), tok.shape[1]), tok.dtype) if out is None else out.copy()
+    mine = (ids >= v0) & (ids < v0 + len(tok))
+    out[mine] = tok[ids[mine] - v0] + pos[at]
+    return out
 
 
 def kv_append(k, v, kc, vc, at):          # k, v [N,C] -> caches [N,T,C] with row `at` written

@@ -23,7 +23,7 @@ import numpy as np
 from . import checkpoint as ckpt
 from . import memory
 from .attention import check as check_attention
-from .config import TRAIN_DEFAULTS, Config, n_params
+from .config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params
 from .data import Dataset, get_tokenizer, read_corpus
 from .errors import TinyGPTError, UsageError, word
 from .files import WRITER, Outputs, advice, atomic_write, derived, is_json_lines, is_our_png, rescue_paths
@@ -243,7 +243,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     else:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
                      batch=o.batch, grad_clip=o.grad_clip, seed=o.seed)
-        tokenizer_name = o.tokenizer or "byte"
+        tokenizer_name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, "byte")
         schedule = resolve(o)
     cfg.lr = schedule.lr              # the header's learningRate: the peak
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
