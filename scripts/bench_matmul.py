@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Every matmul kernel of the trainer beside NumPy's sgemm, in GFLOP/s.
 
-Kernels: matmul (A@B + bias), matmul_abt (A@B^T), matmul_atb (A^T@B), each as
-the vec4 variant the trainer uses where shapes allow and the scalar fallback.
-Each is validated against NumPy before it is timed.
+Kernels: matmul (A@B + bias), matmul_abt (A@B^T), matmul_atb (A^T@B), each in every variant
+of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workgroup-memory
+tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
+tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
+is timed.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -17,8 +19,9 @@ import numpy as np
 from tinygpt import kernels as K
 from tinygpt.bench import emit, time_dispatches
 from tinygpt.gpu import GPU
+from tinygpt.plan import make_plan
 
-KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "vec4", "scalar")]
+KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -48,6 +51,9 @@ def main(argv=None):
         if args.kernels and any(v == "sg" for _, v in chosen):
             raise SystemExit(f"error: no working subgroups on {gpu.name} ({gpu.backend}); leave out the :sg kernels")
         chosen = [(e, v) for e, v in chosen if v != "sg"]
+    plan = make_plan(gpu)
+    if K.tile_problem(gpu, plan.matmul_tile):
+        chosen = [(e, v) for e, v in chosen if v != "tiled"]
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         M = N = Kd = n
@@ -60,18 +66,19 @@ def main(argv=None):
             ta, tb, out = gpu.upload(A), gpu.upload(B), gpu.tensor((M, N))
             fn = getattr(K, entry)
             extra = [None] if entry == "matmul" else []
-            d = fn(gpu, ta, tb, *extra, out, M, N, Kd, variant=variant)
+            d = fn(gpu, ta, tb, *extra, out, M, N, Kd, variant=variant, plan=plan)
             gpu.run([d])
             err = float(np.abs(gpu.read(out) - a.astype(np.float64) @ b).max())
             ms, method = time_dispatches(gpu, [d], args.repeats)
             gf = 2 * M * N * Kd / ms / 1e6
             npg = numpy_gflops(entry, A, B, args.repeats)
-            rows.append({"kernel": f"{entry}:{variant}", "M": M, "N": N, "K": Kd, "gflops": gf,
+            rows.append({"kernel": f"{entry}:{variant}", "variant": variant, "dtype": "f32",
+                         "tile": "x".join(map(str, plan.matmul_tile)) if variant == "tiled" else "", "M": M, "N": N, "K": Kd, "gflops": gf,
                          "numpy_gflops": npg, "ratio": gf / npg, "ms": ms, "max_err": err, "timing": method})
             print(f"{entry}:{variant} {n}^3: {gf:.2f} GFLOP/s ({ms:.2f} ms), numpy {npg:.1f}", file=sys.stderr)
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}); GPU time from {rows[0]['timing'] if rows else '-'}, median of {args.repeats}")
-    emit(rows, args.json, ["kernel", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err"])
+    emit(rows, args.json, ["kernel", "dtype", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err", "tile"])
 
 
 if __name__ == "__main__":

@@ -42,6 +42,41 @@ def test_matmul_family(gpu, rng, M, N, K_, variant):
     check(f"matmul_atb {atb} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb(f64(a.T), f64(b)), tol)
 
 
+TILES = [(16, 16, 4, 1, 16),    # the default: 64 x 64, 256 invocations
+         (8, 8, 4, 2, 8),       # 32 x 64, two vec4 columns per invocation, BK 8
+         (4, 2, 8, 1, 4)]       # 16 x 16: small enough that the test shapes cover many tiles and edges
+
+
+@pytest.mark.parametrize("tile", TILES)
+@pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64),
+                                    (65, 132, 36), (128, 64, 4)])
+def test_matmul_family_tiled(gpu, rng, M, N, K_, tile):
+    """matmul_tiled.wgsl at ragged shapes: M, N, K not multiples of the tile (N and K of 4)."""
+    from tinygpt.plan import PORTABLE
+    why = K.tile_problem(gpu, tile)
+    if why:
+        pytest.skip(why)
+    plan = PORTABLE.with_(matmul_tile=tile)
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="tiled", plan=plan))
+    check(f"matmul tiled {tile} {M}x{N}x{K_}", gpu.read(out), R.matmul_tiled(f64(a), f64(b), f64(bias)), tol)
+    gpu.write(out, prev)
+    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True,
+                          variant="tiled", plan=plan))
+    check(f"matmul_abt tiled (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_abt_tiled(f64(a), f64(b.T)), tol)
+    if M % 4 == 0:
+        run(gpu, K.matmul_atb(gpu, gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, variant="tiled", plan=plan))
+        check(f"matmul_atb tiled {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_tiled(f64(a.T), f64(b)), tol)
+
+
+def test_tile_limits_are_the_devices(gpu):
+    """A tile over the device's workgroup memory or invocations is refused with the reason."""
+    assert K.tile_problem(gpu, (16, 16, 4, 1, 16)) is None
+    assert "invocations" in K.tile_problem(gpu, (64, 64, 4, 1, 16))
+    assert "workgroup memory" in K.tile_problem(gpu, (16, 16, 8, 2, 1024))   # 1 MiB
+    assert "multiples of 4" in K.tile_problem(gpu, (16, 16, 4, 1, 6))
+
+
 def need_subgroups(gpu):
     if not K.subgroups_ok(gpu):
         pytest.skip(f"no working subgroups on {gpu.name} ({gpu.backend})")
@@ -192,6 +227,9 @@ def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n):
     """A token table over one binding is bound rows v0 .. v0+n-1 at a time: embed_forward writes the
     positions holding those tokens and leaves the others; embed_tok_grad sums only those rows."""
     tokens = rng.integers(0, V, (B, T)).astype(np.uint32)
+    tokens[0, 0] = v0 + n - 1                          # one position in the chunk, the last in another
+    if B * T > 1:
+        tokens[-1, -1] = v0 + n if v0 + n < V else 0
     tok, pos = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
     prev = rng.standard_normal((B, T, C)).astype(np.float32)
     out = gpu.upload(prev)

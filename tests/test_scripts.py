@@ -39,9 +39,12 @@ def test_compare_attention_json(tmp_path, gpu):
 def test_bench_matmul_json(gpu):
     from tinygpt import kernels as K
     rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1")
-    assert len(rows) == (9 if K.subgroups_ok(gpu) else 6)  # sg, vec4, scalar of each product
+    variants = ("sg", "tiled", "vec4", "scalar") if K.subgroups_ok(gpu) else ("tiled", "vec4", "scalar")
+    assert {(r["kernel"].split(":")[0], r["variant"]) for r in rows} == {
+        (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(rows) == 3 * len(variants)
     for r in rows:
-        assert {"kernel", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
+        assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
+        assert r["dtype"] == "f32" and (r["tile"] != "") == (r["variant"] == "tiled")
         assert r["gflops"] > 0 and r["numpy_gflops"] > 0 and r["max_err"] < 1e-3
         assert abs(r["ratio"] - r["gflops"] / r["numpy_gflops"]) < 1e-9
 
@@ -137,21 +140,28 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
     sg = K.subgroups_ok(gpu)  # then the subgroup kernels race the best of the others too
-    assert {row["kernel"] for row in rows} == {"matmul_vec4", "attn_online"} | (
+    assert {row["kernel"] for row in rows} == {"matmul_vec4", "matmul_tiled", "attn_online"} | (
         {"matmul_sg", "attn_online_sg"} if sg else set())
-    assert sum(1 for row in rows if row["kernel"] in ("matmul_vec4", "attn_online") and row.get("chosen")) == 2
+    assert sum(1 for row in rows if row["kernel"] == "attn_online" and row.get("chosen")) == 1
+    fam = {"matmul_sg": "sg", "matmul_tiled": "tiled", "matmul_vec4": "vec4"}
+    won = [r for r in rows if r["kernel"] in fam and r.get("chosen")]
+    mm = [r for r in rows if r["kernel"] in fam]
+    assert len(won) == 1 and won[0]["ms"] == min(r["ms"] for r in mm)          # one winner, the fastest
     cache = json.loads((tmp_path / "tuning.json").read_text())
     (key, chosen), = cache.items()
-    assert set(chosen) == {"matmul_wx", "online_block"} | ({"matmul", "attention"} if sg else set())
+    assert set(chosen) == {"matmul", "matmul_wx", "matmul_tile", "online_block"} | ({"attention"} if sg else set())
+    assert chosen["matmul"] == fam[won[0]["kernel"]]
+    assert chosen["matmul_tile"] == min((r for r in rows if r["kernel"] == "matmul_tiled"), key=lambda r: r["ms"])["value"]
     if sg:
-        assert chosen["matmul"] in ("sg", "vec4") and chosen["attention"] in ("sg", "tiles")
+        assert chosen["attention"] in ("sg", "tiles")
         for r in rows:
-            if r["kernel"] in ("matmul_sg", "attn_online_sg"):
-                fam = "matmul" if r["kernel"] == "matmul_sg" else "attention"
-                assert r["chosen"] == (chosen[fam] == "sg")
+            if r["kernel"] == "attn_online_sg":
+                assert r["chosen"] == (chosen["attention"] == "sg")
     # a new plan on this adapter reads the choice, and the kernels use it
     code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; from tinygpt.plan import make_plan; "
-            "g = GPU(); p = make_plan(g); print(p.matmul_wx, list(K.online_tiles(g, 16, plan=p)))")
+            "g = GPU(); p = make_plan(g); print(p.matmul_wx, p.matmul, 'x'.join(map(str, p.matmul_tile)), "
+            "list(K.online_tiles(g, 16, plan=p)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
-    assert out.split()[0] == str(chosen["matmul_wx"])
-    assert json.loads(out.split(" ", 1)[1]) == chosen["online_block"]
+    wx, matmul, tile, block = out.split(" ", 3)
+    assert (wx, matmul, tile) == (str(chosen["matmul_wx"]), chosen["matmul"], "x".join(map(str, chosen["matmul_tile"])))
+    assert json.loads(block) == chosen["online_block"]

@@ -216,8 +216,11 @@ def _valid_tuning(key: str, value) -> bool:
     if key == "online_block":
         return isinstance(value, list) and len(value) == 2 and all(pow2(v) for v in value) \
             and value[0] <= 1024 and value[1] <= 64
+    if key == "matmul_tile":                      # (WX, WY, TM, TV, BK); kernels.tile_problem judges the device
+        return isinstance(value, list) and len(value) == 5 and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1024 for v in value)
     if key in ("matmul", "matmul_variant"):     # *_variant: what older versions wrote
-        return value in ("sg", "vec4", "scalar")
+        return value in ("sg", "tiled", "vec4", "scalar")
     if key in ("attention", "online_variant"):
         return value in ("sg", "tiles")
     return False

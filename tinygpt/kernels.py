@@ -75,6 +75,22 @@ def sg_tile(M, N) -> tuple:
     return 16, sg_blocks(N)
 
 
+def tile_problem(gpu, tile) -> str | None:
+    """Why matmul_tiled.wgsl cannot run with tile (WX, WY, TM, TV, BK) on this device, or None."""
+    wx, wy, tm, tv, bk = tile
+    lim = gpu.limits
+    if not (1 <= tm <= 8 and 1 <= tv <= 2 and bk % 4 == 0 and bk > 0 and (wy * tm) % 4 == 0):
+        return f"tile {tile}: TM 1-8, TV 1-2, BK and WY*TM multiples of 4"
+    if wx * wy > int(lim.get("max-compute-invocations-per-workgroup", 256)):
+        return f"{wx * wy} invocations per workgroup, over the device's {lim.get('max-compute-invocations-per-workgroup')}"
+    if wx > int(lim.get("max-compute-workgroup-size-x", 256)) or wy > int(lim.get("max-compute-workgroup-size-y", 256)):
+        return f"workgroup {wx} x {wy} over the device's size limits"
+    shared = 4 * bk * (wy * tm + 4 * wx * tv)
+    if shared > int(lim.get("max-compute-workgroup-storage-size", 16384)):
+        return f"{shared:,} bytes of workgroup memory, over the device's {lim.get('max-compute-workgroup-storage-size'):,}"
+    return None
+
+
 def mm_variant(plan: KernelPlan, entry, M, N, K) -> str:
     """The plan's matmul variant where the shape allows it (sg and vec4 need whole vec4), else scalar."""
     return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
@@ -87,6 +103,11 @@ def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=Non
         tm, nc = sg_tile(M, N)
         k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
         grid = (-(-N // (4 * SG_LANES * nc)), -(-M // tm))
+        return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
+    if variant == "tiled":   # matmul_tiled.wgsl: workgroup tiles of BM x BN, TM x 4TV per invocation
+        wx, wy, tm, tv, bk = plan.matmul_tile
+        k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw", {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk})
+        grid = (-(-N // (4 * wx * tv)), -(-M // (wy * tm)))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "vec4":
         wx = plan.matmul_wx

@@ -16,7 +16,7 @@ from .errors import UsageError
 
 # family -> its variants, preferred first
 FAMILIES = {
-    "matmul": ("sg", "vec4", "scalar"),        # matmul.wgsl, matmul_vec4.wgsl, matmul_sg.wgsl
+    "matmul": ("sg", "tiled", "vec4", "scalar"),   # matmul_sg.wgsl, matmul_tiled.wgsl, matmul_vec4.wgsl, matmul.wgsl
     "attention": ("sg", "tiles"),              # online attention: online_sg.wgsl, online.wgsl
     "loss": ("sg", "scalar"),                  # cross-entropy: loss_sg.wgsl, loss.wgsl
     "reduce": ("sg", "scalar"),                # column sums: bias and LayerNorm gain/bias gradients
@@ -34,6 +34,7 @@ class KernelPlan:
     elementwise: str = "vec4"
     decode: str = "cache"
     matmul_wx: int = 8                     # lanes per workgroup of the vec4 matmuls (x 4 columns)
+    matmul_tile: tuple = (16, 16, 4, 1, 16)  # (WX, WY, TM, TV, BK) of the tiled matmuls: a 64 x 64 tile
     online_block: tuple | None = None      # (BQ, BK) of online.wgsl; None: sized from the device limits
     loop_cap: int | None = None            # llvmpipe stops any kernel loop after this many trips
     sources: tuple = ()                    # ((family, "default" | "tuned" | "forced"), ...)
@@ -48,11 +49,13 @@ class KernelPlan:
         fams = " ".join(f"{f}={self.variant(f)}" + (f"({src[f]})" if src.get(f, "default") != "default" else "")
                         for f in FAMILIES)
         block = "x".join(map(str, self.online_block)) if self.online_block else "auto"
-        return f"{fams}; matmul_wx={self.matmul_wx} online_block={block}; subgroups {self.subgroups}"
+        tile = "x".join(map(str, self.matmul_tile))
+        return (f"{fams}; matmul_wx={self.matmul_wx} matmul_tile={tile} online_block={block}; "
+                f"subgroups {self.subgroups}")
 
     def as_dict(self) -> dict:
         d = {f: self.variant(f) for f in FAMILIES}
-        d.update(matmul_wx=self.matmul_wx, online_block=list(self.online_block) if self.online_block else None,
+        d.update(matmul_wx=self.matmul_wx, matmul_tile=list(self.matmul_tile), online_block=list(self.online_block) if self.online_block else None,
                  subgroups=self.subgroups, sources=dict(self.sources))
         return d
 
@@ -129,6 +132,14 @@ def make_plan(gpu, overrides: dict | None = None, tuning: dict | None = None) ->
     if overrides:
         raise UsageError(f"{{opt:kernels}}: unknown families {', '.join(overrides)}; valid: {', '.join(FAMILIES)}")
     block = tuning.get("online_block")
-    return KernelPlan(**chosen, matmul_wx=int(tuning.get("matmul_wx", 8)),
+    tile = tuple(tuning.get("matmul_tile") or KernelPlan.matmul_tile)
+    from .kernels import tile_problem
+    why = tile_problem(gpu, tile)
+    if why:
+        if chosen["matmul"] == "tiled" and dict(sources)["matmul"] == "forced":
+            raise UsageError(f"{{opt:kernels}} matmul=tiled cannot run here: {why}")
+        if chosen["matmul"] == "tiled":          # a cache from another device's limits: fall back
+            chosen["matmul"] = fallback["matmul"]
+    return KernelPlan(**chosen, matmul_wx=int(tuning.get("matmul_wx", 8)), matmul_tile=tile,
                       online_block=tuple(block) if block else None,
                       loop_cap=gpu.LOOP_CAP if gpu.is_cpu else None, sources=tuple(sources), subgroups=sg)

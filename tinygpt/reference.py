@@ -50,6 +50,8 @@ def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
 matmul_vec4, matmul_abt_vec4, matmul_atb_vec4 = matmul, matmul_abt, matmul_atb
 # and so do the subgroup kernels (matmul_sg.wgsl)
 matmul_sg, matmul_abt_sg, matmul_atb_sg = matmul, matmul_abt, matmul_atb
+# and the workgroup-tiled ones (matmul_tiled.wgsl), which sum k in slices of BK
+matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul, matmul_abt, matmul_atb
 
 
 # ---- elementwise ----------------------------------------------------------------------

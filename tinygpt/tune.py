@@ -1,9 +1,10 @@
 """`tinygpt tune`: measure the kernel variants on this adapter and cache the fastest.
 
-Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns) and the online
-attention's tiles (BQ query rows per workgroup, BK keys per tile); where subgroups work,
-also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl) against the best of those,
-which sets the matmul and attention families. Each candidate is validated against NumPy
+Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns), the tiled matmuls' tile
+(WX x WY invocations of TM rows x TV vec4 columns, BK per slice of k; those the device's
+limits allow) and the online attention's tiles (BQ query rows per workgroup, BK keys per tile);
+where subgroups work, also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl). The fastest
+of the matmul variants sets the matmul family, the faster attention the attention family. Each candidate is validated against NumPy
 before it is timed; the winners are written to
 ~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
 backend and driver, and every later run on that adapter uses them. Different tiles
@@ -19,12 +20,15 @@ from .gpu import GPU, save_tuning
 from .plan import PORTABLE, subgroup_verdict
 
 WX_CANDIDATES = (8, 16, 32, 64)
+# (WX, WY, TM, TV, BK): tiles of 64x64, 64x128, 128x64, 128x128, 32x64 and 64x64 with BK 32
+TILE_CANDIDATES = ((16, 16, 4, 1, 16), (16, 16, 4, 2, 16), (16, 16, 8, 1, 16), (16, 16, 8, 2, 8), (8, 8, 4, 2, 16),
+                   (16, 16, 4, 1, 32))
 BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
 
 
-def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
-    """wx: the vec4 kernels' width (None for the sg ones, whose width is a subgroup)."""
-    plan = PORTABLE.with_(matmul_wx=wx or 8)
+def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4", tile=None):
+    """wx: the vec4 kernels' width (None for the others); tile: the tiled kernels'."""
+    plan = PORTABLE.with_(matmul_wx=wx or 8, matmul_tile=tile or PORTABLE.matmul_tile)
     total = 0.0
     for M, N, Kd in shapes:
         r = np.random.default_rng(M + N + Kd)
@@ -35,7 +39,7 @@ def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4"):
         gpu.run([d])
         err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
         if err > 1e-3 * np.sqrt(Kd):
-            what = f"{variant} WX={wx}" if wx else variant
+            what = f"{variant} WX={wx}" if wx else f"{variant} {tile}" if tile else variant
             raise RuntimeError(f"matmul {what} gave a wrong result ({err:.2e}); not tuning")
         total += time_dispatches(gpu, [d], repeats)[0]
     return total
@@ -75,6 +79,11 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             ms = _matmul_ms(gpu, wx, shapes, repeats)
             rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
             say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
+    for tile in TILE_CANDIDATES:
+        if K.tile_problem(gpu, tile) is None:
+            ms = _matmul_ms(gpu, None, shapes, repeats, "tiled", tile)
+            rows.append({"kernel": "matmul_tiled", "variant": "x".join(map(str, tile)), "ms": ms, "value": list(tile)})
+            say(f"matmul_tiled {tile}: {ms:.2f} ms")
     sg = subgroup_verdict(gpu) == "ok"
     if sg:
         ms = _matmul_ms(gpu, None, shapes, repeats, "sg")
@@ -91,16 +100,24 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
         rows.append({"kernel": "attn_online_sg", "variant": "sg", "ms": ms, "value": "sg"})
         say(f"attn_online_sg: {ms:.2f} ms")
     best = {}
-    for kernel, key in (("matmul_vec4", "matmul_wx"), ("attn_online", "online_block")):
+    for kernel, key in (("matmul_vec4", "matmul_wx"), ("matmul_tiled", "matmul_tile"), ("attn_online", "online_block")):
         cands = [r for r in rows if r["kernel"] == kernel]
         if cands:
             win = min(cands, key=lambda r: r["ms"])
             win["chosen"] = True
             best[key] = win["value"]
-    # the subgroup kernels against the best of the others (both stay cached: a variant
-    # that loses here is still the fallback where the subgroup one cannot run)
-    for sg_kernel, other, key, lose in (("matmul_sg", "matmul_vec4", "matmul", "vec4"),
-                                        ("attn_online_sg", "attn_online", "attention", "tiles")):
+    # the matmul family: the fastest of its variants' best (the tunables of the losers stay cached:
+    # a variant that loses here is still the fallback where the winner cannot run)
+    fam = {"matmul_sg": "sg", "matmul_tiled": "tiled", "matmul_vec4": "vec4"}
+    bests = [min((r for r in rows if r["kernel"] == k), key=lambda r: r["ms"]) for k in fam
+             if any(r["kernel"] == k for r in rows)]
+    if bests:
+        win = min(bests, key=lambda r: r["ms"])
+        for r in rows:
+            if r["kernel"] in fam:
+                r["chosen"] = r is win
+        best["matmul"] = fam[win["kernel"]]
+    for sg_kernel, other, key, lose in (("attn_online_sg", "attn_online", "attention", "tiles"),):
         s_rows = [r for r in rows if r["kernel"] == sg_kernel]
         o_best = min((r["ms"] for r in rows if r["kernel"] == other), default=float("inf"))
         if s_rows:
