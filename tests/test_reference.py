@@ -145,3 +145,18 @@ def test_preset_parameter_counts_match_tinygpt():
     assert n_params(preset("tiny")) == 70_464
     assert n_params(preset("small")) == 366_432
     assert n_params(preset("medium")) == 838_400
+
+
+def test_kernel_flops_count_the_products():
+    """cost.kernel_flops: 2 per multiply-add of the matmuls and of attention's causal products."""
+    from tinygpt.cost import base_entry, kernel_flops, model_flops_per_token
+    assert kernel_flops("matmul_atb_sg", (64, 96, 1024, 0, 1)) == 2 * 64 * 96 * 1024
+    assert kernel_flops("matmul_tiled", (3, 5, 7, 1, 0)) == 2 * 3 * 5 * 7
+    B, T, C, H = 2, 10, 24, 3
+    pairs = B * H * T * (T + 1) // 2
+    assert kernel_flops("attn_online_forward_sg", (B, T, C, H, 0.35)) == 2 * 8 * 2 * pairs   # S and P.V, hd 8
+    assert kernel_flops("attn_online_dkv", (B, T, C, H, 0.35)) == 2 * 8 * 4 * pairs
+    assert kernel_flops("attn_fused_sv", (B, T, C, 8, 0, H, 0.35)) == 2 * 8 * 2 * pairs
+    assert kernel_flops("adamw4", (1, 2)) is None and kernel_flops("matmul", b"\0" * 16) is None
+    assert base_entry("layernorm_forward4") == "layernorm_forward" and base_entry("matmul_abt_vec4") == "matmul_abt"
+    assert model_flops_per_token(100, 2, 8, 16) == 600 + 12 * 2 * 8 * 16

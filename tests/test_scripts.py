@@ -112,13 +112,33 @@ def test_sweep_schedule_json():
         assert 0 < r["val_loss"] < 6 and abs(r["val_bits"] * 0.6931471805599453 - r["val_loss"]) < 1e-9
 
 
-def test_train_profile_table():
+def test_train_profile_table_and_json(tmp_path):
+    """Per kernel: ms, GFLOP/s of its products, GB/s of its bindings, and the share of the adapter's
+    peaks, which the first profile measures and caches with the tuning; then the step's MFU."""
+    import os
+    env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile"],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    for word in ("forward", "backward", "optimizer", "matmul", "attn_online_forward", "adamw", "100.0%"):
+    for word in ("forward", "backward", "optimizer", "matmul", "attn_online_forward", "adamw", "100.0%",
+                 "GFLOP/s", "GB/s", "% peak", "MFU"):
         assert word in out
+    (entry,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    assert entry["peaks"]["gflops"] > 0 and entry["peaks"]["gbps"] > 0          # measured once, cached
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--profile", "--json"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
+    step, rows = rows[-1], rows[:-1]
+    assert step["kernel"] == "step" and 0 < step["mfu"] < 1 and step["peak_gflops"] == entry["peaks"]["gflops"]
+    for row in rows:
+        assert {"kernel", "calls", "ms", "gflops", "gbps", "pct_peak"} <= set(row)
+        assert row["ms"] > 0 and row["gbps"] > 0 and row["pct_peak"] > 0
+        assert (row["gflops"] is not None) == row["kernel"].startswith(("matmul", "attn_online"))
+    assert abs(sum(r["ms"] for r in rows) - step["ms"]) < 1e-6 * step["ms"]
+    mm = [r for r in rows if r["kernel"].startswith("matmul")]
+    assert all(r["pct_peak"] >= 100 * r["gflops"] / step["peak_gflops"] - 1e-9 for r in mm)
 
 
 def test_probe_adapter_json(gpu):
@@ -149,7 +169,8 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     assert len(won) == 1 and won[0]["ms"] == min(r["ms"] for r in mm)          # one winner, the fastest
     cache = json.loads((tmp_path / "tuning.json").read_text())
     (key, chosen), = cache.items()
-    assert set(chosen) == {"matmul", "matmul_wx", "matmul_tile", "online_block"} | ({"attention"} if sg else set())
+    assert set(chosen) == {"matmul", "matmul_wx", "matmul_tile", "online_block", "peaks"} | ({"attention"} if sg else set())
+    assert chosen["peaks"]["gflops"] > 0 and chosen["peaks"]["gbps"] > 0
     assert chosen["matmul"] == fam[won[0]["kernel"]]
     assert chosen["matmul_tile"] == min((r for r in rows if r["kernel"] == "matmul_tiled"), key=lambda r: r["ms"])["value"]
     if sg:

@@ -138,8 +138,10 @@ def cmd_train(args) -> int:
     from .train import profile, train
     o = options(TrainOptions, args)
     if args.profile:
-        print(profile(o))
+        print(profile(o, as_json=args.json))
         return 0
+    if args.json:
+        raise UsageError("--json goes with --profile (its rows as JSON Lines)")
     train(o)
     return 0
 
@@ -344,7 +346,9 @@ def build_parser():
                    help="length of the greedy and the sampled text printed at the end (0: none)")
     p.add_argument("--sample-prompt", default="The ", help="what the samples at the end continue (default 'The ')")
     p.add_argument("--profile", action="store_true",
-                   help="run a few steps, print the GPU time of each kernel of one step, and exit")
+                   help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
+                        "each kernel of one step, and the step's MFU, and exit")
+    p.add_argument("--json", action="store_true", help="with --profile: JSON Lines, one row per kernel, then the step")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("plan", parents=[common],

@@ -125,6 +125,8 @@ class Dispatch:
     bind_group: object
     grid: tuple
     params: object = None  # the uniform buffer, kept alive with its bind group
+    nbytes: int = 0        # bytes of its storage bindings: the least traffic it could have (profile)
+    flops: float | None = None   # its matrix products' FLOPs, where it has any (cost.kernel_flops)
 
 
 @dataclass
@@ -216,6 +218,9 @@ def _valid_tuning(key: str, value) -> bool:
     if key == "online_block":
         return isinstance(value, list) and len(value) == 2 and all(pow2(v) for v in value) \
             and value[0] <= 1024 and value[1] <= 64
+    if key == "peaks":                            # FMA GFLOP/s and streaming GB/s (tune.measure_peaks)
+        return isinstance(value, dict) and set(value) == {"gflops", "gbps"} and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e9 for v in value.values())
     if key == "matmul_tile":                      # (WX, WY, TM, TV, BK); kernels.tile_problem judges the device
         return isinstance(value, list) and len(value) == 5 and all(
             isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1024 for v in value)
@@ -285,7 +290,13 @@ class GPU:
                 "max-compute-invocations-per-workgroup", "max-storage-buffers-per-shader-stage",
                 "max-compute-workgroup-size-x", "max-compute-workgroup-size-y"]
         required = {k: lim[k] for k in keys if k in lim}
-        self.device = self.adapter.request_device_sync(required_features=want, required_limits=required)
+        # Every limit the adapter offers, not WebGPU's defaults (a GPU's 48-64 KiB of workgroup
+        # memory and 1024 invocations size the tiled matmul's tiles, its binding size the chunks);
+        # where a driver refuses the whole set, the limits this trainer sizes things from.
+        try:
+            self.device = self.adapter.request_device_sync(required_features=want, required_limits=dict(lim))
+        except Exception:
+            self.device = self.adapter.request_device_sync(required_features=want, required_limits=required)
         self.features = set(want)
         self.limits = dict(self.device.limits)
         self.queue = self.device.queue
@@ -432,7 +443,10 @@ class GPU:
         ubuf = self.device.create_buffer_with_data(
             data=pbytes, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
         self.counters.buffers += 1
-        return self.dispatch_with(kernel, ubuf, tensors, grid)
+        d = self.dispatch_with(kernel, ubuf, tensors, grid)
+        from .cost import kernel_flops
+        d.flops = kernel_flops(kernel.name, params)
+        return d
 
     def uniform(self, nbytes: int):
         """A uniform buffer rewritten between steps (learning rate, step count)."""
@@ -442,6 +456,7 @@ class GPU:
         return buf
 
     def dispatch_with(self, kernel: Kernel, ubuf, tensors, grid) -> Dispatch:
+        nbytes = sum(t.binding()["size"] for t in tensors if t is not None)
         tensors = [t if t is not None else self.dummy(c, i) for i, (t, c) in enumerate(zip(tensors, kernel.access[1:]))]
         entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
         entries += [{"binding": i + 1, "resource": t.binding()} for i, t in enumerate(tensors)]
@@ -450,7 +465,7 @@ class GPU:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if max(grid) > MAX_GROUPS:
             raise LimitError(f"{kernel.name}: grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
-        return Dispatch(kernel, bg, grid, ubuf)
+        return Dispatch(kernel, bg, grid, ubuf, nbytes)
 
     # ---- execution -------------------------------------------------------------------
     def run(self, dispatches, timestamps=None):

@@ -1,7 +1,13 @@
-"""Per-kernel GPU time of one training step, grouped forward / backward / optimizer.
+"""Per-kernel GPU time of one training step, grouped forward / backward / optimizer, and how much
+of the adapter each kernel uses.
 
-Each dispatch runs in its own compute pass with timestamp writes (the
-adapter must offer timestamp queries); times are medians over several steps.
+Each dispatch runs in its own compute pass with timestamp writes (the adapter must offer
+timestamp queries); times are medians over several steps. Utilisation: a kernel's GFLOP/s (its
+matrix products, cost.kernel_flops) and GB/s (the bytes it binds, each read or written once)
+against the adapter's peaks (tune.measure_peaks: FMA throughput and streaming bandwidth,
+measured once and cached with the tuning); pct_peak is the larger of the two shares, the
+resource the kernel is closest to exhausting. The step's model-FLOP utilisation (MFU) is
+PaLM's and nanoGPT's: model FLOPs per token x tokens / GPU time / FMA peak.
 """
 from __future__ import annotations
 
@@ -9,12 +15,14 @@ from collections import defaultdict
 
 import numpy as np
 
+from .cost import model_flops_per_token
 from .gpu import Profiler
 from .model import Model
 
 
-def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5):
-    """-> rows [(group, kernel, calls, ms)] sorted by time, and the total ms of a step."""
+def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: dict | None = None):
+    """-> rows (dicts: group, kernel, calls, ms, gflops, gbps, pct_peak) sorted by time, and a
+    summary dict (ms, tokens, model_gflops, mfu, peak_gflops, peak_gbps) of the whole step."""
     groups = model.dispatch_groups()
     ds = [d for _, d in groups]
     prof = Profiler(model.gpu, len(ds))
@@ -24,23 +32,50 @@ def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5):
         model.gpu.run(ds, timestamps=prof)
         runs.append(prof.read_ms(len(ds)))
     ms = np.median(np.stack(runs[1:]), axis=0)
-    agg = defaultdict(lambda: [0, 0.0])
+    agg = defaultdict(lambda: {"calls": 0, "ms": 0.0, "flops": None, "bytes": 0})
     for (g, d), t in zip(groups, ms):
         a = agg[(g, d.kernel.name)]
-        a[0] += 1
-        a[1] += float(t)
-    rows = sorted(((g, k, c, t) for (g, k), (c, t) in agg.items()), key=lambda r: -r[3])
-    return rows, float(ms.sum())
+        a["calls"] += 1
+        a["ms"] += float(t)
+        a["bytes"] += d.nbytes
+        if d.flops is not None:
+            a["flops"] = (a["flops"] or 0.0) + d.flops
+    rows = []
+    for (g, k), a in agg.items():
+        t = max(a["ms"], 1e-9)
+        gflops = a["flops"] / t / 1e6 if a["flops"] is not None else None
+        gbps = a["bytes"] / t / 1e6
+        share = [v / peaks[key] for v, key in ((gflops, "gflops"), (gbps, "gbps")) if v is not None] if peaks else []
+        rows.append({"group": g, "kernel": k, "calls": a["calls"], "ms": a["ms"], "gflops": gflops, "gbps": gbps,
+                     "pct_peak": 100 * max(share) if share else None})
+    rows.sort(key=lambda r: -r["ms"])
+    total = float(ms.sum())
+    cfg = model.cfg
+    tokens = model.B * model.T
+    from .config import n_params
+    mflops = model_flops_per_token(n_params(cfg), cfg.layers, cfg.d_model, model.T) * tokens
+    summary = {"ms": total, "tokens": tokens, "model_gflops": mflops / 1e9,
+               "mfu": mflops / (total * 1e6) / peaks["gflops"] if peaks else None,
+               "peak_gflops": peaks["gflops"] if peaks else None, "peak_gbps": peaks["gbps"] if peaks else None}
+    return rows, summary
 
 
-def format_profile(rows, total) -> str:
-    out = [f"{'group':10s} {'kernel':24s} {'calls':>5s} {'ms':>9s} {'share':>6s}"]
+def format_profile(rows, summary) -> str:
+    total = summary["ms"]
+    f = lambda v, spec: ("-" if v is None else format(v, spec)).rjust(int(spec.split(".")[0]))
+    out = [f"{'group':10s} {'kernel':24s} {'calls':>5s} {'ms':>9s} {'share':>6s} {'GFLOP/s':>8s} {'GB/s':>7s} "
+           f"{'% peak':>6s}"]
     by_group = defaultdict(float)
-    for g, k, c, t in rows:
-        by_group[g] += t
-        out.append(f"{g:10s} {k:24s} {c:5d} {t:9.3f} {100 * t / total:5.1f}%")
-    out.append("-" * 58)
+    for r in rows:
+        by_group[r["group"]] += r["ms"]
+        out.append(f"{r['group']:10s} {r['kernel']:24s} {r['calls']:5d} {r['ms']:9.3f} {100 * r['ms'] / total:5.1f}% "
+                   f"{f(r['gflops'], '8.2f')} {f(r['gbps'], '7.2f')} {f(r['pct_peak'], '6.1f')}")
+    out.append("-" * 82)
     for g in ("forward", "backward", "optimizer"):
         out.append(f"{g:10s} {'(all)':24s} {'':5s} {by_group[g]:9.3f} {100 * by_group[g] / total:5.1f}%")
     out.append(f"{'step':10s} {'(all)':24s} {'':5s} {total:9.3f} 100.0%")
+    if summary["mfu"] is not None:
+        out.append(f"# model FLOPs {summary['model_gflops']:.3f} G a step ({summary['tokens']} tokens): "
+                   f"{summary['model_gflops'] / total * 1e3:.2f} GFLOP/s, MFU {100 * summary['mfu']:.1f}% of the "
+                   f"{summary['peak_gflops']:.1f} GFLOP/s FMA peak; streaming peak {summary['peak_gbps']:.1f} GB/s")
     return "\n".join(out)

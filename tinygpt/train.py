@@ -477,21 +477,27 @@ def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: floa
               + samples[1], file=out)
 
 
-def profile(o: TrainOptions, warmup: int = 3) -> str:
-    """`tinygpt train` with the profile option: a few steps, then the per-kernel table of one step."""
+def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
+    """`tinygpt train` with the profile option: a few steps, then the per-kernel table of one step
+    (as_json: JSON Lines, one per kernel, then one for the whole step)."""
+    import json
     from .profile import format_profile, profile_step
+    from .tune import cached_peaks
     run, _ = setup(o)
     model = run.model
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
     for _ in range(warmup):
         model.step(*run.data.sample(run.rng, model.B * model.accum), run.schedule.lr)
-    rows, total = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr)
+    peaks = cached_peaks(model.gpu)
+    rows, summary = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr, peaks=peaks)
+    if as_json:
+        return "\n".join([json.dumps(r) for r in rows] + [json.dumps(dict(summary, kernel="step"))])
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
             f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
             f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)\n# kernels: {model.plan.describe()}")
-    return head + "\n" + format_profile(rows, total)
+    return head + "\n" + format_profile(rows, summary)
 
 
 def plot_losses(history, path: Path):

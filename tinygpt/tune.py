@@ -20,9 +20,10 @@ from .gpu import GPU, save_tuning
 from .plan import PORTABLE, subgroup_verdict
 
 WX_CANDIDATES = (8, 16, 32, 64)
-# (WX, WY, TM, TV, BK): tiles of 64x64, 64x128, 128x64, 128x128, 32x64 and 64x64 with BK 32
+# (WX, WY, TM, TV, BK): tiles of 64x64, 64x128, 128x64, 128x128, 32x64, 64x64 with BK 32, and
+# 128x128 from 512 invocations (where the device allows that many: WebGPU's default is 256)
 TILE_CANDIDATES = ((16, 16, 4, 1, 16), (16, 16, 4, 2, 16), (16, 16, 8, 1, 16), (16, 16, 8, 2, 8), (8, 8, 4, 2, 16),
-                   (16, 16, 4, 1, 32))
+                   (16, 16, 4, 1, 32), (16, 32, 4, 2, 16))
 BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32))
 
 
@@ -64,6 +65,39 @@ def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
     if err > 1e-4:
         raise RuntimeError(f"online attention {variant} {block} gave a wrong result ({err:.2e}); not tuning")
     return time_dispatches(gpu, ds, repeats)[0]
+
+
+def measure_peaks(gpu: GPU, quick: bool = False) -> dict:
+    """The adapter's peaks, the denominators of `train --profile`'s utilisation (the probes of
+    scripts/probe_adapter.py): vec4 FMA GFLOP/s with no memory traffic (probe_fma, checked against
+    its twin), and streaming GB/s: elementwise4's add over buffers larger than any cache, two reads
+    and a write per float."""
+    from . import reference as R
+    n = (1 << 16) if gpu.is_cpu or quick else (1 << 20)           # invocations: enough to fill a GPU
+    iters = 256 if quick else 4096
+    out = gpu.tensor((4 * n,))
+    k = gpu.kernel("probe.wgsl", "probe_fma", "urw")
+    d = gpu.dispatch(k, (iters, 1), [None, out], (n // 64,))
+    gpu.run([d])
+    got, want = gpu.read(out, count=4 * 256).reshape(256, 4), R.probe_fma(iters, 256)
+    if not np.allclose(got, want, rtol=1e-3):
+        raise RuntimeError("probe_fma differs from its NumPy twin; no peaks measured")
+    fma_ms = time_dispatches(gpu, [d], 1 if quick else 3)[0]
+    m = min(gpu.max_binding // 4, (1 << 20) if quick else (1 << 25)) // 1024 * 1024   # floats per buffer
+    x, y, z = gpu.tensor((m,)), gpu.tensor((m,)), gpu.tensor((m,))
+    add = K.add(gpu, x, y, z, m, variant="vec4")
+    add_ms = time_dispatches(gpu, [add], 1 if quick else 3)[0]
+    return {"gflops": n * iters * 64 / fma_ms / 1e6, "gbps": 12 * m / add_ms / 1e6}
+
+
+def cached_peaks(gpu: GPU) -> dict:
+    """The peaks cached with this adapter's tuning, measured (and cached) now when there are none."""
+    from .gpu import read_tuning
+    entry = read_tuning(gpu.key)
+    if "peaks" not in entry:
+        entry = dict(entry, peaks=measure_peaks(gpu))
+        save_tuning(gpu.key, entry)
+    return entry["peaks"]
 
 
 def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
@@ -124,5 +158,7 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             win = s_rows[0]["ms"] < o_best
             s_rows[0]["chosen"] = win
             best[key] = "sg" if win else lose
+    best["peaks"] = measure_peaks(gpu, quick)
+    say(f"peaks: {best['peaks']['gflops']:.1f} GFLOP/s (FMA), {best['peaks']['gbps']:.1f} GB/s (streaming)")
     path = save_tuning(gpu.key, best)   # make_plan reads these back: the families measured, the tunables
     return {"rows": rows, "chosen": best, "cache": str(path)}
