@@ -186,3 +186,29 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     wx, matmul, tile, block = out.split(" ", 3)
     assert (wx, matmul, tile) == (str(chosen["matmul_wx"]), chosen["matmul"], "x".join(map(str, chosen["matmul_tile"])))
     assert json.loads(block) == chosen["online_block"]
+
+
+def test_gpu_report_quick_at_the_smallest_sizes(tmp_path):
+    """Every section runs and lands in report.md with its table; JSON Lines and plots beside it."""
+    import os
+    env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "report"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--out", str(out), "--quick", "--smallest"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    md = (out / "report.md").read_text()
+    for title in ("Tuning", "Adapter probes", "Matmuls", "Attention ladder", "Attention at a training shape",
+                  "Other kernels", "Training throughput", "One training step"):
+        assert f"## {title}" in md, title
+    assert "failed" not in md and md.count(": ok, ") == 8
+    assert "| matmul_tiled |" in md and "matmul:tiled" in md and "| step |" in md
+    for name in ("tune", "probes", "matmul", "attention", "attention_train_shape", "kernels", "train_tiny",
+                 "profile_tiny"):
+        assert (out / f"{name}.jsonl").read_text().strip(), name
+    assert all((out / p).stat().st_size > 1000 for p in ("matmul.png", "train.png", "attention.png"))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "report.md").write_text("my notes")
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--out", str(tmp_path / "mine"), "--smallest"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0 and "not written by this script" in r.stderr
+    assert (tmp_path / "mine" / "report.md").read_text() == "my notes"
