@@ -80,3 +80,20 @@ fn wg_max256(lid: u32, v: f32) -> f32 {
   workgroupBarrier();
   return r;
 }
+
+// bf16: the top 16 bits of a float32, two to a u32 (element 2i in the low half, 2i+1 in the high
+// half). Unpacking is a shift or a mask; no extension is needed. Packing rounds to nearest even
+// (NaN stays NaN: a quiet NaN's top bits survive the rounding).
+fn bf16_lo4(w: vec2<u32>) -> vec4<f32> {     // 4 values from 2 words
+  return bitcast<vec4<f32>>(vec4<u32>(w.x << 16u, w.x & 0xffff0000u, w.y << 16u, w.y & 0xffff0000u));
+}
+
+fn bf16_round(x: f32) -> u32 {               // the bf16 nearest x (ties to even), in the low 16 bits
+  let b = bitcast<u32>(x);
+  if ((b & 0x7f800000u) == 0x7f800000u && (b & 0x007fffffu) != 0u) { return (b >> 16u) | 0x40u; }  // NaN
+  return (b + 0x7fffu + ((b >> 16u) & 1u)) >> 16u;
+}
+
+fn bf16_pack(a: f32, b: f32) -> u32 {
+  return bf16_round(a) | (bf16_round(b) << 16u);
+}

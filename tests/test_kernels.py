@@ -368,3 +368,43 @@ def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
     print(f"LP_NATIVE_VECTOR_WIDTH={width}: subgroups of {lanes} lanes")
     # unset, the width is the CPU's (256 bits with AVX2: 8 lanes)
     assert lanes == {int(width) // 32} if width else len(lanes) == 1 and lanes <= {4, 8, 16}
+
+
+# ---- bf16 storage ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 7, 4096 + 3])
+def test_bf16_casts_round_to_nearest_even(gpu, rng, n):
+    """cast_bf16 against its twin bit for bit (ties to even, signs, inf, NaN, subnormals), and
+    cast_f32 gives back exactly the bf16 values."""
+    x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 39, n)).astype(np.float32)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-40, 3.4e38,
+                        np.uint32(0x3F808000).view(np.float32),     # a tie: 1.00390625 -> even 1.0
+                        np.uint32(0x3F818000).view(np.float32)], np.float32)   # a tie -> up, to even
+    x[:min(n, len(special))] = special[:min(n, len(special))]
+    h = gpu.tensor((-(-n // 2),), "u32")
+    back = gpu.tensor((n,))
+    run(gpu, K.cast_bf16(gpu, gpu.upload(x), h, n), K.cast_f32(gpu, h, back, n))
+    want = R.cast_bf16(x)
+    assert np.array_equal(gpu.read(h), want), "cast_bf16 differs from its twin"
+    got, ref = gpu.read(back), R.bf16_round(x)
+    assert np.array_equal(np.isnan(got), np.isnan(x))
+    assert np.array_equal(got[~np.isnan(x)].view(np.uint32), ref[~np.isnan(x)].view(np.uint32))
+    if n >= 9:
+        assert ref[7] == 1.0 and ref[8] == np.float32(1.015625)
+    fin = np.isfinite(x) & (np.abs(x) > 1e-30) & (np.abs(x) < 1e38)
+    rel = np.abs(ref[fin].astype(np.float64) - x[fin]) / np.abs(x[fin])
+    print(f"bf16 round trip n={n}: max relative error {rel.max() if rel.size else 0:.3e} (bound 2^-8, half a bf16 ulp)")
+    assert rel.size == 0 or rel.max() <= 2.0 ** -8
+
+
+@pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136)])
+def test_matmul_bf16_sg(gpu, rng, M, N, K_):
+    """bf16 operands, float32 sums: against the twin (the float64 product of the same bf16 values)
+    with the float32 kernels' tolerance, so only the summation order differs."""
+    need_subgroups(gpu)
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    ah, bh = R.cast_bf16(a).reshape(M, K_ // 2), R.cast_bf16(b).reshape(K_, N // 2)
+    run(gpu, K.matmul_bf16(gpu, gpu.upload(ah), gpu.upload(bh), gpu.upload(bias), out, M, N, K_))
+    check(f"matmul_bf16_sg {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16_sg(ah, bh, f64(bias)), tol)
+    gpu.write(out, prev)
+    run(gpu, K.matmul_bf16(gpu, gpu.upload(ah), gpu.upload(bh), None, out, M, N, K_, accumulate=True))
+    check(f"matmul_bf16_sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16_sg(ah, bh), tol)

@@ -135,6 +135,33 @@ def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=Non
     return _mm(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
+# ---- bf16 (bf16.wgsl, matmul_bf16_sg.wgsl) ------------------------------------------------
+def cast_bf16(gpu, x, out, n):
+    """out (u32 [ceil(n/2)]) = x (f32 [n]) as bf16, two to a word, rounded to nearest even."""
+    k = gpu.kernel("bf16.wgsl", "cast_bf16", "urrww")
+    return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // 128)))
+
+
+def cast_f32(gpu, xh, out, n):
+    """out (f32 [n]) = the bf16 values of xh."""
+    k = gpu.kernel("bf16.wgsl", "cast_f32", "urrww")
+    return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
+
+
+def bf16_ok(M, N, K) -> bool:
+    """matmul_bf16_sg reads 8 bf16 at a time: K and N multiples of 8."""
+    return N % 8 == 0 and K % 8 == 0
+
+
+def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False):
+    """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]), a and b bf16 (u32 tensors of half the floats),
+    summed in float32 (matmul_bf16_sg.wgsl; needs working subgroups and bf16_ok shapes)."""
+    assert bf16_ok(M, N, K), (M, N, K)
+    k = gpu.kernel("matmul_bf16_sg.wgsl", "matmul_bf16_sg", "urrrw")
+    return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out],
+                        (-(-N // (8 * SG_LANES)), -(-M // 32)))
+
+
 # ---- elementwise -------------------------------------------------------------------------
 # variant=None takes the plan's choice where the shape allows; "scalar", "vec4" or "sg" forces
 # one (scripts/bench_kernels.py compares them; the caller answers for the shape).

@@ -54,6 +54,35 @@ matmul_sg, matmul_abt_sg, matmul_atb_sg = matmul, matmul_abt, matmul_atb
 matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul, matmul_abt, matmul_atb
 
 
+# ---- bf16 storage (bf16.wgsl; common.wgsl's bf16_* helpers) -------------------------------
+def bf16_round(x):                       # float32 -> the nearest bf16 values (ties to even), as float32
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32)
+    nan = np.isnan(np.asarray(x, np.float32))
+    r = np.where(nan, (b >> 16).astype(np.uint32) | 0x40, r) & 0xFFFF
+    return (r << 16).astype(np.uint32).view(np.float32).reshape(np.shape(x))
+
+
+def cast_bf16(x):                        # float32 [n] -> u32 [ceil(n/2)]: element 2i low, 2i+1 high
+    h = (bf16_round(np.ravel(x)).view(np.uint32) >> 16).astype(np.uint32)
+    if len(h) % 2:
+        h = np.append(h, np.uint32(0))
+    return h[0::2] | (h[1::2] << 16)
+
+
+def cast_f32(xh, n):                     # u32 words -> float32 [n]
+    w = np.asarray(xh, np.uint32)
+    v = np.stack([w << 16, w & 0xFFFF0000], -1).reshape(-1)[:n]
+    return v.astype(np.uint32).view(np.float32)
+
+
+def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [M,N] float32 sums
+    M, K = a.shape[0], 2 * a.shape[1]
+    af = cast_f32(a, M * K).reshape(M, K)
+    bf = cast_f32(b, 2 * b.size).reshape(b.shape[0], -1)
+    return matmul(af.astype(np.float64), bf.astype(np.float64), bias)
+
+
 # ---- elementwise ----------------------------------------------------------------------
 def add(x, y):
     return x + y

@@ -68,7 +68,7 @@ def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
 
 
 def measure_peaks(gpu: GPU, quick: bool = False) -> dict:
-    """The adapter's peaks, the denominators of `train --profile`'s utilisation (the probes of
+    """The adapter's peaks, the denominators of the training profile's utilisation (the probes of
     scripts/probe_adapter.py): vec4 FMA GFLOP/s with no memory traffic (probe_fma, checked against
     its twin), and streaming GB/s: elementwise4's add over buffers larger than any cache, two reads
     and a write per float."""

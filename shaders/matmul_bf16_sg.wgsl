@@ -1,0 +1,129 @@
+// matmul_sg.wgsl with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
+// sums in float32, out (and bias) float32.
+//   matmul_bf16_sg   out[M,N] = A[M,K] @ B[K,N] (+ bias[N])
+// Why: on lavapipe a load costs the same whatever it carries (scripts/probe_adapter.py), and
+// a vec4<u32> carries 8 bf16 where a vec4<f32> carries 4: per lane and 8 k this kernel loads
+// 4 words of A (rows l, 8+l, 16+l, 24+l) and 8 of B (8 rows of its 8 columns), 12 loads for
+// 32 x 8 x 8 multiply-adds, half of matmul_sg's 24 (TM 32, NC 2). Unpacking is a shift or a mask.
+// A workgroup is one subgroup of 8 lanes owning 32 rows x 64 columns; lane l owns columns
+// 8(8 wid.x + l) .. +7 as two column blocks of 4. Rows of A reach the other lanes by broadcast,
+// still packed (half the broadcasts too). Shapes: K and N multiples of 8; any M (rows clamped on
+// load, skipped on store); the same lane assumptions as matmul_sg.wgsl, checked the same way.
+
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8]: 8 bf16 of one row
+@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8]: 8 bf16 of one row
+@group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+
+const LANES: u32 = 8u;
+
+struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
+
+fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
+
+// rows 4q..4q+3 of a 16-row block, still packed (8 k each), from the lanes that loaded them:
+// lane l holds rows l (x0) and 8+l (x1)
+struct Packed4 { r0: vec4<u32>, r1: vec4<u32>, r2: vec4<u32>, r3: vec4<u32> }
+
+fn rows_of(x0: vec4<u32>, x1: vec4<u32>, q: u32) -> Packed4 {
+  switch q {
+    case 0u: { return Packed4(subgroupBroadcast(x0, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x0, 2u), subgroupBroadcast(x0, 3u)); }
+    case 1u: { return Packed4(subgroupBroadcast(x0, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x0, 6u), subgroupBroadcast(x0, 7u)); }
+    case 2u: { return Packed4(subgroupBroadcast(x1, 0u), subgroupBroadcast(x1, 1u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x1, 3u)); }
+    default: { return Packed4(subgroupBroadcast(x1, 4u), subgroupBroadcast(x1, 5u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x1, 7u)); }
+  }
+}
+
+// B's 4x4 blocks at k..k+7 for this lane's 8 columns: lo (columns 0-3) and hi (4-7), each for
+// k 0-3 (a) and 4-7 (b); matrix columns are B's rows
+struct BBlocks { lo_a: mat4x4<f32>, lo_b: mat4x4<f32>, hi_a: mat4x4<f32>, hi_b: mat4x4<f32> }
+
+fn b_blocks(kk: u32, c8: u32) -> BBlocks {
+  let n8 = p.N / 8u;
+  let i = 8u * kk * n8 + c8;                 // row 8kk of B at these columns
+  let w0 = B[i];
+  let w1 = B[i + n8];
+  let w2 = B[i + 2u * n8];
+  let w3 = B[i + 3u * n8];
+  let w4 = B[i + 4u * n8];
+  let w5 = B[i + 5u * n8];
+  let w6 = B[i + 6u * n8];
+  let w7 = B[i + 7u * n8];
+  return BBlocks(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy)),
+                 mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy)),
+                 mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw)),
+                 mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw)));
+}
+
+// four rows unpacked: a = their k 0-3, b = their k 4-7 (matrix columns are the rows)
+struct Rows { a: mat4x4<f32>, b: mat4x4<f32> }
+
+fn unpack(r: Packed4) -> Rows {
+  return Rows(mat4x4<f32>(bf16_lo4(r.r0.xy), bf16_lo4(r.r1.xy), bf16_lo4(r.r2.xy), bf16_lo4(r.r3.xy)),
+              mat4x4<f32>(bf16_lo4(r.r0.zw), bf16_lo4(r.r1.zw), bf16_lo4(r.r2.zw), bf16_lo4(r.r3.zw)));
+}
+
+// lo, hi (one 16-row block, columns 0-3 and 4-7) += B x the 16 rows lanes hold in x0 and x1
+fn mac16(lo: ptr<function, Acc>, hi: ptr<function, Acc>, b: BBlocks, x0: vec4<u32>, x1: vec4<u32>) {
+  let r0 = unpack(rows_of(x0, x1, 0u));
+  (*lo).q0 += b.lo_a * r0.a + b.lo_b * r0.b;
+  (*hi).q0 += b.hi_a * r0.a + b.hi_b * r0.b;
+  let r1 = unpack(rows_of(x0, x1, 1u));
+  (*lo).q1 += b.lo_a * r1.a + b.lo_b * r1.b;
+  (*hi).q1 += b.hi_a * r1.a + b.hi_b * r1.b;
+  let r2 = unpack(rows_of(x0, x1, 2u));
+  (*lo).q2 += b.lo_a * r2.a + b.lo_b * r2.b;
+  (*hi).q2 += b.hi_a * r2.a + b.hi_b * r2.b;
+  let r3 = unpack(rows_of(x0, x1, 3u));
+  (*lo).q3 += b.lo_a * r3.a + b.lo_b * r3.b;
+  (*hi).q3 += b.hi_a * r3.a + b.hi_b * r3.b;
+}
+
+fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
+  if (!live) { return; }
+  let n4 = p.N / 4u;
+  var b = vec4<f32>();
+  if (p.has_bias != 0u) { b = bias[c4]; }
+  for (var q = 0u; q < 4u; q++) {
+    var m: mat4x4<f32>;
+    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
+    for (var c = 0u; c < 4u; c++) {
+      let i = row0 + 4u * q + c;
+      if (i < p.M) {
+        var v = m[c] + b;
+        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
+        out[i * n4 + c4] = v;
+      }
+    }
+  }
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let k8 = p.K / 8u;
+  let n8 = p.N / 8u;
+  let c8 = wid.x * LANES + lane;           // this lane's 8 columns
+  let live = c8 < n8;
+  let cc = min(c8, n8 - 1u);
+  let row0 = wid.y * 32u;
+  let a0 = row(row0 + lane) * k8;
+  let a1 = row(row0 + 8u + lane) * k8;
+  let a2 = row(row0 + 16u + lane) * k8;
+  let a3 = row(row0 + 24u + lane) * k8;
+  var lo: Acc;     // rows 0-15, columns 0-3
+  var hi: Acc;     // rows 0-15, columns 4-7
+  var lo2: Acc;    // rows 16-31
+  var hi2: Acc;
+  for (var kk = 0u; kk < k8; kk++) {
+    let b = b_blocks(kk, cc);
+    mac16(&lo, &hi, b, A[a0 + kk], A[a1 + kk]);
+    mac16(&lo2, &hi2, b, A[a2 + kk], A[a3 + kk]);
+  }
+  store(lo, row0, 2u * cc, live);
+  store(hi, row0, 2u * cc + 1u, live);
+  store(lo2, row0 + 16u, 2u * cc, live);
+  store(hi2, row0 + 16u, 2u * cc + 1u, live);
+}
