@@ -5,7 +5,9 @@ Kernels: matmul (A@B + bias), matmul_abt (A@B^T), matmul_atb (A^T@B), each in ev
 of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workgroup-memory
 tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
-is timed.
+is timed. With --dtypes f32,bf16, the kernels that have a bf16 form (bf16 operands, float32 sums:
+so far matmul:sg, as matmul_bf16_sg.wgsl) run again with dtype bf16, validated against the
+float64 product of the same bf16 values.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -22,6 +24,7 @@ from tinygpt.gpu import GPU
 from tinygpt.plan import make_plan
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
+BF16 = {("matmul", "sg")}     # (entry, variant) with a bf16 kernel
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -37,13 +40,44 @@ def numpy_gflops(entry, a, b, repeats):
     return 2 * M * N * Kd / np.median(best) / 1e9
 
 
+def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
+    from tinygpt import reference as R
+    M, Kd = a.shape
+    N = b.shape[1]
+    out = gpu.tensor((M, N))
+    if dtype == "bf16":     # packed two to a word; judged against the product of the rounded values
+        ah, bh = R.cast_bf16(a).reshape(M, Kd // 2), R.cast_bf16(b).reshape(Kd, N // 2)
+        d = K.matmul_bf16(gpu, gpu.upload(ah), gpu.upload(bh), None, out, M, N, Kd)
+        want = R.matmul_bf16_sg(ah, bh)
+        A, B = a, b
+    else:
+        A = a.T.copy() if entry == "matmul_atb" else a          # stored as the kernel reads it
+        B = b.T.copy() if entry == "matmul_abt" else b
+        fn = getattr(K, entry)
+        extra = [None] if entry == "matmul" else []
+        d = fn(gpu, gpu.upload(A), gpu.upload(B), *extra, out, M, N, Kd, variant=variant, plan=plan)
+        want = a.astype(np.float64) @ b
+    gpu.run([d])
+    err = float(np.abs(gpu.read(out) - want).max())
+    ms, method = time_dispatches(gpu, [d], repeats)
+    gf = 2 * M * N * Kd / ms / 1e6
+    npg = numpy_gflops(entry, A, B, repeats)
+    return {"kernel": f"{entry}:{variant}", "variant": variant, "dtype": dtype,
+            "tile": "x".join(map(str, plan.matmul_tile)) if variant == "tiled" else "", "M": M, "N": N, "K": Kd,
+            "gflops": gf, "numpy_gflops": npg, "ratio": gf / npg, "ms": ms, "max_err": err, "timing": method}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
+    ap.add_argument("--dtypes", default="f32", help="f32, bf16 or both (f32,bf16): the operands' storage")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    if not set(dtypes) <= {"f32", "bf16"}:
+        raise SystemExit(f"error: --dtypes takes f32 and bf16, got {args.dtypes!r}")
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
     chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
@@ -60,22 +94,14 @@ def main(argv=None):
         r = np.random.default_rng(n)
         a = r.standard_normal((M, Kd)).astype(np.float32)
         b = r.standard_normal((Kd, N)).astype(np.float32)
-        for entry, variant in chosen:
-            A = a.T.copy() if entry == "matmul_atb" else a          # stored as the kernel reads it
-            B = b.T.copy() if entry == "matmul_abt" else b
-            ta, tb, out = gpu.upload(A), gpu.upload(B), gpu.tensor((M, N))
-            fn = getattr(K, entry)
-            extra = [None] if entry == "matmul" else []
-            d = fn(gpu, ta, tb, *extra, out, M, N, Kd, variant=variant, plan=plan)
-            gpu.run([d])
-            err = float(np.abs(gpu.read(out) - a.astype(np.float64) @ b).max())
-            ms, method = time_dispatches(gpu, [d], args.repeats)
-            gf = 2 * M * N * Kd / ms / 1e6
-            npg = numpy_gflops(entry, A, B, args.repeats)
-            rows.append({"kernel": f"{entry}:{variant}", "variant": variant, "dtype": "f32",
-                         "tile": "x".join(map(str, plan.matmul_tile)) if variant == "tiled" else "", "M": M, "N": N, "K": Kd, "gflops": gf,
-                         "numpy_gflops": npg, "ratio": gf / npg, "ms": ms, "max_err": err, "timing": method})
-            print(f"{entry}:{variant} {n}^3: {gf:.2f} GFLOP/s ({ms:.2f} ms), numpy {npg:.1f}", file=sys.stderr)
+        for dtype in dtypes:
+            for entry, variant in chosen:
+                if dtype == "bf16" and (entry, variant) not in BF16:
+                    continue
+                rows.append(bench_one(gpu, plan, entry, variant, dtype, a, b, args.repeats))
+                r_ = rows[-1]
+                print(f"{entry}:{variant} {dtype} {n}^3: {r_['gflops']:.2f} GFLOP/s ({r_['ms']:.2f} ms), "
+                      f"numpy {r_['numpy_gflops']:.1f}", file=sys.stderr)
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}); GPU time from {rows[0]['timing'] if rows else '-'}, median of {args.repeats}")
     emit(rows, args.json, ["kernel", "dtype", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err", "tile"])

@@ -278,7 +278,7 @@ def test_kernels_flag_banner_and_info(tmp_path, corpus, capsys):
     assert "kernels: matmul=scalar(forced) attention=tiles(forced) loss=scalar(forced)" in err
     with pytest.raises(SystemExit) as e:
         run_cli("train", "--kernels", "matmul=fast")
-    assert e.value.code == 2 and "matmul has no variant 'fast'; choose sg|vec4|scalar" in capsys.readouterr().err
+    assert e.value.code == 2 and "matmul has no variant 'fast'; choose sg|tiled|vec4|scalar" in capsys.readouterr().err
     assert run_cli("info", "--model", out, "--json") == 0
     d = json.loads(capsys.readouterr().out)
     assert (d["layers"], d["ctx"], d["step"], d["tokenizer"], d["optimizer_state"]) == (2, 16, 3, "byte", True)

@@ -38,13 +38,16 @@ def test_compare_attention_json(tmp_path, gpu):
 
 def test_bench_matmul_json(gpu):
     from tinygpt import kernels as K
-    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1")
-    variants = ("sg", "tiled", "vec4", "scalar") if K.subgroups_ok(gpu) else ("tiled", "vec4", "scalar")
-    assert {(r["kernel"].split(":")[0], r["variant"]) for r in rows} == {
-        (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(rows) == 3 * len(variants)
+    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes", "f32,bf16")
+    sg = K.subgroups_ok(gpu)
+    variants = ("sg", "tiled", "vec4", "scalar") if sg else ("tiled", "vec4", "scalar")
+    f32 = [r for r in rows if r["dtype"] == "f32"]
+    assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
+        (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(f32) == 3 * len(variants)
+    assert [(r["kernel"], r["dtype"]) for r in rows if r["dtype"] != "f32"] == ([("matmul:sg", "bf16")] if sg else [])
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
-        assert r["dtype"] == "f32" and (r["tile"] != "") == (r["variant"] == "tiled")
+        assert (r["tile"] != "") == (r["variant"] == "tiled")
         assert r["gflops"] > 0 and r["numpy_gflops"] > 0 and r["max_err"] < 1e-3
         assert abs(r["ratio"] - r["gflops"] / r["numpy_gflops"]) < 1e-9
 
