@@ -1,6 +1,8 @@
 // matmul_sg.wgsl with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
 // sums in float32, out (and bias) float32.
-//   matmul_bf16_sg   out[M,N] = A[M,K] @ B[K,N] (+ bias[N])
+//   matmul_bf16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
+//   matmul_abt_bf16_sg  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_bf16_sg  out[M,N] = A[K,M]^T @ B[K,N]
 // Why: on lavapipe a load costs the same whatever it carries (scripts/probe_adapter.py), and
 // a vec4<u32> carries 8 bf16 where a vec4<f32> carries 4: per lane and 8 k this kernel loads
 // 4 words of A (rows l, 8+l, 16+l, 24+l) and 8 of B (8 rows of its 8 columns), 12 loads for
@@ -9,12 +11,15 @@
 // 8(8 wid.x + l) .. +7 as two column blocks of 4. Rows of A reach the other lanes by broadcast,
 // still packed (half the broadcasts too). Shapes: K and N multiples of 8; any M (rows clamped on
 // load, skipped on store); the same lane assumptions as matmul_sg.wgsl, checked the same way.
+// A @ B^T reads B's 8 rows (this lane's columns) 8 k at a time and transposes the blocks;
+// A^T @ B has lane l load row k0+l of A (32 output rows = 4 words) and builds the row blocks from
+// the 8 lanes' words: also 12 loads and 32 broadcasts per 8 k. It needs M a multiple of 8 too.
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8]: 8 bf16 of one row
-@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8]: 8 bf16 of one row
+@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8])
+@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8] (A @ B^T: [N, K/8])
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
@@ -56,6 +61,24 @@ fn b_blocks(kk: u32, c8: u32) -> BBlocks {
                  mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy)),
                  mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw)),
                  mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw)));
+}
+
+// the same blocks from B stored [N, K] (A @ B^T): word j holds column j's 8 k
+fn b_blocks_t(kk: u32, c8: u32) -> BBlocks {
+  let k8 = p.K / 8u;
+  let i = 8u * c8 * k8 + kk;                 // column 8 c8 of B^T at k 8kk..
+  let w0 = B[i];
+  let w1 = B[i + k8];
+  let w2 = B[i + 2u * k8];
+  let w3 = B[i + 3u * k8];
+  let w4 = B[i + 4u * k8];
+  let w5 = B[i + 5u * k8];
+  let w6 = B[i + 6u * k8];
+  let w7 = B[i + 7u * k8];
+  return BBlocks(transpose(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy))),
+                 transpose(mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw))),
+                 transpose(mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy))),
+                 transpose(mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw))));
 }
 
 // four rows unpacked: a = their k 0-3, b = their k 4-7 (matrix columns are the rows)
@@ -101,8 +124,7 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   }
 }
 
-@compute @workgroup_size(LANES)
-fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k8 = p.K / 8u;
   let n8 = p.N / 8u;
   let c8 = wid.x * LANES + lane;           // this lane's 8 columns
@@ -118,7 +140,8 @@ fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoc
   var lo2: Acc;    // rows 16-31
   var hi2: Acc;
   for (var kk = 0u; kk < k8; kk++) {
-    let b = b_blocks(kk, cc);
+    var b: BBlocks;
+    if (tb) { b = b_blocks_t(kk, cc); } else { b = b_blocks(kk, cc); }
     mac16(&lo, &hi, b, A[a0 + kk], A[a1 + kk]);
     mac16(&lo2, &hi2, b, A[a2 + kk], A[a3 + kk]);
   }
@@ -126,4 +149,81 @@ fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoc
   store(hi, row0, 2u * cc + 1u, live);
   store(lo2, row0 + 16u, 2u * cc, live);
   store(hi2, row0 + 16u, 2u * cc + 1u, live);
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  a_times_b(wid, lane, false);
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_abt_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  a_times_b(wid, lane, true);
+}
+
+// A^T @ B. Lane l loads A's row k = 8kk + l at the 32 output rows: 4 words x_j (rows 8j..8j+7).
+// Rows 4q..4q+3 (q = 2j or 2j+1) at k = 0..7 are the .xy or .zw of lane k's word x_j; unpacked
+// and transposed, they are the blocks mac16 multiplies (columns = rows, components = k).
+struct Rows2 { even: Rows, odd: Rows }
+
+fn atb_rows(x: vec4<u32>) -> Rows2 {
+  let w0 = subgroupBroadcast(x, 0u);
+  let w1 = subgroupBroadcast(x, 1u);
+  let w2 = subgroupBroadcast(x, 2u);
+  let w3 = subgroupBroadcast(x, 3u);
+  let w4 = subgroupBroadcast(x, 4u);
+  let w5 = subgroupBroadcast(x, 5u);
+  let w6 = subgroupBroadcast(x, 6u);
+  let w7 = subgroupBroadcast(x, 7u);
+  return Rows2(Rows(transpose(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy))),
+                    transpose(mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy)))),
+               Rows(transpose(mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw))),
+                    transpose(mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw)))));
+}
+
+// (lo, hi) += B x the rows r, for columns 0-3 and 4-7
+struct Pair { lo: mat4x4<f32>, hi: mat4x4<f32> }
+
+fn mac_pair(acc: Pair, b: BBlocks, r: Rows) -> Pair {
+  return Pair(acc.lo + b.lo_a * r.a + b.lo_b * r.b, acc.hi + b.hi_a * r.a + b.hi_b * r.b);
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let k8 = p.K / 8u;
+  let n8 = p.N / 8u;
+  let m8 = p.M / 8u;
+  let c8 = wid.x * LANES + lane;
+  let live = c8 < n8;
+  let cc = min(c8, n8 - 1u);
+  let row0 = wid.y * 32u;
+  let w0 = row0 / 8u;                      // the first word of the 32 rows in a row of A
+  var p0: Pair;                            // rows 4q.. of the 32, q = 0..7
+  var p1: Pair;
+  var p2: Pair;
+  var p3: Pair;
+  var p4: Pair;
+  var p5: Pair;
+  var p6: Pair;
+  var p7: Pair;
+  for (var kk = 0u; kk < k8; kk++) {
+    let b = b_blocks(kk, cc);
+    let base = (8u * kk + lane) * m8;
+    let r0 = atb_rows(A[base + min(w0, m8 - 1u)]);
+    p0 = mac_pair(p0, b, r0.even);
+    p1 = mac_pair(p1, b, r0.odd);
+    let r1 = atb_rows(A[base + min(w0 + 1u, m8 - 1u)]);
+    p2 = mac_pair(p2, b, r1.even);
+    p3 = mac_pair(p3, b, r1.odd);
+    let r2 = atb_rows(A[base + min(w0 + 2u, m8 - 1u)]);
+    p4 = mac_pair(p4, b, r2.even);
+    p5 = mac_pair(p5, b, r2.odd);
+    let r3 = atb_rows(A[base + min(w0 + 3u, m8 - 1u)]);
+    p6 = mac_pair(p6, b, r3.even);
+    p7 = mac_pair(p7, b, r3.odd);
+  }
+  store(Acc(p0.lo, p1.lo, p2.lo, p3.lo), row0, 2u * cc, live);
+  store(Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, 2u * cc + 1u, live);
+  store(Acc(p4.lo, p5.lo, p6.lo, p7.lo), row0 + 16u, 2u * cc, live);
+  store(Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, 2u * cc + 1u, live);
 }

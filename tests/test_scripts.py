@@ -44,7 +44,8 @@ def test_bench_matmul_json(gpu):
     f32 = [r for r in rows if r["dtype"] == "f32"]
     assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
         (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(f32) == 3 * len(variants)
-    assert [(r["kernel"], r["dtype"]) for r in rows if r["dtype"] != "f32"] == ([("matmul:sg", "bf16")] if sg else [])
+    assert [(r["kernel"], r["dtype"]) for r in rows if r["dtype"] != "f32"] == (
+        [(f"{e}:sg", "bf16") for e in ("matmul", "matmul_abt", "matmul_atb")] if sg else [])
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
         assert (r["tile"] != "") == (r["variant"] == "tiled")

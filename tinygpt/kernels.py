@@ -148,18 +148,32 @@ def cast_f32(gpu, xh, out, n):
     return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
 
 
-def bf16_ok(M, N, K) -> bool:
-    """matmul_bf16_sg reads 8 bf16 at a time: K and N multiples of 8."""
-    return N % 8 == 0 and K % 8 == 0
+def bf16_ok(entry, M, N, K) -> bool:
+    """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
+    return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
+
+
+def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate):
+    assert bf16_ok(entry, M, N, K), (entry, M, N, K)
+    k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw")
+    return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out],
+                        (-(-N // (8 * SG_LANES)), -(-M // 32)))
 
 
 def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False):
-    """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]), a and b bf16 (u32 tensors of half the floats),
-    summed in float32 (matmul_bf16_sg.wgsl; needs working subgroups and bf16_ok shapes)."""
-    assert bf16_ok(M, N, K), (M, N, K)
-    k = gpu.kernel("matmul_bf16_sg.wgsl", "matmul_bf16_sg", "urrrw")
-    return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out],
-                        (-(-N // (8 * SG_LANES)), -(-M // 32)))
+    """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]); a and b bf16, as u32 tensors of half the floats;
+    float32 sums (matmul_bf16_sg.wgsl: working subgroups, bf16_ok shapes)."""
+    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate)
+
+
+def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False):
+    """out[M,N] = a[M,K] @ b[N,K]^T, a and b bf16"""
+    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate)
+
+
+def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False):
+    """out[M,N] = a[K,M]^T @ b[K,N], a and b bf16"""
+    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate)
 
 
 # ---- elementwise -------------------------------------------------------------------------

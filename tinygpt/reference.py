@@ -76,11 +76,21 @@ def cast_f32(xh, n):                     # u32 words -> float32 [n]
     return v.astype(np.uint32).view(np.float32)
 
 
-def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [M,N] float32 sums
-    M, K = a.shape[0], 2 * a.shape[1]
-    af = cast_f32(a, M * K).reshape(M, K)
-    bf = cast_f32(b, 2 * b.size).reshape(b.shape[0], -1)
-    return matmul(af.astype(np.float64), bf.astype(np.float64), bias)
+def unpack_bf16(x):                      # packed u32 [..., n/2] -> float64 [..., n]
+    x = np.asarray(x, np.uint32)
+    return cast_f32(x, 2 * x.size).reshape(*x.shape[:-1], -1).astype(np.float64)
+
+
+def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [M,N], sums in float32
+    return matmul(unpack_bf16(a), unpack_bf16(b), bias)
+
+
+def matmul_abt_bf16_sg(a, b):            # a [M,K/2], b [N,K/2] packed -> [M,N]
+    return matmul_abt(unpack_bf16(a), unpack_bf16(b))
+
+
+def matmul_atb_bf16_sg(a, b):            # a [K,M/2], b [K,N/2] packed -> [M,N]
+    return matmul_atb(unpack_bf16(a), unpack_bf16(b))
 
 
 # ---- elementwise ----------------------------------------------------------------------
