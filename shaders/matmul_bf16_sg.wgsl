@@ -46,47 +46,45 @@ fn rows_of(x0: vec4<u32>, x1: vec4<u32>, q: u32) -> Packed4 {
 // k 0-3 (a) and 4-7 (b); matrix columns are B's rows
 struct BBlocks { lo_a: mat4x4<f32>, lo_b: mat4x4<f32>, hi_a: mat4x4<f32>, hi_b: mat4x4<f32> }
 
-fn b_blocks(kk: u32, c8: u32) -> BBlocks {
-  let n8 = p.N / 8u;
-  let i = 8u * kk * n8 + c8;                 // row 8kk of B at these columns
-  let w0 = B[i];
-  let w1 = B[i + n8];
-  let w2 = B[i + 2u * n8];
-  let w3 = B[i + 3u * n8];
-  let w4 = B[i + 4u * n8];
-  let w5 = B[i + 5u * n8];
-  let w6 = B[i + 6u * n8];
-  let w7 = B[i + 7u * n8];
-  return BBlocks(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy)),
-                 mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy)),
-                 mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw)),
-                 mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw)));
+// 8 words of B from word i, `stride` words apart
+struct W8 { w0: vec4<u32>, w1: vec4<u32>, w2: vec4<u32>, w3: vec4<u32>,
+            w4: vec4<u32>, w5: vec4<u32>, w6: vec4<u32>, w7: vec4<u32> }
+
+fn words8(i: u32, stride: u32) -> W8 {
+  return W8(B[i], B[i + stride], B[i + 2u * stride], B[i + 3u * stride],
+            B[i + 4u * stride], B[i + 5u * stride], B[i + 6u * stride], B[i + 7u * stride]);
 }
 
-// the same blocks from B stored [N, K] (A @ B^T): word j holds column j's 8 k
+// the 4x4 blocks of 4 words: their first (xy) or second (zw) 4 values as matrix columns
+fn cols_xy(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>) -> mat4x4<f32> {
+  return mat4x4<f32>(bf16_lo4(a.xy), bf16_lo4(b.xy), bf16_lo4(c.xy), bf16_lo4(d.xy));
+}
+
+fn cols_zw(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>) -> mat4x4<f32> {
+  return mat4x4<f32>(bf16_lo4(a.zw), bf16_lo4(b.zw), bf16_lo4(c.zw), bf16_lo4(d.zw));
+}
+
+// B stored [K, N] (A @ B, A^T @ B): word j is B's row 8kk + j at these 8 columns
+fn b_blocks(kk: u32, c8: u32) -> BBlocks {
+  let n8 = p.N / 8u;
+  let w = words8(8u * kk * n8 + c8, n8);
+  return BBlocks(cols_xy(w.w0, w.w1, w.w2, w.w3), cols_xy(w.w4, w.w5, w.w6, w.w7),
+                 cols_zw(w.w0, w.w1, w.w2, w.w3), cols_zw(w.w4, w.w5, w.w6, w.w7));
+}
+
+// B stored [N, K] (A @ B^T): word j is column 8 c8 + j's 8 k, so the blocks are transposed
 fn b_blocks_t(kk: u32, c8: u32) -> BBlocks {
   let k8 = p.K / 8u;
-  let i = 8u * c8 * k8 + kk;                 // column 8 c8 of B^T at k 8kk..
-  let w0 = B[i];
-  let w1 = B[i + k8];
-  let w2 = B[i + 2u * k8];
-  let w3 = B[i + 3u * k8];
-  let w4 = B[i + 4u * k8];
-  let w5 = B[i + 5u * k8];
-  let w6 = B[i + 6u * k8];
-  let w7 = B[i + 7u * k8];
-  return BBlocks(transpose(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy))),
-                 transpose(mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw))),
-                 transpose(mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy))),
-                 transpose(mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw))));
+  let w = words8(8u * c8 * k8 + kk, k8);
+  return BBlocks(transpose(cols_xy(w.w0, w.w1, w.w2, w.w3)), transpose(cols_zw(w.w0, w.w1, w.w2, w.w3)),
+                 transpose(cols_xy(w.w4, w.w5, w.w6, w.w7)), transpose(cols_zw(w.w4, w.w5, w.w6, w.w7)));
 }
 
 // four rows unpacked: a = their k 0-3, b = their k 4-7 (matrix columns are the rows)
 struct Rows { a: mat4x4<f32>, b: mat4x4<f32> }
 
 fn unpack(r: Packed4) -> Rows {
-  return Rows(mat4x4<f32>(bf16_lo4(r.r0.xy), bf16_lo4(r.r1.xy), bf16_lo4(r.r2.xy), bf16_lo4(r.r3.xy)),
-              mat4x4<f32>(bf16_lo4(r.r0.zw), bf16_lo4(r.r1.zw), bf16_lo4(r.r2.zw), bf16_lo4(r.r3.zw)));
+  return Rows(cols_xy(r.r0, r.r1, r.r2, r.r3), cols_zw(r.r0, r.r1, r.r2, r.r3));
 }
 
 // lo, hi (one 16-row block, columns 0-3 and 4-7) += B x the 16 rows lanes hold in x0 and x1
@@ -175,10 +173,8 @@ fn atb_rows(x: vec4<u32>) -> Rows2 {
   let w5 = subgroupBroadcast(x, 5u);
   let w6 = subgroupBroadcast(x, 6u);
   let w7 = subgroupBroadcast(x, 7u);
-  return Rows2(Rows(transpose(mat4x4<f32>(bf16_lo4(w0.xy), bf16_lo4(w1.xy), bf16_lo4(w2.xy), bf16_lo4(w3.xy))),
-                    transpose(mat4x4<f32>(bf16_lo4(w4.xy), bf16_lo4(w5.xy), bf16_lo4(w6.xy), bf16_lo4(w7.xy)))),
-               Rows(transpose(mat4x4<f32>(bf16_lo4(w0.zw), bf16_lo4(w1.zw), bf16_lo4(w2.zw), bf16_lo4(w3.zw))),
-                    transpose(mat4x4<f32>(bf16_lo4(w4.zw), bf16_lo4(w5.zw), bf16_lo4(w6.zw), bf16_lo4(w7.zw)))));
+  return Rows2(Rows(transpose(cols_xy(w0, w1, w2, w3)), transpose(cols_xy(w4, w5, w6, w7))),
+               Rows(transpose(cols_zw(w0, w1, w2, w3)), transpose(cols_zw(w4, w5, w6, w7))));
 }
 
 // (lo, hi) += B x the rows r, for columns 0-3 and 4-7

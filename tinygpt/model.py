@@ -89,30 +89,29 @@ def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
 
 
-def logit_chunks(gpu: GPU, BT: int, V: int):
-    """[(first row, rows)] so that each chunk of [BT, V] logits fits one binding.
+def row_chunks(gpu: GPU, n: int, row_bytes: int, what: str):
+    """[(first row, rows)] of an [n, ...] tensor of row_bytes a row, each chunk within one binding.
 
-    Chunks start on multiples of 64 rows, which keeps every bound offset aligned."""
-    if 4 * BT * V <= gpu.max_binding:
-        return [(0, BT)]
-    per = (gpu.max_binding // (4 * V)) // 64 * 64
+    Chunks start on multiples of 64 rows, which keeps every bound offset aligned (and every chunk
+    a whole number of vec4 rows where rows are)."""
+    if n * row_bytes <= gpu.max_binding:
+        return [(0, n)]
+    per = (gpu.max_binding // row_bytes) // 64 * 64
     if per < 64:
-        raise LimitError(f"64 rows of logits (V={V}) need {64 * 4 * V:,} bytes, over this adapter's binding limit "
+        raise LimitError(f"64 rows of {what} need {64 * row_bytes:,} bytes, over this adapter's binding limit "
                          f"{gpu.max_binding:,} (max-storage-buffer-binding-size)")
-    return [(r0, min(per, BT - r0)) for r0 in range(0, BT, per)]
+    return [(r0, min(per, n - r0)) for r0 in range(0, n, per)]
+
+
+def logit_chunks(gpu: GPU, BT: int, V: int):
+    """[(first row, rows)] so that each chunk of [BT, V] logits fits one binding."""
+    return row_chunks(gpu, BT, 4 * V, f"logits (V={V})")
 
 
 def vocab_chunks(gpu: GPU, VP: int, C: int):
     """[(first row, rows)] of the [VP, C] token table, each within one binding (GPT-2's 50260 x 768
-    floats are 154 MB, lavapipe binds 134 MB). Chunks start on multiples of 64 rows, which keeps
-    every bound offset aligned and every chunk a whole number of vec4 rows."""
-    if 4 * VP * C <= gpu.max_binding:
-        return [(0, VP)]
-    per = (gpu.max_binding // (4 * C)) // 64 * 64
-    if per < 64:
-        raise LimitError(f"64 rows of the token embedding (d_model {C}) need {64 * 4 * C:,} bytes, over this "
-                         f"adapter's binding limit {gpu.max_binding:,} (max-storage-buffer-binding-size)")
-    return [(v0, min(per, VP - v0)) for v0 in range(0, VP, per)]
+    floats are 154 MB, lavapipe binds 134 MB)."""
+    return row_chunks(gpu, VP, 4 * C, f"the token embedding (d_model {C})")
 
 
 HEAD_BLOCK_BYTES = 32 << 20    # the split head's dense scratch block: at most this, or 64 rows
