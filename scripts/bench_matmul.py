@@ -71,6 +71,7 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
+    ap.add_argument("--shapes", help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
     ap.add_argument("--dtypes", default="f32", help="f32, bf16 or both (f32,bf16): the operands' storage")
@@ -93,22 +94,24 @@ def main(argv=None):
     if K.tile_problem(gpu, plan.matmul_tile):
         chosen = [(e, v) for e, v in chosen if v != "tiled"]
     rows = []
-    for n in (int(s) for s in args.sizes.split(",")):
-        M = N = Kd = n
-        r = np.random.default_rng(n)
+    shapes = ([tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes.split(",")] if args.shapes
+              else [(n, n, n) for n in (int(s) for s in args.sizes.split(","))])
+    for M, N, Kd in shapes:
+        n = f"{M}x{N}x{Kd}"
+        r = np.random.default_rng(M * N + Kd)
         a = r.standard_normal((M, Kd)).astype(np.float32)
         b = r.standard_normal((Kd, N)).astype(np.float32)
         best = {}
         for _ in range(max(1, args.rounds)):
             for dtype in dtypes:
                 for entry, variant in chosen:
-                    if dtype == "bf16" and (entry, variant) not in BF16:
+                    if dtype == "bf16" and ((entry, variant) not in BF16 or not K.bf16_ok(entry, M, N, Kd)):
                         continue
                     r_ = bench_one(gpu, plan, entry, variant, dtype, a, b, args.repeats)
                     key = (entry, variant, dtype)
                     if key not in best or r_["ms"] < best[key]["ms"]:
                         best[key] = r_
-                    print(f"{entry}:{variant} {dtype} {n}^3: {r_['gflops']:.2f} GFLOP/s ({r_['ms']:.2f} ms), "
+                    print(f"{entry}:{variant} {dtype} {n}: {r_['gflops']:.2f} GFLOP/s ({r_['ms']:.2f} ms), "
                           f"numpy {r_['numpy_gflops']:.1f}", file=sys.stderr)
         rows += best.values()
     if not args.json:

@@ -58,6 +58,10 @@ def test_plan_cli_json_and_text(capsys):
     assert main(["plan", "--preset", "small", "--tokenizer", "gpt2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["params"] == 366_432 - 256 * 96 + 50257 * 96 and d["bytes"]["logits"] >= 4 * 1024 * 50260
+    assert main(["plan", "--preset", "gpt2", "--json"]) == 0        # GPT-2 small: its own tokenizer, split bindings
+    d = json.loads(capsys.readouterr().out)
+    assert d["params"] == 124_439_808 and d["largest_binding_bytes"] <= d["limits"]["max_binding"]
+    assert not any("binding" in p for p in d["problems"])
     assert main(["plan", "--preset", "medium", "--grad-accum", "2"]) == 0
     out = capsys.readouterr().out
     assert "parameters" in out and "activations (saved)" in out and "largest binding" in out and "fits" in out
