@@ -188,10 +188,19 @@ def main(argv=None):
                         "tail": "\n".join(r["tail"] for r in train_runs if r["rc"] != 0),
                         "cmd": f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu, "
                                f"P in {', '.join(fits)} (the presets the memory plan fits)"}
-    prof_rows, prof_runs = [], []
+    prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:
         if p not in fits and p != "tiny" and not memory.plan(preset(p), preset(p).batch, "online", 1, limits).fits:
             continue
+        if p == "gpt2":          # its tokenizer's file: tiktoken's cache, or --tokenizer-file (no download here)
+            from tinygpt.data import get_tokenizer
+            from tinygpt.errors import TinyGPTError
+            try:
+                get_tokenizer("gpt2", args.tokenizer_file)
+            except TinyGPTError as e:
+                skipped.append(f"gpt2 profile skipped: {str(e).splitlines()[0][:200]}")
+                print(skipped[-1], file=sys.stderr)
+                continue
         tok = ["--tokenizer-file", args.tokenizer_file] if p == "gpt2" and args.tokenizer_file else []
         r = run_section(out, f"profile_{p}", ["-m", "tinygpt", "train", "--preset", p, "--profile", "--json"]
                         + tok + data, env, args.section_timeout)
@@ -202,7 +211,7 @@ def main(argv=None):
             prof_rows.append(dict(step, preset=p, group="(step)"))
     results["profile"] = {"name": "profile", "rc": max((0 if r["rc"] == 0 else 1) for r in prof_runs) if prof_runs
                           else 0, "seconds": sum(r["seconds"] for r in prof_runs), "rows": prof_rows,
-                          "tail": "\n".join(r["tail"] for r in prof_runs if r["rc"] != 0),
+                          "tail": "\n".join([r["tail"] for r in prof_runs if r["rc"] != 0] + skipped),
                           "cmd": "tinygpt train --preset P --profile --json, P in " + ", ".join(S["profile"])}
     # the matmul rows against the FMA peak the tune section measured
     peak = next((r for r in results["probes"]["rows"] if r.get("probe") == "probe_fma"), {}).get("rate")
@@ -232,7 +241,7 @@ def main(argv=None):
         lines += [f"## {title}", "", f"`{r['cmd']}`: {status}, {r['seconds']:.1f} s", ""]
         if r["rows"]:
             lines += [md_table(r["rows"], COLUMNS[name]), ""]
-        if r["rc"] != 0 and r["tail"]:
+        if r["tail"] and (r["rc"] != 0 or name == "profile"):
             lines += ["```", r["tail"], "```", ""]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs] + [""]
     (out / "report.md").write_text("\n".join(lines))
