@@ -4,7 +4,8 @@
 Runs, each as its own process (a section that fails is reported, the rest still run):
   tune               `tinygpt tune`: the kernel variants raced, the winners and peaks cached
   probes             scripts/probe_adapter.py: FMA, load and broadcast rates
-  matmul             scripts/bench_matmul.py: every matmul variant, 256^3 up to 4096^3 on a GPU
+  matmul             scripts/bench_matmul.py: every matmul variant, 256^3 up to 4096^3 on a GPU,
+                     float32 and (where a bf16 kernel exists) bf16 operands
   attention          scripts/compare_attention.py: the seed's ladder T = 256, 1024, 4096 (and on a
                      GPU 8192, 16384) at B=1 H=1 hd=64, plus a training shape B=4 H=8 hd=64
   kernels            scripts/bench_kernels.py: the other kernels, each variant
@@ -170,7 +171,7 @@ def main(argv=None):
 
     section("tune", ["-m", "tinygpt", "tune", "--json"] + (["--quick"] if S["tune_quick"] else []))
     section("probes", [str(HERE / "probe_adapter.py"), "--json"] + S["probe"])
-    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"]])
+    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"], "--dtypes", "f32,bf16"])
     section("attention", [str(HERE / "compare_attention.py"), "--json", "--T", S["attention_T"],
                           "--plot", str(out / "attention.png")])
     section("attention_train_shape", [str(HERE / "compare_attention.py"), "--json", "--T", S["train_shape_T"],
