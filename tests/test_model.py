@@ -28,14 +28,14 @@ def tiny():
     return preset("tiny")
 
 
-def check_step0(gpu, cfg, names=None, limit=None, monkeypatch=None):
+def check_step0(gpu, cfg, names=None, limit=None, monkeypatch=None, plan=None):
     """Logits, loss and gradients (all, or `names`) of one step against the float64 reference;
     returns the number of logit chunks the model used."""
     if limit:
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     params = R.init_params(cfg)
     x, y = batch(cfg)
-    m = Model(gpu, cfg, "online")
+    m = Model(gpu, cfg, "online", plan=plan)
     m.set_params(params)
     m.grads_only(x, y)
     logits, loss, cache = R.forward(f64(params), cfg, x, y)
@@ -58,6 +58,19 @@ def check_step0(gpu, cfg, names=None, limit=None, monkeypatch=None):
 @pytest.mark.parametrize("vocab", [256, 301])  # 301: padded to 304 inside, for the vec4 head
 def test_step0_logits_loss_and_every_gradient(gpu, vocab):
     check_step0(gpu, preset("tiny", vocab=vocab))
+
+
+def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
+    """The plan a GPU gets untuned (tiled matmuls, the other families without subgroups): the whole
+    step's logits, loss and gradients against the reference (vocab 301, padded to 304 inside);
+    a tile the device's workgroup memory cannot hold falls back to vec4."""
+    from tinygpt.plan import make_plan
+    monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
+    plan = make_plan(gpu, tuning={})
+    assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("tiled", "tiles", "scalar", "scalar")
+    check_step0(gpu, preset("tiny", vocab=301), plan=plan)
+    monkeypatch.setitem(gpu.limits, "max-compute-workgroup-storage-size", 4096)    # the tile no longer fits
+    assert make_plan(gpu, tuning={}).matmul == "vec4"
 
 
 def test_step0_with_logits_split_by_a_forced_limit(gpu, monkeypatch):
