@@ -4,7 +4,9 @@ at one preset's shapes: GPU ms, max error against the entry point's NumPy twin (
 reference function of the same name), and the speed-up over the scalar variant.
 
 Variants: scalar (elementwise, layernorm, loss, optim .wgsl), vec4 (elementwise4,
-layernorm4, optim4) and sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work).
+layernorm4, optim4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work) and bf16
+(elementwise_bf16: GELU with its pre-activation stored as bf16; max_err against the twin's bf16
+result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
 ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
@@ -37,6 +39,14 @@ def cases(gpu, rows, C, M, V, n, rng):
         for v in ("scalar", "vec4"):
             d = getattr(K, entry)(gpu, *args, tout, rows * M, variant=v)
             yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
+    if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (elementwise_bf16.wgsl)
+        n = rows * M
+        xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "u32")
+        d = K.gelu_forward_bf16(gpu, up(xh), th, n)
+        yield "gelu_forward", "bf16", f"n={n}", d, lambda: np.abs(
+            R.cast_f32(gpu.read(th), n) - R.cast_f32(R.gelu_forward_bf16(xh), n)).max()
+        d = K.gelu_backward_bf16(gpu, up(xh), ty, tout, n)
+        yield "gelu_backward", "bf16", f"n={n}", d, lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
     acc0 = rng.standard_normal(rows * M).astype(np.float32)
     for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
         tacc = up(acc0)

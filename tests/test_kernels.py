@@ -418,3 +418,24 @@ def test_matmul_family_bf16_sg(gpu, rng, M, N, K_):
         gpu.write(out, prev)
         run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True))
         check(f"matmul_atb_bf16_sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16_sg(ath, bh), tol)
+
+
+@pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])
+def test_gelu_bf16(gpu, rng, n):
+    """The pre-activation stored as bf16: forward within one bf16 rounding of the float64 GELU of
+    the same bf16 values (a float32 result on the other side of a rounding edge may round the
+    other way), backward in float32 against the float64 twin."""
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    xh = R.cast_bf16(x)
+    outh, dx = gpu.tensor((n // 2,), "u32"), gpu.tensor((n,))
+    run(gpu, K.gelu_forward_bf16(gpu, gpu.upload(xh), outh, n),
+        K.gelu_backward_bf16(gpu, gpu.upload(xh), gpu.upload(dy), dx, n))
+    xb = R.cast_f32(xh, n).astype(np.float64)
+    want = R.gelu_forward(xb)
+    got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
+    check(f"gelu_forward_bf16 n={n} (one bf16 rounding)", got, want, 1e-6, 2.0 ** -8)
+    same = np.mean(gpu.read(outh) == R.gelu_forward_bf16(xh))
+    print(f"gelu_forward_bf16: {same:.2%} of words equal to the float64 twin's rounding")
+    assert same > 0.98
+    check(f"gelu_backward_bf16 n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy)), 1e-6, 1e-6)

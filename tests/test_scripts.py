@@ -63,6 +63,7 @@ def test_bench_kernels_json(gpu):
                                    "grad_sumsq", "adamw", "accumulate")}
     want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
+    want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16")}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
     assert len({r["entry"] for r in rows}) == len(rows)  # each variant a different entry point
     assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)

@@ -148,6 +148,20 @@ def cast_f32(gpu, xh, out, n):
     return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
 
 
+def gelu_forward_bf16(gpu, xh, outh, n):
+    """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a u32 on both sides."""
+    assert n % 8 == 0, n
+    k = gpu.kernel("elementwise_bf16.wgsl", "gelu_forward_bf16", "urrww")
+    return gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
+
+
+def gelu_backward_bf16(gpu, xh, dy, out, n):
+    """out (f32) = dy * gelu'(xh), xh bf16 (the saved pre-activation), n a multiple of 8."""
+    assert n % 8 == 0, n
+    k = gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww")
+    return gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
+
+
 def bf16_ok(entry, M, N, K) -> bool:
     """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")

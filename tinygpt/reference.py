@@ -85,6 +85,15 @@ def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [
     return matmul(unpack_bf16(a), unpack_bf16(b), bias)
 
 
+def gelu_forward_bf16(xh):               # packed bf16 x -> packed bf16 gelu(x), computed in x's float precision
+    x = cast_f32(xh, 2 * np.size(xh))
+    return cast_bf16(gelu_forward(x))
+
+
+def gelu_backward_bf16(xh, dy):          # packed bf16 x, dy -> d(x) in dy's precision
+    return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy)
+
+
 def matmul_abt_bf16_sg(a, b):            # a [M,K/2], b [N,K/2] packed -> [M,N]
     return matmul_abt(unpack_bf16(a), unpack_bf16(b))
 
