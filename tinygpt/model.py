@@ -39,6 +39,17 @@ class Launchers:
 
 
 LOSS_SLOT = 64      # floats between micro-batch loss slots: 256 bytes, any adapter's binding alignment
+PRECISIONS = ("fp32", "bf16")
+
+
+def bf16_problem(plan: KernelPlan, C: int, M: int) -> str | None:
+    """Why a bf16 model cannot run with this plan and width, or None. bf16 reads its matmul operands
+    with matmul_bf16_sg.wgsl (working subgroups; d_model and the MLP width multiples of 8)."""
+    if plan.subgroups != "ok":
+        return f"{{opt:precision}} bf16 needs the subgroup matmuls, and here subgroups are {plan.subgroups}"
+    if C % 8 or M % 8:
+        return f"{{opt:precision}} bf16 needs {{opt:d_model}} and the MLP width multiples of 8, got {C} and {M}"
+    return None
 
 
 def padded_vocab(V: int) -> int:
@@ -209,8 +220,9 @@ class Model:
 
     def __init__(self, gpu: GPU, cfg: Config, attention: str = "online", B: int | None = None,
                  T: int | None = None, training: bool = True, plan: KernelPlan | None = None, head: bool = True,
-                 accum: int = 1):
+                 accum: int = 1, precision: str = "fp32"):
         assert head or not training, "training needs the head"
+        assert precision in PRECISIONS, precision
         assert accum >= 1 and (accum == 1 or training)
         self.gpu, self.cfg, self.training, self.accum = gpu, cfg, training, accum
         self.plan = plan or make_plan(gpu)                                      # which kernel variants run
@@ -250,14 +262,34 @@ class Model:
         L = cfg.layers
         self.x = [act(BT, C, name=f"x{l}") for l in range(L + 1)]          # residual stream in/out
         self.x_mid = [act(BT, C, name=f"xmid{l}") for l in range(L)]
-        self.ln1 = [act(BT, C) for _ in range(L)]
+        self.precision = precision
+        bf = precision == "bf16"
+        if bf:
+            problem = bf16_problem(self.plan, C, M)
+            if problem:
+                raise LimitError(problem)
+        # fp32: every activation saved per layer. bf16: saved per layer as bf16 (self.half), and one
+        # float32 scratch of each kind shared by the layers (the lists below repeat it), which the
+        # backward refills from the bf16 copy before each layer's gradients.
+        per_layer = (lambda make: [make() for _ in range(L)]) if not bf else (lambda make: [make()] * L)
+        self.ln1 = per_layer(lambda: act(BT, C))
         self.ln1s = [act(2, BT) for _ in range(L)]                           # mean | rstd
-        self.qkv = [[act(BT, C) for _ in range(3)] for _ in range(L)]
-        self.ctx = [act(BT, C) for _ in range(L)]
-        self.ln2 = [act(BT, C) for _ in range(L)]
+        self.qkv = per_layer(lambda: [act(BT, C) for _ in range(3)])
+        self.ctx = per_layer(lambda: act(BT, C))
+        self.ln2 = per_layer(lambda: act(BT, C))
         self.ln2s = [act(2, BT) for _ in range(L)]
-        self.pre = [act(BT, M) for _ in range(L)]
-        self.gel = [act(BT, M) for _ in range(L)]
+        self.pre = per_layer(lambda: act(BT, M))
+        self.gel = per_layer(lambda: act(BT, M))
+        if bf:
+            half = lambda n, name: g.tensor((n // 2,), "u32", name)
+            self.half = [{k: half(BT * (M if k in ("pre", "gel") else C), f"{k}{l} bf16")
+                          for k in ("ln1", "q", "k", "v", "ctx", "ln2", "pre", "gel")} for l in range(L)]
+            # the weights' bf16 copy, in the flat layout at half the bytes (written after every update)
+            self.params_h = Tensor(g.buffer(2 * self.n_flat, "params bf16", binding=False), 0, (self.n_flat // 2,),
+                                   "u32", "params bf16")
+            self._to_bf16 = [K.cast_bf16(g, flat_view(self.params, f0, k),
+                                         Tensor(self.params_h.buf, 2 * f0, (k // 2,), "u32", "params bf16"), k)
+                             for f0, k in flat_chunks(g, self.n_flat)]
         self.tmp = act(BT, C, name="branch_out")                               # branch output before the residual add
         # The logits may exceed one binding (a 50257-token vocabulary): they live in one
         # buffer and are bound in chunks of rows that each fit.
@@ -277,18 +309,36 @@ class Model:
         fwd = self.head.embed(tokens, self.P["pos_emb"], self.x[0], B, T)
         for l in range(L):
             x, q, k, v = self.x[l], *self.qkv[l]
-            fwd += [K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C),
-                    K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
-                    K.matmul(g, self.ln1[l], P(l, "Wk"), P(l, "bk"), k, BT, C, C),
-                    K.matmul(g, self.ln1[l], P(l, "Wv"), P(l, "bv"), v, BT, C, C)]
+            fwd.append(K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C))
+            if bf:   # matmul operands as bf16; q, k, v stored as bf16 and read back for the attention
+                h, W = self.half[l], lambda n: self._half_view(f"h{l}.{n}")
+                fwd.append(K.cast_bf16(g, self.ln1[l], h["ln1"], BT * C))
+                for n, t in (("q", q), ("k", k), ("v", v)):
+                    fwd += [K.matmul_bf16(g, h["ln1"], W("W" + n), P(l, "b" + n), t, BT, C, C),
+                            K.cast_bf16(g, t, h[n], BT * C), K.cast_f32(g, h[n], t, BT * C)]
+            else:
+                fwd += [K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
+                        K.matmul(g, self.ln1[l], P(l, "Wk"), P(l, "bk"), k, BT, C, C),
+                        K.matmul(g, self.ln1[l], P(l, "Wv"), P(l, "bv"), v, BT, C, C)]
             fwd += self.att[l].forward(q, k, v, self.ctx[l])
-            fwd += [K.matmul(g, self.ctx[l], P(l, "Wo"), P(l, "bo"), self.tmp, BT, C, C),
-                    K.add(g, x, self.tmp, self.x_mid[l], BT * C),
-                    K.layernorm_forward(g, self.x_mid[l], self._ln(l, 2), self.ln2[l], self.ln2s[l], BT, C),
-                    K.matmul(g, self.ln2[l], P(l, "fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
-                    K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
-                    K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M),
-                    K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C)]
+            if bf:
+                fwd += [K.cast_bf16(g, self.ctx[l], h["ctx"], BT * C),
+                        K.matmul_bf16(g, h["ctx"], W("Wo"), P(l, "bo"), self.tmp, BT, C, C)]
+            else:
+                fwd.append(K.matmul(g, self.ctx[l], P(l, "Wo"), P(l, "bo"), self.tmp, BT, C, C))
+            fwd += [K.add(g, x, self.tmp, self.x_mid[l], BT * C),
+                    K.layernorm_forward(g, self.x_mid[l], self._ln(l, 2), self.ln2[l], self.ln2s[l], BT, C)]
+            if bf:   # the pre-activation is saved as bf16, and GELU reads and writes bf16
+                fwd += [K.cast_bf16(g, self.ln2[l], h["ln2"], BT * C),
+                        K.matmul_bf16(g, h["ln2"], W("fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
+                        K.cast_bf16(g, self.pre[l], h["pre"], BT * M),
+                        K.gelu_forward_bf16(g, h["pre"], h["gel"], BT * M),
+                        K.matmul_bf16(g, h["gel"], W("fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
+            else:
+                fwd += [K.matmul(g, self.ln2[l], P(l, "fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
+                        K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
+                        K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
+            fwd.append(K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C))
         if head:
             fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
@@ -322,6 +372,11 @@ class Model:
         off, shape = self.offsets[name]
         return Tensor(flat.buf, 4 * off, shape, "f32", name)
 
+    def _half_view(self, name: str) -> Tensor:
+        """A weight's bf16 copy [rows, cols/2] (u32) in params_h."""
+        off, shape = self.offsets[name]
+        return Tensor(self.params_h.buf, 2 * off, (shape[0], int(np.prod(shape[1:])) // 2), "u32", name + " bf16")
+
     def _ln(self, l, which=1, flat=None):
         """[g | b] of a LayerNorm as one [2, C] tensor."""
         name = "ln_f_g" if l is None else f"h{l}.ln{which}_g"
@@ -349,12 +404,19 @@ class Model:
                                      rows(self.dln, r0, n), n, accumulate=i > 0)
         ds += [K.layernorm_dgb(g, self.dln, self.x[L], self.lnfs, self._ln(None, flat=grads), BT, C),
               K.layernorm_dx(g, self.dln, self.x[L], self.P["ln_f_g"], self.lnfs, self.dres, BT, C, accumulate=False)]
+        bf = self.precision == "bf16"
         for l in reversed(range(L)):
             q, k, v = self.qkv[l]
             dq, dk, dv = self.dqkv
+            if bf:   # this layer's saved activations back into the shared float32 scratch
+                h = self.half[l]
+                ds += [K.cast_f32(g, h[n], t, t.size) for n, t in (("gel", self.gel[l]), ("ln2", self.ln2[l]),
+                                                                   ("ctx", self.ctx[l]), ("q", q), ("k", k),
+                                                                   ("v", v), ("ln1", self.ln1[l]))]
             ds += [K.matmul_atb(g, self.gel[l], self.dres, G(l, "fc_out_W"), M, C, BT),
                    K.bias_grad(g, self.dres, G(l, "fc_out_b"), BT, C),
                    K.matmul_abt(g, self.dres, P(l, "fc_out_W"), self.dact, BT, M, C),
+                   K.gelu_backward_bf16(g, self.half[l]["pre"], self.dact, self.dpre, BT * M) if bf else
                    K.gelu_backward(g, self.pre[l], self.dact, self.dpre, BT * M),
                    K.matmul_atb(g, self.ln2[l], self.dpre, G(l, "fc_in_W"), C, M, BT),
                    K.bias_grad(g, self.dpre, G(l, "fc_in_b"), BT, M),
@@ -402,7 +464,7 @@ class Model:
             ds.append(K.adamw(g, flat_view(self.grads, f0, k), flat_view(self.wd_table, f0 // 256, k // 256),
                               self.stats, flat_view(self.params, f0, k), flat_view(self.m, f0, k),
                               flat_view(self.v, f0, k), k, u))
-        return ds
+        return ds + (self._to_bf16 if self.precision == "bf16" else [])   # the copy the next step reads
 
     # ---- state in and out ------------------------------------------------------------------------
     def _pack(self, tensors: dict) -> np.ndarray:
@@ -419,6 +481,8 @@ class Model:
 
     def set_params(self, params: dict):
         self.gpu.write(self.params, self._pack(params))
+        if self.precision == "bf16":
+            self.gpu.run(self._to_bf16)
 
     def get_params(self) -> dict:
         return self._unpack(self.gpu.read(self.params))

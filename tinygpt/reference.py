@@ -239,32 +239,41 @@ grad_sumsq4, adamw4 = grad_sumsq, adamw
 
 
 # ---- the whole model --------------------------------------------------------------------
-def forward(params, cfg: Config, tokens, targets=None, attention=None):
-    """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward."""
+def forward(params, cfg: Config, tokens, targets=None, attention=None, precision="fp32"):
+    """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
+
+    precision "bf16" rounds where the model stores bf16: the matmuls' operands (the LayerNorm
+    outputs, the attention output, GELU's output, the weights), q, k and v, and the saved
+    pre-activation; sums stay in the inputs' precision. The backward then reads the rounded
+    activations from the cache and multiplies by the unrounded weights, as the model does."""
     from . import reference_attention as ra
     attend = attention or ra.attention_forward
     B, T = tokens.shape
     C, H, L = cfg.d_model, cfg.heads, cfg.layers
     P = params
+    r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) if precision == "bf16" \
+        else (lambda a: a)
     x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
     cache = {"tokens": tokens, "x0": x, "layers": []}
     for l in range(L):
         p = lambda n: P[f"h{l}.{n}"]
         c = {"x": x}
-        c["ln1"] = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
+        y, mean, rstd = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
+        c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
-        q = matmul(h, p("Wq"), p("bq"))
-        k = matmul(h, p("Wk"), p("bk"))
-        v = matmul(h, p("Wv"), p("bv"))
+        q = r(matmul(h, r(p("Wq")), p("bq")))
+        k = r(matmul(h, r(p("Wk")), p("bk")))
+        v = r(matmul(h, r(p("Wv")), p("bv")))
         c["qkv"] = (q, k, v)
-        ctx = attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C)
+        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C))
         c["ctx"] = ctx
-        x = add(x, matmul(ctx, p("Wo"), p("bo")))
+        x = add(x, matmul(ctx, r(p("Wo")), p("bo")))
         c["x_mid"] = x
-        c["ln2"] = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
-        c["pre"] = matmul(c["ln2"][0], p("fc_in_W"), p("fc_in_b"))      # [BT,M]
-        c["act"] = gelu_forward(c["pre"])
-        x = add(x, matmul(c["act"], p("fc_out_W"), p("fc_out_b")))
+        y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
+        c["ln2"] = (r(y), mean, rstd)
+        c["pre"] = r(matmul(c["ln2"][0], r(p("fc_in_W")), p("fc_in_b")))   # [BT,M]
+        c["act"] = r(gelu_forward(c["pre"]))
+        x = add(x, matmul(c["act"], r(p("fc_out_W")), p("fc_out_b")))
         cache["layers"].append(c)
     cache["x_final"] = x
     cache["lnf"] = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
