@@ -29,21 +29,27 @@ def allocated(gpu, monkeypatch, build):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("attention, accum, vocab, limit, width", [
-    ("online", 1, 256, None, 24), ("naive", 1, 301, None, 24), ("online", 3, 256, None, 24),
-    ("naive", 2, 2000, 600_000, 24), ("online", 2, 50257, 13_000_000, 24),
-    ("online", 2, 2000, 600_000, 128)])       # the token table split, through the head's block scratch
-def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit, width):
+@pytest.mark.parametrize("attention, accum, vocab, limit, width, precision", [
+    ("online", 1, 256, None, 24, "fp32"), ("naive", 1, 301, None, 24, "fp32"), ("online", 3, 256, None, 24, "fp32"),
+    ("naive", 2, 2000, 600_000, 24, "fp32"), ("online", 2, 50257, 13_000_000, 24, "fp32"),
+    ("online", 2, 2000, 600_000, 128, "fp32"),     # the token table split, through the head's block scratch
+    ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16")])
+def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.infer import Sampler
     from tinygpt.data import ByteTokenizer
     from tinygpt.model import Model
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
     if limit:     # logits and score matrices split into chunks
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+    if precision == "bf16":
+        from tinygpt.model import bf16_problem
+        from tinygpt.plan import make_plan
+        if bf16_problem(make_plan(gpu), width, 4 * width):
+            pytest.skip("bf16 needs the subgroup matmuls")
     limits = memory.device_limits(gpu)
-    p = memory.plan(cfg, 6, attention, accum, limits, sample=0)
-    got = allocated(gpu, monkeypatch, lambda: Model(gpu, cfg, attention, B=6, accum=accum))
-    print(f"{attention} accum {accum} V {vocab}: plan {p.total:,} bytes, model {got:,}")
+    p = memory.plan(cfg, 6, attention, accum, limits, sample=0, precision=precision)
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, cfg, attention, B=6, accum=accum, precision=precision))
+    print(f"{attention} accum {accum} V {vocab} {precision}: plan {p.total:,} bytes, model {got:,}")
     assert got == p.total
     want = memory.sampler_bytes(cfg, attention, 50, limits["max_binding"])
     got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, cfg, ByteTokenizer(), attention, capacity=50))

@@ -157,7 +157,8 @@ def cmd_plan(args) -> int:
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     gpu = GPU()
-    p = memory.plan(cfg, cfg.batch, args.attention, args.grad_accum, memory.device_limits(gpu), args.sample_tokens)
+    p = memory.plan(cfg, cfg.batch, args.attention, args.grad_accum, memory.device_limits(gpu), args.sample_tokens,
+                    args.precision)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
@@ -332,6 +333,9 @@ def build_parser():
     p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
+    p.add_argument("--precision", choices=["fp32", "bf16"],
+                   help="bf16: matmul operands, q/k/v and saved activations stored as bf16, sums and weights "
+                        "float32 (default fp32, or the resumed run's); checkpoints stay float32")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)
@@ -362,6 +366,7 @@ def build_parser():
     p.add_argument("--grad-accum", type=positive_int, default=1)
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="default: the preset's (byte; gpt2 for gpt2)")
     p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--sample-tokens", type=nonneg_int, default=200)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
@@ -373,6 +378,7 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_eval)
 
@@ -388,6 +394,8 @@ def build_parser():
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=0)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16 samples by the whole window's forward (the cached decode step is float32)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
     p.add_argument("--tokenizer-file")

@@ -38,11 +38,13 @@ class Decoder:
     """N sequences sampled together, on the device, with or without the key/value cache."""
 
     def __init__(self, gpu: GPU, cfg: Config, N: int = 1, attention: str = "online", plan=None,
-                 cache: bool = True, capacity: int = 256):
+                 cache: bool = True, capacity: int = 256, precision: str = "fp32"):
         self.gpu, self.cfg, self.N, self.cache, self.capacity = gpu, cfg, N, cache, capacity
         C, H, T, M = cfg.d_model, cfg.heads, cfg.ctx, cfg.d_mlp
         g = gpu
-        self.model = Model(gpu, cfg, attention, B=N, T=T, training=False, plan=plan, head=not cache)
+        assert precision == "fp32" or not cache, "the cached decode step is float32"
+        self.model = Model(gpu, cfg, attention, B=N, T=T, training=False, plan=plan, head=not cache,
+                           precision=precision)
         self.plan = self.model.plan
         self.VP = self.model.VP
         self.uniform = g.uniform(kernels.DECODE_UNIFORM_BYTES)

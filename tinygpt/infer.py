@@ -12,7 +12,7 @@ from .config import Config
 from .data import Dataset, get_tokenizer, read_corpus
 from .errors import UsageError
 from .gpu import GPU
-from .model import Model
+from .model import Model, bf16_problem
 from .options import EvalOptions, SampleOptions
 from .plan import make_plan
 
@@ -50,8 +50,11 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     data = Dataset(tok.encode(raw), cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
-    model = Model(gpu, cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
-                  plan=make_plan(gpu, o.kernels))
+    plan = make_plan(gpu, o.kernels)
+    if o.precision == "bf16" and bf16_problem(plan, cfg.d_model, cfg.d_mlp):
+        raise UsageError(bf16_problem(plan, cfg.d_model, cfg.d_mlp))
+    model = Model(gpu, cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, plan=plan,
+                  precision=o.precision)
     model.set_params(ck.params)
     loss = model.mean_loss(xs, ys)
     # exp overflows past ~709 nats: say so instead of failing
@@ -68,11 +71,13 @@ class Sampler:
     (decode.py). Built once, reused for several samples of up to `capacity` tokens."""
 
     def __init__(self, gpu: GPU, cfg: Config, tok, attention: str = "online", plan=None, num: int = 1,
-                 capacity: int = 256):
+                 capacity: int = 256, precision: str = "fp32"):
         from .decode import Decoder
         plan = plan or make_plan(gpu)
         self.tok = tok
-        self.decoder = Decoder(gpu, cfg, num, attention, plan, plan.decode == "cache", capacity)
+        # the key/value cache's decode step is float32: bf16 samples by the whole window's forward
+        cache = plan.decode == "cache" and precision == "fp32"
+        self.decoder = Decoder(gpu, cfg, num, attention, plan, cache, capacity, precision)
 
     def set_params(self, params: dict):
         self.decoder.set_params(params)
@@ -95,8 +100,13 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     if o.no_cache:
         kernels["decode"] = "full"
     plan = make_plan(gpu, kernels)
+    if o.precision == "bf16":
+        if bf16_problem(plan, ck.cfg.d_model, ck.cfg.d_mlp):
+            raise UsageError(bf16_problem(plan, ck.cfg.d_model, ck.cfg.d_mlp))
+        plan = plan.with_(decode="full")
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
-          f"({'key/value cache' if plan.decode == 'cache' else 'the whole window per token'})", file=err or sys.stderr)
-    s = Sampler(gpu, ck.cfg, tok, o.attention, plan, o.num_samples, o.tokens)
+          f"({'key/value cache' if plan.decode == 'cache' else 'the whole window per token'}"
+          f"{', bf16' if o.precision == 'bf16' else ''})", file=err or sys.stderr)
+    s = Sampler(gpu, ck.cfg, tok, o.attention, plan, o.num_samples, o.tokens, o.precision)
     s.set_params(ck.params)
     return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

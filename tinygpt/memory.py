@@ -31,6 +31,7 @@ class Plan:
     batch: int                      # windows per micro-batch
     accum: int
     attention: str
+    precision: str = "fp32"
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
@@ -52,18 +53,18 @@ class Plan:
     def as_dict(self) -> dict:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
-                "attention": self.attention, "bytes": dict(self.groups), "total_bytes": self.total,
+                "attention": self.attention, "precision": self.precision, "bytes": dict(self.groups), "total_bytes": self.total,
                 "largest_binding_bytes": largest, "largest_binding": what, "limits": dict(self.limits),
                 "fits": self.fits, "problems": list(self.problems)}
 
 
 def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, limits: dict | None = None,
-         sample: int = 200) -> Plan:
+         sample: int = 200, precision: str = "fp32") -> Plan:
     """The bytes of a training run of `cfg` at micro-batch `batch`; limits: max_binding,
     max_buffer, loop_cap (None where the adapter has none), memory (None where unknown);
-    sample: the tokens of the samples at the end (0: none)."""
+    sample: the tokens of the samples at the end (0: none); precision: fp32 or bf16."""
     limits = dict(limits or {})
-    p = Plan(cfg, batch, accum, attention, limits=limits)
+    p = Plan(cfg, batch, accum, attention, limits=limits, precision=precision)
     B, T, C, M, H, L = batch, cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.heads, cfg.layers
     V = cfg.vocab
     VP = -(-V // 4) * 4
@@ -83,9 +84,16 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add("adam moments", "AdamW m and v (flat)", f, bound=fb, count=2)
     add("batch", "token batch", _batch_bytes(BT, V))
     act = "activations (saved)"
-    add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + 7 * L + 1)   # x; x_mid ln1 q k v ctx ln2; tmp
+    if precision == "bf16":   # model.Model: ln1 q k v ctx ln2 pre gel saved as bf16, one float32 scratch each
+        add("parameters", "parameters' bf16 copy (flat)", 2 * n_flat, bound=fb // 2)
+        add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + L + 6 + 1)   # x; x_mid; scratch; tmp
+        add(act, "[B*T, 4C] MLP activations", 4 * BT * M, count=2)
+        add(act, "[B*T, C] bf16 activations", 2 * BT * C, count=6 * L)
+        add(act, "[B*T, 4C] bf16 MLP activations", 2 * BT * M, count=2 * L)
+    else:
+        add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + 7 * L + 1)   # x; x_mid ln1 q k v ctx ln2; tmp
+        add(act, "[B*T, 4C] MLP activations", 4 * BT * M, count=2 * L)
     add(act, "LayerNorm statistics", 4 * 2 * BT, count=2 * L)
-    add(act, "[B*T, 4C] MLP activations", 4 * BT * M, count=2 * L)
     add(act, "[B*T, C] activations", 4 * BT * C)                              # the final LayerNorm's output
     add(act, "LayerNorm statistics", 4 * 2 * BT)
     from .model import LOSS_SLOT
@@ -178,10 +186,10 @@ def _check(p: Plan, BT: int):
         p.problems.append(f"{p.total:,} bytes in all, over the {mem:,} the system has available")
 
 
-def largest_fitting_batch(cfg: Config, batch: int, attention: str, limits: dict) -> int | None:
+def largest_fitting_batch(cfg: Config, batch: int, attention: str, limits: dict, precision: str = "fp32") -> int | None:
     """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps the batch)."""
     for b in sorted((d for d in range(1, batch + 1) if batch % d == 0), reverse=True):
-        if plan(cfg, b, attention, batch // b, limits).fits:
+        if plan(cfg, b, attention, batch // b, limits, precision=precision).fits:
             return b
     return None
 
@@ -197,7 +205,7 @@ def device_limits(gpu) -> dict:
 def refusal(p: Plan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
-    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, p.limits)
+    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, p.limits, p.precision)
     if b and b < p.batch * p.accum:
         msg += (f"; {{opt:batch}} {b} {{opt:grad_accum}} {p.batch * p.accum // b} fits and keeps the batch of "
                 f"{p.batch * p.accum}")
@@ -218,7 +226,7 @@ def text(p: Plan) -> str:
     what, largest = p.largest_binding
     lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
-             + f", attention {p.attention}"]
+             + f", attention {p.attention}, {p.precision}"]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

@@ -29,7 +29,7 @@ from .errors import TinyGPTError, UsageError, word
 from .files import WRITER, Outputs, advice, atomic_write, derived, is_json_lines, is_our_png, rescue_paths
 from .gpu import GPU
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
-from .model import Model
+from .model import Model, bf16_problem
 from .options import TrainOptions
 from .plan import make_plan
 from .prep import init_params
@@ -257,11 +257,17 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     if not 1 <= accum <= 4096:
         raise UsageError(f"{{opt:grad_accum}} must be 1 to 4096, got {accum}")
     gpu = gpu or GPU()
-    mem = memory.plan(cfg, cfg.batch, o.attention, accum, memory.device_limits(gpu), o.sample_tokens)
+    precision = o.precision or (resume.extra.get("precision", "fp32") if resume else "fp32")
+    mem = memory.plan(cfg, cfg.batch, o.attention, accum, memory.device_limits(gpu), o.sample_tokens, precision)
     if not mem.fits:                              # before anything is allocated: the plan's message
         raise UsageError(memory.refusal(mem))
-    model = Model(gpu, cfg, o.attention, plan=make_plan(gpu, o.kernels), accum=accum)
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum}
+    plan = make_plan(gpu, o.kernels)
+    if precision == "bf16" and bf16_problem(plan, cfg.d_model, cfg.d_mlp):
+        raise UsageError(bf16_problem(plan, cfg.d_model, cfg.d_mlp))
+    model = Model(gpu, cfg, o.attention, plan=plan, accum=accum, precision=precision)
+    # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
+    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
+             "precision": precision}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
@@ -334,8 +340,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
         if o.sample_tokens else None
     accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
     print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch {B}{accum_text}, "
-          f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention} on {model.gpu.name} "
-          f"({model.gpu.backend})", file=err)
+          f"vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention}, {model.precision} "
+          f"on {model.gpu.name} ({model.gpu.backend})", file=err)
     print(f"kernels: {model.plan.describe()}", file=err)
     print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)", file=err)
     if budget:
