@@ -36,15 +36,16 @@ def batches(cfg, steps, data_path, seed):
     return [ds.sample(rng, cfg.batch) for _ in range(steps)]
 
 
-def run_webgpu(cfg, params, data, lr, attention, kernels=None):
+def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32"):
     gpu = GPU()
-    m = Model(gpu, cfg, attention, plan=make_plan(gpu, kernels))
+    m = Model(gpu, cfg, attention, plan=make_plan(gpu, kernels), precision=precision)
     m.set_params(params)
     t0 = time.perf_counter()
     for x, y in data:
         m.step(x, y, lr)
     loss = m.loss()  # waits for the GPU
-    return time.perf_counter() - t0, loss, f"{gpu.name} ({gpu.backend}), attention {attention}, kernels {m.plan.describe()}"
+    return time.perf_counter() - t0, loss, (f"{gpu.name} ({gpu.backend}), attention {attention}, {precision}, "
+                                            f"kernels {m.plan.describe()}")
 
 
 def run_numpy(cfg, params, data, lr):
@@ -75,6 +76,7 @@ def main(argv=None):
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
     ap.add_argument("--attention", default="online")
     ap.add_argument("--trainers", default="webgpu,numpy,torch")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the WebGPU trainer's")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
@@ -82,7 +84,7 @@ def main(argv=None):
     params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
     tokens = args.steps * cfg.batch * cfg.ctx
-    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels),
+    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels, args.precision),
                "numpy": lambda: run_numpy(cfg, params, data, args.lr),
                "torch": lambda: run_torch(cfg, params, data, args.lr)}
     rows = []
@@ -93,7 +95,8 @@ def main(argv=None):
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
         secs, loss, what = runners[name]()
-        rows.append({"trainer": name, "preset": args.preset, "steps": args.steps, "tokens_per_s": tokens / secs,
+        rows.append({"trainer": name, "preset": args.preset, "precision": args.precision if name == "webgpu" else "fp32",
+                     "steps": args.steps, "tokens_per_s": tokens / secs,
                      "final_loss": loss, "seconds": secs, "what": what})
         print(f"{name}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
     base = {r["trainer"]: r["tokens_per_s"] for r in rows}
@@ -102,7 +105,8 @@ def main(argv=None):
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
     if not args.json:
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches")
-    emit(rows, args.json, ["trainer", "preset", "steps", "tokens_per_s", "final_loss", "webgpu_over_this", "what"])
+    emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "webgpu_over_this",
+                           "what"])
 
 
 if __name__ == "__main__":

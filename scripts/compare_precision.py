@@ -54,6 +54,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=500)
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--seed", type=int, help="init and batch seed (default: the preset's, 1337)")
     ap.add_argument("--plot", help="write the loss curves to this PNG")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -61,7 +62,7 @@ def main(argv=None):
     raw, data_name = read_corpus(args.data)
     rows = []
     for name in args.presets.split(","):
-        cfg = preset(name).validate()
+        cfg = preset(name, seed=args.seed).validate()
         why = bf16_problem(make_plan(gpu), cfg.d_model, cfg.d_mlp)
         if why:
             raise SystemExit("error: " + why.replace("{opt:precision}", "--precision").replace("{opt:d_model}", "--d-model"))

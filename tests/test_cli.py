@@ -301,3 +301,36 @@ def test_resume_a_tinygpt_gpt2_file_without_our_fields(tmp_path, corpus):
     assert run_cli("train", "--resume", p, "--tokenizer-file", f, "--data", corpus, "--steps", 2, "--quiet",
                    "--eval-every", 0) == 0
     assert ckpt.load(p).step == 2 and ckpt.load(p).extra["tokenizer"] == "gpt2"
+
+
+def test_precision_bf16_trains_resumes_evaluates_and_samples(tmp_path, corpus, capsys, gpu):
+    """--precision bf16: recorded in the checkpoint (which stays float32), kept on resume unless the
+    flag says otherwise, accepted by eval and sample (which then samples by the whole window)."""
+    from tinygpt.model import bf16_problem
+    from tinygpt.plan import make_plan
+    if bf16_problem(make_plan(gpu), 48, 192):
+        rc = run_cli("train", *TINY, "--data", corpus, "--steps", 2, "--precision", "bf16", "--quiet",
+                     "--out", tmp_path / "m.tinygpt")
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert rc == 2 and "--precision bf16 needs the subgroup matmuls" in err, err
+        return
+    out = tmp_path / "m.tinygpt"
+    assert run_cli("train", *TINY, "--data", corpus, "--steps", 3, "--eval-every", 0, "--precision", "bf16",
+                   "--out", out, "--quiet", "--sample-tokens", 8) == 0
+    assert ", bf16 on " in capsys.readouterr().err
+    ck = ckpt.load(out)
+    assert ck.extra["precision"] == "bf16" and all(v.dtype == np.float32 for v in ck.params.values())
+    assert run_cli("train", "--resume", out, "--data", corpus, "--steps", 5, "--eval-every", 0, "--quiet",
+                   "--sample-tokens", 0) == 0
+    assert ", bf16 on " in capsys.readouterr().err and ckpt.load(out).step == 5
+    assert run_cli("train", "--resume", out, "--data", corpus, "--steps", 6, "--eval-every", 0, "--quiet",
+                   "--sample-tokens", 0, "--precision", "fp32") == 0          # and back to fp32
+    assert ", fp32 on " in capsys.readouterr().err and ckpt.load(out).extra["precision"] == "fp32"
+    assert run_cli("eval", "--model", out, "--data", corpus, "--precision", "bf16", "--json") == 0
+    bf, fp = json.loads(capsys.readouterr().out)["loss"], None
+    assert run_cli("eval", "--model", out, "--data", corpus, "--json") == 0
+    fp = json.loads(capsys.readouterr().out)["loss"]
+    print(f"eval after 6 steps: fp32 {fp:.5f}, bf16 {bf:.5f}")
+    assert abs(bf - fp) < 0.02
+    assert run_cli("sample", "--model", out, "--precision", "bf16", "--tokens", 5, "--prompt", "ab") == 0
+    assert "whole window per token, bf16" in capsys.readouterr().err

@@ -81,6 +81,28 @@ def test_bench_train_json():
     assert abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-3
 
 
+def bf16_ok(gpu):
+    from tinygpt.model import bf16_problem
+    return bf16_problem(make_plan(gpu), 48, 192) is None
+
+
+def test_bench_train_bf16_and_compare_precision_json(gpu):
+    """bench_train --precision bf16 trains as the fp32 NumPy reference does, within bf16's
+    rounding; compare_precision gives both runs' rows with the gap between their curves."""
+    import pytest
+    if not bf16_ok(gpu):
+        pytest.skip("bf16 needs the subgroup matmuls")
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu,numpy",
+                    "--precision", "bf16")
+    by = {r["trainer"]: r for r in rows}
+    assert by["webgpu"]["precision"] == "bf16" and abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-2
+    rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3")
+    assert [(r["preset"], r["precision"]) for r in rows] == [("tiny", "fp32"), ("tiny", "bf16")]
+    for r in rows:
+        assert {"steps", "train_loss", "val_loss", "tokens_per_s", "curve"} <= set(r) and len(r["curve"]) == 4
+    assert rows[1]["max_gap"] < 0.05 and abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.05
+
+
 def test_bench_learning_json(tmp_path):
     """Both trainers (torch where importable) from the same init and batches: the same curve."""
     import importlib.util
