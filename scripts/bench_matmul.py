@@ -25,6 +25,7 @@ from tinygpt.plan import make_plan
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = {("matmul", "sg"), ("matmul_abt", "sg"), ("matmul_atb", "sg")}     # (entry, variant) with a bf16 kernel
+# (matmul_bf16.wgsl, the bf16 set without subgroups, is the scalar kernel's shape: not raced here)
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -51,7 +52,7 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
         ah, bh = R.cast_bf16(A).reshape(A.shape[0], -1), R.cast_bf16(B).reshape(B.shape[0], -1)
         fn = getattr(K, entry + "_bf16")
         extra = [None] if entry == "matmul" else []
-        d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd)
+        d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd, variant=variant)
         want = getattr(R, entry + "_bf16_sg")(ah, bh)
     else:
         fn = getattr(K, entry)

@@ -396,28 +396,31 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n):
     assert rel.size == 0 or rel.max() <= 2.0 ** -8
 
 
+@pytest.mark.parametrize("variant", ["sg", "plain"])
 @pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136),
                                     (40, 8, 16)])
-def test_matmul_family_bf16_sg(gpu, rng, M, N, K_):
-    """bf16 operands, float32 sums: each product against its twin (the float64 product of the same
-    bf16 values) with the float32 kernels' tolerance, so only the summation order differs."""
-    need_subgroups(gpu)
+def test_matmul_family_bf16(gpu, rng, M, N, K_, variant):
+    """bf16 operands, float32 sums, with subgroups (matmul_bf16_sg.wgsl) and without
+    (matmul_bf16.wgsl): each product against its twin (the float64 product of the same bf16
+    values) with the float32 kernels' tolerance, so only the summation order differs."""
+    if variant == "sg":
+        need_subgroups(gpu)
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
     pk = lambda x: R.cast_bf16(x).reshape(x.shape[0], -1)          # [rows, cols/2] packed
     ah, bh, bth = pk(a), pk(b), pk(b.T.copy())
     up = gpu.upload
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), out, M, N, K_))
-    check(f"matmul_bf16_sg {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16_sg(ah, bh, f64(bias)), tol)
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), out, M, N, K_, variant=variant))
+    check(f"matmul_bf16 {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16(ah, bh, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), None, out, M, N, K_, accumulate=True))
-    check(f"matmul_bf16_sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16_sg(ah, bh), tol)
-    run(gpu, K.matmul_abt_bf16(gpu, up(ah), up(bth), out, M, N, K_))
-    check(f"matmul_abt_bf16_sg {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16_sg(ah, bth), tol)
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant))
+    check(f"matmul_bf16 {variant} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16(ah, bh), tol)
+    run(gpu, K.matmul_abt_bf16(gpu, up(ah), up(bth), out, M, N, K_, variant=variant))
+    check(f"matmul_abt_bf16 {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(ah, bth), tol)
     if M % 8 == 0:                                                  # A^T @ B packs A's rows of M
         ath = pk(a.T.copy())
         gpu.write(out, prev)
-        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True))
-        check(f"matmul_atb_bf16_sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16_sg(ath, bh), tol)
+        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant))
+        check(f"matmul_atb_bf16 {variant} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(ath, bh), tol)
 
 
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])

@@ -167,27 +167,34 @@ def bf16_ok(entry, M, N, K) -> bool:
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
 
 
-def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate):
-    assert bf16_ok(entry, M, N, K), (entry, M, N, K)
-    k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw")
-    return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out],
-                        (-(-N // (8 * SG_LANES)), -(-M // 32)))
+def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
+    """variant: "sg" (matmul_bf16_sg.wgsl) where subgroups work and the shape allows it, else
+    "plain" (matmul_bf16.wgsl: any shape whose operand rows hold whole words)."""
+    variant = variant or ("sg" if (plan or PORTABLE).subgroups == "ok" and bf16_ok(entry, M, N, K) else "plain")
+    params = (M, N, K, bias is not None, accumulate)
+    if variant == "sg":
+        assert bf16_ok(entry, M, N, K), (entry, M, N, K)
+        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw")
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (8 * SG_LANES)), -(-M // 32)))
+    assert K % 2 == 0 and (entry != "matmul" or N % 2 == 0) and (entry != "matmul_atb" or M % 2 == 0), (entry, M, N, K)
+    k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw")
+    return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
 
 
-def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False):
+def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None):
     """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]); a and b bf16, as u32 tensors of half the floats;
-    float32 sums (matmul_bf16_sg.wgsl: working subgroups, bf16_ok shapes)."""
-    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate)
+    float32 sums."""
+    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan)
 
 
-def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False):
+def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
     """out[M,N] = a[M,K] @ b[N,K]^T, a and b bf16"""
-    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate)
+    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
-def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False):
+def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
     """out[M,N] = a[K,M]^T @ b[K,N], a and b bf16"""
-    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate)
+    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
 # ---- elementwise -------------------------------------------------------------------------

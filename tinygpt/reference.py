@@ -102,6 +102,10 @@ def matmul_atb_bf16_sg(a, b):            # a [K,M/2], b [K,N/2] packed -> [M,N]
     return matmul_atb(unpack_bf16(a), unpack_bf16(b))
 
 
+# matmul_bf16.wgsl, the set without subgroups: the same products, summed one k at a time
+matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
+
+
 # ---- elementwise ----------------------------------------------------------------------
 def add(x, y):
     return x + y
