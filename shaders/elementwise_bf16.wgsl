@@ -25,16 +25,23 @@ fn word(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>, j: u32) -> u32 {   // 64
   return group_index(wid, nwg) * 64u * PER + lid.x + 64u * j;
 }
 
+struct X8 { a: vec4<f32>, b: vec4<f32> }      // the 8 values of word w of x: 0-3 and 4-7
+
+fn x8(w: u32) -> X8 {
+  let v = xh[w];
+  return X8(bf16_lo4(v.xy), bf16_lo4(v.zw));
+}
+
+fn gelu_grad(x: vec4<f32>) -> vec4<f32> { return cdf4(x) + x * 0.3989422804014327 * exp(-0.5 * x * x); }
+
 @compute @workgroup_size(64)
 fn gelu_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_id) lid: vec3<u32>) {
   for (var j = 0u; j < PER; j++) {
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
-      let v = xh[w];
-      let a = bf16_lo4(v.xy);
-      let b = bf16_lo4(v.zw);
-      outh[w] = pack8(a * cdf4(a), b * cdf4(b));
+      let x = x8(w);
+      outh[w] = pack8(x.a * cdf4(x.a), x.b * cdf4(x.b));
     }
   }
 }
@@ -45,11 +52,9 @@ fn gelu_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
   for (var j = 0u; j < PER; j++) {
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
-      let v = xh[w];
-      let a = bf16_lo4(v.xy);
-      let b = bf16_lo4(v.zw);
-      outf[2u * w] = dy[2u * w] * (cdf4(a) + a * 0.3989422804014327 * exp(-0.5 * a * a));
-      outf[2u * w + 1u] = dy[2u * w + 1u] * (cdf4(b) + b * 0.3989422804014327 * exp(-0.5 * b * b));
+      let x = x8(w);
+      outf[2u * w] = dy[2u * w] * gelu_grad(x.a);
+      outf[2u * w + 1u] = dy[2u * w + 1u] * gelu_grad(x.b);
     }
   }
 }
