@@ -442,3 +442,20 @@ def test_gelu_bf16(gpu, rng, n):
     print(f"gelu_forward_bf16: {same:.2%} of words equal to the float64 twin's rounding")
     assert same > 0.98
     check(f"gelu_backward_bf16 n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy)), 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("rows,C", [(1, 8), (65, 48), (130, 96)])
+def test_layernorm_forward_bf16(gpu, rng, rows, C):
+    """The output rounded to bf16 as the twin rounds it (a float32 result on a rounding edge may round
+    the other way: almost every word equal), statistics in float32 as layernorm4's."""
+    x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
+    g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
+    yh, stats = gpu.tensor((rows, C // 2), "u32"), gpu.tensor((2, rows))
+    run(gpu, K.layernorm_forward_bf16(gpu, gpu.upload(x), gpu.upload(np.stack([g, b])), yh, stats, rows, C))
+    want_h, mean, rstd = R.layernorm_forward_bf16(x, g, b)
+    same = np.mean(gpu.read(yh).reshape(-1) == want_h.reshape(-1))
+    print(f"layernorm_forward_bf16 {rows}x{C}: {same:.2%} of words equal to the twin's")
+    assert same > 0.97
+    got, want = R.cast_f32(gpu.read(yh).reshape(-1), rows * C), R.layernorm_forward(f64(x), f64(g), f64(b))[0].reshape(-1)
+    check(f"layernorm_forward_bf16 {rows}x{C} (one bf16 rounding)", got, want, 1e-5, 2.0 ** -8)
+    check("its mean | rstd", gpu.read(stats), np.stack([mean, rstd]), 2e-5)

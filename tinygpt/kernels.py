@@ -248,6 +248,13 @@ def layernorm_forward(gpu, x, gb, y, stats, rows, C, eps=1e-5, variant=None, pla
     return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
 
 
+def layernorm_forward_bf16(gpu, x, gb, yh, stats, rows, C, eps=1e-5):
+    """layernorm_forward with y written as bf16 (u32 [rows, C/2]); C a multiple of 8."""
+    assert C % 8 == 0, C
+    k = gpu.kernel("layernorm_bf16.wgsl", "layernorm_forward_bf16", "urrww")
+    return gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
+
+
 def layernorm_dx(gpu, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None, plan=None):
     k = gpu.kernel(*_ln_file("layernorm_dx", C, variant, plan), "urrrww")
     return gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))

@@ -308,15 +308,15 @@ class Model:
         fwd = self.head.embed(tokens, self.P["pos_emb"], self.x[0], B, T)
         for l in range(L):
             x, q, k, v = self.x[l], *self.qkv[l]
-            fwd.append(K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C))
             if bf:   # matmul operands as bf16; q, k, v stored as bf16 and read back for the attention
                 h, W = self.half[l], lambda n: self._half_view(f"h{l}.{n}")
-                fwd.append(K.cast_bf16(g, self.ln1[l], h["ln1"], BT * C))
+                fwd.append(K.layernorm_forward_bf16(g, x, self._ln(l, 1), h["ln1"], self.ln1s[l], BT, C))
                 for n, t in (("q", q), ("k", k), ("v", v)):
                     fwd += [K.matmul_bf16(g, h["ln1"], W("W" + n), P(l, "b" + n), t, BT, C, C),
                             K.cast_bf16(g, t, h[n], BT * C), K.cast_f32(g, h[n], t, BT * C)]
             else:
-                fwd += [K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
+                fwd += [K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C),
+                        K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
                         K.matmul(g, self.ln1[l], P(l, "Wk"), P(l, "bk"), k, BT, C, C),
                         K.matmul(g, self.ln1[l], P(l, "Wv"), P(l, "bv"), v, BT, C, C)]
             fwd += self.att[l].forward(q, k, v, self.ctx[l])
@@ -325,16 +325,16 @@ class Model:
                         K.matmul_bf16(g, h["ctx"], W("Wo"), P(l, "bo"), self.tmp, BT, C, C)]
             else:
                 fwd.append(K.matmul(g, self.ctx[l], P(l, "Wo"), P(l, "bo"), self.tmp, BT, C, C))
-            fwd += [K.add(g, x, self.tmp, self.x_mid[l], BT * C),
-                    K.layernorm_forward(g, self.x_mid[l], self._ln(l, 2), self.ln2[l], self.ln2s[l], BT, C)]
+            fwd.append(K.add(g, x, self.tmp, self.x_mid[l], BT * C))
             if bf:   # the pre-activation is saved as bf16, and GELU reads and writes bf16
-                fwd += [K.cast_bf16(g, self.ln2[l], h["ln2"], BT * C),
+                fwd += [K.layernorm_forward_bf16(g, self.x_mid[l], self._ln(l, 2), h["ln2"], self.ln2s[l], BT, C),
                         K.matmul_bf16(g, h["ln2"], W("fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
                         K.cast_bf16(g, self.pre[l], h["pre"], BT * M),
                         K.gelu_forward_bf16(g, h["pre"], h["gel"], BT * M),
                         K.matmul_bf16(g, h["gel"], W("fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
             else:
-                fwd += [K.matmul(g, self.ln2[l], P(l, "fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
+                fwd += [K.layernorm_forward(g, self.x_mid[l], self._ln(l, 2), self.ln2[l], self.ln2s[l], BT, C),
+                        K.matmul(g, self.ln2[l], P(l, "fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
                         K.gelu_forward(g, self.pre[l], self.gel[l], BT * M),
                         K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
             fwd.append(K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C))

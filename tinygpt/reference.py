@@ -85,6 +85,11 @@ def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [
     return matmul(unpack_bf16(a), unpack_bf16(b), bias)
 
 
+def layernorm_forward_bf16(x, g, b):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
+    y, mean, rstd = layernorm_forward(x, g, b)
+    return cast_bf16(y).reshape(len(x), -1), mean, rstd
+
+
 def gelu_forward_bf16(xh):               # packed bf16 x -> packed bf16 gelu(x), computed in x's float precision
     x = cast_f32(xh, 2 * np.size(xh))
     return cast_bf16(gelu_forward(x))
