@@ -97,3 +97,29 @@ def test_naive_splits_heads_over_the_binding_limit(gpu, monkeypatch):
     check("naive in 3 head chunks out", attention.forward(q, k, v, H, "naive", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
     dq, _, _ = attention.backward(q, k, v, do, H, "naive", gpu)
     check("naive in 3 head chunks dq", dq, RA.attention_backward(f(q), f(k), f(v), f(do), H)[0], TOL)
+
+
+@pytest.mark.parametrize("B,T,C,H", [(2, 7, 16, 2), (1, 65, 48, 2), (2, 33, 40, 8), (1, 64, 128, 1)])
+def test_online_sg_reads_bf16_q_k_v(gpu, B, T, C, H):
+    """A bf16 model's q, k, v read by online_sg.wgsl as stored (bf16, two to a word): out, dq, dk, dv
+    against the float64 reference on the same bf16 values, with float32's tolerance (hd 8, 24, 5
+    (the unaligned gather) and 128)."""
+    from tinygpt import kernels as K
+    from tinygpt import reference as R
+    from tinygpt.attention import Attention
+    from tinygpt.plan import make_plan
+    plan = make_plan(gpu)
+    att = Attention(gpu, "online", B, T, C, H, plan=plan)
+    if not att.reads_bf16:
+        pytest.skip("bf16 q, k, v need online_sg.wgsl (subgroups)")
+    q, k, v, do = _inputs(B, T, C, 3)
+    packed = [R.cast_bf16(x) for x in (q, k, v)]
+    f = lambda a: R.cast_f32(a, B * T * C).reshape(B, T, C).astype(np.float64)
+    qb, kb, vb = (f(x) for x in packed)
+    tq, tk, tv = (gpu.tensor(((B * T * C) // 2,), "u32", data=x) for x in packed)
+    out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
+    gpu.run(att.forward(tq, tk, tv, out, bf16=True) + att.backward(tq, tk, tv, out, gpu.upload(do), dq, dk, dv,
+                                                                     bf16=True))
+    check(f"online_sg bf16 out B={B} T={T} C={C} H={H}", gpu.read(out), RA.attention_forward(qb, kb, vb, H), TOL)
+    for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), RA.attention_backward(qb, kb, vb, do.astype(np.float64), H)):
+        check(f"online_sg bf16 {name}", gpu.read(got), want, TOL)

@@ -62,6 +62,10 @@ class Attention:
                  block=None, plan: KernelPlan | None = None):
         check(impl, T, C, H)
         self.gpu, self.impl, self.shape, self.block, self.plan = gpu, impl, (B, T, C, H), block, plan
+        # whether q, k, v may be given as bf16 (a bf16 model's stored copies): the online kernels
+        # with subgroups read them; the others take float32
+        self.reads_bf16 = impl == "online" and K.online_variant(plan or K.PORTABLE, T, C // H) == "sg" \
+            and (B * T * C) % 8 == 0
         shared = {} if shared is None else shared  # backward scratch, reusable across layers
         if impl == "online":
             self.L = gpu.tensor((B, H, T), name="attn.L")                       # [B,H,T]
@@ -78,11 +82,13 @@ class Attention:
                 shared[key] = gpu.tensor((B, nmax, T, T), name="attn.dS")
             self.dS = shared[key]
 
-    def forward(self, q, k, v, out):
+    def forward(self, q, k, v, out, bf16: bool = False):
+        """bf16: q, k, v hold bf16 (only where reads_bf16)."""
         B, T, C, H = self.shape
         g = self.gpu
+        assert not bf16 or self.reads_bf16
         if self.impl == "online":
-            return [K.attn_online_forward(g, q, k, v, out, self.L, B, T, C, H, self.block, plan=self.plan)]
+            return [K.attn_online_forward(g, q, k, v, out, self.L, B, T, C, H, self.block, plan=self.plan, bf16=bf16)]
         ds = []
         for (h0, nh), P in zip(self.chunks, self.P):
             if self.impl == "naive":
@@ -93,14 +99,17 @@ class Attention:
                 ds.append(K.attn_fused_sv(g, q, k, v, out, P, B, T, C, H, h0, nh))
         return ds
 
-    def backward(self, q, k, v, out, dout, dq, dk, dv):
+    def backward(self, q, k, v, out, dout, dq, dk, dv, bf16: bool = False):
         B, T, C, H = self.shape
         g = self.gpu
+        assert not bf16 or self.reads_bf16
         if self.impl == "online":
             p = self.plan
             return [K.attn_online_d(g, dout, out, self.D, B, T, C, H, self.block, plan=p),
-                    K.attn_online_dq(g, q, k, v, dout, self.L, self.D, dq, B, T, C, H, self.block, plan=p),
-                    K.attn_online_dkv(g, q, k, v, dout, self.L, self.D, dk, dv, B, T, C, H, self.block, plan=p)]
+                    K.attn_online_dq(g, q, k, v, dout, self.L, self.D, dq, B, T, C, H, self.block, plan=p,
+                                     bf16=bf16),
+                    K.attn_online_dkv(g, q, k, v, dout, self.L, self.D, dk, dv, B, T, C, H, self.block, plan=p,
+                                      bf16=bf16)]
         ds = []
         for (h0, nh), P in zip(self.chunks, self.P):
             ds += [K.attn_dscores(g, dout, v, P, self.dS, B, T, C, H, h0, nh),

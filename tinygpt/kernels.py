@@ -450,10 +450,11 @@ def _online(gpu, entry, ins, o1, o2, B, T, C, H, groups, block=None, plan=None):
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
 
-def _online_sg(gpu, entry, ins, o1, o2, B, T, C, H):
-    """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h)."""
+def _online_sg(gpu, entry, ins, o1, o2, B, T, C, H, bf16=False):
+    """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h). bf16: q, k, v hold bf16
+    (u32 tensors of half the floats; B*T*C a multiple of 8)."""
     hd = C // H
-    consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0}
+    consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0, "BF16": bool(bf16)}
     k = gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
     ins = list(ins) + [None] * (6 - len(ins))
     return gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
@@ -463,9 +464,11 @@ def _sg_attn(plan, variant, T, C, H) -> bool:
     return (variant or online_variant(plan or PORTABLE, T, C // H)) == "sg"
 
 
-def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None, variant=None, plan=None):
+def attn_online_forward(gpu, q, k, v, out, L, B, T, C, H, block=None, variant=None, plan=None, bf16=False):
+    """bf16: q, k, v hold bf16 (online_sg.wgsl only)."""
     if _sg_attn(plan, variant, T, C, H):
-        return _online_sg(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H)
+        return _online_sg(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, bf16)
+    assert not bf16, "bf16 q, k, v need online_sg.wgsl"
     bq, _ = block or online_tiles(gpu, C // H, T, plan)
     return _online(gpu, "attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // bq),), block, plan)
 
@@ -475,17 +478,19 @@ def attn_online_d(gpu, dout, out, D, B, T, C, H, block=None, plan=None):
                    plan)
 
 
-def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, plan=None):
+def attn_online_dq(gpu, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, plan=None, bf16=False):
     if _sg_attn(plan, variant, T, C, H):
-        return _online_sg(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H)
+        return _online_sg(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, bf16)
+    assert not bf16, "bf16 q, k, v need online_sg.wgsl"
     bq, _ = block or online_tiles(gpu, C // H, T, plan)
     return _online(gpu, "attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, (B * H * -(-T // bq),),
                    block, plan)
 
 
-def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None, plan=None):
+def attn_online_dkv(gpu, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None, plan=None, bf16=False):
     if _sg_attn(plan, variant, T, C, H):
-        return _online_sg(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H)
+        return _online_sg(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, bf16)
+    assert not bf16, "bf16 q, k, v need online_sg.wgsl"
     _, bk = block or online_tiles(gpu, C // H, T, plan)
     return _online(gpu, "attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, (B * H * -(-T // bk),),
                    block, plan)

@@ -311,15 +311,21 @@ class Model:
             if bf:   # matmul operands as bf16; q, k, v stored as bf16 and read back for the attention
                 h, W = self.half[l], lambda n: self._half_view(f"h{l}.{n}")
                 fwd.append(K.layernorm_forward_bf16(g, x, self._ln(l, 1), h["ln1"], self.ln1s[l], BT, C))
+                direct = self.att[l].reads_bf16      # the attention reads the bf16 q, k, v itself
                 for n, t in (("q", q), ("k", k), ("v", v)):
                     fwd += [K.matmul_bf16(g, h["ln1"], W("W" + n), P(l, "b" + n), t, BT, C, C),
-                            K.cast_bf16(g, t, h[n], BT * C), K.cast_f32(g, h[n], t, BT * C)]
+                            K.cast_bf16(g, t, h[n], BT * C)]
+                    if not direct:                    # else it reads them back as float32
+                        fwd.append(K.cast_f32(g, h[n], t, BT * C))
             else:
                 fwd += [K.layernorm_forward(g, x, self._ln(l, 1), self.ln1[l], self.ln1s[l], BT, C),
                         K.matmul(g, self.ln1[l], P(l, "Wq"), P(l, "bq"), q, BT, C, C),
                         K.matmul(g, self.ln1[l], P(l, "Wk"), P(l, "bk"), k, BT, C, C),
                         K.matmul(g, self.ln1[l], P(l, "Wv"), P(l, "bv"), v, BT, C, C)]
-            fwd += self.att[l].forward(q, k, v, self.ctx[l])
+            if bf and direct:
+                fwd += self.att[l].forward(h["q"], h["k"], h["v"], self.ctx[l], bf16=True)
+            else:
+                fwd += self.att[l].forward(q, k, v, self.ctx[l])
             if bf:
                 fwd += [K.cast_bf16(g, self.ctx[l], h["ctx"], BT * C),
                         K.matmul_bf16(g, h["ctx"], W("Wo"), P(l, "bo"), self.tmp, BT, C, C)]
@@ -407,11 +413,12 @@ class Model:
         for l in reversed(range(L)):
             q, k, v = self.qkv[l]
             dq, dk, dv = self.dqkv
+            direct = bf and self.att[l].reads_bf16
             if bf:   # this layer's saved activations back into the shared float32 scratch
                 h = self.half[l]
-                ds += [K.cast_f32(g, h[n], t, t.size) for n, t in (("gel", self.gel[l]), ("ln2", self.ln2[l]),
-                                                                   ("ctx", self.ctx[l]), ("q", q), ("k", k),
-                                                                   ("v", v), ("ln1", self.ln1[l]))]
+                back = [("gel", self.gel[l]), ("ln2", self.ln2[l]), ("ctx", self.ctx[l]), ("ln1", self.ln1[l])]
+                back += [] if direct else [("q", q), ("k", k), ("v", v)]
+                ds += [K.cast_f32(g, h[n], t, t.size) for n, t in back]
             ds += [K.matmul_atb(g, self.gel[l], self.dres, G(l, "fc_out_W"), M, C, BT),
                    K.bias_grad(g, self.dres, G(l, "fc_out_b"), BT, C),
                    K.matmul_abt(g, self.dres, P(l, "fc_out_W"), self.dact, BT, M, C),
@@ -425,7 +432,10 @@ class Model:
                    K.matmul_atb(g, self.ctx[l], self.dres, G(l, "Wo"), C, C, BT),
                    K.bias_grad(g, self.dres, G(l, "bo"), BT, C),
                    K.matmul_abt(g, self.dres, P(l, "Wo"), self.dctx, BT, C, C)]
-            ds += self.att[l].backward(q, k, v, self.ctx[l], self.dctx, dq, dk, dv)
+            if direct:
+                ds += self.att[l].backward(h["q"], h["k"], h["v"], self.ctx[l], self.dctx, dq, dk, dv, bf16=True)
+            else:
+                ds += self.att[l].backward(q, k, v, self.ctx[l], self.dctx, dq, dk, dv)
             for i, (n, d) in enumerate((("q", dq), ("k", dk), ("v", dv))):
                 ds += [K.matmul_abt(g, d, P(l, "W" + n), self.dln, BT, C, C, accumulate=i > 0),
                        K.matmul_atb(g, self.ln1[l], d, G(l, "W" + n), C, C, BT),
