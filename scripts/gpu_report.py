@@ -10,7 +10,8 @@ Runs, each as its own process (a section that fails is reported, the rest still 
                      GPU 8192, 16384) at B=1 H=1 hd=64, plus a training shape B=4 H=8 hd=64
   kernels            scripts/bench_kernels.py: the other kernels, each variant
   train              scripts/bench_train.py: tokens/s of the WebGPU trainer, preset by preset
-                     from small up to the largest the memory plan says fits (gpt2 included)
+                     from small up to the largest the memory plan says fits (gpt2 included),
+                     in fp32 and in bf16
   profile            `tinygpt train --profile --json`: per-kernel time and share of the peaks
 and writes DIR/report.md (every table, the adapter, the time each section took), the JSON Lines
 of each section (DIR/*.jsonl), its log (DIR/logs/), and plots (DIR/*.png).
@@ -95,7 +96,7 @@ COLUMNS = {
     "attention_train_shape": ["impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err",
                               "naive_over_online", "status"],
     "kernels": ["kernel", "variant", "entry", "shape", "ms", "max_err", "speedup"],
-    "train": ["trainer", "preset", "steps", "tokens_per_s", "final_loss", "what"],
+    "train": ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "what"],
     "profile": ["preset", "group", "kernel", "calls", "ms", "gflops", "gbps", "pct_peak", "mfu"],
 }
 
@@ -125,7 +126,13 @@ def plots(out: Path, results: dict) -> list:
     tr = [r for r in results.get("train", {}).get("rows", []) if r.get("trainer") == "webgpu"]
     if tr:
         fig, ax = plt.subplots(figsize=(7, 3.5))
-        ax.bar([r["preset"] for r in tr], [r["tokens_per_s"] for r in tr])
+        presets = list(dict.fromkeys(r["preset"] for r in tr))
+        for precision, marker in (("fp32", "o"), ("bf16", "s")):     # markers: a log axis has no bar floor
+            rows = {r["preset"]: r["tokens_per_s"] for r in tr if r.get("precision", "fp32") == precision}
+            xs = [j for j, p in enumerate(presets) if p in rows]
+            ax.plot(xs, [rows[presets[j]] for j in xs], marker, label=precision)
+        ax.set_xticks(range(len(presets)), presets)
+        ax.legend(fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("tokens/s (training)")
         ax.grid(alpha=0.3, axis="y")
@@ -180,14 +187,17 @@ def main(argv=None):
     fits = [p for p in S["presets"] if memory.plan(preset(p), preset(p).batch, "online", 1, limits).fits]
     train_rows, train_runs = [], []
     for p in fits:
-        r = run_section(out, f"train_{p}", [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps",
-                                            str(S["steps"]), "--trainers", "webgpu"] + data, env, args.section_timeout)
-        train_runs.append(r)
-        train_rows += r["rows"]
+        for precision in ("fp32", "bf16"):          # bf16's speed on a GPU is the figure lavapipe cannot give
+            name = f"train_{p}" + ("" if precision == "fp32" else "_bf16")
+            r = run_section(out, name, [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps",
+                                        str(S["steps"]), "--trainers", "webgpu", "--precision", precision] + data,
+                            env, args.section_timeout)
+            train_runs.append(r)
+            train_rows += r["rows"]
     results["train"] = {"name": "train", "rc": max((0 if r["rc"] == 0 else 1) for r in train_runs) if train_runs else 0,
                         "seconds": sum(r["seconds"] for r in train_runs), "rows": train_rows,
                         "tail": "\n".join(r["tail"] for r in train_runs if r["rc"] != 0),
-                        "cmd": f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu, "
+                        "cmd": f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision fp32|bf16, "
                                f"P in {', '.join(fits)} (the presets the memory plan fits)"}
     prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:

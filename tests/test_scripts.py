@@ -222,7 +222,7 @@ def test_gpu_report_quick_at_the_smallest_sizes(tmp_path):
     assert "failed" not in md and md.count(": ok, ") == 8
     assert "| matmul_tiled |" in md and "matmul:tiled" in md and "| step |" in md
     for name in ("tune", "probes", "matmul", "attention", "attention_train_shape", "kernels", "train_tiny",
-                 "profile_tiny"):
+                 "train_tiny_bf16", "profile_tiny"):
         assert (out / f"{name}.jsonl").read_text().strip(), name
     assert all((out / p).stat().st_size > 1000 for p in ("matmul.png", "train.png", "attention.png"))
     (tmp_path / "mine").mkdir()
