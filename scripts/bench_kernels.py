@@ -5,10 +5,12 @@ reference function of the same name), and the speed-up over the scalar variant.
 
 Variants: scalar (elementwise, layernorm, loss, optim .wgsl), vec4 (elementwise4,
 layernorm4, optim4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work) and bf16
-(elementwise_bf16: GELU with its pre-activation stored as bf16; max_err against the twin's bf16
-result, in float32 values).
+(elementwise_bf16: GELU with its pre-activation stored as bf16; layernorm_bf16: the LayerNorm
+writing bf16; max_err against the twin's bf16 result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
 ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
+The bf16 casts (scalar, and x8: eight values an invocation) and the split head's block copy
+(cast_bf16's max_err counts the words that differ from the twin's).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -77,6 +79,13 @@ def cases(gpu, rows, C, M, V, n, rng):
         want = np.stack(R.layernorm_dgb(f64(dy), f64(xl), rm, rr))
         yield "layernorm_dgb", v, shape, d, lambda w=want: np.abs(gpu.read(dgb) - w).max()
 
+    if C % 8 == 0:     # a bf16 model's LayerNorm: its output written as bf16 (layernorm_bf16.wgsl)
+        yh, st = gpu.tensor((rows, C // 2), "u32"), gpu.tensor((2, rows))
+        d = K.layernorm_forward_bf16(gpu, txl, up(np.stack([g, b])), yh, st, rows, C)
+        want_h = R.layernorm_forward_bf16(xl, g, b)[0].reshape(-1)
+        yield "layernorm_forward", "bf16", shape, d, lambda: np.abs(
+            R.cast_f32(gpu.read(yh).reshape(-1), rows * C) - R.cast_f32(want_h, rows * C)).max()
+
     logits = (rng.standard_normal((rows, V)) * 3).astype(np.float32)
     tgt = rng.integers(0, V, rows).astype(np.uint32)
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
@@ -103,6 +112,26 @@ def cases(gpu, rows, C, M, V, n, rng):
         tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
         d = K.adamw(gpu, tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
         yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
+
+
+def storage_cases(gpu, rows, M, V, rng):
+    """The casts between float32 and bf16 (bf16.wgsl) over [rows, M], and the split head's block copy
+    (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
+    n = rows * M
+    x = rng.standard_normal(n).astype(np.float32)
+    xh, back = gpu.tensor((n // 2,), "u32"), gpu.tensor((n,))
+    packed = R.cast_bf16(x)
+    for v in ("scalar", "x8") if n % 8 == 0 else ("scalar",):
+        d = K.cast_bf16(gpu, gpu.upload(x), xh, n, v)
+        yield "cast_bf16", v, f"n={n}", d, lambda: float(np.sum(gpu.read(xh) != packed))
+        d = K.cast_f32(gpu, gpu.upload(packed), back, n, v)
+        yield "cast_f32", v, f"n={n}", d, lambda: np.abs(gpu.read(back) - R.cast_f32(packed, n)).max()
+    blk = rng.standard_normal(rows * V).astype(np.float32)
+    prev = np.zeros(rows * 2 * V, np.float32)
+    out = gpu.upload(prev)
+    d = K.copy_block(gpu, gpu.upload(blk), out, rows, V, V, 0, 2 * V, V)
+    want = R.copy_block(blk, prev, rows, V, V, 0, 2 * V, V)
+    yield "copy_block", "scalar", f"{rows}x{V} into {rows}x{2 * V}", d, lambda: np.abs(gpu.read(out) - want).max()
 
 
 def decode_cases(gpu, N, T, C, H, V, rng):
@@ -148,7 +177,7 @@ def main(argv=None):
     print(f"adapter: {gpu.name} ({gpu.backend}); preset {args.preset}", file=sys.stderr)
     out, scalar_ms = [], {}
     rng = np.random.default_rng(0)
-    for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng),
+    for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
                                              *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng)]:
         if not hasattr(R, d.kernel.name):
             raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference")
@@ -158,7 +187,8 @@ def main(argv=None):
         if variant == "scalar":
             scalar_ms[kernel] = ms
         out.append({"kernel": kernel, "variant": variant, "entry": d.kernel.name, "shape": shape, "ms": ms,
-                    "max_err": err, "speedup": scalar_ms[kernel] / ms, "timing": method})
+                    "max_err": err, "speedup": scalar_ms[kernel] / ms if kernel in scalar_ms else None,
+                    "timing": method})
         print(f"{d.kernel.name} {shape}: {ms:.3f} ms, max error {err:.2e}", file=sys.stderr)
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}); preset {args.preset}; GPU time from {out[0]['timing']}, "

@@ -5,9 +5,9 @@ Kernels: matmul (A@B + bias), matmul_abt (A@B^T), matmul_atb (A^T@B), each in ev
 of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workgroup-memory
 tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
-is timed. With --dtypes f32,bf16, the kernels that have a bf16 form (bf16 operands, float32 sums:
-the three sg products, matmul_bf16_sg.wgsl) run again with dtype bf16, validated against the
-float64 product of the same bf16 values.
+is timed. With --dtypes f32,bf16, the variants that have a bf16 form (bf16 operands, float32 sums:
+sg as matmul_bf16_sg.wgsl, scalar as matmul_bf16.wgsl, listed as plain) run again with dtype
+bf16, validated against the float64 product of the same bf16 values.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -24,8 +24,7 @@ from tinygpt.gpu import GPU
 from tinygpt.plan import make_plan
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
-BF16 = {("matmul", "sg"), ("matmul_abt", "sg"), ("matmul_atb", "sg")}     # (entry, variant) with a bf16 kernel
-# (matmul_bf16.wgsl, the bf16 set without subgroups, is the scalar kernel's shape: not raced here)
+BF16 = {"sg": "sg", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -106,8 +105,10 @@ def main(argv=None):
         for _ in range(max(1, args.rounds)):
             for dtype in dtypes:
                 for entry, variant in chosen:
-                    if dtype == "bf16" and ((entry, variant) not in BF16 or not K.bf16_ok(entry, M, N, Kd)):
-                        continue
+                    if dtype == "bf16":
+                        if variant not in BF16 or (variant == "sg" and not K.bf16_ok(entry, M, N, Kd)):
+                            continue
+                        variant = BF16[variant]
                     r_ = bench_one(gpu, plan, entry, variant, dtype, a, b, args.repeats)
                     key = (entry, variant, dtype)
                     if key not in best or r_["ms"] < best[key]["ms"]:

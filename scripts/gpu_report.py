@@ -79,6 +79,13 @@ def run_section(out: Path, name: str, argv: list, env: dict, timeout: int) -> di
     return {"name": name, "rc": rc, "seconds": secs, "rows": rows, "tail": tail, "cmd": " ".join(shown.split())}
 
 
+def merged(name: str, runs: list, rows: list, cmd: str, notes=()) -> dict:
+    """One report section from several runs (a preset each): failed if any failed."""
+    return {"name": name, "rc": 1 if any(r["rc"] != 0 for r in runs) else 0,
+            "seconds": sum(r["seconds"] for r in runs), "rows": rows, "cmd": cmd,
+            "tail": "\n".join([r["tail"] for r in runs if r["rc"] != 0] + list(notes))}
+
+
 def md_table(rows: list, columns: list) -> str:
     from tinygpt.bench import fmt
     cols = [c for c in columns if any(c in r for r in rows)]
@@ -194,11 +201,9 @@ def main(argv=None):
                             env, args.section_timeout)
             train_runs.append(r)
             train_rows += r["rows"]
-    results["train"] = {"name": "train", "rc": max((0 if r["rc"] == 0 else 1) for r in train_runs) if train_runs else 0,
-                        "seconds": sum(r["seconds"] for r in train_runs), "rows": train_rows,
-                        "tail": "\n".join(r["tail"] for r in train_runs if r["rc"] != 0),
-                        "cmd": f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision fp32|bf16, "
-                               f"P in {', '.join(fits)} (the presets the memory plan fits)"}
+    results["train"] = merged("train", train_runs, train_rows,
+                              f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision "
+                              f"fp32|bf16, P in {', '.join(fits)} (the presets the memory plan fits)")
     prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:
         if p not in fits and p != "tiny" and not memory.plan(preset(p), preset(p).batch, "online", 1, limits).fits:
@@ -220,10 +225,8 @@ def main(argv=None):
         prof_rows += [dict(x, preset=p) for x in r["rows"] if x.get("kernel") != "step"][:12]
         if step:
             prof_rows.append(dict(step, preset=p, group="(step)"))
-    results["profile"] = {"name": "profile", "rc": max((0 if r["rc"] == 0 else 1) for r in prof_runs) if prof_runs
-                          else 0, "seconds": sum(r["seconds"] for r in prof_runs), "rows": prof_rows,
-                          "tail": "\n".join([r["tail"] for r in prof_runs if r["rc"] != 0] + skipped),
-                          "cmd": "tinygpt train --preset P --profile --json, P in " + ", ".join(S["profile"])}
+    results["profile"] = merged("profile", prof_runs, prof_rows,
+                                "tinygpt train --preset P --profile --json, P in " + ", ".join(S["profile"]), skipped)
     # the matmul rows against the FMA peak the tune section measured
     peak = next((r for r in results["probes"]["rows"] if r.get("probe") == "probe_fma"), {}).get("rate")
     for r in results["matmul"]["rows"]:

@@ -33,11 +33,14 @@ fn erf_approx(v: f32) -> f32 {
 var<workgroup> wg64: array<f32, 64>;
 var<workgroup> wg256: array<f32, 256>;
 
-fn wg_sum64(lid: u32, v: f32) -> f32 {
+// op: the sum (false) or the max (true) of the 64 or 256 lanes' values, by a fixed tree
+fn combine(a: f32, b: f32, is_max: bool) -> f32 { return select(a + b, max(a, b), is_max); }
+
+fn wg_reduce64(lid: u32, v: f32, is_max: bool) -> f32 {
   wg64[lid] = v;
   workgroupBarrier();
   for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { wg64[lid] = wg64[lid] + wg64[lid + s]; }
+    if (lid < s) { wg64[lid] = combine(wg64[lid], wg64[lid + s], is_max); }
     workgroupBarrier();
   }
   let r = wg64[0];
@@ -45,23 +48,11 @@ fn wg_sum64(lid: u32, v: f32) -> f32 {
   return r;
 }
 
-fn wg_max64(lid: u32, v: f32) -> f32 {
-  wg64[lid] = v;
-  workgroupBarrier();
-  for (var s = 32u; s > 0u; s >>= 1u) {
-    if (lid < s) { wg64[lid] = max(wg64[lid], wg64[lid + s]); }
-    workgroupBarrier();
-  }
-  let r = wg64[0];
-  workgroupBarrier();
-  return r;
-}
-
-fn wg_sum256(lid: u32, v: f32) -> f32 {
+fn wg_reduce256(lid: u32, v: f32, is_max: bool) -> f32 {
   wg256[lid] = v;
   workgroupBarrier();
   for (var s = 128u; s > 0u; s >>= 1u) {
-    if (lid < s) { wg256[lid] = wg256[lid] + wg256[lid + s]; }
+    if (lid < s) { wg256[lid] = combine(wg256[lid], wg256[lid + s], is_max); }
     workgroupBarrier();
   }
   let r = wg256[0];
@@ -69,17 +60,10 @@ fn wg_sum256(lid: u32, v: f32) -> f32 {
   return r;
 }
 
-fn wg_max256(lid: u32, v: f32) -> f32 {
-  wg256[lid] = v;
-  workgroupBarrier();
-  for (var s = 128u; s > 0u; s >>= 1u) {
-    if (lid < s) { wg256[lid] = max(wg256[lid], wg256[lid + s]); }
-    workgroupBarrier();
-  }
-  let r = wg256[0];
-  workgroupBarrier();
-  return r;
-}
+fn wg_sum64(lid: u32, v: f32) -> f32 { return wg_reduce64(lid, v, false); }
+fn wg_max64(lid: u32, v: f32) -> f32 { return wg_reduce64(lid, v, true); }
+fn wg_sum256(lid: u32, v: f32) -> f32 { return wg_reduce256(lid, v, false); }
+fn wg_max256(lid: u32, v: f32) -> f32 { return wg_reduce256(lid, v, true); }
 
 // bf16: the top 16 bits of a float32, two to a u32 (element 2i in the low half, 2i+1 in the high
 // half). Unpacking is a shift or a mask; no extension is needed. Packing rounds to nearest even

@@ -169,23 +169,25 @@ def test_greedy_cached_equals_full_window_and_reference(gpu, attention):
     print(f"greedy: {n} tokens equal; smallest top-2 margin {margins.min():.3e}")
 
 
-def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
-    """tok_emb [2000, 128] over a 600 kB limit: embed_decode runs once per chunk of the table (each
-    with its uniform) and the cached head goes through the block scratch; both paths and the
-    reference agree, with tokens drawn from both chunks."""
-    cfg = preset("tiny", layers=1, d_model=128, heads=2, ctx=16, vocab=2000)
+@pytest.mark.parametrize("vocab, limit, n", [(2000, 600_000, 40), (50257, 13_000_000, 12)])
+def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch, vocab, limit, n):
+    """tok_emb [V, 128] over a forced limit (also GPT-2's vocabulary): embed_decode runs once per
+    chunk of the table (each with its uniform) and the cached head goes through the block scratch;
+    both paths and the reference agree, with tokens drawn from both chunks."""
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, ctx=16, vocab=vocab)
     params = spread(cfg, 4)
-    monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000)
-    prompt, n = [5, 1500, 1999], 40
+    monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     got = {}
     for cache in (True, False):
         d = Decoder(gpu, cfg, N=2, cache=cache, capacity=n)
         assert len(d.model.head.vchunks) == 2
+        edge = d.model.head.vchunks[1][0]
         d.set_params(params)
+        prompt = [5, edge + 3, vocab - 1]                           # tokens of both chunks in the prompt
         got[cache] = d.generate(prompt, n)
     want, margins = reference_greedy(params, cfg, prompt, n)
     assert got[True] == got[False]
-    assert min(got[True][0]) < 1152 <= max(got[True][0][3:]), "tokens from one chunk only"
+    assert min(got[True][0]) < edge <= max(got[True][0]), "tokens from one chunk only"
     mismatch = next((i for i, (a, b) in enumerate(zip(got[True][0], want)) if a != b), None)
     if mismatch is not None:
         assert margins[mismatch - len(prompt)] < 1e-4, f"token {mismatch} differs at margin {margins[mismatch - 3]}"

@@ -371,8 +371,9 @@ def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
 
 
 # ---- bf16 storage ---------------------------------------------------------------------------
-@pytest.mark.parametrize("n", [1, 2, 7, 4096 + 3])
-def test_bf16_casts_round_to_nearest_even(gpu, rng, n):
+@pytest.mark.parametrize("n,variant", [(1, "scalar"), (2, "scalar"), (7, "scalar"), (4096 + 3, "scalar"),
+                                       (16, "x8"), (8 * 64 * 3 + 8, "x8")])
+def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant):
     """cast_bf16 against its twin bit for bit (ties to even, signs, inf, NaN, subnormals), and
     cast_f32 gives back exactly the bf16 values."""
     x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 39, n)).astype(np.float32)
@@ -382,7 +383,7 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n):
     x[:min(n, len(special))] = special[:min(n, len(special))]
     h = gpu.tensor((-(-n // 2),), "u32")
     back = gpu.tensor((n,))
-    run(gpu, K.cast_bf16(gpu, gpu.upload(x), h, n), K.cast_f32(gpu, h, back, n))
+    run(gpu, K.cast_bf16(gpu, gpu.upload(x), h, n, variant), K.cast_f32(gpu, h, back, n, variant))
     want = R.cast_bf16(x)
     assert np.array_equal(gpu.read(h), want), "cast_bf16 differs from its twin"
     got, ref = gpu.read(back), R.bf16_round(x)

@@ -88,6 +88,17 @@ def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch
     assert len(m.head.vchunks) == 2
 
 
+def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
+    """GPT-2's vocabulary at width 128 under a 13 MB limit: tok_emb [50260, 128] (25.7 MB) bound in 2
+    chunks, 64-row chunks of logits (12.9 MB each), the flat buffers in chunks too."""
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
+    check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
+                monkeypatch=monkeypatch)
+    m = Model(gpu, cfg, "online")
+    print(f"token table chunks {m.head.vchunks}, flat chunks {len(m.flat_chunks)}")
+    assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
+
+
 def test_split_token_embedding_trains_as_the_whole_one(gpu, monkeypatch):
     """tok_emb split into 3 chunks against whole: the forward's logits are the same products in the
     same order (bit for bit); the backward's sums are split into blocks, so float32 rounding differs:

@@ -44,8 +44,8 @@ def test_bench_matmul_json(gpu):
     f32 = [r for r in rows if r["dtype"] == "f32"]
     assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
         (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(f32) == 3 * len(variants)
-    assert [(r["kernel"], r["dtype"]) for r in rows if r["dtype"] != "f32"] == (
-        [(f"{e}:sg", "bf16") for e in ("matmul", "matmul_abt", "matmul_atb")] if sg else [])
+    assert sorted(r["kernel"] for r in rows if r["dtype"] == "bf16") == sorted(
+        f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in (("sg", "plain") if sg else ("plain",)))
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
         assert (r["tile"] != "") == (r["variant"] == "tiled")
@@ -63,7 +63,8 @@ def test_bench_kernels_json(gpu):
                                    "grad_sumsq", "adamw", "accumulate")}
     want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
-    want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16")}
+    want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
+    want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
     assert len({r["entry"] for r in rows}) == len(rows)  # each variant a different entry point
     assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)

@@ -300,6 +300,7 @@ def add_kernels(p):
 def build_parser():
     from .attention import IMPLS
     from .config import PRESETS
+    from .model import PRECISIONS
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
@@ -333,7 +334,7 @@ def build_parser():
     p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
-    p.add_argument("--precision", choices=["fp32", "bf16"],
+    p.add_argument("--precision", choices=PRECISIONS,
                    help="bf16: matmul operands, q/k/v and saved activations stored as bf16, sums and weights "
                         "float32 (default fp32, or the resumed run's); checkpoints stay float32")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
@@ -366,7 +367,7 @@ def build_parser():
     p.add_argument("--grad-accum", type=positive_int, default=1)
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="default: the preset's (byte; gpt2 for gpt2)")
     p.add_argument("--attention", default="online", choices=IMPLS)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
     p.add_argument("--sample-tokens", type=nonneg_int, default=200)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
@@ -378,7 +379,7 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_eval)
 
@@ -394,7 +395,7 @@ def build_parser():
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="bf16 samples by the whole window's forward (the cached decode step is float32)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)

@@ -49,6 +49,7 @@ class Decoder:
         self.VP = self.model.VP
         self.uniform = g.uniform(kernels.DECODE_UNIFORM_BYTES)
         self.ids = g.tensor((N + N * capacity,), "u32", "decode.ids")     # next tokens [N] | history [steps, N]
+        self.embed_uniforms = [(0, None, self.uniform)]      # (first token, tokens, uniform) of embed_decode
         if not cache:   # the sampler binds every logits row at once
             if len(self.model.chunks) > 1:
                 raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
@@ -99,7 +100,7 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
-        for v0, vn, u in getattr(self, "embed_uniforms", [(0, None, self.uniform)]):
+        for v0, vn, u in self.embed_uniforms:
             self.gpu.queue.write_buffer(u, 0, kernels.decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
                 row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn))

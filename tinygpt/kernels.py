@@ -136,14 +136,21 @@ def matmul_atb(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=Non
 
 
 # ---- bf16 (bf16.wgsl, matmul_bf16_sg.wgsl) ------------------------------------------------
-def cast_bf16(gpu, x, out, n):
-    """out (u32 [ceil(n/2)]) = x (f32 [n]) as bf16, two to a word, rounded to nearest even."""
+def cast_bf16(gpu, x, out, n, variant=None):
+    """out (u32 [ceil(n/2)]) = x (f32 [n]) as bf16, two to a word, rounded to nearest even.
+    variant: "x8" (bf16x8.wgsl, 8 values an invocation) where n is a multiple of 8, else "scalar"."""
+    if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
+        k = gpu.kernel("bf16x8.wgsl", "cast_bf16x8", "urrww")
+        return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // (8 * 64))))
     k = gpu.kernel("bf16.wgsl", "cast_bf16", "urrww")
     return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // 128)))
 
 
-def cast_f32(gpu, xh, out, n):
-    """out (f32 [n]) = the bf16 values of xh."""
+def cast_f32(gpu, xh, out, n, variant=None):
+    """out (f32 [n]) = the bf16 values of xh; "x8" where n is a multiple of 8, as cast_bf16."""
+    if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
+        k = gpu.kernel("bf16x8.wgsl", "cast_f32x8", "urrww")
+        return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // (8 * 64))))
     k = gpu.kernel("bf16.wgsl", "cast_f32", "urrww")
     return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
 

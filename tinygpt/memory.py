@@ -98,9 +98,8 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add(act, "LayerNorm statistics", 4 * 2 * BT)
     from .model import LOSS_SLOT
     max_binding = limits.get("max_binding")
-    rows_per_chunk = BT
-    if max_binding and 4 * BT * VP > max_binding:
-        rows_per_chunk = max(64, (max_binding // (4 * VP)) // 64 * 64)
+    from .model import head_block_rows, rows_per_binding     # the chunks model.Model binds
+    rows_per_chunk = max(64, rows_per_binding(BT, 4 * VP, max_binding))    # under 64: refused below
     add("logits", "logits", 4 * BT * VP, bound=4 * min(BT, rows_per_chunk) * VP)
     add("logits", "per-row losses", 4 * BT)
     add("logits", "loss slots", 4 * LOSS_SLOT * accum)
@@ -120,10 +119,8 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add("optimizer scratch", "gradient-norm partials", 4 * -(-n_flat // CHUNK))
     add("optimizer scratch", "gradient-norm statistics", 16)
     # the token table is bound whole, or in chunks of rows through a block scratch (model.Head)
-    from .model import head_block_rows
-    tok_rows = VP if not max_binding or 4 * VP * C <= max_binding else max(64, (max_binding // (4 * C)) // 64 * 64)
-    p.bindings["token embedding"] = 4 * tok_rows * C
-    _, head_floats = head_block_rows(VP, C, min(BT, rows_per_chunk), max_binding or 4 * VP * C)
+    p.bindings["token embedding"] = 4 * max(64, rows_per_binding(VP, 4 * C, max_binding)) * C
+    _, head_floats = head_block_rows(VP, C, min(BT, rows_per_chunk), max_binding)
     if head_floats:
         add("logits", "head block scratch", 4 * head_floats)
     name, shape, _ = max(param_specs(cfg), key=lambda s: math.prod(s[1]))
@@ -160,7 +157,7 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, max_binding: int |
     from .model import head_block_rows
     T, C, M, H, L, V = cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.heads, cfg.layers, cfg.vocab
     VP = -(-V // 4) * 4
-    _, head_floats = head_block_rows(VP, C, 1, max_binding or 4 * VP * C)
+    _, head_floats = head_block_rows(VP, C, 1, max_binding)
     b = _buf(4 * _flat_floats(cfg)) + _buf(_batch_bytes(T, V))
     b += (L + 1 + 7 * L + 1) * _buf(4 * T * C) + 2 * L * _buf(8 * T) + 2 * L * _buf(4 * T * M)
     b += (L + 1) * _buf(4 * H * T) if attention == "online" else (L + 1) * _buf(4 * H * T * T)

@@ -99,15 +99,19 @@ def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
 
 
-def row_chunks(gpu: GPU, n: int, row_bytes: int, what: str):
-    """[(first row, rows)] of an [n, ...] tensor of row_bytes a row, each chunk within one binding.
+def rows_per_binding(n: int, row_bytes: int, max_binding: int | None) -> int:
+    """Rows of an [n, ...] tensor that one binding holds: all n where they fit (or no limit is
+    known), else a multiple of 64 rows, which keeps every bound offset aligned (and every chunk a
+    whole number of vec4 rows where rows are); 0 where not even 64 rows fit."""
+    if not max_binding or n * row_bytes <= max_binding:
+        return n
+    return (max_binding // row_bytes) // 64 * 64
 
-    Chunks start on multiples of 64 rows, which keeps every bound offset aligned (and every chunk
-    a whole number of vec4 rows where rows are)."""
-    if n * row_bytes <= gpu.max_binding:
-        return [(0, n)]
-    per = (gpu.max_binding // row_bytes) // 64 * 64
-    if per < 64:
+
+def row_chunks(gpu: GPU, n: int, row_bytes: int, what: str):
+    """[(first row, rows)] of an [n, ...] tensor of row_bytes a row, each chunk within one binding."""
+    per = rows_per_binding(n, row_bytes, gpu.max_binding)
+    if per == 0:
         raise LimitError(f"64 rows of {what} need {64 * row_bytes:,} bytes, over this adapter's binding limit "
                          f"{gpu.max_binding:,} (max-storage-buffer-binding-size)")
     return [(r0, min(per, n - r0)) for r0 in range(0, n, per)]
@@ -127,12 +131,13 @@ def vocab_chunks(gpu: GPU, VP: int, C: int):
 HEAD_BLOCK_BYTES = 32 << 20    # the split head's dense scratch block: at most this, or 64 rows
 
 
-def head_block_rows(VP: int, C: int, max_rows: int, max_binding: int) -> tuple[int, int]:
+def head_block_rows(VP: int, C: int, max_rows: int, max_binding: int | None) -> tuple[int, int]:
     """(rows per block, floats of the scratch) of the split head; (0, 0) when the table fits whole.
     Blocks of rows are multiples of 64 (aligned offsets), fewer only when max_rows is."""
-    if 4 * VP * C <= max_binding:
+    wide = rows_per_binding(VP, 4 * C, max_binding)      # the widest chunk of the token table
+    if wide == VP:
         return 0, 0
-    wide = min(VP, (max_binding // (4 * C)) // 64 * 64)
+    wide = max(wide, 64)                                   # under 64 rows: refused (vocab_chunks, the plan)
     rows_ = max(64, HEAD_BLOCK_BYTES // (4 * wide) // 64 * 64)
     rows_ = min(rows_, max_rows)
     return rows_, rows_ * wide

@@ -81,6 +81,9 @@ def unpack_bf16(x):                      # packed u32 [..., n/2] -> float64 [...
     return cast_f32(x, 2 * x.size).reshape(*x.shape[:-1], -1).astype(np.float64)
 
 
+cast_bf16x8, cast_f32x8 = cast_bf16, cast_f32   # bf16x8.wgsl: the same casts, 8 values an invocation
+
+
 def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [M,N], sums in float32
     return matmul(unpack_bf16(a), unpack_bf16(b), bias)
 
