@@ -7,7 +7,9 @@ tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with th
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
 is timed. With --dtypes f32,bf16, the variants that have a bf16 form (bf16 operands, float32 sums:
 sg as matmul_bf16_sg.wgsl, scalar as matmul_bf16.wgsl, listed as plain) run again with dtype
-bf16, validated against the float64 product of the same bf16 values.
+bf16, validated against the float64 product of the same bf16 values. dtype mixed is what a bf16
+model's backward runs: A @ B^T with A float32 (dX = dY @ W^T) and A^T @ B with B float32
+(dW = X^T @ dY), the other operand bf16.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -47,8 +49,10 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
     out = gpu.tensor((M, N))
     A = a.T.copy() if entry == "matmul_atb" else a              # stored as the kernel reads it
     B = b.T.copy() if entry == "matmul_abt" else b
-    if dtype == "bf16":     # packed two to a word; judged against the product of the rounded values
+    if dtype in ("bf16", "mixed"):     # packed two to a word; judged against the product of the rounded values
         ah, bh = R.cast_bf16(A).reshape(A.shape[0], -1), R.cast_bf16(B).reshape(B.shape[0], -1)
+        if dtype == "mixed":           # the backward's float32 gradient: A of A @ B^T, B of A^T @ B
+            ah, bh = (A, bh) if entry == "matmul_abt" else (ah, B)
         fn = getattr(K, entry + "_bf16")
         extra = [None] if entry == "matmul" else []
         d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd, variant=variant)
@@ -74,15 +78,15 @@ def main(argv=None):
     ap.add_argument("--shapes", help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
-    ap.add_argument("--dtypes", default="f32", help="f32, bf16 or both (f32,bf16): the operands' storage")
+    ap.add_argument("--dtypes", default="f32", help="f32, bf16, mixed, or several (f32,bf16,mixed): the operands' storage")
     ap.add_argument("--rounds", type=int, default=1,
                     help="measure every kernel this many times, interleaved, and keep each one's fastest: "
                          "on a machine whose speed drifts, kernels compared in one round share its minute")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    if not set(dtypes) <= {"f32", "bf16"}:
-        raise SystemExit(f"error: --dtypes takes f32 and bf16, got {args.dtypes!r}")
+    if not set(dtypes) <= {"f32", "bf16", "mixed"}:
+        raise SystemExit(f"error: --dtypes takes f32, bf16 and mixed, got {args.dtypes!r}")
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
     chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
@@ -105,8 +109,9 @@ def main(argv=None):
         for _ in range(max(1, args.rounds)):
             for dtype in dtypes:
                 for entry, variant in chosen:
-                    if dtype == "bf16":
-                        if variant not in BF16 or (variant == "sg" and not K.bf16_ok(entry, M, N, Kd)):
+                    if dtype != "f32":
+                        if variant not in BF16 or (variant == "sg" and not K.bf16_ok(entry, M, N, Kd)) \
+                                or (dtype == "mixed" and entry == "matmul"):
                             continue
                         variant = BF16[variant]
                     r_ = bench_one(gpu, plan, entry, variant, dtype, a, b, args.repeats)

@@ -76,37 +76,54 @@ def main(argv=None):
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
     ap.add_argument("--attention", default="online")
     ap.add_argument("--trainers", default="webgpu,numpy,torch")
-    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="the WebGPU trainer's")
+    ap.add_argument("--precision", default="fp32",
+                    help="the WebGPU trainer's: fp32, bf16, or both (fp32,bf16: a row each, with bf16's ratio)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every trainer this many times, interleaved, and keep each one's fastest: on a "
+                         "machine whose speed drifts, trainers compared in one round share its minute")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
+    precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
+    if not precisions or not set(precisions) <= {"fp32", "bf16"}:
+        raise SystemExit(f"error: --precision takes fp32, bf16 or fp32,bf16, got {args.precision!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
     tokens = args.steps * cfg.batch * cfg.ctx
-    runners = {"webgpu": lambda: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels, args.precision),
-               "numpy": lambda: run_numpy(cfg, params, data, args.lr),
+    runners = {"numpy": lambda: run_numpy(cfg, params, data, args.lr),
                "torch": lambda: run_torch(cfg, params, data, args.lr)}
-    rows = []
+    for p in precisions:
+        runners["webgpu", p] = (lambda p=p: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels, p))
+    order = []
     for name in args.trainers.split(","):
         if name == "torch":
             import importlib.util
             if importlib.util.find_spec("torch") is None:
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
-        secs, loss, what = runners[name]()
-        rows.append({"trainer": name, "preset": args.preset, "precision": args.precision if name == "webgpu" else "fp32",
-                     "steps": args.steps, "tokens_per_s": tokens / secs,
-                     "final_loss": loss, "seconds": secs, "what": what})
-        print(f"{name}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
-    base = {r["trainer"]: r["tokens_per_s"] for r in rows}
+        order += [("webgpu", p) for p in precisions] if name == "webgpu" else [name]
+    best = {}
+    for _ in range(max(1, args.rounds)):
+        for key in order:
+            secs, loss, what = runners[key]()
+            name, prec = key if isinstance(key, tuple) else (key, "fp32")
+            print(f"{name} {prec}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
+            if key not in best or secs < best[key]["seconds"]:
+                best[key] = {"trainer": name, "preset": args.preset, "precision": prec, "steps": args.steps,
+                             "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
+    rows = [best[k] for k in order]
+    base = {r["trainer"]: r["tokens_per_s"] for r in rows if r["precision"] == precisions[0] or r["trainer"] != "webgpu"}
     for r in rows:
         if "webgpu" in base and r["trainer"] != "webgpu":
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
+        if r["trainer"] == "webgpu" and r["precision"] == "bf16" and ("webgpu", "fp32") in best:
+            r["over_fp32"] = r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
     if not args.json:
-        print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches")
-    emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "webgpu_over_this",
-                           "what"])
+        print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
+              + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
+    emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "over_fp32",
+                           "webgpu_over_this", "what"])
 
 
 if __name__ == "__main__":

@@ -14,15 +14,24 @@
 // A @ B^T reads B's 8 rows (this lane's columns) 8 k at a time and transposes the blocks;
 // A^T @ B has lane l load row k0+l of A (32 output rows = 4 words) and builds the row blocks from
 // the 8 lanes' words: also 12 loads and 32 broadcasts per 8 k. It needs M a multiple of 8 too.
+// Mixed operands, for the backward of a bf16 model, whose gradients stay float32 (override
+// constants; the bindings are words either way, and a float32 word is a bitcast):
+//   A_F32     A @ B^T (and A @ B): A is float32, 2 words per row per 8 k (dX = dY @ W^T, W bf16)
+//   B_F32     A^T @ B (and A @ B): B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
+//   OUT_BF16  out is written as bf16 (a lane's 8 columns of a row are one word), bias added
+//             first, no accumulate: the forward's q, k, v and pre-activation, stored only as bf16.
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8])
-@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8] (A @ B^T: [N, K/8])
+@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8]; A_F32: [M, K/4])
+@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8] (A @ B^T: [N, K/8]; B_F32: [K, N/4])
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<u32>>;   // float32 bits, or bf16 (OUT_BF16)
 
+override A_F32: bool = false;
+override B_F32: bool = false;
+override OUT_BF16: bool = false;
 const LANES: u32 = 8u;
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
@@ -55,6 +64,8 @@ fn words8(i: u32, stride: u32) -> W8 {
             B[i + 4u * stride], B[i + 5u * stride], B[i + 6u * stride], B[i + 7u * stride]);
 }
 
+fn f4(w: vec4<u32>) -> vec4<f32> { return bitcast<vec4<f32>>(w); }
+
 // the 4x4 blocks of 4 words: their first (xy) or second (zw) 4 values as matrix columns
 fn cols_xy(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>) -> mat4x4<f32> {
   return mat4x4<f32>(bf16_lo4(a.xy), bf16_lo4(b.xy), bf16_lo4(c.xy), bf16_lo4(d.xy));
@@ -66,6 +77,15 @@ fn cols_zw(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>) -> mat4x4<f32
 
 // B stored [K, N] (A @ B, A^T @ B): word j is B's row 8kk + j at these 8 columns
 fn b_blocks(kk: u32, c8: u32) -> BBlocks {
+  if (B_F32) {   // row k's 8 columns are words 2 c8 (columns 0-3) and 2 c8 + 1 (4-7) of its N/4
+    let n4 = p.N / 4u;
+    let i = 8u * kk * n4 + 2u * c8;
+    return BBlocks(mat4x4<f32>(f4(B[i]), f4(B[i + n4]), f4(B[i + 2u * n4]), f4(B[i + 3u * n4])),
+                   mat4x4<f32>(f4(B[i + 4u * n4]), f4(B[i + 5u * n4]), f4(B[i + 6u * n4]), f4(B[i + 7u * n4])),
+                   mat4x4<f32>(f4(B[i + 1u]), f4(B[i + n4 + 1u]), f4(B[i + 2u * n4 + 1u]), f4(B[i + 3u * n4 + 1u])),
+                   mat4x4<f32>(f4(B[i + 4u * n4 + 1u]), f4(B[i + 5u * n4 + 1u]), f4(B[i + 6u * n4 + 1u]),
+                               f4(B[i + 7u * n4 + 1u])));
+  }
   let n8 = p.N / 8u;
   let w = words8(8u * kk * n8 + c8, n8);
   return BBlocks(cols_xy(w.w0, w.w1, w.w2, w.w3), cols_xy(w.w4, w.w5, w.w6, w.w7),
@@ -87,36 +107,78 @@ fn unpack(r: Packed4) -> Rows {
   return Rows(cols_xy(r.r0, r.r1, r.r2, r.r3), cols_zw(r.r0, r.r1, r.r2, r.r3));
 }
 
-// lo, hi (one 16-row block, columns 0-3 and 4-7) += B x the 16 rows lanes hold in x0 and x1
-fn mac16(lo: ptr<function, Acc>, hi: ptr<function, Acc>, b: BBlocks, x0: vec4<u32>, x1: vec4<u32>) {
-  let r0 = unpack(rows_of(x0, x1, 0u));
+// rows 4q..4q+3 at this 8 k from the lanes' words: bf16 rows are one word each (x); float32 rows
+// two (x: k 0-3, y: k 4-7), broadcast separately
+fn a_rows(x0: vec4<u32>, y0: vec4<u32>, x1: vec4<u32>, y1: vec4<u32>, q: u32) -> Rows {
+  if (A_F32) {
+    let a = rows_of(x0, x1, q);
+    let b = rows_of(y0, y1, q);
+    return Rows(mat4x4<f32>(f4(a.r0), f4(a.r1), f4(a.r2), f4(a.r3)), mat4x4<f32>(f4(b.r0), f4(b.r1), f4(b.r2), f4(b.r3)));
+  }
+  return unpack(rows_of(x0, x1, q));
+}
+
+// lo, hi (one 16-row block, columns 0-3 and 4-7) += B x the 16 rows lanes hold in x0 (y0) and x1 (y1)
+fn mac16(lo: ptr<function, Acc>, hi: ptr<function, Acc>, b: BBlocks, x0: vec4<u32>, y0: vec4<u32>,
+         x1: vec4<u32>, y1: vec4<u32>) {
+  let r0 = a_rows(x0, y0, x1, y1, 0u);
   (*lo).q0 += b.lo_a * r0.a + b.lo_b * r0.b;
   (*hi).q0 += b.hi_a * r0.a + b.hi_b * r0.b;
-  let r1 = unpack(rows_of(x0, x1, 1u));
+  let r1 = a_rows(x0, y0, x1, y1, 1u);
   (*lo).q1 += b.lo_a * r1.a + b.lo_b * r1.b;
   (*hi).q1 += b.hi_a * r1.a + b.hi_b * r1.b;
-  let r2 = unpack(rows_of(x0, x1, 2u));
+  let r2 = a_rows(x0, y0, x1, y1, 2u);
   (*lo).q2 += b.lo_a * r2.a + b.lo_b * r2.b;
   (*hi).q2 += b.hi_a * r2.a + b.hi_b * r2.b;
-  let r3 = unpack(rows_of(x0, x1, 3u));
+  let r3 = a_rows(x0, y0, x1, y1, 3u);
   (*lo).q3 += b.lo_a * r3.a + b.lo_b * r3.b;
   (*hi).q3 += b.hi_a * r3.a + b.hi_b * r3.b;
 }
 
+fn quarter(acc: Acc, q: u32) -> mat4x4<f32> {
+  switch q { case 0u: { return acc.q0; } case 1u: { return acc.q1; } case 2u: { return acc.q2; } default: { return acc.q3; } }
+}
+
+// float32 out: one 16-row, 4-column block (vec4 column c4)
 fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
   let n4 = p.N / 4u;
   var b = vec4<f32>();
   if (p.has_bias != 0u) { b = bias[c4]; }
   for (var q = 0u; q < 4u; q++) {
-    var m: mat4x4<f32>;
-    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
+    let m = quarter(acc, q);
     for (var c = 0u; c < 4u; c++) {
       let i = row0 + 4u * q + c;
       if (i < p.M) {
         var v = m[c] + b;
-        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
-        out[i * n4 + c4] = v;
+        if (p.accumulate != 0u) { v += f4(out[i * n4 + c4]); }
+        out[i * n4 + c4] = bitcast<vec4<u32>>(v);
+      }
+    }
+  }
+}
+
+// 16 rows of this lane's 8 columns c8 (lo: columns 0-3, hi: 4-7), float32 or bf16 (one word a row)
+fn store8(lo: Acc, hi: Acc, row0: u32, c8: u32, live: bool) {
+  if (!OUT_BF16) {
+    store(lo, row0, 2u * c8, live);
+    store(hi, row0, 2u * c8 + 1u, live);
+    return;
+  }
+  if (!live) { return; }
+  let n8 = p.N / 8u;
+  var bl = vec4<f32>();
+  var bh = vec4<f32>();
+  if (p.has_bias != 0u) { bl = bias[2u * c8]; bh = bias[2u * c8 + 1u]; }
+  for (var q = 0u; q < 4u; q++) {
+    let ml = quarter(lo, q);
+    let mh = quarter(hi, q);
+    for (var c = 0u; c < 4u; c++) {
+      let i = row0 + 4u * q + c;
+      if (i < p.M) {
+        let a = ml[c] + bl;
+        let b = mh[c] + bh;
+        out[i * n8 + c8] = vec4<u32>(bf16_pack(a.x, a.y), bf16_pack(a.z, a.w), bf16_pack(b.x, b.y), bf16_pack(b.z, b.w));
       }
     }
   }
@@ -129,10 +191,11 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let live = c8 < n8;
   let cc = min(c8, n8 - 1u);
   let row0 = wid.y * 32u;
-  let a0 = row(row0 + lane) * k8;
-  let a1 = row(row0 + 8u + lane) * k8;
-  let a2 = row(row0 + 16u + lane) * k8;
-  let a3 = row(row0 + 24u + lane) * k8;
+  let ka = select(k8, 2u * k8, A_F32);    // words in a row of A
+  let a0 = row(row0 + lane) * ka;
+  let a1 = row(row0 + 8u + lane) * ka;
+  let a2 = row(row0 + 16u + lane) * ka;
+  let a3 = row(row0 + 24u + lane) * ka;
   var lo: Acc;     // rows 0-15, columns 0-3
   var hi: Acc;     // rows 0-15, columns 4-7
   var lo2: Acc;    // rows 16-31
@@ -140,13 +203,21 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   for (var kk = 0u; kk < k8; kk++) {
     var b: BBlocks;
     if (tb) { b = b_blocks_t(kk, cc); } else { b = b_blocks(kk, cc); }
-    mac16(&lo, &hi, b, A[a0 + kk], A[a1 + kk]);
-    mac16(&lo2, &hi2, b, A[a2 + kk], A[a3 + kk]);
+    let s = select(kk, 2u * kk, A_F32);
+    let x0 = A[a0 + s];
+    let x1 = A[a1 + s];
+    let x2 = A[a2 + s];
+    let x3 = A[a3 + s];
+    var y0 = x0;
+    var y1 = x1;
+    var y2 = x2;
+    var y3 = x3;
+    if (A_F32) { y0 = A[a0 + s + 1u]; y1 = A[a1 + s + 1u]; y2 = A[a2 + s + 1u]; y3 = A[a3 + s + 1u]; }
+    mac16(&lo, &hi, b, x0, y0, x1, y1);
+    mac16(&lo2, &hi2, b, x2, y2, x3, y3);
   }
-  store(lo, row0, 2u * cc, live);
-  store(hi, row0, 2u * cc + 1u, live);
-  store(lo2, row0 + 16u, 2u * cc, live);
-  store(hi2, row0 + 16u, 2u * cc + 1u, live);
+  store8(lo, hi, row0, cc, live);
+  store8(lo2, hi2, row0 + 16u, cc, live);
 }
 
 @compute @workgroup_size(LANES)
@@ -218,8 +289,6 @@ fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
     p6 = mac_pair(p6, b, r3.even);
     p7 = mac_pair(p7, b, r3.odd);
   }
-  store(Acc(p0.lo, p1.lo, p2.lo, p3.lo), row0, 2u * cc, live);
-  store(Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, 2u * cc + 1u, live);
-  store(Acc(p4.lo, p5.lo, p6.lo, p7.lo), row0 + 16u, 2u * cc, live);
-  store(Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, 2u * cc + 1u, live);
+  store8(Acc(p0.lo, p1.lo, p2.lo, p3.lo), Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, cc, live);
+  store8(Acc(p4.lo, p5.lo, p6.lo, p7.lo), Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, cc, live);
 }

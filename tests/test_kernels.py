@@ -422,6 +422,23 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant):
         gpu.write(out, prev)
         run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant))
         check(f"matmul_atb_bf16 {variant} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(ath, bh), tol)
+        # the backward's dW = X^T @ dY: B float32 (B_F32)
+        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(b), out, M, N, K_, variant=variant))
+        check(f"matmul_atb_bf16 {variant} B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_bf16(ath, b), tol)
+    # the backward's dX = dY @ W^T: A float32 (A_F32)
+    run(gpu, K.matmul_abt_bf16(gpu, up(a), up(bth), out, M, N, K_, variant=variant))
+    check(f"matmul_abt_bf16 {variant} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, bth), tol)
+    # the forward's q, k, v and pre-activation: out written as bf16 (OUT_BF16), bias added first.
+    # A float32 sum on a rounding edge may round the other way from the float64 twin's: values
+    # within the sum's tolerance plus one bf16 rounding, and most words equal.
+    outh = gpu.tensor((M * N // 2,), "u32")
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant))
+    want_h = R.matmul_bf16(ah, bh, f64(bias), out_bf16=True)
+    same = np.mean(gpu.read(outh).reshape(M, -1) == want_h)
+    print(f"matmul_bf16 {variant} bf16 out {M}x{N}x{K_}: {same:.2%} of words equal to the twin's")
+    got, want = R.unpack_bf16(gpu.read(outh).reshape(M, -1)), R.matmul_bf16(ah, bh, f64(bias))
+    check(f"matmul_bf16 {variant} bf16 out {M}x{N}x{K_} (one bf16 rounding)", got, want, tol, 2.0 ** -8)
+    assert same >= 0.9
 
 
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])

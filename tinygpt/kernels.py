@@ -176,31 +176,38 @@ def bf16_ok(entry, M, N, K) -> bool:
 
 def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
     """variant: "sg" (matmul_bf16_sg.wgsl) where subgroups work and the shape allows it, else
-    "plain" (matmul_bf16.wgsl: any shape whose operand rows hold whole words)."""
+    "plain" (matmul_bf16.wgsl: any shape whose operand rows hold whole words).
+    Each tensor's dtype says its storage: a "u32" operand holds bf16, an "f32" one float32 (A of
+    A @ B^T, B of A^T @ B: the backward's float32 gradients); a "u32" out is written as bf16."""
     variant = variant or ("sg" if (plan or PORTABLE).subgroups == "ok" and bf16_ok(entry, M, N, K) else "plain")
+    consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
+                                    ("OUT_BF16", out.dtype == "u32")) if on}
+    assert not (entry == "matmul_atb" and "A_F32" in consts) and not (entry == "matmul_abt" and "B_F32" in consts), \
+        (entry, consts)
+    assert not (accumulate and "OUT_BF16" in consts) and (N % 2 == 0 or "OUT_BF16" not in consts), (entry, consts)
     params = (M, N, K, bias is not None, accumulate)
     if variant == "sg":
         assert bf16_ok(entry, M, N, K), (entry, M, N, K)
-        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw")
+        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", consts)
         return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (8 * SG_LANES)), -(-M // 32)))
     assert K % 2 == 0 and (entry != "matmul" or N % 2 == 0) and (entry != "matmul_atb" or M % 2 == 0), (entry, M, N, K)
-    k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw")
+    k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw", consts)
     return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
 
 
 def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None):
     """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]); a and b bf16, as u32 tensors of half the floats;
-    float32 sums."""
+    float32 sums. Either operand may be float32 instead, and out bf16 (_mm_bf16)."""
     return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan)
 
 
 def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
-    """out[M,N] = a[M,K] @ b[N,K]^T, a and b bf16"""
+    """out[M,N] = a[M,K] @ b[N,K]^T, b bf16, a bf16 or float32"""
     return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 
 def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
-    """out[M,N] = a[K,M]^T @ b[K,N], a and b bf16"""
+    """out[M,N] = a[K,M]^T @ b[K,N], a bf16, b bf16 or float32"""
     return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan)
 
 

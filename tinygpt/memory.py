@@ -84,10 +84,9 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     add("adam moments", "AdamW m and v (flat)", f, bound=fb, count=2)
     add("batch", "token batch", _batch_bytes(BT, V))
     act = "activations (saved)"
-    if precision == "bf16":   # model.Model: ln1 q k v ctx ln2 pre gel saved as bf16, one float32 scratch each
+    if precision == "bf16":   # model.Model: ln1 q k v ctx ln2 pre gel saved as bf16; q k v ctx float32 scratch
         add("parameters", "parameters' bf16 copy (flat)", 2 * n_flat, bound=fb // 2)
-        add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + L + 6 + 1)   # x; x_mid; scratch; tmp
-        add(act, "[B*T, 4C] MLP activations", 4 * BT * M, count=2)
+        add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + L + 4 + 1)   # x; x_mid; scratch; tmp
         add(act, "[B*T, C] bf16 activations", 2 * BT * C, count=6 * L)
         add(act, "[B*T, 4C] bf16 MLP activations", 2 * BT * M, count=2 * L)
     else:

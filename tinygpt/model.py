@@ -272,18 +272,20 @@ class Model:
             problem = bf16_problem(self.plan, C, M)
             if problem:
                 raise LimitError(problem)
-        # fp32: every activation saved per layer. bf16: saved per layer as bf16 (self.half), and one
-        # float32 scratch of each kind shared by the layers (the lists below repeat it), which the
-        # backward refills from the bf16 copy before each layer's gradients.
+        # fp32: every activation saved per layer. bf16: saved per layer as bf16 (self.half), which the
+        # matmuls of both passes read as they are; q, k, v and the attention output also have one
+        # float32 scratch each, shared by the layers (the lists below repeat it), for the attention
+        # kernels that read float32 (the backward refills them from the bf16 copy).
         per_layer = (lambda make: [make() for _ in range(L)]) if not bf else (lambda make: [make()] * L)
-        self.ln1 = per_layer(lambda: act(BT, C))
+        only_fp32 = (lambda make: [make() for _ in range(L)]) if not bf else (lambda make: [None] * L)
+        self.ln1 = only_fp32(lambda: act(BT, C))
         self.ln1s = [act(2, BT) for _ in range(L)]                           # mean | rstd
         self.qkv = per_layer(lambda: [act(BT, C) for _ in range(3)])
         self.ctx = per_layer(lambda: act(BT, C))
-        self.ln2 = per_layer(lambda: act(BT, C))
+        self.ln2 = only_fp32(lambda: act(BT, C))
         self.ln2s = [act(2, BT) for _ in range(L)]
-        self.pre = per_layer(lambda: act(BT, M))
-        self.gel = per_layer(lambda: act(BT, M))
+        self.pre = only_fp32(lambda: act(BT, M))
+        self.gel = only_fp32(lambda: act(BT, M))
         if bf:
             half = lambda n, name: g.tensor((n // 2,), "u32", name)
             self.half = [{k: half(BT * (M if k in ("pre", "gel") else C), f"{k}{l} bf16")
@@ -313,13 +315,12 @@ class Model:
         fwd = self.head.embed(tokens, self.P["pos_emb"], self.x[0], B, T)
         for l in range(L):
             x, q, k, v = self.x[l], *self.qkv[l]
-            if bf:   # matmul operands as bf16; q, k, v stored as bf16 and read back for the attention
+            if bf:   # matmul operands as bf16; q, k, v written as bf16 by their matmuls
                 h, W = self.half[l], lambda n: self._half_view(f"h{l}.{n}")
                 fwd.append(K.layernorm_forward_bf16(g, x, self._ln(l, 1), h["ln1"], self.ln1s[l], BT, C))
                 direct = self.att[l].reads_bf16      # the attention reads the bf16 q, k, v itself
                 for n, t in (("q", q), ("k", k), ("v", v)):
-                    fwd += [K.matmul_bf16(g, h["ln1"], W("W" + n), P(l, "b" + n), t, BT, C, C),
-                            K.cast_bf16(g, t, h[n], BT * C)]
+                    fwd.append(K.matmul_bf16(g, h["ln1"], W("W" + n), P(l, "b" + n), h[n], BT, C, C))
                     if not direct:                    # else it reads them back as float32
                         fwd.append(K.cast_f32(g, h[n], t, BT * C))
             else:
@@ -337,10 +338,9 @@ class Model:
             else:
                 fwd.append(K.matmul(g, self.ctx[l], P(l, "Wo"), P(l, "bo"), self.tmp, BT, C, C))
             fwd.append(K.add(g, x, self.tmp, self.x_mid[l], BT * C))
-            if bf:   # the pre-activation is saved as bf16, and GELU reads and writes bf16
+            if bf:   # the pre-activation is written as bf16, and GELU reads and writes bf16
                 fwd += [K.layernorm_forward_bf16(g, self.x_mid[l], self._ln(l, 2), h["ln2"], self.ln2s[l], BT, C),
-                        K.matmul_bf16(g, h["ln2"], W("fc_in_W"), P(l, "fc_in_b"), self.pre[l], BT, M, C),
-                        K.cast_bf16(g, self.pre[l], h["pre"], BT * M),
+                        K.matmul_bf16(g, h["ln2"], W("fc_in_W"), P(l, "fc_in_b"), h["pre"], BT, M, C),
                         K.gelu_forward_bf16(g, h["pre"], h["gel"], BT * M),
                         K.matmul_bf16(g, h["gel"], W("fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
             else:
@@ -419,31 +419,37 @@ class Model:
             q, k, v = self.qkv[l]
             dq, dk, dv = self.dqkv
             direct = bf and self.att[l].reads_bf16
-            if bf:   # this layer's saved activations back into the shared float32 scratch
-                h = self.half[l]
-                back = [("gel", self.gel[l]), ("ln2", self.ln2[l]), ("ctx", self.ctx[l]), ("ln1", self.ln1[l])]
-                back += [] if direct else [("q", q), ("k", k), ("v", v)]
+            if bf:   # the matmuls read the saved bf16 activations and the weights' bf16 copy; the
+                # gradients stay float32. The attention's float32 inputs are refilled from bf16.
+                h, W = self.half[l], lambda n: self._half_view(f"h{l}.{n}")
+                back = [("ctx", self.ctx[l])] + ([] if direct else [("q", q), ("k", k), ("v", v)])
                 ds += [K.cast_f32(g, h[n], t, t.size) for n, t in back]
-            ds += [K.matmul_atb(g, self.gel[l], self.dres, G(l, "fc_out_W"), M, C, BT),
+                atb, abt = K.matmul_atb_bf16, K.matmul_abt_bf16
+                X = lambda n: h[n]
+            else:
+                atb, abt = K.matmul_atb, K.matmul_abt
+                X = {"gel": self.gel[l], "ln2": self.ln2[l], "ctx": self.ctx[l], "ln1": self.ln1[l]}.get
+                W = lambda n: P(l, n)
+            ds += [atb(g, X("gel"), self.dres, G(l, "fc_out_W"), M, C, BT),
                    K.bias_grad(g, self.dres, G(l, "fc_out_b"), BT, C),
-                   K.matmul_abt(g, self.dres, P(l, "fc_out_W"), self.dact, BT, M, C),
+                   abt(g, self.dres, W("fc_out_W"), self.dact, BT, M, C),
                    K.gelu_backward_bf16(g, self.half[l]["pre"], self.dact, self.dpre, BT * M) if bf else
                    K.gelu_backward(g, self.pre[l], self.dact, self.dpre, BT * M),
-                   K.matmul_atb(g, self.ln2[l], self.dpre, G(l, "fc_in_W"), C, M, BT),
+                   atb(g, X("ln2"), self.dpre, G(l, "fc_in_W"), C, M, BT),
                    K.bias_grad(g, self.dpre, G(l, "fc_in_b"), BT, M),
-                   K.matmul_abt(g, self.dpre, P(l, "fc_in_W"), self.dln, BT, C, M),
+                   abt(g, self.dpre, W("fc_in_W"), self.dln, BT, C, M),
                    K.layernorm_dgb(g, self.dln, self.x_mid[l], self.ln2s[l], self._ln(l, 2, grads), BT, C),
                    K.layernorm_dx(g, self.dln, self.x_mid[l], P(l, "ln2_g"), self.ln2s[l], self.dres, BT, C),
-                   K.matmul_atb(g, self.ctx[l], self.dres, G(l, "Wo"), C, C, BT),
+                   atb(g, X("ctx"), self.dres, G(l, "Wo"), C, C, BT),
                    K.bias_grad(g, self.dres, G(l, "bo"), BT, C),
-                   K.matmul_abt(g, self.dres, P(l, "Wo"), self.dctx, BT, C, C)]
+                   abt(g, self.dres, W("Wo"), self.dctx, BT, C, C)]
             if direct:
                 ds += self.att[l].backward(h["q"], h["k"], h["v"], self.ctx[l], self.dctx, dq, dk, dv, bf16=True)
             else:
                 ds += self.att[l].backward(q, k, v, self.ctx[l], self.dctx, dq, dk, dv)
             for i, (n, d) in enumerate((("q", dq), ("k", dk), ("v", dv))):
-                ds += [K.matmul_abt(g, d, P(l, "W" + n), self.dln, BT, C, C, accumulate=i > 0),
-                       K.matmul_atb(g, self.ln1[l], d, G(l, "W" + n), C, C, BT),
+                ds += [abt(g, d, W("W" + n), self.dln, BT, C, C, accumulate=i > 0),
+                       atb(g, X("ln1"), d, G(l, "W" + n), C, C, BT),
                        K.bias_grad(g, d, G(l, "b" + n), BT, C)]
             ds += [K.layernorm_dgb(g, self.dln, self.x[l], self.ln1s[l], self._ln(l, 1, grads), BT, C),
                    K.layernorm_dx(g, self.dln, self.x[l], P(l, "ln1_g"), self.ln1s[l], self.dres, BT, C)]

@@ -84,8 +84,16 @@ def unpack_bf16(x):                      # packed u32 [..., n/2] -> float64 [...
 cast_bf16x8, cast_f32x8 = cast_bf16, cast_f32   # bf16x8.wgsl: the same casts, 8 values an invocation
 
 
-def matmul_bf16_sg(a, b, bias=None):     # a [M,K/2], b [K,N/2] packed bf16 -> [M,N], sums in float32
-    return matmul(unpack_bf16(a), unpack_bf16(b), bias)
+def _operand(x):                         # packed u32 -> its bf16 values; float32 (A_F32, B_F32) as it is
+    return unpack_bf16(x) if np.asarray(x).dtype == np.uint32 else np.asarray(x, np.float64)
+
+
+def _out(y, out_bf16):                   # OUT_BF16: the float32 result rounded, packed [M, N/2]
+    return cast_bf16(np.asarray(y, np.float32)).reshape(len(y), -1) if out_bf16 else y
+
+
+def matmul_bf16_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] packed bf16 -> [M,N], sums in float32
+    return _out(matmul(_operand(a), _operand(b), bias), out_bf16)
 
 
 def layernorm_forward_bf16(x, g, b):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
@@ -102,12 +110,12 @@ def gelu_backward_bf16(xh, dy):          # packed bf16 x, dy -> d(x) in dy's pre
     return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy)
 
 
-def matmul_abt_bf16_sg(a, b):            # a [M,K/2], b [N,K/2] packed -> [M,N]
-    return matmul_abt(unpack_bf16(a), unpack_bf16(b))
+def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
+    return _out(matmul_abt(_operand(a), _operand(b)), out_bf16)
 
 
-def matmul_atb_bf16_sg(a, b):            # a [K,M/2], b [K,N/2] packed -> [M,N]
-    return matmul_atb(unpack_bf16(a), unpack_bf16(b))
+def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (or float32 [K,N]) -> [M,N]
+    return _out(matmul_atb(_operand(a), _operand(b)), out_bf16)
 
 
 # matmul_bf16.wgsl, the set without subgroups: the same products, summed one k at a time
@@ -257,7 +265,8 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     precision "bf16" rounds where the model stores bf16: the matmuls' operands (the LayerNorm
     outputs, the attention output, GELU's output, the weights), q, k and v, and the saved
     pre-activation; sums stay in the inputs' precision. The backward then reads the rounded
-    activations from the cache and multiplies by the unrounded weights, as the model does."""
+    activations from the cache and multiplies the float32 gradients by the rounded weights, as the
+    model does (the head stays float32 in both passes)."""
     from . import reference_attention as ra
     attend = attention or ra.attention_forward
     B, T = tokens.shape
@@ -266,7 +275,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) if precision == "bf16" \
         else (lambda a: a)
     x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
-    cache = {"tokens": tokens, "x0": x, "layers": []}
+    cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
     for l in range(L):
         p = lambda n: P[f"h{l}.{n}"]
         c = {"x": x}
@@ -308,6 +317,8 @@ def backward(params, cfg: Config, cache, attention_backward=None):
     G = {}
     dlogits = cache["dlogits"]
     lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
+    r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) \
+        if cache.get("precision") == "bf16" else (lambda a: a)                # the weights' bf16 copy
     G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
     dy = matmul(dlogits, P["tok_emb"])                                         # [BT,C]
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
@@ -319,11 +330,11 @@ def backward(params, cfg: Config, cache, attention_backward=None):
         # MLP branch
         g("fc_out_W", matmul_atb(c["act"], dx))
         g("fc_out_b", bias_grad(dx))
-        dact = matmul_abt(dx, p("fc_out_W"))
+        dact = matmul_abt(dx, r(p("fc_out_W")))
         dpre = gelu_backward(c["pre"], dact)
         g("fc_in_W", matmul_atb(c["ln2"][0], dpre))
         g("fc_in_b", bias_grad(dpre))
-        dln2 = matmul_abt(dpre, p("fc_in_W"))
+        dln2 = matmul_abt(dpre, r(p("fc_in_W")))
         _, m2, r2 = c["ln2"]
         dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
         g("ln2_g", dg)
@@ -332,13 +343,13 @@ def backward(params, cfg: Config, cache, attention_backward=None):
         # attention branch
         g("Wo", matmul_atb(c["ctx"], dx))
         g("bo", bias_grad(dx))
-        dctx = matmul_abt(dx, p("Wo"))
+        dctx = matmul_abt(dx, r(p("Wo")))
         q, k, v = c["qkv"]
         dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
                                 dctx.reshape(B, T, C), H)
         dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
         h1 = c["ln1"][0]
-        dln1 = matmul_abt(dq, p("Wq")) + matmul_abt(dk, p("Wk")) + matmul_abt(dv, p("Wv"))
+        dln1 = matmul_abt(dq, r(p("Wq"))) + matmul_abt(dk, r(p("Wk"))) + matmul_abt(dv, r(p("Wv")))
         for n, d in (("q", dq), ("k", dk), ("v", dv)):
             g("W" + n, matmul_atb(h1, d))
             g("b" + n, bias_grad(d))
