@@ -6,7 +6,8 @@ of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workg
 tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
 is timed. With --dtypes f32,bf16, the variants that have a bf16 form (bf16 operands, float32 sums:
-sg as matmul_bf16_sg.wgsl, scalar as matmul_bf16.wgsl, listed as plain) run again with dtype
+sg as matmul_bf16_sg.wgsl, tiled as matmul_tiled.wgsl with bf16 tile loads, scalar as
+matmul_bf16.wgsl, listed as plain) run again with dtype
 bf16, validated against the float64 product of the same bf16 values. dtype mixed is what a bf16
 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T) and A^T @ B with B float32
 (dW = X^T @ dY), the other operand bf16.
@@ -26,7 +27,7 @@ from tinygpt.gpu import GPU
 from tinygpt.plan import make_plan
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
-BF16 = {"sg": "sg", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
+BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -55,7 +56,7 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
             ah, bh = (A, bh) if entry == "matmul_abt" else (ah, B)
         fn = getattr(K, entry + "_bf16")
         extra = [None] if entry == "matmul" else []
-        d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd, variant=variant)
+        d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd, variant=variant, plan=plan)
         want = getattr(R, entry + "_bf16_sg")(ah, bh)
     else:
         fn = getattr(K, entry)

@@ -12,26 +12,46 @@
 // subgroup kernels stay faster: `tinygpt tune` races them on every adapter.
 // Shapes: N and K multiples of 4, and M too for A^T @ B (kernels.vec4_ok); any M, N, K otherwise:
 // tile rows, columns and k past the edges are loaded as zeros and not stored.
+// bf16 (override constants; the bindings are words, and a float32 word is a bitcast):
+//   A_BF16, B_BF16  that operand is bf16, two to a u32 (common.wgsl): the tile loads read half
+//                   the bytes and unpack into the same float32 tiles, so the multiply is unchanged.
+//                   Its rows must hold whole vec4<u32> words: 8 | K (A, and B^T), 8 | N (B), 8 | M (A^T).
+//   OUT_BF16        out is written as bf16, bias added first; no accumulate.
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec2<u32>>;   // half a float32 vec4, or 4 bf16
 
 override WX: u32 = 16u;   // invocations along N
 override WY: u32 = 16u;   // invocations along M
 override TM: u32 = 4u;    // rows per invocation, at most 8
 override TV: u32 = 1u;    // vec4 columns per invocation, at most 2
 override BK: u32 = 16u;   // k per tile, a multiple of 4
+override A_BF16: bool = false;
+override B_BF16: bool = false;
+override OUT_BF16: bool = false;
 const TM_MAX: u32 = 8u;
 const TV_MAX: u32 = 2u;
 
 // A tile k-major: as_[k * BM + i] = A(i0 + i, k0 + k); B tile k-major in vec4: bs[k * BN4 + j4]
 var<workgroup> as_: array<f32, BK * WY * TM>;
 var<workgroup> bs: array<vec4<f32>, BK * WX * TV>;
+
+// 4 consecutive values of an operand by their vec4 index i (as if it were float32): a float32 word,
+// or half of the bf16 word i / 2
+fn a4(i: u32) -> vec4<f32> {
+  if (A_BF16) { let w = A[i / 2u]; return bf16_lo4(select(w.xy, w.zw, (i & 1u) == 1u)); }
+  return bitcast<vec4<f32>>(A[i]);
+}
+
+fn b4(i: u32) -> vec4<f32> {
+  if (B_BF16) { let w = B[i / 2u]; return bf16_lo4(select(w.xy, w.zw, (i & 1u) == 1u)); }
+  return bitcast<vec4<f32>>(B[i]);
+}
 
 // Load the A and B tiles of the k-slice k0 (ta: A is stored [K, M]; tb: B is stored [N, K]).
 fn load_tiles(li: u32, i0: u32, j0: u32, k0: u32, ta: bool, tb: bool) {
@@ -47,12 +67,12 @@ fn load_tiles(li: u32, i0: u32, j0: u32, k0: u32, ta: bool, tb: bool) {
     if (ta) {
       let k = e / (BM / 4u);
       let i4 = e % (BM / 4u);
-      if (k0 + k < p.K && i0 / 4u + i4 < M4) { v = A[(k0 + k) * M4 + i0 / 4u + i4]; }
+      if (k0 + k < p.K && i0 / 4u + i4 < M4) { v = a4((k0 + k) * M4 + i0 / 4u + i4); }
       for (var c = 0u; c < 4u; c++) { as_[k * BM + 4u * i4 + c] = v[c]; }
     } else {
       let i = e / (BK / 4u);
       let k4 = e % (BK / 4u);
-      if (i0 + i < p.M && k0 / 4u + k4 < K4) { v = A[(i0 + i) * K4 + k0 / 4u + k4]; }
+      if (i0 + i < p.M && k0 / 4u + k4 < K4) { v = a4((i0 + i) * K4 + k0 / 4u + k4); }
       for (var c = 0u; c < 4u; c++) { as_[(4u * k4 + c) * BM + i] = v[c]; }
     }
   }
@@ -62,14 +82,14 @@ fn load_tiles(li: u32, i0: u32, j0: u32, k0: u32, ta: bool, tb: bool) {
       let j = e / (BK / 4u);            // column within the tile, 0 .. 4*BN4
       let k4 = e % (BK / 4u);
       var v = vec4<f32>();
-      if (j0 + j < p.N && k0 / 4u + k4 < K4) { v = B[(j0 + j) * K4 + k0 / 4u + k4]; }
+      if (j0 + j < p.N && k0 / 4u + k4 < K4) { v = b4((j0 + j) * K4 + k0 / 4u + k4); }
       for (var c = 0u; c < 4u; c++) { bs[(4u * k4 + c) * BN4 + j / 4u][j % 4u] = v[c]; }
       // each e fills one column of 4 k; the 4*BN4 columns x BK/4 groups = BK * BN4 loads in all
     } else {
       let k = e / BN4;
       let j4 = e % BN4;
       var v = vec4<f32>();
-      if (k0 + k < p.K && j0 / 4u + j4 < N4) { v = B[(k0 + k) * N4 + j0 / 4u + j4]; }
+      if (k0 + k < p.K && j0 / 4u + j4 < N4) { v = b4((k0 + k) * N4 + j0 / 4u + j4); }
       bs[k * BN4 + j4] = v;
     }
   }
@@ -104,8 +124,12 @@ fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
       if (j4 >= N4) { continue; }
       var o = acc[r][v];
       if (p.has_bias != 0u) { o += bias[j4]; }
-      if (p.accumulate != 0u) { o += out[i * N4 + j4]; }
-      out[i * N4 + j4] = o;
+      let at = i * N4 + j4;                 // vec4 index; bf16: the vec2<u32> word of the same index
+      if (OUT_BF16) { out[at] = vec2<u32>(bf16_pack(o.x, o.y), bf16_pack(o.z, o.w)); continue; }
+      if (p.accumulate != 0u) { o += bitcast<vec4<f32>>(vec4<u32>(out[2u * at], out[2u * at + 1u])); }
+      let w = bitcast<vec4<u32>>(o);
+      out[2u * at] = w.xy;
+      out[2u * at + 1u] = w.zw;
     }
   }
 }

@@ -154,16 +154,26 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu):
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
-def test_step0_bf16_against_the_bf16_reference(gpu):
+@pytest.mark.parametrize("which", ["this adapter's", "a GPU's"])
+def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
     """precision bf16: logits, loss and every gradient against the float64 reference rounding where
     the model stores bf16. A value on a rounding edge may round one way in float32 and the other
-    in float64 (one bf16 step, 2^-8), so the tolerance is 3e-3 of scale, not float32's 1e-4."""
+    in float64 (one bf16 step, 2^-8), so the tolerance is 3e-3 of scale, not float32's 1e-4.
+    Under this adapter's plan (lavapipe: the sg kernels, the attention reading bf16 q, k, v) and
+    under the plan a GPU gets untuned (the tiled matmuls with bf16 tile loads; the tiles attention,
+    reading q, k, v back as float32)."""
+    from tinygpt.plan import make_plan
+    plan = None
+    if which == "a GPU's":
+        monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
+        plan = make_plan(gpu, tuning={})
+        assert (plan.matmul, plan.attention) == ("tiled", "tiles")
     cfg = preset("tiny")
     params = R.init_params(cfg)
     x, y = batch(cfg)
     logits, loss, cache = R.forward(f64(params), cfg, x, y, precision="bf16")
     grads = R.backward(f64(params), cfg, cache)
-    m = Model(gpu, cfg, "online", precision="bf16")
+    m = Model(gpu, cfg, "online", precision="bf16", plan=plan)
     m.set_params(params)
     check("bf16 logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
     m.grads_only(x, y)

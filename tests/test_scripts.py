@@ -38,14 +38,17 @@ def test_compare_attention_json(tmp_path, gpu):
 
 def test_bench_matmul_json(gpu):
     from tinygpt import kernels as K
-    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes", "f32,bf16")
+    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes", "f32,bf16,mixed")
     sg = K.subgroups_ok(gpu)
     variants = ("sg", "tiled", "vec4", "scalar") if sg else ("tiled", "vec4", "scalar")
     f32 = [r for r in rows if r["dtype"] == "f32"]
     assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
         (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(f32) == 3 * len(variants)
+    bf = ("sg", "tiled", "plain") if sg else ("tiled", "plain")
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "bf16") == sorted(
-        f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in (("sg", "plain") if sg else ("plain",)))
+        f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in bf)
+    assert sorted(r["kernel"] for r in rows if r["dtype"] == "mixed") == sorted(     # the backward's products
+        f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in bf)
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
         assert (r["tile"] != "") == (r["variant"] == "tiled")

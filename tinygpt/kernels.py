@@ -96,7 +96,8 @@ def mm_variant(plan: KernelPlan, entry, M, N, K) -> str:
     return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
 
 
-def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
+def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None, bf16=None):
+    """bf16: the bf16 override constants of matmul_tiled.wgsl (_mm_bf16 passes them)."""
     plan = plan or PORTABLE
     variant = variant or mm_variant(plan, entry, M, N, K)
     if variant == "sg":
@@ -106,7 +107,8 @@ def _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=Non
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "tiled":   # matmul_tiled.wgsl: workgroup tiles of BM x BN, TM x 4TV per invocation
         wx, wy, tm, tv, bk = plan.matmul_tile
-        k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw", {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk})
+        k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw",
+                       {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **(bf16 or {})})
         grid = (-(-N // (4 * wx * tv)), -(-M // (wy * tm)))
         return gpu.dispatch(k, (M, N, K, bias is not None, accumulate), [a, b, bias, out], grid)
     if variant == "vec4":
@@ -174,12 +176,32 @@ def bf16_ok(entry, M, N, K) -> bool:
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
 
 
+def bf16_variant(plan: KernelPlan, entry, M, N, K) -> str:
+    """The bf16 form of the plan's matmul family: tiled (matmul_tiled.wgsl with bf16 tile loads) for
+    tiled, matmul_bf16_sg.wgsl for sg (and vec4, which has no bf16 form, where subgroups work),
+    matmul_bf16.wgsl ("plain") otherwise and for shapes the 8-wide kernels cannot take."""
+    if not bf16_ok(entry, M, N, K):
+        return "plain"
+    if plan.matmul == "tiled":
+        return "tiled"
+    if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok":
+        return "sg"
+    return "plain"
+
+
 def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
-    """variant: "sg" (matmul_bf16_sg.wgsl) where subgroups work and the shape allows it, else
-    "plain" (matmul_bf16.wgsl: any shape whose operand rows hold whole words).
+    """variant: the plan's (bf16_variant): "tiled", "sg" (matmul_bf16_sg.wgsl) or "plain"
+    (matmul_bf16.wgsl: any shape whose operand rows hold whole words).
     Each tensor's dtype says its storage: a "u32" operand holds bf16, an "f32" one float32 (A of
     A @ B^T, B of A^T @ B: the backward's float32 gradients); a "u32" out is written as bf16."""
-    variant = variant or ("sg" if (plan or PORTABLE).subgroups == "ok" and bf16_ok(entry, M, N, K) else "plain")
+    plan = plan or PORTABLE
+    variant = variant or bf16_variant(plan, entry, M, N, K)
+    if variant == "tiled":   # matmul_tiled.wgsl, its tile loads reading bf16 (A_BF16, B_BF16)
+        assert bf16_ok(entry, M, N, K), (entry, M, N, K)
+        assert not (accumulate and out.dtype == "u32"), entry
+        consts = {n: True for n, on in (("A_BF16", a.dtype == "u32"), ("B_BF16", b.dtype == "u32"),
+                                        ("OUT_BF16", out.dtype == "u32")) if on}
+        return _mm(gpu, entry, a, b, bias, out, M, N, K, accumulate, "tiled", plan, consts)
     consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
                                     ("OUT_BF16", out.dtype == "u32")) if on}
     assert not (entry == "matmul_atb" and "A_F32" in consts) and not (entry == "matmul_abt" and "B_F32" in consts), \

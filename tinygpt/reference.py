@@ -120,6 +120,8 @@ def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (o
 
 # matmul_bf16.wgsl, the set without subgroups: the same products, summed one k at a time
 matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
+# matmul_tiled.wgsl takes float32 or bf16 operands alike (A_BF16, B_BF16) and may write bf16 (OUT_BF16)
+matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
 
 
 # ---- elementwise ----------------------------------------------------------------------
