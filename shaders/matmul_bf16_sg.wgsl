@@ -20,6 +20,9 @@
 //   B_F32     A^T @ B (and A @ B): B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
 //   OUT_BF16  out is written as bf16 (a lane's 8 columns of a row are one word), bias added
 //             first, no accumulate: the forward's q, k, v and pre-activation, stored only as bf16.
+// NB (override) is the column blocks of 4 a lane owns: 2 as above, or 1, where 64-column
+// workgroups would leave lanes idle past N (N = 96: 2 workgroups for 1.5 of work, where 4-column
+// lanes fill 3 of 32 exactly). A lane then loads half of each of B's words (or 4 rows of B^T).
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
@@ -27,11 +30,12 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8]; A_F32: [M, K/4])
 @group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8] (A @ B^T: [N, K/8]; B_F32: [K, N/4])
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<u32>>;   // float32 bits, or bf16 (OUT_BF16)
+@group(0) @binding(4) var<storage, read_write> out: array<vec2<u32>>;   // float32 bits, or bf16 (OUT_BF16)
 
 override A_F32: bool = false;
 override B_F32: bool = false;
 override OUT_BF16: bool = false;
+override NB: u32 = 2u;     // column blocks of 4 per lane: 2 or 1
 const LANES: u32 = 8u;
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
@@ -100,6 +104,39 @@ fn b_blocks_t(kk: u32, c8: u32) -> BBlocks {
                  transpose(cols_xy(w.w4, w.w5, w.w6, w.w7)), transpose(cols_zw(w.w4, w.w5, w.w6, w.w7)));
 }
 
+// NB = 1: the blocks of this lane's 4 columns c4 (lo_a, lo_b; hi unused)
+fn b_blocks4(kk: u32, c4: u32, tb: bool) -> BBlocks {
+  let z = mat4x4<f32>();
+  if (tb) {        // B [N, K]: the 4 columns are 4 rows of B, a word (8 k) each
+    let k8 = p.K / 8u;
+    let i = 4u * c4 * k8 + kk;
+    let w0 = B[i];
+    let w1 = B[i + k8];
+    let w2 = B[i + 2u * k8];
+    let w3 = B[i + 3u * k8];
+    return BBlocks(transpose(cols_xy(w0, w1, w2, w3)), transpose(cols_zw(w0, w1, w2, w3)), z, z);
+  }
+  if (B_F32) {     // row k's 4 columns are word c4 of its N/4
+    let n4 = p.N / 4u;
+    let i = 8u * kk * n4 + c4;
+    return BBlocks(mat4x4<f32>(f4(B[i]), f4(B[i + n4]), f4(B[i + 2u * n4]), f4(B[i + 3u * n4])),
+                   mat4x4<f32>(f4(B[i + 4u * n4]), f4(B[i + 5u * n4]), f4(B[i + 6u * n4]), f4(B[i + 7u * n4])), z, z);
+  }
+  let n8 = p.N / 8u;                     // half (c4 odd: the second) of word c4 / 2 of 8 rows
+  let w = words8(8u * kk * n8 + c4 / 2u, n8);
+  if ((c4 & 1u) == 1u) {
+    return BBlocks(cols_zw(w.w0, w.w1, w.w2, w.w3), cols_zw(w.w4, w.w5, w.w6, w.w7), z, z);
+  }
+  return BBlocks(cols_xy(w.w0, w.w1, w.w2, w.w3), cols_xy(w.w4, w.w5, w.w6, w.w7), z, z);
+}
+
+// the B blocks of this lane's columns (block cc of 4 NB columns)
+fn b_for(kk: u32, cc: u32, tb: bool) -> BBlocks {
+  if (NB == 1u) { return b_blocks4(kk, cc, tb); }
+  if (tb) { return b_blocks_t(kk, cc); }
+  return b_blocks(kk, cc);
+}
+
 // four rows unpacked: a = their k 0-3, b = their k 4-7 (matrix columns are the rows)
 struct Rows { a: mat4x4<f32>, b: mat4x4<f32> }
 
@@ -123,23 +160,23 @@ fn mac16(lo: ptr<function, Acc>, hi: ptr<function, Acc>, b: BBlocks, x0: vec4<u3
          x1: vec4<u32>, y1: vec4<u32>) {
   let r0 = a_rows(x0, y0, x1, y1, 0u);
   (*lo).q0 += b.lo_a * r0.a + b.lo_b * r0.b;
-  (*hi).q0 += b.hi_a * r0.a + b.hi_b * r0.b;
+  if (NB == 2u) { (*hi).q0 += b.hi_a * r0.a + b.hi_b * r0.b; }
   let r1 = a_rows(x0, y0, x1, y1, 1u);
   (*lo).q1 += b.lo_a * r1.a + b.lo_b * r1.b;
-  (*hi).q1 += b.hi_a * r1.a + b.hi_b * r1.b;
+  if (NB == 2u) { (*hi).q1 += b.hi_a * r1.a + b.hi_b * r1.b; }
   let r2 = a_rows(x0, y0, x1, y1, 2u);
   (*lo).q2 += b.lo_a * r2.a + b.lo_b * r2.b;
-  (*hi).q2 += b.hi_a * r2.a + b.hi_b * r2.b;
+  if (NB == 2u) { (*hi).q2 += b.hi_a * r2.a + b.hi_b * r2.b; }
   let r3 = a_rows(x0, y0, x1, y1, 3u);
   (*lo).q3 += b.lo_a * r3.a + b.lo_b * r3.b;
-  (*hi).q3 += b.hi_a * r3.a + b.hi_b * r3.b;
+  if (NB == 2u) { (*hi).q3 += b.hi_a * r3.a + b.hi_b * r3.b; }
 }
 
 fn quarter(acc: Acc, q: u32) -> mat4x4<f32> {
   switch q { case 0u: { return acc.q0; } case 1u: { return acc.q1; } case 2u: { return acc.q2; } default: { return acc.q3; } }
 }
 
-// float32 out: one 16-row, 4-column block (vec4 column c4)
+// float32 out: one 16-row, 4-column block (vec4 column c4), as two half words
 fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
   let n4 = p.N / 4u;
@@ -150,46 +187,60 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
     for (var c = 0u; c < 4u; c++) {
       let i = row0 + 4u * q + c;
       if (i < p.M) {
+        let at = 2u * (i * n4 + c4);
         var v = m[c] + b;
-        if (p.accumulate != 0u) { v += f4(out[i * n4 + c4]); }
-        out[i * n4 + c4] = bitcast<vec4<u32>>(v);
+        if (p.accumulate != 0u) { v += bitcast<vec4<f32>>(vec4<u32>(out[at], out[at + 1u])); }
+        let w = bitcast<vec4<u32>>(v);
+        out[at] = w.xy;
+        out[at + 1u] = w.zw;
       }
     }
   }
 }
 
-// 16 rows of this lane's 8 columns c8 (lo: columns 0-3, hi: 4-7), float32 or bf16 (one word a row)
-fn store8(lo: Acc, hi: Acc, row0: u32, c8: u32, live: bool) {
-  if (!OUT_BF16) {
-    store(lo, row0, 2u * c8, live);
-    store(hi, row0, 2u * c8 + 1u, live);
-    return;
-  }
+// bf16 out: one 16-row, 4-column block, a half word (2 words) a row
+fn store_bf16(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
-  let n8 = p.N / 8u;
-  var bl = vec4<f32>();
-  var bh = vec4<f32>();
-  if (p.has_bias != 0u) { bl = bias[2u * c8]; bh = bias[2u * c8 + 1u]; }
+  let n4 = p.N / 4u;
+  var b = vec4<f32>();
+  if (p.has_bias != 0u) { b = bias[c4]; }
   for (var q = 0u; q < 4u; q++) {
-    let ml = quarter(lo, q);
-    let mh = quarter(hi, q);
+    let m = quarter(acc, q);
     for (var c = 0u; c < 4u; c++) {
       let i = row0 + 4u * q + c;
       if (i < p.M) {
-        let a = ml[c] + bl;
-        let b = mh[c] + bh;
-        out[i * n8 + c8] = vec4<u32>(bf16_pack(a.x, a.y), bf16_pack(a.z, a.w), bf16_pack(b.x, b.y), bf16_pack(b.z, b.w));
+        let v = m[c] + b;
+        out[i * n4 + c4] = vec2<u32>(bf16_pack(v.x, v.y), bf16_pack(v.z, v.w));
       }
     }
   }
+}
+
+// 16 rows of this lane's column block cc: lo (its first 4 columns) and hi (the next 4, NB = 2)
+fn store_block(lo: Acc, hi: Acc, row0: u32, cc: u32, live: bool) {
+  let c4 = NB * cc;
+  if (OUT_BF16) {
+    store_bf16(lo, row0, c4, live);
+    if (NB == 2u) { store_bf16(hi, row0, c4 + 1u, live); }
+    return;
+  }
+  store(lo, row0, c4, live);
+  if (NB == 2u) { store(hi, row0, c4 + 1u, live); }
+}
+
+// this lane's column block (4 NB columns), clamped, and whether it is inside N
+struct Block { cc: u32, live: bool }
+
+fn block_of(wid: vec3<u32>, lane: u32) -> Block {
+  let nb = p.N / (4u * NB);
+  let c = wid.x * LANES + lane;
+  return Block(min(c, nb - 1u), c < nb);
 }
 
 fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k8 = p.K / 8u;
-  let n8 = p.N / 8u;
-  let c8 = wid.x * LANES + lane;           // this lane's 8 columns
-  let live = c8 < n8;
-  let cc = min(c8, n8 - 1u);
+  let blk = block_of(wid, lane);           // this lane's 4 NB columns
+  let cc = blk.cc;
   let row0 = wid.y * 32u;
   let ka = select(k8, 2u * k8, A_F32);    // words in a row of A
   let a0 = row(row0 + lane) * ka;
@@ -201,8 +252,7 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   var lo2: Acc;    // rows 16-31
   var hi2: Acc;
   for (var kk = 0u; kk < k8; kk++) {
-    var b: BBlocks;
-    if (tb) { b = b_blocks_t(kk, cc); } else { b = b_blocks(kk, cc); }
+    let b = b_for(kk, cc, tb);
     let s = select(kk, 2u * kk, A_F32);
     let x0 = A[a0 + s];
     let x1 = A[a1 + s];
@@ -216,8 +266,8 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
     mac16(&lo, &hi, b, x0, y0, x1, y1);
     mac16(&lo2, &hi2, b, x2, y2, x3, y3);
   }
-  store8(lo, hi, row0, cc, live);
-  store8(lo2, hi2, row0 + 16u, cc, live);
+  store_block(lo, hi, row0, cc, blk.live);
+  store_block(lo2, hi2, row0 + 16u, cc, blk.live);
 }
 
 @compute @workgroup_size(LANES)
@@ -252,17 +302,16 @@ fn atb_rows(x: vec4<u32>) -> Rows2 {
 struct Pair { lo: mat4x4<f32>, hi: mat4x4<f32> }
 
 fn mac_pair(acc: Pair, b: BBlocks, r: Rows) -> Pair {
+  if (NB == 1u) { return Pair(acc.lo + b.lo_a * r.a + b.lo_b * r.b, acc.hi); }
   return Pair(acc.lo + b.lo_a * r.a + b.lo_b * r.b, acc.hi + b.hi_a * r.a + b.hi_b * r.b);
 }
 
 @compute @workgroup_size(LANES)
 fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let k8 = p.K / 8u;
-  let n8 = p.N / 8u;
   let m8 = p.M / 8u;
-  let c8 = wid.x * LANES + lane;
-  let live = c8 < n8;
-  let cc = min(c8, n8 - 1u);
+  let blk = block_of(wid, lane);
+  let cc = blk.cc;
   let row0 = wid.y * 32u;
   let w0 = row0 / 8u;                      // the first word of the 32 rows in a row of A
   var p0: Pair;                            // rows 4q.. of the 32, q = 0..7
@@ -274,7 +323,7 @@ fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
   var p6: Pair;
   var p7: Pair;
   for (var kk = 0u; kk < k8; kk++) {
-    let b = b_blocks(kk, cc);
+    let b = b_for(kk, cc, false);
     let base = (8u * kk + lane) * m8;
     let r0 = atb_rows(A[base + min(w0, m8 - 1u)]);
     p0 = mac_pair(p0, b, r0.even);
@@ -289,6 +338,6 @@ fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
     p6 = mac_pair(p6, b, r3.even);
     p7 = mac_pair(p7, b, r3.odd);
   }
-  store8(Acc(p0.lo, p1.lo, p2.lo, p3.lo), Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, cc, live);
-  store8(Acc(p4.lo, p5.lo, p6.lo, p7.lo), Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, cc, live);
+  store_block(Acc(p0.lo, p1.lo, p2.lo, p3.lo), Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, cc, blk.live);
+  store_block(Acc(p4.lo, p5.lo, p6.lo, p7.lo), Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, cc, blk.live);
 }

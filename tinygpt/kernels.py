@@ -189,7 +189,14 @@ def bf16_variant(plan: KernelPlan, entry, M, N, K) -> str:
     return "plain"
 
 
-def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None):
+def bf16_blocks(N) -> int:
+    """Column blocks of 4 per lane of matmul_bf16_sg.wgsl: 2 (64-column workgroups) unless that
+    leaves over 1/8 of the lanes past N, as N = 96 does; then 1 (32 columns: 96 in 3 exactly)."""
+    n8 = N // 8
+    return 2 if -(-n8 // 8) * 8 - n8 <= n8 // 8 else 1
+
+
+def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None, nb=None):
     """variant: the plan's (bf16_variant): "tiled", "sg" (matmul_bf16_sg.wgsl) or "plain"
     (matmul_bf16.wgsl: any shape whose operand rows hold whole words).
     Each tensor's dtype says its storage: a "u32" operand holds bf16, an "f32" one float32 (A of
@@ -210,27 +217,29 @@ def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, pla
     params = (M, N, K, bias is not None, accumulate)
     if variant == "sg":
         assert bf16_ok(entry, M, N, K), (entry, M, N, K)
-        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", consts)
-        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (8 * SG_LANES)), -(-M // 32)))
+        nb = bf16_blocks(N) if nb is None else nb
+        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb})
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // 32)))
     assert K % 2 == 0 and (entry != "matmul" or N % 2 == 0) and (entry != "matmul_atb" or M % 2 == 0), (entry, M, N, K)
     k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw", consts)
     return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
 
 
-def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None):
+def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
     """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]); a and b bf16, as u32 tensors of half the floats;
-    float32 sums. Either operand may be float32 instead, and out bf16 (_mm_bf16)."""
-    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan)
+    float32 sums. Either operand may be float32 instead, and out bf16 (_mm_bf16). nb: the sg
+    kernel's column blocks per lane (bf16_blocks(N) when None)."""
+    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan, nb)
 
 
-def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
+def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
     """out[M,N] = a[M,K] @ b[N,K]^T, b bf16, a bf16 or float32"""
-    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan)
+    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan, nb)
 
 
-def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None):
+def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
     """out[M,N] = a[K,M]^T @ b[K,N], a bf16, b bf16 or float32"""
-    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan)
+    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan, nb)
 
 
 # ---- elementwise -------------------------------------------------------------------------
