@@ -20,6 +20,9 @@
 //   B_F32     A^T @ B (and A @ B): B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
 //   OUT_BF16  out is written as bf16 (a lane's 8 columns of a row are one word), bias added
 //             first, no accumulate: the forward's q, k, v and pre-activation, stored only as bf16.
+// TM (override) is the rows a workgroup of A @ B or A @ B^T owns: 32 as above, or 64, which loads
+// each B word for twice the rows (8 words of A and 8 of B per lane and 8 k, for 4096
+// multiply-adds): faster at 1024^3 on lavapipe, although the accumulators spill further.
 // NB (override) is the column blocks of 4 a lane owns: 2 as above, or 1, where 64-column
 // workgroups would leave lanes idle past N (N = 96: 2 workgroups for 1.5 of work, where 4-column
 // lanes fill 3 of 32 exactly). A lane then loads half of each of B's words (or 4 rows of B^T).
@@ -36,6 +39,7 @@ override A_F32: bool = false;
 override B_F32: bool = false;
 override OUT_BF16: bool = false;
 override NB: u32 = 2u;     // column blocks of 4 per lane: 2 or 1
+override TM: u32 = 32u;    // rows per workgroup of A @ B and A @ B^T: 32 or 64 (A^T @ B: 32)
 const LANES: u32 = 8u;
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
@@ -237,37 +241,56 @@ fn block_of(wid: vec3<u32>, lane: u32) -> Block {
   return Block(min(c, nb - 1u), c < nb);
 }
 
+// rows r0 + 8j + lane of A at this 8 k, j = 0..3: words x (and y, the second word of a float32 row)
+struct A4 { x0: vec4<u32>, y0: vec4<u32>, x1: vec4<u32>, y1: vec4<u32>,
+            x2: vec4<u32>, y2: vec4<u32>, x3: vec4<u32>, y3: vec4<u32> }
+
+fn a_words(r0: u32, lane: u32, kk: u32, ka: u32) -> A4 {
+  let s = select(kk, 2u * kk, A_F32);
+  let i0 = row(r0 + lane) * ka + s;
+  let i1 = row(r0 + 8u + lane) * ka + s;
+  let i2 = row(r0 + 16u + lane) * ka + s;
+  let i3 = row(r0 + 24u + lane) * ka + s;
+  let x0 = A[i0];
+  let x1 = A[i1];
+  let x2 = A[i2];
+  let x3 = A[i3];
+  var w = A4(x0, x0, x1, x1, x2, x2, x3, x3);     // bf16: y unused
+  if (A_F32) { w.y0 = A[i0 + 1u]; w.y1 = A[i1 + 1u]; w.y2 = A[i2 + 1u]; w.y3 = A[i3 + 1u]; }
+  return w;
+}
+
 fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k8 = p.K / 8u;
   let blk = block_of(wid, lane);           // this lane's 4 NB columns
   let cc = blk.cc;
-  let row0 = wid.y * 32u;
+  let row0 = wid.y * TM;
   let ka = select(k8, 2u * k8, A_F32);    // words in a row of A
-  let a0 = row(row0 + lane) * ka;
-  let a1 = row(row0 + 8u + lane) * ka;
-  let a2 = row(row0 + 16u + lane) * ka;
-  let a3 = row(row0 + 24u + lane) * ka;
   var lo: Acc;     // rows 0-15, columns 0-3
-  var hi: Acc;     // rows 0-15, columns 4-7
+  var hi: Acc;     // rows 0-15, columns 4-7 (NB = 2)
   var lo2: Acc;    // rows 16-31
   var hi2: Acc;
+  var lo3: Acc;    // rows 32-47 (TM = 64)
+  var hi3: Acc;
+  var lo4: Acc;    // rows 48-63
+  var hi4: Acc;
   for (var kk = 0u; kk < k8; kk++) {
     let b = b_for(kk, cc, tb);
-    let s = select(kk, 2u * kk, A_F32);
-    let x0 = A[a0 + s];
-    let x1 = A[a1 + s];
-    let x2 = A[a2 + s];
-    let x3 = A[a3 + s];
-    var y0 = x0;
-    var y1 = x1;
-    var y2 = x2;
-    var y3 = x3;
-    if (A_F32) { y0 = A[a0 + s + 1u]; y1 = A[a1 + s + 1u]; y2 = A[a2 + s + 1u]; y3 = A[a3 + s + 1u]; }
-    mac16(&lo, &hi, b, x0, y0, x1, y1);
-    mac16(&lo2, &hi2, b, x2, y2, x3, y3);
+    let w = a_words(row0, lane, kk, ka);
+    mac16(&lo, &hi, b, w.x0, w.y0, w.x1, w.y1);
+    mac16(&lo2, &hi2, b, w.x2, w.y2, w.x3, w.y3);
+    if (TM == 64u) {
+      let v = a_words(row0 + 32u, lane, kk, ka);
+      mac16(&lo3, &hi3, b, v.x0, v.y0, v.x1, v.y1);
+      mac16(&lo4, &hi4, b, v.x2, v.y2, v.x3, v.y3);
+    }
   }
   store_block(lo, hi, row0, cc, blk.live);
   store_block(lo2, hi2, row0 + 16u, cc, blk.live);
+  if (TM == 64u) {
+    store_block(lo3, hi3, row0 + 32u, cc, blk.live);
+    store_block(lo4, hi4, row0 + 48u, cc, blk.live);
+  }
 }
 
 @compute @workgroup_size(LANES)

@@ -397,13 +397,14 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant):
     assert rel.size == 0 or rel.max() <= 2.0 ** -8
 
 
-@pytest.mark.parametrize("variant,nb", [("sg", 2), ("sg", 1), ("plain", None), ("tiled", None)])
+@pytest.mark.parametrize("variant,nb,tm", [("sg", 2, 32), ("sg", 1, 32), ("sg", 2, 64), ("sg", 1, 64), ("plain", None, None),
+                                           ("tiled", None, None)])
 @pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136),
                                     (40, 8, 16)])
-def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb):
-    """bf16 operands, float32 sums, with subgroups (matmul_bf16_sg.wgsl, 8 or 4 columns a lane), without
-    (matmul_bf16.wgsl) and in workgroup tiles (matmul_tiled.wgsl with bf16 tile loads, a 16 x 16
-    tile so that the shapes cross many tiles and edges): each product against its twin (the float64
+def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
+    """bf16 operands, float32 sums, with subgroups (matmul_bf16_sg.wgsl: 8 or 4 columns a lane, 32 or
+    64 rows a workgroup), without (matmul_bf16.wgsl) and in workgroup tiles (matmul_tiled.wgsl with
+    bf16 tile loads, a 16 x 16 tile so that the shapes cross many tiles and edges): each product against its twin (the float64
     product of the same bf16 values) with the float32 kernels' tolerance, so only the summation
     order differs. Then the mixed operands of the backward, and bf16 written out."""
     from tinygpt.plan import PORTABLE
@@ -414,34 +415,34 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb):
     ah, bh, bth = pk(a), pk(b), pk(b.T.copy())
     up = gpu.upload
     plan = PORTABLE.with_(matmul_tile=(4, 2, 8, 1, 4))              # the tile of the tiled variant
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, plan=plan, nb=nb))
-    check(f"matmul_bf16 {variant}{nb or ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16(ah, bh, f64(bias)), tol)
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16(ah, bh, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb))
-    check(f"matmul_bf16 {variant}{nb or ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16(ah, bh), tol)
-    run(gpu, K.matmul_abt_bf16(gpu, up(ah), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb))
-    check(f"matmul_abt_bf16 {variant}{nb or ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(ah, bth), tol)
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb, tm=tm))
+    check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16(ah, bh), tol)
+    run(gpu, K.matmul_abt_bf16(gpu, up(ah), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(ah, bth), tol)
     if M % 8 == 0:                                                  # A^T @ B packs A's rows of M
         ath = pk(a.T.copy())
         gpu.write(out, prev)
-        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb))
-        check(f"matmul_atb_bf16 {variant}{nb or ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(ath, bh), tol)
+        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb, tm=tm))
+        check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(ath, bh), tol)
         # the backward's dW = X^T @ dY: B float32 (B_F32)
-        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(b), out, M, N, K_, variant=variant, plan=plan, nb=nb))
-        check(f"matmul_atb_bf16 {variant}{nb or ''} B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_bf16(ath, b), tol)
+        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(b), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+        check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_bf16(ath, b), tol)
     # the backward's dX = dY @ W^T: A float32 (A_F32)
-    run(gpu, K.matmul_abt_bf16(gpu, up(a), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb))
-    check(f"matmul_abt_bf16 {variant}{nb or ''} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, bth), tol)
+    run(gpu, K.matmul_abt_bf16(gpu, up(a), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, bth), tol)
     # the forward's q, k, v and pre-activation: out written as bf16 (OUT_BF16), bias added first.
     # A float32 sum on a rounding edge may round the other way from the float64 twin's: values
     # within the sum's tolerance plus one bf16 rounding, and most words equal.
     outh = gpu.tensor((M * N // 2,), "u32")
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, plan=plan, nb=nb))
+    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
     want_h = R.matmul_bf16(ah, bh, f64(bias), out_bf16=True)
     same = np.mean(gpu.read(outh).reshape(M, -1) == want_h)
-    print(f"matmul_bf16 {variant}{nb or ''} bf16 out {M}x{N}x{K_}: {same:.2%} of words equal to the twin's")
+    print(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} bf16 out {M}x{N}x{K_}: {same:.2%} of words equal to the twin's")
     got, want = R.unpack_bf16(gpu.read(outh).reshape(M, -1)), R.matmul_bf16(ah, bh, f64(bias))
-    check(f"matmul_bf16 {variant}{nb or ''} bf16 out {M}x{N}x{K_} (one bf16 rounding)", got, want, tol, 2.0 ** -8)
+    check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} bf16 out {M}x{N}x{K_} (one bf16 rounding)", got, want, tol, 2.0 ** -8)
     assert same >= 0.9
 
 

@@ -196,7 +196,13 @@ def bf16_blocks(N) -> int:
     return 2 if -(-n8 // 8) * 8 - n8 <= n8 // 8 else 1
 
 
-def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None, nb=None):
+def bf16_rows(M) -> int:
+    """Rows per workgroup of matmul_bf16_sg.wgsl's A @ B and A @ B^T: 64 (each B word loaded for
+    twice the rows) unless that leaves over 1/8 of the rows past M; then 32."""
+    return 64 if -(-M // 64) * 64 - M <= M // 8 else 32
+
+
+def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, plan=None, nb=None, tm=None):
     """variant: the plan's (bf16_variant): "tiled", "sg" (matmul_bf16_sg.wgsl) or "plain"
     (matmul_bf16.wgsl: any shape whose operand rows hold whole words).
     Each tensor's dtype says its storage: a "u32" operand holds bf16, an "f32" one float32 (A of
@@ -218,28 +224,29 @@ def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, pla
     if variant == "sg":
         assert bf16_ok(entry, M, N, K), (entry, M, N, K)
         nb = bf16_blocks(N) if nb is None else nb
-        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb})
-        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // 32)))
+        tm = 32 if entry == "matmul_atb" else tm or bf16_rows(M)     # A^T @ B: always 32 rows
+        k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
     assert K % 2 == 0 and (entry != "matmul" or N % 2 == 0) and (entry != "matmul_atb" or M % 2 == 0), (entry, M, N, K)
     k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw", consts)
     return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
 
 
-def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
+def matmul_bf16(gpu, a, b, bias, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None, tm=None):
     """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]); a and b bf16, as u32 tensors of half the floats;
-    float32 sums. Either operand may be float32 instead, and out bf16 (_mm_bf16). nb: the sg
-    kernel's column blocks per lane (bf16_blocks(N) when None)."""
-    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan, nb)
+    float32 sums. Either operand may be float32 instead, and out bf16 (_mm_bf16). nb, tm: the sg
+    kernel's column blocks per lane and rows per workgroup (bf16_blocks(N), bf16_rows(M) if None)."""
+    return _mm_bf16(gpu, "matmul", a, b, bias, out, M, N, K, accumulate, variant, plan, nb, tm)
 
 
-def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
+def matmul_abt_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None, tm=None):
     """out[M,N] = a[M,K] @ b[N,K]^T, b bf16, a bf16 or float32"""
-    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan, nb)
+    return _mm_bf16(gpu, "matmul_abt", a, b, None, out, M, N, K, accumulate, variant, plan, nb, tm)
 
 
-def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None):
+def matmul_atb_bf16(gpu, a, b, out, M, N, K, accumulate=False, variant=None, plan=None, nb=None, tm=None):
     """out[M,N] = a[K,M]^T @ b[K,N], a bf16, b bf16 or float32"""
-    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan, nb)
+    return _mm_bf16(gpu, "matmul_atb", a, b, None, out, M, N, K, accumulate, variant, plan, nb, tm)
 
 
 # ---- elementwise -------------------------------------------------------------------------
