@@ -39,7 +39,7 @@ override A_F32: bool = false;
 override B_F32: bool = false;
 override OUT_BF16: bool = false;
 override NB: u32 = 2u;     // column blocks of 4 per lane: 2 or 1
-override TM: u32 = 32u;    // rows per workgroup of A @ B and A @ B^T: 32 or 64 (A^T @ B: 32)
+override TM: u32 = 32u;    // rows per workgroup: 32 or 64
 const LANES: u32 = 8u;
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
@@ -329,38 +329,47 @@ fn mac_pair(acc: Pair, b: BBlocks, r: Rows) -> Pair {
   return Pair(acc.lo + b.lo_a * r.a + b.lo_b * r.b, acc.hi + b.hi_a * r.a + b.hi_b * r.b);
 }
 
+// 32 output rows from word w of lane-loaded rows of A (row k = 8kk + lane): pairs q..q+7 += B x them
+struct P8 { p0: Pair, p1: Pair, p2: Pair, p3: Pair, p4: Pair, p5: Pair, p6: Pair, p7: Pair }
+
+fn atb32(acc: P8, b: BBlocks, base: u32, w0: u32, m8: u32) -> P8 {
+  var r = acc;
+  let r0 = atb_rows(A[base + min(w0, m8 - 1u)]);
+  r.p0 = mac_pair(r.p0, b, r0.even);
+  r.p1 = mac_pair(r.p1, b, r0.odd);
+  let r1 = atb_rows(A[base + min(w0 + 1u, m8 - 1u)]);
+  r.p2 = mac_pair(r.p2, b, r1.even);
+  r.p3 = mac_pair(r.p3, b, r1.odd);
+  let r2 = atb_rows(A[base + min(w0 + 2u, m8 - 1u)]);
+  r.p4 = mac_pair(r.p4, b, r2.even);
+  r.p5 = mac_pair(r.p5, b, r2.odd);
+  let r3 = atb_rows(A[base + min(w0 + 3u, m8 - 1u)]);
+  r.p6 = mac_pair(r.p6, b, r3.even);
+  r.p7 = mac_pair(r.p7, b, r3.odd);
+  return r;
+}
+
+fn store32(r: P8, row0: u32, cc: u32, live: bool) {
+  store_block(Acc(r.p0.lo, r.p1.lo, r.p2.lo, r.p3.lo), Acc(r.p0.hi, r.p1.hi, r.p2.hi, r.p3.hi), row0, cc, live);
+  store_block(Acc(r.p4.lo, r.p5.lo, r.p6.lo, r.p7.lo), Acc(r.p4.hi, r.p5.hi, r.p6.hi, r.p7.hi), row0 + 16u, cc, live);
+}
+
 @compute @workgroup_size(LANES)
 fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let k8 = p.K / 8u;
   let m8 = p.M / 8u;
   let blk = block_of(wid, lane);
   let cc = blk.cc;
-  let row0 = wid.y * 32u;
-  let w0 = row0 / 8u;                      // the first word of the 32 rows in a row of A
-  var p0: Pair;                            // rows 4q.. of the 32, q = 0..7
-  var p1: Pair;
-  var p2: Pair;
-  var p3: Pair;
-  var p4: Pair;
-  var p5: Pair;
-  var p6: Pair;
-  var p7: Pair;
+  let row0 = wid.y * TM;
+  let w0 = row0 / 8u;                      // the first word of the TM rows in a row of A
+  var lo: P8;                              // rows 0-31: pairs of rows 4q.., q = 0..7
+  var hi: P8;                              // rows 32-63 (TM = 64)
   for (var kk = 0u; kk < k8; kk++) {
     let b = b_for(kk, cc, false);
     let base = (8u * kk + lane) * m8;
-    let r0 = atb_rows(A[base + min(w0, m8 - 1u)]);
-    p0 = mac_pair(p0, b, r0.even);
-    p1 = mac_pair(p1, b, r0.odd);
-    let r1 = atb_rows(A[base + min(w0 + 1u, m8 - 1u)]);
-    p2 = mac_pair(p2, b, r1.even);
-    p3 = mac_pair(p3, b, r1.odd);
-    let r2 = atb_rows(A[base + min(w0 + 2u, m8 - 1u)]);
-    p4 = mac_pair(p4, b, r2.even);
-    p5 = mac_pair(p5, b, r2.odd);
-    let r3 = atb_rows(A[base + min(w0 + 3u, m8 - 1u)]);
-    p6 = mac_pair(p6, b, r3.even);
-    p7 = mac_pair(p7, b, r3.odd);
+    lo = atb32(lo, b, base, w0, m8);
+    if (TM == 64u) { hi = atb32(hi, b, base, w0 + 4u, m8); }
   }
-  store_block(Acc(p0.lo, p1.lo, p2.lo, p3.lo), Acc(p0.hi, p1.hi, p2.hi, p3.hi), row0, cc, blk.live);
-  store_block(Acc(p4.lo, p5.lo, p6.lo, p7.lo), Acc(p4.hi, p5.hi, p6.hi, p7.hi), row0 + 16u, cc, blk.live);
+  store32(lo, row0, cc, blk.live);
+  if (TM == 64u) { store32(hi, row0 + 32u, cc, blk.live); }
 }

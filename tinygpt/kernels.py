@@ -224,7 +224,7 @@ def _mm_bf16(gpu, entry, a, b, bias, out, M, N, K, accumulate, variant=None, pla
     if variant == "sg":
         assert bf16_ok(entry, M, N, K), (entry, M, N, K)
         nb = bf16_blocks(N) if nb is None else nb
-        tm = 32 if entry == "matmul_atb" else tm or bf16_rows(M)     # A^T @ B: always 32 rows
+        tm = tm or bf16_rows(M)
         k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
         return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
     assert K % 2 == 0 and (entry != "matmul" or N % 2 == 0) and (entry != "matmul_atb" or M % 2 == 0), (entry, M, N, K)
