@@ -11,6 +11,12 @@ the same steps, to show they train alike.
 
 Token ids come from the corpus's bytes whatever the preset's vocabulary (gpt2's is 50257): a
 step's time does not depend on which ids it sees.
+
+--precision fp32,bf16 --interleave builds both models on one device and alternates their steps,
+each timed to its loss: on a machine whose speed drifts, every pair of steps shares one moment.
+tokens_per_s then comes from the median step, and over_fp32 is the median of the pairs' ratios.
+
+    python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --precision fp32,bf16 --interleave
 """
 import argparse
 import sys
@@ -48,6 +54,26 @@ def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32")
                                             f"kernels {m.plan.describe()}")
 
 
+def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
+    """One model per precision on one device, their steps alternated; -> {precision: (step seconds,
+    final loss, what)}."""
+    gpu = GPU()
+    plan = make_plan(gpu, kernels)
+    models = {p: Model(gpu, cfg, attention, plan=plan, precision=p) for p in precisions}
+    times = {p: [] for p in precisions}
+    for m in models.values():
+        m.set_params(params)
+    for x, y in data:
+        for p, m in models.items():
+            gpu.sync()
+            t0 = time.perf_counter()
+            m.step(x, y, lr)
+            m.loss()                            # waits for the GPU
+            times[p].append(time.perf_counter() - t0)
+    what = f"{gpu.name} ({gpu.backend}), attention {attention}, kernels {plan.describe()}, steps interleaved"
+    return {p: (np.array(times[p]), models[p].loss(), what) for p in precisions}
+
+
 def run_numpy(cfg, params, data, lr):
     p = {k: v.copy() for k, v in params.items()}
     opt = R.new_opt_state(p)
@@ -81,6 +107,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=1,
                     help="run every trainer this many times, interleaved, and keep each one's fastest: on a "
                          "machine whose speed drifts, trainers compared in one round share its minute")
+    ap.add_argument("--interleave", action="store_true",
+                    help="with several precisions: one model each, their steps alternated (see above)")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
@@ -104,8 +132,24 @@ def main(argv=None):
                 continue
         order += [("webgpu", p) for p in precisions] if name == "webgpu" else [name]
     best = {}
+    if args.interleave:                      # the webgpu rows from alternated steps; the others below
+        if len(precisions) < 2 or args.rounds > 1:
+            raise SystemExit("error: --interleave takes two precisions (fp32,bf16) and no --rounds")
+        if args.steps < 4:
+            raise SystemExit("error: --interleave needs --steps 4 or more (the first step of each is left out)")
+        res = run_interleaved(cfg, params, data, args.lr, args.attention, args.kernels, precisions)
+        step_tokens = cfg.batch * cfg.ctx
+        for p, (t, loss, what) in res.items():
+            t = t[1:]                            # the first step pays for first use
+            best["webgpu", p] = {"trainer": "webgpu", "preset": args.preset, "precision": p, "steps": args.steps,
+                                 "tokens_per_s": step_tokens / float(np.median(t)), "final_loss": loss,
+                                 "seconds": float(t.sum()), "what": what}
+        if "fp32" in res and "bf16" in res:
+            ratio = float(np.median(res["fp32"][0][1:] / res["bf16"][0][1:]))
     for _ in range(max(1, args.rounds)):
         for key in order:
+            if key in best and args.interleave:
+                continue
             secs, loss, what = runners[key]()
             name, prec = key if isinstance(key, tuple) else (key, "fp32")
             print(f"{name} {prec}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
@@ -118,7 +162,7 @@ def main(argv=None):
         if "webgpu" in base and r["trainer"] != "webgpu":
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
         if r["trainer"] == "webgpu" and r["precision"] == "bf16" and ("webgpu", "fp32") in best:
-            r["over_fp32"] = r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
+            r["over_fp32"] = ratio if args.interleave else r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
     if not args.json:
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
               + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))

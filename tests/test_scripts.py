@@ -92,6 +92,10 @@ def test_bench_train_bf16_and_compare_precision_json():
                     "--precision", "bf16")
     by = {r["trainer"]: r for r in rows}
     assert by["webgpu"]["precision"] == "bf16" and abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-2
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "4", "--trainers", "webgpu", "--precision",
+                    "fp32,bf16", "--interleave")                  # one model each, steps alternated
+    assert [r["precision"] for r in rows] == ["fp32", "bf16"] and rows[1]["over_fp32"] > 0
+    assert abs(rows[0]["final_loss"] - rows[1]["final_loss"]) < 1e-2 and "interleaved" in rows[0]["what"]
     rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3")
     assert [(r["preset"], r["precision"]) for r in rows] == [("tiny", "fp32"), ("tiny", "bf16")]
     for r in rows:
