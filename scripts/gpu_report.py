@@ -5,7 +5,8 @@ Runs, each as its own process (a section that fails is reported, the rest still 
   tune               `tinygpt tune`: the kernel variants raced, the winners and peaks cached
   probes             scripts/probe_adapter.py: FMA, load and broadcast rates
   matmul             scripts/bench_matmul.py: every matmul variant, 256^3 up to 4096^3 on a GPU,
-                     float32 and (where a bf16 kernel exists) bf16 operands
+                     float32 and (where a bf16 kernel exists) bf16 operands, and the
+                     backward's mixed ones
   attention          scripts/compare_attention.py: the seed's ladder T = 256, 1024, 4096 (and on a
                      GPU 8192, 16384) at B=1 H=1 hd=64, plus a training shape B=4 H=8 hd=64
   kernels            scripts/bench_kernels.py: the other kernels, each variant
@@ -117,9 +118,9 @@ def plots(out: Path, results: dict) -> list:
     mm = results.get("matmul", {}).get("rows", [])
     if mm:
         fig, ax = plt.subplots(figsize=(7, 4))
-        for kernel in sorted({r["kernel"] for r in mm}):
-            pts = sorted((r["M"], r["gflops"]) for r in mm if r["kernel"] == kernel)
-            ax.plot(*zip(*pts), "o-", label=kernel, lw=1)
+        for kernel, dtype in sorted({(r["kernel"], r.get("dtype", "f32")) for r in mm}):   # one line each
+            pts = sorted((r["M"], r["gflops"]) for r in mm if r["kernel"] == kernel and r.get("dtype", "f32") == dtype)
+            ax.plot(*zip(*pts), "o-" if dtype == "f32" else "s--", label=f"{kernel} {dtype}", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("M = N = K")
@@ -185,7 +186,7 @@ def main(argv=None):
 
     section("tune", ["-m", "tinygpt", "tune", "--json"] + (["--quick"] if S["tune_quick"] else []))
     section("probes", [str(HERE / "probe_adapter.py"), "--json"] + S["probe"])
-    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"], "--dtypes", "f32,bf16"])
+    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"], "--dtypes", "f32,bf16,mixed"])
     section("attention", [str(HERE / "compare_attention.py"), "--json", "--T", S["attention_T"],
                           "--plot", str(out / "attention.png")])
     section("attention_train_shape", [str(HERE / "compare_attention.py"), "--json", "--T", S["train_shape_T"],
