@@ -4,11 +4,10 @@
 //   matmul_abt_bf16  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_bf16  out[M,N] = A[K,M]^T @ B[K,N]
 // Each invocation keeps a 4 x 4 block of out, reading elements straight from memory; element e
-// of a row-major operand is half (e & 1) of word e / 2. Any M, N, K whose operands' rows hold whole
-// words (K even; N even for A @ B; M even for A^T @ B): rows and columns past the edges are
-// clamped on load and skipped on store. The override constants A_F32, B_F32 and OUT_BF16 mean
-// what they mean in matmul_bf16_sg.wgsl: a float32 operand (its words bitcast), or out written
-// as bf16 (N even; no accumulate).
+// of a row-major operand is half (e & 1) of word e / 2, so any M, N, K (odd ones too): rows and
+// columns past the edges are clamped on load and skipped on store. The override constants A_F32,
+// B_F32 and OUT_BF16 mean what they mean in matmul_bf16_sg.wgsl: a float32 operand (its words
+// bitcast), or out written as bf16 (N even; no accumulate).
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 

@@ -17,8 +17,9 @@
 // the 8 lanes' words, unpacked before the broadcast too. It needs M a multiple of 8.
 // Mixed operands, for the backward of a bf16 model, whose gradients stay float32 (override
 // constants; the bindings are words either way, and a float32 word is a bitcast):
-//   A_F32     A @ B^T (and A @ B): A is float32, 2 words per row per 8 k (dX = dY @ W^T, W bf16)
-//   B_F32     A^T @ B (and A @ B): B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
+//   A_F32     A is float32: 2 words per row per 8 k (dX = dY @ W^T, W bf16), or for A^T @ B
+//             2 words per row of A per 8 output rows (the head's dtok = dlogits^T @ x)
+//   B_F32     A^T @ B and A @ B: B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
 //   OUT_BF16  out is written as bf16 (a lane's 8 columns of a row are one word), bias added
 //             first, no accumulate: the forward's q, k, v and pre-activation, stored only as bf16.
 // TM (override) is the rows a workgroup of A @ B or A @ B^T owns: 32 as above, or 64, which loads
@@ -31,7 +32,7 @@
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8]; A_F32: [M, K/4])
+@group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;     // [M, K/8] (A^T @ B: [K, M/8]; A_F32: /4)
 @group(0) @binding(2) var<storage, read> B: array<vec4<u32>>;     // [K, N/8] (A @ B^T: [N, K/8]; B_F32: [K, N/4])
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec2<u32>>;   // float32 bits, or bf16 (OUT_BF16)
@@ -304,9 +305,22 @@ fn matmul_abt_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
 // components = k).
 struct Rows2 { even: Rows, odd: Rows }
 
-fn atb_rows(x: vec4<u32>) -> Rows2 {
-  let lo = bf16_lo4(x.xy);                 // rows 0-3 of the word at this lane's k
-  let hi = bf16_lo4(x.zw);                 // rows 4-7
+// rows 8w .. 8w+7 (clamped to M) of A's row k as float32: lo rows 0-3, hi rows 4-7
+struct Half2 { lo: vec4<f32>, hi: vec4<f32> }
+
+fn a_row8(k: u32, w: u32, m8: u32) -> Half2 {
+  let ww = min(w, m8 - 1u);
+  if (A_F32) {
+    let i = k * 2u * m8 + 2u * ww;
+    return Half2(f4(A[i]), f4(A[i + 1u]));
+  }
+  let x = A[k * m8 + ww];
+  return Half2(bf16_lo4(x.xy), bf16_lo4(x.zw));
+}
+
+fn atb_rows(h: Half2) -> Rows2 {
+  let lo = h.lo;                           // rows 0-3 of the word at this lane's k
+  let hi = h.hi;                           // rows 4-7
   let l0 = mat4x4<f32>(subgroupBroadcast(lo, 0u), subgroupBroadcast(lo, 1u), subgroupBroadcast(lo, 2u), subgroupBroadcast(lo, 3u));
   let l1 = mat4x4<f32>(subgroupBroadcast(lo, 4u), subgroupBroadcast(lo, 5u), subgroupBroadcast(lo, 6u), subgroupBroadcast(lo, 7u));
   let h0 = mat4x4<f32>(subgroupBroadcast(hi, 0u), subgroupBroadcast(hi, 1u), subgroupBroadcast(hi, 2u), subgroupBroadcast(hi, 3u));
@@ -325,18 +339,18 @@ fn mac_pair(acc: Pair, b: BBlocks, r: Rows) -> Pair {
 // 32 output rows from word w of lane-loaded rows of A (row k = 8kk + lane): pairs q..q+7 += B x them
 struct P8 { p0: Pair, p1: Pair, p2: Pair, p3: Pair, p4: Pair, p5: Pair, p6: Pair, p7: Pair }
 
-fn atb32(acc: P8, b: BBlocks, base: u32, w0: u32, m8: u32) -> P8 {
+fn atb32(acc: P8, b: BBlocks, k: u32, w0: u32, m8: u32) -> P8 {
   var r = acc;
-  let r0 = atb_rows(A[base + min(w0, m8 - 1u)]);
+  let r0 = atb_rows(a_row8(k, w0, m8));
   r.p0 = mac_pair(r.p0, b, r0.even);
   r.p1 = mac_pair(r.p1, b, r0.odd);
-  let r1 = atb_rows(A[base + min(w0 + 1u, m8 - 1u)]);
+  let r1 = atb_rows(a_row8(k, w0 + 1u, m8));
   r.p2 = mac_pair(r.p2, b, r1.even);
   r.p3 = mac_pair(r.p3, b, r1.odd);
-  let r2 = atb_rows(A[base + min(w0 + 2u, m8 - 1u)]);
+  let r2 = atb_rows(a_row8(k, w0 + 2u, m8));
   r.p4 = mac_pair(r.p4, b, r2.even);
   r.p5 = mac_pair(r.p5, b, r2.odd);
-  let r3 = atb_rows(A[base + min(w0 + 3u, m8 - 1u)]);
+  let r3 = atb_rows(a_row8(k, w0 + 3u, m8));
   r.p6 = mac_pair(r.p6, b, r3.even);
   r.p7 = mac_pair(r.p7, b, r3.odd);
   return r;
@@ -359,9 +373,9 @@ fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
   var hi: P8;                              // rows 32-63 (TM = 64)
   for (var kk = 0u; kk < k8; kk++) {
     let b = b_for(kk, cc, false);
-    let base = (8u * kk + lane) * m8;
-    lo = atb32(lo, b, base, w0, m8);
-    if (TM == 64u) { hi = atb32(hi, b, base, w0 + 4u, m8); }
+    let k = 8u * kk + lane;                // the row of A this lane loads
+    lo = atb32(lo, b, k, w0, m8);
+    if (TM == 64u) { hi = atb32(hi, b, k, w0 + 4u, m8); }
   }
   store32(lo, row0, cc, blk.live);
   if (TM == 64u) { store32(hi, row0 + 32u, cc, blk.live); }

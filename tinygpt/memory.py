@@ -67,7 +67,8 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
     p = Plan(cfg, batch, accum, attention, limits=limits, precision=precision)
     B, T, C, M, H, L = batch, cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.heads, cfg.layers
     V = cfg.vocab
-    VP = -(-V // 4) * 4
+    from .model import padded_vocab
+    VP = padded_vocab(V)
     BT = B * T
     n_flat = _flat_floats(cfg)
 
@@ -93,7 +94,8 @@ def plan(cfg: Config, batch: int, attention: str = "online", accum: int = 1, lim
         add(act, "[B*T, C] activations", 4 * BT * C, count=(L + 1) + 7 * L + 1)   # x; x_mid ln1 q k v ctx ln2; tmp
         add(act, "[B*T, 4C] MLP activations", 4 * BT * M, count=2 * L)
     add(act, "LayerNorm statistics", 4 * 2 * BT, count=2 * L)
-    add(act, "[B*T, C] activations", 4 * BT * C)                              # the final LayerNorm's output
+    add(act, "[B*T, C] activations" if precision == "fp32" else "[B*T, C] bf16 activations",
+        (4 if precision == "fp32" else 2) * BT * C)                            # the final LayerNorm's output
     add(act, "LayerNorm statistics", 4 * 2 * BT)
     from .model import LOSS_SLOT
     max_binding = limits.get("max_binding")
@@ -155,12 +157,13 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, max_binding: int |
     and the head's block scratch where the token table is split."""
     from .model import head_block_rows
     T, C, M, H, L, V = cfg.ctx, cfg.d_model, cfg.d_mlp, cfg.heads, cfg.layers, cfg.vocab
-    VP = -(-V // 4) * 4
+    from .model import padded_vocab
+    VP = padded_vocab(V)
     _, head_floats = head_block_rows(VP, C, 1, max_binding)
     b = _buf(4 * _flat_floats(cfg)) + _buf(_batch_bytes(T, V))
     b += (L + 1 + 7 * L + 1) * _buf(4 * T * C) + 2 * L * _buf(8 * T) + 2 * L * _buf(4 * T * M)
     b += (L + 1) * _buf(4 * H * T) if attention == "online" else (L + 1) * _buf(4 * H * T * T)
-    b += 9 * _buf(4 * C) + _buf(8) + 2 * _buf(4 * M) + _buf(4 * H * T) + _buf(4 * (-(-V // 4) * 4))
+    b += 9 * _buf(4 * C) + _buf(8) + 2 * _buf(4 * M) + _buf(4 * H * T) + _buf(4 * VP)
     b += _buf(4 * head_floats) if head_floats else 0        # (uniforms, one per chunk, are not counted)
     return b + _buf(4 * (1 + capacity))
 

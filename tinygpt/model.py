@@ -52,9 +52,10 @@ def bf16_problem(plan: KernelPlan, C: int, M: int) -> str | None:
 
 
 def padded_vocab(V: int) -> int:
-    """The vocabulary rounded up to a multiple of 4, so the head's matmuls take the vec4 kernels
-    (50257 -> 50260). The extra rows of tok_emb stay zero and their logits are never used."""
-    return -(-V // 4) * 4
+    """The vocabulary rounded up to a multiple of 8, so the head's matmuls take the vec4 kernels
+    and, in bf16, the 8-wide ones (50257 -> 50264). The extra rows of tok_emb stay zero and their
+    logits are never used."""
+    return -(-V // 8) * 8
 
 
 def layout(cfg: Config):
@@ -154,8 +155,10 @@ class Head:
     into blocks and chunks added in turn, so their float32 rounding differs (tests/test_model.py
     bounds it)."""
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, tok: Tensor, C: int, max_rows: int):
-        self.gpu, self.K, self.tok, self.C = gpu, Launchers(plan), tok, C
+    def __init__(self, gpu: GPU, plan: KernelPlan, tok: Tensor, C: int, max_rows: int, tok_h: Tensor | None = None):
+        """tok_h: the table's bf16 copy [VP, C/2] (u32), which a bf16 model's head multiplies by:
+        x is then bf16 too, and the backward's dlogits float32."""
+        self.gpu, self.K, self.tok, self.C, self.tok_h = gpu, Launchers(plan), tok, C, tok_h
         self.VP = tok.shape[0]
         self.vchunks = vocab_chunks(gpu, self.VP, C)
         self.split = len(self.vchunks) > 1
@@ -164,7 +167,7 @@ class Head:
         self.scratch = gpu.tensor((floats,), name="head block") if floats and max_rows else None
 
     def _table(self, t: Tensor, v0: int, n: int) -> Tensor:
-        return Tensor(t.buf, t.offset + 4 * v0 * self.C, (n, self.C), t.dtype, t.name)
+        return Tensor(t.buf, t.offset + 4 * v0 * t.shape[1], (n, t.shape[1]), t.dtype, t.name)
 
     def _blocks(self, n: int):
         """[(block index, first row, rows, vocab chunk index, first token, tokens, scratch)]"""
@@ -178,11 +181,12 @@ class Head:
 
     def forward(self, x: Tensor, logits: Tensor, n: int) -> list:
         g, K, VP, C = self.gpu, self.K, self.VP, self.C
+        tok, abt = (self.tok_h, K.matmul_abt_bf16) if self.tok_h else (self.tok, K.matmul_abt)
         if not self.split:
-            return [K.matmul_abt(g, x, self.tok, logits, n, VP, C)]
+            return [abt(g, x, tok, logits, n, VP, C)]
         ds = []
         for _, s, nb, _, v0, nv, blk in self._blocks(n):
-            ds += [K.matmul_abt(g, rows(x, s, nb), self._table(self.tok, v0, nv), blk, nb, nv, C),
+            ds += [abt(g, rows(x, s, nb), self._table(tok, v0, nv), blk, nb, nv, C),
                    K.copy_block(g, blk, rows(logits, s, nb), nb, nv, nv, 0, VP, v0)]
         return ds
 
@@ -190,16 +194,18 @@ class Head:
         """dl [n, VP] dlogits, x [n, C] the head's input -> dtok [VP, C] (added to where
         `accumulate`), dx [n, C] (written)."""
         g, K, VP, C = self.gpu, self.K, self.VP, self.C
+        tok, atb, mm = (self.tok_h, K.matmul_atb_bf16, K.matmul_bf16) if self.tok_h else \
+            (self.tok, K.matmul_atb, K.matmul)
         if not self.split:
-            return [K.matmul_atb(g, dl, x, dtok, VP, C, n, accumulate=accumulate),
-                    K.matmul(g, dl, self.tok, None, dx, n, C, VP)]
+            return [atb(g, dl, x, dtok, VP, C, n, accumulate=accumulate),
+                    mm(g, dl, tok, None, dx, n, C, VP)]
         ds = []
         for b, s, nb, j, v0, nv, blk in self._blocks(n):
             ds += [K.copy_block(g, rows(dl, s, nb), blk, nb, nv, VP, v0, nv, 0),
-                   K.matmul_atb(g, blk, rows(x, s, nb), self._table(dtok, v0, nv), nv, C, nb,
-                                accumulate=accumulate or b > 0),
-                   K.matmul(g, blk, self._table(self.tok, v0, nv), None, rows(dx, s, nb), nb, C, nv,
-                            accumulate=j > 0)]
+                   atb(g, blk, rows(x, s, nb), self._table(dtok, v0, nv), nv, C, nb,
+                       accumulate=accumulate or b > 0),
+                   mm(g, blk, self._table(tok, v0, nv), None, rows(dx, s, nb), nb, C, nv,
+                      accumulate=j > 0)]
         return ds
 
     def embed(self, tokens: Tensor, pos: Tensor, out: Tensor, B: int, T: int) -> list:
@@ -301,7 +307,9 @@ class Model:
         # buffer and are bound in chunks of rows that each fit.
         self.chunks = logit_chunks(g, BT, VP) if head else []
         if head:
-            self.lnf, self.lnfs = act(BT, C), act(2, BT)
+            # the final LayerNorm's output: the head's operand, bf16 in a bf16 model
+            self.lnf = g.tensor((BT, C // 2), "u32", "lnf bf16") if bf else act(BT, C)
+            self.lnfs = act(2, BT)
             g.check_size(4 * BT * VP, f"logits [B*T={BT}, V={VP}]", binding=len(self.chunks) == 1)
             self.logits = g.tensor((BT, VP), name="logits") if len(self.chunks) == 1 else \
                 Tensor(g.buffer(4 * BT * VP, "logits", binding=False), 0, (BT, VP), "f32", "logits")  # becomes dlogits
@@ -310,7 +318,9 @@ class Model:
         shared = {}
         self.att = [Attention(g, attention, B, T, C, H, shared, plan=self.plan) for _ in range(L)]
 
-        self.head = Head(g, self.plan, self.P["tok_emb"], C, max((n for _, n in self.chunks), default=0))
+        tok_h = Tensor(self.params_h.buf, 2 * self.offsets["tok_emb"][0], (VP, C // 2), "u32", "tok_emb bf16") \
+            if bf else None
+        self.head = Head(g, self.plan, self.P["tok_emb"], C, max((n for _, n in self.chunks), default=0), tok_h)
         P = lambda l, n: self.P[f"h{l}.{n}"]
         fwd = self.head.embed(tokens, self.P["pos_emb"], self.x[0], B, T)
         for l in range(L):
@@ -350,7 +360,8 @@ class Model:
                         K.matmul(g, self.gel[l], P(l, "fc_out_W"), P(l, "fc_out_b"), self.tmp, BT, C, M)]
             fwd.append(K.add(g, self.x_mid[l], self.tmp, self.x[l + 1], BT * C))
         if head:
-            fwd.append(K.layernorm_forward(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
+            ln_f = K.layernorm_forward_bf16 if bf else K.layernorm_forward
+            fwd.append(ln_f(g, self.x[L], self._ln(None), self.lnf, self.lnfs, BT, C))
         for r0, n in self.chunks:
             fwd += self.head.forward(rows(self.lnf, r0, n), rows(self.logits, r0, n), n)
         # The dispatch lists are the model's own: callers use step / mean_loss / logits_of /

@@ -265,10 +265,10 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
 
     precision "bf16" rounds where the model stores bf16: the matmuls' operands (the LayerNorm
-    outputs, the attention output, GELU's output, the weights), q, k and v, and the saved
-    pre-activation; sums stay in the inputs' precision. The backward then reads the rounded
-    activations from the cache and multiplies the float32 gradients by the rounded weights, as the
-    model does (the head stays float32 in both passes)."""
+    outputs, the attention output, GELU's output, the weights, the head's token table), q, k and
+    v, and the saved pre-activation; sums stay in the inputs' precision. The backward then reads
+    the rounded activations from the cache and multiplies the float32 gradients by the rounded
+    weights, as the model does."""
     from . import reference_attention as ra
     attend = attention or ra.attention_forward
     B, T = tokens.shape
@@ -299,8 +299,9 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         x = add(x, matmul(c["act"], r(p("fc_out_W")), p("fc_out_b")))
         cache["layers"].append(c)
     cache["x_final"] = x
-    cache["lnf"] = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
-    logits = matmul_abt(cache["lnf"][0], P["tok_emb"])                     # [BT,V]
+    y, mean, rstd = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
+    cache["lnf"] = (r(y), mean, rstd)
+    logits = matmul_abt(cache["lnf"][0], r(P["tok_emb"]))                  # [BT,V]
     if targets is None:
         return logits.reshape(B, T, -1)
     losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
@@ -322,7 +323,7 @@ def backward(params, cfg: Config, cache, attention_backward=None):
     r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) \
         if cache.get("precision") == "bf16" else (lambda a: a)                # the weights' bf16 copy
     G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
-    dy = matmul(dlogits, P["tok_emb"])                                         # [BT,C]
+    dy = matmul(dlogits, r(P["tok_emb"]))                                      # [BT,C]
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
     dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
     for l in reversed(range(cfg.layers)):
