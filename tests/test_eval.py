@@ -56,7 +56,7 @@ def test_eval_with_the_binding_limit_forced_low(gpu, monkeypatch):
 
 
 def test_eval_gpt2_vocabulary_small_preset(gpu):
-    """V = 50257 at the small preset: [1024, 50260] logits exceed lavapipe's 134 MB binding."""
+    """V = 50257 at the small preset: [1024, 50264] logits exceed lavapipe's 134 MB binding."""
     cfg = preset("small", vocab=50257)
     params = spread_params(cfg)
     m = Model(gpu, cfg, "online", training=False)

@@ -171,7 +171,7 @@ def reference_inspection(params, cfg, ids):
                                              (130, 13_000_000, 50257)])
 def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit, vocab):
     """Odd T, T = 1, the binding limit forced low so that the heads split into chunks, and GPT-2's
-    vocabulary with the limit forced low so that the lens logits [130, 50260] split into 3."""
+    vocabulary with the limit forced low so that the lens logits [130, 50264] split into 3."""
     from tinygpt.lens import Inspector
     from tinygpt.model import logit_chunks
     cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256, vocab=vocab)

@@ -58,7 +58,7 @@ def test_plan_cli_json_and_text(capsys):
     assert d["params"] == 366_432 and d["fits"] is True and d["total_bytes"] > 4 * 4 * 366_432
     assert main(["plan", "--preset", "small", "--tokenizer", "gpt2", "--json"]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["params"] == 366_432 - 256 * 96 + 50257 * 96 and d["bytes"]["logits"] >= 4 * 1024 * 50260
+    assert d["params"] == 366_432 - 256 * 96 + 50257 * 96 and d["bytes"]["logits"] >= 4 * 1024 * 50264
     assert main(["plan", "--preset", "gpt2", "--json"]) == 0        # GPT-2 small: its own tokenizer, split bindings
     d = json.loads(capsys.readouterr().out)
     assert d["params"] == 124_439_808 and d["largest_binding_bytes"] <= d["limits"]["max_binding"]
@@ -92,7 +92,7 @@ def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, monkeypatch):
     from tinygpt.gpu import LimitError
     cfg = preset("tiny", layers=1, d_model=16, heads=2, ctx=70, vocab=50257)
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
-    assert Decoder(gpu, cfg, N=8, cache=True, capacity=4)              # 8 x 50260 floats fit
+    assert Decoder(gpu, cfg, N=8, cache=True, capacity=4)              # 8 x 50264 floats fit
     with pytest.raises(LimitError, match="logits of 80 samples"):
         Decoder(gpu, cfg, N=80, cache=True, capacity=4)                 # 16.1 MB
     with pytest.raises(LimitError, match="sample with the key/value cache"):

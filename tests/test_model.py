@@ -89,7 +89,7 @@ def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch
 
 
 def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
-    """GPT-2's vocabulary at width 128 under a 13 MB limit: tok_emb [50260, 128] (25.7 MB) bound in 2
+    """GPT-2's vocabulary at width 128 under a 13 MB limit: tok_emb [50264, 128] (25.7 MB) bound in 2
     chunks, 64-row chunks of logits (12.9 MB each), the flat buffers in chunks too."""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
     check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
@@ -138,12 +138,12 @@ def test_step0_gpt2_vocabulary_small_preset(gpu):
 
 @pytest.mark.slow
 def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu):
-    """GPT-2 small's width, context and vocabulary with one layer: tok_emb [50260, 768] is 154 MB,
+    """GPT-2 small's width, context and vocabulary with one layer: tok_emb [50264, 768] is 154 MB,
     over lavapipe's 134 MB binding, so it splits by itself; logits, loss and gradients against
     the float64 reference, then one AdamW step."""
     cfg = preset("gpt2", layers=1)
     assert (cfg.d_model, cfg.heads, cfg.ctx, cfg.vocab, cfg.batch) == (768, 12, 1024, 50257, 1)
-    m_split = 4 * 50260 * 768 > gpu.max_binding
+    m_split = 4 * 50264 * 768 > gpu.max_binding
     n = check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"))
     m = Model(gpu, cfg, "online")
     print(f"logit chunks {n}, token table chunks {m.head.vchunks}")

@@ -124,7 +124,7 @@ def logit_chunks(gpu: GPU, BT: int, V: int):
 
 
 def vocab_chunks(gpu: GPU, VP: int, C: int):
-    """[(first row, rows)] of the [VP, C] token table, each within one binding (GPT-2's 50260 x 768
+    """[(first row, rows)] of the [VP, C] token table, each within one binding (GPT-2's 50264 x 768
     floats are 154 MB, lavapipe binds 134 MB)."""
     return row_chunks(gpu, VP, 4 * C, f"the token embedding (d_model {C})")
 
