@@ -113,7 +113,7 @@ def main(argv=None):
     add_kernels(ap)
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
-    if not precisions or not set(precisions) <= {"fp32", "bf16"}:
+    if not precisions or not set(precisions) <= {"fp32", "bf16"} or len(set(precisions)) < len(precisions):
         raise SystemExit(f"error: --precision takes fp32, bf16 or fp32,bf16, got {args.precision!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)

@@ -174,7 +174,8 @@ fn quarter(acc: Acc, q: u32) -> mat4x4<f32> {
   switch q { case 0u: { return acc.q0; } case 1u: { return acc.q1; } case 2u: { return acc.q2; } default: { return acc.q3; } }
 }
 
-// float32 out: one 16-row, 4-column block (vec4 column c4), as two half words
+// one 16-row, 4-column block (vec4 column c4) of out, bias added: float32 as two half words
+// (added to what is there where accumulating), or bf16 as one half word (OUT_BF16)
 fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
   let n4 = p.N / 4u;
@@ -184,46 +185,25 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
     let m = quarter(acc, q);
     for (var c = 0u; c < 4u; c++) {
       let i = row0 + 4u * q + c;
-      if (i < p.M) {
-        let at = 2u * (i * n4 + c4);
-        var v = m[c] + b;
-        if (p.accumulate != 0u) { v += bitcast<vec4<f32>>(vec4<u32>(out[at], out[at + 1u])); }
-        let w = bitcast<vec4<u32>>(v);
-        out[at] = w.xy;
-        out[at + 1u] = w.zw;
-      }
-    }
-  }
-}
-
-// bf16 out: one 16-row, 4-column block, a half word (2 words) a row
-fn store_bf16(acc: Acc, row0: u32, c4: u32, live: bool) {
-  if (!live) { return; }
-  let n4 = p.N / 4u;
-  var b = vec4<f32>();
-  if (p.has_bias != 0u) { b = bias[c4]; }
-  for (var q = 0u; q < 4u; q++) {
-    let m = quarter(acc, q);
-    for (var c = 0u; c < 4u; c++) {
-      let i = row0 + 4u * q + c;
-      if (i < p.M) {
-        let v = m[c] + b;
+      if (i >= p.M) { continue; }
+      var v = m[c] + b;
+      if (OUT_BF16) {
         out[i * n4 + c4] = vec2<u32>(bf16_pack(v.x, v.y), bf16_pack(v.z, v.w));
+        continue;
       }
+      let at = 2u * (i * n4 + c4);
+      if (p.accumulate != 0u) { v += bitcast<vec4<f32>>(vec4<u32>(out[at], out[at + 1u])); }
+      let w = bitcast<vec4<u32>>(v);
+      out[at] = w.xy;
+      out[at + 1u] = w.zw;
     }
   }
 }
 
 // 16 rows of this lane's column block cc: lo (its first 4 columns) and hi (the next 4, NB = 2)
 fn store_block(lo: Acc, hi: Acc, row0: u32, cc: u32, live: bool) {
-  let c4 = NB * cc;
-  if (OUT_BF16) {
-    store_bf16(lo, row0, c4, live);
-    if (NB == 2u) { store_bf16(hi, row0, c4 + 1u, live); }
-    return;
-  }
-  store(lo, row0, c4, live);
-  if (NB == 2u) { store(hi, row0, c4 + 1u, live); }
+  store(lo, row0, NB * cc, live);
+  if (NB == 2u) { store(hi, row0, NB * cc + 1u, live); }
 }
 
 // this lane's column block (4 NB columns), clamped, and whether it is inside N

@@ -33,7 +33,8 @@ def allocated(gpu, monkeypatch, build):
     ("online", 1, 256, None, 24, "fp32"), ("naive", 1, 301, None, 24, "fp32"), ("online", 3, 256, None, 24, "fp32"),
     ("naive", 2, 2000, 600_000, 24, "fp32"), ("online", 2, 50257, 13_000_000, 24, "fp32"),
     ("online", 2, 2000, 600_000, 128, "fp32"),     # the token table split, through the head's block scratch
-    ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16")])
+    ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16"),
+    ("online", 1, 50257, 13_000_000, 24, "bf16")])
 def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.infer import Sampler
     from tinygpt.data import ByteTokenizer

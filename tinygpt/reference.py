@@ -348,8 +348,10 @@ def backward(params, cfg: Config, cache, attention_backward=None):
         g("bo", bias_grad(dx))
         dctx = matmul_abt(dx, r(p("Wo")))
         q, k, v = c["qkv"]
+        # bf16: the attention's D = rowsum(dO * O) reads O back rounded, as the model's does
+        out = {"out": c["ctx"].reshape(B, T, C)} if cache.get("precision") == "bf16" else {}
         dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
-                                dctx.reshape(B, T, C), H)
+                                dctx.reshape(B, T, C), H, **out)
         dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
         h1 = c["ln1"][0]
         dln1 = matmul_abt(dq, r(p("Wq"))) + matmul_abt(dk, r(p("Wk"))) + matmul_abt(dv, r(p("Wv")))

@@ -42,7 +42,9 @@ def attention_forward(q, k, v, H):
     return merge(p @ vh)
 
 
-def attention_backward(q, k, v, dout, H):
+def attention_backward(q, k, v, dout, H, out=None):
+    """out: the forward's output as the backward reads it (a bf16 model reads it back rounded):
+    D = rowsum(dO * O), which equals rowsum(P * dP) for the exact O."""
     qh, kh, vh, doh = heads(q, H), heads(k, H), heads(v, H), heads(dout, H)
     scale = 1.0 / math.sqrt(qh.shape[-1])
     s = np.where(causal_mask(q.shape[1]), qh @ kh.transpose(0, 1, 3, 2) * scale, -np.inf)
@@ -50,7 +52,8 @@ def attention_backward(q, k, v, dout, H):
     p /= p.sum(-1, keepdims=True)
     dv = p.transpose(0, 1, 3, 2) @ doh
     dp = doh @ vh.transpose(0, 1, 3, 2)
-    ds = p * (dp - (p * dp).sum(-1, keepdims=True)) * scale
+    D = (p * dp).sum(-1, keepdims=True) if out is None else (doh * heads(out, H)).sum(-1, keepdims=True)
+    ds = p * (dp - D) * scale
     return merge(ds @ kh), merge(ds.transpose(0, 1, 3, 2) @ qh), merge(dv)
 
 
