@@ -32,7 +32,7 @@ test: adapter
 	$(BIN)/python -m pytest -q $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py $(ARGS) || exit 1; done
-	@if $(BIN)/python -c "from tinygpt.gpu import pick_adapter; pick_adapter('gl')" 2>/dev/null; then \
+	@if $(BIN)/python -c "from tinygpt.device.gpu import pick_adapter; pick_adapter('gl')" 2>/dev/null; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
 		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q -m kernel $(ARGS); \
 	else echo "== no OpenGL adapter here: GL kernel run skipped =="; fi

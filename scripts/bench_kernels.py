@@ -21,11 +21,15 @@ import sys
 
 import numpy as np
 
-from tinygpt import kernels as K
-from tinygpt import reference as R
-from tinygpt.bench import emit, time_dispatches
-from tinygpt.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
-from tinygpt.gpu import GPU
+from tinygpt.device import kernels as K
+from tinygpt.device.kernels import Kernels
+from tinygpt.device.plan import PORTABLE
+from tinygpt.device.planner import subgroups_ok
+from tinygpt.reference import kernels as R
+from tinygpt.device.timing import time_dispatches
+from tinygpt.tables import emit
+from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
+from tinygpt.device.gpu import GPU
 
 
 def cases(gpu, rows, C, M, V, n, rng):
@@ -33,30 +37,31 @@ def cases(gpu, rows, C, M, V, n, rng):
     wrote against the twin, called after its first run."""
     f64 = lambda a: np.asarray(a, np.float64)
     up = gpu.upload
-    sg = ["sg"] if K.subgroups_ok(gpu) else []
+    kn = Kernels(gpu, PORTABLE)                 # each variant forced: the portable plan's sizes
+    sg = ["sg"] if subgroups_ok(gpu) else []
     x, y = rng.standard_normal(rows * M).astype(np.float32), rng.standard_normal(rows * M).astype(np.float32)
     tx, ty, tout = up(x), up(y), gpu.tensor((rows * M,))
     for entry, args, want in (("add", (tx, ty), f64(x) + y), ("gelu_forward", (tx,), R.gelu_forward(f64(x))),
                               ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y)))):
         for v in ("scalar", "vec4"):
-            d = getattr(K, entry)(gpu, *args, tout, rows * M, variant=v)
+            d = getattr(kn, entry)(*args, tout, rows * M, variant=v)
             yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
     if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (elementwise_bf16.wgsl)
         n = rows * M
-        xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "u32")
-        d = K.gelu_forward_bf16(gpu, up(xh), th, n)
+        xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "bf16")
+        d = kn.gelu_forward_bf16(up(xh), th, n)
         yield "gelu_forward", "bf16", f"n={n}", d, lambda: np.abs(
             R.cast_f32(gpu.read(th), n) - R.cast_f32(R.gelu_forward_bf16(xh), n)).max()
-        d = K.gelu_backward_bf16(gpu, up(xh), ty, tout, n)
+        d = kn.gelu_backward_bf16(up(xh), ty, tout, n)
         yield "gelu_backward", "bf16", f"n={n}", d, lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
     acc0 = rng.standard_normal(rows * M).astype(np.float32)
     for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
         tacc = up(acc0)
-        d = K.accumulate(gpu, tx, tacc, rows * M, variant=v)
+        d = kn.accumulate(tx, tacc, rows * M, variant=v)
         yield "accumulate", v, f"n={rows * M}", d, lambda t=tacc: np.abs(gpu.read(t) - R.accumulate(f64(x), f64(acc0))).max()
     bg = gpu.tensor((M,))
     for v in ["scalar"] + sg:
-        d = K.bias_grad(gpu, ty, bg, rows, M, variant=v)
+        d = kn.bias_grad(ty, bg, rows, M, variant=v)
         yield "bias_grad", v, f"{rows}x{M}", d, lambda: np.abs(gpu.read(bg) - f64(y).reshape(rows, M).sum(0)).max()
 
     xl = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
@@ -69,19 +74,19 @@ def cases(gpu, rows, C, M, V, n, rng):
     for v in ("scalar", "vec4"):
         # the forward writes stats too; the twin's own stats are what dx and dgb read below
         st = gpu.tensor((2, rows))
-        d = K.layernorm_forward(gpu, txl, up(np.stack([g, b])), ln_y, st, rows, C, variant=v)
+        d = kn.layernorm_forward(txl, up(np.stack([g, b])), ln_y, st, rows, C, variant=v)
         yield "layernorm_forward", v, shape, d, lambda: np.abs(gpu.read(ln_y) - ry).max()
-        d = K.layernorm_dx(gpu, tdy, txl, up(g), stats, dx, rows, C, accumulate=False, variant=v)
+        d = kn.layernorm_dx(tdy, txl, up(g), stats, dx, rows, C, accumulate=False, variant=v)
         want = R.layernorm_dx(f64(dy), f64(xl), f64(g), rm, rr)
         yield "layernorm_dx", v, shape, d, lambda w=want: np.abs(gpu.read(dx) - w).max()
     for v in ["scalar"] + sg:
-        d = K.layernorm_dgb(gpu, tdy, txl, stats, dgb, rows, C, variant=v)
+        d = kn.layernorm_dgb(tdy, txl, stats, dgb, rows, C, variant=v)
         want = np.stack(R.layernorm_dgb(f64(dy), f64(xl), rm, rr))
         yield "layernorm_dgb", v, shape, d, lambda w=want: np.abs(gpu.read(dgb) - w).max()
 
     if C % 8 == 0:     # a bf16 model's LayerNorm: its output written as bf16 (layernorm_bf16.wgsl)
-        yh, st = gpu.tensor((rows, C // 2), "u32"), gpu.tensor((2, rows))
-        d = K.layernorm_forward_bf16(gpu, txl, up(np.stack([g, b])), yh, st, rows, C)
+        yh, st = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))
+        d = kn.layernorm_forward_bf16(txl, up(np.stack([g, b])), yh, st, rows, C)
         want_h = R.layernorm_forward_bf16(xl, g, b)[0].reshape(-1)
         yield "layernorm_forward", "bf16", shape, d, lambda: np.abs(
             R.cast_f32(gpu.read(yh).reshape(-1), rows * C) - R.cast_f32(want_h, rows * C)).max()
@@ -91,7 +96,7 @@ def cases(gpu, rows, C, M, V, n, rng):
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
     for v in ["scalar"] + sg:
         tl, losses = up(logits), gpu.tensor((rows,))  # logits become dlogits: a copy per variant
-        d = K.cross_entropy(gpu, up(tgt), tl, losses, rows, V, 1.0 / rows, variant=v)
+        d = kn.cross_entropy(up(tgt), tl, losses, rows, V, 1.0 / rows, variant=v)
         yield "cross_entropy", v, f"{rows}x{V}", d, lambda tl=tl, losses=losses: max(
             np.abs(gpu.read(losses) - rl).max(), np.abs(gpu.read(tl) - rd).max())
 
@@ -100,7 +105,7 @@ def cases(gpu, rows, C, M, V, n, rng):
     v0 = np.abs(v0)
     tg, parts = up(gr), gpu.tensor((-(-n // K.CHUNK),))
     for v in ("scalar", "vec4"):
-        d = K.grad_sumsq(gpu, tg, parts, n, variant=v)
+        d = kn.grad_sumsq(tg, parts, n, variant=v)
         yield "grad_sumsq", v, f"n={n}", d, lambda: np.abs(gpu.read(parts) - R.grad_sumsq(f64(gr))).max()
     wd = np.full(-(-n // 256), 0.1, np.float32)
     lr, t = 1e-3, 1
@@ -110,7 +115,7 @@ def cases(gpu, rows, C, M, V, n, rng):
     R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t)
     for v in ("scalar", "vec4"):
         tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
-        d = K.adamw(gpu, tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
+        d = kn.adamw(tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
         yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
 
 
@@ -118,18 +123,19 @@ def storage_cases(gpu, rows, M, V, rng):
     """The casts between float32 and bf16 (bf16.wgsl) over [rows, M], and the split head's block copy
     (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
     n = rows * M
+    kn = Kernels(gpu, PORTABLE)
     x = rng.standard_normal(n).astype(np.float32)
-    xh, back = gpu.tensor((n // 2,), "u32"), gpu.tensor((n,))
+    xh, back = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
     packed = R.cast_bf16(x)
     for v in ("scalar", "x8") if n % 8 == 0 else ("scalar",):
-        d = K.cast_bf16(gpu, gpu.upload(x), xh, n, v)
+        d = kn.cast_bf16(gpu.upload(x), xh, n, v)
         yield "cast_bf16", v, f"n={n}", d, lambda: float(np.sum(gpu.read(xh) != packed))
-        d = K.cast_f32(gpu, gpu.upload(packed), back, n, v)
+        d = kn.cast_f32(gpu.upload(packed), back, n, v)
         yield "cast_f32", v, f"n={n}", d, lambda: np.abs(gpu.read(back) - R.cast_f32(packed, n)).max()
     blk = rng.standard_normal(rows * V).astype(np.float32)
     prev = np.zeros(rows * 2 * V, np.float32)
     out = gpu.upload(prev)
-    d = K.copy_block(gpu, gpu.upload(blk), out, rows, V, V, 0, 2 * V, V)
+    d = kn.copy_block(gpu.upload(blk), out, rows, V, V, 0, 2 * V, V)
     want = R.copy_block(blk, prev, rows, V, V, 0, 2 * V, V)
     yield "copy_block", "scalar", f"{rows}x{V} into {rows}x{2 * V}", d, lambda: np.abs(gpu.read(out) - want).max()
 
@@ -139,27 +145,28 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     cache (one variant each, listed as scalar)."""
     f64 = lambda a: np.asarray(a, np.float64)
     up, pos = gpu.upload, T - 1
+    kn = Kernels(gpu, PORTABLE)
     u = gpu.uniform(K.DECODE_UNIFORM_BYTES)
     gpu.queue.write_buffer(u, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, 40, 0, 1, 7, 0.8, 0.95))
     tok, pe = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
     ids = rng.integers(0, V, N).astype(np.uint32)
     x = gpu.tensor((N, C))
-    d = K.embed_decode(gpu, gpu.tensor((N,), "u32", data=ids), up(tok), up(pe), x, N, C, u)
+    d = kn.embed_decode(gpu.tensor((N,), "u32", data=ids), up(tok), up(pe), x, N, C, u)
     yield "embed_decode", "scalar", f"{N}x{C}", d, lambda: np.abs(gpu.read(x) - R.embed_decode(ids, tok, pe, pos)).max()
     k, v, q = (rng.standard_normal((N, C)).astype(np.float32) for _ in range(3))
     kc0, vc0 = rng.standard_normal((N, T, C)).astype(np.float32), rng.standard_normal((N, T, C)).astype(np.float32)
     kc, vc = up(kc0), up(vc0)
     wk, wv = R.kv_append(k, v, kc0, vc0, pos)
-    d = K.kv_append(gpu, up(k), up(v), kc, vc, N, C, u)
+    d = kn.kv_append(up(k), up(v), kc, vc, N, C, u)
     yield "kv_append", "scalar", f"{N}x{T}x{C}", d, lambda: max(np.abs(gpu.read(kc) - wk).max(),
                                                                 np.abs(gpu.read(vc) - wv).max())
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    d = K.attn_decode(gpu, up(q), up(wk), up(wv), out, scratch, N, H, u)
+    d = kn.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u)
     want = R.attn_decode(f64(q), f64(wk), f64(wv), pos, H)
     yield "attn_decode", "scalar", f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
     logits = (rng.standard_normal((N, V)) * 3).astype(np.float32)
     tid = gpu.tensor((2 * N,), "u32")
-    d = K.sample_tokens(gpu, up(logits), tid, N, u)
+    d = kn.sample_tokens(up(logits), tid, N, u)
     want_ids = R.sample_tokens(logits, 0.8, 40, 0.95, 7, 0)     # tokens: the error is how many differ
     yield "sample_tokens", "scalar", f"{N}x{V}", d, lambda: float(np.sum(gpu.read(tid)[:N] != want_ids))
 

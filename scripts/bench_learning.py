@@ -19,15 +19,15 @@ import time
 
 import numpy as np
 
-from tinygpt.bench import emit
+from tinygpt.tables import emit
 from tinygpt.cli import add_kernels
-from tinygpt.config import preset
+from tinygpt.core.config import preset
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
-from tinygpt.gpu import GPU
-from tinygpt.model import Model
+from tinygpt.device.gpu import GPU
+from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions
-from tinygpt.plan import make_plan
-from tinygpt.prep import init_params
+from tinygpt.device.planner import make_plan
+from tinygpt.core.init import init_params
 from tinygpt.schedule import resolve
 
 NANOGPT_CPU = (1.88, 180.0)   # nanoGPT README: val 1.88 after ~3 minutes on a CPU (reported, not measured here)
@@ -47,7 +47,7 @@ class WebGPUTrainer:
 
     def __init__(self, cfg, params, kernels):
         gpu = GPU()
-        self.m = Model(gpu, cfg, "online", plan=make_plan(gpu, kernels))
+        self.m = Model(gpu, make_plan(gpu, kernels), cfg, "online")
         self.m.set_params(params)
         self.what = f"{gpu.name} ({gpu.backend})"
 
@@ -66,7 +66,7 @@ class TorchTrainer:
 
     def __init__(self, cfg, params, kernels):
         import torch
-        from tinygpt.torch_model import TorchGPT
+        from torch_model import TorchGPT
         self.torch, self.m, self.B = torch, TorchGPT(cfg, params, 1e-3), cfg.batch
         self.what = f"PyTorch {torch.__version__} CPU, {torch.get_num_threads()} threads"
 
@@ -151,7 +151,7 @@ def main(argv=None):
         return
     cfg = preset(args.preset).validate()
     sched = resolve(TrainOptions(preset=args.preset))
-    from tinygpt.config import TRAIN_DEFAULTS
+    from tinygpt.core.config import TRAIN_DEFAULTS
     sched.total = args.steps or TRAIN_DEFAULTS[args.preset].steps
     raw, name = read_corpus(args.data)
     ds = Dataset(ByteTokenizer().encode(raw), cfg.ctx, name)

@@ -21,10 +21,14 @@ import time
 
 import numpy as np
 
-from tinygpt import kernels as K
-from tinygpt.bench import emit, time_dispatches
-from tinygpt.gpu import GPU
-from tinygpt.plan import make_plan
+from tinygpt.device import kernels as K
+from tinygpt.device.gpu import GPU
+from tinygpt.device.kernels import Kernels
+from tinygpt.device.plan import tile_problem
+from tinygpt.device.planner import make_plan, subgroups_ok
+from tinygpt.device.timing import time_dispatches
+from tinygpt.reference import kernels as R
+from tinygpt.tables import emit
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
@@ -44,7 +48,7 @@ def numpy_gflops(entry, a, b, repeats):
 
 
 def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
-    from tinygpt import reference as R
+    kn = Kernels(gpu, plan)
     M, Kd = a.shape
     N = b.shape[1]
     out = gpu.tensor((M, N))
@@ -54,14 +58,15 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
         ah, bh = R.cast_bf16(A).reshape(A.shape[0], -1), R.cast_bf16(B).reshape(B.shape[0], -1)
         if dtype == "mixed":           # the backward's float32 gradient: A of A @ B^T, B of A^T @ B
             ah, bh = (A, bh) if entry == "matmul_abt" else (ah, B)
-        fn = getattr(K, entry + "_bf16")
+        fn = getattr(kn, entry + "_bf16")
         extra = [None] if entry == "matmul" else []
-        d = fn(gpu, gpu.upload(ah), gpu.upload(bh), *extra, out, M, N, Kd, variant=variant, plan=plan)
+        up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
+        d = fn(up(ah), up(bh), *extra, out, M, N, Kd, variant=variant)
         want = getattr(R, entry + "_bf16_sg")(ah, bh)
     else:
-        fn = getattr(K, entry)
+        fn = getattr(kn, entry)
         extra = [None] if entry == "matmul" else []
-        d = fn(gpu, gpu.upload(A), gpu.upload(B), *extra, out, M, N, Kd, variant=variant, plan=plan)
+        d = fn(gpu.upload(A), gpu.upload(B), *extra, out, M, N, Kd, variant=variant)
         want = a.astype(np.float64) @ b
     gpu.run([d])
     err = float(np.abs(gpu.read(out) - want).max())
@@ -91,12 +96,12 @@ def main(argv=None):
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
     chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
-    if not K.subgroups_ok(gpu):  # the sg kernels need the subgroup feature, and to agree with NumPy
+    if not subgroups_ok(gpu):  # the sg kernels need the subgroup feature, and to agree with NumPy
         if args.kernels and any(v == "sg" for _, v in chosen):
             raise SystemExit(f"error: no working subgroups on {gpu.name} ({gpu.backend}); leave out the :sg kernels")
         chosen = [(e, v) for e, v in chosen if v != "sg"]
     plan = make_plan(gpu)
-    if K.tile_problem(gpu, plan.matmul_tile):
+    if tile_problem(gpu.limits, plan.matmul_tile):
         chosen = [(e, v) for e, v in chosen if v != "tiled"]
     rows = []
     shapes = ([tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes.split(",")] if args.shapes

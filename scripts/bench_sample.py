@@ -12,17 +12,17 @@ import argparse
 import sys
 import time
 
-from tinygpt.bench import emit
+from tinygpt.tables import emit
 from tinygpt.cli import add_kernels
-from tinygpt.config import PRESETS, preset
-from tinygpt.decode import Decoder
-from tinygpt.gpu import GPU
-from tinygpt.plan import make_plan
-from tinygpt.prep import init_params
+from tinygpt.core.config import PRESETS, preset
+from tinygpt.model.decode import Decoder
+from tinygpt.device.gpu import GPU
+from tinygpt.device.planner import make_plan
+from tinygpt.core.init import init_params
 
 
 def run(gpu, cfg, params, cache, n, num, plan, temperature, seed):
-    d = Decoder(gpu, cfg, num, "online", plan, cache, capacity=n)
+    d = Decoder(gpu, plan.with_(decode="cache" if cache else "full"), cfg, num, "online", capacity=n)
     d.set_params(params)
     d.generate([10], 2, temperature, 40, 1.0, seed)          # pipelines built, caches warm
     t = time.perf_counter()

@@ -24,15 +24,16 @@ import time
 
 import numpy as np
 
-from tinygpt import reference as R
-from tinygpt.prep import init_params
-from tinygpt.bench import emit
-from tinygpt.config import preset
-from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.cli import add_kernels
-from tinygpt.gpu import GPU
-from tinygpt.plan import make_plan
-from tinygpt.model import Model
+from tinygpt.core.config import preset
+from tinygpt.core.init import init_params
+from tinygpt.core.precision import PRECISIONS
+from tinygpt.data import ByteTokenizer, Dataset, read_corpus
+from tinygpt.device.gpu import GPU
+from tinygpt.device.planner import make_plan
+from tinygpt.model.gpt import Model
+from tinygpt.reference import gpt as RG
+from tinygpt.tables import emit
 
 
 def batches(cfg, steps, data_path, seed):
@@ -44,7 +45,7 @@ def batches(cfg, steps, data_path, seed):
 
 def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32"):
     gpu = GPU()
-    m = Model(gpu, cfg, attention, plan=make_plan(gpu, kernels), precision=precision)
+    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision])
     m.set_params(params)
     t0 = time.perf_counter()
     for x, y in data:
@@ -59,7 +60,7 @@ def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
     final loss, what)}."""
     gpu = GPU()
     plan = make_plan(gpu, kernels)
-    models = {p: Model(gpu, cfg, attention, plan=plan, precision=p) for p in precisions}
+    models = {p: Model(gpu, plan, cfg, attention, precision=PRECISIONS[p]) for p in precisions}
     times = {p: [] for p in precisions}
     for m in models.values():
         m.set_params(params)
@@ -76,17 +77,17 @@ def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
 
 def run_numpy(cfg, params, data, lr):
     p = {k: v.copy() for k, v in params.items()}
-    opt = R.new_opt_state(p)
+    opt = RG.new_opt_state(p)
     t0 = time.perf_counter()
     for x, y in data:
-        _, loss, cache = R.forward(p, cfg, x, y)
-        R.clip_and_step(p, R.backward(p, cfg, cache), opt, cfg, lr)
+        _, loss, cache = RG.forward(p, cfg, x, y)
+        RG.clip_and_step(p, RG.backward(p, cfg, cache), opt, cfg, lr)
     return time.perf_counter() - t0, float(loss), "NumPy reference, float32"
 
 
 def run_torch(cfg, params, data, lr):
     import torch
-    from tinygpt.torch_model import TorchGPT
+    from torch_model import TorchGPT
     m = TorchGPT(cfg, params, lr)
     t0 = time.perf_counter()
     for x, y in data:

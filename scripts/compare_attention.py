@@ -16,13 +16,15 @@ import sys
 
 import numpy as np
 
-from tinygpt import attention as A
-from tinygpt import kernels as K
-from tinygpt import reference_attention as RA
-from tinygpt.bench import emit, time_dispatches
+from tinygpt.model import attention as A
+from tinygpt.device import kernels as K
+from tinygpt.device.kernels import Kernels
+from tinygpt.reference import attention as RA
+from tinygpt.device.timing import time_dispatches
+from tinygpt.tables import emit
 from tinygpt.cli import add_kernels
-from tinygpt.gpu import GPU, LimitError
-from tinygpt.plan import make_plan
+from tinygpt.device.gpu import GPU, LimitError
+from tinygpt.device.planner import make_plan
 
 
 def main(argv=None):
@@ -60,7 +62,7 @@ def main(argv=None):
             p = plan.with_(attention="tiles") if impl == "online-tiles" else plan
             try:
                 A.check(kind, T, C, H)
-                att = A.Attention(gpu, kind, B, T, C, H, plan=p)
+                att = A.Attention(Kernels(gpu, p), kind, B, T, C, H, A.own_scratch(gpu, kind, B, T, H))
                 fwd = att.forward(tq, tk, tv, out)
                 bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
             except (A.AttentionError, LimitError) as e:

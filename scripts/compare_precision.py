@@ -14,21 +14,22 @@ import time
 
 import numpy as np
 
-from tinygpt.bench import emit
-from tinygpt.config import preset
+from tinygpt.core.config import preset
+from tinygpt.core.init import init_params
+from tinygpt.core.precision import BF16, PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
-from tinygpt.gpu import GPU
-from tinygpt.model import Model, bf16_problem
+from tinygpt.device.gpu import GPU
+from tinygpt.device.planner import make_plan
+from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions
-from tinygpt.plan import make_plan
-from tinygpt.prep import init_params
 from tinygpt.schedule import resolve
+from tinygpt.tables import emit
 
 
-def run(gpu, cfg, name, precision, batches, xs, ys, log_every):
+def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every):
     sched = resolve(TrainOptions(preset=name, steps=len(batches)))
     sched.total = len(batches)
-    m = Model(gpu, cfg, "online", plan=make_plan(gpu), precision=precision)
+    m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[precision])
     m.set_params(init_params(cfg))
     curve = []
     m.step(*batches[0], sched.at(0))           # the first step builds the pipelines: not timed
@@ -39,7 +40,7 @@ def run(gpu, cfg, name, precision, batches, xs, ys, log_every):
         if i % log_every == 0 or i == len(batches) - 1:
             curve.append((i, m.loss()))
     secs = time.perf_counter() - t0
-    ev = Model(gpu, cfg, "online", B=cfg.batch, training=False, plan=m.plan, precision=precision)
+    ev = Model(gpu, plan, cfg, "online", B=cfg.batch, training=False, precision=PRECISIONS[precision])
     ev.set_params(m.get_params())
     val = ev.mean_loss(xs, ys)
     tokens = (len(batches) - 1) * cfg.batch * cfg.ctx
@@ -59,11 +60,12 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     gpu = GPU()
+    plan = make_plan(gpu)
     raw, data_name = read_corpus(args.data)
     rows = []
     for name in args.presets.split(","):
         cfg = preset(name, seed=args.seed).validate()
-        why = bf16_problem(make_plan(gpu), cfg.d_model, cfg.d_mlp)
+        why = BF16.problem(cfg.d_model, cfg.d_mlp)
         if why:
             raise SystemExit("error: " + why.replace("{opt:precision}", "--precision").replace("{opt:d_model}", "--d-model"))
         ds = Dataset(ByteTokenizer().encode(raw), cfg.ctx)
@@ -71,7 +73,7 @@ def main(argv=None):
         batches = [ds.sample(rng, cfg.batch) for _ in range(args.steps)]
         xs, ys = ds.val_windows()
         for precision in ("fp32", "bf16"):
-            r = run(gpu, cfg, name, precision, batches, xs, ys, args.log_every)
+            r = run(gpu, plan, cfg, name, precision, batches, xs, ys, args.log_every)
             rows.append(r)
             print(f"{name} {precision}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
                   f"{r['tokens_per_s']:,.0f} tokens/s", file=sys.stderr)

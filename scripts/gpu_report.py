@@ -32,6 +32,14 @@ import sys
 import time
 from pathlib import Path
 
+from tinygpt.core.config import preset
+from tinygpt.core.errors import TinyGPTError
+from tinygpt.data import get_tokenizer
+from tinygpt.device.gpu import GPU
+from tinygpt.device.planner import make_plan
+from tinygpt.model.budget import device_limits, memory_budget
+from tinygpt.tables import fmt
+
 HERE = Path(__file__).resolve().parent
 PRESETS_UP = ["small", "medium", "large", "xl", "huge", "massive", "mega", "gpt2"]
 
@@ -88,7 +96,6 @@ def merged(name: str, runs: list, rows: list, cmd: str, notes=()) -> dict:
 
 
 def md_table(rows: list, columns: list) -> str:
-    from tinygpt.bench import fmt
     cols = [c for c in columns if any(c in r for r in rows)]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -168,14 +175,13 @@ def main(argv=None):
     if (out / "report.md").exists() and "tinygpt gpu_report" not in (out / "report.md").read_text(errors="replace")[:200]:
         raise SystemExit(f"error: {out / 'report.md'} was not written by this script; choose another --out")
 
-    from tinygpt import memory
-    from tinygpt.config import preset
-    from tinygpt.gpu import GPU
     gpu = GPU()
+    plan = make_plan(gpu)
     adapter = f"{gpu.name} ({gpu.backend})"
     info = dict(gpu.adapter.info)
     S = sizes(not gpu.is_cpu, args.quick, args.smallest)
-    limits = memory.device_limits(gpu)
+    limits = device_limits(gpu)
+    fits_here = lambda p: memory_budget(preset(p), preset(p).batch, "online", plan, 1, limits).fits
     env = dict(os.environ)
     data = ["--data", args.data] if args.data else []
     t_all = time.perf_counter()
@@ -192,7 +198,7 @@ def main(argv=None):
     section("attention_train_shape", [str(HERE / "compare_attention.py"), "--json", "--T", S["train_shape_T"],
                                       "--batch", "4", "--heads", "8", "--head-dim", "64"])
     section("kernels", [str(HERE / "bench_kernels.py"), "--json", "--preset", S["kernels_preset"]])
-    fits = [p for p in S["presets"] if memory.plan(preset(p), preset(p).batch, "online", 1, limits).fits]
+    fits = [p for p in S["presets"] if fits_here(p)]
     train_rows, train_runs = [], []
     for p in fits:
         for precision in ("fp32", "bf16"):          # bf16's speed on a GPU is the figure lavapipe cannot give
@@ -204,14 +210,12 @@ def main(argv=None):
             train_rows += r["rows"]
     results["train"] = merged("train", train_runs, train_rows,
                               f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision "
-                              f"fp32|bf16, P in {', '.join(fits)} (the presets the memory plan fits)")
+                              f"fp32|bf16, P in {', '.join(fits)} (the presets the memory budget fits)")
     prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:
-        if p not in fits and p != "tiny" and not memory.plan(preset(p), preset(p).batch, "online", 1, limits).fits:
+        if p not in fits and p != "tiny" and not fits_here(p):
             continue
         if p == "gpt2":          # its tokenizer's file: tiktoken's cache, or --tokenizer-file (no download here)
-            from tinygpt.data import get_tokenizer
-            from tinygpt.errors import TinyGPTError
             try:
                 get_tokenizer("gpt2", args.tokenizer_file)
             except TinyGPTError as e:

@@ -15,9 +15,11 @@ import time
 
 import numpy as np
 
-from tinygpt import reference as R
-from tinygpt.bench import emit, time_dispatches
-from tinygpt.gpu import GPU
+from tinygpt.reference import kernels as R
+from tinygpt.device.timing import time_dispatches
+from tinygpt.tables import emit
+from tinygpt.device.gpu import GPU
+from tinygpt.device.planner import subgroups_ok
 
 
 def main(argv=None):
@@ -33,12 +35,11 @@ def main(argv=None):
     src = gpu.upload(src_np)
     out = gpu.tensor((4 * n,))
     rows = []
-    from tinygpt import kernels as K
     probes = [("probe_fma", "vec4 FMA, registers only", 8 * 4 * 2),
               ("probe_load_lane", "vec4 loads, address per lane", 4),
               ("probe_load_wg", "vec4 loads, address per workgroup", 4),
               ("probe_load_shared", "vec4 loads from workgroup memory", 4)]
-    if K.subgroups_ok(gpu):
+    if subgroups_ok(gpu):
         probes.append(("probe_broadcast", "vec4 subgroup broadcasts (+ as many FMA)", 8 * 4))
     for entry, what, per in probes:
         sg = entry == "probe_broadcast"

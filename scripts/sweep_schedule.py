@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Sweep training settings: each spec trains from the same init on the same batches (the seed's),
 then scores the whole validation split as `tinygpt eval` does. How the defaults of
-config.TRAIN_DEFAULTS were chosen (README, "A first run that learns").
+core.config.TRAIN_DEFAULTS were chosen (docs/results.md, "How the defaults were chosen").
 
     python scripts/sweep_schedule.py --data tinyshakespeare.txt \\
         "steps=2000,lr=1e-2,warmup=200,min_lr=1e-4" "steps=2000,lr=3e-4,schedule=constant" \\
@@ -19,8 +19,8 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from tinygpt.bench import emit
-from tinygpt.gpu import GPU
+from tinygpt.tables import emit
+from tinygpt.device.gpu import GPU
 from tinygpt.infer import bits, evaluate
 from tinygpt.options import EvalOptions, TrainOptions
 from tinygpt.train import train

@@ -30,8 +30,8 @@ import numpy as np
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import flag
 from tinygpt.data import Dataset, read_corpus
-from tinygpt.errors import TinyGPTError, UsageError
-from tinygpt.files import Outputs, is_json_lines
+from tinygpt.core.errors import TinyGPTError, UsageError
+from tinygpt.outputs import Outputs, is_json_lines
 from tinygpt.infer import data_path_for, tokenizer_of
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
@@ -101,7 +101,7 @@ def train(args) -> int:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from tinygpt.torch_model import GPTModule, adamw, clip_and_step, load_moments, loss_of, moments
+    from torch_model import GPTModule, adamw, clip_and_step, load_moments, loss_of, moments
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")

@@ -1,5 +1,5 @@
 // bf16.wgsl's casts eight values per invocation: two vec4 of float32 against one vec4<u32> of
-// bf16, for n a multiple of 8 (kernels.py takes bf16.wgsl otherwise). Why: the casts are a bf16
+// bf16, for n a multiple of 8 (device/kernels.py takes bf16.wgsl otherwise). Why: the casts are a bf16
 // model's conversion passes, and lavapipe pays per load instruction whatever its width.
 //   cast_bf16x8   out[i] = the 8 values 8i .. 8i+7 of x as bf16 (round to nearest even)
 //   cast_f32x8    out[2i], out[2i+1] = the 8 bf16 of word group i of x as float32

@@ -1,4 +1,4 @@
-// Helpers every shader may use, written once: gpu.py's loader puts this file in
+// Helpers every shader may use, written once: device/gpu.py's loader puts this file in
 // front of each shader's declarations (after its `enable` directives), and compile
 // errors still name the right file and line. Functions, and the workgroup arrays of the
 // reductions below; no bindings here.

@@ -1,5 +1,5 @@
 // elementwise.wgsl's add and GELU read and written as vec4, 4 vec4 per invocation,
-// for n a multiple of 4 (kernels.py takes elementwise.wgsl otherwise).
+// for n a multiple of 4 (device/kernels.py takes elementwise.wgsl otherwise).
 // Why: lavapipe pays per lane for each load instruction whatever its width,
 // and a fixed cost per workgroup; one float per invocation paid both 16 times
 // over (gelu_forward on 393,216 floats: see the commit that added this file).

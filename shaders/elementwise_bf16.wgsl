@@ -2,7 +2,7 @@
 //   gelu_forward_bf16   out = bf16(gelu(x)), x bf16                    (8 values per word pair)
 //   gelu_backward_bf16  out = dy * (Phi(x) + x phi(x)), x bf16, dy and out float32
 // Arithmetic in float32, as elementwise4.wgsl's. Why: these kernels are bound by loads on
-// lavapipe (README: the elementwise kernels run near the streaming peak), and a vec4<u32> load
+// lavapipe (the elementwise kernels run near the streaming peak: docs/results.md), and a vec4<u32> load
 // brings 8 bf16 where a vec4<f32> brings 4. n: a multiple of 8; 16 values per invocation.
 
 struct Params { n: u32, cols: u32 }

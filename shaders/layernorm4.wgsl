@@ -1,5 +1,5 @@
 // layernorm.wgsl's forward and dx read and written as vec4, for C a multiple of 4
-// (kernels.py takes layernorm.wgsl otherwise; layernorm_dgb stays there).
+// (device/kernels.py takes layernorm.wgsl otherwise; layernorm_dgb stays there).
 // Why: lavapipe pays per lane for each load instruction whatever its width, so
 // a row read as C/4 vec4 costs a quarter of C floats.
 // One invocation per row: no barriers, deterministic.

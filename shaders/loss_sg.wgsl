@@ -4,7 +4,7 @@
 // their gradient written as 0). Same bindings and results as cross_entropy.
 // Why: lavapipe runs loss.wgsl's 12 workgroup barriers per row as coroutine
 // switches, and reads one float per load; here there are no barriers and a
-// quarter of the loads (README, "How the subgroup matmul was shaped", for the time).
+// quarter of the loads (docs/results.md has the time).
 
 struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, stride: u32 }
 

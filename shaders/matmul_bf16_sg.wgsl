@@ -146,8 +146,8 @@ struct Rows { a: mat4x4<f32>, b: mat4x4<f32> }
 
 // rows 4q..4q+3 at this 8 k: a = their k 0-3, b = k 4-7, from the lanes' float32 halves (xa, xb).
 // Each lane unpacks the bf16 rows it loaded before they are broadcast: 8 values of each of its
-// rows, where unpacking after the broadcast would unpack every row in every lane (1024^3 on
-// lavapipe: A @ B 52.2 -> 56.4 GFLOP/s, A @ B^T 50.9 -> 59.8, fastest of 8 interleaved rounds).
+// rows, where unpacking after the broadcast would unpack every row in every lane, which
+// measured slower on lavapipe (docs/results.md, bf16).
 fn a_rows(x0a: vec4<f32>, x0b: vec4<f32>, x1a: vec4<f32>, x1b: vec4<f32>, q: u32) -> Rows {
   return Rows(rows_of(x0a, x1a, q), rows_of(x0b, x1b, q));
 }

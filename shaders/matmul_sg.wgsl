@@ -16,11 +16,11 @@
 // the others: a register shuffle, not a load. Per lane and k-step of 4, loads
 // per multiply-add fall from 20 vec4 per 256 (matmul_vec4) to 6 per 256 (TM 16,
 // NC 1), 10 per 512 (NC 2) and 12 per 1024 (TM 32, NC 2). Each step measured
-// faster (README, "How the subgroup matmul was shaped"); NC 3 ran as fast as
-// NC 2, no faster (accumulators already spill from the CPU's registers): it is
+// faster (docs/results.md, "How the subgroup matmul was shaped"); NC 3 ran as fast
+// as NC 2, no faster (accumulators already spill from the CPU's registers): it is
 // there for widths of 24 vec4 columns (N = 96), which it fills exactly.
 // The lane indexing assumes subgroups of at least 8 lanes holding the whole
-// workgroup; kernels.py checks these kernels against NumPy before using them.
+// workgroup; device/planner.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N
 // likewise. Every lane runs the whole loop (broadcasts need all 8).
 
@@ -32,7 +32,7 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
-override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (kernels.py picks what wastes fewest lanes)
+override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (device/kernels.py picks what wastes fewest lanes)
 override TM: u32 = 16u;  // rows per workgroup, 16 or 32 (32 with at most 2 column blocks)
 const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
 

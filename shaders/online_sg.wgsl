@@ -13,7 +13,7 @@
 // lane, cost 8 loads per value used. Here each value is loaded once and
 // broadcast (a register shuffle); there is no workgroup memory and no barrier.
 // The lane indexing assumes subgroups of 8 or more lanes holding the whole
-// workgroup; kernels.py checks that against NumPy before using these.
+// workgroup; device/planner.py checks that against NumPy before using these.
 // Loops: channels run in unrolled blocks of 8 vec4 (llvmpipe stops an
 // invocation's loops after 65,535 trips), so a lane makes at most
 // 6 * HD4 / 8 + 2 trips per block of 8 rows: T up to ~20,000 at hd = 128

@@ -13,10 +13,26 @@ os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-test-cache-")
 
 @pytest.fixture(scope="session")
 def gpu():
-    from tinygpt.gpu import GPU
+    from tinygpt.device.gpu import GPU
     g = GPU()
     print(f"\nadapter: {g.name} ({g.backend})")
     return g
+
+
+@pytest.fixture
+def plan(gpu):
+    """This device's kernel plan, as the application makes it (no tuning cache: see above); made
+    per test, after any limit the test forces, as the application makes it after reading them."""
+    from tinygpt.device.planner import make_plan
+    return make_plan(gpu)
+
+
+@pytest.fixture
+def kn(gpu):
+    """The launchers under the portable plan: the kernel tests force each variant themselves."""
+    from tinygpt.device.kernels import Kernels
+    from tinygpt.device.plan import PORTABLE
+    return Kernels(gpu, PORTABLE)
 
 
 def check(name, got, want, atol, rtol=0.0):

@@ -2,9 +2,12 @@
 import numpy as np
 import pytest
 
-from tinygpt import attention
-from tinygpt import reference_attention as RA
-from tinygpt.attention import AttentionError
+from tinygpt.device.kernels import Kernels
+from tinygpt.device.planner import make_plan
+from tinygpt.model import attention
+from tinygpt.model.attention import AttentionError
+from tinygpt.model.layout import head_chunks
+from tinygpt.reference import attention as RA
 
 from conftest import check
 
@@ -21,26 +24,25 @@ def _inputs(B, T, C, seed=0):
 
 
 def use(gpu, impl):
-    """-> (impl, plan). 'online-tiles': online with online.wgsl's workgroup-memory tiles, where the
-    device's plan would take online_sg.wgsl (both must stay right: GPUs and GL use the tiles)."""
-    from tinygpt.plan import make_plan
+    """-> (impl, launchers). 'online-tiles': online with online.wgsl's workgroup-memory tiles, where
+    the device's plan would take online_sg.wgsl (both must stay right: GPUs and GL use the tiles)."""
     plan = make_plan(gpu, tuning={})
     if impl == "online-tiles":
-        return "online", plan.with_(attention="tiles")
-    return impl, plan
+        return "online", Kernels(gpu, plan.with_(attention="tiles"))
+    return impl, Kernels(gpu, plan)
 
 
 @pytest.mark.parametrize("impl", attention.IMPLS + ("online-tiles",))
 @pytest.mark.parametrize("B,T,C,H", SHAPES)
 def test_attention_against_float64(gpu, impl, B, T, C, H):
-    tag_impl, (impl, plan) = impl, use(gpu, impl)
+    tag_impl, (impl, kn) = impl, use(gpu, impl)
     q, k, v, do = _inputs(B, T, C)
     f = lambda a: a.astype(np.float64)
     ref = RA.attention_forward(f(q), f(k), f(v), H)
     rdq, rdk, rdv = RA.attention_backward(f(q), f(k), f(v), f(do), H)
     tag = f"{tag_impl} B={B} T={T} C={C} H={H} hd={C // H}"
-    check(f"{tag} out", attention.forward(q, k, v, H, impl, gpu, plan), ref, TOL)
-    dq, dk, dv = attention.backward(q, k, v, do, H, impl, gpu, plan)
+    check(f"{tag} out", attention.forward(kn, q, k, v, H, impl), ref, TOL)
+    dq, dk, dv = attention.backward(kn, q, k, v, do, H, impl)
     check(f"{tag} dq", dq, rdq, TOL)
     check(f"{tag} dk", dk, rdk, TOL)
     check(f"{tag} dv", dv, rdv, TOL)
@@ -52,33 +54,34 @@ def test_attention_against_float64(gpu, impl, B, T, C, H):
 def test_online_beyond_the_old_cap(gpu, impl, hd):
     """T = 2048 (twice the original's cap). hd = 128 also guards llvmpipe's silent stop of an
     invocation's loops after 65,535 iterations: a kernel looping over T*hd would fail here."""
-    _, plan = use(gpu, impl)
+    _, kn = use(gpu, impl)
     B, T, C, H = 1, 2048, hd, 1
     q, k, v, do = _inputs(B, T, C, 1)
     f = lambda a: a.astype(np.float64)
-    check(f"{impl} T=2048 out", attention.forward(q, k, v, H, "online", gpu, plan),
+    check(f"{impl} T=2048 out", attention.forward(kn, q, k, v, H, "online"),
           RA.attention_forward(f(q), f(k), f(v), H), TOL)
-    dq, dk, dv = attention.backward(q, k, v, do, H, "online", gpu, plan)
+    dq, dk, dv = attention.backward(kn, q, k, v, do, H, "online")
     for name, got, want in zip("qkv", (dq, dk, dv), RA.attention_backward(f(q), f(k), f(v), f(do), H)):
         check(f"{impl} T=2048 d{name}", got, want, TOL)
 
 
 @pytest.mark.parametrize("impl,T,hd", [("naive", 1024, 64), ("fused_sv", 600, 64)])
-def test_long_rows_are_not_cut_short(gpu, impl, T, hd):
+def test_long_rows_are_not_cut_short(gpu, plan, impl, T, hd):
     """Rows whose loops would pass llvmpipe's 65,535-iteration cap if they looped over T*hd."""
     q, k, v, do = _inputs(1, T, hd, 3)
     f = lambda a: a.astype(np.float64)
     tag = f"{impl} T={T} hd={hd}"
-    check(f"{tag} out", attention.forward(q, k, v, 1, impl, gpu), RA.attention_forward(f(q), f(k), f(v), 1), TOL)
-    for name, got, want in zip("qkv", attention.backward(q, k, v, do, 1, impl, gpu),
+    kn = Kernels(gpu, plan)
+    check(f"{tag} out", attention.forward(kn, q, k, v, 1, impl), RA.attention_forward(f(q), f(k), f(v), 1), TOL)
+    for name, got, want in zip("qkv", attention.backward(kn, q, k, v, do, 1, impl),
                                RA.attention_backward(f(q), f(k), f(v), f(do), 1)):
         check(f"{tag} d{name}", got, want, TOL)
 
 
-def test_fused_sv_refuses_long_sequences(gpu):
+def test_fused_sv_refuses_long_sequences(gpu, plan):
     q = np.zeros((1, 1025, 8), np.float32)
     with pytest.raises(AttentionError, match="up to 1024"):
-        attention.forward(q, q, q, 1, "fused_sv", gpu)
+        attention.forward(Kernels(gpu, plan), q, q, q, 1, "fused_sv")
 
 
 def test_scratch_is_quadratic_or_linear():
@@ -87,39 +90,35 @@ def test_scratch_is_quadratic_or_linear():
     assert attention.scratch_bytes("fused_sv", 2, 10, 3) == 2 * 4 * 2 * 3 * 100
 
 
-def test_naive_splits_heads_over_the_binding_limit(gpu, monkeypatch):
+def test_naive_splits_heads_over_the_binding_limit(gpu, plan, monkeypatch):
     """With a binding too small for all heads' T x T, the naive path runs head chunks."""
     B, T, C, H = 1, 40, 12, 3
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 4 * T * T + 16)
-    assert len(attention.head_chunks(gpu, B, T, H)) == 3
+    assert len(head_chunks(B, T, H, gpu.max_binding)) == 3
     q, k, v, do = _inputs(B, T, C, 2)
     f = lambda a: a.astype(np.float64)
-    check("naive in 3 head chunks out", attention.forward(q, k, v, H, "naive", gpu), RA.attention_forward(f(q), f(k), f(v), H), TOL)
-    dq, _, _ = attention.backward(q, k, v, do, H, "naive", gpu)
+    kn = Kernels(gpu, plan)
+    check("naive in 3 head chunks out", attention.forward(kn, q, k, v, H, "naive"), RA.attention_forward(f(q), f(k), f(v), H), TOL)
+    dq, _, _ = attention.backward(kn, q, k, v, do, H, "naive")
     check("naive in 3 head chunks dq", dq, RA.attention_backward(f(q), f(k), f(v), f(do), H)[0], TOL)
 
 
 @pytest.mark.parametrize("B,T,C,H", [(2, 7, 16, 2), (1, 65, 48, 2), (2, 33, 40, 8), (1, 64, 128, 1)])
-def test_online_sg_reads_bf16_q_k_v(gpu, B, T, C, H):
+def test_online_sg_reads_bf16_q_k_v(gpu, plan, B, T, C, H):
     """A bf16 model's q, k, v read by online_sg.wgsl as stored (bf16, two to a word): out, dq, dk, dv
     against the float64 reference on the same bf16 values, with float32's tolerance (hd 8, 24, 5
     (the unaligned gather) and 128)."""
-    from tinygpt import kernels as K
-    from tinygpt import reference as R
-    from tinygpt.attention import Attention
-    from tinygpt.plan import make_plan
-    plan = make_plan(gpu)
-    att = Attention(gpu, "online", B, T, C, H, plan=plan)
-    if not att.reads_bf16:
+    from tinygpt.reference import kernels as R
+    if not attention.reads("bf16", plan, "online", B, T, C, H):
         pytest.skip("bf16 q, k, v need online_sg.wgsl (subgroups)")
+    att = attention.Attention(Kernels(gpu, plan), "online", B, T, C, H, attention.own_scratch(gpu, "online", B, T, H))
     q, k, v, do = _inputs(B, T, C, 3)
     packed = [R.cast_bf16(x) for x in (q, k, v)]
     f = lambda a: R.cast_f32(a, B * T * C).reshape(B, T, C).astype(np.float64)
     qb, kb, vb = (f(x) for x in packed)
-    tq, tk, tv = (gpu.tensor(((B * T * C) // 2,), "u32", data=x) for x in packed)
+    tq, tk, tv = (gpu.tensor(((B * T * C) // 2,), "bf16", data=x) for x in packed)
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
-    gpu.run(att.forward(tq, tk, tv, out, bf16=True) + att.backward(tq, tk, tv, out, gpu.upload(do), dq, dk, dv,
-                                                                     bf16=True))
+    gpu.run(att.forward(tq, tk, tv, out) + att.backward(tq, tk, tv, out, gpu.upload(do), dq, dk, dv))
     check(f"online_sg bf16 out B={B} T={T} C={C} H={H}", gpu.read(out), RA.attention_forward(qb, kb, vb, H), TOL)
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), RA.attention_backward(qb, kb, vb, do.astype(np.float64), H)):
         check(f"online_sg bf16 {name}", gpu.read(got), want, TOL)

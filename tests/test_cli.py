@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 
 from tinygpt import checkpoint as ckpt
-from tinygpt import reference as R
+from tinygpt.core.config import Config, param_specs
 from tinygpt.cli import main
 from tinygpt.data import ByteTokenizer
-from tinygpt.decode import window_start
+from tinygpt.model.decode import window_start
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -101,8 +103,8 @@ def test_ctrl_c_saves_exits_130_and_resume_matches(tmp_path, corpus):
 
 
 def test_checkpoint_round_trip_is_byte_identical(tmp_path):
-    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
-    p = R.init_params(cfg)
+    cfg = Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
+    p = init_params(cfg)
     m = {k: np.full_like(v, 0.5) for k, v in p.items()}
     v = {k: np.full_like(x, 0.25) for k, x in p.items()}
     ck = ckpt.Checkpoint(cfg, p, m, v, step=7, loss_history=[{"step": 7, "train": 5.0}], extra={"tokenizer": "byte"})
@@ -120,10 +122,10 @@ def test_checkpoint_round_trip_is_byte_identical(tmp_path):
 
 
 def test_version_1_file_without_optimizer_state_loads(tmp_path):
-    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
-    p = R.init_params(cfg)
+    cfg = Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
+    p = init_params(cfg)
     header = {"config": ckpt.config_to_header(cfg), "includesOptimizerState": False}
-    body = b"".join(p[n].astype("<f4").tobytes() for n, _, _ in R.param_specs(cfg))
+    body = b"".join(p[n].astype("<f4").tobytes() for n, _, _ in param_specs(cfg))
     hb = json.dumps(header).encode()
     raw = b"TGPT" + (1).to_bytes(4, "little") + len(hb).to_bytes(4, "little") + hb + (3).to_bytes(4, "little") + body
     ck = ckpt.decode(raw)
@@ -171,7 +173,7 @@ def test_eval_matches_the_reference(trained, capsys):
     params = {k: v.astype(np.float64) for k, v in ck.params.items()}
     cfg = ck.cfg
     cfg.batch = 5
-    _, loss, _ = R.forward(params, cfg, x, y)
+    _, loss, _ = RG.forward(params, cfg, x, y)
     assert abs(got - loss) < 1e-4
 
 
@@ -185,7 +187,7 @@ def test_greedy_sample_matches_reference(trained, capsys):
     ids, s = list(prompt.encode()), 0
     for _ in range(24):                        # 33 tokens > ctx 16: the window restarts twice
         s = window_start(s, len(ids), ck.cfg.ctx)
-        logits = R.forward(params, ck.cfg, np.array([ids[s:]]))
+        logits = RG.forward(params, ck.cfg, np.array([ids[s:]]))
         ids.append(int(np.argmax(logits[0, -1])))
     assert text == bytes(ids).decode("utf-8", errors="replace") + "\n"
     assert text.startswith(prompt)
@@ -227,7 +229,7 @@ def test_export_safetensors_and_hf(trained, tmp_path):
     x = np.random.default_rng(0).integers(0, 256, (2, 16))
     with torch.no_grad():
         got = model(torch.tensor(x)).logits.numpy()
-    want = R.forward({k: v.astype(np.float64) for k, v in ck.params.items()}, ck.cfg, x)
+    want = RG.forward({k: v.astype(np.float64) for k, v in ck.params.items()}, ck.cfg, x)
     np.testing.assert_allclose(got, want, atol=1e-4)
 
 
@@ -294,9 +296,9 @@ def test_resume_a_tinygpt_gpt2_file_without_our_fields(tmp_path, corpus):
     f = SHARED / "r50k_base.tiktoken"
     if not f.exists():
         pytest.skip("no r50k_base.tiktoken beside the checkout")
-    cfg = R.Config(layers=1, d_model=8, heads=2, ctx=8, batch=2, vocab=50257)
+    cfg = Config(layers=1, d_model=8, heads=2, ctx=8, batch=2, vocab=50257)
     p = tmp_path / "app.tinygpt"
-    ckpt.save(p, ckpt.Checkpoint(cfg, R.init_params(cfg), step=0))
+    ckpt.save(p, ckpt.Checkpoint(cfg, init_params(cfg), step=0))
     assert "tokenizer" not in ckpt.load(p).extra
     assert run_cli("train", "--resume", p, "--tokenizer-file", f, "--data", corpus, "--steps", 2, "--quiet",
                    "--eval-every", 0) == 0
@@ -332,3 +334,40 @@ def test_precision_bf16_trains_resumes_evaluates_and_samples(tmp_path, corpus, c
     assert abs(bf - fp) < 0.02
     assert run_cli("sample", "--model", out, "--precision", "bf16", "--tokens", 5, "--prompt", "ab") == 0
     assert "whole window per token, bf16" in capsys.readouterr().err
+
+
+def test_help_texts_state_the_real_defaults():
+    """The defaults `tinygpt train --help` names are the config's, and every flag's parser default
+    is the options object's, so neither can drift from what a run does."""
+    import re
+    from dataclasses import MISSING, fields
+    from tinygpt.cli import build_parser
+    from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, Config
+    from tinygpt.options import EvalOptions, SampleOptions, TrainOptions
+    ap = build_parser()
+    sub = next(a for a in ap._actions if a.dest == "cmd").choices
+    text = " ".join(sub["train"].format_help().split())
+    small, base = TRAIN_DEFAULTS["small"], Config()
+    named = {r"peak learning rate \(default: the preset's, ([\d.e+-]+) for small\)": small.lr,
+             r"linear warm-up steps \(default: the preset's, (\d+) for small": small.warmup,
+             r"where the cosine decay ends \(default: the preset's, ([\d.e+-]+) for small\)": small.min_lr,
+             r"total steps \(default: the preset's, (\d+) for small": small.steps,
+             r"TinyGPT's, lr ([\d.e+-]+)\)": TINYGPT_LR,
+             r"global grad-norm clip \(default ([\d.e+-]+),": base.grad_clip,
+             r"init and data sampling seed \(default (\d+)\)": base.seed}
+    for pattern, want in named.items():
+        m = re.search(pattern, text)
+        assert m, f"the help text no longer says {pattern!r}"
+        print(f"help says {m.group(1)}, the config {want}")
+        assert float(m.group(1)) == want, (pattern, m.group(1), want)
+    compared = 0
+    for cmd, cls in (("train", TrainOptions), ("eval", EvalOptions), ("sample", SampleOptions)):
+        defaults = {a.dest: a.default for a in sub[cmd]._actions}
+        for f in fields(cls):
+            if f.name not in defaults or (f.default is MISSING and f.default_factory is MISSING):
+                continue                                    # not a flag of this command, or required
+            want = f.default if f.default is not MISSING else f.default_factory()
+            assert defaults[f.name] == want, f"{cmd} --{f.name}: parser default {defaults[f.name]!r}, options {want!r}"
+            compared += 1
+    print(f"{compared} parser defaults equal to the options objects'")
+    assert compared > 40

@@ -6,10 +6,14 @@ import numpy as np
 import pytest
 
 from conftest import check
-from tinygpt import kernels as K
-from tinygpt import reference as R
-from tinygpt.config import preset
-from tinygpt.decode import Decoder, window_start
+from tinygpt.device import kernels as K
+from tinygpt.device.kernels import Kernels
+from tinygpt.device.plan import PORTABLE
+from tinygpt.reference import kernels as R
+from tinygpt.core.config import preset
+from tinygpt.model.decode import Decoder, window_start
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
 
 pytestmark = pytest.mark.kernel
 
@@ -22,7 +26,7 @@ def uniform(gpu, **kw):
 
 @pytest.mark.parametrize("N, T, C, H, pos", [(1, 1, 4, 1, 0), (3, 13, 20, 4, 7), (2, 13, 20, 4, 12),
                                               (2, 70, 96, 3, 69)])
-def test_decode_kernels_match_their_twins(gpu, rng, N, T, C, H, pos):
+def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, pos):
     V = 37
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
     tok, pos_emb, k, v, q = f(V, C), f(T, C), f(N, C), f(N, C), f(N, C)
@@ -33,9 +37,9 @@ def test_decode_kernels_match_their_twins(gpu, rng, N, T, C, H, pos):
     t_ids = gpu.tensor((N,), "u32", data=ids)
     x = gpu.tensor((N, C))
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([K.embed_decode(gpu, t_ids, up(tok), up(pos_emb), x, N, C, u),
-             K.kv_append(gpu, up(k), up(v), kc, vc, N, C, u),
-             K.attn_decode(gpu, up(q), kc, vc, out, scratch, N, H, u)])
+    gpu.run([kn.embed_decode(t_ids, up(tok), up(pos_emb), x, N, C, u),
+             kn.kv_append(up(k), up(v), kc, vc, N, C, u),
+             kn.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     check(f"embed_decode N={N} C={C}", gpu.read(x), R.embed_decode(ids, tok, pos_emb, pos), atol=0)
     check("kv_append k", gpu.read(kc), want_kc, atol=0)
@@ -44,7 +48,7 @@ def test_decode_kernels_match_their_twins(gpu, rng, N, T, C, H, pos):
     check(f"attn_decode T={T} hd={C // H} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
 
 
-def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, rng):
+def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, kn, rng):
     """Rows v0 .. v0+vn-1 of the table bound: only the sequences holding those tokens are written."""
     N, C, T, V, v0, vn = 9, 20, 5, 300, 128, 128
     tok, pos_emb = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
@@ -52,7 +56,7 @@ def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, rng):
     prev = rng.standard_normal((N, C)).astype(np.float32)
     u = uniform(gpu, N=N, T=T, C=C, H=1, pos=3, step=0, V=V, VP=V, v0=v0, vn=vn)
     x = gpu.upload(prev)
-    gpu.run([K.embed_decode(gpu, gpu.tensor((N,), "u32", data=ids), gpu.upload(tok[v0:v0 + vn]), gpu.upload(pos_emb),
+    gpu.run([kn.embed_decode(gpu.tensor((N,), "u32", data=ids), gpu.upload(tok[v0:v0 + vn]), gpu.upload(pos_emb),
                             x, N, C, u)])
     want = R.embed_decode(ids, tok[v0:v0 + vn], pos_emb, 3, v0, out=prev)
     assert 0 < ((ids >= v0) & (ids < v0 + vn)).sum() < N
@@ -64,7 +68,7 @@ def run_sampler(gpu, logits, temperature, top_k, top_p, seed, step):
     u = uniform(gpu, N=N, T=1, C=4, H=1, pos=0, step=step, V=V, VP=V, top_k=top_k, seed=seed,
                 temperature=temperature, top_p=top_p)
     ids = gpu.tensor((N + N * (step + 1),), "u32")
-    gpu.run([K.sample_tokens(gpu, gpu.upload(logits), ids, N, u)])
+    gpu.run([Kernels(gpu, PORTABLE).sample_tokens(gpu.upload(logits), ids, N, u)])
     got = gpu.read(ids)
     assert np.array_equal(got[:N], got[N + step * N:])            # the next tokens, and the history row
     return got[:N]
@@ -130,8 +134,13 @@ def test_greedy_is_the_argmax_with_the_lowest_index_on_ties(gpu):
     assert run_sampler(gpu, logits, 0.0, 0, 1.0, 0, 0).tolist() == [7, 599, 0]
 
 
+def decoding(plan, cache: bool):
+    """The plan with its decode family set: from the key/value cache, or the whole window."""
+    return plan.with_(decode="cache" if cache else "full")
+
+
 def spread(cfg, seed=0, scale=0.3):
-    p = R.init_params(cfg)
+    p = init_params(cfg)
     r = np.random.default_rng(seed)
     return {k: (v + r.standard_normal(v.shape) * scale).astype(np.float32) for k, v in p.items()}
 
@@ -142,7 +151,7 @@ def reference_greedy(params, cfg, prompt, n):
     ids, s, margins = list(prompt), 0, []
     for _ in range(n):
         s = window_start(s, len(ids), cfg.ctx)
-        z = R.forward(p64, cfg, np.array([ids[s:]]))[0, -1]
+        z = RG.forward(p64, cfg, np.array([ids[s:]]))[0, -1]
         top2 = np.sort(z)[-2:]
         margins.append(top2[1] - top2[0])
         ids.append(int(np.argmax(z)))
@@ -150,14 +159,14 @@ def reference_greedy(params, cfg, prompt, n):
 
 
 @pytest.mark.parametrize("attention", ["online", "naive"])
-def test_greedy_cached_equals_full_window_and_reference(gpu, attention):
+def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention):
     """230 tokens with ctx 16: the window restarts 26 times, 200+ tokens past its first end."""
     cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=16)
     params = spread(cfg)
     prompt, n = [5, 17, 99], 230
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, cfg, N=2, attention=attention, cache=cache, capacity=n)
+        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, attention=attention, capacity=n)
         d.set_params(params)
         got[cache] = d.generate(prompt, n)
     want, margins = reference_greedy(params, cfg, prompt, n)
@@ -170,7 +179,7 @@ def test_greedy_cached_equals_full_window_and_reference(gpu, attention):
 
 
 @pytest.mark.parametrize("vocab, limit, n", [(2000, 600_000, 40), (50257, 13_000_000, 12)])
-def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch, vocab, limit, n):
+def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, n):
     """tok_emb [V, 128] over a forced limit (also GPT-2's vocabulary): embed_decode runs once per
     chunk of the table (each with its uniform) and the cached head goes through the block scratch;
     both paths and the reference agree, with tokens drawn from both chunks."""
@@ -179,7 +188,7 @@ def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatc
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, cfg, N=2, cache=cache, capacity=n)
+        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n)
         assert len(d.model.head.vchunks) == 2
         edge = d.model.head.vchunks[1][0]
         d.set_params(params)
@@ -194,27 +203,27 @@ def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatc
         pytest.skip(f"a near-tie at token {mismatch} (margin {margins[mismatch - 3]:.2e})")
 
 
-def test_sampled_cached_equals_full_window(gpu):
+def test_sampled_cached_equals_full_window(gpu, plan):
     cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=16)
     params = spread(cfg, 1)
     out = {}
     for cache in (True, False):
-        d = Decoder(gpu, cfg, N=3, cache=cache, capacity=60)
+        d = Decoder(gpu, decoding(plan, cache), cfg, N=3, capacity=60)
         d.set_params(params)
         out[cache] = d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=11)
     assert out[True] == out[False]
     assert len({tuple(s) for s in out[True]}) == 3          # three different continuations
-    d = Decoder(gpu, cfg, N=3, cache=True, capacity=60)
+    d = Decoder(gpu, decoding(plan, True), cfg, N=3, capacity=60)
     d.set_params(params)
     assert d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=11) == out[True]  # seeded
     assert d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=12) != out[True]
 
 
-def test_prompt_longer_than_the_window_and_ctx_one(gpu):
+def test_prompt_longer_than_the_window_and_ctx_one(gpu, plan):
     cfg = preset("tiny", layers=1, d_model=8, heads=2, ctx=1)
     params = spread(cfg, 2)
     for cache in (True, False):
-        d = Decoder(gpu, cfg, cache=cache, capacity=5)
+        d = Decoder(gpu, decoding(plan, cache), cfg, capacity=5)
         d.set_params(params)
         seq = d.generate([3, 1, 4, 1, 5], 5)[0]
         want, _ = reference_greedy(params, cfg, [3, 1, 4, 1, 5], 5)

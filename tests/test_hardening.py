@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tinygpt import checkpoint as ckpt
-from tinygpt import reference as R
 from tinygpt.cli import main
-from tinygpt.config import Config
+from tinygpt.core.config import Config
+from tinygpt.core.init import init_params
 
 
 TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
@@ -143,18 +143,18 @@ def test_too_big_for_the_device_is_caught_before_training(tmp_path, corpus):
     one_line_error(rc, err, "131,072", "--batch")
 
 
-def test_large_logits_are_split_not_refused(gpu, monkeypatch):
+def test_large_logits_are_split_not_refused(gpu, plan, monkeypatch):
     """Logits over one binding are bound in row chunks; the losses and updates are unchanged."""
-    from tinygpt.config import preset
-    from tinygpt.model import Model
+    from tinygpt.core.config import preset
+    from tinygpt.model.gpt import Model
     cfg = preset("tiny", batch=16, ctx=32, vocab=300)
     x = np.random.default_rng(0).integers(0, 300, (16, 33))
     runs = []
     for limit in (None, 400_000):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, cfg, "online")
-        m.set_params(R.init_params(cfg))
+        m = Model(gpu, plan, cfg, "online")
+        m.set_params(init_params(cfg))
         losses = []
         for _ in range(3):
             m.step(x[:, :-1], x[:, 1:], 1e-3)
@@ -226,13 +226,14 @@ def test_kill_9_during_checkpoint_writes_leaves_a_loadable_file(tmp_path):
     """A writer saving in a loop is killed with SIGKILL at random moments: the file always loads."""
     path = tmp_path / "k.tinygpt"
     cfg = Config(layers=4, d_model=128, heads=4, ctx=64, batch=2)
-    ckpt.save(path, ckpt.Checkpoint(cfg, R.init_params(cfg), step=0))
+    ckpt.save(path, ckpt.Checkpoint(cfg, init_params(cfg), step=0))
     code = f"""
 import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from tinygpt import checkpoint as ck, reference as R
-from tinygpt.config import Config
+from tinygpt import checkpoint as ck
+from tinygpt.core.config import Config
+from tinygpt.core.init import init_params
 cfg = Config(layers=4, d_model=128, heads=4, ctx=64, batch=2)
-p = R.init_params(cfg)
+p = init_params(cfg)
 i = 0
 while True:
     i += 1
@@ -309,24 +310,25 @@ def test_nan_stops_with_the_step_and_a_hint(tmp_path, corpus, saved):
 
 
 def test_gpu_validation_error_names_the_kernel(gpu):
-    from tinygpt import kernels as K
-    from tinygpt.gpu import GPUError
+    from tinygpt.device.kernels import Kernels
+    from tinygpt.device.plan import PORTABLE
+    from tinygpt.device.gpu import GPUError
     x = gpu.tensor((64,))
-    d = K.add(gpu, x, x, x, 64)  # one buffer bound read-only and writable in one dispatch: invalid
+    d = Kernels(gpu, PORTABLE).add(x, x, x, 64)  # one buffer bound read-only and writable in one dispatch: invalid
     with pytest.raises(GPUError, match=r"GPU validation error in .*\(add4?\)") as e:
         gpu.run([d])
     assert "\n" not in str(e.value)
 
 
 # ---- long runs -----------------------------------------------------------------------------------
-def test_memory_and_buffers_stay_flat(gpu):
+def test_memory_and_buffers_stay_flat(gpu, plan):
     """After the first steps, neither live GPU objects nor process memory grow."""
     import resource
-    from tinygpt.config import preset
-    from tinygpt.model import Model
+    from tinygpt.core.config import preset
+    from tinygpt.model.gpt import Model
     cfg = preset("tiny")
-    m = Model(gpu, cfg, "online")
-    m.set_params(R.init_params(cfg))
+    m = Model(gpu, plan, cfg, "online")
+    m.set_params(init_params(cfg))
     x = np.random.default_rng(0).integers(0, 256, (cfg.batch, cfg.ctx + 1))
     for _ in range(20):
         m.step(x[:, :-1], x[:, 1:], 1e-3)

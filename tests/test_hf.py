@@ -8,15 +8,16 @@ import numpy as np
 import pytest
 
 from tinygpt import checkpoint as ckpt
-from tinygpt import reference as R
 from tinygpt.cli import main
-from tinygpt.config import preset
+from tinygpt.core.config import preset
 from tinygpt.hf import export_hf, import_hf
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
 
 
 def model(vocab=256, seed=0):
     cfg = preset("tiny", layers=2, d_model=16, heads=2, ctx=12, vocab=vocab)
-    p = R.init_params(cfg)
+    p = init_params(cfg)
     r = np.random.default_rng(seed)
     p = {k: (v + r.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in p.items()}
     extra = {"tokenizer": "gpt2" if vocab == 50257 else "byte"}
@@ -50,19 +51,19 @@ def rewrite(d, config=None, tensors=None, drop=None):
 
 
 @pytest.mark.kernel
-def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu):
+def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan):
     """Keys without the transformer. prefix, as GPT-2's own files have them, and half precision."""
     from safetensors.numpy import load_file, save_file
-    from tinygpt.model import Model
+    from tinygpt.model.gpt import Model
     ck = model()
     export_hf(ck, tmp_path / "hf")
     sd = load_file(tmp_path / "hf" / "model.safetensors")
     save_file({k.replace("transformer.", ""): v for k, v in sd.items()}, tmp_path / "hf" / "model.safetensors")
     back = import_hf(tmp_path / "hf")
     x = np.random.default_rng(1).integers(0, 256, (2, 12)).astype(np.uint32)
-    m = Model(gpu, back.cfg, "online", B=2, training=False)
+    m = Model(gpu, plan, back.cfg, "online", B=2, training=False)
     m.set_params(back.params)
-    want = R.forward({k: v.astype(np.float64) for k, v in back.params.items()}, back.cfg, x)
+    want = RG.forward({k: v.astype(np.float64) for k, v in back.params.items()}, back.cfg, x)
     got = m.logits_of(x)
     err = np.abs(got - want).max()
     print(f"imported model's logits against the reference: max error {err:.2e}")

@@ -3,9 +3,13 @@ awkward shapes (one row, 7 rows, sizes not multiples of the workgroup or tile)."
 import numpy as np
 import pytest
 
-from tinygpt import kernels as K
-from tinygpt import reference as R
-from tinygpt.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
+from tinygpt.device import kernels as K
+from tinygpt.device.kernels import Kernels
+from tinygpt.device.plan import tile_problem
+from tinygpt.device.planner import subgroups_ok
+from tinygpt.reference import kernels as R
+from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
+from tinygpt.core.init import token_buckets
 
 from conftest import check
 
@@ -30,15 +34,15 @@ def mm_inputs(gpu, rng, M, N, K_):
                                             (64, 96, 48, "scalar"), (130, 37, 200, "scalar"),
                                             (4, 4, 4, "vec4"), (1, 8, 12, "vec4"), (36, 52, 20, "vec4"),
                                             (100, 96, 48, "vec4"), (17, 200, 64, "vec4")])
-def test_matmul_family(gpu, rng, M, N, K_, variant):
+def test_matmul_family(gpu, rng, M, N, K_, variant, kn):
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
     atb = variant if variant == "scalar" or M % 4 == 0 else "scalar"  # vec4 A^T @ B also needs M % 4 == 0
-    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant=variant))
+    run(gpu, kn.matmul(gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant=variant))
     check(f"matmul {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul(f64(a), f64(b), f64(bias)), tol)
-    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, variant=variant))
+    run(gpu, kn.matmul_abt(gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, variant=variant))
     check(f"matmul_abt {variant} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt(f64(a), f64(b.T)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_atb(gpu, gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, accumulate=True, variant=atb))
+    run(gpu, kn.matmul_atb(gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, accumulate=True, variant=atb))
     check(f"matmul_atb {atb} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb(f64(a.T), f64(b)), tol)
 
 
@@ -52,40 +56,40 @@ TILES = [(16, 16, 4, 1, 16),    # the default: 64 x 64, 256 invocations
                                     (65, 132, 36), (128, 64, 4)])
 def test_matmul_family_tiled(gpu, rng, M, N, K_, tile):
     """matmul_tiled.wgsl at ragged shapes: M, N, K not multiples of the tile (N and K of 4)."""
-    from tinygpt.plan import PORTABLE
-    why = K.tile_problem(gpu, tile)
+    from tinygpt.device.plan import PORTABLE
+    why = tile_problem(gpu.limits, tile)
     if why:
         pytest.skip(why)
-    plan = PORTABLE.with_(matmul_tile=tile)
+    kn = Kernels(gpu, PORTABLE.with_(matmul_tile=tile))
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
-    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="tiled", plan=plan))
+    run(gpu, kn.matmul(gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="tiled"))
     check(f"matmul tiled {tile} {M}x{N}x{K_}", gpu.read(out), R.matmul_tiled(f64(a), f64(b), f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True,
-                          variant="tiled", plan=plan))
+    run(gpu, kn.matmul_abt(gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True,
+                          variant="tiled"))
     check(f"matmul_abt tiled (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_abt_tiled(f64(a), f64(b.T)), tol)
     if M % 4 == 0:
-        run(gpu, K.matmul_atb(gpu, gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, variant="tiled", plan=plan))
+        run(gpu, kn.matmul_atb(gpu.upload(a.T.copy()), gpu.upload(b), out, M, N, K_, variant="tiled"))
         check(f"matmul_atb tiled {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_tiled(f64(a.T), f64(b)), tol)
 
 
 def test_tile_limits_are_the_devices(gpu):
     """A tile over the device's workgroup memory or invocations is refused with the reason."""
-    assert K.tile_problem(gpu, (16, 16, 4, 1, 16)) is None
-    assert "invocations" in K.tile_problem(gpu, (64, 64, 4, 1, 16))
-    assert "workgroup memory" in K.tile_problem(gpu, (16, 16, 8, 2, 1024))   # 1 MiB
-    assert "multiples of 4" in K.tile_problem(gpu, (16, 16, 4, 1, 6))
+    assert tile_problem(gpu.limits, (16, 16, 4, 1, 16)) is None
+    assert "invocations" in tile_problem(gpu.limits, (64, 64, 4, 1, 16))
+    assert "workgroup memory" in tile_problem(gpu.limits, (16, 16, 8, 2, 1024))   # 1 MiB
+    assert "multiples of 4" in tile_problem(gpu.limits, (16, 16, 4, 1, 6))
 
 
 def need_subgroups(gpu):
-    if not K.subgroups_ok(gpu):
+    if not subgroups_ok(gpu):
         pytest.skip(f"no working subgroups on {gpu.name} ({gpu.backend})")
 
 
 @pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (1, 8, 12), (36, 52, 20), (100, 96, 48), (17, 200, 64), (40, 36, 1028),
                                     (33, 64, 8), (20, 240, 36), (18, 288, 12), (18, 92, 12),
                                     (64, 96, 20), (62, 64, 12), (96, 240, 36)])  # 32 rows per workgroup
-def test_matmul_family_sg(gpu, rng, M, N, K_):
+def test_matmul_family_sg(gpu, rng, M, N, K_, kn):
     need_subgroups(gpu)
     # column blocks per lane: 2 where 16-column blocks fill N/4 but for 1/8 (64, 240, 288),
     # else 3 where 24-column ones do (96, 92), else 1
@@ -93,14 +97,14 @@ def test_matmul_family_sg(gpu, rng, M, N, K_):
     # rows per workgroup: 32 where M wastes at most 1/8 of them, with at most 2 blocks
     assert K.sg_tile(M, N) == ((32, min(2, K.sg_blocks(N, most=2))) if M in (64, 62, 96) else (16, K.sg_blocks(N)))
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
-    run(gpu, K.matmul(gpu, gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="sg"))
+    run(gpu, kn.matmul(gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, variant="sg"))
     check(f"matmul sg {M}x{N}x{K_}", gpu.read(out), R.matmul_sg(f64(a), f64(b), f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_abt(gpu, gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True, variant="sg"))
+    run(gpu, kn.matmul_abt(gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, accumulate=True, variant="sg"))
     check(f"matmul_abt sg (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_abt_sg(f64(a), f64(b.T)), tol)
     if M % 4 == 0:  # A^T @ B reads A's rows as vec4; K need not be a multiple of 4 (4 k per step, zeros past K)
         for k in (K_, K_ - 1, K_ - 3):
-            run(gpu, K.matmul_atb(gpu, gpu.upload(a[:, :k].T.copy()), gpu.upload(b[:k]), out, M, N, k, variant="sg"))
+            run(gpu, kn.matmul_atb(gpu.upload(a[:, :k].T.copy()), gpu.upload(b[:k]), out, M, N, k, variant="sg"))
             check(f"matmul_atb sg {M}x{N}x{k}", gpu.read(out), R.matmul_atb_sg(f64(a[:, :k].T), f64(b[:k])), tol)
 
 
@@ -109,8 +113,8 @@ def test_subgroups_used_on_lavapipe(gpu):
     (matmul) and 3-15x (online attention)."""
     if not (gpu.is_cpu and gpu.backend == "Vulkan"):
         pytest.skip("lavapipe only")
-    from tinygpt.plan import make_plan
-    assert "subgroup" in gpu.features and K.subgroups_ok(gpu)
+    from tinygpt.device.planner import make_plan
+    assert "subgroup" in gpu.features and subgroups_ok(gpu)
     plan = make_plan(gpu, tuning={})
     assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("sg",) * 4 and plan.subgroups == "ok"
     assert K.mm_variant(plan, "matmul_atb", 64, 64, 64) == "sg"
@@ -124,9 +128,9 @@ def test_no_subgroups_switch():
     import os
     import subprocess
     import sys
-    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; from tinygpt.plan import make_plan; "
-            "g = GPU(); p = make_plan(g); "
-            "print('subgroup' in g.features, K.subgroups_ok(g), K.mm_variant(p, 'matmul', 64, 64, 64), "
+    code = ("from tinygpt.device.gpu import GPU; from tinygpt.device import kernels as K; "
+            "from tinygpt.device.planner import make_plan, subgroups_ok; g = GPU(); p = make_plan(g); "
+            "print('subgroup' in g.features, subgroups_ok(g), K.mm_variant(p, 'matmul', 64, 64, 64), "
             "K.online_variant(p, 64, 32), p.loss, p.reduce)")
     env = dict(os.environ, TINYGPT_NO_SUBGROUPS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -135,37 +139,37 @@ def test_no_subgroups_switch():
     r = subprocess.run([sys.executable, "-m", "tinygpt", "eval", "--model", "x.tinygpt", "--kernels", "matmul=sg"],
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and "no such file" in r.stderr  # the model is read first ...
-    code = ("from tinygpt.gpu import GPU; from tinygpt.plan import make_plan\n"
+    code = ("from tinygpt.device.gpu import GPU; from tinygpt.device.planner import make_plan\n"
             "try:\n    make_plan(GPU(), {'matmul': 'sg'})\nexcept Exception as e:\n    print(e)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert "matmul=sg needs working subgroups" in out.stdout, out.stderr[-500:]
 
 
 @pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take elementwise4.wgsl
-def test_elementwise(gpu, rng, n):
+def test_elementwise(gpu, rng, n, kn):
     if n > 100000:  # only the folded (x, y) grid matters at this size: test add
         x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         out = gpu.tensor((n,))
-        run(gpu, K.add(gpu, gpu.upload(x), gpu.upload(y), out, n))
+        run(gpu, kn.add(gpu.upload(x), gpu.upload(y), out, n))
         check(f"add n={n} (2-D grid)", gpu.read(out), f64(x) + y, 1e-6)
         return
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     dy = rng.standard_normal(n).astype(np.float32)
     tx, out = gpu.upload(x), gpu.tensor((n,))
-    run(gpu, K.gelu_forward(gpu, tx, out, n))
+    run(gpu, kn.gelu_forward(tx, out, n))
     check(f"gelu_forward n={n}", gpu.read(out), R.gelu_forward(f64(x)), 5e-7, 1e-6)
-    run(gpu, K.gelu_backward(gpu, tx, gpu.upload(dy), out, n))
+    run(gpu, kn.gelu_backward(tx, gpu.upload(dy), out, n))
     check(f"gelu_backward n={n}", gpu.read(out), R.gelu_backward(f64(x), f64(dy)), 5e-7, 1e-6)
-    run(gpu, K.add(gpu, tx, gpu.upload(dy), out, n))
+    run(gpu, kn.add(tx, gpu.upload(dy), out, n))
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
     acc = gpu.upload(dy)
-    run(gpu, K.accumulate(gpu, tx, acc, n))                         # in place, twice
-    run(gpu, K.accumulate(gpu, tx, acc, n))
+    run(gpu, kn.accumulate(tx, acc, n))                         # in place, twice
+    run(gpu, kn.accumulate(tx, acc, n))
     check(f"accumulate n={n}", gpu.read(acc), R.accumulate(f64(x), R.accumulate(f64(x), f64(dy))), 2e-6)
 
 
 @pytest.mark.parametrize("rows,cols", [(1, 1), (7, 65), (130, 3), (1, 4), (13, 96), (1030, 8)])  # cols % 4 == 0: sg
-def test_bias_grad(gpu, rng, rows, cols):
+def test_bias_grad(gpu, rng, rows, cols, kn):
     # 1030 rows is the sg kernel's case (8 lanes each summing every 8th row, then subgroupAdd):
     # its error is that of 8 sums of ~130 rows combined, so the bound grows as sqrt(rows / 130)
     # from the 1e-5 that holds up to 130 rows. The scalar kernel adds rows one after another,
@@ -176,54 +180,54 @@ def test_bias_grad(gpu, rng, rows, cols):
         variant = "sg"
     dy = rng.standard_normal((rows, cols)).astype(np.float32)
     out = gpu.tensor((cols,))
-    run(gpu, K.bias_grad(gpu, gpu.upload(dy), out, rows, cols, variant=variant))
+    run(gpu, kn.bias_grad(gpu.upload(dy), out, rows, cols, variant=variant))
     check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * max(1.0, np.sqrt(rows / 130)))
 
 
 @pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4 == 0: layernorm4, _sg
-def test_layernorm(gpu, rng, rows, C):
+def test_layernorm(gpu, rng, rows, C, kn):
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     dy = rng.standard_normal((rows, C)).astype(np.float32)
     prev = rng.standard_normal((rows, C)).astype(np.float32)
     tx, y, stats = gpu.upload(x), gpu.tensor((rows, C)), gpu.tensor((2, rows))
-    run(gpu, K.layernorm_forward(gpu, tx, gpu.upload(np.stack([g, b])), y, stats, rows, C))
+    run(gpu, kn.layernorm_forward(tx, gpu.upload(np.stack([g, b])), y, stats, rows, C))
     ry, rm, rr = R.layernorm_forward(f64(x), f64(g), f64(b))
     check(f"layernorm_forward y {rows}x{C}", gpu.read(y), ry, 1e-5)
     check(f"layernorm_forward mean|rstd {rows}x{C}", gpu.read(stats), np.stack([rm, rr]), 1e-5, 1e-5)
     dx = gpu.upload(prev)
-    run(gpu, K.layernorm_dx(gpu, gpu.upload(dy), tx, gpu.upload(g), stats, dx, rows, C, accumulate=True))
+    run(gpu, kn.layernorm_dx(gpu.upload(dy), tx, gpu.upload(g), stats, dx, rows, C, accumulate=True))
     check(f"layernorm_dx (+=) {rows}x{C}", gpu.read(dx), prev + R.layernorm_dx(f64(dy), f64(x), f64(g), rm, rr), 2e-5)
     # dgb sums over rows. Past 65 rows only the sg kernel (8 interleaved partial sums joined by
     # subgroupAdd) is checked, its bound growing as sqrt(rows / 65) from the 2e-5 that holds up to
     # 65 rows; the scalar kernel adds rows in order (error about linear in rows) and keeps to 65.
-    if rows > 65 and not K.subgroups_ok(gpu):
+    if rows > 65 and not subgroups_ok(gpu):
         return
     dgb = gpu.tensor((2, C))
-    run(gpu, K.layernorm_dgb(gpu, gpu.upload(dy), tx, stats, dgb, rows, C, variant="sg" if rows > 65 else None))
+    run(gpu, kn.layernorm_dgb(gpu.upload(dy), tx, stats, dgb, rows, C, variant="sg" if rows > 65 else None))
     check(f"layernorm_dgb {rows}x{C}", gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr)),
           2e-5 * max(1.0, np.sqrt(rows / 65)))
 
 
 @pytest.mark.parametrize("B,T,C,V", [(1, 1, 3, 5), (2, 7, 65, 256), (3, 33, 8, 70)])
-def test_embedding(gpu, rng, B, T, C, V):
+def test_embedding(gpu, rng, B, T, C, V, kn):
     tokens = rng.integers(0, V, (B, T)).astype(np.uint32)
     tok, pos = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T + 2, C)).astype(np.float32)
     dout = rng.standard_normal((B * T, C)).astype(np.float32)
     out = gpu.tensor((B, T, C))
-    run(gpu, K.embed_forward(gpu, gpu.upload(tokens), gpu.upload(tok), gpu.upload(pos), out, B, T, C))
+    run(gpu, kn.embed_forward(gpu.upload(tokens), gpu.upload(tok), gpu.upload(pos), out, B, T, C))
     check(f"embed_forward {B}x{T}x{C} (bitwise vs f32)", gpu.read(out), R.embed_forward(tokens, tok, pos), 0)
-    off, positions = R.token_buckets(tokens, V)
+    off, positions = token_buckets(tokens, V)
     prev = rng.standard_normal((V, C)).astype(np.float32)
     dtok, dpos = gpu.upload(prev), gpu.tensor((T, C))
-    run(gpu, K.embed_tok_grad(gpu, gpu.upload(np.concatenate([off, positions])), gpu.upload(dout), dtok, B, T, C, V),
-        K.embed_pos_grad(gpu, gpu.upload(dout), dpos, B, T, C))
+    run(gpu, kn.embed_tok_grad(gpu.upload(np.concatenate([off, positions])), gpu.upload(dout), dtok, B, T, C, V),
+        kn.embed_pos_grad(gpu.upload(dout), dpos, B, T, C))
     check(f"embed_tok_grad (+=) {B}x{T}x{C} V={V}", gpu.read(dtok), prev + R.embed_tok_grad(off, positions, f64(dout)), 1e-5)
     check(f"embed_pos_grad {B}x{T}x{C}", gpu.read(dpos), R.embed_pos_grad(f64(dout).reshape(B, T, C)), 1e-5)
 
 
 @pytest.mark.parametrize("B,T,C,V,v0,n", [(2, 7, 65, 256, 64, 128), (3, 33, 8, 70, 64, 6), (1, 1, 3, 5, 0, 3)])
-def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n):
+def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n, kn):
     """A token table over one binding is bound rows v0 .. v0+n-1 at a time: embed_forward writes the
     positions holding those tokens and leaves the others; embed_tok_grad sums only those rows."""
     tokens = rng.integers(0, V, (B, T)).astype(np.uint32)
@@ -233,14 +237,14 @@ def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n):
     tok, pos = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
     prev = rng.standard_normal((B, T, C)).astype(np.float32)
     out = gpu.upload(prev)
-    run(gpu, K.embed_forward(gpu, gpu.upload(tokens), gpu.upload(tok[v0:v0 + n]), gpu.upload(pos), out, B, T, C, v0, n))
+    run(gpu, kn.embed_forward(gpu.upload(tokens), gpu.upload(tok[v0:v0 + n]), gpu.upload(pos), out, B, T, C, v0, n))
     want = R.embed_forward(tokens, tok[v0:v0 + n], pos, v0, out=prev)
     assert ((tokens >= v0) & (tokens < v0 + n)).any() and not np.array_equal(want, prev)
     check(f"embed_forward rows {v0}..{v0 + n - 1} of {V} (bitwise)", gpu.read(out), want, 0)
-    off, positions = R.token_buckets(tokens, V)
+    off, positions = token_buckets(tokens, V)
     dout = rng.standard_normal((B * T, C)).astype(np.float32)
     dtok = gpu.tensor((n, C))
-    run(gpu, K.embed_tok_grad(gpu, gpu.upload(np.concatenate([off, positions])), gpu.upload(dout), dtok, B, T, C, V,
+    run(gpu, kn.embed_tok_grad(gpu.upload(np.concatenate([off, positions])), gpu.upload(dout), dtok, B, T, C, V,
                               False, v0, n))
     check(f"embed_tok_grad rows {v0}..{v0 + n - 1} of {V}", gpu.read(dtok),
           R.embed_tok_grad(off, positions, f64(dout), v0, n), 1e-5)
@@ -248,12 +252,12 @@ def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n):
 
 @pytest.mark.parametrize("rows,cols,src_stride,src_col,out_stride,out_col",
                          [(1, 1, 1, 0, 3, 2), (5, 7, 7, 0, 20, 12), (64, 36, 100, 64, 36, 0), (3, 130, 131, 1, 260, 130)])
-def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_col):
+def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_col, kn):
     """head.wgsl: a column block of the logits into place and out again, the rest left as it was."""
     src = rng.standard_normal(rows * src_stride).astype(np.float32)
     prev = rng.standard_normal(rows * out_stride).astype(np.float32)
     out = gpu.upload(prev)
-    run(gpu, K.copy_block(gpu, gpu.upload(src), out, rows, cols, src_stride, src_col, out_stride, out_col))
+    run(gpu, kn.copy_block(gpu.upload(src), out, rows, cols, src_stride, src_col, out_stride, out_col))
     check(f"copy_block {rows}x{cols} ({src_stride}+{src_col} -> {out_stride}+{out_col})", gpu.read(out),
           R.copy_block(src, prev, rows, cols, src_stride, src_col, out_stride, out_col), 0)
 
@@ -263,14 +267,15 @@ def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_c
 def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0.
     default: the device's plan (loss_sg.wgsl where subgroups work and stride % 4 == 0); plain: loss.wgsl."""
-    from tinygpt.plan import make_plan
-    plan = make_plan(gpu, tuning={}) if variant == "default" else None
+    from tinygpt.device.plan import PORTABLE
+    from tinygpt.device.planner import make_plan
+    kn = Kernels(gpu, make_plan(gpu, tuning={}) if variant == "default" else PORTABLE)
     padded = (rng.standard_normal((rows, stride)) * 3).astype(np.float32)
     logits = padded[:, :V]
     tgt = rng.integers(0, V, rows).astype(np.uint32)
     tl, losses, loss = gpu.upload(padded), gpu.tensor((rows,)), gpu.tensor((4,))
-    run(gpu, K.cross_entropy(gpu, gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride, plan=plan),
-        K.loss_reduce(gpu, losses, loss, rows, 1.0 / rows))
+    run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
+        kn.loss_reduce(losses, loss, rows, 1.0 / rows))
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
     want = np.zeros((rows, stride))
     want[:, :V] = rd
@@ -280,7 +285,7 @@ def test_cross_entropy(gpu, rng, rows, V, stride, variant):
 
 
 @pytest.mark.parametrize("n", [5, 4096, 4096 * 3 + 7, 4096 * 3 + 8])  # multiples of 4: optim4.wgsl
-def test_clip_and_adamw(gpu, rng, n):
+def test_clip_and_adamw(gpu, rng, n, kn):
     grads = rng.standard_normal(n).astype(np.float32)
     w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = np.abs(v)
@@ -292,8 +297,8 @@ def test_clip_and_adamw(gpu, rng, n):
     u = gpu.uniform(32)
     lr, t, clip = 1e-2, 3, 1.0
     gpu.queue.write_buffer(u, 0, K.adamw_uniform(n, clip, lr, t))
-    run(gpu, K.grad_sumsq(gpu, tg, parts, n), K.grad_clip(gpu, parts, stats, n_part, clip),
-        K.adamw(gpu, tg, gpu.upload(wd), stats, tw, tm, tv, n, u))
+    run(gpu, kn.grad_sumsq(tg, parts, n), kn.grad_clip(parts, stats, n_part, clip),
+        kn.adamw(tg, gpu.upload(wd), stats, tw, tm, tv, n, u))
     rparts = R.grad_sumsq(f64(grads))
     check(f"grad_sumsq n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
     norm, scale = R.grad_clip(rparts, clip)
@@ -307,7 +312,7 @@ def test_clip_and_adamw(gpu, rng, n):
 
 
 def test_wgsl_errors_name_file_and_line(gpu, tmp_path):
-    from tinygpt.gpu import ShaderError
+    from tinygpt.device.gpu import ShaderError
     bad = tmp_path / "broken.wgsl"
     bad.write_text("fn f() -> f32 {\n  return 1u;\n}\n")
     with pytest.raises(ShaderError) as e:
@@ -324,9 +329,8 @@ def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_p
     """common.wgsl is put in front of every shader; a helper is defined there only, and an error
     on line 4 of a shader (after an enable directive) is still reported on line 4."""
     import re
-    from pathlib import Path
-    from tinygpt.gpu import ShaderError
-    shaders = Path(K.__file__).resolve().parents[1] / "shaders"
+    from tinygpt.device.gpu import ShaderError, shader_dir
+    shaders = shader_dir()
     defs = {}
     for f in shaders.glob("*.wgsl"):
         for name in re.findall(r"^fn (\w+)\(", f.read_text(), re.M):
@@ -343,7 +347,7 @@ def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_p
     print(e.value)
     assert f"{bad}:3:1" in str(e.value)
     # the prelude goes after enable directives; lines map back on both sides of it
-    from tinygpt.gpu import with_prelude
+    from tinygpt.device.gpu import with_prelude
     src, where = with_prelude("enable subgroups;\nfn a() {}\n", "shaders/x.wgsl")
     n = src.count("\n")
     assert src.startswith("enable subgroups;\n// Helpers") and where(1) == ("shaders/x.wgsl", 1)
@@ -373,7 +377,7 @@ def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
 # ---- bf16 storage ---------------------------------------------------------------------------
 @pytest.mark.parametrize("n,variant", [(1, "scalar"), (2, "scalar"), (7, "scalar"), (4096 + 3, "scalar"),
                                        (16, "x8"), (8 * 64 * 3 + 8, "x8")])
-def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant):
+def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant, kn):
     """cast_bf16 against its twin bit for bit (ties to even, signs, inf, NaN, subnormals), and
     cast_f32 gives back exactly the bf16 values."""
     x = (rng.standard_normal(n) * 10.0 ** rng.integers(-40, 39, n)).astype(np.float32)
@@ -381,9 +385,9 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant):
                         np.uint32(0x3F808000).view(np.float32),     # a tie: 1.00390625 -> even 1.0
                         np.uint32(0x3F818000).view(np.float32)], np.float32)   # a tie -> up, to even
     x[:min(n, len(special))] = special[:min(n, len(special))]
-    h = gpu.tensor((-(-n // 2),), "u32")
+    h = gpu.tensor((-(-n // 2),), "bf16")
     back = gpu.tensor((n,))
-    run(gpu, K.cast_bf16(gpu, gpu.upload(x), h, n, variant), K.cast_f32(gpu, h, back, n, variant))
+    run(gpu, kn.cast_bf16(gpu.upload(x), h, n, variant), kn.cast_f32(h, back, n, variant))
     want = R.cast_bf16(x)
     assert np.array_equal(gpu.read(h), want), "cast_bf16 differs from its twin"
     got, ref = gpu.read(back), R.bf16_round(x)
@@ -407,7 +411,7 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     bf16 tile loads, a 16 x 16 tile so that the shapes cross many tiles and edges): each product against its twin (the float64
     product of the same bf16 values) with the float32 kernels' tolerance, so only the summation
     order differs. Then the mixed operands of the backward, and bf16 written out."""
-    from tinygpt.plan import PORTABLE
+    from tinygpt.device.plan import PORTABLE
     if variant != "plain" and not K.bf16_ok("matmul", M, N, K_):
         pytest.skip("the 8-wide kernels take K and N multiples of 8 (kernels.bf16_variant gives plain)")
     if variant == "sg":
@@ -419,39 +423,39 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     ra, rb, rbt = rd(a), rd(b), rd(b.T.copy())
     if K_ % 2 == 0 and N % 2 == 0:                                  # the twins unpack what they are given
         assert np.array_equal(R.matmul_bf16(ah.reshape(M, -1), bh.reshape(K_, -1)), R.matmul_bf16(ra, rb))
-    up = gpu.upload
-    plan = PORTABLE.with_(matmul_tile=(4, 2, 8, 1, 4))              # the tile of the tiled variant
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)     # packed words are bf16
+    kn = Kernels(gpu, PORTABLE.with_(matmul_tile=(4, 2, 8, 1, 4)))  # the tile of the tiled variant
+    run(gpu, kn.matmul_bf16(up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16(ra, rb, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb, tm=tm))
+    run(gpu, kn.matmul_bf16(up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16(ra, rb), tol)
-    run(gpu, K.matmul_abt_bf16(gpu, up(ah), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    run(gpu, kn.matmul_abt_bf16(up(ah), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(ra, rbt), tol)
     if M % 8 == 0:                                                  # A^T @ B packs A's rows of M
         ath, rat = pk(a.T.copy()), rd(a.T.copy())
         gpu.write(out, prev)
-        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, plan=plan, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb_bf16(up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(rat, rb), tol)
         # the backward's dW = X^T @ dY: B float32 (B_F32)
-        run(gpu, K.matmul_atb_bf16(gpu, up(ath), up(b), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb_bf16(up(ath), up(b), out, M, N, K_, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_bf16(rat, b), tol)
         # the head's dtok = dlogits^T @ x: A float32
-        run(gpu, K.matmul_atb_bf16(gpu, up(a.T.copy()), up(bh), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb_bf16(up(a.T.copy()), up(bh), out, M, N, K_, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out),
               R.matmul_atb_bf16(a.T.copy(), rb), tol)
     # the head's dx = dlogits @ tok_emb: A float32, B bf16
-    run(gpu, K.matmul_bf16(gpu, up(a), up(bh), None, out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    run(gpu, kn.matmul_bf16(up(a), up(bh), None, out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out),
           R.matmul_bf16(a, rb), tol)
     # the backward's dX = dY @ W^T: A float32 (A_F32)
-    run(gpu, K.matmul_abt_bf16(gpu, up(a), up(bth), out, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    run(gpu, kn.matmul_abt_bf16(up(a), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, rbt), tol)
     # the forward's q, k, v and pre-activation: out written as bf16 (OUT_BF16), bias added first.
     # A float32 sum on a rounding edge may round the other way from the float64 twin's: values
     # within the sum's tolerance plus one bf16 rounding, and most words equal.
-    outh = gpu.tensor((M * N // 2,), "u32")
-    run(gpu, K.matmul_bf16(gpu, up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, plan=plan, nb=nb, tm=tm))
+    outh = gpu.tensor((M * N // 2,), "bf16")
+    run(gpu, kn.matmul_bf16(up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, nb=nb, tm=tm))
     want_h = R.matmul_bf16(ra, rb, f64(bias), out_bf16=True)
     same = np.mean(gpu.read(outh).reshape(M, -1) == want_h)
     print(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} bf16 out {M}x{N}x{K_}: {same:.2%} of words equal to the twin's")
@@ -461,16 +465,16 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
 
 
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])
-def test_gelu_bf16(gpu, rng, n):
+def test_gelu_bf16(gpu, rng, n, kn):
     """The pre-activation stored as bf16: forward within one bf16 rounding of the float64 GELU of
     the same bf16 values (a float32 result on the other side of a rounding edge may round the
     other way), backward in float32 against the float64 twin."""
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     dy = rng.standard_normal(n).astype(np.float32)
     xh = R.cast_bf16(x)
-    outh, dx = gpu.tensor((n // 2,), "u32"), gpu.tensor((n,))
-    run(gpu, K.gelu_forward_bf16(gpu, gpu.upload(xh), outh, n),
-        K.gelu_backward_bf16(gpu, gpu.upload(xh), gpu.upload(dy), dx, n))
+    outh, dx = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
+    run(gpu, kn.gelu_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n),
+        kn.gelu_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n))
     xb = R.cast_f32(xh, n).astype(np.float64)
     want = R.gelu_forward(xb)
     got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
@@ -482,13 +486,13 @@ def test_gelu_bf16(gpu, rng, n):
 
 
 @pytest.mark.parametrize("rows,C", [(1, 8), (65, 48), (130, 96)])
-def test_layernorm_forward_bf16(gpu, rng, rows, C):
+def test_layernorm_forward_bf16(gpu, rng, rows, C, kn):
     """The output rounded to bf16 as the twin rounds it (a float32 result on a rounding edge may round
     the other way: almost every word equal), statistics in float32 as layernorm4's."""
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
-    yh, stats = gpu.tensor((rows, C // 2), "u32"), gpu.tensor((2, rows))
-    run(gpu, K.layernorm_forward_bf16(gpu, gpu.upload(x), gpu.upload(np.stack([g, b])), yh, stats, rows, C))
+    yh, stats = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))
+    run(gpu, kn.layernorm_forward_bf16(gpu.upload(x), gpu.upload(np.stack([g, b])), yh, stats, rows, C))
     want_h, mean, rstd = R.layernorm_forward_bf16(x, g, b)
     same = np.mean(gpu.read(yh).reshape(-1) == want_h.reshape(-1))
     print(f"layernorm_forward_bf16 {rows}x{C}: {same:.2%} of words equal to the twin's")

@@ -9,15 +9,17 @@ import pytest
 
 from conftest import check
 from tinygpt import checkpoint as ckpt
-from tinygpt import reference as R
-from tinygpt import reference_attention as RA
+from tinygpt.reference import kernels as R
+from tinygpt.reference import attention as RA
 from tinygpt.cli import main
-from tinygpt.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
+from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
 from tinygpt.data import Dataset, ByteTokenizer, builtin_corpus, read_corpus
-from tinygpt.errors import UsageError
-from tinygpt.model import Model
+from tinygpt.core.errors import UsageError
+from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import Schedule, resolve
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
 
 TINY = dict(preset="tiny", batch=4, ctx=16, quiet=True)
 
@@ -98,7 +100,7 @@ class FakeClock:
 def test_minutes_ends_on_time_on_a_fake_clock(tmp_path, corpus, gpu, monkeypatch):
     from tinygpt.train import train
     clock = FakeClock()
-    from tinygpt.decode import Decoder
+    from tinygpt.model.decode import Decoder
     step, rows, generate = Model.step, Model.row_losses, Decoder.generate
 
     def timed(fn, cost):
@@ -155,7 +157,7 @@ def reference_inspection(params, cfg, ids):
         weights.append(RA.attn_softmax(RA.attn_scores(q, k, H))[0])
         return RA.attention_forward(q, k, v, H)
     x = np.asarray(ids)[None]
-    _, _, cache = R.forward(p64, cfg, x, x, attention=attend)
+    _, _, cache = RG.forward(p64, cfg, x, x, attention=attend)
     streams = [c["x"] for c in cache["layers"]] + [cache["x_final"]]
     probs = []
     for s in streams:
@@ -169,24 +171,24 @@ def reference_inspection(params, cfg, ids):
 @pytest.mark.kernel
 @pytest.mark.parametrize("T, limit, vocab", [(11, None, 256), (1, None, 256), (201, 200_000, 256),
                                              (130, 13_000_000, 50257)])
-def test_inspect_weights_are_the_reference_softmax(gpu, monkeypatch, T, limit, vocab):
+def test_inspect_weights_are_the_reference_softmax(gpu, plan, monkeypatch, T, limit, vocab):
     """Odd T, T = 1, the binding limit forced low so that the heads split into chunks, and GPT-2's
     vocabulary with the limit forced low so that the lens logits [130, 50264] split into 3."""
     from tinygpt.lens import Inspector
-    from tinygpt.model import logit_chunks
+    from tinygpt.model.layout import logit_chunks
     cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256, vocab=vocab)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     r = np.random.default_rng(3)
     for k in params:                                   # larger weights: attention far from uniform
         params[k] = (params[k] + r.standard_normal(params[k].shape) * 0.3).astype(np.float32)
     ids = r.integers(0, cfg.vocab, T)
     if limit:
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-    insp = Inspector(gpu, cfg, T)
+    insp = Inspector(gpu, plan, cfg, T)
     if limit and vocab == 256:
         assert len(insp.model.att[0].chunks) == 3       # [201, 201] floats a head: one head a chunk
     if limit and vocab > 256:
-        assert len(logit_chunks(gpu, T, insp.model.VP)) == 3 and len(insp.model.chunks) == 3
+        assert len(logit_chunks(T, insp.model.VP, gpu.max_binding)) == 3 and len(insp.model.chunks) == 3
     ins = insp.run(params, ids)
     want_w, want_p = reference_inspection(params, cfg, ids)
     check(f"attention weights T={T}", ins.weights, want_w, atol=2e-6)

@@ -1,17 +1,19 @@
-"""The memory plan against what the model really allocates, and `tinygpt plan` / `train` refusing
-a run that does not fit before anything is allocated."""
+"""The memory budget against what the model really allocates, and `tinygpt plan` / `train`
+refusing a run that does not fit before anything is allocated."""
 import json
 
 import pytest
 
-from tinygpt import memory
+from tinygpt.core.precision import PRECISIONS
+from tinygpt.device.gpu import buffer_bytes
+from tinygpt.model import budget
 from tinygpt.cli import main
-from tinygpt.config import preset
+from tinygpt.core.config import preset
 
 
 def allocated(gpu, monkeypatch, build):
     """Bytes of every device buffer `build()` asks for (dispatch uniforms and dummies aside)."""
-    from tinygpt.plan import make_plan
+    from tinygpt.device.planner import make_plan
     make_plan(gpu)                    # the subgroup check, once per device, allocates its own
     for slot in range(8):
         gpu.dummy("w", slot)
@@ -20,7 +22,7 @@ def allocated(gpu, monkeypatch, build):
     real = gpu.buffer
 
     def counting(nbytes, label="", binding=True):
-        sizes.append(memory._buf(nbytes))
+        sizes.append(buffer_bytes(nbytes))
         return real(nbytes, label, binding)
     monkeypatch.setattr(gpu, "buffer", counting)
     build()
@@ -35,20 +37,21 @@ def allocated(gpu, monkeypatch, build):
     ("online", 2, 2000, 600_000, 128, "fp32"),     # the token table split, through the head's block scratch
     ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16"),
     ("online", 1, 50257, 13_000_000, 24, "bf16")])
-def test_plan_is_what_the_model_allocates(gpu, monkeypatch, attention, accum, vocab, limit, width, precision):
+def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.infer import Sampler
     from tinygpt.data import ByteTokenizer
-    from tinygpt.model import Model
+    from tinygpt.model.gpt import Model
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
     if limit:     # logits and score matrices split into chunks
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-    limits = memory.device_limits(gpu)
-    p = memory.plan(cfg, 6, attention, accum, limits, sample=0, precision=precision)
-    got = allocated(gpu, monkeypatch, lambda: Model(gpu, cfg, attention, B=6, accum=accum, precision=precision))
-    print(f"{attention} accum {accum} V {vocab} {precision}: plan {p.total:,} bytes, model {got:,}")
+    limits = budget.device_limits(gpu)
+    precision = PRECISIONS[precision]
+    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision))
+    print(f"{attention} accum {accum} V {vocab} {precision.name}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
-    want = memory.sampler_bytes(cfg, attention, 50, limits["max_binding"])
-    got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, cfg, ByteTokenizer(), attention, capacity=50))
+    want = budget.sampler_bytes(cfg, attention, 50, plan, max_binding=limits["max_binding"])
+    got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50))
     assert got == want
 
 
@@ -86,15 +89,16 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
 
 
 @pytest.mark.kernel
-def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, monkeypatch):
+def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, plan, monkeypatch):
     """The sampler binds every row of logits at once: past the limit, a LimitError naming them
     (with the cache: [N, V]; without it: N x ctx rows), not a wgpu failure."""
-    from tinygpt.decode import Decoder
-    from tinygpt.gpu import LimitError
+    from tinygpt.model.decode import Decoder
+    from tinygpt.device.gpu import LimitError
     cfg = preset("tiny", layers=1, d_model=16, heads=2, ctx=70, vocab=50257)
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
-    assert Decoder(gpu, cfg, N=8, cache=True, capacity=4)              # 8 x 50264 floats fit
+    cached, full = plan.with_(decode="cache"), plan.with_(decode="full")
+    assert Decoder(gpu, cached, cfg, N=8, capacity=4)                  # 8 x 50264 floats fit
     with pytest.raises(LimitError, match="logits of 80 samples"):
-        Decoder(gpu, cfg, N=80, cache=True, capacity=4)                 # 16.1 MB
+        Decoder(gpu, cached, cfg, N=80, capacity=4)                     # 16.1 MB
     with pytest.raises(LimitError, match="sample with the key/value cache"):
-        Decoder(gpu, cfg, N=1, cache=False, capacity=4)                 # 70 rows: 14.1 MB, in chunks
+        Decoder(gpu, full, cfg, N=1, capacity=4)                        # 70 rows: 14.1 MB, in chunks

@@ -4,10 +4,12 @@ the shape of a step (one submit, nothing read back, nothing created)."""
 import numpy as np
 import pytest
 
-from tinygpt import reference as R
-from tinygpt.attention import IMPLS
-from tinygpt.config import preset
-from tinygpt.model import Model
+from tinygpt.model.attention import IMPLS
+from tinygpt.core.config import preset
+from tinygpt.core.precision import BF16, PRECISIONS
+from tinygpt.model.gpt import Model
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
 
 from conftest import check
 
@@ -28,18 +30,18 @@ def tiny():
     return preset("tiny")
 
 
-def check_step0(gpu, cfg, names=None, limit=None, monkeypatch=None, plan=None):
+def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None):
     """Logits, loss and gradients (all, or `names`) of one step against the float64 reference;
     returns the number of logit chunks the model used."""
     if limit:
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     x, y = batch(cfg)
-    m = Model(gpu, cfg, "online", plan=plan)
+    m = Model(gpu, plan, cfg, "online")
     m.set_params(params)
     m.grads_only(x, y)
-    logits, loss, cache = R.forward(f64(params), cfg, x, y)
-    grads = R.backward(f64(params), cfg, cache)
+    logits, loss, cache = RG.forward(f64(params), cfg, x, y)
+    grads = RG.backward(f64(params), cfg, cache)
     # logits were overwritten by dlogits in the backward: run the forward alone for them
     check("logits", m.logits_of(x), logits, 1e-4 * np.abs(logits).max())
     m.grads_only(x, y)
@@ -56,63 +58,63 @@ def check_step0(gpu, cfg, names=None, limit=None, monkeypatch=None, plan=None):
 
 
 @pytest.mark.parametrize("vocab", [256, 301])  # 301: padded to 304 inside, for the vec4 head
-def test_step0_logits_loss_and_every_gradient(gpu, vocab):
-    check_step0(gpu, preset("tiny", vocab=vocab))
+def test_step0_logits_loss_and_every_gradient(gpu, plan, vocab):
+    check_step0(gpu, plan, preset("tiny", vocab=vocab))
 
 
 def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
     """The plan a GPU gets untuned (tiled matmuls, the other families without subgroups): the whole
     step's logits, loss and gradients against the reference (vocab 301, padded to 304 inside);
     a tile the device's workgroup memory cannot hold falls back to vec4."""
-    from tinygpt.plan import make_plan
+    from tinygpt.device.planner import make_plan
     monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
     plan = make_plan(gpu, tuning={})
     assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("tiled", "tiles", "scalar", "scalar")
-    check_step0(gpu, preset("tiny", vocab=301), plan=plan)
+    check_step0(gpu, plan, preset("tiny", vocab=301))
     monkeypatch.setitem(gpu.limits, "max-compute-workgroup-storage-size", 4096)    # the tile no longer fits
     assert make_plan(gpu, tuning={}).matmul == "vec4"
 
 
-def test_step0_with_logits_split_by_a_forced_limit(gpu, monkeypatch):
+def test_step0_with_logits_split_by_a_forced_limit(gpu, plan, monkeypatch):
     """The head's matmuls, cross-entropy and the tied embedding's gradient, chunk by chunk."""
-    assert check_step0(gpu, preset("tiny", layers=1, d_model=16, heads=2, vocab=2000, batch=16, ctx=16), limit=600_000, monkeypatch=monkeypatch) == 4
+    assert check_step0(gpu, plan, preset("tiny", layers=1, d_model=16, heads=2, vocab=2000, batch=16, ctx=16), limit=600_000, monkeypatch=monkeypatch) == 4
 
 
-def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
+def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch):
     """tok_emb [2000, 128] over a 600 kB limit: bound in 2 chunks of rows, the head's logits and
     gradients passing through the block scratch (head.wgsl), the logits in 4 chunks of rows."""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
-    assert check_step0(gpu, cfg, limit=600_000, monkeypatch=monkeypatch) == 4
-    m = Model(gpu, cfg, "online")
+    assert check_step0(gpu, plan, cfg, limit=600_000, monkeypatch=monkeypatch) == 4
+    m = Model(gpu, plan, cfg, "online")
     print(f"token table chunks {m.head.vchunks}, blocks of {m.head.block} rows")
     assert len(m.head.vchunks) == 2
 
 
-def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
+def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch):
     """GPT-2's vocabulary at width 128 under a 13 MB limit: tok_emb [50264, 128] (25.7 MB) bound in 2
     chunks, 64-row chunks of logits (12.9 MB each), the flat buffers in chunks too."""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
-    check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
+    check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
                 monkeypatch=monkeypatch)
-    m = Model(gpu, cfg, "online")
+    m = Model(gpu, plan, cfg, "online")
     print(f"token table chunks {m.head.vchunks}, flat chunks {len(m.flat_chunks)}")
     assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
 
 
-def test_split_token_embedding_trains_as_the_whole_one(gpu, monkeypatch):
+def test_split_token_embedding_trains_as_the_whole_one(gpu, plan, monkeypatch):
     """tok_emb split into 3 chunks against whole: the forward's logits are the same products in the
     same order (bit for bit); the backward's sums are split into blocks, so float32 rounding differs:
     every gradient within 4e-6 of its scale (1e-6 held with little room), and five AdamW steps' losses within 1e-5. (Weights are
     not compared: AdamW's division by sqrt(v) turns a rounding difference in a gradient near zero
     into a full step.)"""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=4, ctx=16)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     xs = np.random.default_rng(3).integers(0, cfg.vocab, (5, cfg.batch, cfg.ctx + 1)).astype(np.uint32)
     out = []
     for limit in (None, 512_000):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, cfg, "online")
+        m = Model(gpu, plan, cfg, "online")
         assert len(m.head.vchunks) == (3 if limit else 1)
         m.set_params(params)
         logits0 = m.logits_of(xs[0][:, :-1])
@@ -130,25 +132,25 @@ def test_split_token_embedding_trains_as_the_whole_one(gpu, monkeypatch):
     check("losses of 5 steps, split vs whole", s1, s0, 1e-5)
 
 
-def test_step0_gpt2_vocabulary_small_preset(gpu):
+def test_step0_gpt2_vocabulary_small_preset(gpu, plan):
     """V = 50257 at the small preset: the logits split by themselves on lavapipe (134 MB bindings)."""
-    n = check_step0(gpu, preset("small", vocab=50257), names=("tok_emb", "pos_emb", "h0.Wq", "h2.fc_out_W"))
+    n = check_step0(gpu, plan, preset("small", vocab=50257), names=("tok_emb", "pos_emb", "h0.Wq", "h2.fc_out_W"))
     print(f"logit chunks: {n}")
 
 
 @pytest.mark.slow
-def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu):
+def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     """GPT-2 small's width, context and vocabulary with one layer: tok_emb [50264, 768] is 154 MB,
     over lavapipe's 134 MB binding, so it splits by itself; logits, loss and gradients against
     the float64 reference, then one AdamW step."""
     cfg = preset("gpt2", layers=1)
     assert (cfg.d_model, cfg.heads, cfg.ctx, cfg.vocab, cfg.batch) == (768, 12, 1024, 50257, 1)
     m_split = 4 * 50264 * 768 > gpu.max_binding
-    n = check_step0(gpu, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"))
-    m = Model(gpu, cfg, "online")
+    n = check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"))
+    m = Model(gpu, plan, cfg, "online")
     print(f"logit chunks {n}, token table chunks {m.head.vchunks}")
     assert (len(m.head.vchunks) > 1) == m_split
-    m.set_params(R.init_params(cfg))
+    m.set_params(init_params(cfg))
     x, y = batch(cfg, 1)
     m.step(x, y, 6e-4)
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
@@ -165,8 +167,8 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
     width 128, 600 kB), so that the head multiplies the table's bf16 copy in 2 chunks of rows and
     the logits come in 4 chunks; and so at GPT-2's vocabulary (13 MB: the table in 2 chunks, the
     flat buffers and the bf16 weight copy's casts in chunks too)."""
-    from tinygpt.plan import make_plan
-    plan = None
+    from tinygpt.device.planner import make_plan
+    plan = make_plan(gpu)
     cfg = preset("tiny")
     if which == "a GPU's":
         monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
@@ -178,11 +180,11 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     x, y = batch(cfg)
-    logits, loss, cache = R.forward(f64(params), cfg, x, y, precision="bf16")
-    grads = R.backward(f64(params), cfg, cache)
-    m = Model(gpu, cfg, "online", precision="bf16", plan=plan)
+    logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=BF16)
+    grads = RG.backward(f64(params), cfg, cache)
+    m = Model(gpu, plan, cfg, "online", precision=BF16)
     assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
     assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
     m.set_params(params)
@@ -195,7 +197,7 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
         check(f"bf16 grad {name} (3e-3 x {scale:.2e})", G[name], want, 3e-3 * scale)
 
 
-def test_bf16_learns_as_fp32_does(gpu):
+def test_bf16_learns_as_fp32_does(gpu, plan):
     """The parity of learning: the tiny preset on the built-in corpus, same init and batches, 200
     AdamW steps in each precision, the loss read every 10. One batch's loss moves with rounding
     (measured: gaps up to 0.059, mean 0.0135), so the bounds are on the curves: mean gap under
@@ -206,10 +208,10 @@ def test_bf16_learns_as_fp32_does(gpu):
     data = Dataset(ByteTokenizer().encode(raw), cfg.ctx)
     rng = np.random.default_rng(5)
     batches = [data.sample(rng, cfg.batch) for _ in range(200)]
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     curves = {}
     for prec in ("fp32", "bf16"):
-        m = Model(gpu, cfg, "online", precision=prec)
+        m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[prec])
         m.set_params(params)
         curve = []
         for i, (x, y) in enumerate(batches):
@@ -227,27 +229,27 @@ def test_bf16_learns_as_fp32_does(gpu):
     assert curves["bf16"][-1] < curves["bf16"][0] - 1.0
 
 
-def test_ten_adamw_steps_match_reference(gpu, tiny):
-    params = R.init_params(tiny)
+def test_ten_adamw_steps_match_reference(gpu, plan, tiny):
+    params = init_params(tiny)
     ref = f64(params)
-    opt = R.new_opt_state(ref)
-    m = Model(gpu, tiny, "online")
+    opt = RG.new_opt_state(ref)
+    m = Model(gpu, plan, tiny, "online")
     m.set_params(params)
     for step in range(10):
         x, y = batch(tiny, step)
         m.step(x, y, 1e-3)
-        _, loss, cache = R.forward(ref, tiny, x, y)
-        R.clip_and_step(ref, R.backward(ref, tiny, cache), opt, tiny, 1e-3)
+        _, loss, cache = RG.forward(ref, tiny, x, y)
+        RG.clip_and_step(ref, RG.backward(ref, tiny, cache), opt, tiny, 1e-3)
         check(f"step {step} loss", m.loss(), loss, 1e-4)
     got = m.get_params()
     for name in ("tok_emb", "h1.Wq", "h1.fc_out_W", "ln_f_g"):
         check(f"params {name} after 10 steps", got[name], ref[name], 1e-5)
 
 
-def test_overfit_one_batch(gpu, tiny):
+def test_overfit_one_batch(gpu, plan, tiny):
     """A tiny model memorises one fixed batch: from about ln 256 to below 0.5 within 150 steps."""
-    m = Model(gpu, tiny, "online")
-    m.set_params(R.init_params(tiny))
+    m = Model(gpu, plan, tiny, "online")
+    m.set_params(init_params(tiny))
     x, y = batch(tiny, 42)
     losses = []
     for step in range(150):
@@ -259,9 +261,9 @@ def test_overfit_one_batch(gpu, tiny):
     assert min(losses) < 0.5
 
 
-def test_a_step_is_one_submit_and_creates_nothing(gpu, tiny):
-    m = Model(gpu, tiny, "online")
-    m.set_params(R.init_params(tiny))
+def test_a_step_is_one_submit_and_creates_nothing(gpu, plan, tiny):
+    m = Model(gpu, plan, tiny, "online")
+    m.set_params(init_params(tiny))
     x, y = batch(tiny)
     m.step(x, y, 1e-3)
     gpu.sync()
@@ -278,12 +280,12 @@ def test_a_step_is_one_submit_and_creates_nothing(gpu, tiny):
     assert gpu.counters.readbacks == before["readbacks"] + 1
 
 
-def test_every_attention_trains_alike(gpu, tiny):
+def test_every_attention_trains_alike(gpu, plan, tiny):
     """20 steps from one init with each impl give the same losses."""
     runs = {}
     for impl in IMPLS:
-        m = Model(gpu, tiny, impl)
-        m.set_params(R.init_params(tiny))
+        m = Model(gpu, plan, tiny, impl)
+        m.set_params(init_params(tiny))
         runs[impl] = []
         for step in range(20):
             x, y = batch(tiny, step)
@@ -294,20 +296,20 @@ def test_every_attention_trains_alike(gpu, tiny):
         check(f"20 losses {impl} vs online", runs[impl], runs["online"], 1e-4)
 
 
-def test_grad_accum_matches_the_whole_batch(gpu):
+def test_grad_accum_matches_the_whole_batch(gpu, plan):
     """4 micro-batches of 4 windows against one batch of 16: gradients against the float64
     reference of the 16, then 5 AdamW steps whose losses match the batch-16 model's."""
     cfg = preset("tiny", batch=16, ctx=16)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     r = np.random.default_rng(5)
     xs = r.integers(0, cfg.vocab, (6, 16, cfg.ctx + 1)).astype(np.uint32)
-    whole, acc = Model(gpu, cfg, "online"), Model(gpu, cfg, "online", B=4, accum=4)
+    whole, acc = Model(gpu, plan, cfg, "online"), Model(gpu, plan, cfg, "online", B=4, accum=4)
     for m in (whole, acc):
         m.set_params(params)
     x, y = xs[0, :, :-1], xs[0, :, 1:]
     acc.grads_only(x, y)
-    _, loss, cache = R.forward(f64(params), cfg, x, y)
-    want = R.backward(f64(params), cfg, cache)
+    _, loss, cache = RG.forward(f64(params), cfg, x, y)
+    want = RG.backward(f64(params), cfg, cache)
     G = acc.get_grads()
     check("accumulated loss (mean of 4 micro-batches)", acc.loss(), loss, 1e-5)
     for name in ("tok_emb", "pos_emb", "h0.Wq", "h0.bk", "h1.fc_out_W", "h1.ln2_g", "ln_f_b"):
@@ -332,20 +334,21 @@ def test_grad_accum_matches_the_whole_batch(gpu):
                                                   # GPT-2's vocabulary: its 12.9 MB embedding still fits
                                                   # one binding, the 13.3 MB flat buffers do not
                                                   (50257, 64, 13_000_000)])
-def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch, vocab, width, limit):
+def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monkeypatch, vocab, width, limit):
     """The optimizer (and the accumulation) bound a chunk at a time: the same losses and weights
     as one dispatch over the whole flat buffers, bit for bit."""
-    from tinygpt.model import flat_chunks
+    from tinygpt.model.layout import flat_chunks
     cfg = preset("tiny", batch=2, ctx=16, vocab=vocab, d_model=width, heads=2)
-    params = R.init_params(cfg)
+    params = init_params(cfg)
     xs = np.random.default_rng(9).integers(0, cfg.vocab, (4, 4, cfg.ctx + 1)).astype(np.uint32)
     out = {}
     for limit in (None, limit):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, cfg, "online", accum=2)
+        m = Model(gpu, plan, cfg, "online", accum=2)
         if limit:
-            assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(gpu, m.n_flat)
+            assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(
+                m.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])
             print(f"flat buffers of {m.n_flat:,} floats in {len(m.flat_chunks)} chunks")
         m.set_params(params)
         losses = []
@@ -356,3 +359,17 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, monkeypatch
     (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)
+
+
+def test_every_precision_names_a_launcher_for_every_role():
+    """A policy's roles are the block's (core.precision.ROLES), each played by a Kernels method
+    (or by none where the policy stores float32 and converts nothing), whose dtypes agree."""
+    from tinygpt.core.precision import PRECISIONS, ROLES
+    from tinygpt.device.kernels import Kernels
+    for p in PRECISIONS.values():
+        assert set(p.kernels) == set(ROLES), p.name
+        for role, name in p.kernels.items():
+            assert name is None if role in ("to_f32", "from_f32") and not p.converts else hasattr(Kernels, name), \
+                (p.name, role, name)
+        assert p.converts == (p.stored != "f32") and p.problem(8 * 12, 8 * 48) is None
+    assert "multiples of 8" in PRECISIONS["bf16"].problem(36, 144)

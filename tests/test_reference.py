@@ -2,9 +2,12 @@
 import numpy as np
 import pytest
 
-from tinygpt import reference as R
-from tinygpt import reference_attention as RA
-from tinygpt.config import Config, param_specs
+from tinygpt.reference import kernels as R
+from tinygpt.reference import attention as RA
+from tinygpt.core.config import Config, param_specs
+from tinygpt.reference import gpt as RG
+from tinygpt.core.init import init_params
+from tinygpt.core.init import token_buckets
 
 from conftest import check
 
@@ -61,7 +64,7 @@ def test_embedding(r):
     tokens = r.integers(0, V, (B, T))
     tok, pos, w = r.standard_normal((V, C)), r.standard_normal((T, C)), r.standard_normal((B, T, C))
     f = lambda: np.sum(R.embed_forward(tokens, tok, pos) * w)
-    off, positions = R.token_buckets(tokens, V)
+    off, positions = token_buckets(tokens, V)
     check("embed_tok_grad", R.embed_tok_grad(off, positions, w.reshape(B * T, C)), numgrad(f, tok), 1e-8)
     check("embed_pos_grad", R.embed_pos_grad(w), numgrad(f, pos), 1e-8)
 
@@ -105,14 +108,14 @@ def test_attention_plain_and_family(r, T):
 
 def test_whole_model_finite_differences():
     cfg = Config(layers=2, d_model=8, heads=2, ctx=5, batch=2, vocab=11, seed=3)
-    params = {k: v.astype(np.float64) for k, v in R.init_params(cfg).items()}
+    params = {k: v.astype(np.float64) for k, v in init_params(cfg).items()}
     rr = np.random.default_rng(0)
     for k in params:  # larger weights than init so every path carries signal
         params[k] += rr.standard_normal(params[k].shape) * 0.3
     x = rr.integers(0, cfg.vocab, (cfg.batch, cfg.ctx + 1))
-    loss = lambda: R.forward(params, cfg, x[:, :-1], x[:, 1:])[1]
-    _, _, cache = R.forward(params, cfg, x[:, :-1], x[:, 1:])
-    grads = R.backward(params, cfg, cache)
+    loss = lambda: RG.forward(params, cfg, x[:, :-1], x[:, 1:])[1]
+    _, _, cache = RG.forward(params, cfg, x[:, :-1], x[:, 1:])
+    grads = RG.backward(params, cfg, cache)
     assert list(grads) == [n for n, _, _ in param_specs(cfg)]
     for name in grads:
         check(f"model d loss / d {name}", grads[name], numgrad(loss, params[name]), 1e-7)
@@ -141,7 +144,7 @@ def test_every_wgsl_entry_point_has_a_numpy_twin():
 
 
 def test_preset_parameter_counts_match_tinygpt():
-    from tinygpt.config import n_params, preset
+    from tinygpt.core.config import n_params, preset
     assert n_params(preset("tiny")) == 70_464
     assert n_params(preset("small")) == 366_432
     assert n_params(preset("medium")) == 838_400
@@ -149,7 +152,7 @@ def test_preset_parameter_counts_match_tinygpt():
 
 def test_kernel_flops_count_the_products():
     """cost.kernel_flops: 2 per multiply-add of the matmuls and of attention's causal products."""
-    from tinygpt.cost import base_entry, kernel_flops, model_flops_per_token
+    from tinygpt.device.cost import base_entry, kernel_flops, model_flops_per_token
     assert kernel_flops("matmul_atb_sg", (64, 96, 1024, 0, 1)) == 2 * 64 * 96 * 1024
     assert kernel_flops("matmul_tiled", (3, 5, 7, 1, 0)) == 2 * 3 * 5 * 7
     B, T, C, H = 2, 10, 24, 3

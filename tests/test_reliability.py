@@ -14,8 +14,8 @@ import pytest
 from test_hardening import TINY, cli, one_line_error
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import main
-from tinygpt.config import Config
-from tinygpt.prep import init_params
+from tinygpt.core.config import Config
+from tinygpt.core.init import init_params
 
 
 @pytest.fixture
@@ -227,7 +227,7 @@ def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, corpus, save
 
 
 def test_unhealthy_rules():
-    from tinygpt.train import unhealthy
+    from tinygpt.safety import unhealthy
     assert unhealthy(float("nan"), 1.0, None, 256) and unhealthy(3.0, float("inf"), None, 256)
     assert unhealthy(20.0, 1.0, None, 256)            # > 3 ln 256 = 16.6
     assert unhealthy(6.0, 1.0, 1.5, 256)              # worse than guessing, 4x the best
@@ -304,7 +304,7 @@ def test_tokenizer_that_cannot_produce_the_vocabulary(tmp_path):
 @pytest.mark.parametrize("bad", [{"matmul_wx": 0}, {"online_block": [0, 32]}, {"matmul_wx": "8"},
                                  {"online_variant": 3}, "a number", None])
 def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad):
-    from tinygpt.gpu import GPU
+    from tinygpt.device.gpu import GPU
     cache = tmp_path / "cache"
     cache.mkdir()
     key = GPU().key

@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tinygpt.plan import make_plan
+from tinygpt.device.planner import make_plan, subgroups_ok
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +18,7 @@ def run_json(script, *args):
 
 
 def test_compare_attention_json(tmp_path, gpu):
-    from tinygpt import kernels as K
+    from tinygpt.device import kernels as K
     png = tmp_path / "a.png"
     rows = run_json("compare_attention.py", "--T", "8,1100", "--head-dim", "16", "--repeats", "1", "--plot", png)
     keys = {"impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err", "status"}
@@ -37,9 +37,8 @@ def test_compare_attention_json(tmp_path, gpu):
 
 
 def test_bench_matmul_json(gpu):
-    from tinygpt import kernels as K
     rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes", "f32,bf16,mixed")
-    sg = K.subgroups_ok(gpu)
+    sg = subgroups_ok(gpu)
     variants = ("sg", "tiled", "vec4", "scalar") if sg else ("tiled", "vec4", "scalar")
     f32 = [r for r in rows if r["dtype"] == "f32"]
     assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
@@ -57,9 +56,8 @@ def test_bench_matmul_json(gpu):
 
 
 def test_bench_kernels_json(gpu):
-    from tinygpt import kernels as K
     rows = run_json("bench_kernels.py", "--preset", "tiny", "--repeats", "1")
-    sg = K.subgroups_ok(gpu)
+    sg = subgroups_ok(gpu)
     want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
                                     "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw")}
     want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
@@ -169,9 +167,8 @@ def test_train_profile_table_and_json(tmp_path):
 
 
 def test_probe_adapter_json(gpu):
-    from tinygpt import kernels as K
     rows = run_json("probe_adapter.py", "--invocations", "256", "--iters", "16")
-    sg = ["probe_broadcast"] if K.subgroups_ok(gpu) else []
+    sg = ["probe_broadcast"] if subgroups_ok(gpu) else []
     assert [r["probe"] for r in rows] == ["probe_fma", "probe_load_lane", "probe_load_wg", "probe_load_shared",
                                           *sg, "numpy_sgemm_1024"]
     assert all(r["rate"] > 0 for r in rows)
@@ -180,13 +177,12 @@ def test_probe_adapter_json(gpu):
 
 def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     import os
-    from tinygpt import kernels as K
     env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path))
     r = subprocess.run([sys.executable, "-m", "tinygpt", "tune", "--quick", "--json"], capture_output=True,
                        text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
-    sg = K.subgroups_ok(gpu)  # then the subgroup kernels race the best of the others too
+    sg = subgroups_ok(gpu)  # then the subgroup kernels race the best of the others too
     assert {row["kernel"] for row in rows} == {"matmul_vec4", "matmul_tiled", "attn_online"} | (
         {"matmul_sg", "attn_online_sg"} if sg else set())
     assert sum(1 for row in rows if row["kernel"] == "attn_online" and row.get("chosen")) == 1
@@ -206,9 +202,10 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
             if r["kernel"] == "attn_online_sg":
                 assert r["chosen"] == (chosen["attention"] == "sg")
     # a new plan on this adapter reads the choice, and the kernels use it
-    code = ("from tinygpt.gpu import GPU; from tinygpt import kernels as K; from tinygpt.plan import make_plan; "
+    code = ("from tinygpt.device.gpu import GPU; from tinygpt.device.plan import online_tiles; "
+            "from tinygpt.device.planner import make_plan; "
             "g = GPU(); p = make_plan(g); print(p.matmul_wx, p.matmul, 'x'.join(map(str, p.matmul_tile)), "
-            "list(K.online_tiles(g, 16, plan=p)))")
+            "list(online_tiles(g.limits, p, 16)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
     wx, matmul, tile, block = out.split(" ", 3)
     assert (wx, matmul, tile) == (str(chosen["matmul_wx"]), chosen["matmul"], "x".join(map(str, chosen["matmul_tile"])))

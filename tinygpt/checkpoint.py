@@ -9,7 +9,7 @@
 
 Fields this port adds live under the header key "tinygptPy", which the
 original ignores. Nothing here unpickles or evaluates anything from a file.
-Writes are atomic (files.atomic_write): a temporary file beside the target, fsync, rename.
+Writes are atomic (core.fs.atomic_write): a temporary file beside the target, fsync, rename.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import Config, n_params, param_specs
-from .errors import TinyGPTError
-from .files import WRITER, atomic_write, available_memory, check_regular
+from .core.config import Config, n_params, param_specs
+from .core.errors import TinyGPTError
+from .core.fs import atomic_write, available_memory, check_regular
+from .outputs import WRITER
 
 MAGIC = b"TGPT"
 VERSION = 2

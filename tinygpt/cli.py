@@ -6,11 +6,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
-from .errors import TinyGPTError, UsageError
+from . import checkpoint as ckpt
+from .core.config import PRESET_TOKENIZER, PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, n_params, preset
+from .core.errors import TinyGPTError, UsageError, set_wording, word
+from .core.precision import PRECISIONS
+from .data import GPT2Tokenizer
+from .device.gpu import GPU
+from .device.plan import FAMILIES, parse_kernels
+from .device.planner import make_plan
+from .device.tune import tune
+from .device.tuning import reset_tuning
+from .hf import export_hf, import_hf
+from .infer import evaluate, sample
+from .lens import inspect
+from .model import budget
+from .model.attention import IMPLS
+from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
+from .outputs import Outputs, is_our_json, is_our_safetensors
+from .tables import emit
+from .safety import Interrupted
+from .train import profile, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
@@ -31,7 +51,6 @@ def positive_int(s):
 
 
 def preset_name(s):
-    from .config import PRESETS
     if s not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose one of {', '.join(PRESETS)}")
     return s
@@ -77,9 +96,6 @@ def nonneg_float(s):
 # ---- commands ----------------------------------------------------------------------------------
 def describe_checkpoint(path) -> dict:
     """What `tinygpt info --model FILE` prints: read from the file alone, no device needed."""
-    import os
-    from . import checkpoint as ckpt
-    from .config import n_params
     ck = ckpt.load(path, f"--model {path}")
     cfg, hist = ck.cfg, ck.loss_history
     last_train = next((h.get("train") for h in reversed(hist) if h.get("train") is not None), None)
@@ -104,8 +120,6 @@ def cmd_info(args) -> int:
             for k, v in d.items():
                 print(f"{k:16s} {show(v) if k != 'data' or v else 'built-in corpus'}")
         return 0
-    from .gpu import GPU
-    from .plan import make_plan
     gpu = GPU()
     if args.brief:
         print(f"{gpu.name} ({gpu.backend})")
@@ -134,8 +148,6 @@ def options(cls, args):
 
 
 def cmd_train(args) -> int:
-    from .options import TrainOptions
-    from .train import profile, train
     o = options(TrainOptions, args)
     if args.profile:
         print(profile(o, as_json=args.json))
@@ -147,36 +159,33 @@ def cmd_train(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from . import memory
-    from .config import PRESET_TOKENIZER, preset
-    from .data import GPT2Tokenizer
-    from .gpu import GPU
+    """`tinygpt plan`: the memory budget of a training run, before anything is allocated."""
     cfg = preset(args.preset, layers=args.layers, d_model=args.d_model, heads=args.heads, ctx=args.ctx,
                  batch=args.batch)
     tokenizer = args.tokenizer or PRESET_TOKENIZER.get(args.preset, "byte")
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     gpu = GPU()
-    p = memory.plan(cfg, cfg.batch, args.attention, args.grad_accum, memory.device_limits(gpu), args.sample_tokens,
-                    args.precision)
+    plan = make_plan(gpu, args.kernels)
+    precision = PRECISIONS[args.precision]
+    p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, args.grad_accum, budget.device_limits(gpu),
+                             args.sample_tokens, precision)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
-            b = memory.largest_fitting_batch(cfg, cfg.batch * args.grad_accum, args.attention, p.limits)
+            b = budget.largest_fitting_batch(cfg, cfg.batch * args.grad_accum, args.attention, plan, p.limits,
+                                             precision)
             d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * args.grad_accum // b) if b else (None, None)
         print(json.dumps(d, indent=2))
     else:
-        print(f"# {gpu.name} ({gpu.backend})\n" + memory.text(p))
+        print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(p))
         if not p.fits:
-            from .errors import word
-            print(word(memory.refusal(p)))
+            print(word(budget.refusal(p, plan)))
     return 0
 
 
 def cmd_eval(args) -> int:
-    from .options import EvalOptions
-    from .infer import evaluate
     r = evaluate(options(EvalOptions, args))
     if args.json:
         print(json.dumps(r))
@@ -192,8 +201,6 @@ MAX_SAMPLES = 256
 
 
 def cmd_sample(args) -> int:
-    from .options import SampleOptions
-    from .infer import sample
     if args.tokens > MAX_SAMPLE_TOKENS:
         raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
     if args.num_samples > MAX_SAMPLES:
@@ -211,8 +218,6 @@ def cmd_sample(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from .lens import inspect
-    from .options import InspectOptions
     _, table = inspect(options(InspectOptions, args))
     print("logit lens: the top next-token guess of each layer's residual stream\n" + table)
     print(f"wrote {args.out}", file=sys.stderr)
@@ -220,8 +225,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from . import checkpoint as ckpt
-    from .files import Outputs, is_our_json, is_our_safetensors
     outs = Outputs(args.force, {"model": args.model})
     if args.format == "safetensors":
         outs.claim(args.out, "out", "safetensors file", is_our_safetensors)
@@ -235,17 +238,12 @@ def cmd_export(args) -> int:
     if args.format == "safetensors":
         ckpt.export_safetensors(ck, args.out)
     else:
-        from .hf import export_hf
         export_hf(ck, args.out)
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
 
 def cmd_import_hf(args) -> int:
-    from . import checkpoint as ckpt
-    from .config import n_params
-    from .files import Outputs
-    from .hf import import_hf
     out = Outputs(args.force, {"directory": args.directory}).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, args.allow_tanh_gelu)
     ckpt.save(out, ck)
@@ -257,12 +255,8 @@ def cmd_import_hf(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    from .bench import emit
-    from .gpu import GPU
-    from .tune import tune
     gpu = GPU()
     if args.reset:
-        from .gpu import reset_tuning
         print(reset_tuning(gpu.key))
         return 0
     print(f"tuning kernel variants on {gpu.name} ({gpu.backend})", file=sys.stderr)
@@ -283,7 +277,6 @@ class Parser(argparse.ArgumentParser):
 
 def kernels_arg(s):
     """--kernels matmul=vec4,attention=tiles -> {family: variant}, or a usage error listing the valid ones."""
-    from .plan import parse_kernels
     try:
         return parse_kernels(s)
     except TinyGPTError as e:
@@ -291,16 +284,13 @@ def kernels_arg(s):
 
 
 def add_kernels(p):
-    from .plan import FAMILIES
     p.add_argument("--kernels", type=kernels_arg, default={}, metavar="FAMILY=VARIANT,...",
                    help="force kernel variants over the plan: " + "; ".join(f"{f}={'|'.join(v)}"
                                                                       for f, v in FAMILIES.items()))
 
 
 def build_parser():
-    from .attention import IMPLS
-    from .config import PRESETS
-    from .model import PRECISIONS
+    small, base = TRAIN_DEFAULTS["small"], Config()      # the defaults the help texts name
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
@@ -322,19 +312,24 @@ def build_parser():
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
     p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
     p.add_argument("--steps", type=positive_int,
-                   help="total steps (default: the preset's, e.g. 2000 for small; on --resume, the run's planned end)")
+                   help=f"total steps (default: the preset's, {small.steps} for small; on --resume, the run's "
+                        "planned end)")
     p.add_argument("--minutes", type=positive_float,
                    help="a time budget instead of --steps: the step count is fitted so the run ends on time")
     p.add_argument("--schedule", choices=["cosine", "constant"],
-                   help="cosine (default: warm-up, then cosine decay to --min-lr) or constant (TinyGPT's, lr 3e-4)")
-    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's, e.g. 3e-3 for small)")
-    p.add_argument("--warmup", type=nonneg_int, help="linear warm-up steps (default 100, at most a tenth of the run)")
-    p.add_argument("--min-lr", type=nonneg_float, help="where the cosine decay ends (default: the preset's)")
-    p.add_argument("--grad-clip", type=nonneg_float, help="global grad-norm clip (default 1.0, 0 = off)")
-    p.add_argument("--seed", type=seed_int, help="init and data sampling seed (default 1337)")
+                   help=f"cosine (default: warm-up, then cosine decay to --min-lr) or constant (TinyGPT's, lr {TINYGPT_LR:g})")
+    p.add_argument("--lr", type=positive_float,
+                   help=f"peak learning rate (default: the preset's, {small.lr:g} for small)")
+    p.add_argument("--warmup", type=nonneg_int,
+                   help=f"linear warm-up steps (default: the preset's, {small.warmup} for small; at most a tenth "
+                        "of the run)")
+    p.add_argument("--min-lr", type=nonneg_float,
+                   help=f"where the cosine decay ends (default: the preset's, {small.min_lr:g} for small)")
+    p.add_argument("--grad-clip", type=nonneg_float, help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
+    p.add_argument("--seed", type=seed_int, help=f"init and data sampling seed (default {base.seed})")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
-    p.add_argument("--precision", choices=PRECISIONS,
+    p.add_argument("--precision", choices=list(PRECISIONS),
                    help="bf16: matmul operands, q/k/v and saved activations stored as bf16, sums and weights "
                         "float32 (default fp32, or the resumed run's); checkpoints stay float32")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
@@ -357,7 +352,8 @@ def build_parser():
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("plan", parents=[common],
-                       help="the memory a training run needs, buffer group by group, against this adapter's limits")
+                       help="the memory budget of a training run, buffer group by group, against this adapter's "
+                            "limits")
     p.add_argument("--preset", default="small", type=preset_name, metavar="NAME")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--d-model", type=positive_int)
@@ -367,7 +363,8 @@ def build_parser():
     p.add_argument("--grad-accum", type=positive_int, default=1)
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="default: the preset's (byte; gpt2 for gpt2)")
     p.add_argument("--attention", default="online", choices=IMPLS)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    add_kernels(p)
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     p.add_argument("--sample-tokens", type=nonneg_int, default=200)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_plan)
@@ -379,7 +376,7 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     p.add_argument("--tokenizer-file")
     p.set_defaults(fn=cmd_eval)
 
@@ -395,7 +392,7 @@ def build_parser():
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                    help="bf16 samples by the whole window's forward (the cached decode step is float32)")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
@@ -446,8 +443,6 @@ def build_parser():
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from .errors import set_wording
-    from .train import Interrupted
     set_wording(flag)
     try:
         return args.fn(args)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import socket
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .config import GPT2_VOCAB
-from .errors import TinyGPTError
-from .files import available_memory, read_user_file
+from .core.config import GPT2_VOCAB
+from .core.errors import TinyGPTError
+from .core.fs import available_memory, read_user_file
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -106,7 +108,6 @@ def _encoding_from_file(path: str):
 
 
 def tiktoken_cache_path() -> Path:
-    import tempfile
     d = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
         or os.path.join(tempfile.gettempdir(), "data-gym-cache")
     return Path(d) / hashlib.sha1(R50K_URL.encode()).hexdigest()
@@ -119,7 +120,6 @@ def get_tokenizer(name: str = "byte", tokenizer_file: str | None = None):
         raise DataError(f"unknown tokenizer {name!r}; choose byte or gpt2")
     if tokenizer_file:
         return GPT2Tokenizer(_encoding_from_file(tokenizer_file), "r50k_base")
-    import socket
     import tiktoken
     cached = tiktoken_cache_path().exists()
     old = socket.getdefaulttimeout()

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError
-from .config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
-from .files import WRITER, atomic_write, check_regular, read_user_file
+from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
+from .core.fs import atomic_write, check_regular, read_user_file
+from .outputs import WRITER
 
 VOCABS = {256: "byte", 50257: "gpt2"}            # the vocabularies there is a tokenizer for
 DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}

@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 import sys
 
-
 from . import checkpoint as ckpt
-from .config import Config
+from .core.config import Config
+from .core.errors import UsageError
+from .core.precision import FP32, PRECISIONS, Precision
 from .data import Dataset, get_tokenizer, read_corpus
-from .errors import UsageError
-from .gpu import GPU
-from .model import Model, bf16_problem
+from .device.gpu import GPU
+from .device.plan import KernelPlan
+from .device.planner import make_plan
+from .model.decode import Decoder
+from .model.gpt import Model
 from .options import EvalOptions, SampleOptions
-from .plan import make_plan
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
@@ -50,11 +52,8 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     data = Dataset(tok.encode(raw), cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
-    plan = make_plan(gpu, o.kernels)
-    if o.precision == "bf16" and bf16_problem(plan, cfg.d_model, cfg.d_mlp):
-        raise UsageError(bf16_problem(plan, cfg.d_model, cfg.d_mlp))
-    model = Model(gpu, cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, plan=plan,
-                  precision=o.precision)
+    model = Model(gpu, make_plan(gpu, o.kernels), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
+                  precision=PRECISIONS[o.precision])
     model.set_params(ck.params)
     loss = model.mean_loss(xs, ys)
     # exp overflows past ~709 nats: say so instead of failing
@@ -67,17 +66,13 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
 
 class Sampler:
     """Text from a model on the device: `num` continuations of a prompt at once, from the
-    key/value cache or, where the plan says decode=full, by the whole window's forward per token
-    (decode.py). Built once, reused for several samples of up to `capacity` tokens."""
+    key/value cache or by the whole window's forward per token (model.decode.decode_path decides).
+    Built once, reused for several samples of up to `capacity` tokens."""
 
-    def __init__(self, gpu: GPU, cfg: Config, tok, attention: str = "online", plan=None, num: int = 1,
-                 capacity: int = 256, precision: str = "fp32"):
-        from .decode import Decoder
-        plan = plan or make_plan(gpu)
+    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
+                 capacity: int = 256, precision: Precision = FP32):
         self.tok = tok
-        # the key/value cache's decode step is float32: bf16 samples by the whole window's forward
-        cache = plan.decode == "cache" and precision == "fp32"
-        self.decoder = Decoder(gpu, cfg, num, attention, plan, cache, capacity, precision)
+        self.decoder = Decoder(gpu, plan, cfg, num, attention, capacity, precision)
 
     def set_params(self, params: dict):
         self.decoder.set_params(params)
@@ -96,17 +91,11 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
         raise UsageError(f"{{opt:top_k}} {o.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()
-    kernels = dict(o.kernels)
-    if o.no_cache:
-        kernels["decode"] = "full"
-    plan = make_plan(gpu, kernels)
-    if o.precision == "bf16":
-        if bf16_problem(plan, ck.cfg.d_model, ck.cfg.d_mlp):
-            raise UsageError(bf16_problem(plan, ck.cfg.d_model, ck.cfg.d_mlp))
-        plan = plan.with_(decode="full")
+    kernels = dict(o.kernels, **({"decode": "full"} if o.no_cache else {}))
+    precision = PRECISIONS[o.precision]
+    s = Sampler(gpu, make_plan(gpu, kernels), ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
+    path = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.path]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
-          f"({'key/value cache' if plan.decode == 'cache' else 'the whole window per token'}"
-          f"{', bf16' if o.precision == 'bf16' else ''})", file=err or sys.stderr)
-    s = Sampler(gpu, ck.cfg, tok, o.attention, plan, o.num_samples, o.tokens, o.precision)
+          f"({path}, {precision.name})", file=err or sys.stderr)
     s.set_params(ck.params)
     return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

@@ -17,10 +17,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config
-from .files import WRITER, atomic_write
-from .gpu import GPU, Tensor
-from .model import Launchers, Model, logit_chunks, rows
+import sys
+
+from . import checkpoint as ckpt
+from .core.config import Config
+from .core.errors import UsageError
+from .core.fs import atomic_write
+from .device.gpu import GPU, Tensor
+from .device.plan import KernelPlan
+from .device.planner import make_plan
+from .infer import tokenizer_of
+from .model.gpt import Model
+from .model.layout import logit_chunks, rows
+from .outputs import WRITER, Outputs, is_our_png
 
 
 @dataclass
@@ -34,18 +43,18 @@ class Inspection:
 class Inspector:
     """A [1, T] forward of the model with the score-matrix attention, plus the lens dispatches."""
 
-    def __init__(self, gpu: GPU, cfg: Config, T: int, plan=None):
+    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, T: int):
         self.cfg, self.T = cfg, T
-        self.model = m = Model(gpu, cfg, "naive", B=1, T=T, training=False, plan=plan)
-        K, C, VP = Launchers(m.plan), cfg.d_model, m.VP
+        self.model = m = Model(gpu, plan, cfg, "naive", B=1, T=T, training=False)
+        C, VP = cfg.d_model, m.VP
         self.ln, self.stats = gpu.tensor((T, C), name="lens.ln"), gpu.tensor((2, T), name="lens.stats")  # [T,C] [2,T]
-        chunks = logit_chunks(gpu, T, VP)              # bound a chunk of rows at a time when too large
+        chunks = logit_chunks(T, VP, gpu.max_binding)  # bound a chunk of rows at a time when too large
         self.logits = Tensor(gpu.buffer(4 * T * VP, "lens.logits", binding=len(chunks) == 1), 0, (T, VP), "f32",
                              "lens.logits")                                                         # [T,VP]
         # one list of dispatches per residual stream x_0 .. x_L
-        self.lens = [[K.layernorm_forward(gpu, x, m._ln(None), self.ln, self.stats, T, C)]
+        self.lens = [[m.kn.layernorm_forward(x, m.P["ln_f"], self.ln, self.stats, T, C)]
                      + [d for r0, n in chunks for d in m.head.forward(rows(self.ln, r0, n), rows(self.logits, r0, n), n)]
-                     for x in m.x]
+                     for x in m.residuals]
 
     def run(self, params: dict, ids) -> Inspection:
         m, gpu, cfg, T = self.model, self.model.gpu, self.cfg, self.T
@@ -128,19 +137,12 @@ def plot(ins: Inspection, tok, path, title: str = ""):
     return path
 
 
-def inspect_model(gpu: GPU, cfg: Config, params: dict, ids, plan=None) -> Inspection:
-    return Inspector(gpu, cfg, len(ids), plan).run(params, ids)
-
+def inspect_model(gpu: GPU, plan: KernelPlan, cfg: Config, params: dict, ids) -> Inspection:
+    return Inspector(gpu, plan, cfg, len(ids)).run(params, ids)
 
 
 def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
     """`tinygpt inspect`: the figure written to o.out, and the lens as text."""
-    import sys
-    from . import checkpoint as ckpt
-    from .errors import UsageError
-    from .files import Outputs, is_our_png
-    from .infer import tokenizer_of
-    from .plan import make_plan
     path = Outputs(o.force, {"model": o.model}).claim(o.out, "out", "inspection plot", is_our_png)
     ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
     tok = tokenizer_of(ck, o.tokenizer_file)
@@ -152,6 +154,6 @@ def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
               f"inspecting its last {ck.cfg.ctx}", file=err or sys.stderr)
         ids = ids[-ck.cfg.ctx:]
     gpu = gpu or GPU()
-    ins = inspect_model(gpu, ck.cfg, ck.params, ids, make_plan(gpu, o.kernels))
+    ins = inspect_model(gpu, make_plan(gpu, o.kernels), ck.cfg, ck.params, ids)
     plot(ins, tok, path, f"{o.model}: attention weights for a {len(ids)}-token prompt")
     return ins, lens_table(ins, tok)

@@ -1,10 +1,10 @@
-"""The learning-rate schedule of `tinygpt train`, and the time budget that sets its length.
+"""The learning-rate schedule of `tinygpt train`, and the deadline that sets its length.
 
 Schedule: TinyGPT trained at a constant 3e-4 (the constant schedule); the default is linear
 warm-up, then cosine decay to min_lr at the last step, with each preset's lr, warm-up and floor
 from config.TRAIN_DEFAULTS. The schedule is saved in the checkpoint, so a resumed run continues it.
 
-Budget (minutes instead of steps): the step count is not known in advance. It is estimated from the measured
+Deadline (minutes instead of steps): the step count is not known in advance. It is estimated from the measured
 time per step (logging and periodic evaluation included) once the first steps have run, and again
 at every logged step, so that the steps, then the final evaluation and samples, end at the
 deadline; the cosine decay is stretched to end at the estimated last step.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .config import TINYGPT_LR, TRAIN_DEFAULTS
-from .errors import UsageError
+from .core.config import TINYGPT_LR, TRAIN_DEFAULTS
+from .core.errors import UsageError
 
 KINDS = ("cosine", "constant")
 
@@ -85,7 +85,7 @@ def resolve(o, saved: dict | None = None, file_lr: float | None = None) -> Sched
     return s
 
 
-class Budget:
+class Deadline:
     """Fits the number of steps to a deadline (the minutes option), from measured step times.
 
     clock: seconds, monotonic (time.monotonic; tests pass a fake one). t0: when the run began.
@@ -104,7 +104,7 @@ class Budget:
     def left(self) -> float:
         return self.deadline - self.clock()
 
-    def plan(self, done: int) -> int | None:
+    def last_step(self, done: int) -> int | None:
         """The estimated last step after `done` steps, or None while too few were measured."""
         t, s = self.mark
         now = self.clock()

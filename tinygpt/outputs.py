@@ -1,12 +1,8 @@
-"""Reading what a user names and writing what a user keeps.
+"""Every file a command will write, claimed before any work, and what to do when a write fails.
 
-Reading: only regular files (a FIFO would hang, /dev/zero never ends), and
-only up to a size stated before a byte is read. Writing: every file a command
-will create is claimed first (`Outputs`), before any work: it must not be an
-input of the same command, must not replace a file tinygpt did not write
-(unless forced), and its directory must take a new file of that name. The
-write itself is atomic: a short temporary name beside the target, fsync,
-rename, so a crash leaves the old file or the new one, never half of one.
+A claimed output must not be an input of the same command, must not replace a file tinygpt did
+not write (unless forced), and its directory must take a new file of that name. The write itself
+is core.fs.atomic_write.
 """
 from __future__ import annotations
 
@@ -18,66 +14,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .errors import OutputError
-
-
-def available_memory() -> int:
-    """Bytes of memory this process can still use: Linux's MemAvailable (free memory plus the page
-    cache it can drop; plain free memory would refuse files after any large read), else free
-    physical pages, else 4 GiB."""
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return 4 << 30
-
-
-def check_regular(path, error: type, label: str, expect: str) -> os.stat_result:
-    """stat (follows links, opens nothing): a regular file, or error(one line)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise error(f"{label}: no such file; give {expect}") from None
-    except OSError as e:
-        raise error(f"{label}: cannot read it ({e.strerror}); check the path and its permissions") from e
-    if stat.S_ISDIR(st.st_mode):
-        raise error(f"{label}: is a directory; give {expect}")
-    if not stat.S_ISREG(st.st_mode):
-        kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
-            stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file"
-        raise error(f"{label}: is {kind}, not a regular file; give {expect}")
-    return st
-
-
-def read_user_file(path, error: type, label: str, expect: str, max_bytes: int, what_limits: str = "") -> bytes:
-    """The bytes of a regular file of at most max_bytes, or error(one line) naming label and the fix."""
-    st = check_regular(path, error, label, expect)
-    if st.st_size > max_bytes:
-        why = f" ({what_limits})" if what_limits else ""
-        raise error(f"{label}: {st.st_size:,} bytes is more than the {max_bytes:,} this can read{why}; "
-                    f"give {expect}")
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise error(f"{label}: cannot read it ({e.strerror}); check its permissions") from e
-    if len(data) > max_bytes:  # it grew since the stat
-        raise error(f"{label}: grew past {max_bytes:,} bytes while being read; give {expect}")
-    return data
-
-
-# ---- names -----------------------------------------------------------------------------------
-def name_max(directory) -> int:
-    try:
-        return int(os.pathconf(directory if Path(directory).exists() else ".", "PC_NAME_MAX"))
-    except (OSError, ValueError):
-        return 255
+from .core.errors import OutputError
+from .core.fs import name_max
 
 
 def derived(path, suffix: str) -> Path:
@@ -224,35 +162,6 @@ def advice(e: OSError) -> str:
     if e.errno == errno.ENAMETOOLONG:
         return "choose a shorter name"
     return "write elsewhere"
-
-
-# ---- writing ----------------------------------------------------------------------------------
-def atomic_write(path, data: bytes):
-    """Temporary file beside the target (a short name, whatever the target's length), fsync,
-    rename, fsync the directory. A crash at any point leaves the old file or the new one."""
-    p = Path(path)
-    d = p.parent if str(p.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=".tinygpt-", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:
-        dfd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 def rescue_paths(path) -> list[Path]:

@@ -12,17 +12,23 @@ tokens since the window's start s. When the sequence would exceed ctx tokens pas
 that the last ctx // 2 tokens remain (positions restart at 0 there, as the learned position
 embeddings were trained), and the cache is refilled from them by one prefill.
 
-The full path (`cache=False`, the plan's decode=full) runs the whole window's forward for every
-token and draws with the same kernel: the reference the cache is tested against.
+The full path (the plan's decode=full, or a precision without the cached step: decode_path) runs
+the whole window's forward for every token and draws with the same kernel: the reference the
+cache is tested against.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import kernels
-from .config import Config
-from .gpu import GPU, LimitError
-from .model import Head, Launchers, Model
+from ..core.config import Config
+from ..core.precision import FP32, Precision
+from ..device.gpu import GPU, LimitError
+from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
+from ..device.plan import KernelPlan
+from . import buffers
+from .block import BlockActs, block_forward
+from .gpt import Model
+from .head import Head, table_rows
 
 
 def keep_of(ctx: int) -> int:
@@ -34,66 +40,66 @@ def window_start(s: int, length: int, ctx: int) -> int:
     return s if length - s <= ctx else length - keep_of(ctx)
 
 
-class Decoder:
-    """N sequences sampled together, on the device, with or without the key/value cache."""
+def decode_path(plan: KernelPlan, precision: Precision) -> str:
+    """"cache" (one token a submit from the key/value cache) where the plan chooses it and the
+    precision's decode step exists, else "full" (the whole window's forward per token)."""
+    return "cache" if plan.decode == "cache" and precision.decode_cache else "full"
 
-    def __init__(self, gpu: GPU, cfg: Config, N: int = 1, attention: str = "online", plan=None,
-                 cache: bool = True, capacity: int = 256, precision: str = "fp32"):
-        self.gpu, self.cfg, self.N, self.cache, self.capacity = gpu, cfg, N, cache, capacity
-        C, H, T, M = cfg.d_model, cfg.heads, cfg.ctx, cfg.d_mlp
-        g = gpu
-        assert precision == "fp32" or not cache, "the cached decode step is float32"
-        self.model = Model(gpu, cfg, attention, B=N, T=T, training=False, plan=plan, head=not cache,
+
+class Decoder:
+    """N sequences sampled together, on the device, from the key/value cache or by the whole
+    window per token, as decode_path says."""
+
+    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, N: int = 1, attention: str = "online",
+                 capacity: int = 256, precision: Precision = FP32):
+        self.gpu, self.cfg, self.N, self.capacity = gpu, cfg, N, capacity
+        self.path = decode_path(plan, precision)
+        self.cache = self.path == "cache"
+        self.model = Model(gpu, plan, cfg, attention, B=N, T=cfg.ctx, training=False, head=not self.cache,
                            precision=precision)
-        self.plan = self.model.plan
+        self.kn = self.model.kn
         self.VP = self.model.VP
-        self.uniform = g.uniform(kernels.DECODE_UNIFORM_BYTES)
-        self.ids = g.tensor((N + N * capacity,), "u32", "decode.ids")     # next tokens [N] | history [steps, N]
-        self.embed_uniforms = [(0, None, self.uniform)]      # (first token, tokens, uniform) of embed_decode
-        if not cache:   # the sampler binds every logits row at once
-            if len(self.model.chunks) > 1:
-                raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
-                                 f"({g.max_binding:,} bytes): sample with the key/value cache, or fewer samples")
-            self.steps = [kernels.sample_tokens(g, self.model.logits, self.ids, N, self.uniform)]
+        self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
+        size = buffers.sizes(cfg, N, cfg.ctx, max_binding=gpu.max_binding, head_rows=N, N=N, capacity=capacity)
+        on = buffers.flags(precision, attention, False, False, 1, size["head_block"] > 0, True, cache=self.cache)
+        self.planned = buffers.resolve(buffers.DECODE, on, size, precision)
+        self.buf = buffers.allocate(gpu, self.planned, size)
+        self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
+        self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
+        if self.cache:
+            self.steps = self._record_step()
             return
-        K, m, u = Launchers(self.plan), self.model, self.uniform
-        P = lambda l, n: m.P[f"h{l}.{n}"]
-        act = lambda *shape, name="": g.tensor(shape, name=name)
-        xa, xb, xm = act(N, C, name="dec.x"), act(N, C, name="dec.x2"), act(N, C, name="dec.xmid")
-        h, stats, tmp = act(N, C), act(2, N), act(N, C)
-        q, k, v, att = act(N, C), act(N, C), act(N, C), act(N, C)
-        pre, gel = act(N, M), act(N, M)
-        scratch = act(N, H, T, name="dec.scores")                           # [N,H,T]
-        head = Head(g, self.plan, m.P["tok_emb"], C, N)
+        if len(self.model.chunks) > 1:  # the sampler binds every logits row at once
+            raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
+                             f"({gpu.max_binding:,} bytes): sample with the key/value cache, or fewer samples")
+        self.steps = [self.kn.sample_tokens(self.model.logits, self.ids, N, self.uniform)]
+
+    def _record_step(self) -> list:
+        """One token of every sequence: embed, every block with the cache as its attention, the
+        final LayerNorm, the head and the draw."""
+        cfg, kn, m, b, u, N = self.cfg, self.kn, self.model, self.buf, self.uniform, self.N
+        C, H, M = cfg.d_model, cfg.heads, cfg.d_mlp
+        head = Head(kn, m.pk, m.P["tok_emb"], m.read["tok_emb"], C, N, b.get("head block"))
         # one uniform per chunk of the token table (embed_decode reads which rows it holds there);
         # the first is every other kernel's
-        self.embed_uniforms = [(v0, nv, u if i == 0 else g.uniform(kernels.DECODE_UNIFORM_BYTES))
+        self.embed_uniforms = [(v0, nv, u if i == 0 else self.gpu.uniform(DECODE_UNIFORM_BYTES))
                                for i, (v0, nv) in enumerate(head.vchunks)]
-        steps = [kernels.embed_decode(g, self.ids, head._table(m.P["tok_emb"], v0, nv), m.P["pos_emb"], xa, N, C, ub)
+        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P["pos_emb"], b["x a"], N, C, ub)
                  for v0, nv, ub in self.embed_uniforms]
-        x = xa
+        x, other = b["x a"], b["x b"]
         for l in range(cfg.layers):
-            kc, vc = m.qkv[l][1], m.qkv[l][2]                               # the prefill's k, v [N, T, C]
-            steps += [K.layernorm_forward(g, x, m._ln(l, 1), h, stats, N, C),
-                      K.matmul(g, h, P(l, "Wq"), P(l, "bq"), q, N, C, C),
-                      K.matmul(g, h, P(l, "Wk"), P(l, "bk"), k, N, C, C),
-                      K.matmul(g, h, P(l, "Wv"), P(l, "bv"), v, N, C, C),
-                      kernels.kv_append(g, k, v, kc, vc, N, C, u),
-                      kernels.attn_decode(g, q, kc, vc, att, scratch, N, H, u),
-                      K.matmul(g, att, P(l, "Wo"), P(l, "bo"), tmp, N, C, C),
-                      K.add(g, x, tmp, xm, N * C),
-                      K.layernorm_forward(g, xm, m._ln(l, 2), h, stats, N, C),
-                      K.matmul(g, h, P(l, "fc_in_W"), P(l, "fc_in_b"), pre, N, M, C),
-                      K.gelu_forward(g, pre, gel, N * M),
-                      K.matmul(g, gel, P(l, "fc_out_W"), P(l, "fc_out_b"), tmp, N, C, M)]
-            x = xb if x is xa else xa
-            steps.append(K.add(g, xm, tmp, x, N * C))
-        steps.append(K.layernorm_forward(g, x, m._ln(None), h, stats, N, C))
-        # the sampler binds every row at once: g.tensor refuses, naming them, when they do not fit
-        logits = g.tensor((N, self.VP), name=f"logits of {N} samples")                  # [N,VP]
-        steps += head.forward(h, logits, N)
-        steps.append(kernels.sample_tokens(g, logits, self.ids, N, u))
-        self.steps = steps
+            kc, vc = m.buf["k"][l], m.buf["v"][l]                  # the prefill's k, v [N, T, C]: the cache
+            attend = lambda q, k, v, out, kc=kc, vc=vc: [kn.kv_append(k, v, kc, vc, N, C, u),
+                                                        kn.attn_decode(q, kc, vc, out, b["scores"], N, H, u)]
+            qkv = (b["q"], b["k"], b["v"])
+            acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
+                             b["pre"], b["gel"], b["branch out"], qkv, b["att"])
+            steps += block_forward(kn, m.pk, m.weights(l), acts, attend, N, C, M)
+            x, other = other, x
+        steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
+        steps += head.forward(b["ln"], b["logits"], N)
+        steps.append(kn.sample_tokens(b["logits"], self.ids, N, u))
+        return steps
 
     def set_params(self, params: dict):
         self.model.set_params(params)
@@ -101,7 +107,7 @@ class Decoder:
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
         for v0, vn, u in self.embed_uniforms:
-            self.gpu.queue.write_buffer(u, 0, kernels.decode_uniform(
+            self.gpu.queue.write_buffer(u, 0, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
                 row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn))
 

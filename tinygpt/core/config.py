@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import UsageError
 
-# name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C (TINYGPT.md)
+# name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C: TinyGPT's table, and GPT-2 small's shape
 PRESETS = {
     "tiny": (2, 48, 3, 32, 16),
     "small": (3, 96, 3, 64, 16),
@@ -35,7 +35,7 @@ TINYGPT_LR = 3e-4               # TinyGPT's constant learning rate (the constant
 class TrainDefaults:
     """What a training run of a preset runs when no flag says otherwise: linear warm-up, then
     cosine decay from lr to min_lr at the last step. tiny, small and medium: the best of the sweep
-    in the README (Tiny Shakespeare, 2-core CPU, lavapipe); tiny takes 1e-2, not 2e-2, which scored
+    in docs/results.md (Tiny Shakespeare, 2-core CPU, lavapipe); tiny takes 1e-2, not 2e-2, which scored
     0.008 better there but diverged in short runs at batch 4. The larger presets, too slow to sweep
     here, take lr scaled by 1/width from small's (the usual rule for wider models), not measured;
     gpt2 takes nanoGPT's for GPT-2 small (6e-4 to 6e-5)."""

@@ -15,9 +15,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from .cost import model_flops_per_token
-from .gpu import Profiler
-from .model import Model
+from ..core.config import n_params
+from ..device.cost import model_flops_per_token
+from ..device.gpu import Timestamps
+from .gpt import Model
 
 
 def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: dict | None = None):
@@ -25,7 +26,7 @@ def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: 
     summary dict (ms, tokens, model_gflops, mfu, peak_gflops, peak_gbps) of the whole step."""
     groups = model.dispatch_groups()
     ds = [d for _, d in groups]
-    prof = Profiler(model.gpu, len(ds))
+    prof = Timestamps(model.gpu, len(ds))
     model.write_batch(x, y)
     runs = []
     for _ in range(repeats + 1):  # the first is a warm-up
@@ -52,7 +53,6 @@ def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: 
     total = float(ms.sum())
     cfg = model.cfg
     tokens = model.B * model.T
-    from .config import n_params
     mflops = model_flops_per_token(n_params(cfg), cfg.layers, cfg.d_model, model.T) * tokens
     summary = {"ms": total, "tokens": tokens, "model_gflops": mflops / 1e9,
                "mfu": mflops / (total * 1e6) / peaks["gflops"] if peaks else None,

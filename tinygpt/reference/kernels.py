@@ -3,7 +3,8 @@
 One function per WGSL entry point, with the same name and the kernel's inputs
 in binding order; outputs are returned. Every function works in the dtype of
 its inputs (float32 to mirror the GPU, float64 to judge it). Forward sits
-beside backward. The attention family lives in reference_attention.py.
+beside backward. The attention family lives in attention.py, the whole model
+(forward, backward, the optimizer step) in gpt.py.
 
 Shapes: B batch, T time, C channels, V vocab, M MLP width, BT = B*T rows.
 """
@@ -13,8 +14,6 @@ import math
 
 import numpy as np
 
-from .config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
-from .prep import init_params, token_buckets  # noqa: F401 - the runtime's, judged here, re-exported for tests
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -258,133 +257,6 @@ def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t):
 
 # optim4.wgsl: the same, read as vec4 (grad_sumsq4 adds each chunk in another order)
 grad_sumsq4, adamw4 = grad_sumsq, adamw
-
-
-# ---- the whole model --------------------------------------------------------------------
-def forward(params, cfg: Config, tokens, targets=None, attention=None, precision="fp32"):
-    """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
-
-    precision "bf16" rounds where the model stores bf16: the matmuls' operands (the LayerNorm
-    outputs, the attention output, GELU's output, the weights, the head's token table), q, k and
-    v, and the saved pre-activation; sums stay in the inputs' precision. The backward then reads
-    the rounded activations from the cache and multiplies the float32 gradients by the rounded
-    weights, as the model does."""
-    from . import reference_attention as ra
-    attend = attention or ra.attention_forward
-    B, T = tokens.shape
-    C, H, L = cfg.d_model, cfg.heads, cfg.layers
-    P = params
-    r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) if precision == "bf16" \
-        else (lambda a: a)
-    x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
-    cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
-    for l in range(L):
-        p = lambda n: P[f"h{l}.{n}"]
-        c = {"x": x}
-        y, mean, rstd = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
-        c["ln1"] = (r(y), mean, rstd)
-        h = c["ln1"][0]
-        q = r(matmul(h, r(p("Wq")), p("bq")))
-        k = r(matmul(h, r(p("Wk")), p("bk")))
-        v = r(matmul(h, r(p("Wv")), p("bv")))
-        c["qkv"] = (q, k, v)
-        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C))
-        c["ctx"] = ctx
-        x = add(x, matmul(ctx, r(p("Wo")), p("bo")))
-        c["x_mid"] = x
-        y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
-        c["ln2"] = (r(y), mean, rstd)
-        c["pre"] = r(matmul(c["ln2"][0], r(p("fc_in_W")), p("fc_in_b")))   # [BT,M]
-        c["act"] = r(gelu_forward(c["pre"]))
-        x = add(x, matmul(c["act"], r(p("fc_out_W")), p("fc_out_b")))
-        cache["layers"].append(c)
-    cache["x_final"] = x
-    y, mean, rstd = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
-    cache["lnf"] = (r(y), mean, rstd)
-    logits = matmul_abt(cache["lnf"][0], r(P["tok_emb"]))                  # [BT,V]
-    if targets is None:
-        return logits.reshape(B, T, -1)
-    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
-    cache["dlogits"] = dlogits
-    return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
-
-
-def backward(params, cfg: Config, cache, attention_backward=None):
-    """Gradients of the mean loss for every parameter, from forward's cache."""
-    from . import reference_attention as ra
-    attend_bwd = attention_backward or ra.attention_backward
-    P = params
-    tokens = cache["tokens"]
-    B, T = tokens.shape
-    C, H = cfg.d_model, cfg.heads
-    G = {}
-    dlogits = cache["dlogits"]
-    lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
-    r = (lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)) \
-        if cache.get("precision") == "bf16" else (lambda a: a)                # the weights' bf16 copy
-    G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
-    dy = matmul(dlogits, r(P["tok_emb"]))                                      # [BT,C]
-    G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
-    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
-    for l in reversed(range(cfg.layers)):
-        c = cache["layers"][l]
-        p = lambda n: P[f"h{l}.{n}"]
-        g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
-        # MLP branch
-        g("fc_out_W", matmul_atb(c["act"], dx))
-        g("fc_out_b", bias_grad(dx))
-        dact = matmul_abt(dx, r(p("fc_out_W")))
-        dpre = gelu_backward(c["pre"], dact)
-        g("fc_in_W", matmul_atb(c["ln2"][0], dpre))
-        g("fc_in_b", bias_grad(dpre))
-        dln2 = matmul_abt(dpre, r(p("fc_in_W")))
-        _, m2, r2 = c["ln2"]
-        dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
-        g("ln2_g", dg)
-        g("ln2_b", db)
-        dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
-        # attention branch
-        g("Wo", matmul_atb(c["ctx"], dx))
-        g("bo", bias_grad(dx))
-        dctx = matmul_abt(dx, r(p("Wo")))
-        q, k, v = c["qkv"]
-        # bf16: the attention's D = rowsum(dO * O) reads O back rounded, as the model's does
-        out = {"out": c["ctx"].reshape(B, T, C)} if cache.get("precision") == "bf16" else {}
-        dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
-                                dctx.reshape(B, T, C), H, **out)
-        dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
-        h1 = c["ln1"][0]
-        dln1 = matmul_abt(dq, r(p("Wq"))) + matmul_abt(dk, r(p("Wk"))) + matmul_abt(dv, r(p("Wv")))
-        for n, d in (("q", dq), ("k", dk), ("v", dv)):
-            g("W" + n, matmul_atb(h1, d))
-            g("b" + n, bias_grad(d))
-        _, m1, r1 = c["ln1"]
-        dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
-        g("ln1_g", dg)
-        g("ln1_b", db)
-        dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
-    offsets, positions = token_buckets(tokens, cfg.vocab)
-    G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
-    G["pos_emb"] = np.zeros_like(P["pos_emb"])
-    G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
-    return {name: G[name] for name, _, _ in param_specs(cfg)}
-
-
-def clip_and_step(params, grads, opt, cfg: Config, lr: float):
-    """Global-norm clip then AdamW, in place. opt = {"m": {...}, "v": {...}, "t": int}. Returns the norm."""
-    flat = np.concatenate([g.reshape(-1) for g in grads.values()])
-    norm, scale = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
-        float(np.sqrt(np.sum(flat.astype(np.float64) ** 2))), 1.0)
-    opt["t"] += 1
-    for name, _, decayed in param_specs(cfg):
-        adamw(grads[name], cfg.weight_decay if decayed else 0.0, scale, params[name],
-              opt["m"][name], opt["v"][name], lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, opt["t"])
-    return norm
-
-
-def new_opt_state(params):
-    return {"m": {k: np.zeros_like(v) for k, v in params.items()},
-            "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
 
 
 # ---- decoding from a key/value cache, and sampling (decode.wgsl) ---------------------------------

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import kernels as K
-from .bench import time_dispatches
-from .gpu import GPU, save_tuning
-from .plan import PORTABLE, subgroup_verdict
+from ..reference import attention as RA      # the one runtime module that imports the judge:
+from ..reference import kernels as R         # every candidate is checked against it before it is timed
+from .gpu import GPU
+from .kernels import Kernels
+from .plan import PORTABLE, online_fits, tile_problem
+from .planner import subgroup_verdict
+from .timing import time_dispatches
+from .tuning import read_tuning, save_tuning
 
 WX_CANDIDATES = (8, 16, 32, 64)
 # (WX, WY, TM, TV, BK): tiles of 64x64, 64x128, 128x64, 128x128, 32x64, 64x64 with BK 32, and
@@ -29,14 +33,14 @@ BLOCK_CANDIDATES = ((32, 32), (64, 32), (128, 32), (64, 16), (128, 16), (256, 32
 
 def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4", tile=None):
     """wx: the vec4 kernels' width (None for the others); tile: the tiled kernels'."""
-    plan = PORTABLE.with_(matmul_wx=wx or 8, matmul_tile=tile or PORTABLE.matmul_tile)
+    kn = Kernels(gpu, PORTABLE.with_(matmul_wx=wx or 8, matmul_tile=tile or PORTABLE.matmul_tile))
     total = 0.0
     for M, N, Kd in shapes:
         r = np.random.default_rng(M + N + Kd)
         a = r.standard_normal((M, Kd)).astype(np.float32)
         b = r.standard_normal((Kd, N)).astype(np.float32)
         out = gpu.tensor((M, N))
-        d = K.matmul(gpu, gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant=variant, plan=plan)
+        d = kn.matmul(gpu.upload(a), gpu.upload(b), None, out, M, N, Kd, variant=variant)
         gpu.run([d])
         err = np.abs(gpu.read(out) - a.astype(np.float64) @ b).max()
         if err > 1e-3 * np.sqrt(Kd):
@@ -47,17 +51,17 @@ def _matmul_ms(gpu, wx, shapes, repeats, variant="vec4", tile=None):
 
 
 def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
-    from . import reference_attention as RA
+    kn = Kernels(gpu, PORTABLE)
     B, H, C = 1, 1, hd
     r = np.random.default_rng(T)
     q, k, v, do = (r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
     tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
-    ds = [K.attn_online_forward(gpu, tq, tk, tv, out, L, B, T, C, H, block, variant),
-          K.attn_online_d(gpu, tdo, out, D, B, T, C, H, block),
-          K.attn_online_dq(gpu, tq, tk, tv, tdo, L, D, dq, B, T, C, H, block, variant),
-          K.attn_online_dkv(gpu, tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block, variant)]
+    ds = [kn.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, block, variant),
+          kn.attn_online_d(tdo, out, D, B, T, C, H, block),
+          kn.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, block, variant),
+          kn.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block, variant)]
     gpu.run(ds)
     f = lambda x: x.astype(np.float64)
     err = max(np.abs(gpu.read(out) - RA.attention_forward(f(q), f(k), f(v), H)).max(),
@@ -72,7 +76,6 @@ def measure_peaks(gpu: GPU, quick: bool = False) -> dict:
     scripts/probe_adapter.py): vec4 FMA GFLOP/s with no memory traffic (probe_fma, checked against
     its twin), and streaming GB/s: elementwise4's add over buffers larger than any cache, two reads
     and a write per float."""
-    from . import reference as R
     n = (1 << 16) if gpu.is_cpu or quick else (1 << 20)           # invocations: enough to fill a GPU
     iters = 256 if quick else 4096
     out = gpu.tensor((4 * n,))
@@ -85,14 +88,13 @@ def measure_peaks(gpu: GPU, quick: bool = False) -> dict:
     fma_ms = time_dispatches(gpu, [d], 1 if quick else 3)[0]
     m = min(gpu.max_binding // 4, (1 << 20) if quick else (1 << 25)) // 1024 * 1024   # floats per buffer
     x, y, z = gpu.tensor((m,)), gpu.tensor((m,)), gpu.tensor((m,))
-    add = K.add(gpu, x, y, z, m, variant="vec4")
+    add = Kernels(gpu, PORTABLE).add(x, y, z, m, variant="vec4")
     add_ms = time_dispatches(gpu, [add], 1 if quick else 3)[0]
     return {"gflops": n * iters * 64 / fma_ms / 1e6, "gbps": 12 * m / add_ms / 1e6}
 
 
 def cached_peaks(gpu: GPU) -> dict:
     """The peaks cached with this adapter's tuning, measured (and cached) now when there are none."""
-    from .gpu import read_tuning
     entry = read_tuning(gpu.key)
     if "peaks" not in entry:
         entry = dict(entry, peaks=measure_peaks(gpu))
@@ -114,7 +116,7 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             rows.append({"kernel": "matmul_vec4", "variant": f"WX={wx}", "ms": ms, "value": wx})
             say(f"matmul_vec4 WX={wx}: {ms:.2f} ms")
     for tile in TILE_CANDIDATES:
-        if K.tile_problem(gpu, tile) is None:
+        if tile_problem(gpu.limits, tile) is None:
             ms = _matmul_ms(gpu, None, shapes, repeats, "tiled", tile)
             rows.append({"kernel": "matmul_tiled", "variant": "x".join(map(str, tile)), "ms": ms, "value": list(tile)})
             say(f"matmul_tiled {tile}: {ms:.2f} ms")
@@ -124,7 +126,7 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
         rows.append({"kernel": "matmul_sg", "variant": "sg", "ms": ms, "value": "sg"})
         say(f"matmul_sg: {ms:.2f} ms")
     for block in BLOCK_CANDIDATES:
-        if K.online_fits(gpu, hd, *block):
+        if online_fits(gpu.limits, hd, *block):
             ms = _online_ms(gpu, block, T, hd, repeats)
             rows.append({"kernel": "attn_online", "variant": f"BQ={block[0]} BK={block[1]}", "ms": ms,
                          "value": list(block)})

@@ -1,5 +1,5 @@
-"""The same GPT in PyTorch, for scripts/bench_train.py, bench_learning.py, train_ddp.py and the
-export test. Imported only where torch is (an optional extra: pip install 'tinygpt[torch]').
+"""The same GPT in PyTorch, for bench_train.py, bench_learning.py and train_ddp.py beside it.
+Imported only where torch is (an optional extra: pip install 'tinygpt[torch]').
 
 Same parameters ([in, out] weights), exact GELU, LayerNorm eps 1e-5, tied head, AdamW with
 TinyGPT's decay split and betas, global-norm clipping: from the same weights and batches it
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
 
 
 def key(name: str) -> str:

@@ -10,6 +10,7 @@ Conventions every shader follows (the only contract between WGSL and Python):
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import struct
@@ -17,14 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import wgpu
 
-from .errors import TinyGPTError
+from ..core.errors import TinyGPTError
+from .cost import kernel_flops
 
-# Tensors inside one buffer start on this many bytes, which satisfies every
-# adapter's min-storage-buffer-offset-alignment (at most 256) and lets a
-# 256-float workgroup of the optimizer never straddle two tensors.
-ALIGN_BYTES = 1024
 MAX_GROUPS = 65535
+# elements of each dtype a 4-byte word holds: bf16 packs two (element 2i in the low half of word i)
+PER_WORD = {"f32": 1, "u32": 1, "i32": 1, "bf16": 2}
 
 
 class GPUError(TinyGPTError, RuntimeError):
@@ -44,7 +45,7 @@ class LimitError(GPUError):
 
 
 def shader_dir() -> Path:
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent                # the tinygpt package
     for cand in (here / "shaders", here.parent / "shaders"):  # wheel, checkout
         if (cand / "matmul.wgsl").exists():
             return cand
@@ -53,7 +54,6 @@ def shader_dir() -> Path:
 
 def _quiet_wgpu_logs():
     # wgpu-native logs adapter probing noise (XDG_RUNTIME_DIR etc.) at warning level.
-    import logging
     logging.getLogger("wgpu").setLevel(logging.ERROR)
 
 
@@ -62,7 +62,6 @@ _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "d3d12": "D3D12", "gl": "Open
 
 def pick_adapter(backend: str | None = None):
     """Vulkan/Metal/D3D12 before OpenGL, real GPUs before CPUs; TINYGPT_BACKEND forces one."""
-    import wgpu
     _quiet_wgpu_logs()
     backend = (backend or os.environ.get("TINYGPT_BACKEND") or "").strip().lower()
     if backend and backend not in _BACKENDS:
@@ -87,7 +86,9 @@ def pick_adapter(backend: str | None = None):
 
 @dataclass
 class Tensor:
-    """A typed view of (part of) a GPU buffer. shape is logical, row-major."""
+    """A typed view of (part of) a GPU buffer, row-major. dtype "f32", "u32" or "i32": shape counts
+    elements; "bf16": two bf16 values to each 32-bit word (element 2i in the low half of word i),
+    and shape counts the words."""
     buf: object
     offset: int  # bytes
     shape: tuple
@@ -107,7 +108,7 @@ class Tensor:
         return {"buffer": self.buf, "offset": self.offset, "size": max(4, self.nbytes)}
 
 
-_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32}
+_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "bf16": np.uint32}   # bf16: the packed words
 
 
 @dataclass
@@ -152,6 +153,11 @@ def pack_params(values) -> bytes:
     return bytes(out)
 
 
+def buffer_bytes(nbytes: int) -> int:
+    """What GPU.buffer allocates for nbytes: at least 16, rounded up to 16 (the memory budget counts these)."""
+    return max(16, (int(nbytes) + 15) // 16 * 16)
+
+
 def grid1d(n_groups: int) -> tuple:
     """Fold n workgroups into (x, y, 1) within the per-dimension limit."""
     n_groups = max(1, int(n_groups))
@@ -161,127 +167,17 @@ def grid1d(n_groups: int) -> tuple:
     return (-(-n_groups // y), y, 1)
 
 
-def cache_dir() -> Path:
-    d = os.environ.get("TINYGPT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tinygpt")
-    return Path(d)
-
-
-TUNING_MAX_BYTES = 1 << 20
-
-
-def tuning_path() -> Path:
-    return cache_dir() / "tuning.json"
-
-
-def load_tuning_cache() -> dict:
-    """The whole cache {adapter key: entry}, {} where there is none; ValueError (saying why) where
-    it is not a regular JSON-object file of at most 1 MiB. The one reader of the file."""
-    import json
-    path = tuning_path()
-    if not path.exists():
-        return {}
-    try:
-        if not path.is_file() or path.stat().st_size > TUNING_MAX_BYTES:
-            raise ValueError("not a regular file of at most 1 MiB")
-        allv = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(str(e)) from e
-    if not isinstance(allv, dict):
-        raise ValueError(f"it holds a {type(allv).__name__}, not an object")
-    return allv
-
-
-def save_tuning(key: str, entry: dict | None) -> Path:
-    """Write (or with None, remove) this adapter's entry; an unreadable cache is replaced."""
-    import json
-    from .files import atomic_write
-    try:
-        allv = load_tuning_cache()
-    except ValueError:
-        allv = {}
-    if entry is None:
-        allv.pop(key, None)
-    else:
-        allv[key] = entry
-    path = tuning_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(allv, indent=2).encode())
-    return path
-
-
-def _valid_tuning(key: str, value) -> bool:
-    """What `tinygpt tune` can have written for each key; anything else is ignored."""
-    pow2 = lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0 and v & (v - 1) == 0
-    if key == "matmul_wx":
-        return value in (8, 16, 32, 64) and not isinstance(value, bool)
-    if key == "online_block":
-        return isinstance(value, list) and len(value) == 2 and all(pow2(v) for v in value) \
-            and value[0] <= 1024 and value[1] <= 64
-    if key == "peaks":                            # FMA GFLOP/s and streaming GB/s (tune.measure_peaks)
-        return isinstance(value, dict) and set(value) == {"gflops", "gbps"} and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1e9 for v in value.values())
-    if key == "matmul_tile":                      # (WX, WY, TM, TV, BK); kernels.tile_problem judges the device
-        return isinstance(value, list) and len(value) == 5 and all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 1024 for v in value)
-    if key in ("matmul", "matmul_variant"):     # *_variant: what older versions wrote
-        return value in ("sg", "tiled", "vec4", "scalar")
-    if key in ("attention", "online_variant"):
-        return value in ("sg", "tiles")
-    return False
-
-
-def read_tuning(key: str) -> dict:
-    """The kernel variants `tinygpt tune` measured fastest on this adapter, or {} (the defaults).
-
-    A cache that cannot be read, or an entry of it that tune could not have written, is ignored
-    with one warning naming the file and how to reset it: a cache never stops a command."""
-    import json
-    from .errors import warn
-    path = tuning_path()
-    reset = f"reset it with 'tinygpt tune {{opt:reset}}' or delete {path}"
-    try:
-        entry = load_tuning_cache().get(key, {})
-        if not isinstance(entry, dict):
-            raise ValueError(f"the entry for this adapter is {type(entry).__name__}, not an object")
-    except ValueError as e:
-        warn(f"ignoring the tuning cache {path} ({e}); the default kernels run; {reset}")
-        return {}
-    bad = {k: v for k, v in entry.items() if not _valid_tuning(k, v)}
-    if bad:
-        shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in list(bad.items())[:3])
-        warn(f"ignoring invalid entries of the tuning cache {path}: {shown}; {reset}")
-    return {k: v for k, v in entry.items() if k not in bad}
-
-
-def reset_tuning(key: str) -> str:
-    """Remove this adapter's entry from the cache (the file, if it cannot be read); says what it did."""
-    path = tuning_path()
-    if not path.exists():
-        return f"no tuning cache at {path}: nothing to reset"
-    try:
-        held = key in load_tuning_cache()
-    except ValueError:
-        path.unlink()
-        return f"removed the unreadable tuning cache {path}"
-    if not held:
-        return f"{path} holds no entry for this adapter: nothing to reset"
-    save_tuning(key, None)
-    return f"removed this adapter's entry from {path}; the default kernels run until the next tune"
-
-
 class GPU:
     """One adapter, one device, the caches and the counters."""
 
     def __init__(self, backend: str | None = None):
-        import wgpu
         self.wgpu = wgpu
         self.adapter = pick_adapter(backend)
         info = self.adapter.info
         self.backend = info.get("backend_type", "?")
         self.name = info.get("device", "") or self.adapter.summary
         feats = set(self.adapter.features)
-        # subgroup: matmul_sg.wgsl's broadcasts (kernels.py checks them before use);
+        # subgroup: the sg kernels' broadcasts (planner.py checks them before the plan uses them);
         # TINYGPT_NO_SUBGROUPS=1 leaves the feature off, to test or compare without it
         optional = ("timestamp-query",) + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else ("subgroup",))
         want = [f for f in optional if f in feats]
@@ -341,7 +237,7 @@ class GPU:
     # ---- buffers -------------------------------------------------------------------
     def buffer(self, nbytes: int, label: str = "", binding: bool = True):
         wgpu = self.wgpu
-        nbytes = max(16, (int(nbytes) + 15) // 16 * 16)
+        nbytes = buffer_bytes(nbytes)
         self.check_size(nbytes, label or "a buffer", binding)
         usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
         buf = self.device.create_buffer(size=nbytes, usage=usage, label=label)
@@ -356,9 +252,10 @@ class GPU:
             self.write(t, data)
         return t
 
-    def upload(self, array, name="") -> Tensor:
+    def upload(self, array, name="", dtype: str | None = None) -> Tensor:
+        """A new tensor holding `array`; dtype "bf16" takes packed words (uint32)."""
         a = np.ascontiguousarray(array)
-        dtype = {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}.get(a.dtype)
+        dtype = dtype or {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}.get(a.dtype)
         if dtype is None:
             a = a.astype(np.float32)
             dtype = "f32"
@@ -444,7 +341,6 @@ class GPU:
             data=pbytes, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
         self.counters.buffers += 1
         d = self.dispatch_with(kernel, ubuf, tensors, grid)
-        from .cost import kernel_flops
         d.flops = kernel_flops(kernel.name, params)
         return d
 
@@ -471,7 +367,7 @@ class GPU:
     def run(self, dispatches, timestamps=None):
         """Encode every dispatch into one compute pass and submit once.
 
-        With `timestamps` (a Profiler), each dispatch gets its own pass with
+        With `timestamps` (Timestamps), each dispatch gets its own pass with
         begin/end timestamp writes instead, so that its GPU time can be read.
         """
         try:
@@ -507,7 +403,7 @@ class GPU:
         self.queue.read_buffer(self.dummy("r").buf, 0, 16)
 
 
-class Profiler:
+class Timestamps:
     """GPU time per dispatch from timestamp queries (one pass per dispatch)."""
 
     def __init__(self, gpu: GPU, n: int):

@@ -1,0 +1,54 @@
+"""The precision policy: what a model stores in which dtype, and which kernels read it.
+
+A policy is a value made once from the precision option and passed down: the model's buffer
+table reads `stored` and `weights` for the dtype of each buffer, its block reads `kernels` for the
+launcher of each step, and the reference reads `stored` and `weights` to round where the model
+stores. Master weights, both AdamW moments, gradients, the residual stream, the logits and the
+loss are float32 under every policy. A new precision is a new policy here, its kernels and its
+tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# the steps of a block whose kernel depends on the stored dtype
+ROLES = ("layernorm", "matmul", "matmul_abt", "matmul_atb", "gelu_forward", "gelu_backward", "to_f32", "from_f32")
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    stored: str          # dtype of the matmuls' saved operands: LayerNorm and GELU outputs, q, k, v, the
+                         # attention output, the pre-activation, the head's input
+    weights: str         # dtype of the weights the matmuls read: "f32" is the master copy itself; anything
+                         # else is a copy the optimizer step refreshes after every update
+    width_multiple: int  # d_model and the MLP width must be multiples of this (the kernels' vector width)
+    decode_cache: bool   # the key/value-cache decode step (decode.wgsl, float32) serves this precision
+    kernels: dict = field(default_factory=dict)   # role -> the launcher (a WGSL entry point) that plays it
+
+    def problem(self, d_model: int, d_mlp: int) -> str | None:
+        """Why a model of this width cannot run in this precision, or None."""
+        m = self.width_multiple
+        if d_model % m or d_mlp % m:
+            return (f"{{opt:precision}} {self.name} needs {{opt:d_model}} and the MLP width multiples of {m}, "
+                    f"got {d_model} and {d_mlp}")
+        return None
+
+    @property
+    def converts(self) -> bool:
+        """Whether what is stored differs from float32, so that some kernels read converted copies."""
+        return self.stored != "f32"
+
+
+FP32 = Precision("fp32", stored="f32", weights="f32", width_multiple=1, decode_cache=True, kernels={
+    "layernorm": "layernorm_forward", "matmul": "matmul", "matmul_abt": "matmul_abt", "matmul_atb": "matmul_atb",
+    "gelu_forward": "gelu_forward", "gelu_backward": "gelu_backward", "to_f32": None, "from_f32": None})
+
+# bf16: GELU reads 8 bf16 at a time and the subgroup matmuls 8 per row, hence the multiple of 8;
+# the cached decode step is float32, so a bf16 model samples by the whole window's forward.
+BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode_cache=False, kernels={
+    "layernorm": "layernorm_forward_bf16", "matmul": "matmul_bf16", "matmul_abt": "matmul_abt_bf16",
+    "matmul_atb": "matmul_atb_bf16", "gelu_forward": "gelu_forward_bf16", "gelu_backward": "gelu_backward_bf16",
+    "to_f32": "cast_f32", "from_f32": "cast_bf16"})
+
+PRECISIONS = {p.name: p for p in (FP32, BF16)}

@@ -1,0 +1,468 @@
+"""The launchers: one method per WGSL entry point, its bindings and its grid.
+
+The only place that knows binding numbers. `Kernels(gpu, plan)` is one device's launchers under
+one kernel plan, made by the caller and handed down; nothing here makes or defaults a plan. Each
+launcher builds its bind group once and returns a Dispatch that the caller replays every step.
+Arguments follow the NumPy twin of the same name: inputs in binding order, then outputs, then
+sizes. None stands for an absent optional binding (gpu.dispatch binds a dummy there). Which
+variant runs: `variant=` forces one (tests and benchmarks); otherwise the plan's choice for the
+family, where the shape allows it.
+
+bf16 tensors (dtype "bf16") hold two values a word; the bf16 matmuls read either operand as bf16
+or float32, as each tensor's dtype says, and write bf16 where `out` is a bf16 tensor.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
+from .gpu import GPU, Dispatch, grid1d, pack_params
+from .plan import KernelPlan, online_tiles
+
+MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
+VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
+SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
+CHUNK = 4096         # floats per partial sum of the gradient norm (optim.wgsl)
+NO_CLIP = 3.0e38     # a clip threshold no norm reaches
+DECODE_ACCESS = "urrrrwww"     # decode.wgsl's bindings: params | a b c ids_in | o1 o2 ids_out
+DECODE_UNIFORM_BYTES = 80
+
+
+# ---- shape rules: which variant a shape allows -----------------------------------------------------
+def vec4_ok(entry, M, N, K) -> bool:
+    """The vec4 and sg kernels need K and N (and M for A^T @ B) to be multiples of 4."""
+    return N % 4 == 0 and K % 4 == 0 and (M % 4 == 0 or entry != "matmul_atb")
+
+
+def mm_variant(plan: KernelPlan, entry, M, N, K) -> str:
+    """The plan's matmul variant where the shape allows it (sg and vec4 need whole vec4), else scalar."""
+    return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
+
+
+def sg_blocks(N, most=3) -> int:
+    """Column blocks per lane of the sg kernels: 2 or 3 (about equally fast, both faster than 1 on
+    lavapipe: docs/kernels.md) unless that leaves over 1/8 of the lanes computing columns past N;
+    2 first, having fewer accumulators to spill. N = 96: 24 vec4 columns fill 1 workgroup of 3
+    blocks exactly."""
+    n4 = N // 4
+    for nc in (2, 3)[:most - 1]:
+        if -(-n4 // (8 * nc)) * 8 * nc - n4 <= n4 // 8:
+            return nc
+    return 1
+
+
+def sg_tile(M, N) -> tuple:
+    """(rows per workgroup, column blocks per lane) of an sg matmul. 32 rows where M wastes at most
+    1/8 of them (faster for all three products on lavapipe: docs/kernels.md), with at most 2
+    column blocks (2 x 32 rows already spill); else 16."""
+    if -(-M // 32) * 32 - M <= M // 8:
+        return 32, sg_blocks(N, most=2)
+    return 16, sg_blocks(N)
+
+
+def bf16_ok(entry, M, N, K) -> bool:
+    """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
+    return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
+
+
+def bf16_variant(plan: KernelPlan, entry, M, N, K) -> str:
+    """The bf16 form of the plan's matmul family: tiled (matmul_tiled.wgsl with bf16 tile loads) for
+    tiled, matmul_bf16_sg.wgsl for sg (and vec4, which has no bf16 form, where subgroups work),
+    matmul_bf16.wgsl ("plain") otherwise and for shapes the 8-wide kernels cannot take."""
+    if not bf16_ok(entry, M, N, K):
+        return "plain"
+    if plan.matmul == "tiled":
+        return "tiled"
+    if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok":
+        return "sg"
+    return "plain"
+
+
+def bf16_blocks(N) -> int:
+    """Column blocks of 4 per lane of matmul_bf16_sg.wgsl: 2 (64-column workgroups) unless that
+    leaves over 1/8 of the lanes past N, as N = 96 does; then 1 (32 columns: 96 in 3 exactly)."""
+    n8 = N // 8
+    return 2 if -(-n8 // 8) * 8 - n8 <= n8 // 8 else 1
+
+
+def bf16_rows(M) -> int:
+    """Rows per workgroup of matmul_bf16_sg.wgsl's A @ B and A @ B^T: 64 (each B word loaded for
+    twice the rows) unless that leaves over 1/8 of the rows past M; then 32."""
+    return 64 if -(-M // 64) * 64 - M <= M // 8 else 32
+
+
+def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
+    """The plan's online attention variant; sg also has to stay under llvmpipe's loop cap, where
+    a lane makes up to 6 * ceil(hd / 32) + 2 loop trips per block of 8 rows (T up to ~20,000
+    at hd = 128); past it, the tiles."""
+    trips = -(-T // SG_LANES) * (6 * -(-hd // 32) + 2)
+    fits = plan.loop_cap is None or trips <= plan.loop_cap
+    return "sg" if plan.attention == "sg" and fits else "tiles"
+
+
+def adamw_uniform(n: int, clip: float, lr: float, t: int) -> bytes:
+    """optim(4).wgsl's Params for step t (1-based): n, clip (0 = never), lr, beta1, beta2, eps and the
+    bias corrections 1 - beta^t, computed in float64 and stored as float32."""
+    u = np.array([0, clip if clip > 0 else NO_CLIP, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS,
+                  1 - ADAMW_BETA1 ** t, 1 - ADAMW_BETA2 ** t], np.float32).view(np.uint32)
+    u[0] = n
+    return u.tobytes()
+
+
+def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
+                   top_p=1.0, v0=0, vn=None) -> bytes:
+    """decode.wgsl's Params, rewritten before each token; v0, vn: the token rows embed_decode's
+    table binding holds (all VP by default)."""
+    seed = int(seed) & (2 ** 64 - 1)
+    return pack_params((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
+                        seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H),
+                        v0, VP if vn is None else vn))
+
+
+class Kernels:
+    """One device's launchers under one kernel plan."""
+
+    def __init__(self, gpu: GPU, plan: KernelPlan):
+        self.gpu, self.plan = gpu, plan
+
+    # ---- matmul ----------------------------------------------------------------------------------
+    def _mm(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, consts=None) -> Dispatch:
+        """consts: the bf16 override constants of matmul_tiled.wgsl (_mm_bf16 passes them)."""
+        gpu, plan = self.gpu, self.plan
+        variant = variant or mm_variant(plan, entry, M, N, K)
+        params = (M, N, K, bias is not None, accumulate)
+        if variant == "sg":
+            tm, nc = sg_tile(M, N)
+            k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * SG_LANES * nc)), -(-M // tm)))
+        if variant == "tiled":   # workgroup tiles of BM x BN, TM x 4TV per invocation
+            wx, wy, tm, tv, bk = plan.matmul_tile
+            k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw",
+                           {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **(consts or {})})
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx * tv)), -(-M // (wy * tm))))
+        if variant == "vec4":
+            wx = plan.matmul_wx
+            k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx)), -(-M // VEC_ROWS)))
+        k = gpu.kernel("matmul.wgsl", entry, "urrrw")
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // MM_TILE), -(-M // MM_TILE)))
+
+    def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[K,N] + bias[N]"""
+        return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant)
+
+    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[N,K]^T"""
+        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
+
+    def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
+        """out[M,N] = a[K,M]^T @ b[K,N]"""
+        return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
+
+    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, matmul_bf16*.wgsl, elementwise_bf16.wgsl) ------------------
+    def cast_bf16(self, x, out, n, variant=None) -> Dispatch:
+        """out (bf16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even. variant: "x8"
+        (bf16x8.wgsl, 8 values an invocation) where n is a multiple of 8, else "scalar"."""
+        gpu = self.gpu
+        if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
+            k = gpu.kernel("bf16x8.wgsl", "cast_bf16x8", "urrww")
+            return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // (8 * 64))))
+        k = gpu.kernel("bf16.wgsl", "cast_bf16", "urrww")
+        return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // 128)))
+
+    def cast_f32(self, xh, out, n, variant=None) -> Dispatch:
+        """out (f32 [n]) = the bf16 values of xh; "x8" where n is a multiple of 8, as cast_bf16."""
+        gpu = self.gpu
+        if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
+            k = gpu.kernel("bf16x8.wgsl", "cast_f32x8", "urrww")
+            return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // (8 * 64))))
+        k = gpu.kernel("bf16.wgsl", "cast_f32", "urrww")
+        return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
+
+    def gelu_forward_bf16(self, xh, outh, n) -> Dispatch:
+        """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides."""
+        assert n % 8 == 0, n
+        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_forward_bf16", "urrww")
+        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
+
+    def gelu_backward_bf16(self, xh, dy, out, n) -> Dispatch:
+        """out (f32) = dy * gelu'(xh), xh bf16 (the saved pre-activation), n a multiple of 8."""
+        assert n % 8 == 0, n
+        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww")
+        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
+
+    def _mm_bf16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, nb=None, tm=None) -> Dispatch:
+        """variant: the plan's (bf16_variant): "tiled", "sg" (matmul_bf16_sg.wgsl) or "plain"
+        (matmul_bf16.wgsl: any shape; a bf16 tensor is packed flat, element e in half e & 1 of word
+        e/2). An "f32" operand is float32 (the backward's gradients; any operand but B of A @ B^T)."""
+        gpu = self.gpu
+        variant = variant or bf16_variant(self.plan, entry, M, N, K)
+        if variant == "tiled":   # matmul_tiled.wgsl, its tile loads reading bf16 (A_BF16, B_BF16)
+            assert bf16_ok(entry, M, N, K), (entry, M, N, K)
+            assert not (accumulate and out.dtype == "bf16"), entry
+            consts = {n: True for n, on in (("A_BF16", a.dtype == "bf16"), ("B_BF16", b.dtype == "bf16"),
+                                            ("OUT_BF16", out.dtype == "bf16")) if on}
+            return self._mm(entry, a, b, bias, out, M, N, K, accumulate, "tiled", consts)
+        consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
+                                        ("OUT_BF16", out.dtype == "bf16")) if on}
+        assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
+        assert not (accumulate and "OUT_BF16" in consts) and (N % 2 == 0 or "OUT_BF16" not in consts), (entry, consts)
+        params = (M, N, K, bias is not None, accumulate)
+        if variant == "sg":
+            assert bf16_ok(entry, M, N, K), (entry, M, N, K)
+            nb = bf16_blocks(N) if nb is None else nb
+            tm = tm or bf16_rows(M)
+            k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
+        k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw", consts)
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
+
+    def matmul_bf16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
+        """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]), float32 sums; either operand bf16 or float32,
+        out float32 or bf16. nb, tm: the sg kernel's column blocks per lane and rows per workgroup
+        (bf16_blocks(N), bf16_rows(M) if None)."""
+        return self._mm_bf16("matmul", a, b, bias, out, M, N, K, accumulate, variant, nb, tm)
+
+    def matmul_abt_bf16(self, a, b, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[N,K]^T, b bf16, a bf16 or float32"""
+        return self._mm_bf16("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, nb, tm)
+
+    def matmul_atb_bf16(self, a, b, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
+        """out[M,N] = a[K,M]^T @ b[K,N], a and b each bf16 or float32"""
+        return self._mm_bf16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, nb, tm)
+
+    # ---- elementwise -------------------------------------------------------------------------------
+    def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None) -> Dispatch:
+        """elementwise4.wgsl (16 floats an invocation as 4 vec4) where the plan says vec4 and n allows."""
+        gpu = self.gpu
+        variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 and groups is None
+                              else "scalar")
+        if variant == "vec4":
+            k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw")
+            return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
+        k = gpu.kernel("elementwise.wgsl", entry, "urrw")
+        return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
+
+    def add(self, x, y, out, n, variant=None) -> Dispatch:
+        return self._ew("add", x, y, out, n, variant=variant)
+
+    def accumulate(self, x, out, n, variant=None) -> Dispatch:
+        """out += x (out is read and written: a buffer other than x)."""
+        return self._ew("accumulate", x, None, out, n, variant=variant)
+
+    def gelu_forward(self, x, out, n, variant=None) -> Dispatch:
+        return self._ew("gelu_forward", x, None, out, n, variant=variant)
+
+    def gelu_backward(self, x, dy, out, n, variant=None) -> Dispatch:
+        return self._ew("gelu_backward", x, dy, out, n, variant=variant)
+
+    def bias_grad(self, dy, out, rows, cols, variant=None) -> Dispatch:
+        variant = variant or ("sg" if cols % 4 == 0 and self.plan.reduce == "sg" else "scalar")
+        if variant == "sg":  # one 8-lane subgroup per 4 columns
+            k = self.gpu.kernel("elementwise_sg.wgsl", "bias_grad_sg", "urrw")
+            return self.gpu.dispatch(k, (rows, cols), [dy, None, out], grid1d(cols // 4))
+        return self._ew("bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
+
+    # ---- layernorm ---------------------------------------------------------------------------------
+    def _ln_file(self, entry, C, variant=None):
+        """layernorm4.wgsl (rows read as vec4) where C is a multiple of 4."""
+        variant = variant or ("vec4" if self.plan.elementwise == "vec4" and C % 4 == 0 else "scalar")
+        return ("layernorm4.wgsl", entry + "4") if variant == "vec4" else ("layernorm.wgsl", entry)
+
+    def layernorm_forward(self, x, gb, y, stats, rows, C, eps=1e-5, variant=None) -> Dispatch:
+        """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
+        k = self.gpu.kernel(*self._ln_file("layernorm_forward", C, variant), "urrrww")
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
+
+    def layernorm_forward_bf16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
+        """layernorm_forward with y written as bf16 ([rows, C/2] words); C a multiple of 8."""
+        assert C % 8 == 0, C
+        k = self.gpu.kernel("layernorm_bf16.wgsl", "layernorm_forward_bf16", "urrww")
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
+
+    def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None) -> Dispatch:
+        k = self.gpu.kernel(*self._ln_file("layernorm_dx", C, variant), "urrrww")
+        return self.gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
+
+    def layernorm_dgb(self, dy, x, stats, dgb, rows, C, variant=None) -> Dispatch:
+        variant = variant or ("sg" if C % 4 == 0 and self.plan.reduce == "sg" else "scalar")
+        if variant == "sg":  # one 8-lane subgroup per 4 channels
+            k = self.gpu.kernel("layernorm_sg.wgsl", "layernorm_dgb_sg", "urrrww")
+            return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
+        k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww")
+        return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
+
+    # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
+    def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None) -> Dispatch:
+        """tok: the token table's rows v0 .. v0+n-1 (all of it by default); only the positions whose
+        token lies there are written, so one dispatch per chunk of rows writes every position once."""
+        n = tok.shape[0] if n is None else n
+        k = self.gpu.kernel("embed.wgsl", "embed_forward", "urrrw")
+        return self.gpu.dispatch(k, (B, T, C, 0, 0, v0, n), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
+
+    def embed_tok_grad(self, buckets, dout, dtok, B, T, C, V, accumulate=True, v0=0, n=None) -> Dispatch:
+        """buckets = [offsets (V+1) | positions (B*T)] as u32; dtok: rows v0 .. v0+n-1 (all V by default)."""
+        n = V if n is None else n
+        k = self.gpu.kernel("embed.wgsl", "embed_tok_grad", "urrrw")
+        return self.gpu.dispatch(k, (B, T, C, V, accumulate, v0, n), [buckets, dout, None, dtok],
+                                 grid1d(-(-n * C // 64)))
+
+    def embed_pos_grad(self, dout, dpos, B, T, C) -> Dispatch:
+        k = self.gpu.kernel("embed.wgsl", "embed_pos_grad", "urrrw")
+        return self.gpu.dispatch(k, (B, T, C, 0, 0, 0, 0), [None, dout, None, dpos], grid1d(-(-T * C // 64)))
+
+    def copy_block(self, src, out, rows, cols, src_stride, src_col, out_stride, out_col) -> Dispatch:
+        """out[r, out_col + c] = src[r, src_col + c]: a column block of the logits."""
+        k = self.gpu.kernel("head.wgsl", "copy_block", "urw")
+        return self.gpu.dispatch(k, (rows, cols, src_stride, src_col, out_stride, out_col), [src, out],
+                                 grid1d(-(-rows * cols // 64)))
+
+    # ---- loss --------------------------------------------------------------------------------------
+    def cross_entropy(self, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
+                      variant=None) -> Dispatch:
+        """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
+        subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg."""
+        stride = stride or V
+        variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
+        file, entry = ("loss_sg.wgsl", "cross_entropy_sg") if variant == "sg" else ("loss.wgsl", "cross_entropy")
+        k = self.gpu.kernel(file, entry, "urww")
+        return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
+                                 grid1d(rows))
+
+    def loss_reduce(self, losses, loss, rows, scale) -> Dispatch:
+        k = self.gpu.kernel("loss.wgsl", "loss_reduce", "urww")
+        return self.gpu.dispatch(k, (rows, 0, float(scale), 0, 0, 0), [None, loss, losses], (1,))
+
+    # ---- optimizer ---------------------------------------------------------------------------------
+    def _opt4(self, entry, n, variant=None):
+        """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
+        variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
+        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if variant == "vec4" else \
+            self.gpu.kernel("optim.wgsl", entry, "urrwwww")
+
+    def grad_sumsq(self, g, partials, n, variant=None) -> Dispatch:
+        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant), (n,) + (0.0,) * 7,
+                                 [g, None, partials, None, None, None], grid1d(-(-n // CHUNK)))
+
+    def grad_clip(self, partials, stats, n_partials, clip) -> Dispatch:
+        return self.gpu.dispatch(self.gpu.kernel("optim.wgsl", "grad_clip", "urrwwww"),
+                                 (n_partials, float(clip)) + (0.0,) * 6, [None, partials, stats, None, None, None], (1,))
+
+    def adamw(self, g, wd_table, stats, w, m, v, n, step_uniform, variant=None) -> Dispatch:
+        """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step."""
+        return self.gpu.dispatch_with(self._opt4("adamw", n, variant), step_uniform, [g, wd_table, stats, w, m, v],
+                                      grid1d(-(-n // 256)))
+
+    # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
+    def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv) -> Dispatch:
+        hd = C // H
+        k = self.gpu.kernel("attention.wgsl", entry, "urrrww", {"HD4": -(-hd // 32) * 8})
+        return self.gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)), [x1, x2, x3, o1, o2],
+                                 grid1d(-(-n_inv // 64)))
+
+    def attn_scores(self, q, k, S, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T)
+
+    def attn_softmax(self, S, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T)
+
+    def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+    def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T)
+
+    def attn_dscores(self, dout, v, P, dS, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T)
+
+    def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+    def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+    def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None) -> Dispatch:
+        nh = nh or H
+        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+
+    # ---- online attention (online.wgsl, online_sg.wgsl) -------------------------------------------
+    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None) -> Dispatch:
+        hd = C // H
+        bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
+        k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk})
+        ins = list(ins) + [None] * (6 - len(ins))
+        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
+
+    def _online_sg(self, entry, ins, o1, o2, B, T, C, H) -> Dispatch:
+        """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16
+        (their dtype says; B*T*C a multiple of 8)."""
+        hd = C // H
+        consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
+                  "BF16": ins[0].dtype == "bf16"}
+        k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
+        ins = list(ins) + [None] * (6 - len(ins))
+        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
+
+    def _tiles(self, T, C, H, block, variant) -> tuple | None:
+        """None where the sg kernels run (variant, or the plan for this shape), else the (BQ, BK) tiles."""
+        if (variant or online_variant(self.plan, T, C // H)) == "sg":
+            return None
+        return block or online_tiles(self.gpu.limits, self.plan, C // H, T)
+
+    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None) -> Dispatch:
+        """q, k, v bf16 only for online_sg.wgsl."""
+        tiles = self._tiles(T, C, H, block, variant)
+        if tiles is None:
+            return self._online_sg("attn_online_forward", [q, k, v], out, L, B, T, C, H)
+        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
+        return self._online("attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // tiles[0]),), tiles)
+
+    def attn_online_d(self, dout, out, D, B, T, C, H, block=None) -> Dispatch:
+        return self._online("attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
+
+    def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None) -> Dispatch:
+        tiles = self._tiles(T, C, H, block, variant)
+        if tiles is None:
+            return self._online_sg("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H)
+        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
+        return self._online("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H,
+                            (B * H * -(-T // tiles[0]),), tiles)
+
+    def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None) -> Dispatch:
+        tiles = self._tiles(T, C, H, block, variant)
+        if tiles is None:
+            return self._online_sg("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H)
+        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
+        return self._online("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H,
+                            (B * H * -(-T // tiles[1]),), tiles)
+
+    # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
+    # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.
+    def _decode(self, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid) -> Dispatch:
+        k = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS)
+        return self.gpu.dispatch_with(k, uniform, [a, b, c, ids_in, o1, o2, ids_out], grid)
+
+    def embed_decode(self, ids, tok, pos, out, N, C, uniform) -> Dispatch:
+        """out[n] = tok[ids[n]] + pos[p.pos], for the ids within rows p.v0 .. p.v0+p.vn-1 that tok holds"""
+        return self._decode("embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)))
+
+    def kv_append(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
+        """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, C])"""
+        return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * C // 64)))
+
+    def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform) -> Dispatch:
+        """out[n] = attention of q[n] over cache rows 0..p.pos, per head; scratch [N, H, T]."""
+        return self._decode("attn_decode", uniform, q, kc, vc, None, out, scratch, None, grid1d(N * H))
+
+    def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:
+        """ids[n] (and ids[N + step*N + n]) = the token drawn from logits row p.row0 + n * p.row_stride."""
+        return self._decode("sample_tokens", uniform, logits, None, None, None, None, None, ids, (N,))

@@ -1,0 +1,197 @@
+"""The memory budget of a training run, before anything is allocated: every buffer of the table
+in model.buffers that the run's Model (and the sampler at its end) would allocate, summed by
+group, with what each binds at once, held against the adapter's limits.
+
+It counts the same resolved rows the model allocates, so the two agree by construction
+(tests/test_memory.py holds them against the bytes the device is asked for). What it cannot
+know on a GPU is the device's free memory (WebGPU does not say); on a CPU adapter the budget is
+held against the memory the system has available.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..core.config import Config, n_params, param_specs
+from ..core.fs import available_memory
+from ..core.precision import FP32, Precision
+from ..device.gpu import GPU, buffer_bytes
+from ..device.plan import KernelPlan
+from . import buffers
+from .attention import reads
+from .decode import decode_path
+from .layout import flat_bound, padded_vocab, rows_per_binding
+
+MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
+
+
+@dataclass
+class MemoryBudget:
+    cfg: Config
+    batch: int                      # windows per micro-batch
+    accum: int
+    attention: str
+    precision: Precision = FP32
+    groups: dict = field(default_factory=dict)          # group -> bytes
+    bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
+    buffers: list = field(default_factory=list)         # (what, bytes), every buffer
+    limits: dict = field(default_factory=dict)          # max_binding, max_buffer, align, loop_cap, memory
+    problems: list = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.groups.values())
+
+    @property
+    def largest_binding(self) -> tuple[str, int]:
+        return max(self.bindings.items(), key=lambda kv: kv[1])
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        what, largest = self.largest_binding
+        return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
+                "attention": self.attention, "precision": self.precision.name, "bytes": dict(self.groups),
+                "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
+                "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
+
+
+def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, precision: Precision,
+               limits: dict, training: bool = True, head: bool = True, accum: int = 1):
+    """(resolved rows, sizes) of the Model these arguments build (model.gpt.Model._allocate)."""
+    mb = limits.get("max_binding")
+    head_rows = min(B * T, max(64, rows_per_binding(B * T, 4 * padded_vocab(cfg.vocab), mb))) if head else 0
+    size = buffers.sizes(cfg, B, T, accum, mb, head_rows)
+    on = buffers.flags(precision, attention, training, head, accum, size["head_block"] > 0,
+                       reads(precision.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
+    return buffers.resolve(buffers.MODEL, on, size, precision), size
+
+
+def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, precision: Precision = FP32,
+                  max_binding: int | None = None) -> int:
+    """The end-of-run sampler (model.decode.Decoder, one sequence): its Model over a [1, ctx]
+    window, and the decode step's buffers (decode.wgsl's uniforms are not counted)."""
+    cache = decode_path(plan, precision) == "cache"
+    planned, _ = model_rows(cfg, 1, cfg.ctx, attention, plan, precision, {"max_binding": max_binding},
+                            training=False, head=not cache)
+    size = buffers.sizes(cfg, 1, cfg.ctx, max_binding=max_binding, head_rows=1, N=1, capacity=capacity)
+    on = buffers.flags(precision, attention, False, False, 1, size["head_block"] > 0, True, cache=cache)
+    return buffers.total_bytes(planned) + buffers.total_bytes(buffers.resolve(buffers.DECODE, on, size, precision))
+
+
+def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
+                  limits: dict | None = None, sample: int = 200, precision: Precision = FP32) -> MemoryBudget:
+    """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
+    limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
+    (None where unknown); sample: the tokens of the samples at the end (0: none)."""
+    limits = dict(limits or {})
+    p = MemoryBudget(cfg, batch, accum, attention, precision, limits=limits)
+    mb, align = limits.get("max_binding"), limits.get("align") or 256
+    planned, size = model_rows(cfg, batch, cfg.ctx, attention, plan, precision, limits, accum=accum)
+    for e in planned:
+        nbytes = buffer_bytes(e.nbytes)
+        p.buffers.append((e.row.name, nbytes))
+        p.groups[e.row.group] = p.groups.get(e.row.group, 0) + nbytes
+        p.bindings[e.row.name] = max(p.bindings.get(e.row.name, 0), _bound(e, size, mb, align))
+    VP, C = size["VP"], size["C"]
+    # views of the parameters: the token table is bound whole, or in chunks of rows through the
+    # head's block scratch (model.head); every other parameter (and its gradient) whole
+    p.bindings["token embedding"] = 4 * max(64, rows_per_binding(VP, 4 * C, mb)) * C
+    name, shape, _ = max(param_specs(cfg), key=lambda s: math.prod(s[1]))
+    if name != "tok_emb":
+        p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
+    if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision
+        p.groups["sampling"] = sampler_bytes(cfg, attention, sample, plan, FP32, mb)
+    _check(p, batch * cfg.ctx)
+    return p
+
+
+def _bound(e: buffers.Planned, size: dict, max_binding: int | None, align: int) -> int:
+    """The bytes of e bound at once: whole, a flat chunk, or a chunk of rows."""
+    if e.row.bound == "flat":                     # a bf16 copy's chunks hold half the bytes of the float32 ones
+        return flat_bound(size["F"], max_binding, align) * e.nbytes // (4 * size["F"])
+    if e.row.bound == "rows":
+        per = max(64, rows_per_binding(e.shape[0], e.nbytes // e.shape[0], max_binding))
+        return min(e.shape[0], per) * (e.nbytes // e.shape[0])
+    return e.nbytes
+
+
+def _check(p: MemoryBudget, BT: int):
+    lim = p.limits
+    mb, mbuf, cap, mem = lim.get("max_binding"), lim.get("max_buffer"), lim.get("loop_cap"), lim.get("memory")
+    if mb:
+        for what, nbytes in p.bindings.items():
+            if nbytes > mb:
+                p.problems.append(f"{what} binds {nbytes:,} bytes, over this adapter's binding limit {mb:,}")
+    if mbuf:
+        for what, nbytes in dict(p.buffers).items():
+            if nbytes > mbuf:
+                p.problems.append(f"{what} needs a {nbytes:,}-byte buffer, over this adapter's {mbuf:,}")
+    if cap and BT > cap:
+        p.problems.append(f"batch x ctx = {BT:,} rows, over the {cap:,} loop trips a CPU adapter runs")
+    if mem and p.total > mem:
+        p.problems.append(f"{p.total:,} bytes in all, over the {mem:,} the system has available")
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of n, largest first, by trial up to sqrt(n) (at most 1,024 trials for n <= 2^20)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]), reverse=True)
+
+
+def largest_fitting_batch(cfg: Config, batch: int, attention: str, plan: KernelPlan, limits: dict,
+                          precision: Precision = FP32) -> int | None:
+    """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
+    the batch); None where none does, or the batch is too large to search (over 2^20 windows)."""
+    if batch > MAX_DIVISORS:
+        return None
+    for b in divisors(batch):
+        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision).fits:
+            return b
+    return None
+
+
+def device_limits(gpu: GPU) -> dict:
+    return {"max_binding": gpu.max_binding, "max_buffer": gpu.max_buffer,
+            "align": int(gpu.limits.get("min-storage-buffer-offset-alignment", 256)),
+            "loop_cap": gpu.LOOP_CAP if gpu.is_cpu else None,
+            "memory": available_memory() if gpu.is_cpu else None}
+
+
+def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
+    """The one-line message when a run does not fit: why, and what would."""
+    msg = f"this run does not fit: {p.problems[0]}"
+    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision)
+    if b and b < p.batch * p.accum:
+        msg += (f"; {{opt:batch}} {b} {{opt:grad_accum}} {p.batch * p.accum // b} fits and keeps the batch of "
+                f"{p.batch * p.accum}")
+    else:
+        msg += "; use a smaller {opt:ctx}, {opt:d_model} or fewer {opt:layers}"
+    return msg + " (tinygpt plan shows every buffer)"
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def text(p: MemoryBudget) -> str:
+    cfg = p.cfg
+    what, largest = p.largest_binding
+    lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
+             f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
+             + f", attention {p.attention}, {p.precision.name}"]
+    for g, nbytes in p.groups.items():
+        lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
+    lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")
+    lines.append(f"largest binding: {what}, {largest:,} bytes")
+    lim = p.limits
+    shown = {"max_binding": "binding limit", "align": "offset alignment", "max_buffer": "buffer limit",
+             "loop_cap": "CPU loop cap (rows)", "memory": "memory available"}
+    lines.append("limits: " + ", ".join(f"{shown[k]} {v:,}" for k, v in lim.items() if v is not None and k in shown))
+    lines.append("fits" if p.fits else "does not fit: " + "; ".join(p.problems))
+    return "\n".join(lines)

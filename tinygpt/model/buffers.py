@@ -1,0 +1,226 @@
+"""The one table of what a model allocates: every buffer, its shape in symbols, its dtype under
+the precision policy, its lifetime and its group in the memory budget.
+
+The model allocates exactly these rows (allocate), and the memory budget counts exactly these
+rows (budget.py), so the budget equals the allocation by construction. `sizes` gives the
+symbols their values for one run; `flags` says which conditional rows exist.
+
+Symbols: B windows a micro-batch, T positions, BT = B*T rows, C d_model, M the MLP width, H heads,
+L layers, VP the padded vocabulary, F the floats of a flat parameter buffer (model.layout), and
+a few derived counts named where they are defined in sizes(). The decode step's table uses N
+sequences and the cache's T = ctx.
+
+dtype: "f32" or "u32", or the policy's: "stored" (what the matmuls read: core.precision) and
+"weights" (the weights' copy the matmuls read). Lifetimes: "model" lives across steps (weights,
+moments); "step" is written and read within a step; "per layer" (and "per layer + 1") is one
+buffer a layer, saved for the backward; "shared" is one scratch that every layer reuses;
+"per layer, per head chunk" are the score matrices, split by heads to fit a binding.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..core.config import Config
+from ..core.precision import Precision
+from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
+from ..device.kernels import CHUNK
+from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    shape: tuple        # symbols (keys of sizes()) or ints
+    dtype: str          # "f32", "u32", "stored" or "weights"
+    lifetime: str
+    group: str          # the memory budget's group
+    when: str = ""      # the flag it exists under ("": always)
+    bound: str = "whole"    # how kernels bind it: "whole", "flat" (flat chunks) or "rows" (row chunks)
+    label: str = ""     # what errors call it, a format string over sizes() ("": the name)
+
+
+# the memory budget's groups
+A, LG, AT, BW, OP = "activations (saved)", "logits", "attention scratch", "backward scratch", "optimizer scratch"
+
+MODEL = (
+    # name                shape                    dtype      lifetime        group
+    Buffer("params",        ("F",),                  "f32",     "model",        "parameters", bound="flat"),
+    Buffer("params copy",   ("F",),                  "weights", "model",        "parameters", "weight copy", "flat"),
+    Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
+    Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
+    Buffer("adam m",        ("F",),                  "f32",     "model",        "adam moments", "training", "flat"),
+    Buffer("adam v",        ("F",),                  "f32",     "model",        "adam moments", "training", "flat"),
+    Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
+    # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
+    Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
+    Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
+    Buffer("ln1",           ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("ln1 stats",     (2, "BT"),               "f32",     "per layer",    A),
+    Buffer("q",             ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("k",             ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("v",             ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("ctx",           ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("ln2",           ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("ln2 stats",     (2, "BT"),               "f32",     "per layer",    A),
+    Buffer("pre",           ("BT", "M"),             "stored",  "per layer",    A),
+    Buffer("gel",           ("BT", "M"),             "stored",  "per layer",    A),
+    # float32 copies for the attention kernels that do not read what is stored
+    Buffer("q f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
+    Buffer("k f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
+    Buffer("v f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
+    Buffer("ctx f32",       ("BT", "C"),             "f32",     "shared",       A, "converts"),
+    Buffer("branch out",    ("BT", "C"),             "f32",     "shared",       A),
+    Buffer("lnf",           ("BT", "C"),             "stored",  "step",         A, "head"),
+    Buffer("lnf stats",     (2, "BT"),               "f32",     "step",         A, "head"),
+    Buffer("logits",        ("BT", "VP"),            "f32",     "step",         LG, "head", "rows",
+           "logits [B*T={BT}, V={VP}]"),
+    Buffer("losses",        ("BT",),                 "f32",     "step",         LG, "head"),
+    Buffer("loss slots",    ("slots",),              "f32",     "step",         LG, "head"),
+    Buffer("head block",    ("head_block",),         "f32",     "shared",       LG, "split head"),
+    Buffer("attn L",        ("B", "H", "T"),         "f32",     "per layer",    AT, "online"),
+    Buffer("attn D",        ("B", "H", "T"),         "f32",     "shared",       AT, "online"),
+    Buffer("attn P",        ("B", "NH", "T", "T"),   "f32",     "per layer, per head chunk", AT, "scores"),
+    Buffer("attn dS",       ("B", "NHmax", "T", "T"), "f32",    "shared",       AT, "scores"),
+    # the backward's gradients of activations, shared by the layers
+    Buffer("d residual",    ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("d ln",          ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("d act",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
+    Buffer("d pre",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
+    Buffer("d ctx",         ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("dq",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("weight decay",  ("wd",),                 "f32",     "model",        OP, "training"),
+    Buffer("norm partials", ("partials",),           "f32",     "model",        OP, "training"),
+    Buffer("norm stats",    (4,),                    "f32",     "model",        OP, "training"),
+)
+
+# The decode step from the key/value cache (model.decode): one row per sequence through every
+# block, the model's prefill (its k and v per layer) being the cache.
+S = "sampling"
+DECODE = (
+    Buffer("ids",           ("ids",),                "u32",     "step",         S),  # next [N] | history
+    Buffer("x a",           ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("x b",           ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("x mid",         ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("ln",            ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("ln stats",      (2, "N"),                "f32",     "shared",       S, "cache"),
+    Buffer("branch out",    ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("q",             ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("k",             ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("v",             ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("att",           ("N", "C"),              "f32",     "shared",       S, "cache"),
+    Buffer("pre",           ("N", "M"),              "f32",     "shared",       S, "cache"),
+    Buffer("gel",           ("N", "M"),              "f32",     "shared",       S, "cache"),
+    Buffer("scores",        ("N", "H", "T"),         "f32",     "shared",       S, "cache"),
+    Buffer("head block",    ("head_block",),         "f32",     "shared",       S, "cache, split head"),
+    Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache", label="logits of {N} samples"),
+)
+
+
+def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None = None, head_rows: int = 0,
+          N: int = 0, capacity: int = 0) -> dict:
+    """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences)."""
+    V, C, H = cfg.vocab, cfg.d_model, cfg.heads
+    VP = padded_vocab(V)
+    F = param_layout(cfg)[1]
+    chunks = head_chunks(B, T, H, max_binding)
+    return {"B": B, "T": T, "BT": B * T, "C": C, "M": cfg.d_mlp, "H": H, "L": cfg.layers, "V": V, "VP": VP,
+            "F": F, "batch": batch_layout(B * T, V)[1],
+            "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch
+            "head_block": head_block_rows(VP, C, head_rows, max_binding)[1],   # the split head's scratch
+            "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
+            "wd": F // 256,                                      # one decay value a 256-float block
+            "partials": -(-F // CHUNK),                          # the norm's partial sums
+            "N": N, "ids": N + N * capacity}
+
+
+def flags(policy: Precision, attention: str, training: bool, head: bool, accum: int, split_head: bool,
+          attention_reads_stored: bool, cache: bool = False) -> set:
+    """The conditions the table's rows are taken under, each decided once here."""
+    on = set()
+    on |= {"training"} if training else set()
+    on |= {"head"} if head else set()
+    on |= {"accumulating"} if accum > 1 else set()
+    on |= {"split head"} if split_head else set()
+    on |= {"online"} if attention == "online" else {"scores"}
+    on |= {"weight copy"} if policy.weights != "f32" else set()
+    on |= {"converts"} if policy.converts else set()
+    on |= {"attention reads f32"} if policy.converts and not attention_reads_stored else set()
+    on |= {"cache"} if cache else set()
+    return on
+
+
+@dataclass
+class Planned:
+    """One buffer of one run: its row, which layer (and head chunk) it serves, its shape in
+    elements and its dtype, resolved."""
+    row: Buffer
+    layer: int | None
+    chunk: tuple | None      # (first head, heads) of a score matrix
+    shape: tuple
+    dtype: str
+
+    @property
+    def words(self) -> tuple:
+        """The shape in 4-byte words (a bf16 tensor packs two values a word along its last axis)."""
+        return self.shape[:-1] + (self.shape[-1] // PER_WORD[self.dtype],)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * math.prod(self.words)
+
+
+def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
+    """Every buffer of the rows whose flag is on, in table order, one a layer where the lifetime says."""
+    out = []
+    dtype_of = {"stored": policy.stored, "weights": policy.weights}
+    for row in table:
+        if row.when and not all(w.strip() in on for w in row.when.split(",")):
+            continue
+        dtype = dtype_of.get(row.dtype, row.dtype)
+        if row.lifetime == "per layer, per head chunk":
+            for l in range(size["L"]):
+                for h0, nh in size["head_chunks"]:
+                    out.append(Planned(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype))
+            continue
+        count = {"per layer": size["L"], "per layer + 1": size["L"] + 1}.get(row.lifetime)
+        shape = _shape(row.shape, size)
+        out += [Planned(row, l, None, shape, dtype) for l in range(count)] if count is not None else \
+            [Planned(row, None, None, shape, dtype)]
+    return out
+
+
+def _shape(symbols, size: dict) -> tuple:
+    return tuple(int(size[s]) if isinstance(s, str) else int(s) for s in symbols)
+
+
+def allocate(gpu: GPU, planned: list[Planned], size: dict, row_chunks: dict | None = None) -> dict:
+    """The device buffers of `planned`: name -> a Tensor, or a list of them (per layer; per layer
+    of per-chunk lists for the score matrices). row_chunks: name -> how many chunks of rows a
+    "rows"-bound buffer is bound in (one: bound whole, so its size is checked as a binding)."""
+    out = {}
+    for p in planned:
+        label = p.row.label.format(**size) if p.row.label else p.row.name
+        if p.row.bound == "whole":
+            t = gpu.tensor(p.words, p.dtype, label)
+        else:
+            whole = p.row.bound == "rows" and (row_chunks or {}).get(p.row.name, 1) == 1
+            t = Tensor(gpu.buffer(p.nbytes, label, binding=whole), 0, p.words, p.dtype, label)
+        if p.chunk is not None:
+            per = out.setdefault(p.row.name, [])
+            if len(per) <= p.layer:
+                per.append([])
+            per[p.layer].append(t)
+        elif p.layer is not None:
+            out.setdefault(p.row.name, []).append(t)
+        else:
+            out[p.row.name] = t
+    return out
+
+
+def total_bytes(planned: list[Planned]) -> int:
+    """What allocate asks the device for (GPU.buffer rounds each buffer up to 16 bytes)."""
+    return sum(buffer_bytes(p.nbytes) for p in planned)
+

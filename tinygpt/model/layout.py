@@ -1,0 +1,134 @@
+"""Where things lie in the model's buffers, and how a buffer larger than one binding is bound.
+
+Parameters, gradients and both AdamW moments are each one flat buffer with the same layout:
+tensors in .tinygpt order, each starting on a 256-float boundary (a LayerNorm's bias follows its
+gain directly, so [g | b] binds as one [2, C] tensor). Padding stays zero, so the flat optimizer
+kernels can ignore it. Pure arithmetic on sizes and limits: the memory budget uses it before
+anything exists, the model when it allocates.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.config import Config, param_specs
+from ..device.gpu import LimitError, Tensor
+
+LOSS_SLOT = 64             # floats between micro-batch loss slots: 256 bytes, any adapter's binding alignment
+HEAD_BLOCK_BYTES = 32 << 20    # the split head's dense scratch block: at most this, or 64 rows
+
+
+def padded_vocab(V: int) -> int:
+    """The vocabulary rounded up to a multiple of 8, so the head's matmuls take the vec4 kernels
+    and, in bf16, the 8-wide ones (50257 -> 50264). The extra rows of tok_emb stay zero and their
+    logits are never used."""
+    return -(-V // 8) * 8
+
+
+def param_layout(cfg: Config):
+    """name -> (float offset, shape) in the flat buffers, and the total floats.
+
+    tok_emb reserves padded_vocab rows; the extra ones stay zero (no gradient reaches them)."""
+    offs, pos = {}, 0
+    for name, shape, _ in param_specs(cfg):
+        packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
+        if not packed:
+            pos = -(-pos // 256) * 256
+        offs[name] = (pos, shape)
+        pos += int(np.prod(shape))
+        if name == "tok_emb":
+            pos += (padded_vocab(cfg.vocab) - cfg.vocab) * cfg.d_model
+    return offs, -(-pos // 256) * 256
+
+
+def batch_layout(BT: int, V: int) -> tuple[dict, int]:
+    """The batch buffer, uploaded in one write a step: tokens | targets | bucket offsets (V+1) |
+    bucket positions (BT), each part starting on 256 words -> ({part: (first word, words)}, words)."""
+    parts, n = {}, 0
+    for name, size in (("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)):
+        parts[name] = (n, size)
+        n = -(-(n + size) // 256) * 256
+    return parts, n
+
+
+def rows(t: Tensor, r0: int, n: int) -> Tensor:
+    """Rows r0 .. r0+n-1 of a [rows, cols] tensor, as a tensor of its own."""
+    cols = t.shape[1]
+    return Tensor(t.buf, t.offset + 4 * r0 * cols, (n, cols), t.dtype, t.name)
+
+
+def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
+    """Elements f0 .. f0+n-1 of a flat tensor."""
+    return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
+
+
+def flat_chunks(n: int, max_binding: int, align: int = 256):
+    """[(first float, floats)] of an n-float flat buffer, each chunk within one binding. Chunks
+    start on multiples of 1024 x the offset alignment in floats, so that the views of the norm's
+    partial sums (one per 4096 floats) and of the decay table (one per 256) are aligned too."""
+    if 4 * n <= max_binding:
+        return [(0, n)]
+    grain = 1024 * max(align, 4)
+    per = (max_binding // 4) // grain * grain
+    if per == 0:
+        raise LimitError(f"a flat chunk of {4 * grain:,} bytes exceeds this adapter's binding limit "
+                         f"{max_binding:,} (max-storage-buffer-binding-size)")
+    return [(f0, min(per, n - f0)) for f0 in range(0, n, per)]
+
+
+def flat_bound(n: int, max_binding: int | None, align: int) -> int:
+    """Bytes of the largest chunk flat_chunks binds (the whole buffer when it fits; more than the
+    limit when not even one aligned chunk does, which the budget then reports)."""
+    if not max_binding or 4 * n <= max_binding:
+        return 4 * n
+    grain = 1024 * max(align, 4)
+    per = (max_binding // 4) // grain * grain
+    return 4 * min(n, per) if per else 4 * grain
+
+
+def rows_per_binding(n: int, row_bytes: int, max_binding: int | None) -> int:
+    """Rows of an [n, ...] tensor that one binding holds: all n where they fit (or no limit is
+    known), else a multiple of 64 rows, which keeps every bound offset aligned (and every chunk a
+    whole number of vec4 rows where rows are); 0 where not even 64 rows fit."""
+    if not max_binding or n * row_bytes <= max_binding:
+        return n
+    return (max_binding // row_bytes) // 64 * 64
+
+
+def row_chunks(n: int, row_bytes: int, max_binding: int, what: str):
+    """[(first row, rows)] of an [n, ...] tensor of row_bytes a row, each chunk within one binding."""
+    per = rows_per_binding(n, row_bytes, max_binding)
+    if per == 0:
+        raise LimitError(f"64 rows of {what} need {64 * row_bytes:,} bytes, over this adapter's binding limit "
+                         f"{max_binding:,} (max-storage-buffer-binding-size)")
+    return [(r0, min(per, n - r0)) for r0 in range(0, n, per)]
+
+
+def logit_chunks(BT: int, VP: int, max_binding: int):
+    """[(first row, rows)] so that each chunk of [BT, VP] logits fits one binding."""
+    return row_chunks(BT, 4 * VP, max_binding, f"logits (V={VP})")
+
+
+def vocab_chunks(VP: int, C: int, max_binding: int):
+    """[(first row, rows)] of the [VP, C] token table, each within one binding (GPT-2's 50264 x 768
+    floats are 154 MB, lavapipe binds 134 MB)."""
+    return row_chunks(VP, 4 * C, max_binding, f"the token embedding (d_model {C})")
+
+
+def head_block_rows(VP: int, C: int, max_rows: int, max_binding: int | None) -> tuple[int, int]:
+    """(rows per block, floats of the scratch) of the split head; (0, 0) when the table fits whole.
+    Blocks of rows are multiples of 64 (aligned offsets), fewer only when max_rows is."""
+    wide = rows_per_binding(VP, 4 * C, max_binding)      # the widest chunk of the token table
+    if wide == VP:
+        return 0, 0
+    wide = max(wide, 64)                                   # under 64 rows: refused (vocab_chunks, the budget)
+    rows_ = max(64, HEAD_BLOCK_BYTES // (4 * wide) // 64 * 64)
+    rows_ = min(rows_, max_rows)
+    return rows_, rows_ * wide
+
+
+def head_chunks(B: int, T: int, H: int, max_binding: int | None):
+    """[(first head, heads)] so that one chunk's [B, nh, T, T] score matrix fits one binding; at
+    least one head a chunk (where even one does not fit, Attention refuses and the budget says so)."""
+    per_head = 4 * B * T * T
+    nh = max(1, min(H, (max_binding or per_head * H) // per_head))
+    return [(h0, min(nh, H - h0)) for h0 in range(0, H, nh)]

@@ -1,0 +1,144 @@
+"""The whole model in NumPy: forward, backward and the optimizer step, composed of the kernels'
+twins (kernels.py, attention.py). The tests judge the GPU model's logits, loss, every gradient and
+its AdamW steps against this, in float64; scripts train it in float32 to compare.
+
+Shapes: B batch, T time, C channels, V vocab, M MLP width, BT = B*T rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from ..core.init import token_buckets
+from ..core.precision import FP32, Precision
+from . import attention as ra
+from .kernels import (add, adamw, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
+                      embed_tok_grad, gelu_backward, gelu_forward, grad_clip, grad_sumsq, layernorm_dgb,
+                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb)
+
+# how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
+ROUND = {"f32": lambda a: a,
+         "bf16": lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)}
+
+
+def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32):
+    """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
+
+    The precision policy says where to round: what it stores (the matmuls' operands: the LayerNorm
+    outputs, the attention output, GELU's output, the head's input; q, k and v; the saved
+    pre-activation) to its `stored` dtype, and the weights the matmuls read (the head's token
+    table among them) to its `weights` dtype; sums stay in the inputs' precision. The backward
+    then reads the rounded activations from the cache and multiplies the float32 gradients by the
+    rounded weights, as the model does."""
+    attend = attention or ra.attention_forward
+    B, T = tokens.shape
+    C, H, L = cfg.d_model, cfg.heads, cfg.layers
+    P = params
+    r, rw = ROUND[precision.stored], ROUND[precision.weights]
+    x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
+    cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
+    for l in range(L):
+        p = lambda n: P[f"h{l}.{n}"]
+        c = {"x": x}
+        y, mean, rstd = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
+        c["ln1"] = (r(y), mean, rstd)
+        h = c["ln1"][0]
+        q = r(matmul(h, rw(p("Wq")), p("bq")))
+        k = r(matmul(h, rw(p("Wk")), p("bk")))
+        v = r(matmul(h, rw(p("Wv")), p("bv")))
+        c["qkv"] = (q, k, v)
+        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C))
+        c["ctx"] = ctx
+        x = add(x, matmul(ctx, rw(p("Wo")), p("bo")))
+        c["x_mid"] = x
+        y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
+        c["ln2"] = (r(y), mean, rstd)
+        c["pre"] = r(matmul(c["ln2"][0], rw(p("fc_in_W")), p("fc_in_b")))   # [BT,M]
+        c["act"] = r(gelu_forward(c["pre"]))
+        x = add(x, matmul(c["act"], rw(p("fc_out_W")), p("fc_out_b")))
+        cache["layers"].append(c)
+    cache["x_final"] = x
+    y, mean, rstd = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
+    cache["lnf"] = (r(y), mean, rstd)
+    logits = matmul_abt(cache["lnf"][0], rw(P["tok_emb"]))                 # [BT,V]
+    if targets is None:
+        return logits.reshape(B, T, -1)
+    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
+    cache["dlogits"] = dlogits
+    return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
+
+
+def backward(params, cfg: Config, cache, attention_backward=None):
+    """Gradients of the mean loss for every parameter, from forward's cache."""
+    attend_bwd = attention_backward or ra.attention_backward
+    P = params
+    tokens = cache["tokens"]
+    B, T = tokens.shape
+    C, H = cfg.d_model, cfg.heads
+    G = {}
+    dlogits = cache["dlogits"]
+    lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
+    r = ROUND[cache["precision"].weights]                                     # the weights the matmuls read
+    G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
+    dy = matmul(dlogits, r(P["tok_emb"]))                                      # [BT,C]
+    G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
+    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
+    for l in reversed(range(cfg.layers)):
+        c = cache["layers"][l]
+        p = lambda n: P[f"h{l}.{n}"]
+        g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
+        # MLP branch
+        g("fc_out_W", matmul_atb(c["act"], dx))
+        g("fc_out_b", bias_grad(dx))
+        dact = matmul_abt(dx, r(p("fc_out_W")))
+        dpre = gelu_backward(c["pre"], dact)
+        g("fc_in_W", matmul_atb(c["ln2"][0], dpre))
+        g("fc_in_b", bias_grad(dpre))
+        dln2 = matmul_abt(dpre, r(p("fc_in_W")))
+        _, m2, r2 = c["ln2"]
+        dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
+        g("ln2_g", dg)
+        g("ln2_b", db)
+        dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
+        # attention branch
+        g("Wo", matmul_atb(c["ctx"], dx))
+        g("bo", bias_grad(dx))
+        dctx = matmul_abt(dx, r(p("Wo")))
+        q, k, v = c["qkv"]
+        # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
+        # as the model's does
+        dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
+                                dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C))
+        dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
+        h1 = c["ln1"][0]
+        dln1 = matmul_abt(dq, r(p("Wq"))) + matmul_abt(dk, r(p("Wk"))) + matmul_abt(dv, r(p("Wv")))
+        for n, d in (("q", dq), ("k", dk), ("v", dv)):
+            g("W" + n, matmul_atb(h1, d))
+            g("b" + n, bias_grad(d))
+        _, m1, r1 = c["ln1"]
+        dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
+        g("ln1_g", dg)
+        g("ln1_b", db)
+        dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
+    offsets, positions = token_buckets(tokens, cfg.vocab)
+    G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
+    G["pos_emb"] = np.zeros_like(P["pos_emb"])
+    G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
+    return {name: G[name] for name, _, _ in param_specs(cfg)}
+
+
+def clip_and_step(params, grads, opt, cfg: Config, lr: float):
+    """Global-norm clip then AdamW, in place. opt = {"m": {...}, "v": {...}, "t": int}. Returns the norm."""
+    flat = np.concatenate([g.reshape(-1) for g in grads.values()])
+    norm, scale = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
+        float(np.sqrt(np.sum(flat.astype(np.float64) ** 2))), 1.0)
+    opt["t"] += 1
+    for name, _, decayed in param_specs(cfg):
+        adamw(grads[name], cfg.weight_decay if decayed else 0.0, scale, params[name],
+              opt["m"][name], opt["v"][name], lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, opt["t"])
+    return norm
+
+
+def new_opt_state(params):
+    return {"m": {k: np.zeros_like(v) for k, v in params.items()},
+            "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
