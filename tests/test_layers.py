@@ -1,0 +1,148 @@
+"""The package's layers, read from every import (function bodies included): core at the bottom,
+then the device layer, then the model, then the application; the reference beside them, judging.
+
+Rules: no module imports a higher layer; no import cycle between modules; runtime code never
+imports the reference (the tuner excepted: it checks every candidate against it); the reference
+imports only core; every import of the package's own modules stands at the top of its module,
+where a reader sees the edge. The last test builds a package that breaks each rule and sees each
+check fail on it."""
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "tinygpt"
+LAYERS = {"core": 0, "device": 1, "model": 2}          # anything else in tinygpt/ is the application
+APP = 3
+JUDGE_USERS = {"tinygpt.device.tune"}
+
+
+def module_name(pkg: Path, path: Path) -> str:
+    parts = (pkg.name,) + path.relative_to(pkg).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_module(pkg: Path, name: str) -> bool:
+    rel = Path(*name.split(".")[1:]) if "." in name else Path()
+    return (pkg / rel).with_suffix(".py").exists() or (pkg / rel / "__init__.py").exists()
+
+
+def imports(pkg: Path, path: Path):
+    """[(imported module of the package, line, at module level)] of one file."""
+    name = module_name(pkg, path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    top = {id(n) for n in tree.body}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name.split(".")[0] == pkg.name]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == pkg.name:
+                mod = node.module
+            else:
+                continue
+            targets = [f"{mod}.{a.name}" if is_module(pkg, f"{mod}.{a.name}") else mod for a in node.names]
+        else:
+            continue
+        out += [(t, node.lineno, id(node) in top) for t in dict.fromkeys(targets)]
+    return out
+
+
+def layer(name: str):
+    parts = name.split(".")
+    if len(parts) > 1 and parts[1] == "reference":
+        return "reference"
+    return LAYERS.get(parts[1], APP) if len(parts) > 1 else APP
+
+
+def graph(pkg: Path) -> dict:
+    return {module_name(pkg, p): (p, imports(pkg, p)) for p in sorted(pkg.rglob("*.py"))}
+
+
+def layer_violations(pkg: Path) -> list:
+    bad = []
+    for name, (path, imps) in graph(pkg).items():
+        mine, where = layer(name), path.relative_to(pkg.parent)
+        for target, line, _ in imps:
+            theirs = layer(target)
+            if mine == "reference":
+                if theirs not in (0, "reference"):
+                    bad.append(f"{where}:{line}: the reference imports {target}")
+            elif theirs == "reference":
+                if name not in JUDGE_USERS:
+                    bad.append(f"{where}:{line}: runtime code imports the reference ({target})")
+            elif theirs > mine:
+                bad.append(f"{where}:{line}: layer {mine} imports {target} (layer {theirs})")
+    return bad
+
+
+def cycles(pkg: Path) -> list:
+    g = {name: sorted({t for t, _, _ in imps if t != name}) for name, (_, imps) in graph(pkg).items()}
+    state, stack, found = {}, [], []
+
+    def visit(n):
+        state[n] = "open"
+        stack.append(n)
+        for m in g.get(n, ()):
+            if state.get(m) == "open":
+                found.append(" -> ".join(stack[stack.index(m):] + [m]))
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = "done"
+    for n in g:
+        if n not in state:
+            visit(n)
+    return found
+
+
+def hidden_imports(pkg: Path) -> list:
+    return [f"{path.relative_to(pkg.parent)}:{line}: {target}" for name, (path, imps) in graph(pkg).items()
+            for target, line, top in imps if not top]
+
+
+def test_the_graph_is_read():
+    g = graph(PKG)
+    edges = sum(len(i) for _, i in g.values())
+    print(f"{len(g)} modules, {edges} imports of the package's own modules")
+    assert {"tinygpt.model.gpt", "tinygpt.device.kernels", "tinygpt.cli", "tinygpt.reference.gpt"} <= set(g)
+    assert "tinygpt.device.kernels" in {t for t, _, _ in g["tinygpt.model.gpt"][1]}
+    assert layer("tinygpt.core.config") == 0 and layer("tinygpt.model.gpt") == 2 and layer("tinygpt.cli") == APP
+
+
+def test_no_module_imports_a_higher_layer():
+    bad = layer_violations(PKG)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle():
+    found = cycles(PKG)
+    assert not found, "import cycles: " + "; ".join(found)
+
+
+def test_the_package_imports_its_own_modules_at_the_top():
+    hidden = hidden_imports(PKG)
+    assert not hidden, "imports inside functions hide the layers' edges:\n" + "\n".join(hidden)
+
+
+def test_the_checks_fail_on_a_package_that_breaks_each_rule(tmp_path):
+    pkg = tmp_path / "tinygpt"
+    for d in ("core", "device", "model", "reference"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "a.py").write_text("from ..model import m\n")              # a lower layer reaching up
+    (pkg / "model" / "m.py").write_text("from ..reference import r\n")          # runtime code using the judge
+    (pkg / "reference" / "r.py").write_text("from ..device import d\n")         # the judge using the runtime
+    (pkg / "device" / "d.py").write_text("")
+    (pkg / "app.py").write_text("def f():\n    from . import cyc\n")           # hidden, and a cycle
+    (pkg / "cyc.py").write_text("import tinygpt.app\n")
+    bad = layer_violations(pkg)
+    print("\n".join(bad))
+    assert any("layer 0 imports tinygpt.model.m" in b for b in bad)
+    assert any("runtime code imports the reference" in b for b in bad)
+    assert any("the reference imports tinygpt.device.d" in b for b in bad)
+    assert cycles(pkg) == ["tinygpt.app -> tinygpt.cyc -> tinygpt.app"]
+    assert hidden_imports(pkg) == ["tinygpt/app.py:2: tinygpt.cyc"]
