@@ -30,7 +30,7 @@ from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, is_our_json, is_our_safetensors
 from .tables import emit
 from .safety import Interrupted
-from .train import profile, train
+from .train import MAX_GRAD_ACCUM, profile, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
@@ -165,6 +165,8 @@ def cmd_plan(args) -> int:
     tokenizer = args.tokenizer or PRESET_TOKENIZER.get(args.preset, "byte")
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
+    if args.grad_accum > MAX_GRAD_ACCUM:                 # train's bound: the budget of a run train would take
+        raise UsageError(f"--grad-accum must be 1 to {MAX_GRAD_ACCUM}, got {args.grad_accum}")
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     precision = PRECISIONS[args.precision]

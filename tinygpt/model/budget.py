@@ -64,8 +64,9 @@ def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, pr
     mb = limits.get("max_binding")
     head_rows = min(B * T, max(64, rows_per_binding(B * T, 4 * padded_vocab(cfg.vocab), mb))) if head else 0
     size = buffers.sizes(cfg, B, T, accum, mb, head_rows)
-    on = buffers.flags(precision, attention, training, head, accum, size["head_block"] > 0,
-                       reads(precision.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
+    on = buffers.flags(precision, attention, training=training, head=head, accum=accum,
+                       split_head=size["head_block"] > 0,
+                       attention_reads_stored=reads(precision.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
     return buffers.resolve(buffers.MODEL, on, size, precision), size
 
 
@@ -77,7 +78,8 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, 
     planned, _ = model_rows(cfg, 1, cfg.ctx, attention, plan, precision, {"max_binding": max_binding},
                             training=False, head=not cache)
     size = buffers.sizes(cfg, 1, cfg.ctx, max_binding=max_binding, head_rows=1, N=1, capacity=capacity)
-    on = buffers.flags(precision, attention, False, False, 1, size["head_block"] > 0, True, cache=cache)
+    on = buffers.flags(precision, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
+                       attention_reads_stored=True, cache=cache)
     return buffers.total_bytes(planned) + buffers.total_bytes(buffers.resolve(buffers.DECODE, on, size, precision))
 
 
@@ -91,10 +93,10 @@ def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, acc
     mb, align = limits.get("max_binding"), limits.get("align") or 256
     planned, size = model_rows(cfg, batch, cfg.ctx, attention, plan, precision, limits, accum=accum)
     for e in planned:
-        nbytes = buffer_bytes(e.nbytes)
-        p.buffers.append((e.row.name, nbytes))
+        nbytes, what = buffer_bytes(e.nbytes), described(e.row)
+        p.buffers.append((what, nbytes))
         p.groups[e.row.group] = p.groups.get(e.row.group, 0) + nbytes
-        p.bindings[e.row.name] = max(p.bindings.get(e.row.name, 0), _bound(e, size, mb, align))
+        p.bindings[what] = max(p.bindings.get(what, 0), _bound(e, size, mb, align))
     VP, C = size["VP"], size["C"]
     # views of the parameters: the token table is bound whole, or in chunks of rows through the
     # head's block scratch (model.head); every other parameter (and its gradient) whole
@@ -106,6 +108,11 @@ def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, acc
         p.groups["sampling"] = sampler_bytes(cfg, attention, sample, plan, FP32, mb)
     _check(p, batch * cfg.ctx)
     return p
+
+
+def described(row: buffers.Buffer) -> str:
+    """A buffer as the budget names it: its name and its shape in symbols ("pre [BT, M]")."""
+    return f"{row.name} [{', '.join(map(str, row.shape))}]"
 
 
 def _bound(e: buffers.Planned, size: dict, max_binding: int | None, align: int) -> int:

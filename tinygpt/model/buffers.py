@@ -136,7 +136,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "N": N, "ids": N + N * capacity}
 
 
-def flags(policy: Precision, attention: str, training: bool, head: bool, accum: int, split_head: bool,
+def flags(policy: Precision, attention: str, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = set()

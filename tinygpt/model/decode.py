@@ -61,7 +61,8 @@ class Decoder:
         self.VP = self.model.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
         size = buffers.sizes(cfg, N, cfg.ctx, max_binding=gpu.max_binding, head_rows=N, N=N, capacity=capacity)
-        on = buffers.flags(precision, attention, False, False, 1, size["head_block"] > 0, True, cache=self.cache)
+        on = buffers.flags(precision, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
+                           attention_reads_stored=True, cache=self.cache)     # the step's attention is decode.wgsl's
         self.planned = buffers.resolve(buffers.DECODE, on, size, precision)
         self.buf = buffers.allocate(gpu, self.planned, size)
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]

@@ -17,7 +17,8 @@ from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import CHUNK, NO_CLIP, Kernels, adamw_uniform
 from ..device.plan import KernelPlan
 from . import buffers
-from .attention import Attention, reads
+from .attention import Attention, check_scores_fit, reads
+from .attention import check as check_attention
 from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockWeights, PolicyKernels, block_backward, \
     block_forward
 from .head import Head
@@ -75,6 +76,9 @@ class Model:
         if problem:                                      # a usage error: the width or precision option
             raise UsageError(problem)
         g.check_loop(self.B * self.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
+        check_attention(self.attention, self.T, cfg.d_model, cfg.heads)
+        if self.attention != "online":
+            check_scores_fit(self.B, self.T, g.max_binding)
         for name, (_, shape) in self.offsets.items():   # each parameter is bound whole by its kernels,
             if name != "tok_emb":                        # except tok_emb: Head binds it in chunks
                 g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
@@ -84,9 +88,10 @@ class Model:
         cfg, B, T = self.cfg, self.B, self.T
         self.size = buffers.sizes(cfg, B, T, self.accum, self.gpu.max_binding,
                                   max((n for _, n in self.chunks), default=0))
-        on = buffers.flags(self.precision, self.attention, self.training, head, self.accum,
-                           self.size["head_block"] > 0,
-                           reads(self.precision.stored, self.plan, self.attention, B, T, cfg.d_model, cfg.heads))
+        on = buffers.flags(self.precision, self.attention, training=self.training, head=head, accum=self.accum,
+                           split_head=self.size["head_block"] > 0,
+                           attention_reads_stored=reads(self.precision.stored, self.plan, self.attention, B, T,
+                                                        cfg.d_model, cfg.heads))
         self.planned = buffers.resolve(buffers.MODEL, on, self.size, self.precision)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
