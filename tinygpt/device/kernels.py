@@ -162,24 +162,22 @@ class Kernels:
         return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
 
     # ---- bf16 (bf16.wgsl, bf16x8.wgsl, matmul_bf16*.wgsl, elementwise_bf16.wgsl) ------------------
+    def _cast(self, entry, bindings, n, per_group, variant):
+        """bf16x8.wgsl (8 values an invocation) where n is a multiple of 8 (variant "x8"), else bf16.wgsl."""
+        if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
+            k = self.gpu.kernel("bf16x8.wgsl", entry + "x8", "urrww")
+            return self.gpu.dispatch(k, (n,), bindings, grid1d(-(-n // (8 * 64))))
+        k = self.gpu.kernel("bf16.wgsl", entry, "urrww")
+        return self.gpu.dispatch(k, (n,), bindings, grid1d(-(-n // per_group)))
+
     def cast_bf16(self, x, out, n, variant=None) -> Dispatch:
         """out (bf16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even. variant: "x8"
         (bf16x8.wgsl, 8 values an invocation) where n is a multiple of 8, else "scalar"."""
-        gpu = self.gpu
-        if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
-            k = gpu.kernel("bf16x8.wgsl", "cast_bf16x8", "urrww")
-            return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // (8 * 64))))
-        k = gpu.kernel("bf16.wgsl", "cast_bf16", "urrww")
-        return gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-n // 128)))
+        return self._cast("cast_bf16", [x, None, out, None], n, 128, variant)
 
     def cast_f32(self, xh, out, n, variant=None) -> Dispatch:
         """out (f32 [n]) = the bf16 values of xh; "x8" where n is a multiple of 8, as cast_bf16."""
-        gpu = self.gpu
-        if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
-            k = gpu.kernel("bf16x8.wgsl", "cast_f32x8", "urrww")
-            return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // (8 * 64))))
-        k = gpu.kernel("bf16.wgsl", "cast_f32", "urrww")
-        return gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
+        return self._cast("cast_f32", [None, xh, None, out], n, 64, variant)
 
     def gelu_forward_bf16(self, xh, outh, n) -> Dispatch:
         """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides."""
