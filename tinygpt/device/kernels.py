@@ -416,32 +416,27 @@ class Kernels:
             return None
         return block or online_tiles(self.gpu.limits, self.plan, C // H, T)
 
-    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None) -> Dispatch:
-        """q, k, v bf16 only for online_sg.wgsl."""
+    def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int) -> Dispatch:
+        """online_sg.wgsl where the plan (or variant) takes it; else online.wgsl, one workgroup per
+        tile of BQ query rows (along 0) or BK key rows (along 1) of each (b, h). q, k, v may be bf16
+        for the sg kernels only."""
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
-            return self._online_sg("attn_online_forward", [q, k, v], out, L, B, T, C, H)
-        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
-        return self._online("attn_online_forward", [q, k, v], out, L, B, T, C, H, (B * H * -(-T // tiles[0]),), tiles)
+            return self._online_sg(entry, ins, o1, o2, B, T, C, H)
+        assert ins[0].dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
+        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles)
+
+    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None) -> Dispatch:
+        return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0)
 
     def attn_online_d(self, dout, out, D, B, T, C, H, block=None) -> Dispatch:
         return self._online("attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
 
     def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None) -> Dispatch:
-        tiles = self._tiles(T, C, H, block, variant)
-        if tiles is None:
-            return self._online_sg("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H)
-        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
-        return self._online("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H,
-                            (B * H * -(-T // tiles[0]),), tiles)
+        return self._online_either("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, block, variant, 0)
 
     def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None) -> Dispatch:
-        tiles = self._tiles(T, C, H, block, variant)
-        if tiles is None:
-            return self._online_sg("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H)
-        assert q.dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
-        return self._online("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H,
-                            (B * H * -(-T // tiles[1]),), tiles)
+        return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1)
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.

@@ -18,9 +18,8 @@ from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
 from . import buffers
-from .attention import reads
 from .decode import decode_path
-from .layout import flat_bound, padded_vocab, rows_per_binding
+from .layout import flat_bound, rows_per_binding
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
 
@@ -58,29 +57,15 @@ class MemoryBudget:
                 "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
 
 
-def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, precision: Precision,
-               limits: dict, training: bool = True, head: bool = True, accum: int = 1):
-    """(resolved rows, sizes) of the Model these arguments build (model.gpt.Model._allocate)."""
-    mb = limits.get("max_binding")
-    head_rows = min(B * T, max(64, rows_per_binding(B * T, 4 * padded_vocab(cfg.vocab), mb))) if head else 0
-    size = buffers.sizes(cfg, B, T, accum, mb, head_rows)
-    on = buffers.flags(precision, attention, training=training, head=head, accum=accum,
-                       split_head=size["head_block"] > 0,
-                       attention_reads_stored=reads(precision.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
-    return buffers.resolve(buffers.MODEL, on, size, precision), size
-
-
 def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, precision: Precision = FP32,
                   max_binding: int | None = None) -> int:
     """The end-of-run sampler (model.decode.Decoder, one sequence): its Model over a [1, ctx]
     window, and the decode step's buffers (decode.wgsl's uniforms are not counted)."""
     cache = decode_path(plan, precision) == "cache"
-    planned, _ = model_rows(cfg, 1, cfg.ctx, attention, plan, precision, {"max_binding": max_binding},
-                            training=False, head=not cache)
-    size = buffers.sizes(cfg, 1, cfg.ctx, max_binding=max_binding, head_rows=1, N=1, capacity=capacity)
-    on = buffers.flags(precision, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
-                       attention_reads_stored=True, cache=cache)
-    return buffers.total_bytes(planned) + buffers.total_bytes(buffers.resolve(buffers.DECODE, on, size, precision))
+    planned, _ = buffers.model_rows(cfg, 1, cfg.ctx, attention, plan, precision, max_binding, training=False,
+                                    head=not cache)
+    own, _ = buffers.decode_rows(cfg, 1, capacity, attention, precision, cache, max_binding)
+    return buffers.total_bytes(planned) + buffers.total_bytes(own)
 
 
 def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
@@ -91,7 +76,7 @@ def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, acc
     limits = dict(limits or {})
     p = MemoryBudget(cfg, batch, accum, attention, precision, limits=limits)
     mb, align = limits.get("max_binding"), limits.get("align") or 256
-    planned, size = model_rows(cfg, batch, cfg.ctx, attention, plan, precision, limits, accum=accum)
+    planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum)
     for e in planned:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))

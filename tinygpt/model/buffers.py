@@ -25,7 +25,10 @@ from ..core.config import Config
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK
-from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout
+from ..device.plan import KernelPlan
+from .attention import reads
+from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
+    rows_per_binding
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,28 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
         out += [Planned(row, l, None, shape, dtype) for l in range(count)] if count is not None else \
             [Planned(row, None, None, shape, dtype)]
     return out
+
+
+def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, policy: Precision,
+               max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1):
+    """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
+    head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
+    which layout.logit_chunks refuses)."""
+    BT = B * T
+    head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
+    size = sizes(cfg, B, T, accum, max_binding, head_rows)
+    on = flags(policy, attention, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
+               attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
+    return resolve(MODEL, on, size, policy), size
+
+
+def decode_rows(cfg: Config, N: int, capacity: int, attention: str, policy: Precision, cache: bool,
+                max_binding: int | None):
+    """(resolved rows, sizes) of a Decoder's own buffers (its Model's are model_rows')."""
+    size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
+    on = flags(policy, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
+               attention_reads_stored=True, cache=cache)           # the step's attention is decode.wgsl's
+    return resolve(DECODE, on, size, policy), size
 
 
 def _shape(symbols, size: dict) -> tuple:

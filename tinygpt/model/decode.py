@@ -60,10 +60,7 @@ class Decoder:
         self.kn = self.model.kn
         self.VP = self.model.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
-        size = buffers.sizes(cfg, N, cfg.ctx, max_binding=gpu.max_binding, head_rows=N, N=N, capacity=capacity)
-        on = buffers.flags(precision, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
-                           attention_reads_stored=True, cache=self.cache)     # the step's attention is decode.wgsl's
-        self.planned = buffers.resolve(buffers.DECODE, on, size, precision)
+        self.planned, size = buffers.decode_rows(cfg, N, capacity, attention, precision, self.cache, gpu.max_binding)
         self.buf = buffers.allocate(gpu, self.planned, size)
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode

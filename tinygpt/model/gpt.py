@@ -17,7 +17,7 @@ from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import CHUNK, NO_CLIP, Kernels, adamw_uniform
 from ..device.plan import KernelPlan
 from . import buffers
-from .attention import Attention, check_scores_fit, reads
+from .attention import Attention, check_scores_fit
 from .attention import check as check_attention
 from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockWeights, PolicyKernels, block_backward, \
     block_forward
@@ -85,14 +85,9 @@ class Model:
 
     def _allocate(self, head: bool) -> dict:
         """This model's rows of the buffer table (self.planned, one entry a buffer), allocated."""
-        cfg, B, T = self.cfg, self.B, self.T
-        self.size = buffers.sizes(cfg, B, T, self.accum, self.gpu.max_binding,
-                                  max((n for _, n in self.chunks), default=0))
-        on = buffers.flags(self.precision, self.attention, training=self.training, head=head, accum=self.accum,
-                           split_head=self.size["head_block"] > 0,
-                           attention_reads_stored=reads(self.precision.stored, self.plan, self.attention, B, T,
-                                                        cfg.d_model, cfg.heads))
-        self.planned = buffers.resolve(buffers.MODEL, on, self.size, self.precision)
+        self.planned, self.size = buffers.model_rows(self.cfg, self.B, self.T, self.attention, self.plan,
+                                                     self.precision, self.gpu.max_binding, training=self.training,
+                                                     head=head, accum=self.accum)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
