@@ -13,11 +13,10 @@ The last row is the model's prediction.
 from __future__ import annotations
 
 import io
+import sys
 from dataclasses import dataclass
 
 import numpy as np
-
-import sys
 
 from . import checkpoint as ckpt
 from .core.config import Config
