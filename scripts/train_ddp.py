@@ -31,7 +31,7 @@ from tinygpt import checkpoint as ckpt
 from tinygpt.cli import flag
 from tinygpt.data import Dataset, read_corpus
 from tinygpt.core.errors import TinyGPTError, UsageError
-from tinygpt.outputs import Outputs, is_json_lines
+from tinygpt.outputs import Outputs, advice, is_json_lines
 from tinygpt.infer import data_path_for, tokenizer_of
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
@@ -60,10 +60,20 @@ def parse(argv=None):
 def main(argv=None) -> int:
     args = parse(argv)
     try:
+        import torch  # noqa: F401  (the hand-off's one extra: checked before anything else)
+    except ImportError:
+        print("train_ddp: error: PyTorch is not installed; install the extra with: pip install -e '.[torch]'",
+              file=sys.stderr)
+        return 2
+    try:
         return train(args)
     except TinyGPTError as e:
         print(f"train_ddp: error: {e.worded(flag)}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        print(f"train_ddp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}; {advice(e)}",
+              file=sys.stderr)
+        return 1
 
 
 def setup(args, rank: int, world: int):
@@ -84,7 +94,7 @@ def setup(args, rank: int, world: int):
         raise UsageError(f"the file's batch {cfg.batch} does not split over {world} ranks; give {{opt:batch}} "
                          "(windows per rank)")
     tok = tokenizer_of(ck, args.tokenizer_file)
-    raw, name = read_corpus(data_path_for(args.data, ck.extra.get("data"), f"{{opt:resume}} {args.resume}"))
+    raw, name = read_corpus(data_path_for(args.data, ck, f"{{opt:resume}} {args.resume}"))
     data = Dataset(tok.encode(raw), cfg.ctx, name)
     rng = np.random.default_rng([cfg.seed, 1])
     if "dataRngState" in ck.extra:
@@ -145,7 +155,7 @@ def train(args) -> int:
         params = {n: p.detach().cpu().numpy().astype(np.float32) for n, p in module.named().items()}
         cfg.batch, cfg.lr = GB, sched.lr
         extra = dict(ck.extra, dataRngState=rng.bit_generator.state, schedule=sched.as_dict())
-        ckpt.save(out, ckpt.Checkpoint(cfg, params, m, v, step, history, extra))
+        ckpt.save(out, ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header))
 
     t_last, n_since = time.perf_counter(), 0
     for step in range(ck.step, total):

@@ -118,7 +118,11 @@ def test_checkpoint_round_trip_is_byte_identical(tmp_path):
     hdr = json.loads(raw[12:12 + int.from_bytes(raw[8:12], "little")])
     assert hdr["includesOptimizerState"] is True and hdr["weightDtype"] == "fp32"
     assert hdr["stateByteLength"] == len(raw) - 12 - len(json.dumps(hdr, separators=(",", ":")))
-    assert [e["name"] for e in hdr["manifest"]][:4] == ["tok_emb", "pos_emb", "ln_f_g", "ln_f_b"]
+    assert [e["name"] for e in hdr["manifest"]][:6] == ["token_embedding.weight", "position_embedding.weight",
+                                                        "ln_final.weight", "ln_final.bias", "blocks.0.ln1.weight",
+                                                        "blocks.0.ln1.bias"]
+    assert hdr["manifest"][-4] == {"name": "blocks.0.mlp.fc_in.weight", "shape": [32, 8],
+                                   "floatOffset": ckpt.n_params(cfg) - 32 * 8 - 32 - 8 * 32 - 8}
 
 
 def test_version_1_file_without_optimizer_state_loads(tmp_path):
@@ -211,9 +215,11 @@ def test_export_safetensors_and_hf(trained, tmp_path):
     st = tmp_path / "w.safetensors"
     assert run_cli("export", "--model", out, "--format", "safetensors", st) == 0
     ck = ckpt.load(out)
-    loaded = load_file(str(st))
-    assert list(loaded)[:0] == [] and set(loaded) == set(ck.params)
-    assert all(np.array_equal(loaded[k], ck.params[k]) for k in ck.params)
+    loaded = load_file(str(st))       # TinyGPT's names, PyTorch's [out, in] for the linear weights
+    assert set(loaded) == {ckpt.upstream_name(n)[0] for n in ck.params}
+    assert np.array_equal(loaded["blocks.1.mlp.fc_in.weight"], ck.params["h1.fc_in_W"].T)
+    assert np.array_equal(loaded["blocks.0.attn.q_proj.bias"], ck.params["h0.bq"])
+    assert np.array_equal(loaded["token_embedding.weight"], ck.params["tok_emb"])
     hf = tmp_path / "hf"
     assert run_cli("export", "--model", out, "--format", "hf", hf) == 0
     config = json.loads((hf / "config.json").read_text())

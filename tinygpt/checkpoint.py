@@ -1,19 +1,25 @@
-"""The .tinygpt file of TinyGPT's browser app, read and written exactly, and exports.
+"""The .tinygpt file of TinyGPT's browser app, read and written as upstream's readers expect, and exports.
 
     4 bytes  "TGPT"
     4 bytes  uint32 LE version (1 or 2; we write 2)
     4 bytes  uint32 LE length N of the JSON header
     N bytes  UTF-8 JSON header
-    rest     int32 LE step, then for every parameter in .tinygpt order its
-             weights, AdamW m and AdamW v, float32 LE, row-major
+    rest     the state: int32 LE step, then the weights in the layout `weightDtype` and
+             `includesOptimizerState` name (LAYOUTS below)
 
-Fields this port adds live under the header key "tinygptPy", which the
-original ignores. Nothing here unpickles or evaluates anything from a file.
-Writes are atomic (core.fs.atomic_write): a temporary file beside the target, fsync, rename.
+The header is upstream's: its field names and types (`finalLoss` an object, `bestVal` an object,
+`savedAt`, `sample`, `corpus`), its manifest names with PyTorch-style shapes ([out, in]) over
+bytes stored [in, out], offsets counted in the weights-only view. Fields this port adds live
+under "tinygptPy", which upstream ignores; upstream fields we do not use are kept through a
+resume. Upstream architecture fields we do not compute are refused, never ignored.
+Nothing here unpickles or evaluates anything from a file, and every size is checked by
+arithmetic before anything is read or allocated. Writes are atomic (core.fs.atomic_write).
 """
 from __future__ import annotations
 
+import datetime
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -43,6 +49,74 @@ class Checkpoint:
     loss_history: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)       # our own fields: tokenizer, data state, ...
     header: dict = field(default_factory=dict)      # the whole header as read (unknown keys kept)
+    weight_dtype: str = "fp32"                      # how the file stored the weights
+
+
+# ---- upstream's names: the file's manifest and the safetensors export ---------------------------
+_BLOCK_NAMES = {"ln1_g": "ln1.weight", "ln1_b": "ln1.bias", "Wq": "attn.q_proj.weight", "bq": "attn.q_proj.bias",
+                "Wk": "attn.k_proj.weight", "bk": "attn.k_proj.bias", "Wv": "attn.v_proj.weight",
+                "bv": "attn.v_proj.bias", "Wo": "attn.o_proj.weight", "bo": "attn.o_proj.bias",
+                "ln2_g": "ln2.weight", "ln2_b": "ln2.bias", "fc_in_W": "mlp.fc_in.weight",
+                "fc_in_b": "mlp.fc_in.bias", "fc_out_W": "mlp.fc_out.weight", "fc_out_b": "mlp.fc_out.bias"}
+_TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight",
+              "ln_f_g": "ln_final.weight", "ln_f_b": "ln_final.bias"}
+_LINEAR = {"Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W"}   # stored [in, out]; PyTorch names them [out, in]
+
+
+def upstream_name(name: str) -> tuple[str, bool]:
+    """(upstream's name for one of our parameters, whether PyTorch's shape is ours transposed)."""
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name], False
+    block, _, short = name.partition(".")
+    return f"blocks.{block[1:]}.{_BLOCK_NAMES[short]}", short in _LINEAR
+
+
+def manifest(cfg: Config) -> list[dict]:
+    """Upstream's manifest: names, PyTorch-style shapes, offsets in floats in the weights-only
+    view (the weights end to end, the step excluded), in storage order."""
+    out, off = [], 0
+    for name, shape, _ in param_specs(cfg):
+        theirs, flip = upstream_name(name)
+        out.append({"name": theirs, "shape": list(shape[::-1] if flip else shape), "floatOffset": off})
+        off += math.prod(shape)
+    return out
+
+
+def _check_manifest(entries, cfg: Config, what: str):
+    """A manifest must list what the config stores, in its order: upstream's names and shapes,
+    or the internal names and [in, out] shapes this port wrote before."""
+    if not isinstance(entries, list):
+        raise CheckpointError(f"{what}: the header's manifest is not a list")
+    specs = param_specs(cfg)
+    if len(entries) != len(specs):
+        raise CheckpointError(f"{what}: the manifest lists {len(entries):,} tensors where its config stores "
+                              f"{len(specs):,}; the file is inconsistent")
+    for i, (e, (name, shape, _)) in enumerate(zip(entries, specs)):
+        theirs, flip = upstream_name(name)
+        ok = {(theirs, tuple(shape[::-1] if flip else shape)), (name, tuple(shape))}
+        got = (e.get("name"), tuple(e.get("shape") or ())) if isinstance(e, dict) else (None, ())
+        if got not in ok:
+            raise CheckpointError(f"{what}: manifest entry {i} is {show(e)}, where its config stores {theirs} "
+                                  f"{list(shape[::-1] if flip else shape)}; the file is inconsistent")
+
+
+def show(v, most: int = 80) -> str:
+    """A value read from a file, in one bounded line."""
+    s = json.dumps(v, ensure_ascii=True) if not isinstance(v, str) else repr(v)
+    return s if len(s) <= most else s[:most - 3] + "..."
+
+
+# ---- the header's config ---------------------------------------------------------------------
+# Upstream architecture fields (its Mac app's) that change what the model computes: a file that
+# sets one is refused, naming it, instead of being evaluated as the plain GPT it is not.
+UNSUPPORTED = {"slidingWindow": "sliding-window attention", "nExperts": "a mixture of experts",
+               "useMoD": "mixture of depths", "useDifferentialAttention": "differential attention",
+               "useYOCO": "YOCO's cross-decoder layers", "useDeepNorm": "DeepNorm residuals",
+               "useEmbeddingRMSNorm": "an RMSNorm after the embedding"}
+
+
+def _inactive(key: str, v) -> bool:
+    return v is None or v is False or v == 0 or (key == "nExperts" and v == 1)
 
 
 def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
@@ -54,62 +128,180 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     return c
 
 
-def config_from_header(c: dict) -> Config:
-    try:
-        cfg = Config(layers=int(c["layers"]), d_model=int(c["dModel"]), heads=int(c["heads"]), ctx=int(c["ctx"]),
-                     batch=int(c.get("batchSize", 16)), d_mlp=int(c.get("dMlp") or 4 * int(c["dModel"])),
-                     vocab=int(c.get("vocabSize", 256)), lr=float(c.get("learningRate", 3e-4)),
-                     grad_clip=float(c.get("gradClip", 1.0)), seed=int(c.get("seed", 0)))
-    except (KeyError, TypeError, ValueError, OverflowError) as e:
-        raise CheckpointError(f"the header's config is incomplete or malformed ({e!r})") from e
+def _number(c: dict, key: str, default, kind, what: str):
+    v = c.get(key, default)
+    if v is None and default is not None:
+        v = default
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not number or not (isinstance(v, int) or math.isfinite(v)) or (kind is int and v != int(v)):
+        need = "a whole number" if kind is int else "a finite number"
+        raise CheckpointError(f"{what}: the header's config.{key} is {show(v)}; expected {need}")
+    return kind(v)
+
+
+def config_from_header(c: dict, what: str = "the file") -> Config:
+    for key, meaning in UNSUPPORTED.items():
+        if not _inactive(key, c.get(key)):
+            raise CheckpointError(f"{what}: its config sets {key} {show(c.get(key))} ({meaning}), which this "
+                                  "tinygpt does not compute; it cannot evaluate, sample or train this model")
+    for key in ("layers", "dModel", "heads", "ctx"):
+        if key not in c:
+            raise CheckpointError(f"{what}: the header's config has no {key}")
+    d_model = _number(c, "dModel", None, int, what)
+    cfg = Config(layers=_number(c, "layers", None, int, what), d_model=d_model,
+                 heads=_number(c, "heads", None, int, what), ctx=_number(c, "ctx", None, int, what),
+                 batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
+                 vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
+                 grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what))
     try:
         cfg.validate()
     except ValueError as e:
-        raise CheckpointError(f"the header's config is invalid: {e}") from e
+        raise CheckpointError(f"{what}: the header's config is invalid: {e}") from e
     return cfg
 
 
-def manifest(cfg: Config, with_opt: bool = True):
-    out, off = [], 0
-    for name, shape, _ in param_specs(cfg):
-        out.append({"name": name, "shape": list(shape), "floatOffset": off})
-        off += int(np.prod(shape)) * (3 if with_opt else 1)
-    return out, off
+# ---- the state's layouts ---------------------------------------------------------------------
+INT4_BLOCK = 64                 # upstream's default int4BlockSize
+MAX_INT4_BLOCK = 1 << 16
 
 
-def encode(ck: Checkpoint) -> bytes:
-    cfg = ck.cfg
-    man, nfloats = manifest(cfg)
-    header = {k: v for k, v in ck.header.items()}  # keep what another writer put there
-    header.update({
-        "config": config_to_header(cfg, ck.extra.get("tokenizerSource")),
-        "includesOptimizerState": True,
-        "weightDtype": "fp32",
-        "stateByteLength": 4 + 4 * nfloats,
-        "manifest": man,
-        "lossHistory": ck.loss_history,
-    })
-    if ck.loss_history:
-        header["finalLoss"] = ck.loss_history[-1].get("train")
+def _int4_blocks(cfg: Config, block: int) -> int:
+    return sum(-(-math.prod(shape) // block) for _, shape, _ in param_specs(cfg))
+
+
+def state_bytes(cfg: Config, dtype: str, with_opt: bool, block: int = INT4_BLOCK) -> int:
+    """Bytes of the state, step included, for a layout (LAYOUTS), by arithmetic."""
+    n = n_params(cfg)
+    if dtype == "fp32":
+        return 4 + 4 * n * (3 if with_opt else 1)
+    if dtype == "fp16":
+        return 4 + 2 * n
+    blocks = _int4_blocks(cfg, block)
+    return 4 + 2 * blocks + blocks * block // 2
+
+
+LAYOUTS = {   # weightDtype: what the state holds after the step
+    "fp32": "per tensor its weights, AdamW m and v as float32 (or the weights alone without optimizer state)",
+    "fp16": "every weight as float16, tensors end to end in manifest order (weights only)",
+    "int4": "every tensor's float16 block scales, then every tensor's 4-bit values, two a byte (weights only)",
+}
+
+
+def _history(h) -> list:
+    """Upstream's lossHistory points, {step, train, val}, val null where not measured."""
+    return [{"step": p.get("step"), "train": p.get("train"), "val": p.get("val")} for p in h if isinstance(p, dict)]
+
+
+def _losses(history: list, kept: dict) -> tuple[dict | None, dict | None]:
+    """(finalLoss, bestVal) as upstream writes them: the last point, and the lowest val seen."""
+    final = None
+    if history:
+        last = history[-1]
+        final = {"step": last.get("step"), "train": last.get("train"), "val": last.get("val")}
+    vals = [p for p in history if isinstance(p.get("val"), (int, float))]
+    best = kept.get("bestVal") if isinstance(kept.get("bestVal"), dict) else None
+    if vals:
+        low = min(vals, key=lambda p: p["val"])
+        if best is None or not isinstance(best.get("loss"), (int, float)) or low["val"] < best["loss"]:
+            best = {"loss": low["val"], "step": low["step"]}
+    return final, best
+
+
+BUILTIN_CORPUS = "tinygpt built-in: Python's reference documentation"
+# Fields every write computes from the state; a header read keeps the rest.
+DERIVED = {"version", "savedAt", "config", "manifest", "includesOptimizerState", "weightDtype", "stateByteLength",
+           "lossHistory", "finalLoss", "bestVal", "corpus", "sample", "tinygptPy",
+           "int4BlockSize", "int4ScalesBytes", "int4PackedBytes"}
+
+
+def corpus_name(extra: dict, header: dict):
+    """The header's corpus: the data our run read (its file name, never a path to open), else
+    what the file said."""
+    if "data" in extra:
+        return os.path.basename(extra["data"]) if extra["data"] else BUILTIN_CORPUS
+    return header.get("corpus")
+
+
+def now() -> str:
+    """The time as upstream's savedAt writes it (ISO 8601, UTC, milliseconds)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dict:
+    cfg, kept = ck.cfg, ck.header
+    with_opt = dtype == "fp32"
+    kept_config = kept.get("config") if isinstance(kept.get("config"), dict) else {}
+    config = {k: v for k, v in kept_config.items() if k not in ("vocabSize", "tokenizerSource")}
+    config.update(config_to_header(cfg, ck.extra.get("tokenizerSource") or kept_config.get("tokenizerSource")))
+    config.setdefault("backend", "webgpu")
+    total = (ck.extra.get("schedule") or {}).get("total") if isinstance(ck.extra.get("schedule"), dict) else None
+    if isinstance(total, int) and total > 0:
+        config["maxSteps"] = total
+    history = _history(ck.loss_history)
+    final, best = _losses(history, kept)
+    header = {"version": VERSION,
+              "savedAt": saved_at or kept.get("savedAt") or now(),
+              "config": config, "manifest": manifest(cfg), "includesOptimizerState": with_opt,
+              "weightDtype": dtype, "stateByteLength": state_bytes(cfg, dtype, with_opt),
+              "lossHistory": history, "finalLoss": final,
+              "sample": kept.get("sample") if isinstance(kept.get("sample"), str) else "",
+              "bestVal": best}
+    corpus = corpus_name(ck.extra, kept)
+    if corpus is not None:
+        header["corpus"] = corpus
+    header.update({k: v for k, v in kept.items() if k not in DERIVED})   # another writer's fields
     header["tinygptPy"] = ck.extra
-    hbytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    return header
+
+
+def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> bytes:
+    """The file's bytes: fp32 with optimizer state (what training writes), or fp16 weights only
+    (the compact form upstream's playground loads)."""
+    cfg = ck.cfg
+    header = build_header(ck, dtype, saved_at)
+    hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
     parts = [MAGIC, struct.pack("<II", VERSION, len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
     for name, shape, _ in param_specs(cfg):
-        for d in (ck.params, ck.m, ck.v):
-            a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], "<f4")
+        for d in ((ck.params, ck.m, ck.v) if dtype == "fp32" else (ck.params,)):
+            a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
             if a.shape != tuple(shape):
                 raise CheckpointError(f"{name} has shape {a.shape}, the config says {tuple(shape)}")
-            parts.append(a.tobytes())
+            if dtype == "fp16":
+                h = a.astype("<f2")
+                if not np.all(np.isfinite(h)) and np.all(np.isfinite(a)):
+                    raise CheckpointError(f"{upstream_name(name)[0]} holds values beyond float16's range "
+                                          f"(largest {float(np.abs(a).max()):g}, float16 holds 65,504); "
+                                          "export it as fp32 instead")
+                parts.append(h.tobytes())
+            else:
+                parts.append(a.astype("<f4").tobytes())
     return b"".join(parts)
 
 
 MAX_HEADER = 64 << 20   # bytes of JSON header we read at most (a long loss history is ~50 bytes a step)
 TOKENIZER_VOCAB = {"byte": 256, "gpt2": 50257}
+GPT2_SOURCES = {"r50k_base", "gpt2", "openai-community/gpt2"}
 
 
 def tokenizer_name(extra: dict, vocab: int) -> str:
     """The tokenizer a file names (ours, under tinygptPy), else TinyGPT's by vocabulary size."""
     return extra.get("tokenizer", "byte" if vocab == 256 else "gpt2")
+
+
+def _tokenizer_check(header: dict, extra: dict, cfg: Config, what: str):
+    """The file's tokenizer must be one we have, producing its vocabulary: upstream names an
+    own BPE by its tokenizerSource, which we name back when we do not have it."""
+    if "tokenizer" not in extra and cfg.vocab != 256:
+        source = header["config"].get("tokenizerSource")
+        tail = source.rstrip("/").rsplit("/", 1)[-1] if isinstance(source, str) else None
+        if cfg.vocab != 50257 or (source is not None and source not in GPT2_SOURCES and tail not in GPT2_SOURCES):
+            raise CheckpointError(f"{what}: its tokenizer ({show(source) if source is not None else 'unnamed'}, "
+                                  f"{cfg.vocab:,} tokens) is not one this tinygpt has (byte: 256, gpt2: 50,257)")
+    tok = tokenizer_name(extra, cfg.vocab)
+    if TOKENIZER_VOCAB.get(tok) != cfg.vocab:
+        known = ", ".join(f"{k} ({v:,})" for k, v in TOKENIZER_VOCAB.items())
+        raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "
+                              f"tokens (known: {known}); the file is inconsistent")
 
 
 def _prefix(pre: bytes, size: int, what: str) -> tuple[int, int]:
@@ -130,77 +322,136 @@ def _prefix(pre: bytes, size: int, what: str) -> tuple[int, int]:
     return version, hlen
 
 
+@dataclass
+class Layout:
+    """What a header says the state holds, checked against the state's length."""
+    dtype: str
+    with_opt: bool
+    block: int
+    nbytes: int
+
+
+def _layout(version: int, header: dict, cfg: Config, what: str) -> Layout:
+    dtype = header.get("weightDtype", "fp32")
+    if dtype not in LAYOUTS:
+        raise CheckpointError(f"{what} stores weights as {show(dtype)}; this tinygpt reads "
+                              f"{', '.join(LAYOUTS)}")
+    with_opt = header.get("includesOptimizerState", version >= 2 and dtype == "fp32")
+    if not isinstance(with_opt, bool):
+        raise CheckpointError(f"{what}: the header's includesOptimizerState is {show(with_opt)}; expected "
+                              "true or false")
+    if with_opt and dtype != "fp32":
+        raise CheckpointError(f"{what}: {dtype} weights with optimizer state is not a layout TinyGPT writes "
+                              "(its fp16 and int4 files are weights only)")
+    block = header.get("int4BlockSize", INT4_BLOCK) if dtype == "int4" else INT4_BLOCK
+    if dtype == "int4" and (isinstance(block, bool) or not isinstance(block, int) or not 2 <= block <= MAX_INT4_BLOCK
+                            or block % 2):
+        raise CheckpointError(f"{what}: the header's int4BlockSize is {show(block)}; expected an even whole "
+                              f"number from 2 to {MAX_INT4_BLOCK:,}")
+    lay = Layout(dtype, with_opt, block, state_bytes(cfg, dtype, with_opt, block))
+    if dtype == "int4":
+        blocks = _int4_blocks(cfg, block)
+        for key, want in (("int4ScalesBytes", 2 * blocks), ("int4PackedBytes", blocks * block // 2)):
+            if header.get(key) is not None and header[key] != want:
+                raise CheckpointError(f"{what}: {key} {show(header[key])} disagrees with its config, which "
+                                      f"needs {want:,} bytes")
+    return lay
+
+
 def _header(version: int, hbytes: bytes, state_len: int, what: str):
-    """(header, cfg, with_opt, float count): the config checked by arithmetic against the state's
-    length before anything is sized from it."""
+    """(header, cfg, layout): the config and layout checked by arithmetic against the state's
+    length before anything is sized from them."""
     try:
         header = json.loads(hbytes.decode("utf-8"))
         if not isinstance(header, dict):
             raise ValueError("not an object")
+    except RecursionError as e:
+        raise CheckpointError(f"{what}: the header nests its JSON too deeply to be a .tinygpt header") from e
     except (UnicodeDecodeError, ValueError) as e:
         raise CheckpointError(f"{what}: the header is not valid JSON ({e})") from e
     if not isinstance(header.get("config"), dict):
         raise CheckpointError(f"{what}: the header has no config")
-    cfg = config_from_header(header["config"])
-    dtype = header.get("weightDtype", "fp32")
-    if dtype != "fp32":
-        raise CheckpointError(f"{what} stores weights as {dtype!r}; this tinygpt reads fp32 only")
-    with_opt = bool(header.get("includesOptimizerState", version >= 2))
-    nfloats = n_params(cfg) * (3 if with_opt else 1)
-    expected = 4 + 4 * nfloats
+    cfg = config_from_header(header["config"], what)
+    lay = _layout(version, header, cfg, what)
     declared = header.get("stateByteLength")
-    if declared is not None and declared != expected:
-        raise CheckpointError(f"{what}: stateByteLength {declared!r} disagrees with its config, which needs "
-                              f"{expected:,} bytes")
-    if state_len < expected:
-        raise CheckpointError(f"{what} is truncated: its state has {state_len:,} of {expected:,} bytes")
-    if state_len > expected:
-        raise CheckpointError(f"{what} has {state_len - expected:,} bytes more state than its config needs")
+    if declared is not None and declared != lay.nbytes:
+        raise CheckpointError(f"{what}: stateByteLength {show(declared)} disagrees with its config, which needs "
+                              f"{lay.nbytes:,} bytes")
+    if state_len < lay.nbytes:
+        raise CheckpointError(f"{what} is truncated: its state has {state_len:,} of {lay.nbytes:,} bytes")
+    if state_len > lay.nbytes:
+        raise CheckpointError(f"{what} has {state_len - lay.nbytes:,} bytes more state than its config needs")
+    if header.get("manifest") is not None:
+        _check_manifest(header["manifest"], cfg, what)
     extra = header.get("tinygptPy") or {}
     if not isinstance(extra, dict):
         raise CheckpointError(f"{what}: the header's tinygptPy field is not an object")
-    tok = tokenizer_name(extra, cfg.vocab)
-    if TOKENIZER_VOCAB.get(tok) != cfg.vocab:
-        known = ", ".join(f"{k} ({v:,})" for k, v in TOKENIZER_VOCAB.items())
-        raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "
-                              f"tokens (known: {known}); the file is inconsistent")
-    return header, cfg, with_opt, nfloats
+    _tokenizer_check(header, extra, cfg, what)
+    return header, cfg, lay
 
 
-def _build(header, cfg, with_opt, nfloats, state: bytes) -> Checkpoint:
-    step = struct.unpack("<i", state[:4])[0]
-    floats = np.frombuffer(state, "<f4", offset=4, count=nfloats)
-    params, m, v = {}, ({} if with_opt else None), ({} if with_opt else None)
+def _weights(cfg: Config, lay: Layout, state: bytes):
+    """(params, m, v) from the state after its step, as float32 in our [in, out] layout."""
+    specs = param_specs(cfg)
+    params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
+    if lay.dtype == "int4":
+        blocks = _int4_blocks(cfg, lay.block)
+        scales = np.frombuffer(state, "<f2", offset=4, count=blocks).astype(np.float32)
+        packed = np.frombuffer(state, np.uint8, offset=4 + 2 * blocks, count=blocks * lay.block // 2)
+        b0 = 0
+        for name, shape, _ in specs:
+            n = math.prod(shape)
+            nb = -(-n // lay.block)
+            raw = packed[b0 * lay.block // 2:(b0 + nb) * lay.block // 2]
+            nib = np.empty(raw.size * 2, np.float32)
+            nib[0::2], nib[1::2] = raw & 15, raw >> 4      # element i in the low nibble when i is even
+            w = (nib.reshape(nb, lay.block) - 8) * scales[b0:b0 + nb, None]
+            params[name] = w.reshape(-1)[:n].reshape(shape)
+            b0 += nb
+        return params, m, v
+    kind = "<f2" if lay.dtype == "fp16" else "<f4"
+    floats = np.frombuffer(state, kind, offset=4, count=n_params(cfg) * (3 if lay.with_opt else 1))
     pos = 0
-    for name, shape, _ in param_specs(cfg):
-        n = int(np.prod(shape))
-        for d in ((params, m, v) if with_opt else (params,)):
+    for name, shape, _ in specs:
+        n = math.prod(shape)
+        for d in ((params, m, v) if lay.with_opt else (params,)):
             d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32)
             pos += n
+    return params, m, v
+
+
+def _build(header, cfg, lay: Layout, state: bytes, what: str) -> Checkpoint:
+    step = struct.unpack("<i", state[:4])[0]
+    if step < 0:
+        raise CheckpointError(f"{what}: its state begins with step {step:,}; a step count is never negative")
+    params, m, v = _weights(cfg, lay, state)
     extra = header.get("tinygptPy") or {}
     history = header.get("lossHistory")
-    return Checkpoint(cfg, params, m, v, step, list(history) if isinstance(history, list) else [], dict(extra),
-                      header)
+    history = [p for p in history if isinstance(p, dict)] if isinstance(history, list) else []
+    return Checkpoint(cfg, params, m, v, step, history, dict(extra), header, lay.dtype)
 
 
 def decode(raw: bytes, what: str = "the file") -> Checkpoint:
     version, hlen = _prefix(raw[:12], len(raw), what)
-    header, cfg, with_opt, nfloats = _header(version, raw[12:12 + hlen], len(raw) - 12 - hlen, what)
-    return _build(header, cfg, with_opt, nfloats, raw[12 + hlen:])
+    header, cfg, lay = _header(version, raw[12:12 + hlen], len(raw) - 12 - hlen, what)
+    return _build(header, cfg, lay, raw[12 + hlen:], what)
 
 
 def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
-    """Read a .tinygpt file: a regular file, its prefix and header checked against its size (and
-    the machine's free memory) before the state is read."""
+    """Read a .tinygpt file through one open file (one version of it, whatever replaces its name
+    meanwhile): a regular file, its prefix and header checked against its size (and the
+    machine's free memory) before the state is read."""
     what = label or str(path)
-    st = check_regular(path, CheckpointError, what, "a .tinygpt file")
+    check_regular(path, CheckpointError, what, "a .tinygpt file")
     try:
         with open(path, "rb") as f:
-            version, hlen = _prefix(f.read(12), st.st_size, what)
+            size = os.fstat(f.fileno()).st_size
+            version, hlen = _prefix(f.read(12), size, what)
             hbytes = f.read(hlen)
-            state_len = st.st_size - 12 - hlen
-            header, cfg, with_opt, nfloats = _header(version, hbytes, state_len, what)
-            if 3 * state_len > available_memory():
+            state_len = size - 12 - hlen
+            header, cfg, lay = _header(version, hbytes, state_len, what)
+            need = state_len + 12 * n_params(cfg)      # the state, then float32 weights and two moments
+            if need > available_memory():
                 raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
                                       f"({available_memory():,} bytes)")
             state = f.read(state_len)
@@ -208,7 +459,7 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
         raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
     if len(state) != state_len:
         raise CheckpointError(f"{what} changed while being read; try again")
-    return _build(header, cfg, with_opt, nfloats, state)
+    return _build(header, cfg, lay, state, what)
 
 
 def peek_step(path) -> int | None:
@@ -224,8 +475,9 @@ def peek_step(path) -> int | None:
         return None
 
 
-def save(path, ck: Checkpoint):
-    atomic_write(path, encode(ck))
+def save(path, ck: Checkpoint, dtype: str = "fp32"):
+    """Write ck whole under path (atomically), stamped with the time of saving."""
+    atomic_write(path, encode(ck, dtype, saved_at=now()))
 
 
 def is_tinygpt(path) -> bool:
@@ -238,7 +490,14 @@ def is_tinygpt(path) -> bool:
 
 # ---- exports -----------------------------------------------------------------------------------
 def export_safetensors(ck: Checkpoint, out):
+    """The weights under upstream's manifest names, each tensor in PyTorch's layout ([out, in]
+    for the linear layers' weights, the shape the manifest gives), so a state dict keyed like
+    upstream's python_ref model loads them as they are."""
     from safetensors.numpy import save
-    tensors = {name: np.ascontiguousarray(ck.params[name], np.float32) for name, _, _ in param_specs(ck.cfg)}
-    atomic_write(out, save(tensors, metadata={"format": "tinygpt", "writer": WRITER,
-                                              "config": json.dumps(config_to_header(ck.cfg))}))
+    tensors = {}
+    for name, _, _ in param_specs(ck.cfg):
+        theirs, flip = upstream_name(name)
+        a = np.asarray(ck.params[name], np.float32)
+        tensors[theirs] = np.ascontiguousarray(a.T if flip else a)
+    atomic_write(out, save(tensors, metadata={"format": "pt", "names": "TinyGPT's manifest names, PyTorch shapes",
+                                              "writer": WRITER, "config": json.dumps(config_to_header(ck.cfg))}))

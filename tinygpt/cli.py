@@ -12,7 +12,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import checkpoint as ckpt
-from .core.config import PRESET_TOKENIZER, PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, n_params, preset
+from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
 from .core.precision import PRECISIONS
 from .data import GPT2Tokenizer
@@ -22,15 +22,15 @@ from .device.planner import make_plan
 from .device.tune import tune
 from .device.tuning import reset_tuning
 from .hf import export_hf, import_hf
-from .infer import evaluate, sample
+from .infer import evaluate, recorded_corpus, sample
 from .lens import inspect
 from .model import budget
 from .model.attention import IMPLS
 from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
-from .outputs import Outputs, is_our_json, is_our_safetensors
+from .outputs import Outputs, advice, is_our_json, is_our_safetensors
 from .tables import emit
 from .safety import Interrupted
-from .train import MAX_GRAD_ACCUM, profile, train
+from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_precision, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
@@ -48,6 +48,17 @@ def positive_int(s):
     if v <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {v}")
     return v
+
+
+def bounded_int(lo: int, hi: int):
+    """A whole number from lo to hi: the one bound of a flag, whatever command takes it."""
+    def parse(s):
+        v = positive_int(s) if lo >= 1 else nonneg_int(s)
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"must be {lo:,} to {hi:,}, got {v:,}")
+        return v
+    parse.__name__ = "bounded_int"
+    return parse
 
 
 def preset_name(s):
@@ -104,9 +115,10 @@ def describe_checkpoint(path) -> dict:
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
             "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
             "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
-            "params": n_params(cfg), "step": ck.step, "optimizer_state": ck.m is not None,
+            "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype, "optimizer_state": ck.m is not None,
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
-            "data": ck.extra.get("data"), "attention": ck.extra.get("attention")}
+            "data": ck.extra.get("data"), "corpus": recorded_corpus(ck), "saved_at": ck.header.get("savedAt"),
+            "attention": ck.extra.get("attention")}
 
 
 def cmd_info(args) -> int:
@@ -159,26 +171,24 @@ def cmd_train(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """`tinygpt plan`: the memory budget of a training run, before anything is allocated."""
-    cfg = preset(args.preset, layers=args.layers, d_model=args.d_model, heads=args.heads, ctx=args.ctx,
-                 batch=args.batch)
-    tokenizer = args.tokenizer or PRESET_TOKENIZER.get(args.preset, "byte")
+    """`tinygpt plan`: the memory budget of the training run these flags (train's) ask for, before
+    anything is allocated: the resumed file's shape, precision and accumulation, or the preset's."""
+    o = options(TrainOptions, args)
+    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    cfg, tokenizer, _ = run_config(o, resume)      # train's own resolution of the flags and the file
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
-    if args.grad_accum > MAX_GRAD_ACCUM:                 # train's bound: the budget of a run train would take
-        raise UsageError(f"--grad-accum must be 1 to {MAX_GRAD_ACCUM}, got {args.grad_accum}")
+    accum, precision = run_accum(o, resume), run_precision(o, resume)
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
-    precision = PRECISIONS[args.precision]
-    p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, args.grad_accum, budget.device_limits(gpu),
+    p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
                              args.sample_tokens, precision)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
-            b = budget.largest_fitting_batch(cfg, cfg.batch * args.grad_accum, args.attention, plan, p.limits,
-                                             precision)
-            d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * args.grad_accum // b) if b else (None, None)
+            b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision)
+            d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * accum // b) if b else (None, None)
         print(json.dumps(d, indent=2))
     else:
         print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(p))
@@ -230,6 +240,8 @@ def cmd_export(args) -> int:
     outs = Outputs(args.force, {"model": args.model})
     if args.format == "safetensors":
         outs.claim(args.out, "out", "safetensors file", is_our_safetensors)
+    elif args.format == "tinygpt-fp16":
+        outs.claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     else:
         d = Path(args.out)
         if d.exists() and not d.is_dir():
@@ -239,6 +251,8 @@ def cmd_export(args) -> int:
     ck = ckpt.load(args.model, f"--model {args.model}")
     if args.format == "safetensors":
         ckpt.export_safetensors(ck, args.out)
+    elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
+        ckpt.save(args.out, ck, "fp16")
     else:
         export_hf(ck, args.out)
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
@@ -246,7 +260,10 @@ def cmd_export(args) -> int:
 
 
 def cmd_import_hf(args) -> int:
-    out = Outputs(args.force, {"directory": args.directory}).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
+    d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
+    inputs = {"directory": d, "directory's config.json": d / "config.json",
+              "directory's model.safetensors": d / "model.safetensors"}
+    out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, args.allow_tanh_gelu)
     ckpt.save(out, ck)
     cfg = ck.cfg
@@ -265,7 +282,7 @@ def cmd_tune(args) -> int:
     r = tune(gpu, quick=args.quick, log=lambda m: print(m, file=sys.stderr))
     emit(r["rows"], args.json, ["kernel", "variant", "ms", "chosen"])
     if not args.json:
-        print(f"chosen: {r['chosen']} -> {r['cache']}")
+        print(f"chosen: {r['chosen']} -> {r['cache'] or 'not cached (see the warning)'}")
     return 0
 
 
@@ -291,15 +308,9 @@ def add_kernels(p):
                                                                       for f, v in FAMILIES.items()))
 
 
-def build_parser():
-    small, base = TRAIN_DEFAULTS["small"], Config()      # the defaults the help texts name
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
-    ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-
-    p = sub.add_parser("train", parents=[common], help="train a model (default: the small preset on the built-in corpus)")
+def train_flags(p, small: TrainDefaults, base: Config):
+    """Every flag of `tinygpt train`: plan takes them all too, so any training command can be
+    planned by changing its verb."""
     p.add_argument("--preset", default="small", type=preset_name, metavar="NAME",
                    help=f"one of {', '.join(PRESETS)} (default small)")
     p.add_argument("--layers", type=positive_int)
@@ -307,7 +318,7 @@ def build_parser():
     p.add_argument("--heads", type=positive_int)
     p.add_argument("--ctx", type=positive_int)
     p.add_argument("--batch", type=positive_int)
-    p.add_argument("--grad-accum", type=positive_int, metavar="N",
+    p.add_argument("--grad-accum", type=bounded_int(1, MAX_GRAD_ACCUM), metavar="N",
                    help="N micro-batches of --batch windows per step, their gradients summed before one update "
                         "(the step of a batch N x --batch; default 1, or the resumed run's)")
     p.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus)")
@@ -337,7 +348,9 @@ def build_parser():
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)
-    p.add_argument("--log", help="append one JSON line per logged step to this JSON Lines file")
+    p.add_argument("--log", "--log-file", dest="log",
+                   help="append one JSON line per logged step to this JSON Lines file (--log-file: the same, "
+                        "as scripts/train_ddp.py spells it)")
     p.add_argument("--out", help="checkpoint path (default: the --resume file, else runs/PRESET.tinygpt)")
     p.add_argument("--force", action="store_true",
                    help="replace --out (and its .loss.png) even if tinygpt did not write them")
@@ -350,25 +363,26 @@ def build_parser():
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
                         "each kernel of one step, and the step's MFU, and exit")
-    p.add_argument("--json", action="store_true", help="with --profile: JSON Lines, one row per kernel, then the step")
+    p.add_argument("--json", action="store_true",
+                   help="JSON: with --profile, JSON Lines, one row per kernel, then the step; for plan, the budget")
+
+
+def build_parser():
+    small, base = TRAIN_DEFAULTS["small"], Config()      # the defaults the help texts name
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+    ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+
+    p = sub.add_parser("train", parents=[common], help="train a model (default: the small preset on the built-in corpus)")
+    train_flags(p, small, base)
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("plan", parents=[common],
-                       help="the memory budget of a training run, buffer group by group, against this adapter's "
-                            "limits")
-    p.add_argument("--preset", default="small", type=preset_name, metavar="NAME")
-    p.add_argument("--layers", type=positive_int)
-    p.add_argument("--d-model", type=positive_int)
-    p.add_argument("--heads", type=positive_int)
-    p.add_argument("--ctx", type=positive_int)
-    p.add_argument("--batch", type=positive_int)
-    p.add_argument("--grad-accum", type=positive_int, default=1)
-    p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="default: the preset's (byte; gpt2 for gpt2)")
-    p.add_argument("--attention", default="online", choices=IMPLS)
-    add_kernels(p)
-    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
-    p.add_argument("--sample-tokens", type=nonneg_int, default=200)
-    p.add_argument("--json", action="store_true")
+                       help="the memory budget of a training run (any train command's flags), buffer group by group, "
+                            "against this adapter's limits")
+    train_flags(p, small, base)
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
@@ -433,9 +447,11 @@ def build_parser():
                    help="accept GPT-2's tanh-approximated GELU (gelu_new); the model then computes the exact one")
     p.set_defaults(fn=cmd_import_hf)
 
-    p = sub.add_parser("export", parents=[common], help="weights as safetensors, or a Hugging Face GPT-2 directory")
+    p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "
+                       "GPT-2 directory, or a compact fp16 .tinygpt")
     p.add_argument("--model", required=True)
-    p.add_argument("--format", required=True, choices=["safetensors", "hf"])
+    p.add_argument("--format", required=True, choices=["safetensors", "hf", "tinygpt-fp16"],
+                   help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)
@@ -457,6 +473,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("tinygpt: stopped at once without saving; the last checkpoint on disk is kept", file=sys.stderr)
         return EXIT_INTERRUPT
+    except OSError as e:
+        if args.debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"tinygpt: error: {where}{e.strerror or e}; {advice(e)}", file=sys.stderr)
+        return EXIT_ERROR
     except Exception as e:
         if args.debug:
             raise

@@ -23,13 +23,32 @@ from .options import EvalOptions, SampleOptions
 FINAL_EVAL_WINDOWS = 8192
 
 
-def data_path_for(given: str | None, recorded: str | None, source: str) -> str | None:
-    """The data to read: the one given, or the built-in corpus. A path recorded in a file is
-    never opened on the file's word: the user is asked to name it."""
+def recorded_corpus(ck: ckpt.Checkpoint | None):
+    """The corpus a file says its model was trained on, other than the built-in one: ours as the
+    path our run read, upstream's as its header's corpus (a name, or an object naming one)."""
+    if ck is None:
+        return None
+    if "data" in ck.extra:
+        return ck.extra["data"]
+    corpus = ck.header.get("corpus")
+    if isinstance(corpus, dict):
+        corpus = next((corpus[k] for k in ("name", "id", "label", "source") if isinstance(corpus.get(k), str)),
+                      corpus)
+    return None if corpus in (None, "", ckpt.BUILTIN_CORPUS) else corpus
+
+
+def data_path_for(given: str | None, ck: ckpt.Checkpoint | None, source: str) -> str | None:
+    """The data to read: the one given, or the built-in corpus where the file records no other.
+    A path or name recorded in a file is never opened on the file's word: the user is asked
+    to name the text."""
+    recorded = recorded_corpus(ck)
     if given or not recorded:
         return given
-    raise UsageError(f"{source} was trained on {recorded}; give {{opt:data}} {recorded} (or another text file) "
-                     "to use it: tinygpt does not open paths read from a file")
+    if isinstance(recorded, str) and ck is not None and "data" in ck.extra:
+        raise UsageError(f"{source} was trained on {recorded}; give {{opt:data}} {recorded} (or another text file) "
+                         "to use it: tinygpt does not open paths read from a file")
+    raise UsageError(f"{source} was trained on the corpus {ckpt.show(recorded)}, not tinygpt's built-in one; give "
+                     "{opt:data} FILE with that text (or another) to use it")
 
 
 def tokenizer_of(ck: ckpt.Checkpoint, tokenizer_file=None):
@@ -48,7 +67,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
     cfg = ck.cfg
     tok = tokenizer_of(ck, o.tokenizer_file)
-    raw, _ = read_corpus(data_path_for(o.data, ck.extra.get("data"), f"{{opt:model}} {o.model}"))
+    raw, _ = read_corpus(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"))
     data = Dataset(tok.encode(raw), cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()

@@ -121,7 +121,8 @@ class Saver:
         extra = dict(run.extra)
         extra["dataRngState"] = run.rng.bit_generator.state
         extra["schedule"] = run.schedule.as_dict()
-        ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra)
+        extra["momentsFrom"] = run.model.moments_from
+        ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra, run.header)
         with self.stop.saving():
             ckpt.save(path, ck)
         if path == self.path:

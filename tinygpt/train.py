@@ -11,7 +11,7 @@ import io
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ class Run:
     history: list
     extra: dict
     schedule: Schedule
+    header: dict = field(default_factory=dict)    # the resumed file's header: upstream's fields kept
 
 
 def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
@@ -75,7 +76,7 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
 
 
-def _config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config, str, Schedule]:
+def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config, str, Schedule]:
     """(config, tokenizer name, schedule) of the run: the resumed file's, with the options that
     may change on resume, or the preset's with the options over it."""
     if resume is None:
@@ -96,7 +97,15 @@ def _config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config, st
     return cfg, tok_file, resolve(o, resume.extra.get("schedule"), cfg.lr)
 
 
-def _precision(o: TrainOptions, resume: ckpt.Checkpoint | None) -> Precision:
+def run_accum(o: TrainOptions, resume: ckpt.Checkpoint | None) -> int:
+    """The option's gradient accumulation, else the resumed run's, else 1; bounded."""
+    accum = o.grad_accum or (resume.extra.get("gradAccum", 1) if resume else 1)
+    if isinstance(accum, bool) or not isinstance(accum, int) or not 1 <= accum <= MAX_GRAD_ACCUM:
+        raise UsageError(f"{{opt:grad_accum}} must be 1 to {MAX_GRAD_ACCUM}, got {accum!r}")
+    return accum
+
+
+def run_precision(o: TrainOptions, resume: ckpt.Checkpoint | None) -> Precision:
     """The option's precision, else the resumed run's, else fp32."""
     name = o.precision or (resume.extra.get("precision", "fp32") if resume else "fp32")
     if name not in PRECISIONS:
@@ -110,8 +119,13 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
     model.set_params(resume.params)
     if resume.m is not None:
         model.set_opt_state(resume.m, resume.v, resume.step)
-    else:
-        model.step_count = resume.step
+        from_ = resume.extra.get("momentsFrom", 0)
+        if not isinstance(from_, int) or isinstance(from_, bool) or not 0 <= from_ <= resume.step:
+            raise ckpt.CheckpointError(f"{label}: its momentsFrom {ckpt.show(from_)} is not a step from 0 to "
+                                       f"{resume.step}")
+        model.moments_from = from_
+    else:       # a weights-only file: the moments start at zero, their bias correction at step 1
+        model.step_count = model.moments_from = resume.step
     if "dataRngState" in resume.extra:
         try:
             rng.bit_generator.state = resume.extra["dataRngState"]
@@ -123,19 +137,17 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     """Config, data, model and state for `tinygpt train`; returns the run and its start step."""
     label = f"{{opt:resume}} {o.resume}"
     resume = ckpt.load(o.resume, label) if o.resume else None
-    cfg, tokenizer_name, schedule = _config(o, resume)
+    cfg, tokenizer_name, schedule = run_config(o, resume)
     cfg.lr = schedule.lr              # the header's learningRate: the peak
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
     cfg.validate()
     check_attention(o.attention, cfg.ctx, cfg.d_model, cfg.heads)
-    data_path = data_path_for(o.data, resume.extra.get("data") if resume else None, label)
+    data_path = data_path_for(o.data, resume, label)
     raw, name = read_corpus(data_path)
     data = Dataset(tok.encode(raw), cfg.ctx, name)
-    accum = o.grad_accum or (int(resume.extra.get("gradAccum", 1)) if resume else 1)
-    if not 1 <= accum <= MAX_GRAD_ACCUM:
-        raise UsageError(f"{{opt:grad_accum}} must be 1 to {MAX_GRAD_ACCUM}, got {accum}")
-    precision = _precision(o, resume)
+    accum = run_accum(o, resume)
+    precision = run_precision(o, resume)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision)
@@ -153,7 +165,8 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     else:
         model.set_params(init_params(cfg))
     history = list(resume.loss_history) if resume else []
-    return Run(cfg, model, data, tok, rng, history, extra, schedule), resume.step if resume else 0
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, resume.header if resume else {}), \
+        resume.step if resume else 0
 
 
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:

@@ -67,6 +67,7 @@ class Model:
                 self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.grads, f0, k), k)
                 for f0, k in self.flat_chunks]
         self.step_count = 0
+        self.moments_from = 0       # the step the AdamW moments started from (zero moments then)
 
     # ---- building ----------------------------------------------------------------------------------
     def _check_fits(self):
@@ -259,6 +260,7 @@ class Model:
         self.gpu.write(self.m, self._pack(m))
         self.gpu.write(self.v, self._pack(v))
         self.step_count = int(step)
+        self.moments_from = 0
 
     def get_opt_state(self):
         return self._unpack(self.gpu.read(self.m)), self._unpack(self.gpu.read(self.v)), self.step_count
@@ -283,7 +285,7 @@ class Model:
         """One training step: forward, loss, backward, clip, AdamW; one submit (one per micro-batch
         with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
-        t = self.step_count
+        t = self.step_count - self.moments_from      # AdamW's bias correction counts the moments' steps
         for (_, k), u in zip(self.flat_chunks, self.step_uniforms):
             self.gpu.queue.write_buffer(u, 0, adamw_uniform(k, self.cfg.grad_clip, lr, t))
         self._micro_batches(x, y, self._opt)

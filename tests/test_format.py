@@ -1,0 +1,338 @@
+"""The .tinygpt file as TinyGPT's own readers see it.
+
+The validator below is written from upstream's published format (its field names, types and
+layouts, as facts: ../shared/design/TINYGPT.md), not from our writer, so a file that passes it is
+one upstream's browser playground, python_ref/load_tinygpt.py and Mac app can read. The compact
+fp16 and int4 files are built here byte by byte in upstream's layout, the same way."""
+import json
+import math
+import struct
+from datetime import datetime
+
+import numpy as np
+import pytest
+
+from test_hardening import TINY, cli, one_line_error
+from tinygpt import checkpoint as ckpt
+from tinygpt.core.config import Config
+from tinygpt.core.init import init_params
+
+
+# ---- upstream's format, as facts --------------------------------------------------------------
+def upstream_manifest(L, C, ctx, d_mlp, V):
+    """(name, PyTorch-style shape, shape of the stored bytes) in storage order."""
+    rows = [("token_embedding.weight", [V, C]), ("position_embedding.weight", [ctx, C]),
+            ("ln_final.weight", [C]), ("ln_final.bias", [C])]
+    for i in range(L):
+        b = f"blocks.{i}."
+        rows += [(b + "ln1.weight", [C]), (b + "ln1.bias", [C])]
+        for p in "qkvo":
+            rows += [(b + f"attn.{p}_proj.weight", [C, C]), (b + f"attn.{p}_proj.bias", [C])]
+        rows += [(b + "ln2.weight", [C]), (b + "ln2.bias", [C]), (b + "mlp.fc_in.weight", [d_mlp, C]),
+                 (b + "mlp.fc_in.bias", [d_mlp]), (b + "mlp.fc_out.weight", [C, d_mlp]), (b + "mlp.fc_out.bias", [C])]
+    # the bytes are [in, out]: a linear weight's stored shape is its PyTorch shape reversed
+    return [(n, s, s[::-1] if n.endswith("_proj.weight") or ".mlp.fc_" in n and n.endswith("weight") else s)
+            for n, s in rows]
+
+
+def is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def upstream_problems(raw: bytes) -> list[str]:
+    """What upstream's readers would trip on in a file's bytes; [] when none."""
+    bad = []
+    if raw[:4] != b"TGPT" or struct.unpack("<I", raw[4:8])[0] != 2:
+        return ["not TGPT version 2"]
+    n = struct.unpack("<I", raw[8:12])[0]
+    h = json.loads(raw[12:12 + n])
+    state = len(raw) - 12 - n
+    c = h.get("config", {})
+    for k in ("layers", "dModel", "ctx", "heads", "dMlp", "batchSize", "seed"):
+        if not is_int(c.get(k)):
+            bad.append(f"config.{k} {c.get(k)!r}")
+    for k in ("learningRate", "gradClip"):
+        if not is_num(c.get(k)):
+            bad.append(f"config.{k} {c.get(k)!r}")
+    V = c.get("vocabSize", 256)
+    if (V != 256) != ("tokenizerSource" in c):
+        bad.append("vocabSize and tokenizerSource go together, for non-byte vocabularies only")
+    try:
+        datetime.fromisoformat(h["savedAt"].replace("Z", "+00:00"))
+    except (KeyError, AttributeError, ValueError):
+        bad.append(f"savedAt {h.get('savedAt')!r}")
+    want = upstream_manifest(c["layers"], c["dModel"], c["ctx"], c["dMlp"], V)
+    off, names = 0, []
+    for e, (name, shape, _) in zip(h.get("manifest", []), want):
+        if e.get("name") != name or e.get("shape") != shape or e.get("floatOffset") != off:
+            bad.append(f"manifest entry {e} (upstream: {name} {shape} at {off})")
+        off += math.prod(shape)
+        names.append(e.get("name"))
+    if len(h.get("manifest", [])) != len(want):
+        bad.append(f"manifest of {len(h.get('manifest', []))} entries, upstream has {len(want)}")
+    dtype, opt = h.get("weightDtype"), h.get("includesOptimizerState")
+    need = {("fp32", True): 4 + 12 * off, ("fp32", False): 4 + 4 * off, ("fp16", False): 4 + 2 * off}.get((dtype, opt))
+    if need is None or need != state or h.get("stateByteLength") != state:
+        bad.append(f"{dtype} optimizer state {opt}: {state} bytes of state, stateByteLength "
+                   f"{h.get('stateByteLength')}, the layout needs {need}")
+    for p in h.get("lossHistory", []):
+        if not (is_int(p.get("step")) and is_num(p.get("train")) and (p.get("val") is None or is_num(p["val"]))):
+            bad.append(f"lossHistory point {p}")
+    fl = h.get("finalLoss")
+    if fl is not None and not (isinstance(fl, dict) and is_int(fl.get("step")) and is_num(fl.get("train"))
+                               and (fl.get("val") is None or is_num(fl["val"]))):
+        bad.append(f"finalLoss {fl!r} (upstream calls finalLoss.train.toFixed)")
+    bv = h.get("bestVal")
+    if bv is not None and not (isinstance(bv, dict) and is_num(bv.get("loss")) and is_int(bv.get("step"))):
+        bad.append(f"bestVal {bv!r}")
+    if not isinstance(h.get("sample", ""), str):
+        bad.append(f"sample {h.get('sample')!r}")
+    return bad
+
+
+def header_of(raw: bytes) -> dict:
+    return json.loads(raw[12:12 + struct.unpack("<I", raw[8:12])[0]])
+
+
+def stored_weights(cfg: Config, params: dict) -> list[np.ndarray]:
+    """Each tensor in manifest order as the bytes hold it ([in, out]), flattened."""
+    return [np.asarray(params[name], np.float32).reshape(-1) for name, _, _ in ckpt.param_specs(cfg)]
+
+
+def upstream_file(cfg: Config, header: dict, state: bytes) -> bytes:
+    """A .tinygpt as upstream's writers lay it out, with the manifest from the facts above."""
+    man, off = [], 0
+    for name, shape, _ in upstream_manifest(cfg.layers, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.vocab):
+        man.append({"name": name, "shape": shape, "floatOffset": off})
+        off += math.prod(shape)
+    header = dict({"version": 2, "savedAt": "2026-05-01T10:00:00.000Z",
+                   "config": {"layers": cfg.layers, "dModel": cfg.d_model, "ctx": cfg.ctx, "heads": cfg.heads,
+                              "dMlp": cfg.d_mlp, "batchSize": cfg.batch, "learningRate": 3e-4, "gradClip": 1.0,
+                              "seed": 7, "backend": "wasm", "maxSteps": 500},
+                   "manifest": man, "stateByteLength": len(state)}, **header)
+    hb = json.dumps(header).encode()
+    return b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + state
+
+
+def fp16_state(cfg, params, step=0):
+    return struct.pack("<i", step) + b"".join(w.astype("<f2").tobytes() for w in stored_weights(cfg, params))
+
+
+def int4_state(cfg, params, block=64):
+    """Upstream's int4: per block absmax/7 scales as f16, q = round(w/scale) in [-7, 7] stored as
+    q + 8, all tensors' scales first, then the nibbles, partial blocks zero-padded, element i in
+    the low nibble when i is even. Returns (state, the weights its reader must give back)."""
+    scales, packed, back = [], [], []
+    for w in stored_weights(cfg, params):
+        nb = -(-w.size // block)
+        padded = np.zeros(nb * block, np.float32)
+        padded[:w.size] = w
+        blocks = padded.reshape(nb, block)
+        s = (np.abs(blocks).max(axis=1) / 7).astype(np.float16)
+        s32 = s.astype(np.float32)
+        q = np.where(s32[:, None] > 0, np.clip(np.round(blocks / np.where(s32 > 0, s32, 1)[:, None]), -7, 7), 0)
+        nib = (q + 8).astype(np.uint8).reshape(-1)
+        nib[w.size:] = 0
+        packed.append(nib[0::2] | (nib[1::2] << 4))
+        scales.append(s)
+        back.append(((nib.astype(np.float32) - 8).reshape(nb, block) * s32[:, None]).reshape(-1)[:w.size])
+    state = struct.pack("<i", 0) + b"".join(s.astype("<f2").tobytes() for s in scales) \
+        + b"".join(p.tobytes() for p in packed)
+    return state, back, sum(s.size for s in scales)
+
+
+CFG = Config(layers=2, d_model=48, heads=3, ctx=16, batch=4, vocab=256)   # TINY's shape
+
+
+# ---- what we write ---------------------------------------------------------------------------
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("It was the best of times, it was the worst of times. " * 300)
+    return p
+
+
+def test_every_file_we_write_reads_as_upstreams(tmp_path, corpus):
+    """train, resume and both exports: every header passes upstream's rules; the fp16 export holds
+    the weights rounded to f16 and nothing else."""
+    a = tmp_path / "a.tinygpt"
+    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 4, "--log-every", 2, "--eval-every", 4, "--out", a)
+    assert rc == 0, err
+    raw = a.read_bytes()
+    assert upstream_problems(raw) == []
+    h = header_of(raw)
+    assert h["finalLoss"]["step"] == 4 and is_num(h["finalLoss"]["train"]) and is_num(h["finalLoss"]["val"])
+    assert h["bestVal"]["step"] == 4 and h["corpus"] == "c.txt" and h["config"]["maxSteps"] == 4
+    rc, err = cli("train", "--resume", a, "--data", corpus, "--steps", 6, "--quiet", "--eval-every", 0)
+    assert rc == 0, err
+    assert upstream_problems(a.read_bytes()) == [] and header_of(a.read_bytes())["finalLoss"]["step"] == 6
+    small = tmp_path / "a16.tinygpt"
+    rc, err = cli("export", "--model", a, "--format", "tinygpt-fp16", small)
+    assert rc == 0, err
+    raw16 = small.read_bytes()
+    assert upstream_problems(raw16) == [] and header_of(raw16)["weightDtype"] == "fp16"
+    full, half = ckpt.load(a), ckpt.load(small)
+    assert half.m is None and half.step == full.step == 6 and half.weight_dtype == "fp16"
+    worst = 0.0
+    for name in full.params:
+        assert np.array_equal(half.params[name], full.params[name].astype(np.float16).astype(np.float32)), name
+        worst = max(worst, float(np.abs(half.params[name] - full.params[name]).max()))
+    print(f"fp16 export: {len(raw16):,} of {len(raw):,} bytes, max rounding {worst:.2e}")
+    assert len(raw16) < len(raw) / 5
+
+
+def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
+    """An fp32 file in upstream's layout, with the fields upstream writes: its weights load in
+    their place, its corpus is not forgotten, and after our resume every field we do not use is
+    still there while the ones we compute are upstream's types."""
+    p = init_params(CFG)
+    params = {k: (v + 0.01 * np.arange(v.size).reshape(v.shape) % 0.3).astype(np.float32) for k, v in p.items()}
+    state = struct.pack("<i", 100) + b"".join(
+        np.concatenate([w, np.full_like(w, 1e-3), np.full_like(w, 1e-6)]).astype("<f4").tobytes()
+        for w in stored_weights(CFG, params))
+    fields = {"includesOptimizerState": True, "weightDtype": "fp32", "corpus": "shakespeare",
+              "lossHistory": [{"step": 100, "train": 2.5, "val": 2.6}],
+              "finalLoss": {"step": 100, "train": 2.5, "val": 2.6}, "sample": "ROMEO: hello",
+              "bestVal": {"loss": 2.4, "step": 90}, "project": "https://github.com/sarthak-fleet/tinygpt",
+              "sparsityMasks": {}}
+    f = tmp_path / "up.tinygpt"
+    f.write_bytes(upstream_file(CFG, fields, state))
+    ck = ckpt.load(f)
+    assert ck.step == 100 and all(np.array_equal(ck.params[k], params[k]) for k in params)
+    rc, err = cli("eval", "--model", f)
+    one_line_error(rc, err, "'shakespeare'", "--data")
+    rc, err = cli("train", "--resume", f, "--steps", 102, "--quiet", "--eval-every", 0)
+    one_line_error(rc, err, "'shakespeare'", "--data")
+    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 102, "--quiet", "--eval-every", 0,
+                  "--log-every", 1)
+    assert rc == 0, err
+    raw = f.read_bytes()
+    assert upstream_problems(raw) == []
+    h = header_of(raw)
+    for k in ("sample", "project", "sparsityMasks"):
+        assert h[k] == fields[k], k
+    assert h["config"]["backend"] == "wasm" and h["config"]["maxSteps"] == 102
+    assert h["bestVal"] == {"loss": 2.4, "step": 90} and h["corpus"] == "c.txt"
+    assert [p["step"] for p in h["lossHistory"]] == [100, 101, 102] and h["finalLoss"]["step"] == 102
+    assert h["savedAt"] != "2026-05-01T10:00:00.000Z"
+
+
+# ---- what upstream writes --------------------------------------------------------------------
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(5)
+    return {k: rng.normal(0, 0.05, v.shape).astype(np.float32) for k, v in init_params(CFG).items()}
+
+
+def test_fp16_and_int4_weights_only_files_load_with_their_weights(tmp_path, weights):
+    f16 = tmp_path / "g.bin"
+    f16.write_bytes(upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": "fp16"},
+                                  fp16_state(CFG, weights, step=250)))
+    ck = ckpt.load(f16)
+    assert ck.step == 250 and ck.m is None and ck.weight_dtype == "fp16"
+    for name in weights:
+        assert np.array_equal(ck.params[name], weights[name].astype(np.float16).astype(np.float32)), name
+    for block in (64, 40):     # 40: blocks that straddle tensors' ends (48-element biases: partial blocks)
+        state, back, nscales = int4_state(CFG, weights, block)
+        hdr = {"includesOptimizerState": False, "weightDtype": "int4", "int4ScalesBytes": 2 * nscales,
+               "int4PackedBytes": len(state) - 4 - 2 * nscales}
+        if block != 64:
+            hdr["int4BlockSize"] = block
+        f4 = tmp_path / f"g{block}.int4.bin"
+        f4.write_bytes(upstream_file(CFG, hdr, state))
+        ck = ckpt.load(f4)
+        worst = 0.0
+        for (name, shape, _), want in zip(ckpt.param_specs(CFG), back):
+            got = ck.params[name].reshape(-1)
+            assert np.array_equal(got, want), name
+            worst = max(worst, float(np.abs(got - weights[name].reshape(-1)).max()))
+        step = float(np.abs(np.concatenate([w.reshape(-1) for w in weights.values()])).max()) / 7
+        print(f"int4 block {block}: max error {worst:.3e} against the weights (quantization step {step:.3e})")
+        assert worst <= step / 2 * 1.01
+
+
+def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, corpus):
+    state, _, nscales = int4_state(CFG, weights)
+    files = {"fp16": fp16_state(CFG, weights), "int4": state}
+    for dtype, st in files.items():
+        f = tmp_path / f"{dtype}.tinygpt"
+        f.write_bytes(upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": dtype}, st))
+        rc, err = cli("info", "--model", f)
+        assert rc == 0, err
+        rc, err = cli("eval", "--model", f, "--data", corpus, "--max-windows", 8)
+        assert rc == 0, err
+        rc, err = cli("sample", "--model", f, "--tokens", 8, "--prompt", "It")
+        assert rc == 0, err
+        out = tmp_path / f"{dtype}-tuned.tinygpt"
+        rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 2, "--out", out, "--quiet",
+                      "--eval-every", 0)
+        assert rc == 0, err
+        tuned = ckpt.load(out)
+        assert tuned.step == 2 and tuned.m is not None and tuned.extra["momentsFrom"] == 0
+        assert upstream_problems(out.read_bytes()) == []
+        assert "int4BlockSize" not in header_of(out.read_bytes())
+
+
+def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path, weights, corpus):
+    """Zero moments at step 250: AdamW's bias correction counts from the resume (momentsFrom),
+    so the first update is lr-sized, not 3x it as 1 - beta^251 ~ 1 would make it."""
+    f = tmp_path / "g.tinygpt"
+    f.write_bytes(upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": "fp16"},
+                                fp16_state(CFG, weights, step=250)))
+    out = tmp_path / "t.tinygpt"
+    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 251, "--out", out, "--quiet",
+                  "--eval-every", 0, "--lr", "1e-3", "--schedule", "constant")
+    assert rc == 0, err
+    before, after = ckpt.load(f), ckpt.load(out)
+    assert after.extra["momentsFrom"] == 250
+    moved = max(float(np.abs(after.params[k] - before.params[k]).max()) for k in before.params
+                if k.endswith("Wq"))
+    print(f"largest change of a Wq in the first step after a weights-only resume: {moved:.3e} (lr 1e-3)")
+    assert moved <= 1.001e-3 * 1.01
+
+
+# ---- what we cannot compute is refused -------------------------------------------------------
+@pytest.mark.parametrize("config, needle", [
+    ({"slidingWindow": 8}, "slidingWindow 8"),
+    ({"nExperts": 4, "moeTopK": 2}, "nExperts 4"),
+    ({"useDifferentialAttention": True}, "useDifferentialAttention"),
+    ({"vocabSize": 512, "tokenizerSource": "tokenizers/my-bpe"}, "'tokenizers/my-bpe'"),
+    ({"layers": 1.5}, "config.layers"),
+    ({"learningRate": "abc"}, "config.learningRate"),
+])
+def test_what_we_cannot_compute_is_refused_naming_the_field(tmp_path, weights, config, needle):
+    cfg = Config(**{**CFG.__dict__, "vocab": config.get("vocabSize", 256)})
+    p = init_params(cfg)
+    f = tmp_path / "x.tinygpt"
+    raw = upstream_file(cfg, {"includesOptimizerState": False, "weightDtype": "fp16"}, fp16_state(cfg, p))
+    h = header_of(raw)
+    h["config"].update(config)
+    hb = json.dumps(h).encode()
+    f.write_bytes(b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + raw[12 + struct.unpack("<I", raw[8:12])[0]:])
+    rc, err = cli("info", "--model", f)
+    one_line_error(rc, err, needle)
+
+
+def test_what_a_file_says_is_checked_against_what_it_holds(tmp_path, weights):
+    raw = upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": "fp16"}, fp16_state(CFG, weights))
+    n = struct.unpack("<I", raw[8:12])[0]
+    h, state = header_of(raw), raw[12 + n:]
+
+    def write(header, st=state):
+        hb = json.dumps(header).encode() if isinstance(header, dict) else header
+        f = tmp_path / "x.tinygpt"
+        f.write_bytes(b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + st)
+        return cli("info", "--model", f)
+
+    one_line_error(*write(h, struct.pack("<i", -3) + state[4:]), "step -3")
+    swapped = json.loads(json.dumps(h))
+    swapped["manifest"][4], swapped["manifest"][5] = swapped["manifest"][5], swapped["manifest"][4]
+    one_line_error(*write(swapped), "manifest entry 4")
+    one_line_error(*write(dict(h, weightDtype="int8")), "'int8'")
+    one_line_error(*write(dict(h, weightDtype="int4", int4BlockSize=63)), "int4BlockSize")
+    one_line_error(*write(dict(h, weightDtype="fp16", includesOptimizerState=True)), "weights only")
+    one_line_error(*write(b"[" * 100_000 + b"]" * 100_000), "too deeply")
