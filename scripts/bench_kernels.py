@@ -30,6 +30,7 @@ from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
 from tinygpt.device.gpu import GPU
+from tinygpt.cli import positive_int, run_script
 
 
 def cases(gpu, rows, C, M, V, n, rng):
@@ -174,7 +175,7 @@ def decode_cases(gpu, N, T, C, H, V, rng):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", help="shapes: rows = batch x ctx, C, 4C, vocab, parameters")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     cfg = preset(args.preset)
@@ -204,4 +205,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("bench_kernels", main)

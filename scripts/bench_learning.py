@@ -20,7 +20,8 @@ import time
 import numpy as np
 
 from tinygpt.tables import emit
-from tinygpt.cli import add_kernels
+from tinygpt.outputs import claim_plot, save_png
+from tinygpt.cli import add_kernels, nonneg_int, positive_int, run_script
 from tinygpt.core.config import preset
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
@@ -126,23 +127,23 @@ def plot(rows, path, title):
     import textwrap
     fig.suptitle("\n".join(textwrap.fill(line, 150) for line in title.split("\n")), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
-    ap.add_argument("--steps", type=int, help="default: the preset's")
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-windows", type=int, default=256, help="spread over the validation split; 0 = all")
+    ap.add_argument("--steps", type=positive_int, help="default: the preset's")
+    ap.add_argument("--eval-every", type=nonneg_int, default=100)
+    ap.add_argument("--eval-windows", type=nonneg_int, default=256, help="spread over the validation split; 0 = all")
     ap.add_argument("--trainers", default="webgpu,torch")
     ap.add_argument("--plot", help="write the two-panel PNG here")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
     add_kernels(ap)
     args = ap.parse_args(argv)
+    claim_plot(args.plot, inputs={"data": args.data, "replot": args.replot})   # before any work, as the CLI claims its outputs
     if args.replot:
         import json
         from pathlib import Path
@@ -178,4 +179,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("bench_learning", main)

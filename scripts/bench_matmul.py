@@ -29,6 +29,7 @@ from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.device.timing import time_dispatches
 from tinygpt.reference import kernels as R
 from tinygpt.tables import emit
+from tinygpt.cli import positive_int, positive_ints, run_script
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
@@ -78,14 +79,27 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
             "gflops": gf, "numpy_gflops": npg, "ratio": gf / npg, "ms": ms, "max_err": err, "timing": method}
 
 
+def matmul_shapes(s):
+    """MxNxK,...: each a triple of positive whole numbers."""
+    out = []
+    for sh in filter(None, (t.strip() for t in s.split(","))):
+        dims = sh.lower().split("x")
+        if len(dims) != 3:
+            raise argparse.ArgumentTypeError(f"expected MxNxK, got {sh!r}")
+        out.append(tuple(positive_int(d) for d in dims))
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected MxNxK,..., got {s!r}")
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
-    ap.add_argument("--shapes", help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", type=positive_ints, default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
+    ap.add_argument("--shapes", type=matmul_shapes, help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
     ap.add_argument("--dtypes", default="f32", help="f32, bf16, mixed, or several (f32,bf16,mixed): the operands' storage")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=positive_int, default=1,
                     help="measure every kernel this many times, interleaved, and keep each one's fastest: "
                          "on a machine whose speed drifts, kernels compared in one round share its minute")
     ap.add_argument("--json", action="store_true")
@@ -104,8 +118,7 @@ def main(argv=None):
     if tile_problem(gpu.limits, plan.matmul_tile):
         chosen = [(e, v) for e, v in chosen if v != "tiled"]
     rows = []
-    shapes = ([tuple(int(v) for v in sh.lower().split("x")) for sh in args.shapes.split(",")] if args.shapes
-              else [(n, n, n) for n in (int(s) for s in args.sizes.split(","))])
+    shapes = args.shapes or [(n, n, n) for n in args.sizes]
     for M, N, Kd in shapes:
         n = f"{M}x{N}x{Kd}"
         r = np.random.default_rng(M * N + Kd)
@@ -134,4 +147,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("bench_matmul", main)

@@ -13,7 +13,7 @@ import sys
 import time
 
 from tinygpt.tables import emit
-from tinygpt.cli import add_kernels
+from tinygpt.cli import add_kernels, nonneg_float, positive_int, run_script, seed_int
 from tinygpt.core.config import PRESETS, preset
 from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU
@@ -34,10 +34,10 @@ def run(gpu, cfg, params, cache, n, num, plan, temperature, seed):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small,mega")
-    ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--num-samples", type=int, default=1)
-    ap.add_argument("--temperature", type=float, default=0.8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tokens", type=positive_int, default=256)
+    ap.add_argument("--num-samples", type=positive_int, default=1)
+    ap.add_argument("--temperature", type=nonneg_float, default=0.8)
+    ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
@@ -71,4 +71,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script("bench_sample", main)

@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from tinygpt.cli import add_kernels
+from tinygpt.cli import add_kernels, positive_float, positive_int, run_script
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.precision import PRECISIONS
@@ -98,14 +98,14 @@ def run_torch(cfg, params, data, lr):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--steps", type=positive_int, default=20)
+    ap.add_argument("--lr", type=positive_float, default=3e-4)
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
     ap.add_argument("--attention", default="online")
     ap.add_argument("--trainers", default="webgpu,numpy,torch")
     ap.add_argument("--precision", default="fp32",
                     help="the WebGPU trainer's: fp32, bf16, or both (fp32,bf16: a row each, with bf16's ratio)")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--rounds", type=positive_int, default=1,
                     help="run every trainer this many times, interleaved, and keep each one's fastest: on a "
                          "machine whose speed drifts, trainers compared in one round share its minute")
     ap.add_argument("--interleave", action="store_true",
@@ -172,4 +172,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("bench_train", main)

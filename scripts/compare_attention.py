@@ -22,23 +22,25 @@ from tinygpt.device.kernels import Kernels
 from tinygpt.reference import attention as RA
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
-from tinygpt.cli import add_kernels
+from tinygpt.outputs import claim_plot, save_png
+from tinygpt.cli import add_kernels, positive_int, positive_ints, run_script
 from tinygpt.device.gpu import GPU, LimitError
 from tinygpt.device.planner import make_plan
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--T", default="256,1024,4096", help="comma-separated sequence lengths")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--heads", type=int, default=1)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--T", type=positive_ints, default="256,1024,4096", help="comma-separated sequence lengths")
+    ap.add_argument("--batch", type=positive_int, default=1)
+    ap.add_argument("--heads", type=positive_int, default=1)
+    ap.add_argument("--head-dim", type=positive_int, default=64)
+    ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
     add_kernels(ap)
     args = ap.parse_args(argv)
-    Ts = [int(t) for t in args.T.split(",") if t]
+    claim_plot(args.plot)   # before any work, as the CLI claims its outputs
+    Ts = args.T
     B, H, hd = args.batch, args.heads, args.head_dim
     C = H * hd
     gpu = GPU()
@@ -115,8 +117,8 @@ def plot(rows, path):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    save_png(fig, path)
 
 
 if __name__ == "__main__":
-    main()
+    run_script("compare_attention", main)

@@ -24,6 +24,8 @@ from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
 from tinygpt.tables import emit
+from tinygpt.outputs import claim_plot, save_png
+from tinygpt.cli import positive_int, run_script, seed_int
 
 
 def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every):
@@ -52,13 +54,14 @@ def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--presets", default="small")
-    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--steps", type=positive_int, default=500)
     ap.add_argument("--data", help="text file (default: the built-in corpus)")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--seed", type=int, help="init and batch seed (default: the preset's, 1337)")
+    ap.add_argument("--log-every", type=positive_int, default=10)
+    ap.add_argument("--seed", type=seed_int, help="init and batch seed (default: the preset's, 1337)")
     ap.add_argument("--plot", help="write the loss curves to this PNG")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    claim_plot(args.plot, inputs={"data": args.data})   # before any work, as the CLI claims its outputs
     gpu = GPU()
     plan = make_plan(gpu)
     raw, data_name = read_corpus(args.data)
@@ -96,7 +99,7 @@ def main(argv=None):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        fig.savefig(args.plot, dpi=100)
+        save_png(fig, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     for r in rows:
         r.pop("curve") if not args.json else None
@@ -107,4 +110,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("compare_precision", main)

@@ -39,8 +39,10 @@ from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.budget import device_limits, memory_budget
 from tinygpt.tables import fmt
+from tinygpt.cli import positive_int, run_script
 
 HERE = Path(__file__).resolve().parent
+MARK = "tinygpt gpu_report"     # the first line of every report.md this script writes
 PRESETS_UP = ["small", "medium", "large", "xl", "huge", "massive", "mega", "gpt2"]
 
 
@@ -66,9 +68,9 @@ def run_section(out: Path, name: str, argv: list, env: dict, timeout: int) -> di
         r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, timeout=timeout)
         rc, stdout, stderr = r.returncode, r.stdout, r.stderr
     except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = "timeout", e.stdout or "", (e.stderr or "") + f"\nstopped after {timeout} s"
-        stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
-        stderr = stderr.decode() if isinstance(stderr, bytes) else stderr
+        # the partial output of a timed-out run arrives as bytes whatever text= asked for
+        text = lambda b: b.decode("utf-8", "replace") if isinstance(b, bytes) else (b or "")
+        rc, stdout, stderr = "timeout", text(e.stdout), text(e.stderr) + f"\nstopped after {timeout} s"
     secs = time.perf_counter() - t0
     (out / "logs").mkdir(exist_ok=True)
     (out / "logs" / f"{name}.log").write_text(stderr)
@@ -166,14 +168,26 @@ def main(argv=None):
     ap.add_argument("--data", help="text file for the training sections (default: the built-in corpus)")
     ap.add_argument("--tokenizer-file", help="r50k_base.tiktoken, for the gpt2 preset's profile where tiktoken "
                                              "cannot download it")
-    ap.add_argument("--section-timeout", type=int, default=600, help="seconds before a section is stopped")
+    ap.add_argument("--section-timeout", type=positive_int, default=600, help="seconds before a section is stopped")
     args = ap.parse_args(argv)
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise SystemExit(f"error: --out {out} exists and is not a directory; choose another")
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "report.md").exists() and "tinygpt gpu_report" not in (out / "report.md").read_text(errors="replace")[:200]:
-        raise SystemExit(f"error: {out / 'report.md'} was not written by this script; choose another --out")
+    report = out / "report.md"
+    ours = report.is_file() and MARK in report.read_bytes()[:200].decode("utf-8", "replace")
+    if report.exists() and not ours:
+        raise SystemExit(f"gpu_report: error: {report} was not written by this script; choose another --out")
+    # the files a report writes, in a directory it did not make: never replaced
+    if out.is_dir() and not ours:
+        theirs = sorted(p for pat in ("*.jsonl", "*.png", "logs/*.log") for p in out.glob(pat))
+        if theirs:
+            raise SystemExit(f"gpu_report: error: --out {out} holds {theirs[0].relative_to(out)}, which this script "
+                             "did not write and would replace; choose an empty or new --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        report.write_text(f"# {MARK} (in progress)\n")     # marks the directory as this script's
+    except OSError as e:
+        raise SystemExit(f"gpu_report: error: --out {out}: {e.strerror}; choose a directory you can write")
 
     gpu = GPU()
     plan = make_plan(gpu)
@@ -241,7 +255,7 @@ def main(argv=None):
     pngs = plots(out, results) + (["attention.png"] if (out / "attention.png").exists() else [])
 
     mode = "smallest" if args.smallest else "quick" if args.quick else "full"
-    lines = [f"# tinygpt gpu_report: {adapter}", "",
+    lines = [f"# {MARK}: {adapter}", "",
              f"Adapter: {adapter}; vendor {info.get('vendor', '?')}, architecture {info.get('architecture', '?')}, "
              f"driver {info.get('driver', '?')} {info.get('driver_description', '')}".rstrip(),
              f"Mode: {mode}; {total:.0f} s in all; written {time.strftime('%Y-%m-%d %H:%M:%S')}.",
@@ -273,4 +287,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script("gpu_report", main)

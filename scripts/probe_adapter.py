@@ -20,12 +20,13 @@ from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import subgroups_ok
+from tinygpt.cli import positive_int, run_script
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--invocations", type=int, default=64 * 1024)
-    ap.add_argument("--iters", type=int, default=4096)
+    ap.add_argument("--invocations", type=positive_int, default=64 * 1024)
+    ap.add_argument("--iters", type=positive_int, default=4096)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     gpu = GPU()
@@ -71,4 +72,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("probe_adapter", main)

@@ -24,6 +24,7 @@ from tinygpt.device.gpu import GPU
 from tinygpt.infer import bits, evaluate
 from tinygpt.options import EvalOptions, TrainOptions
 from tinygpt.train import train
+from tinygpt.cli import run_script
 
 
 def options(spec: str, data: str | None, out: str) -> TrainOptions:
@@ -62,4 +63,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script("sweep_schedule", main)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tinygpt import checkpoint as ckpt
-from tinygpt.cli import flag
+from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
 from tinygpt.data import Dataset, read_corpus
 from tinygpt.core.errors import TinyGPTError, UsageError
 from tinygpt.outputs import Outputs, advice, is_json_lines
@@ -42,18 +42,18 @@ def parse(argv=None):
     ap.add_argument("--resume", required=True, help="the .tinygpt to continue (written by tinygpt train or by this)")
     ap.add_argument("--data", help="the text the run trains on (default: the built-in corpus)")
     ap.add_argument("--tokenizer-file", help="r50k_base.tiktoken, for a gpt2-tokenized run without internet")
-    ap.add_argument("--steps", type=int, help="total steps (default: the run's planned end)")
-    ap.add_argument("--batch", type=int, help="windows per rank (default: the file's batch / ranks)")
-    ap.add_argument("--lr", type=float, help="peak lr over the file's schedule")
+    ap.add_argument("--steps", type=positive_int, help="total steps (default: the run's planned end)")
+    ap.add_argument("--batch", type=positive_int, help="windows per rank (default: the file's batch / ranks)")
+    ap.add_argument("--lr", type=positive_float, help="peak lr over the file's schedule")
     ap.add_argument("--out", help="the .tinygpt to write (default: the --resume file)")
     ap.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     ap.add_argument("--log-file", "--log", dest="log_file",
                     help="append one JSON line per logged step, the lines of tinygpt train --log (under torchrun "
                          "write --log-file: torchrun takes a --log after the script for its own --log-dir)")
-    ap.add_argument("--log-every", type=int, default=10)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--eval-windows", type=int, default=64)
-    ap.add_argument("--save-every", type=int, default=500)
+    ap.add_argument("--log-every", type=positive_int, default=10)
+    ap.add_argument("--eval-every", type=nonneg_int, default=100)
+    ap.add_argument("--eval-windows", type=positive_int, default=64)
+    ap.add_argument("--save-every", type=nonneg_int, default=500)
     return ap.parse_args(argv)
 
 
@@ -81,7 +81,7 @@ def setup(args, rank: int, world: int):
     out = Path(args.out or args.resume)
     if rank == 0:     # every output checked before anything is read (tinygpt train's rule)
         outs = Outputs(args.force, {"resume": args.resume, "data": args.data, "tokenizer_file": args.tokenizer_file})
-        outs.claim(out, "out", "checkpoint", ckpt.is_tinygpt, updates="resume")
+        outs.claim(args.out or args.resume, "out", "checkpoint", ckpt.is_tinygpt, updates="resume")
         if args.log_file:
             outs.claim(args.log_file, "log", "log", is_json_lines, append=True)
     ck = ckpt.load(args.resume, f"{{opt:resume}} {args.resume}")

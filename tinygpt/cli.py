@@ -61,6 +61,14 @@ def bounded_int(lo: int, hi: int):
     return parse
 
 
+def positive_ints(s):
+    """Comma-separated positive whole numbers (sizes, sequence lengths)."""
+    parts = [t.strip() for t in str(s).split(",") if t.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {s!r}")
+    return [positive_int(t) for t in parts]
+
+
 def preset_name(s):
     if s not in PRESETS:
         raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose one of {', '.join(PRESETS)}")
@@ -244,6 +252,7 @@ def cmd_export(args) -> int:
         outs.claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     else:
         d = Path(args.out)
+        made = not d.exists()              # claiming makes the directory; a failed export removes it
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d} exists and is not a directory; --format hf writes a directory: choose another name")
         outs.claim(d / "config.json", "out", "Hugging Face config", is_our_json)
@@ -254,7 +263,12 @@ def cmd_export(args) -> int:
     elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
         ckpt.save(args.out, ck, "fp16")
     else:
-        export_hf(ck, args.out)
+        try:
+            export_hf(ck, args.out)
+        except OSError:
+            if made and d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+            raise
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
@@ -456,6 +470,37 @@ def build_parser():
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)
     return ap
+
+
+def run_script(name: str, main) -> None:
+    """A script's entry point under the CLI's rules: every error one line on stderr with an exit
+    code, no traceback (TINYGPT_DEBUG=1 shows it)."""
+    debug = bool(os.environ.get("TINYGPT_DEBUG"))
+    set_wording(flag)
+    try:
+        rc = main()
+    except KeyboardInterrupt:
+        print(f"{name}: stopped", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPT)
+    except TinyGPTError as e:
+        if debug:
+            raise
+        print(f"{name}: error: {e.worded(flag)}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except OSError as e:
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{name}: error: {where}{e.strerror or e}; {advice(e)}", file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+    except Exception as e:      # the last guard: one line, whatever it was
+        if debug:
+            raise
+        msg = str(e).strip().splitlines()
+        print(f"{name}: error: {msg[0] if msg else type(e).__name__} (TINYGPT_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        sys.exit(EXIT_ERROR)
+    sys.exit(rc or 0)
 
 
 def main(argv=None) -> int:

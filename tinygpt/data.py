@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import socket
 import tempfile
 from pathlib import Path
@@ -65,12 +66,39 @@ class ByteTokenizer:
     vocab = 256
 
     def encode(self, data: bytes | str) -> np.ndarray:
-        if isinstance(data, str):
-            data = data.encode("utf-8")
+        if isinstance(data, str):      # a command line's bytes that are not UTF-8 come back as they were
+            data = data.encode("utf-8", "surrogateescape")
         return np.frombuffer(data, np.uint8).astype(np.uint32)
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+PIECE = 1 << 20      # characters tokenized at once
+
+
+def text_pieces(text: str, size: int):
+    """text in consecutive pieces of at most `size` characters, each cut before a space or after a
+    newline that sits between two non-spaces: GPT-2's pre-tokenizer splits there too, so the
+    pieces' tokens are the whole text's. A text with no such place is cut every `size`."""
+    start = 0
+    while len(text) - start > size:
+        lo, hi = start + size // 2, start + size
+        cuts = [m.start() for m in _CUT.finditer(text, lo, hi)]
+        end = cuts[-1] if cuts and cuts[-1] > start else hi
+        yield text[start:end]
+        start = end
+    if start < len(text):
+        yield text[start:]
+
+
+_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")    # before " x" after a non-space; after "x\n" before one
+
+
+def progress(total: int, what: str):
+    """A tqdm bar on stderr (tqdm: rate and time left, well kept)."""
+    from tqdm import tqdm
+    return tqdm(total=total, desc=what, unit="MB", leave=False)
 
 
 class GPT2Tokenizer:
@@ -81,13 +109,30 @@ class GPT2Tokenizer:
         self.enc, self.source = enc, source
 
     def encode(self, data: bytes | str) -> np.ndarray:
+        """Token ids of a text, in pieces of at most PIECE characters cut where GPT-2's
+        pre-tokenizer cuts anyway, so memory stays bounded whatever the text's lines."""
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(f"the text is not valid UTF-8 (byte {e.start}); the gpt2 tokenizer needs UTF-8: "
                                 "convert the file, or use {opt:tokenizer} byte") from e
-        return np.asarray(self.enc.encode(data, disallowed_special=()), np.uint32)
+        else:
+            try:
+                data.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DataError("the text holds bytes that are not UTF-8; a gpt2 model reads UTF-8 text only "
+                                "(a byte-level model takes any bytes)") from e
+        pieces = list(text_pieces(data, PIECE))
+        bar = progress(len(pieces), "tokenizing") if len(pieces) > 8 else None
+        out = []
+        for piece in pieces:
+            out.append(np.asarray(self.enc.encode(piece, disallowed_special=()), np.uint32))
+            if bar:
+                bar.update(1)
+        if bar:
+            bar.close()
+        return np.concatenate(out) if out else np.zeros(0, np.uint32)
 
     def decode(self, ids) -> str:
         return self.enc.decode_bytes([int(i) for i in ids]).decode("utf-8", errors="replace")

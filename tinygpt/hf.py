@@ -9,12 +9,16 @@ refuses, in one line, what this architecture cannot hold.
 from __future__ import annotations
 
 import json
+import math
+import os
+import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint, CheckpointError
+from .checkpoint import Checkpoint, CheckpointError, show
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
 from .core.fs import atomic_write, check_regular, read_user_file
 from .outputs import WRITER
@@ -49,7 +53,7 @@ def export_hf(ck: Checkpoint, out_dir):
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")
-    d.mkdir(parents=True, exist_ok=True)
+    d.parent.mkdir(parents=True, exist_ok=True)
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
@@ -61,19 +65,58 @@ def export_hf(ck: Checkpoint, out_dir):
         "torch_dtype": "float32",
         "tinygpt_writer": WRITER,   # marks the directory's files as ours to replace
     }
-    atomic_write(d / "config.json", json.dumps(config, indent=2).encode())
-    atomic_write(d / "model.safetensors", save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}))
+    files = {"model.safetensors": save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}),
+             "config.json": json.dumps(config, indent=2).encode()}
+    write_directory(d, files)
+
+
+def write_directory(d: Path, files: dict):
+    """The files whole in d, or none of them: built in a directory beside d and moved in. A new d
+    is one rename; into an existing one (which may hold the user's other files) each file is
+    renamed in once all are whole, the weights first, so config.json never names weights that
+    are not there."""
+    tmp = Path(tempfile.mkdtemp(prefix=".tinygpt-", dir=d.parent if str(d.parent) else "."))
+    try:
+        for name, data in files.items():
+            atomic_write(tmp / name, data)
+        if d.is_dir() and not any(d.iterdir()):
+            d.rmdir()                      # an empty directory (made when the output was claimed): new
+        if not d.exists():
+            os.rename(tmp, d)
+            return
+        for name in files:
+            os.replace(tmp / name, d / name)
+    except OSError as e:
+        failed = d / Path(e.filename).name if e.filename else d
+        raise OSError(e.errno, e.strerror, str(failed)) from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---- import ----------------------------------------------------------------------------------------
+def _field(c: dict, key: str, default, kind, label: str):
+    """A number of config.json by name: present (or defaulted), a JSON number of the right kind."""
+    if c.get(key) is None:
+        if default is None:
+            raise CheckpointError(f"{label}: no {key}; a GPT-2 config.json has one")
+        return default
+    v = c[key]
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if not number or not (isinstance(v, int) or math.isfinite(v)) or (kind is int and v != int(v)):
+        raise CheckpointError(f"{label}: {key} is {show(v)}; expected {'a whole' if kind is int else 'a finite'} "
+                              "number")
+    return kind(v)
+
+
 def _config(d: Path, allow_tanh_gelu: bool) -> Config:
     label = f"{d}/config.json"
     raw = read_user_file(d / "config.json", CheckpointError, label, "a GPT2LMHeadModel's config.json", 1 << 20)
     try:
         c = json.loads(raw)
         assert isinstance(c, dict)
-    except (ValueError, AssertionError) as e:
-        raise CheckpointError(f"{label} is not a JSON object; give a Hugging Face model directory") from e
+    except (ValueError, AssertionError, RecursionError) as e:
+        raise CheckpointError(f"{label} is not a JSON object (or nests too deeply); give a Hugging Face model "
+                              "directory") from e
     arch = c.get("architectures") or ["GPT2LMHeadModel"]
     if c.get("model_type", "gpt2") != "gpt2" or "GPT2LMHeadModel" not in arch:
         raise CheckpointError(f"{label}: a {c.get('model_type')} / {', '.join(map(str, arch))} model; "
@@ -85,7 +128,7 @@ def _config(d: Path, allow_tanh_gelu: bool) -> Config:
         raise CheckpointError(f"{label}: activation {act!r}; this architecture computes the exact erf GELU{hint}")
     if c.get("tie_word_embeddings", True) is not True:
         raise CheckpointError(f"{label}: the head is not tied to the token embedding; this architecture ties them")
-    eps = float(c.get("layer_norm_epsilon", 1e-5))
+    eps = _field(c, "layer_norm_epsilon", 1e-5, float, label)
     if abs(eps - 1e-5) > 1e-12:
         raise CheckpointError(f"{label}: LayerNorm epsilon {eps:g}; this architecture uses 1e-5")
     for k in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
@@ -93,13 +136,10 @@ def _config(d: Path, allow_tanh_gelu: bool) -> Config:
             raise CheckpointError(f"{label}: {k} is set; this architecture has no such variant")
     if c.get("scale_attn_weights", True) is not True:
         raise CheckpointError(f"{label}: attention without the 1/sqrt(head dim) scale; this architecture scales")
-    try:
-        C = int(c["n_embd"])
-        cfg = Config(layers=int(c["n_layer"]), d_model=C, heads=int(c["n_head"]), ctx=int(c["n_positions"]),
-                     d_mlp=int(c.get("n_inner") or 4 * C), vocab=int(c["vocab_size"]), batch=1)
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{label}: missing or malformed n_layer, n_embd, n_head, n_positions or "
-                              "vocab_size") from e
+    C = _field(c, "n_embd", None, int, label)
+    cfg = Config(layers=_field(c, "n_layer", None, int, label), d_model=C, heads=_field(c, "n_head", None, int, label),
+                 ctx=_field(c, "n_positions", None, int, label), d_mlp=_field(c, "n_inner", 4 * C, int, label),
+                 vocab=_field(c, "vocab_size", None, int, label), batch=1)
     if cfg.vocab not in VOCABS:
         raise CheckpointError(f"{label}: vocabulary {cfg.vocab:,}; tinygpt has tokenizers for 256 (bytes) and "
                               "50,257 (GPT-2) only")
@@ -130,8 +170,9 @@ def _safetensors(path: Path, cfg: Config):
         try:
             header = json.loads(f.read(hlen))
             assert isinstance(header, dict)
-        except (ValueError, AssertionError) as e:
-            raise CheckpointError(f"{label}: its header is not JSON; the file is damaged") from e
+        except (ValueError, AssertionError, RecursionError) as e:
+            raise CheckpointError(f"{label}: its header is not a JSON object (or nests too deeply); the file is "
+                                  "damaged") from e
     n = n_params(cfg)
     if st.st_size > 8 + hlen + 4 * n + 4 * cfg.layers * (cfg.ctx * cfg.ctx + 1) + (1 << 20) + 4 * cfg.vocab * cfg.d_model:
         raise CheckpointError(f"{label}: {st.st_size:,} bytes, far more than a model of this config holds")
@@ -148,12 +189,17 @@ def import_hf(directory, allow_tanh_gelu: bool = False) -> Checkpoint:
     path = d / "model.safetensors"
     header, data0, size = _safetensors(path, cfg)
     names = {k[len("transformer."):] if k.startswith("transformer.") else k: k for k in header if k != "__metadata__"}
+    used = set()
 
     def read(name, shape):
         key = names.get(name)
         if key is None:
             raise CheckpointError(f"{path}: no tensor {name}; the model is incomplete or not a GPT-2")
         t = header[key]
+        if not isinstance(t, dict):
+            raise CheckpointError(f"{path}: the header's entry for {key} is {show(t)}, not an object with dtype, "
+                                  "shape and data_offsets; the file is damaged")
+        used.add(key)
         try:
             dtype, width = DTYPES[t["dtype"]]
             b0, b1 = (int(x) for x in t["data_offsets"])
@@ -192,6 +238,13 @@ def import_hf(directory, allow_tanh_gelu: bool = False) -> Checkpoint:
              "fc_in_W": read(h + "mlp.c_fc.weight", (C, M)), "fc_in_b": read(h + "mlp.c_fc.bias", (M,)),
              "fc_out_W": read(h + "mlp.c_proj.weight", (M, C)), "fc_out_b": read(h + "mlp.c_proj.bias", (C,))}
         P.update({f"h{l}.{k}": np.ascontiguousarray(v) for k, v in p.items()})
+    # what the config does not account for: a config.json over another model's weights
+    left = sorted(k for n, k in names.items() if k not in used and n != "lm_head.weight"
+                  and not (n.endswith(".attn.bias") or n.endswith(".attn.masked_bias")))   # GPT-2's mask buffers
+    if left:
+        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+        raise CheckpointError(f"{path}: tensors its config.json does not account for: {', '.join(left[:3])}{more}; "
+                              f"the config (n_layer {cfg.layers}, n_embd {cfg.d_model}) and the weights disagree")
     bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
     if bad:
         raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")

@@ -12,7 +12,6 @@ The last row is the model's prediction.
 """
 from __future__ import annotations
 
-import io
 import sys
 from dataclasses import dataclass
 
@@ -21,14 +20,13 @@ import numpy as np
 from . import checkpoint as ckpt
 from .core.config import Config
 from .core.errors import UsageError
-from .core.fs import atomic_write
 from .device.gpu import GPU, Tensor
 from .device.plan import KernelPlan
 from .device.planner import make_plan
 from .infer import tokenizer_of
 from .model.gpt import Model
 from .model.layout import logit_chunks, rows
-from .outputs import WRITER, Outputs, is_our_png
+from .outputs import Outputs, is_our_png, save_png
 
 
 @dataclass
@@ -129,10 +127,7 @@ def plot(ins: Inspection, tok, path, title: str = ""):
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": WRITER})   # marks the file as ours
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
+    save_png(fig, path, dpi=fig.dpi)
     return path
 
 

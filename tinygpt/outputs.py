@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import stat
@@ -15,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .core.errors import OutputError
-from .core.fs import name_max
+from .core.fs import atomic_write, name_max
 
 
 def derived(path, suffix: str) -> Path:
@@ -42,6 +43,22 @@ def _head(path, n: int) -> bytes:
             return f.read(n)
     except OSError:
         return b""
+
+
+def save_png(fig, path, dpi: int = 100) -> Path:
+    """A matplotlib figure as a PNG stamped as ours (so a later run may replace it), written
+    atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=dpi, format="png", metadata={"Software": WRITER})
+    plt.close(fig)
+    atomic_write(path, buf.getvalue())
+    return Path(path)
+
+
+def claim_plot(path, option: str = "plot", inputs: dict | None = None) -> Path | None:
+    """A script's plot option, claimed before any work as the CLI claims its outputs."""
+    return Outputs(None, inputs).claim(path, option, "PNG", is_our_png) if path else None
 
 
 def is_our_png(path) -> bool:
@@ -95,8 +112,9 @@ class Outputs:
 
     inputs: {option: path} of what the command reads; no output may be one of them."""
 
-    def __init__(self, force: bool = False, inputs: dict | None = None):
-        self.force = force
+    def __init__(self, force: bool | None = False, inputs: dict | None = None):
+        self.force = bool(force)
+        self.forceable = force is not None      # None: the command has no force option to offer
         self.inputs = {k: Path(v) for k, v in (inputs or {}).items() if v}
         self.claimed: dict[Path, str] = {}
 
@@ -109,11 +127,15 @@ class Outputs:
         updates: the one input this output may be (a resumed checkpoint written back)."""
         p = Path(path)
         label = f"{{opt:{option}}} {p}"
+        if str(path).endswith(("/", os.sep)):   # Path drops the slash: a user asking for a directory
+            raise OutputError(f"{{opt:{option}}} {path} ends in a slash, which names a directory; give a file name "
+                              f"for the {kind}, such as {p / ('x' + (p.suffix or '.out'))}")
         if not p.name or p.name in (".", ".."):
             raise OutputError(f"{label}: not a file name; give a file name for the {kind}")
         for opt, src in self.inputs.items():
             if opt != updates and (_same(p, src) or p.resolve() == src.resolve()):
-                raise OutputError(f"{label} is also this command's {{opt:{opt}}}; writing the {kind} there would "
+                what = f"{{opt:{opt}}}" if opt.isidentifier() else f"input ({opt})"
+                raise OutputError(f"{label} is also this command's {what}; writing the {kind} there would "
                                   "destroy an input: choose another name")
         key = p.resolve()
         if key in self.claimed:
@@ -135,8 +157,9 @@ class Outputs:
                     raise OutputError(f"{label} exists and is not a JSON Lines log; the {kind} is only appended "
                                       "to such a file: choose another name")
             elif not (ours and ours(p)) and not self.force:
-                raise OutputError(f"{label} exists and is not a {kind} written by tinygpt; pass {{opt:force}} "
-                                  "to replace it, or choose another name")
+                fix = "pass {opt:force} to replace it, or choose another name" if self.forceable else \
+                    "choose another name"
+                raise OutputError(f"{label} exists and is not a {kind} written by tinygpt; {fix}")
         self._check_writable(p, label)
         self.claimed[key] = kind
         return p

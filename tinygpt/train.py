@@ -7,7 +7,6 @@ safety.py's.
 """
 from __future__ import annotations
 
-import io
 import json
 import sys
 import time
@@ -19,7 +18,6 @@ import numpy as np
 from . import checkpoint as ckpt
 from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, preset
 from .core.errors import UsageError, word
-from .core.fs import atomic_write
 from .core.init import init_params
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, get_tokenizer, read_corpus
@@ -32,7 +30,7 @@ from .model.budget import device_limits, memory_budget, refusal
 from .model.gpt import Model
 from .model.profile import format_profile, profile_step
 from .options import TrainOptions
-from .outputs import WRITER, Outputs, derived, is_json_lines, is_our_png
+from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
 
@@ -69,9 +67,10 @@ class TrainOutputs:
 def output_paths(o: TrainOptions) -> TrainOutputs:
     """Claims the checkpoint, its loss-curve plot and the log before anything is read or run.
     The checkpoint may be the resumed file (written back); nothing else may be an input."""
-    out = Path(o.out or o.resume or f"runs/{o.preset}.tinygpt")
+    given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
+    out = Path(given)
     outs = Outputs(o.force, {"data": o.data, "tokenizer_file": o.tokenizer_file, "resume": o.resume})
-    return TrainOutputs(outs.claim(out, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
+    return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
                         outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
 
@@ -431,8 +430,4 @@ def plot_losses(history, path: Path):
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, dpi=100, format="png", metadata={"Software": WRITER})  # marks the file as ours
-    plt.close(fig)
-    atomic_write(path, buf.getvalue())
-    return path
+    return save_png(fig, path)

@@ -86,11 +86,13 @@ def atomic_write(path, data: bytes):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(e, OSError) and e.errno is not None and e.filename != str(p):
+            raise OSError(e.errno, e.strerror, str(p)) from e     # the message names the file, not the temporary
         raise
     try:
         dfd = os.open(d, os.O_RDONLY)

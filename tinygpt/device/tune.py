@@ -163,4 +163,4 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
     best["peaks"] = measure_peaks(gpu)      # full size even when quick: a short probe reads low
     say(f"peaks: {best['peaks']['gflops']:.1f} GFLOP/s (FMA), {best['peaks']['gbps']:.1f} GB/s (streaming)")
     path = save_tuning(gpu.key, best)   # make_plan reads these back: the families measured, the tunables
-    return {"rows": rows, "chosen": best, "cache": str(path)}
+    return {"rows": rows, "chosen": best, "cache": str(path) if path else None}

@@ -43,8 +43,18 @@ def load_tuning_cache() -> dict:
     return allv
 
 
-def save_tuning(key: str, entry: dict | None) -> Path:
-    """Write (or with None, remove) this adapter's entry; an unreadable cache is replaced."""
+def save_tuning(key: str, entry: dict | None) -> Path | None:
+    """Write (or with None, remove) this adapter's entry; an unreadable cache is replaced. A cache
+    that cannot be written is a warning, never the end of the command: None then."""
+    try:
+        return _save(key, entry)
+    except OSError as e:
+        warn(f"could not write the tuning cache in {cache_dir()} ({e.strerror or e}); the command goes on "
+             "without it: set TINYGPT_CACHE_DIR to a writable directory to keep the measurements")
+        return None
+
+
+def _save(key: str, entry: dict | None) -> Path:
     try:
         allv = load_tuning_cache()
     except ValueError:
@@ -112,9 +122,13 @@ def reset_tuning(key: str) -> str:
     try:
         held = key in load_tuning_cache()
     except ValueError:
-        path.unlink()
+        try:
+            path.unlink()
+        except OSError as e:
+            return f"could not remove the unreadable tuning cache {path} ({e.strerror}); remove it by hand"
         return f"removed the unreadable tuning cache {path}"
     if not held:
         return f"{path} holds no entry for this adapter: nothing to reset"
-    save_tuning(key, None)
+    if save_tuning(key, None) is None:
+        return f"{path} keeps this adapter's entry (it could not be rewritten)"
     return f"removed this adapter's entry from {path}; the default kernels run until the next tune"
