@@ -12,7 +12,7 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from test_hardening import TINY, cli, one_line_error
+from test_hardening import TINY, in_process as cli, one_line_error
 from tinygpt import checkpoint as ckpt
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params

@@ -30,6 +30,21 @@ def cli(*args, env=None, timeout=180):
     return r.returncode, err
 
 
+def in_process(*args):
+    """The same as cli() without a new process (which costs ~2.5 s of imports and adapter here):
+    for commands that cannot hang; stderr captured, (exit code, lines)."""
+    from io import StringIO
+    from tinygpt.cli import main
+    old, sys.stderr = sys.stderr, StringIO()
+    try:
+        rc = main([str(a) for a in args])
+    except SystemExit as e:
+        rc = e.code
+    finally:
+        err, sys.stderr = sys.stderr.getvalue(), old
+    return rc, [l for l in err.splitlines() if l.strip() and "XDG_RUNTIME_DIR" not in l]
+
+
 def one_line_error(rc, err, *needles):
     """Non-zero exit; the error is one line (the last), with no traceback; progress lines may precede it."""
     assert rc != 0, err

@@ -187,9 +187,15 @@ LAYOUTS = {   # weightDtype: what the state holds after the step
 }
 
 
+def _finite(v):
+    """A loss as JSON can hold it (and JavaScript's JSON.parse reads it): null for nan and inf."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
 def _history(h) -> list:
     """Upstream's lossHistory points, {step, train, val}, val null where not measured."""
-    return [{"step": p.get("step"), "train": p.get("train"), "val": p.get("val")} for p in h if isinstance(p, dict)]
+    return [{"step": p.get("step"), "train": _finite(p.get("train")), "val": _finite(p.get("val"))}
+            for p in h if isinstance(p, dict)]
 
 
 def _losses(history: list, kept: dict) -> tuple[dict | None, dict | None]:
