@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_hardening import TINY, cli, one_line_error
+from test_hardening import TINY, cli, in_process, one_line_error
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import main
 from tinygpt.core.config import Config
@@ -303,23 +303,22 @@ def test_tokenizer_that_cannot_produce_the_vocabulary(tmp_path):
 # ---- 5. caches never brick the tool ------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [{"matmul_wx": 0}, {"online_block": [0, 32]}, {"matmul_wx": "8"},
                                  {"online_variant": 3}, "a number", None])
-def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad):
+def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad, monkeypatch, capsys):
+    """In this process (the cache is read afresh by every plan): a process a run costs ~2.5 s."""
     from tinygpt.device.gpu import GPU
     cache = tmp_path / "cache"
     cache.mkdir()
     key = GPU().key
     (cache / "tuning.json").write_text(json.dumps({key: bad}) if bad is not None else "{not json")
-    env = {"TINYGPT_CACHE_DIR": str(cache)}
-    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--out",
-                  tmp_path / "m.tinygpt", env=env)
+    monkeypatch.setenv("TINYGPT_CACHE_DIR", str(cache))
+    line = ["train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--sample-tokens", 0,
+            "--out", tmp_path / "m.tinygpt"]
+    rc, err = in_process(*line)
     assert rc == 0, err
     warnings = [l for l in err if "warning" in l]
     assert len(warnings) == 1 and str(cache / "tuning.json") in warnings[0] and "tinygpt tune --reset" in warnings[0]
-    r = subprocess.run([sys.executable, "-m", "tinygpt", "tune", "--reset"], env=dict(os.environ, **env),
-                       capture_output=True, text=True)
-    assert r.returncode == 0 and "remove" in r.stdout
-    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--out",
-                  tmp_path / "m.tinygpt", env=env)
+    assert main(["tune", "--reset"]) == 0 and "remove" in capsys.readouterr().out
+    rc, err = in_process(*line)
     assert rc == 0 and not [l for l in err if "warning" in l], err
 
 
