@@ -185,6 +185,17 @@ def test_every_file_we_write_reads_as_upstreams(tmp_path, corpus):
     assert len(raw16) < len(raw) / 5
 
 
+def test_an_imported_model_reads_as_upstreams(tmp_path):
+    """import-hf's file too: a fresh checkpoint with zero moments, in upstream's layout."""
+    from test_hf import model
+    from tinygpt.hf import export_hf
+    export_hf(model(), tmp_path / "hf")
+    rc, err = cli("import-hf", tmp_path / "hf", "--out", tmp_path / "m.tinygpt")
+    assert rc == 0, err
+    raw = (tmp_path / "m.tinygpt").read_bytes()
+    assert upstream_problems(raw) == [] and header_of(raw)["finalLoss"] is None
+
+
 def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
     """An fp32 file in upstream's layout, with the fields upstream writes: its weights load in
     their place, its corpus is not forgotten, and after our resume every field we do not use is
