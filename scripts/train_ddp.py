@@ -31,7 +31,7 @@ from tinygpt import checkpoint as ckpt
 from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
 from tinygpt.data import Dataset, read_corpus
 from tinygpt.core.errors import TinyGPTError, UsageError
-from tinygpt.outputs import Outputs, advice, is_json_lines
+from tinygpt.outputs import Outputs, is_json_lines, os_error_text
 from tinygpt.infer import data_path_for, tokenizer_of
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
@@ -71,8 +71,7 @@ def main(argv=None) -> int:
         print(f"train_ddp: error: {e.worded(flag)}", file=sys.stderr)
         return e.exit_code
     except OSError as e:
-        print(f"train_ddp: error: {e.filename + ': ' if e.filename else ''}{e.strerror or e}; {advice(e)}",
-              file=sys.stderr)
+        print(f"train_ddp: error: {os_error_text(e)}", file=sys.stderr)
         return 1
 
 

@@ -27,7 +27,7 @@ from .lens import inspect
 from .model import budget
 from .model.attention import IMPLS
 from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
-from .outputs import Outputs, advice, is_our_json, is_our_safetensors
+from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
 from .safety import Interrupted
 from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_precision, train
@@ -490,8 +490,7 @@ def run_script(name: str, main) -> None:
     except OSError as e:
         if debug:
             raise
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"{name}: error: {where}{e.strerror or e}; {advice(e)}", file=sys.stderr)
+        print(f"{name}: error: {os_error_text(e)}", file=sys.stderr)
         sys.exit(EXIT_ERROR)
     except Exception as e:      # the last guard: one line, whatever it was
         if debug:
@@ -521,8 +520,7 @@ def main(argv=None) -> int:
     except OSError as e:
         if args.debug:
             raise
-        where = f"{e.filename}: " if e.filename else ""
-        print(f"tinygpt: error: {where}{e.strerror or e}; {advice(e)}", file=sys.stderr)
+        print(f"tinygpt: error: {os_error_text(e)}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:
         if args.debug:

@@ -176,6 +176,12 @@ class Outputs:
             raise OutputError(f"{label}: cannot write in {d} ({e.strerror}); {advice(e)}") from e
 
 
+def os_error_text(e: OSError) -> str:
+    """An OSError as one line of a message: the file, the cause, what to do."""
+    where = f"{e.filename}: " if e.filename else ""
+    return f"{where}{e.strerror or e}; {advice(e)}"
+
+
 def advice(e: OSError) -> str:
     """What to do about a failed write, by its cause."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
