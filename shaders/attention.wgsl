@@ -20,7 +20,7 @@ struct Params { B: u32, T: u32, C: u32, hd: u32, h0: u32, nh: u32, scale: f32 }
 @group(0) @binding(4) var<storage, read_write> o1: array<f32>;
 @group(0) @binding(5) var<storage, read_write> o2: array<f32>;
 
-const MASKED: f32 = -3.4028235e38;
+const MASKED: f32 = -0x1.fffffep+127f;
 const FUSED_MAX_T: u32 = 1024u;
 // The per-row kernels hold a head's channels as vec4 in blocks of 8 (HD4 =
 // ceil(hd/32)*8, zero-padded): CPU adapters (llvmpipe) silently stop an

@@ -1,3 +1,4 @@
+enable subgroups;
 // elementwise.wgsl's bias_grad for adapters with subgroups, for cols a multiple of 4:
 // one 8-lane subgroup per 4 columns; lane l sums rows l, l+8, ... as vec4 and
 // subgroupAdd joins the 8 partial sums (a fixed order: the same inputs give the same bits).

@@ -1,3 +1,4 @@
+enable subgroups;
 // layernorm.wgsl's layernorm_dgb for adapters with subgroups, for C a multiple of 4:
 // one 8-lane subgroup per 4 channels; lane l sums rows l, l+8, ... as vec4 and
 // subgroupAdd joins them (a fixed order: the same inputs give the same bits).

@@ -28,7 +28,7 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (r >= p.rows) { return; }
   let lid = lidv.x;
   let base = r * p.stride;
-  var m = -3.4028235e38;
+  var m = -0x1.fffffep+127f;
   for (var j = lid; j < p.V; j += 64u) { m = max(m, logits[base + j]); }
   m = wg_max64(lid, m);
   var s = 0.0;

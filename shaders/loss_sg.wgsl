@@ -1,3 +1,4 @@
+enable subgroups;
 // loss.wgsl's cross_entropy for adapters with subgroups: one 8-lane subgroup per
 // row, reductions by subgroupMax / subgroupAdd, logits read as vec4 (the host
 // pads rows to a stride that is a multiple of 4; columns past V are skipped and
@@ -14,7 +15,7 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>;       // [all rows]
 
 const LANES: u32 = 8u;
-const NEG: f32 = -3.4028235e38;
+const NEG: f32 = -0x1.fffffep+127f;
 
 // which of the 4 columns from 4j are real (< V)
 fn real(j: u32) -> vec4<bool> {

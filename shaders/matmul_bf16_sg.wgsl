@@ -1,3 +1,4 @@
+enable subgroups;
 // matmul_sg.wgsl with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
 // sums in float32, out (and bias) float32.
 //   matmul_bf16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])

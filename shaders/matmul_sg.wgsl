@@ -1,3 +1,4 @@
+enable subgroups;
 // The trainer's matmuls with subgroup broadcasts, for adapters with the
 // "subgroup" feature; same bindings, shapes and results as matmul_vec4.wgsl
 // (K and N multiples of 4, M too for matmul_atb).

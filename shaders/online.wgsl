@@ -38,7 +38,7 @@ override HD4: u32 = 16u;             // vec4 per row: ceil(HD / 32) * 8, zero-pa
 override BQ: u32 = 32u;              // query rows per tile (forward/dq workgroup size)
 override BK: u32 = 32u;              // key rows per tile (streamed in forward/dq; dkv workgroup size and its query tile)
 const B_MAX: u32 = 64u;
-const NEG: f32 = -3.4028235e38;
+const NEG: f32 = -0x1.fffffep+127f;
 
 var<workgroup> t1: array<vec4<f32>, BK * HD4>;  // K tile (forward, dq) | Q*scale tile (dkv)
 var<workgroup> t2: array<vec4<f32>, BK * HD4>;  // V tile (forward, dq) | dO tile (dkv)
@@ -81,22 +81,24 @@ fn load_tiles(x1: u32, x2: u32, s1: f32, b: u32, h: u32, r0: u32, lid: u32, nthr
   }
 }
 
-// The query tile of workgroup wg: (b, h), this invocation's row (rr clamped to T-1),
-// and the tile's last row (uniform across the workgroup).
-struct QTile { b: u32, h: u32, row: u32, rr: u32, last: u32 }
+// The query tile of workgroup wg: (b, h), its first row and its last one. It is built from the
+// workgroup id alone so that WGSL's uniformity analysis (which Tint enforces) sees the loops
+// bounded by `last` around the barriers as uniform; a lane's own row is q0 + lid.
+struct QTile { b: u32, h: u32, q0: u32, last: u32 }
 
-fn q_tile(wg: u32, lid: u32) -> QTile {
+fn q_tile(wg: u32) -> QTile {
   let nq = (p.T + BQ - 1u) / BQ;
   let q0 = (wg % nq) * BQ;
-  let row = q0 + lid;
-  return QTile(wg / (nq * p.H), (wg / nq) % p.H, row, min(row, p.T - 1u), min(q0 + BQ, p.T) - 1u);
+  return QTile(wg / (nq * p.H), (wg / nq) % p.H, q0, min(q0 + BQ, p.T) - 1u);
 }
 
 @compute @workgroup_size(BQ)
 fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
-  let t = q_tile(wid.x, lid);
-  let b = t.b; let h = t.h; let row = t.row; let rr = t.rr; let last = t.last;
+  let t = q_tile(wid.x);
+  let b = t.b; let h = t.h; let last = t.last;
+  let row = t.q0 + lid;                  // this lane's query row; rr: clamped to T-1 for loads
+  let rr = min(row, p.T - 1u);
 
   var qr: array<vec4<f32>, 32>;
   var o: array<vec4<f32>, 32>;
@@ -149,8 +151,10 @@ fn attn_online_d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 @compute @workgroup_size(BQ)
 fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
-  let t = q_tile(wid.x, lid);
-  let b = t.b; let h = t.h; let row = t.row; let rr = t.rr; let last = t.last;
+  let t = q_tile(wid.x);
+  let b = t.b; let h = t.h; let last = t.last;
+  let row = t.q0 + lid;                  // this lane's query row; rr: clamped to T-1 for loads
+  let rr = min(row, p.T - 1u);
 
   var qr: array<vec4<f32>, 32>;
   var dor: array<vec4<f32>, 32>;

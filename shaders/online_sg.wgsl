@@ -1,3 +1,4 @@
+enable subgroups;
 // online.wgsl's attention with subgroup broadcasts instead of workgroup memory,
 // for adapters with the "subgroup" feature: same bindings, same results.
 //   attn_online_forward_sg  lane = one query row; out and L = m + log l
@@ -39,7 +40,7 @@ override HD4: u32 = 16u;       // vec4 per row held: ceil(HD / 32) * 8, zeros pa
 override ALIGNED: bool = true; // HD and C multiples of 4: a head's row is whole vec4 (else gathered by float)
 override BF16: bool = false;   // q, k, v hold bf16
 const LANES: u32 = 8u;
-const NEG: f32 = -3.4028235e38;
+const NEG: f32 = -0x1.fffffep+127f;
 
 fn qkv(x: u32, i: u32) -> vec4<u32> {      // word i of q (x = 0), k (1) or v (2)
   switch x { case 0u: { return q[i]; } case 1u: { return k[i]; } default: { return v[i]; } }
@@ -95,14 +96,18 @@ fn st(x: u32, b: u32, t: u32, h: u32, c: u32, val: vec4<f32>) {
   }
 }
 
-// The 8 rows of workgroup wg: (b, h), the first row, and this lane's row clamped to T-1.
-struct Rows { b: u32, h: u32, r0: u32, mine: u32 }
+// The 8 rows of workgroup wg: (b, h) and the first row. From the workgroup id alone, so that
+// WGSL's uniformity analysis (which Tint enforces) sees the loops bounded by r0 around the
+// broadcasts as uniform; a lane's own row clamped to T-1 is mine(w, lane).
+struct Rows { b: u32, h: u32, r0: u32 }
 
-fn rows8(wg: u32, lane: u32) -> Rows {
+fn rows8(wg: u32) -> Rows {
   let n = (p.T + LANES - 1u) / LANES;
   let r0 = (wg % n) * LANES;
-  return Rows(wg / (n * p.H), (wg / n) % p.H, r0, min(r0 + lane, p.T - 1u));
+  return Rows(wg / (n * p.H), (wg / n) % p.H, r0);
 }
+
+fn mine(w: Rows, lane: u32) -> u32 { return min(w.r0 + lane, p.T - 1u); }
 
 // dot products of this lane's row x (HD4 vec4) with the rows y held by lanes 0..7
 struct Dots8 { d0: f32, d1: f32, d2: f32, d3: f32, d4: f32, d5: f32, d6: f32, d7: f32 }
@@ -157,7 +162,7 @@ fn causal(d: Dots8, r0: u32, upto: u32, other: f32) -> Dots8 {
 
 @compute @workgroup_size(LANES)
 fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  let w = rows8(wid.x, lane);
+  let w = rows8(wid.x);
   let b = w.b; let h = w.h;
   let row = w.r0 + lane;
   let last = min(w.r0 + LANES, p.T) - 1u;      // the workgroup's last row: keys beyond it are never needed
@@ -165,7 +170,7 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
   var o: array<vec4<f32>, 32>;
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
-  load_row(&qr, 0u, b, w.mine, h, p.scale);
+  load_row(&qr, 0u, b, mine(w, lane), h, p.scale);
   var m = NEG;
   var l = 0.0;
   for (var j0 = 0u; j0 <= last; j0 += LANES) {
@@ -191,7 +196,7 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
 
 @compute @workgroup_size(LANES)
 fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  let w = rows8(wid.x, lane);
+  let w = rows8(wid.x);
   let b = w.b; let h = w.h;
   let row = w.r0 + lane;
   let last = min(w.r0 + LANES, p.T) - 1u;
@@ -200,10 +205,10 @@ fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_in
   var dq: array<vec4<f32>, 32>;
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
-  load_row(&qr, 0u, b, w.mine, h, p.scale);
-  load_row(&dor, 3u, b, w.mine, h, 1.0);
-  let li = Lin[(b * p.H + h) * p.T + w.mine];
-  let di = Din[(b * p.H + h) * p.T + w.mine];
+  load_row(&qr, 0u, b, mine(w, lane), h, p.scale);
+  load_row(&dor, 3u, b, mine(w, lane), h, 1.0);
+  let li = Lin[(b * p.H + h) * p.T + mine(w, lane)];
+  let di = Din[(b * p.H + h) * p.T + mine(w, lane)];
   for (var j0 = 0u; j0 <= last; j0 += LANES) {
     let key = min(j0 + lane, p.T - 1u);
     load_row(&kr, 1u, b, key, h, 1.0);
@@ -225,7 +230,7 @@ fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_in
 // lane = key row col; query rows stream in blocks of 8 from the block holding the workgroup's first key.
 @compute @workgroup_size(LANES)
 fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  let w = rows8(wid.x, lane);
+  let w = rows8(wid.x);
   let b = w.b; let h = w.h;
   let col = w.r0 + lane;
   var kr: array<vec4<f32>, 32>;
@@ -234,8 +239,8 @@ fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
   var dv: array<vec4<f32>, 32>;
   var qs: array<vec4<f32>, 32>;
   var g: array<vec4<f32>, 32>;
-  load_row(&kr, 1u, b, w.mine, h, 1.0);
-  load_row(&vr, 2u, b, w.mine, h, 1.0);
+  load_row(&kr, 1u, b, mine(w, lane), h, 1.0);
+  load_row(&vr, 2u, b, mine(w, lane), h, 1.0);
   let lbase = (b * p.H + h) * p.T;
   for (var i0 = w.r0; i0 < p.T; i0 += LANES) {
     let r = min(i0 + lane, p.T - 1u);           // this lane loads query row i0 + lane

@@ -1,3 +1,4 @@
+enable subgroups;
 // probe.wgsl's companion for adapters with subgroups (scripts/probe_adapter.py):
 //   probe_broadcast  8 vec4 FMA chains per lane, as probe_fma, and each chain's new value
 //                    broadcast from lane k to the subgroup and summed: the cost of handing

@@ -1,5 +1,7 @@
 """Every training kernel against the float64 reference on random inputs, at
 awkward shapes (one row, 7 rows, sizes not multiples of the workgroup or tile)."""
+import re
+
 import numpy as np
 import pytest
 
@@ -111,7 +113,7 @@ def test_matmul_family_sg(gpu, rng, M, N, K_, kn):
 def test_subgroups_used_on_lavapipe(gpu):
     """The sg kernels are the CPU adapter's fast path: losing them silently would cost 2-3x
     (matmul) and 3-15x (online attention)."""
-    if not (gpu.is_cpu and gpu.backend == "Vulkan"):
+    if not ("llvmpipe" in gpu.name and gpu.backend == "Vulkan"):
         pytest.skip("lavapipe only")
     from tinygpt.device.planner import make_plan
     assert "subgroup" in gpu.features and subgroups_ok(gpu)
@@ -319,9 +321,10 @@ def test_wgsl_errors_name_file_and_line(gpu, tmp_path):
         gpu.module(str(bad))
     msg = str(e.value)
     print(msg)
-    assert "\n" not in msg and f"{bad}:1:1" in msg and "return" in msg
+    # naga names the function (1:1), Tint the statement (2:3): either is the file's own line
+    assert "\n" not in msg and re.search(rf"{re.escape(str(bad))}:(1:1|2:3):", msg) and "return" in msg
     bad.write_text("fn f( {\n")
-    with pytest.raises(ShaderError, match=r"broken\.wgsl:1:\d+: .*pars"):
+    with pytest.raises(ShaderError, match=r"broken\.wgsl:1:\d+: .*(pars|expected '\)')"):   # naga | Tint
         gpu.kernel(str(bad), "main", "u")
 
 
@@ -345,7 +348,7 @@ def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_p
     with pytest.raises(ShaderError) as e:
         gpu.module(str(bad))
     print(e.value)
-    assert f"{bad}:3:1" in str(e.value)
+    assert re.search(rf"{re.escape(str(bad))}:(3:1|4:3):", str(e.value))   # naga | Tint, as above
     # the prelude goes after enable directives; lines map back on both sides of it
     from tinygpt.device.gpu import with_prelude
     src, where = with_prelude("enable subgroups;\nfn a() {}\n", "shaders/x.wgsl")
@@ -358,10 +361,10 @@ def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
     """make test reruns these tests with LP_NATIVE_VECTOR_WIDTH 128 and 512: that run means
     something only if lavapipe's subgroups really are 4 and 16 lanes then (8 by default)."""
     import os
-    if not (gpu.is_cpu and gpu.backend == "Vulkan" and "subgroup" in gpu.features):
+    if not ("llvmpipe" in gpu.name and gpu.backend == "Vulkan" and "subgroup" in gpu.features):
         pytest.skip("lavapipe only")
     src = tmp_path / "size.wgsl"
-    src.write_text("@group(0) @binding(0) var<uniform> p: vec4<u32>;\n"
+    src.write_text("enable subgroups;\n@group(0) @binding(0) var<uniform> p: vec4<u32>;\n"
                    "@group(0) @binding(1) var<storage, read_write> o: array<u32>;\n"
                    "@compute @workgroup_size(8) fn size(@builtin(subgroup_size) s: u32,\n"
                    "    @builtin(local_invocation_id) l: vec3<u32>) { o[l.x] = s; }\n")

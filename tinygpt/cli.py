@@ -142,19 +142,20 @@ def cmd_info(args) -> int:
         return 0
     gpu = GPU()
     if args.brief:
-        print(f"{gpu.name} ({gpu.backend})")
+        print(f"{gpu.name} ({gpu.backend}, {gpu.engine_label})")
         return 0
     plan = make_plan(gpu)
-    info = {"adapter": gpu.name, "backend": gpu.backend,
+    info = {"adapter": gpu.name, "backend": gpu.backend, "engine": gpu.engine_label,
             "adapter_type": gpu.adapter.info.get("adapter_type", ""),
             "features": sorted(gpu.features),
             "limits": {k: gpu.limits[k] for k in sorted(gpu.limits)
-                       if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations"))},
+                       if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations", "alignment"))},
             "kernel_plan": plan.as_dict()}
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         print(f"adapter   {info['adapter']}\nbackend   {info['backend']} ({info['adapter_type']})")
+        print(f"engine    {info['engine']} (TINYGPT_WEBGPU={gpu.engine})")
         print(f"features  {', '.join(info['features']) or '-'}")
         print(f"kernels   {plan.describe()}")
         for k, v in info["limits"].items():

@@ -227,7 +227,7 @@ class Loop:
         accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
         print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch "
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention}, "
-              f"{model.precision.name} on {model.gpu.name} ({model.gpu.backend})", file=err)
+              f"{model.precision.name} on {model.gpu.name} ({model.gpu.backend}, {model.gpu.engine_label})", file=err)
         print(f"kernels: {model.plan.describe()}", file=err)
         print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)",
               file=err)

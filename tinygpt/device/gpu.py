@@ -10,15 +10,16 @@ Conventions every shader follows (the only contract between WGSL and Python):
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import re
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import wgpu
 
 from ..core.errors import TinyGPTError
 from .cost import kernel_flops
@@ -57,12 +58,45 @@ def _quiet_wgpu_logs():
     logging.getLogger("wgpu").setLevel(logging.ERROR)
 
 
+# The WebGPU implementations this host runs on: the same Python API (wgpu-py's) over
+# wgpu-native (naga compiles the WGSL) or over Dawn, Chrome's engine (Tint compiles it, with
+# WGSL's uniformity analysis and Chrome's validation). TINYGPT_WEBGPU picks one; wgpu is the default.
+ENGINES = {"wgpu": ("wgpu", "wgpu"), "dawn": ("wgpudawn", "wgpudawn")}   # name -> (module, pip package)
+ENGINE_LABELS = {"wgpu": "wgpu-native", "dawn": "Dawn"}
+
+
+def engine_name() -> str:
+    name = (os.environ.get("TINYGPT_WEBGPU") or "wgpu").strip().lower()
+    if name not in ENGINES:
+        raise GPUError(f"unknown WebGPU engine {name!r} in TINYGPT_WEBGPU; choose {' or '.join(ENGINES)}")
+    return name
+
+
+def load_engine(name: str | None = None):
+    """The wgpu-py API module of an engine: `wgpu`, or `wgpudawn` (an optional extra)."""
+    name = name or engine_name()
+    module, package = ENGINES[name]
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise GPUError(f"TINYGPT_WEBGPU={name} needs the {package} package, which is not installed here "
+                       f"({e}); install it with: pip install 'tinygpt[{name}]'") from e
+
+
+# SwiftShader, Chrome's CPU Vulkan driver, as Debian's chromium-common installs it
+SWIFTSHADER_ICD = "/usr/lib/chromium/vk_swiftshader_icd.json"
+
+# Optional features under each engine's spelling (wgpu-py 0.32 says "subgroup", Dawn "subgroups")
+SUBGROUPS = ("subgroup", "subgroups")
+
+
 _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "d3d12": "D3D12", "gl": "OpenGL", "opengl": "OpenGL"}
 
 
-def pick_adapter(backend: str | None = None):
+def pick_adapter(backend: str | None = None, wgpu=None):
     """Vulkan/Metal/D3D12 before OpenGL, real GPUs before CPUs; TINYGPT_BACKEND forces one."""
     _quiet_wgpu_logs()
+    wgpu = wgpu or load_engine()
     backend = (backend or os.environ.get("TINYGPT_BACKEND") or "").strip().lower()
     if backend and backend not in _BACKENDS:
         raise GPUError(f"unknown backend {backend!r}; TINYGPT_BACKEND takes one of vulkan, metal, d3d12, gl")
@@ -74,13 +108,19 @@ def pick_adapter(backend: str | None = None):
         adapters = [a for a in adapters if a.info.get("backend_type", "") == _BACKENDS[backend]]
     if not adapters:
         where = f" for backend {backend!r}" if backend else ""
+        if wgpu.__name__ == "wgpudawn":   # Dawn refuses lavapipe 22.3; SwiftShader serves
+            raise NoAdapterError(
+                f"Dawn found no WebGPU adapter{where}: install a GPU driver, or on Debian/Ubuntu the CPU one "
+                f"with 'apt-get install chromium-common' and set VK_ICD_FILENAMES={SWIFTSHADER_ICD}")
         raise NoAdapterError(
             f"no WebGPU adapter found{where}: install a GPU driver, or on Debian/Ubuntu "
             "the CPU one with 'apt-get install mesa-vulkan-drivers'")
     kind_rank = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
     def rank(a):
+        # ties (lavapipe and SwiftShader are both CPU Vulkan) go to the larger workgroups
         info = a.info
-        return (info.get("backend_type") == "OpenGL", kind_rank.get(info.get("adapter_type"), 4))
+        return (info.get("backend_type") == "OpenGL", kind_rank.get(info.get("adapter_type"), 4),
+                -int(a.limits.get("max-compute-invocations-per-workgroup", 0)))
     return sorted(adapters, key=rank)[0]
 
 
@@ -118,6 +158,7 @@ class Kernel:
     pipeline: object
     layout: object  # bind group layout
     access: str  # one char per binding: u(niform) r(ead) w(rite)
+    constants: tuple = ()  # ((override, value), ...) it was built with
 
 
 @dataclass
@@ -128,6 +169,7 @@ class Dispatch:
     params: object = None  # the uniform buffer, kept alive with its bind group
     nbytes: int = 0        # bytes of its storage bindings: the least traffic it could have (profile)
     flops: float | None = None   # its matrix products' FLOPs, where it has any (cost.kernel_flops)
+    entries: tuple = ()    # (buffer, offset, size) of each binding, the uniform first (device/trace.py)
 
 
 @dataclass
@@ -171,15 +213,16 @@ class GPU:
     """One adapter, one device, the caches and the counters."""
 
     def __init__(self, backend: str | None = None):
-        self.wgpu = wgpu
-        self.adapter = pick_adapter(backend)
+        self.engine = engine_name()
+        self.wgpu = wgpu = load_engine(self.engine)
+        self.adapter = pick_adapter(backend, wgpu)
         info = self.adapter.info
         self.backend = info.get("backend_type", "?")
         self.name = info.get("device", "") or self.adapter.summary
         feats = set(self.adapter.features)
         # subgroup: the sg kernels' broadcasts (planner.py checks them before the plan uses them);
         # TINYGPT_NO_SUBGROUPS=1 leaves the feature off, to test or compare without it
-        optional = ("timestamp-query",) + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else ("subgroup",))
+        optional = ("timestamp-query",) + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else SUBGROUPS)
         want = [f for f in optional if f in feats]
         lim = self.adapter.limits
         keys = ["max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -193,7 +236,8 @@ class GPU:
             self.device = self.adapter.request_device_sync(required_features=want, required_limits=dict(lim))
         except Exception:
             self.device = self.adapter.request_device_sync(required_features=want, required_limits=required)
-        self.features = set(want)
+        # one spelling above this layer: "subgroup"
+        self.features = {"subgroup" if f in SUBGROUPS else f for f in want}
         self.limits = dict(self.device.limits)
         self.queue = self.device.queue
         self.counters = Counters()
@@ -201,13 +245,20 @@ class GPU:
         self._kernels = {}
         self._layouts = {}
         self._dummy = None
-        self.key = f"{self.name} | {self.backend} | {info.get('driver', '')}"  # what tuning is cached under
+        self.uniform_bytes = weakref.WeakKeyDictionary()   # uniform buffer -> its last contents
+        # what tuning is cached under: the engine too, as Tint and naga compile the same WGSL differently
+        driver = info.get("driver", "") or info.get("description", "")
+        self.key = f"{self.name} | {self.backend} | {driver}" + (f" | {self.engine}" if self.engine != "wgpu" else "")
 
     # ---- limits ------------------------------------------------------------------
     # llvmpipe (lavapipe, and Mesa's GL) silently stops an invocation's loops after
     # 65,535 iterations in total (measured: a 70,000-trip loop ran 65,535 times).
     # Kernels keep their loops under it; loops over rows (B*T) are the ones a user can grow.
     LOOP_CAP = 65535
+
+    @property
+    def engine_label(self) -> str:
+        return ENGINE_LABELS[self.engine]
 
     @property
     def is_cpu(self) -> bool:
@@ -296,6 +347,7 @@ class GPU:
             path = Path(file) if Path(file).is_absolute() else shader_dir() / file
             shown = file if Path(file).is_absolute() else f"shaders/{file}"
             src, where = with_prelude(path.read_text(), shown)
+            src = for_engine(src, self.engine)
             try:
                 mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
@@ -327,7 +379,7 @@ class GPU:
             except Exception as e:
                 raise ShaderError(f"cannot build pipeline {entry} from shaders/{file}: {e}") from e
             self.counters.pipelines += 1
-            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access)
+            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3])
         return k
 
     def dispatch(self, kernel: Kernel, params, tensors, grid) -> Dispatch:
@@ -339,6 +391,7 @@ class GPU:
             pbytes = pack_params(params)
         ubuf = self.device.create_buffer_with_data(
             data=pbytes, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
+        self.uniform_bytes[ubuf] = pbytes
         self.counters.buffers += 1
         d = self.dispatch_with(kernel, ubuf, tensors, grid)
         d.flops = kernel_flops(kernel.name, params)
@@ -348,8 +401,15 @@ class GPU:
         """A uniform buffer rewritten between steps (learning rate, step count)."""
         buf = self.device.create_buffer(size=max(16, (nbytes + 15) // 16 * 16),
                                         usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
+        self.uniform_bytes[buf] = bytes(buf.size)
         self.counters.buffers += 1
         return buf
+
+    def write_uniform(self, buf, data: bytes):
+        """Rewrite a uniform buffer; its bytes are kept here too, as a uniform buffer cannot be
+        read back and a trace (device/trace.py) records what each dispatch saw."""
+        self.queue.write_buffer(buf, 0, data)
+        self.uniform_bytes[buf] = bytes(data)
 
     def dispatch_with(self, kernel: Kernel, ubuf, tensors, grid) -> Dispatch:
         nbytes = sum(t.binding()["size"] for t in tensors if t is not None)
@@ -357,11 +417,12 @@ class GPU:
         entries = [{"binding": 0, "resource": {"buffer": ubuf, "offset": 0, "size": ubuf.size}}]
         entries += [{"binding": i + 1, "resource": t.binding()} for i, t in enumerate(tensors)]
         bg = self.device.create_bind_group(layout=kernel.layout, entries=entries)
+        bound = tuple((e["resource"]["buffer"], e["resource"]["offset"], e["resource"]["size"]) for e in entries)
         self.counters.bind_groups += 1
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if max(grid) > MAX_GROUPS:
             raise LimitError(f"{kernel.name}: grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
-        return Dispatch(kernel, bg, grid, ubuf, nbytes)
+        return Dispatch(kernel, bg, grid, ubuf, nbytes, entries=bound)
 
     # ---- execution -------------------------------------------------------------------
     def run(self, dispatches, timestamps=None):
@@ -456,12 +517,26 @@ def with_prelude(src: str, shown: str):
     return combined, where
 
 
+def for_engine(src: str, engine: str) -> str:
+    """The WGSL as an engine's compiler takes it. The shaders are standard WGSL, so those that
+    use subgroup builtins begin `enable subgroups;`, which Tint and browsers require; naga
+    (wgpu 0.32) refuses the directive and takes the builtins without it, so for wgpu it becomes a
+    comment of the same line (error line numbers unchanged)."""
+    if engine == "wgpu":
+        src = re.sub(r"(?m)^(\s*)enable subgroups;", r"\1// enable subgroups; (naga: implied)", src)
+    return src
+
+
 def wgsl_error_line(msg: str, where) -> str:
-    """naga's multi-line report as one line: 'WGSL error at FILE:LINE:COL: what (note)'.
+    """naga's or Tint's multi-line report as one line: 'WGSL error at FILE:LINE:COL: what (note)'.
     where: the file shown, or where(line) -> (file, line) for a source with the prelude."""
     if isinstance(where, str):
         where = (lambda shown: lambda n: (shown, n))(where)
     lines = [l.strip() for l in msg.splitlines() if l.strip()]
+    tint = next((m.groups() for l in lines if (m := re.search(r"(?:^|\s)\S*?:(\d+):(\d+) error: (.*)", l))), None)
+    if tint:                                    # Tint: ':LINE:COL error: what'
+        f, n = where(int(tint[0]))
+        return f"WGSL error at {f}:{n}:{tint[1]}: {tint[2]}"
     pos = next((m.groups() for l in lines if (m := re.search(r"┌─\s*\S*?:(\d+):(\d+)", l))), None)
     if pos:
         f, n = where(int(pos[0]))

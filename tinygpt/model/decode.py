@@ -105,7 +105,7 @@ class Decoder:
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
         for v0, vn, u in self.embed_uniforms:
-            self.gpu.queue.write_buffer(u, 0, decode_uniform(
+            self.gpu.write_uniform(u, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
                 row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn))
 

@@ -287,7 +287,7 @@ class Model:
         self.step_count += 1
         t = self.step_count - self.moments_from      # AdamW's bias correction counts the moments' steps
         for (_, k), u in zip(self.flat_chunks, self.step_uniforms):
-            self.gpu.queue.write_buffer(u, 0, adamw_uniform(k, self.cfg.grad_clip, lr, t))
+            self.gpu.write_uniform(u, adamw_uniform(k, self.cfg.grad_clip, lr, t))
         self._micro_batches(x, y, self._opt)
 
     def grads_only(self, x, y):

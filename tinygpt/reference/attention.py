@@ -58,7 +58,9 @@ def attention_backward(q, k, v, dout, H, out=None):
 
 
 # ---- naive: scores, softmax, value ----------------------------------------------------------
-MASKED = -3.4028235e38  # what the kernels write above the diagonal (WGSL has no -inf literal)
+# what the kernels write above the diagonal: -FLT_MAX (WGSL has no -inf literal; the shaders
+# spell it -0x1.fffffep+127f, exactly an f32, as Tint requires: it refuses -3.4028235e38)
+MASKED = -3.4028235e38
 
 
 def attn_scores(q, k, H):                 # -> S [B,H,T,T], masked entries = MASKED
