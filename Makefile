@@ -47,10 +47,10 @@ test: adapter engines
 	$(BIN)/python -m pytest -q $(ARGS)
 	@for w in 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py $(ARGS) || exit 1; done
-	@if $(BIN)/python -c "from tinygpt.device.gpu import pick_adapter; pick_adapter('gl')" 2>/dev/null; then \
+	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
 		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q -m "kernel and not slow" $(ARGS) || exit 1; \
-	else echo "== no OpenGL adapter here: GL kernel run skipped =="; fi
+	else echo "== GL kernel run skipped: $$(TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief 2>&1 | grep error: | tail -1) =="; fi
 	@if $(DAWN) $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests and whole training steps on Dawn + SwiftShader =="; \
 		$(DAWN) $(BIN)/python -m pytest -q $(DAWN_TESTS) $(ARGS); \

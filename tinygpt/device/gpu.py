@@ -53,9 +53,10 @@ def shader_dir() -> Path:
     raise GPUError(f"WGSL shaders not found next to {here}; reinstall tinygpt")
 
 
-def _quiet_wgpu_logs():
-    # wgpu-native logs adapter probing noise (XDG_RUNTIME_DIR etc.) at warning level.
-    logging.getLogger("wgpu").setLevel(logging.ERROR)
+def _quiet_wgpu_logs(wgpu):
+    # wgpu-native logs adapter probing noise (XDG_RUNTIME_DIR etc.) at warning level. After the
+    # import: wgpu installs its own logger class, and asserts it finds it, on first import.
+    logging.getLogger(wgpu.__name__).setLevel(logging.ERROR)
 
 
 # The WebGPU implementations this host runs on: the same Python API (wgpu-py's) over
@@ -95,8 +96,8 @@ _BACKENDS = {"vulkan": "Vulkan", "metal": "Metal", "d3d12": "D3D12", "gl": "Open
 
 def pick_adapter(backend: str | None = None, wgpu=None):
     """Vulkan/Metal/D3D12 before OpenGL, real GPUs before CPUs; TINYGPT_BACKEND forces one."""
-    _quiet_wgpu_logs()
     wgpu = wgpu or load_engine()
+    _quiet_wgpu_logs(wgpu)
     backend = (backend or os.environ.get("TINYGPT_BACKEND") or "").strip().lower()
     if backend and backend not in _BACKENDS:
         raise GPUError(f"unknown backend {backend!r}; TINYGPT_BACKEND takes one of vulkan, metal, d3d12, gl")
