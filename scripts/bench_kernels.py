@@ -110,8 +110,8 @@ def cases(gpu, rows, C, M, V, n, rng):
         yield "grad_sumsq", v, f"n={n}", d, lambda: np.abs(gpu.read(parts) - R.grad_sumsq(f64(gr))).max()
     wd = np.full(-(-n // 256), 0.1, np.float32)
     lr, t = 1e-3, 1
-    u = gpu.uniform(32)
-    gpu.queue.write_buffer(u, 0, K.adamw_uniform(n, 1.0, lr, t))
+    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
+    gpu.write_uniform(u, K.adamw_uniform(n, 1.0, lr, t))
     rw, rm_, rv = f64(w0), f64(m0), f64(v0)
     R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t)
     for v in ("scalar", "vec4"):

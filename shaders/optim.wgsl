@@ -6,7 +6,11 @@
 //               straddles two tensors and padding stays zero)
 // All sums run in a fixed order: the same inputs give the same bits.
 
-struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc1: f32, bc2: f32 }
+// first: where this chunk's entries start in the table bound whole: its first partial sum
+// (grad_sumsq) or its first decay block (adamw). The tables are bound whole, not as views at
+// the chunk's offset, so that a chunk need not start where the device's offset alignment allows
+// a view of them (with 256-byte alignment that would be every 1 MiB of parameters).
+struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc1: f32, bc2: f32, first: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> g: array<f32>;           // grads [n]
@@ -28,7 +32,7 @@ fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   var s = 0.0;
   for (var i = start + lid; i < min(start + CHUNK, p.n); i += 256u) { let x = g[i]; s += x * x; }
   let t = wg_sum256(lid, s);
-  if (lid == 0u) { stats[wg] = t; }
+  if (lid == 0u) { stats[p.first + wg] = t; }
 }
 
 // n = number of partials
@@ -58,5 +62,5 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
   v[i] = vi;
   let mhat = mi / p.bc1;
   let vhat = vi / p.bc2;
-  w[i] = w[i] - p.lr * (mhat / (sqrt(vhat) + p.eps) + aux[blk] * w[i]);
+  w[i] = w[i] - p.lr * (mhat / (sqrt(vhat) + p.eps) + aux[p.first + blk] * w[i]);
 }

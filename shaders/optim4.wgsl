@@ -5,7 +5,8 @@
 // Why: lavapipe pays per lane for every load instruction whatever its width;
 // AdamW touches 5 floats and writes 3 per parameter.
 
-struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc1: f32, bc2: f32 }
+// first: as optim.wgsl (the chunk's place in the partial sums or the decay table, bound whole)
+struct Params { n: u32, clip: f32, lr: f32, beta1: f32, beta2: f32, eps: f32, bc1: f32, bc2: f32, first: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> g: array<vec4<f32>>;     // grads [n]
@@ -28,10 +29,10 @@ fn grad_sumsq4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   var s = vec4<f32>();
   for (var i = start + lid; i < end; i += 64u) { let x = g[i]; s += x * x; }
   let t = wg_sum64(lid, (s.x + s.y) + (s.z + s.w));     // common.wgsl
-  if (lid == 0u) { stats[wg] = t; }
+  if (lid == 0u) { stats[p.first + wg] = t; }
 }
 
-// one workgroup per 256-float block (64 vec4): the block's weight decay is aux[blk]
+// one workgroup per 256-float block (64 vec4): the block's weight decay is aux[first + blk]
 @compute @workgroup_size(64)
 fn adamw4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_id) lidv: vec3<u32>) {
@@ -46,5 +47,5 @@ fn adamw4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
   let mhat = mi / p.bc1;
   let vhat = vi / p.bc2;
   let wi = w[i];
-  w[i] = wi - p.lr * (mhat / (sqrt(vhat) + p.eps) + aux[blk] * wi);
+  w[i] = wi - p.lr * (mhat / (sqrt(vhat) + p.eps) + aux[p.first + blk] * wi);
 }

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from tinygpt.device import kernels as K
+from tinygpt.device.gpu import Tensor
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.plan import tile_problem
 from tinygpt.device.planner import subgroups_ok
@@ -286,21 +287,28 @@ def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
 
 
-@pytest.mark.parametrize("n", [5, 4096, 4096 * 3 + 7, 4096 * 3 + 8])  # multiples of 4: optim4.wgsl
-def test_clip_and_adamw(gpu, rng, n, kn):
+# multiples of 4 take optim4.wgsl; first: the chunk's place in the partial sums and the decay
+# table, which are bound whole (a model's later flat chunks start past 0 in both)
+@pytest.mark.parametrize("n,first", [(5, 0), (4096, 1), (4096 * 3 + 7, 2), (4096 * 3 + 8, 3)])
+def test_clip_and_adamw(gpu, rng, n, first, kn):
     grads = rng.standard_normal(n).astype(np.float32)
     w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = np.abs(v)
     nblk = -(-n // 256)
     wd = np.where(np.arange(nblk) % 2 == 0, 0.1, 0.0).astype(np.float32)
     n_part = -(-n // K.CHUNK)
-    tg, parts, stats = gpu.upload(grads), gpu.tensor((n_part,)), gpu.tensor((4,))
+    # entries before `first` belong to other chunks: zeros in the partials (another chunk's are
+    # added by grad_clip as these are), a decay the chunk must not read in the table
+    tg, parts, stats = gpu.upload(grads), gpu.tensor((first + n_part,)), gpu.tensor((4,))
+    table = gpu.upload(np.concatenate([np.full(first, 7.0, np.float32), wd]))
     tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
-    u = gpu.uniform(32)
+    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
     lr, t, clip = 1e-2, 3, 1.0
-    gpu.queue.write_buffer(u, 0, K.adamw_uniform(n, clip, lr, t))
-    run(gpu, kn.grad_sumsq(tg, parts, n), kn.grad_clip(parts, stats, n_part, clip),
-        kn.adamw(tg, gpu.upload(wd), stats, tw, tm, tv, n, u))
+    gpu.write_uniform(u, K.adamw_uniform(n, clip, lr, t, first))
+    run(gpu, kn.grad_sumsq(tg, parts, n, first=first), kn.grad_clip(parts, stats, first + n_part, clip),
+        kn.adamw(tg, table, stats, tw, tm, tv, n, u))
+    assert not gpu.read(parts)[:first].any()
+    parts = Tensor(parts.buf, 4 * first, (n_part,))
     rparts = R.grad_sumsq(f64(grads))
     check(f"grad_sumsq n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
     norm, scale = R.grad_clip(rparts, clip)

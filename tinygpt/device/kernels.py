@@ -102,12 +102,17 @@ def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
     return "sg" if plan.attention == "sg" and fits else "tiles"
 
 
-def adamw_uniform(n: int, clip: float, lr: float, t: int) -> bytes:
-    """optim(4).wgsl's Params for step t (1-based): n, clip (0 = never), lr, beta1, beta2, eps and the
-    bias corrections 1 - beta^t, computed in float64 and stored as float32."""
-    u = np.array([0, clip if clip > 0 else NO_CLIP, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS,
-                  1 - ADAMW_BETA1 ** t, 1 - ADAMW_BETA2 ** t], np.float32).view(np.uint32)
-    u[0] = n
+ADAMW_UNIFORM_BYTES = 48   # optim(4).wgsl's Params: nine 4-byte fields, padded to 16 bytes
+
+
+def adamw_uniform(n: int, clip: float, lr: float, t: int, first: int = 0) -> bytes:
+    """optim(4).wgsl's Params for step t (1-based): n, clip (0 = never), lr, beta1, beta2, eps, the
+    bias corrections 1 - beta^t (computed in float64, stored as float32), and the chunk's first
+    decay block in the whole decay table."""
+    u = np.zeros(ADAMW_UNIFORM_BYTES // 4, np.uint32)
+    u[1:8] = np.array([clip if clip > 0 else NO_CLIP, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS,
+                       1 - ADAMW_BETA1 ** t, 1 - ADAMW_BETA2 ** t], np.float32).view(np.uint32)
+    u[0], u[8] = n, first
     return u.tobytes()
 
 
@@ -340,16 +345,18 @@ class Kernels:
         return self.gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if variant == "vec4" else \
             self.gpu.kernel("optim.wgsl", entry, "urrwwww")
 
-    def grad_sumsq(self, g, partials, n, variant=None) -> Dispatch:
-        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant), (n,) + (0.0,) * 7,
+    def grad_sumsq(self, g, partials, n, first=0, variant=None) -> Dispatch:
+        """The partial sums of g's n floats into partials[first:] (partials bound whole)."""
+        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant), (n,) + (0.0,) * 7 + (int(first),),
                                  [g, None, partials, None, None, None], grid1d(-(-n // CHUNK)))
 
     def grad_clip(self, partials, stats, n_partials, clip) -> Dispatch:
         return self.gpu.dispatch(self.gpu.kernel("optim.wgsl", "grad_clip", "urrwwww"),
-                                 (n_partials, float(clip)) + (0.0,) * 6, [None, partials, stats, None, None, None], (1,))
+                                 (n_partials, float(clip)) + (0.0,) * 6 + (0,), [None, partials, stats, None, None, None], (1,))
 
     def adamw(self, g, wd_table, stats, w, m, v, n, step_uniform, variant=None) -> Dispatch:
-        """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step."""
+        """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step; wd_table bound
+        whole, the chunk's first block in the uniform."""
         return self.gpu.dispatch_with(self._opt4("adamw", n, variant), step_uniform, [g, wd_table, stats, w, m, v],
                                       grid1d(-(-n // 256)))
 

@@ -14,7 +14,7 @@ from ..core.errors import UsageError
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, PER_WORD, Tensor
-from ..device.kernels import CHUNK, NO_CLIP, Kernels, adamw_uniform
+from ..device.kernels import ADAMW_UNIFORM_BYTES, CHUNK, NO_CLIP, Kernels, adamw_uniform
 from ..device.plan import KernelPlan
 from . import buffers
 from .attention import Attention, check_scores_fit
@@ -199,8 +199,10 @@ class Model:
         """Clip by the global norm, AdamW, then refresh the weights' copy the next step reads.
 
         The flat buffers are bound a chunk at a time where they exceed one binding (each chunk its
-        own step uniform, which holds its length); the chunks start on whole blocks of the norm's
-        partial sums, so the norm and the update are those of one dispatch, bit for bit."""
+        own step uniform, which holds its length and its first decay block); the chunks start on
+        whole blocks of the norm's partial sums, so the norm and the update are those of one
+        dispatch, bit for bit. The partial sums and the decay table are bound whole (small: one
+        float per 4,096 and per 256), each chunk's place in them passed as an index."""
         kn, g, cfg, n, b = self.kn, self.gpu, self.cfg, self.n_flat, self.buf
         wd = np.zeros(n // 256, np.float32)
         for name, shape, decayed in param_specs(cfg):
@@ -210,12 +212,11 @@ class Model:
         g.write(b["weight decay"], wd)
         partials, n_part = b["norm partials"], -(-n // CHUNK)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else NO_CLIP                           # 0: never clip
-        self.step_uniforms = [g.uniform(32) for _ in self.flat_chunks]
-        ds = [kn.grad_sumsq(flat_view(self.grads, f0, k), flat_view(partials, f0 // CHUNK, -(-k // CHUNK)), k)
-              for f0, k in self.flat_chunks]
+        self.step_uniforms = [g.uniform(ADAMW_UNIFORM_BYTES) for _ in self.flat_chunks]
+        ds = [kn.grad_sumsq(flat_view(self.grads, f0, k), partials, k, first=f0 // CHUNK) for f0, k in self.flat_chunks]
         ds.append(kn.grad_clip(partials, self.stats, n_part, clip))
         for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
-            ds.append(kn.adamw(flat_view(self.grads, f0, k), flat_view(b["weight decay"], f0 // 256, k // 256),
+            ds.append(kn.adamw(flat_view(self.grads, f0, k), b["weight decay"],
                                self.stats, flat_view(self.params, f0, k), flat_view(self.m, f0, k),
                                flat_view(self.v, f0, k), k, u))
         return ds + self._copy_weights
@@ -286,8 +287,8 @@ class Model:
         with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
         t = self.step_count - self.moments_from      # AdamW's bias correction counts the moments' steps
-        for (_, k), u in zip(self.flat_chunks, self.step_uniforms):
-            self.gpu.write_uniform(u, adamw_uniform(k, self.cfg.grad_clip, lr, t))
+        for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
+            self.gpu.write_uniform(u, adamw_uniform(k, self.cfg.grad_clip, lr, t, f0 // 256))
         self._micro_batches(x, y, self._opt)
 
     def grads_only(self, x, y):

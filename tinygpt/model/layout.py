@@ -8,10 +8,13 @@ anything exists, the model when it allocates.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..core.config import Config, param_specs
 from ..device.gpu import LimitError, Tensor
+from ..device.kernels import CHUNK
 
 LOSS_SLOT = 64             # floats between micro-batch loss slots: 256 bytes, any adapter's binding alignment
 HEAD_BLOCK_BYTES = 32 << 20    # the split head's dense scratch block: at most this, or 64 rows
@@ -61,13 +64,21 @@ def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
 
 
+def flat_grain(align: int) -> int:
+    """Floats a flat chunk starts on a multiple of: whole blocks of the norm's partial sums (4,096
+    floats, so whole 256-float decay blocks too; the optimizer binds those two tables whole and
+    passes each chunk's index into them), at a byte offset the device's alignment allows for the
+    float32 buffers and for a bf16 copy (2 bytes a value): 4,096 floats for any alignment up to
+    8 KiB."""
+    return math.lcm(CHUNK, max(1, align // 2))
+
+
 def flat_chunks(n: int, max_binding: int, align: int = 256):
-    """[(first float, floats)] of an n-float flat buffer, each chunk within one binding. Chunks
-    start on multiples of 1024 x the offset alignment in floats, so that the views of the norm's
-    partial sums (one per 4096 floats) and of the decay table (one per 256) are aligned too."""
+    """[(first float, floats)] of an n-float flat buffer, each chunk within one binding, starting
+    on a multiple of flat_grain(align)."""
     if 4 * n <= max_binding:
         return [(0, n)]
-    grain = 1024 * max(align, 4)
+    grain = flat_grain(align)
     per = (max_binding // 4) // grain * grain
     if per == 0:
         raise LimitError(f"a flat chunk of {4 * grain:,} bytes exceeds this adapter's binding limit "
@@ -80,7 +91,7 @@ def flat_bound(n: int, max_binding: int | None, align: int) -> int:
     limit when not even one aligned chunk does, which the budget then reports)."""
     if not max_binding or 4 * n <= max_binding:
         return 4 * n
-    grain = 1024 * max(align, 4)
+    grain = flat_grain(align)
     per = (max_binding // 4) // grain * grain
     return 4 * min(n, per) if per else 4 * grain
 
