@@ -19,7 +19,7 @@ import json
 import sys
 import time
 
-from tinygpt.cli import run_script
+from tinygpt.cli import positive_float, run_script
 from tinygpt.core.config import PRESETS
 from tinygpt.core.errors import TinyGPTError
 from tinygpt.device.gpu import GPU
@@ -36,7 +36,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--attention", choices=IMPLS, default="online")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=positive_float, default=1e-3)
     ap.add_argument("--skip-compile", action="store_true", help="only the step, not every pipeline")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

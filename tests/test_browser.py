@@ -54,3 +54,16 @@ def test_a_training_step_in_the_browser_equals_this_hosts(gpu, page):
     before = np.frombuffer(base64.b64decode(trace["buffers"][bi]["data"])[off:off + size], np.float32)
     assert not compare({"loss": got["loss"], "params": before}, expected, LR)["ok"]
     assert not compare({"loss": got["loss"] * np.float32(1 + 1e-4), "params": got["params"]}, expected, LR)["ok"]
+
+
+def test_browser_step_without_a_browser_is_one_line(tmp_path):
+    """The script where the browser it is pointed at is missing: one line naming the fix, exit 1."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[1] / "scripts" / "browser_step.py"
+    r = subprocess.run([sys.executable, str(script), "--skip-compile"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, TINYGPT_CHROMIUM=str(tmp_path / "no-chromium")))
+    lines = [l for l in r.stderr.splitlines() if l.strip() and "XDG_RUNTIME_DIR" not in l]
+    assert r.returncode == 1 and len(lines) == 1 and "TINYGPT_CHROMIUM" in lines[0] and "Traceback" not in r.stderr, r.stderr

@@ -118,7 +118,8 @@ def test_the_scripts_keep_the_cli_rules(tmp_path):
                ["compare_attention.py", "--T", "0"], ["bench_kernels.py", "--preset", "nope"],
                ["bench_train.py", "--steps", "0"], ["bench_train.py", "--preset", "tiny", "--steps", "1", "--data",
                                                    str(tmp_path / "absent.txt")],
-               ["compare_precision.py", "--preset", "nope"], ["probe_adapter.py", "--iters", "-1"]]
+               ["compare_precision.py", "--preset", "nope"], ["probe_adapter.py", "--iters", "-1"],
+               ["browser_step.py", "--lr", "-1"]]
     code = ("import io, json, runpy, sys\nfor argv in json.loads(sys.argv[1]):\n"      # one process for all
             "    sys.argv, err, sys.stderr = argv, io.StringIO(), io.StringIO()\n"
             "    try:\n        runpy.run_path(sys.argv[0], run_name='__main__')\n        rc = 0\n"

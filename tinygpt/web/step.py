@@ -7,6 +7,7 @@ the device that runs the work, as everywhere else.
 """
 from __future__ import annotations
 
+import base64
 from contextlib import contextmanager
 
 import numpy as np
@@ -98,7 +99,6 @@ def traced_step(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", attentio
 
 def decode(outputs: dict) -> dict:
     """The page's base64 outputs as float32 arrays."""
-    import base64
     return {k: np.frombuffer(base64.b64decode(v), np.float32) for k, v in outputs.items()}
 
 
