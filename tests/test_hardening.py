@@ -157,6 +157,10 @@ def test_too_big_for_the_device_is_caught_before_training(tmp_path, corpus):
     rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", corpus, "--batch", "4096",
                   "--ctx", "32", "--out", tmp_path / "o.tinygpt")
     one_line_error(rc, err, "131,072", "--batch")
+    # where the end-of-run samples are what does not fit, the advice is about them (not --ctx)
+    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", corpus, "--sample-tokens", 10**12,
+                  "--out", tmp_path / "o.tinygpt")
+    one_line_error(rc, err, "does not fit", "samples at the end", "--sample-tokens")
 
 
 def test_large_logits_are_split_not_refused(gpu, plan, monkeypatch):

@@ -156,7 +156,11 @@ def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
     b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision)
-    if b and b < p.batch * p.accum:
+    sampling = p.groups.get("sampling", 0)
+    if sampling and sampling >= max(p.groups.values()):     # the end-of-run samples are what is too big
+        msg += (f"; the samples at the end take {sampling:,} bytes of it: ask for fewer {{opt:sample_tokens}} "
+                "(0: none)")
+    elif b and b < p.batch * p.accum:
         msg += (f"; {{opt:batch}} {b} {{opt:grad_accum}} {p.batch * p.accum // b} fits and keeps the batch of "
                 f"{p.batch * p.accum}")
     else:
