@@ -82,11 +82,16 @@ def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny") -> di
 
 
 def traced_step(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", attention: str = "online",
-                seed: int = 0, lr: float = 1e-3):
+                seed: int = 0, lr: float = 1e-3, max_binding: int | None = None, **overrides):
     """(trace, expected): one AdamW step of a freshly initialised model under the portable plan,
-    recorded; expected holds the loss and the updated flat parameters this host computed."""
-    cfg = preset(cfg_name)
-    with within(gpu, browser_limits):
+    recorded; expected holds the loss and the updated flat parameters this host computed.
+    max_binding: a binding limit forced lower still, so that the step binds its buffers in chunks;
+    overrides: of the preset's fields (batch, ctx, ...)."""
+    cfg = preset(cfg_name, **overrides)
+    limits = dict(browser_limits)
+    if max_binding:
+        limits["maxStorageBufferBindingSize"] = min(int(max_binding), int(limits.get("maxStorageBufferBindingSize", max_binding)))
+    with within(gpu, limits):
         m = Model(gpu, PORTABLE, cfg, attention)
         m.set_params(init_params(cfg, seed))
         tok = np.random.default_rng(seed).integers(0, cfg.vocab, (cfg.batch, cfg.ctx + 1))
