@@ -101,3 +101,17 @@ def recording(gpu: GPU):
         yield rec
     finally:
         del gpu.run      # the class's method again
+
+
+@contextmanager
+def collecting_kernels(gpu: GPU):
+    """Within it, the GPU's pipeline cache starts empty: the list yielded holds, on exit, every
+    kernel built inside (the cache as it was is restored)."""
+    saved, built = dict(gpu._kernels), []
+    gpu._kernels.clear()
+    try:
+        yield built
+    finally:
+        built.extend(gpu._kernels.values())
+        gpu._kernels.clear()
+        gpu._kernels.update(saved)

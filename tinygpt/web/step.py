@@ -17,7 +17,7 @@ from ..core.init import init_params
 from ..core.precision import PRECISIONS
 from ..device.gpu import GPU
 from ..device.plan import PORTABLE
-from ..device.trace import Recorder, recording
+from ..device.trace import Recorder, collecting_kernels, recording
 from ..model.attention import IMPLS
 from ..model.decode import Decoder
 from ..model.gpt import Model
@@ -62,20 +62,13 @@ def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny") -> di
     attention path, both precisions) and the samplers build under each plan of PLANS."""
     cfg = preset(cfg_name)
     rec = Recorder(gpu)
-    with within(gpu, browser_limits):
-        saved = dict(gpu._kernels)
-        gpu._kernels.clear()            # built afresh under these limits; restored below
-        try:
-            for plan in PLANS.values():
-                for impl in IMPLS:
-                    for prec in PRECISIONS.values():
-                        Model(gpu, plan, cfg, impl, precision=prec)
-                        for decode in ("cache", "full"):
-                            Decoder(gpu, plan.with_(decode=decode), cfg, attention=impl, precision=prec)
-            kernels = list(gpu._kernels.values())
-        finally:
-            gpu._kernels.clear()
-            gpu._kernels.update(saved)
+    with within(gpu, browser_limits), collecting_kernels(gpu) as kernels:   # built afresh under these limits
+        for plan in PLANS.values():
+            for impl in IMPLS:
+                for prec in PRECISIONS.values():
+                    Model(gpu, plan, cfg, impl, precision=prec)
+                    for decode in ("cache", "full"):
+                        Decoder(gpu, plan.with_(decode=decode), cfg, attention=impl, precision=prec)
     for k in kernels:
         rec.pipeline(k)
     return rec.as_dict({})
