@@ -146,7 +146,7 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     cfg = preset("gpt2", layers=1)
     assert (cfg.d_model, cfg.heads, cfg.ctx, cfg.vocab, cfg.batch) == (768, 12, 1024, 50257, 1)
     m_split = 4 * 50264 * 768 > gpu.max_binding
-    # the same model takes the AdamW step (a second one of this size cost a minute here)
+    # the same model takes the AdamW step: a second model of this size is a long build on a CPU
     n, m = check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), keep=True)
     print(f"logit chunks {n}, token table chunks {m.head.vchunks}")
     assert (len(m.head.vchunks) > 1) == m_split
@@ -197,8 +197,8 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
 
 
 # Training runs of many steps: slow-marked, so the Vulkan pass runs them and the OpenGL pass,
-# whose kernels without subgroups took 120 s and 39 s for these two, leaves them (its step-0
-# and ten-step tests check the same kernels against the reference).
+# whose kernels without subgroups take minutes for them (docs/results.md, Tests), leaves them
+# (its step-0 and ten-step tests check the same kernels against the reference).
 @pytest.mark.slow
 def test_bf16_learns_as_fp32_does(gpu, plan):
     """The parity of learning: the tiny preset on the built-in corpus, same init and batches, 200
