@@ -365,3 +365,18 @@ def test_memory_and_buffers_stay_flat(gpu, plan):
         assert now[k] == counts[k], k
     print(f"max RSS {rss0 / 1024:.1f} MiB -> {rss1 / 1024:.1f} MiB over 200 steps")
     assert rss1 - rss0 < 20 * 1024  # KiB: 20 MiB of slack for allocator noise
+
+
+def test_the_engine_choice_is_checked(monkeypatch):
+    """TINYGPT_WEBGPU: an unknown engine, or one whose package is missing, is one line naming
+    the fix; the default is wgpu, and the banner's engine label follows the choice."""
+    from tinygpt.device import gpu as G
+    monkeypatch.setenv("TINYGPT_WEBGPU", "vulkan")
+    rc, err = in_process("info", "--brief")
+    one_line_error(rc, err, "unknown WebGPU engine 'vulkan'", "wgpu or dawn")
+    monkeypatch.setitem(G.ENGINES, "dawn", ("tinygpt_no_such_module", "wgpudawn"))
+    monkeypatch.setenv("TINYGPT_WEBGPU", "dawn")
+    rc, err = in_process("info", "--brief")
+    one_line_error(rc, err, "needs the wgpudawn package", "pip install 'tinygpt[dawn]'")
+    monkeypatch.delenv("TINYGPT_WEBGPU")
+    assert G.engine_name() == "wgpu" and G.ENGINE_LABELS["wgpu"] == "wgpu-native"
