@@ -345,10 +345,7 @@ class GPU:
         """A shader module from shaders/ (or an absolute path), with common.wgsl put in front of its
         declarations; compile errors name the file and line they are in."""
         if file not in self._modules:
-            path = Path(file) if Path(file).is_absolute() else shader_dir() / file
-            shown = file if Path(file).is_absolute() else f"shaders/{file}"
-            src, where = with_prelude(path.read_text(), shown)
-            src = for_engine(src, self.engine)
+            src, where, shown = shader_source(file, self.engine)
             try:
                 mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
@@ -516,6 +513,15 @@ def with_prelude(src: str, shown: str):
             return f"shaders/{PRELUDE}", n - head
         return shown, n - n_pre
     return combined, where
+
+
+def shader_source(file: str, engine: str):
+    """-> (the WGSL an engine compiles for a file of shaders/ or an absolute path: the prelude in,
+    adapted by for_engine; where(line) -> (file, line); the name shown in errors)."""
+    path = Path(file) if Path(file).is_absolute() else shader_dir() / file
+    shown = file if Path(file).is_absolute() else f"shaders/{file}"
+    src, where = with_prelude(path.read_text(), shown)
+    return for_engine(src, engine), where, shown
 
 
 def for_engine(src: str, engine: str) -> str:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import base64
 from contextlib import contextmanager
-from pathlib import Path
 
-from .gpu import GPU, Tensor, for_engine, shader_dir, with_prelude
+from .gpu import GPU, Tensor, shader_source
 
 FORMAT = "tinygpt-trace/1"
 
@@ -25,9 +24,7 @@ def _b64(data) -> str:
 
 def module_source(file: str) -> str:
     """A shader file as a browser's compiler takes it (what GPU.module gives Dawn)."""
-    path = Path(file) if Path(file).is_absolute() else shader_dir() / file
-    src, _ = with_prelude(path.read_text(), file if Path(file).is_absolute() else f"shaders/{file}")
-    return for_engine(src, "browser")
+    return shader_source(file, "browser")[0]
 
 
 class Recorder:
