@@ -2,6 +2,7 @@
 // deterministic mean of the per-row losses.
 //   cross_entropy  losses[r] = logsumexp(logits[r]) - logits[r, target[r]]
 //                  logits[r] <- (softmax(logits[r]) - onehot(target)) * scale   when write_grad
+//                  (* the loss scale where SCALED)
 //   loss_reduce    loss[0] = sum(losses) * scale  (loss: binding 2, where cross_entropy has logits)
 // One workgroup of 64 per row; the row max and sum go through workgroup
 // memory so that large vocabularies (50257) stay parallel. Rows are split
@@ -18,6 +19,15 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 // loss_reduce's output: the same binding as logits, which cross_entropy uses (one entry point
 // touches one of the two names; the host binds the 4-float loss buffer there for loss_reduce)
 @group(0) @binding(2) var<storage, read_write> loss: array<f32>;   // [1]
+// SCALED: dlogits also carry the loss scale, read from the scaler (optim.wgsl's stats, slot 2)
+// on the device, where the optimizer changes it without the host knowing
+@group(0) @binding(4) var<storage, read> scaler: array<f32>;
+override SCALED: bool = false;
+
+fn grad_scale() -> f32 {
+  if (SCALED) { return p.scale * scaler[2]; }
+  return p.scale;
+}
 
 // the row reductions: wg_max64 / wg_sum64 (common.wgsl)
 
@@ -39,10 +49,11 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (p.write_grad != 0u) {
     workgroupBarrier();  // lane 0 read logits[tgt] above
     let inv = 1.0 / s;
+    let scale = grad_scale();
     for (var j = lid; j < p.stride; j += 64u) {
       var g = exp(logits[base + j] - m) * inv;
       if (j == tgt) { g -= 1.0; }
-      logits[base + j] = select(0.0, g * p.scale, j < p.V);
+      logits[base + j] = select(0.0, g * scale, j < p.V);
     }
   }
 }

@@ -13,6 +13,8 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 @group(0) @binding(1) var<storage, read> targets: array<u32>;            // [all rows]
 @group(0) @binding(2) var<storage, read_write> logits: array<vec4<f32>>; // [rows, stride / 4], becomes dlogits
 @group(0) @binding(3) var<storage, read_write> losses: array<f32>;       // [all rows]
+@group(0) @binding(4) var<storage, read> scaler: array<f32>;             // SCALED: as loss.wgsl
+override SCALED: bool = false;
 
 const LANES: u32 = 8u;
 const NEG: f32 = -0x1.fffffep+127f;
@@ -50,12 +52,14 @@ fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   if (lane == 0u) { losses[p.row0 + r] = m + log(s) - lt; }
   if (p.write_grad != 0u) {
     let inv = 1.0 / s;
+    var scale = p.scale;
+    if (SCALED) { scale *= scaler[2]; }
     for (var j = lane; j < s4; j += LANES) {
       var g = exp(logits[base + j] - m) * inv;
       let c = 4u * j;
       g -= vec4<f32>(select(0.0, 1.0, c == tgt), select(0.0, 1.0, c + 1u == tgt),
                      select(0.0, 1.0, c + 2u == tgt), select(0.0, 1.0, c + 3u == tgt));
-      logits[base + j] = select(vec4<f32>(), g * p.scale, real(j));
+      logits[base + j] = select(vec4<f32>(), g * scale, real(j));
     }
   }
 }

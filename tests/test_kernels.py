@@ -321,6 +321,69 @@ def test_clip_and_adamw(gpu, rng, n, first, kn):
     check(f"adamw v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
 
 
+@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # optim.wgsl and optim4.wgsl
+@pytest.mark.parametrize("case", ["clean", "grows", "inf", "nan"])
+def test_loss_scaler_kernels(gpu, rng, n, case, kn):
+    """The loss scaler's forms (SCALED) against their twins, state and all: gradients carrying the
+    scale 2^16 are unscaled in the norm; a clean step at the last clean count before `growth`
+    doubles the scale; an inf or a NaN anywhere skips the step (w, m, v untouched), halves the
+    scale, zeroes the clean count and counts the skip; the bias corrections count steps taken."""
+    S, growth = 65536.0, 5
+    grads = (rng.standard_normal(n) * S).astype(np.float32)
+    if case in ("inf", "nan"):
+        grads[n // 2] = np.inf if case == "inf" else np.nan
+    w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v = np.abs(v)
+    wd = np.full(-(-n // 256), 0.1, np.float32)
+    state = {"norm": 0.5, "factor": 0.0, "scale": S, "skip": 0, "clean": growth - 1 if case == "grows" else 1,
+             "skipped": 3, "taken": 7}
+    words = np.zeros(K.SCALER_FLOATS, np.float32)
+    for key, i in K.SCALER.items():
+        words[i] = state[key]
+    tg, stats, parts = gpu.upload(grads), gpu.upload(words), gpu.tensor((-(-n // K.CHUNK),))
+    tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
+    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
+    lr, clip = 1e-2, 1.0
+    gpu.write_uniform(u, K.adamw_uniform(n, clip, lr, 99))       # t = 99 unused: the device counts
+    run(gpu, kn.grad_sumsq(tg, parts, n, scaler=stats), kn.grad_clip(parts, stats, parts.size, clip, growth=growth),
+        kn.adamw(tg, gpu.upload(wd), stats, tw, tm, tv, n, u, scaled=True))
+    rparts = R.grad_sumsq(f64(grads), scaler=state)
+    check(f"grad_sumsq scaled {case} n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
+    norm, factor = R.grad_clip(rparts, clip, scaler=state, growth=growth)
+    got = gpu.read(stats)
+    print(case, {k: float(got[i]) for k, i in K.SCALER.items()}, "twin:", state)
+    for key, i in K.SCALER.items():
+        assert got[i] == pytest.approx(state[key], rel=1e-5, abs=1e-12), key
+    assert state["scale"] == {"clean": S, "grows": 2 * S, "inf": S / 2, "nan": S / 2}[case]
+    rw, rm, rv = f64(w), f64(m), f64(v)
+    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), factor, rw, rm, rv, lr, ADAMW_BETA1,
+            ADAMW_BETA2, ADAMW_EPS, 99, scaler=state)
+    if case in ("inf", "nan"):
+        assert np.array_equal(gpu.read(tw), w) and np.array_equal(gpu.read(tm), m) and np.array_equal(gpu.read(tv), v)
+    check(f"adamw scaled {case} w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
+    check(f"adamw scaled {case} m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
+    check(f"adamw scaled {case} v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
+
+
+def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):
+    """SCALED cross_entropy: dlogits times the scale read from the scaler on the device, in
+    loss.wgsl and, where the plan's check passed the subgroups, loss_sg.wgsl."""
+    from tinygpt.device.planner import make_plan
+    rows, V = 3, 37
+    logits = rng.standard_normal((rows, 40)).astype(np.float32)
+    tgt = rng.integers(0, V, rows).astype(np.uint32)
+    words = np.zeros(K.SCALER_FLOATS, np.float32)
+    words[K.SCALER["scale"]] = 1024.0
+    _, rd = R.cross_entropy(tgt, f64(logits[:, :V]), 1024.0 / rows)
+    for variant in ("scalar",) + (("sg",) if make_plan(gpu, tuning={}).loss == "sg" else ()):
+        tl, losses = gpu.upload(logits), gpu.tensor((rows,))
+        run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=40, variant=variant,
+                                  scaler=gpu.upload(words)))
+        got = gpu.read(tl)
+        check(f"cross_entropy {variant} x 1024", got[:, :V], rd, 1e-4, 1e-5)
+        assert not got[:, V:].any()
+
+
 def test_wgsl_errors_name_file_and_line(gpu, tmp_path):
     from tinygpt.device.gpu import ShaderError
     bad = tmp_path / "broken.wgsl"

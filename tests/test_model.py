@@ -196,6 +196,44 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
         check(f"bf16 grad {name} (3e-3 x {scale:.2e})", G[name], want, 3e-3 * scale)
 
 
+@pytest.mark.parametrize("which", ["this adapter's", "split", "GPT-2 split"])
+def test_step0_f16_against_the_f16_reference(gpu, monkeypatch, which):
+    """precision f16: logits, loss and every gradient against the float64 reference that rounds to
+    f16 where the model stores, and rounds each float32 gradient a matmul reads, after the loss
+    scale (65536, the default) multiplied it. f16 keeps 3 more bits than bf16, but the reference
+    does not round each product to f16 as the kernels do, so the same 3e-3 of scale as bf16's.
+    The limits forced low as there: the head in chunks of the token table and of the logits
+    ("split"), and GPT-2's vocabulary with the flat buffers and the f16 casts in chunks."""
+    from tinygpt.core.precision import F16
+    from tinygpt.device.kernels import LOSS_SCALE
+    from tinygpt.device.planner import make_plan
+    if "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16 (tests/test_f16.py tests the refusal)")
+    cfg = preset("tiny")
+    if which == "split":
+        cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
+        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000)
+    if which == "GPT-2 split":
+        cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
+        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
+    plan = make_plan(gpu)
+    params = init_params(cfg)
+    x, y = batch(cfg)
+    logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=F16)
+    grads = RG.backward(f64(params), cfg, cache, loss_scale=LOSS_SCALE)
+    m = Model(gpu, plan, cfg, "online", precision=F16)
+    assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
+    assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
+    m.set_params(params)
+    check("f16 logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
+    m.grads_only(x, y)
+    check("f16 loss", m.loss(), loss, 1e-4 * abs(loss))
+    G = m.get_grads()
+    for name, want in grads.items():
+        scale = max(np.abs(want).max(), 1e-4)
+        check(f"f16 grad {name} (3e-3 x {scale:.2e})", G[name] / LOSS_SCALE, want, 3e-3 * scale)
+
+
 # Training runs of many steps: slow-marked, so the Vulkan pass runs them and the OpenGL pass,
 # whose kernels without subgroups take minutes for them (docs/results.md, Tests), leaves them
 # (its step-0 and ten-step tests check the same kernels against the reference).

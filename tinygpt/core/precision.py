@@ -25,6 +25,9 @@ class Precision:
     width_multiple: int  # d_model and the MLP width must be multiples of this (the kernels' vector width)
     decode_cache: bool   # the key/value-cache decode step (decode.wgsl, float32) serves this precision
     kernels: dict = field(default_factory=dict)   # role -> the launcher (a WGSL entry point) that plays it
+    grad_operands: str = "f32"   # dtype the matmuls read float32 gradients in (f16's round them as read)
+    feature: str | None = None   # the adapter feature its kernels need
+    loss_scaling: bool = False   # training scales the loss, dynamically (GradScaler's rules: train.py)
 
     def problem(self, d_model: int, d_mlp: int) -> str | None:
         """Why a model of this width cannot run in this precision, or None."""
@@ -51,4 +54,15 @@ BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode
     "matmul_atb": "matmul_atb_bf16", "gelu_forward": "gelu_forward_bf16", "gelu_backward": "gelu_backward_bf16",
     "to_f32": "cast_f32", "from_f32": "cast_bf16"})
 
-PRECISIONS = {p.name: p for p in (FP32, BF16)}
+# f16: WGSL's own half type (the shader-f16 feature). Each matmul product is taken in f16 and the
+# products summed in float32; float32 operands (the backward's gradients) are rounded to f16 as
+# the matmuls read them, so the backward needs the loss scaler (train.py) to keep small gradients
+# above f16's subnormals and to skip a step whose gradients overflowed. The kernels read 4 values
+# at a time (vec4<f16>), hence the multiple of 4; the cached decode step is float32, as for bf16.
+F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=False, kernels={
+    "layernorm": "layernorm_forward_f16", "matmul": "matmul_f16", "matmul_abt": "matmul_abt_f16",
+    "matmul_atb": "matmul_atb_f16", "gelu_forward": "gelu_forward_f16", "gelu_backward": "gelu_backward_f16",
+    "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"}, grad_operands="f16", feature="shader-f16",
+    loss_scaling=True)
+
+PRECISIONS = {p.name: p for p in (FP32, BF16, F16)}

@@ -25,8 +25,10 @@ from ..core.errors import TinyGPTError
 from .cost import kernel_flops
 
 MAX_GROUPS = 65535
-# elements of each dtype a 4-byte word holds: bf16 packs two (element 2i in the low half of word i)
-PER_WORD = {"f32": 1, "u32": 1, "i32": 1, "bf16": 2}
+# elements of each dtype a 4-byte word holds: bf16 and f16 pack two (element 2i in the low half of
+# word i: WGSL's array<f16> lays them out so, and bf16 follows the same order)
+PER_WORD = {"f32": 1, "u32": 1, "i32": 1, "bf16": 2, "f16": 2}
+HALVES = ("bf16", "f16")
 
 
 class GPUError(TinyGPTError, RuntimeError):
@@ -128,8 +130,8 @@ def pick_adapter(backend: str | None = None, wgpu=None):
 @dataclass
 class Tensor:
     """A typed view of (part of) a GPU buffer, row-major. dtype "f32", "u32" or "i32": shape counts
-    elements; "bf16": two bf16 values to each 32-bit word (element 2i in the low half of word i),
-    and shape counts the words."""
+    elements; "bf16" and "f16": two 16-bit values to each 32-bit word (element 2i in the low half
+    of word i), and shape counts the words."""
     buf: object
     offset: int  # bytes
     shape: tuple
@@ -149,7 +151,7 @@ class Tensor:
         return {"buffer": self.buf, "offset": self.offset, "size": max(4, self.nbytes)}
 
 
-_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "bf16": np.uint32}   # bf16: the packed words
+_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "bf16": np.uint32, "f16": np.uint32}  # halves: packed words
 
 
 @dataclass
@@ -223,7 +225,8 @@ class GPU:
         feats = set(self.adapter.features)
         # subgroup: the sg kernels' broadcasts (planner.py checks them before the plan uses them);
         # TINYGPT_NO_SUBGROUPS=1 leaves the feature off, to test or compare without it
-        optional = ("timestamp-query",) + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else SUBGROUPS)
+        # shader-f16: WGSL's f16 type, which the f16 precision's kernels use (core.precision)
+        optional = ("timestamp-query", "shader-f16") + (() if os.environ.get("TINYGPT_NO_SUBGROUPS") else SUBGROUPS)
         want = [f for f in optional if f in feats]
         lim = self.adapter.limits
         keys = ["max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
@@ -305,7 +308,7 @@ class GPU:
         return t
 
     def upload(self, array, name="", dtype: str | None = None) -> Tensor:
-        """A new tensor holding `array`; dtype "bf16" takes packed words (uint32)."""
+        """A new tensor holding `array`; dtypes "bf16" and "f16" take packed words (uint32)."""
         a = np.ascontiguousarray(array)
         dtype = dtype or {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}.get(a.dtype)
         if dtype is None:
@@ -490,28 +493,35 @@ class Timestamps:
 
 
 PRELUDE = "common.wgsl"
+PRELUDE_F16 = "common_f16.wgsl"   # the f16 helpers, for the shaders that `enable f16;` only
 
 
 def with_prelude(src: str, shown: str):
-    """-> (source with shaders/common.wgsl inserted after its leading `enable` directives,
-    where(line) -> (file, line) of a line of the combined source)."""
-    prelude = (shader_dir() / PRELUDE).read_text()
-    if shown.endswith(PRELUDE):
+    """-> (source with shaders/common.wgsl, and common_f16.wgsl where the source enables f16,
+    inserted after its leading `enable` directives, where(line) -> (file, line) of a line of the
+    combined source)."""
+    if shown.endswith((PRELUDE, PRELUDE_F16)):
         return src, lambda n: (shown, n)
     lines = src.splitlines(keepends=True)
     head = 0
     for i, l in enumerate(lines):
         if re.match(r"\s*enable\s", l):
             head = i + 1
-    n_pre = prelude.count("\n") + 1
-    combined = "".join(lines[:head]) + prelude + "\n" + "".join(lines[head:])
+    f16 = any(re.match(r"\s*enable\s+f16\s*;", l) for l in lines[:head])
+    parts = [(f"shaders/{name}", (shader_dir() / name).read_text() + "\n")
+             for name in (PRELUDE,) + ((PRELUDE_F16,) if f16 else ())]
+    combined = "".join(lines[:head]) + "".join(text for _, text in parts) + "".join(lines[head:])
 
     def where(n: int):
         if n <= head:
             return shown, n
-        if n <= head + n_pre:
-            return f"shaders/{PRELUDE}", n - head
-        return shown, n - n_pre
+        n -= head
+        for name, text in parts:
+            k = text.count("\n")
+            if n <= k:
+                return name, n
+            n -= k
+        return shown, n + head
     return combined, where
 
 

@@ -8,8 +8,9 @@ sizes. None stands for an absent optional binding (gpu.dispatch binds a dummy th
 variant runs: `variant=` forces one (tests and benchmarks); otherwise the plan's choice for the
 family, where the shape allows it.
 
-bf16 tensors (dtype "bf16") hold two values a word; the bf16 matmuls read either operand as bf16
-or float32, as each tensor's dtype says, and write bf16 where `out` is a bf16 tensor.
+bf16 and f16 tensors (dtypes "bf16", "f16") hold two values a word; their matmuls read either
+operand as stored or as float32, as each tensor's dtype says, and write the half type where `out`
+is such a tensor.
 """
 from __future__ import annotations
 
@@ -102,7 +103,14 @@ def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
     return "sg" if plan.attention == "sg" and fits else "tiles"
 
 
-ADAMW_UNIFORM_BYTES = 48   # optim(4).wgsl's Params: nine 4-byte fields, padded to 16 bytes
+ADAMW_UNIFORM_BYTES = 48   # optim(4).wgsl's Params: ten 4-byte fields, padded to 16 bytes
+
+# The loss scaler's state in the optimizer's stats buffer (optim.wgsl, SCALED): the slot of each
+# value, all float32 (counts exact to 2^24). GradScaler's defaults: PyTorch's.
+SCALER = {"norm": 0, "factor": 1, "scale": 2, "skip": 3, "clean": 4, "skipped": 5, "taken": 6}
+SCALER_FLOATS = 8
+LOSS_SCALE = 65536.0       # the initial scale (--loss-scale)
+SCALE_GROWTH = 2000        # clean steps in a row before the scale doubles
 
 
 def adamw_uniform(n: int, clip: float, lr: float, t: int, first: int = 0) -> bytes:
@@ -236,6 +244,56 @@ class Kernels:
         """out[M,N] = a[K,M]^T @ b[K,N], a and b each bf16 or float32"""
         return self._mm_bf16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, nb, tm)
 
+    # ---- f16 (f16.wgsl, matmul_f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) -----------------
+    def cast_f16(self, x, out, n) -> Dispatch:
+        """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
+        k = self.gpu.kernel("f16.wgsl", "cast_f16", "urrww")
+        return self.gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-(n + n % 2) // 64)))
+
+    def cast_f16_to_f32(self, xh, out, n) -> Dispatch:
+        """out (f32 [n]) = the f16 values of xh, exactly."""
+        k = self.gpu.kernel("f16.wgsl", "cast_f16_to_f32", "urrww")
+        return self.gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
+
+    def gelu_forward_f16(self, xh, outh, n) -> Dispatch:
+        """outh = f16(gelu(xh)), n a multiple of 4."""
+        assert n % 4 == 0, n
+        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_forward_f16", "urrww")
+        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
+
+    def gelu_backward_f16(self, xh, dy, out, n) -> Dispatch:
+        """out (f32) = dy * gelu'(xh), xh f16 (the saved pre-activation), n a multiple of 4."""
+        assert n % 4 == 0, n
+        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww")
+        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
+
+    def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate) -> Dispatch:
+        """matmul_f16.wgsl: each operand f16, or float32 rounded to f16 as it is read (bound at
+        A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
+        assert not (accumulate and out.dtype == "f16"), entry
+        half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
+        consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
+                  if on}
+        k = self.gpu.kernel("matmul_f16.wgsl", entry + "_f16", "urrrrrww", consts)
+        pick = lambda t, f16: t if f16 else None
+        return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
+                                 [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
+                                  pick(b, not half["b"]), bias, pick(out, not half["out"]), pick(out, half["out"])],
+                                 (-(-N // 32), -(-M // 32)))
+
+    def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[K,N] (+ bias[N]): products in f16, float32 sums; either operand
+        f16 or float32 (rounded to f16 as read), out float32 or f16."""
+        return self._mm_f16("matmul", a, b, bias, out, M, N, K, accumulate)
+
+    def matmul_abt_f16(self, a, b, out, M, N, K, accumulate=False) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[N,K]^T, as matmul_f16"""
+        return self._mm_f16("matmul_abt", a, b, None, out, M, N, K, accumulate)
+
+    def matmul_atb_f16(self, a, b, out, M, N, K, accumulate=False) -> Dispatch:
+        """out[M,N] = a[K,M]^T @ b[K,N], as matmul_f16"""
+        return self._mm_f16("matmul_atb", a, b, None, out, M, N, K, accumulate)
+
     # ---- elementwise -------------------------------------------------------------------------------
     def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None) -> Dispatch:
         """elementwise4.wgsl (16 floats an invocation as 4 vec4) where the plan says vec4 and n allows."""
@@ -285,6 +343,12 @@ class Kernels:
         k = self.gpu.kernel("layernorm_bf16.wgsl", "layernorm_forward_bf16", "urrww")
         return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
 
+    def layernorm_forward_f16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
+        """layernorm_forward with y written as f16 ([rows, C/2] words); C a multiple of 4."""
+        assert C % 4 == 0, C
+        k = self.gpu.kernel("layernorm_f16.wgsl", "layernorm_forward_f16", "urrww")
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
+
     def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None) -> Dispatch:
         k = self.gpu.kernel(*self._ln_file("layernorm_dx", C, variant), "urrrww")
         return self.gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
@@ -324,41 +388,50 @@ class Kernels:
 
     # ---- loss --------------------------------------------------------------------------------------
     def cross_entropy(self, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
-                      variant=None) -> Dispatch:
+                      variant=None, scaler=None) -> Dispatch:
         """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
-        subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg."""
+        subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg. scaler: the
+        loss scaler's state (SCALER), whose scale dlogits then carry too."""
         stride = stride or V
         variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
         file, entry = ("loss_sg.wgsl", "cross_entropy_sg") if variant == "sg" else ("loss.wgsl", "cross_entropy")
-        k = self.gpu.kernel(file, entry, "urww")
-        return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride), [targets, logits, losses],
-                                 grid1d(rows))
+        k = self.gpu.kernel(file, entry, "urwwr", {"SCALED": True} if scaler is not None else None)
+        return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride),
+                                 [targets, logits, losses, scaler], grid1d(rows))
 
     def loss_reduce(self, losses, loss, rows, scale) -> Dispatch:
         k = self.gpu.kernel("loss.wgsl", "loss_reduce", "urww")
         return self.gpu.dispatch(k, (rows, 0, float(scale), 0, 0, 0), [None, loss, losses], (1,))
 
     # ---- optimizer ---------------------------------------------------------------------------------
-    def _opt4(self, entry, n, variant=None):
-        """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
+    def _opt4(self, entry, n, variant=None, scaled=False):
+        """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are;
+        scaled: the loss scaler's forms (SCALED, optim.wgsl)."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
-        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrwwww") if variant == "vec4" else \
-            self.gpu.kernel("optim.wgsl", entry, "urrwwww")
+        consts = {"SCALED": True} if scaled else None
+        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrwwww", consts) if variant == "vec4" else \
+            self.gpu.kernel("optim.wgsl", entry, "urrwwww", consts)
 
-    def grad_sumsq(self, g, partials, n, first=0, variant=None) -> Dispatch:
-        """The partial sums of g's n floats into partials[first:] (partials bound whole)."""
-        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant), (n,) + (0.0,) * 7 + (int(first),),
-                                 [g, None, partials, None, None, None], grid1d(-(-n // CHUNK)))
+    def grad_sumsq(self, g, partials, n, first=0, variant=None, scaler=None) -> Dispatch:
+        """The partial sums of g's n floats into partials[first:] (partials bound whole); with the
+        loss scaler's state, of g unscaled, and -1 for a chunk holding an inf or NaN."""
+        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant, scaler is not None),
+                                 (n,) + (0.0,) * 7 + (int(first), 0), [g, scaler, partials, None, None, None],
+                                 grid1d(-(-n // CHUNK)))
 
-    def grad_clip(self, partials, stats, n_partials, clip) -> Dispatch:
-        return self.gpu.dispatch(self.gpu.kernel("optim.wgsl", "grad_clip", "urrwwww"),
-                                 (n_partials, float(clip)) + (0.0,) * 6 + (0,), [None, partials, stats, None, None, None], (1,))
+    def grad_clip(self, partials, stats, n_partials, clip, growth=None) -> Dispatch:
+        """stats = [norm, factor]; growth: the loss scaler's clean steps before the scale doubles,
+        which makes this the scaler's update (stats then holds its state: SCALER)."""
+        k = self.gpu.kernel("optim.wgsl", "grad_clip", "urrwwww", {"SCALED": True} if growth else None)
+        return self.gpu.dispatch(k, (n_partials, float(clip)) + (0.0,) * 6 + (0, int(growth or 0)),
+                                 [None, partials, stats, None, None, None], (1,))
 
-    def adamw(self, g, wd_table, stats, w, m, v, n, step_uniform, variant=None) -> Dispatch:
+    def adamw(self, g, wd_table, stats, w, m, v, n, step_uniform, variant=None, scaled=False) -> Dispatch:
         """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step; wd_table bound
-        whole, the chunk's first block in the uniform."""
-        return self.gpu.dispatch_with(self._opt4("adamw", n, variant), step_uniform, [g, wd_table, stats, w, m, v],
-                                      grid1d(-(-n // 256)))
+        whole, the chunk's first block in the uniform. scaled: the loss scaler's skip and its count
+        of the steps taken for the bias corrections (the uniform's are then unused)."""
+        return self.gpu.dispatch_with(self._opt4("adamw", n, variant, scaled), step_uniform,
+                                      [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
 
     # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
     def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv) -> Dispatch:

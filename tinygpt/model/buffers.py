@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..core.config import Config
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
-from ..device.kernels import CHUNK
+from ..device.kernels import CHUNK, SCALER_FLOATS
 from ..device.plan import KernelPlan
 from .attention import reads
 from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
@@ -96,7 +96,7 @@ MODEL = (
     Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("weight decay",  ("wd",),                 "f32",     "model",        OP, "training"),
     Buffer("norm partials", ("partials",),           "f32",     "model",        OP, "training"),
-    Buffer("norm stats",    (4,),                    "f32",     "model",        OP, "training"),
+    Buffer("norm stats",    ("stats",),              "f32",     "model",        OP, "training"),
 )
 
 # The decode step from the key/value cache (model.decode): one row per sequence through every
@@ -136,6 +136,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
             "wd": F // 256,                                      # one decay value a 256-float block
             "partials": -(-F // CHUNK),                          # the norm's partial sums
+            "stats": SCALER_FLOATS,                              # [norm, factor] and the loss scaler's state
             "N": N, "ids": N + N * capacity}
 
 

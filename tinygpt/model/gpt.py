@@ -14,7 +14,8 @@ from ..core.errors import UsageError
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, PER_WORD, Tensor
-from ..device.kernels import ADAMW_UNIFORM_BYTES, CHUNK, NO_CLIP, Kernels, adamw_uniform
+from ..device.kernels import ADAMW_UNIFORM_BYTES, CHUNK, LOSS_SCALE, NO_CLIP, SCALE_GROWTH, SCALER, Kernels, \
+    adamw_uniform
 from ..device.plan import KernelPlan
 from . import buffers
 from .attention import Attention, check_scores_fit
@@ -25,6 +26,14 @@ from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, rows
 
 
+def precision_problem(gpu: GPU, policy: Precision) -> str | None:
+    """Why this device cannot run a precision's kernels (a feature it lacks), or None."""
+    if policy.feature and policy.feature not in gpu.features:
+        return (f"{{opt:precision}} {policy.name} needs the WebGPU feature {policy.feature}, which {gpu.name} "
+                f"({gpu.backend}, {gpu.engine_label}) does not offer; use {{opt:precision}} bf16 or fp32")
+    return None
+
+
 class Model:
     """A GPT of config `cfg` recorded for batches of [B, T] tokens, on `gpu` under the kernel plan
     `plan` and the precision policy `precision`.
@@ -32,15 +41,18 @@ class Model:
     training=False records the forward only (evaluation and sampling); head=False (with it) stops
     the forward at the last block's output: a prefill, which needs each layer's keys and values.
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
-    1/(N*B*T), so the sum is the mean's) before one clipped AdamW update: the step of a batch N*B."""
+    1/(N*B*T), so the sum is the mean's) before one clipped AdamW update: the step of a batch N*B.
+    loss_scale: the first scale of a precision with a loss scaler (core.precision: f16), kept and
+    changed on the device from then on (scaler_state, set_scaler)."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention: str = "online", B: int | None = None,
                  T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
-                 precision: Precision = FP32):
+                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE):
         assert head or not training, "training needs the head"
         assert accum >= 1 and (accum == 1 or training)
         self.gpu, self.plan, self.cfg, self.precision = gpu, plan, cfg, precision
         self.training, self.accum, self.attention = training, accum, attention
+        self.scaled = training and precision.loss_scaling
         self.kn = Kernels(gpu, plan)
         self.pk = PolicyKernels(self.kn, precision)
         self.B, self.T = B or cfg.batch, T or cfg.ctx
@@ -53,6 +65,8 @@ class Model:
         self.buf = self._allocate(head)
         self._views()
         self._copy_weights = self._record_weight_copy()
+        if self.scaled:
+            self.set_scaler(scale=loss_scale, clean=0, skipped=0, taken=0)
         self.att = [self._attention(l) for l in range(cfg.layers)]
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read["tok_emb"], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
@@ -68,12 +82,13 @@ class Model:
                 for f0, k in self.flat_chunks]
         self.step_count = 0
         self.moments_from = 0       # the step the AdamW moments started from (zero moments then)
+        self.skipped_before = 0     # steps a loss scaler skipped in the run resumed (not AdamW steps)
 
     # ---- building ----------------------------------------------------------------------------------
     def _check_fits(self):
         """What the kernels cannot take, refused before anything is allocated."""
         cfg, g = self.cfg, self.gpu
-        problem = self.precision.problem(cfg.d_model, cfg.d_mlp)
+        problem = self.precision.problem(cfg.d_model, cfg.d_mlp) or precision_problem(g, self.precision)
         if problem:                                      # a usage error: the width or precision option
             raise UsageError(problem)
         g.check_loop(self.B * self.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
@@ -168,8 +183,10 @@ class Model:
         kn, V, BT, accum = self.kn, self.cfg.vocab, self.B * self.T, self.accum
         targets = self._batch_view("targets")
         # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's
+        # and, under a loss scaler, its scale (from the device: the optimizer changes it there)
+        scaler = self.stats if self.scaled else None
         ce = lambda grad: [kn.cross_entropy(targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / (accum * BT),
-                                            grad, r0, self.VP) for r0, n in self.chunks]
+                                            grad, r0, self.VP, scaler=scaler if grad else None) for r0, n in self.chunks]
         slot = lambda i: Tensor(self.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
         self._reduce = [kn.loss_reduce(self.losses, slot(i), BT, 1.0 / BT) for i in range(accum)] if head else []
         self._loss = ce(self.training) + self._reduce[:1] if head else []
@@ -213,12 +230,14 @@ class Model:
         partials, n_part = b["norm partials"], -(-n // CHUNK)
         clip = cfg.grad_clip if cfg.grad_clip > 0 else NO_CLIP                           # 0: never clip
         self.step_uniforms = [g.uniform(ADAMW_UNIFORM_BYTES) for _ in self.flat_chunks]
-        ds = [kn.grad_sumsq(flat_view(self.grads, f0, k), partials, k, first=f0 // CHUNK) for f0, k in self.flat_chunks]
-        ds.append(kn.grad_clip(partials, self.stats, n_part, clip))
+        scaler = self.stats if self.scaled else None     # the loss scaler: unscale, skip, rescale
+        ds = [kn.grad_sumsq(flat_view(self.grads, f0, k), partials, k, first=f0 // CHUNK, scaler=scaler)
+              for f0, k in self.flat_chunks]
+        ds.append(kn.grad_clip(partials, self.stats, n_part, clip, growth=SCALE_GROWTH if self.scaled else None))
         for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
             ds.append(kn.adamw(flat_view(self.grads, f0, k), b["weight decay"],
                                self.stats, flat_view(self.params, f0, k), flat_view(self.m, f0, k),
-                               flat_view(self.v, f0, k), k, u))
+                               flat_view(self.v, f0, k), k, u, scaled=self.scaled))
         return ds + self._copy_weights
 
     def _record_weight_copy(self) -> list:
@@ -262,6 +281,27 @@ class Model:
         self.gpu.write(self.v, self._pack(v))
         self.step_count = int(step)
         self.moments_from = 0
+        if self.scaled:
+            self.set_scaler(taken=self.adam_steps())
+
+    def adam_steps(self) -> int:
+        """The steps the AdamW moments have taken: since they started, less those the loss scaler
+        skipped (read from the device where it skips)."""
+        if self.scaled:
+            return int(self.scaler_state()["taken"])
+        return self.step_count - self.moments_from - self.skipped_before
+
+    def scaler_state(self) -> dict:
+        """The loss scaler's state (kernels.SCALER: scale, clean, skipped, taken, ...), one read."""
+        s = self.gpu.read(self.stats)
+        return {k: float(s[i]) for k, i in SCALER.items()}
+
+    def set_scaler(self, scale: float | None = None, clean: int | None = None, skipped: int | None = None,
+                   taken: int | None = None):
+        """Set any of the loss scaler's values on the device (a resumed run's, or the first scale)."""
+        for key, val in (("scale", scale), ("clean", clean), ("skipped", skipped), ("taken", taken)):
+            if val is not None:
+                self.gpu.write(self.stats, np.array([val], np.float32), offset_elems=SCALER[key])
 
     def get_opt_state(self):
         return self._unpack(self.gpu.read(self.m)), self._unpack(self.gpu.read(self.v)), self.step_count
@@ -286,7 +326,7 @@ class Model:
         """One training step: forward, loss, backward, clip, AdamW; one submit (one per micro-batch
         with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
-        t = self.step_count - self.moments_from      # AdamW's bias correction counts the moments' steps
+        t = self.step_count - self.moments_from - self.skipped_before   # the moments' steps (bias correction)
         for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
             self.gpu.write_uniform(u, adamw_uniform(k, self.cfg.grad_clip, lr, t, f0 // 256))
         self._micro_batches(x, y, self._opt)

@@ -13,12 +13,13 @@ from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from . import attention as ra
 from .kernels import (add, adamw, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
-                      embed_tok_grad, gelu_backward, gelu_forward, grad_clip, grad_sumsq, layernorm_dgb,
+                      embed_tok_grad, f16_round, gelu_backward, gelu_forward, grad_clip, grad_sumsq, layernorm_dgb,
                       layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
 ROUND = {"f32": lambda a: a,
-         "bf16": lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)}
+         "bf16": lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype),
+         "f16": lambda a: f16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)}
 
 
 def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32):
@@ -68,19 +69,25 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
 
 
-def backward(params, cfg: Config, cache, attention_backward=None):
-    """Gradients of the mean loss for every parameter, from forward's cache."""
+def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: float = 1.0):
+    """Gradients of the mean loss for every parameter, from forward's cache.
+
+    Where the policy's matmuls read float32 gradients in a narrower dtype (`grad_operands`: f16),
+    each gradient operand is rounded so, after the loss gradient was multiplied by loss_scale, as
+    the model's loss scaler does; the gradients returned are divided by it again. (The model
+    also rounds each f16 product to f16; this sums exact products: within the tests' tolerance.)"""
     attend_bwd = attention_backward or ra.attention_backward
     P = params
     tokens = cache["tokens"]
     B, T = tokens.shape
     C, H = cfg.d_model, cfg.heads
     G = {}
-    dlogits = cache["dlogits"]
+    dlogits = cache["dlogits"] * loss_scale
     lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
     r = ROUND[cache["precision"].weights]                                     # the weights the matmuls read
-    G["tok_emb"] = matmul_atb(dlogits, lnf_y)                                  # [V,C]
-    dy = matmul(dlogits, r(P["tok_emb"]))                                      # [BT,C]
+    rg = ROUND[cache["precision"].grad_operands]                              # the gradients they read
+    G["tok_emb"] = matmul_atb(rg(dlogits), lnf_y)                              # [V,C]
+    dy = matmul(rg(dlogits), r(P["tok_emb"]))                                  # [BT,C]
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
     dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
     for l in reversed(range(cfg.layers)):
@@ -88,22 +95,22 @@ def backward(params, cfg: Config, cache, attention_backward=None):
         p = lambda n: P[f"h{l}.{n}"]
         g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
         # MLP branch
-        g("fc_out_W", matmul_atb(c["act"], dx))
+        g("fc_out_W", matmul_atb(c["act"], rg(dx)))
         g("fc_out_b", bias_grad(dx))
-        dact = matmul_abt(dx, r(p("fc_out_W")))
+        dact = matmul_abt(rg(dx), r(p("fc_out_W")))
         dpre = gelu_backward(c["pre"], dact)
-        g("fc_in_W", matmul_atb(c["ln2"][0], dpre))
+        g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
         g("fc_in_b", bias_grad(dpre))
-        dln2 = matmul_abt(dpre, r(p("fc_in_W")))
+        dln2 = matmul_abt(rg(dpre), r(p("fc_in_W")))
         _, m2, r2 = c["ln2"]
         dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
         g("ln2_g", dg)
         g("ln2_b", db)
         dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
         # attention branch
-        g("Wo", matmul_atb(c["ctx"], dx))
+        g("Wo", matmul_atb(c["ctx"], rg(dx)))
         g("bo", bias_grad(dx))
-        dctx = matmul_abt(dx, r(p("Wo")))
+        dctx = matmul_abt(rg(dx), r(p("Wo")))
         q, k, v = c["qkv"]
         # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
         # as the model's does
@@ -111,9 +118,9 @@ def backward(params, cfg: Config, cache, attention_backward=None):
                                 dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C))
         dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
         h1 = c["ln1"][0]
-        dln1 = matmul_abt(dq, r(p("Wq"))) + matmul_abt(dk, r(p("Wk"))) + matmul_abt(dv, r(p("Wv")))
+        dln1 = matmul_abt(rg(dq), r(p("Wq"))) + matmul_abt(rg(dk), r(p("Wk"))) + matmul_abt(rg(dv), r(p("Wv")))
         for n, d in (("q", dq), ("k", dk), ("v", dv)):
-            g("W" + n, matmul_atb(h1, d))
+            g("W" + n, matmul_atb(h1, rg(d)))
             g("b" + n, bias_grad(d))
         _, m1, r1 = c["ln1"]
         dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
@@ -124,7 +131,7 @@ def backward(params, cfg: Config, cache, attention_backward=None):
     G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
     G["pos_emb"] = np.zeros_like(P["pos_emb"])
     G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
-    return {name: G[name] for name, _, _ in param_specs(cfg)}
+    return {name: G[name] / loss_scale for name, _, _ in param_specs(cfg)}
 
 
 def clip_and_step(params, grads, opt, cfg: Config, lr: float):

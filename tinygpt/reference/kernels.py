@@ -123,6 +123,75 @@ matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_
 matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
 
 
+# ---- f16 storage and arithmetic (f16.wgsl, matmul_f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl)
+def f16_round(x):                        # float32 -> the nearest f16 values (ties to even, inf past 65504), as float32
+    with np.errstate(over="ignore"):
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+
+
+def cast_f16(x):                         # float32 [n] -> u32 [ceil(n/2)]: element 2i low, 2i+1 high
+    with np.errstate(over="ignore"):
+        h = np.ravel(np.asarray(x, np.float32)).astype(np.float16)
+    if len(h) % 2:
+        h = np.append(h, np.float16(0))
+    return h.view(np.uint32).copy()
+
+
+def cast_f16_to_f32(xh, n):              # u32 words -> float32 [n], exact
+    return np.ascontiguousarray(xh, np.uint32).view(np.float16)[:n].astype(np.float32)
+
+
+def unpack_f16(x):                       # packed u32 [..., n/2] -> float64 [..., n]
+    x = np.ascontiguousarray(x, np.uint32)
+    return x.view(np.float16).reshape(*x.shape[:-1], -1).astype(np.float64)
+
+
+def _half(x):                            # an f16 operand (packed u32), or float32 rounded to f16 as it is read
+    x = np.asarray(x)
+    return unpack_f16(x) if x.dtype == np.uint32 else f16_round(x).astype(np.float64)
+
+
+def _f16_products(a, b):                 # a [M,K] @ b [K,N], each product rounded to f16, the sum in float64
+    out = np.zeros((a.shape[0], b.shape[1]))
+    a16, b16 = a.astype(np.float32), b.astype(np.float32)   # f16 values: their products are exact in float32
+    step = max(1, (1 << 22) // max(1, a.shape[0] * b.shape[1]))
+    with np.errstate(over="ignore", invalid="ignore"):
+        for k0 in range(0, a.shape[1], step):
+            p = a16[:, k0:k0 + step, None] * b16[None, k0:k0 + step, :]
+            out += p.astype(np.float16).astype(np.float64).sum(axis=1)
+    return out
+
+
+def _out16(y, out_f16):                  # OUT_F16: the float32 result rounded to f16, packed [M, N/2]
+    return cast_f16(y).reshape(len(y), -1) if out_f16 else y
+
+
+def matmul_f16(a, b, bias=None, out_f16=False):   # a [M,K], b [K,N]: f16 (packed u32) or float32
+    y = _f16_products(_half(a), _half(b))
+    return _out16(y + (0 if bias is None else np.asarray(bias, np.float64)), out_f16)
+
+
+def matmul_abt_f16(a, b, out_f16=False):          # a [M,K], b [N,K] -> [M,N]
+    return _out16(_f16_products(_half(a), _half(b).T), out_f16)
+
+
+def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
+    return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
+
+
+def layernorm_forward_f16(x, g, b):     # float32 x -> packed f16 y [rows, C/2], mean, rstd
+    y, mean, rstd = layernorm_forward(x, g, b)
+    return cast_f16(y).reshape(len(x), -1), mean, rstd
+
+
+def gelu_forward_f16(xh):               # packed f16 x -> packed f16 gelu(x), computed in float64
+    return cast_f16(gelu_forward(unpack_f16(np.ravel(xh))))
+
+
+def gelu_backward_f16(xh, dy):          # packed f16 x, dy -> d(x) in dy's precision
+    return gelu_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy)
+
+
 # ---- elementwise ----------------------------------------------------------------------
 def add(x, y):
     return x + y
@@ -235,18 +304,44 @@ def loss_reduce(losses, scale):
 
 
 # ---- optimizer ------------------------------------------------------------------------
-def grad_sumsq(g, chunk=4096):           # g flat -> partial sums of squares per chunk
+def grad_sumsq(g, chunk=4096, scaler=None):   # g flat -> partial sums of squares per chunk
+    """scaler (SCALED: the loss scaler's state, kernels.SCALER's names): g carries its scale, which
+    is divided out as g is squared; a chunk holding an inf or NaN sums to -1."""
     n = -(-len(g) // chunk)
-    return np.array([np.sum(g[i * chunk:(i + 1) * chunk] ** 2) for i in range(n)], g.dtype)
+    if scaler is None:
+        return np.array([np.sum(g[i * chunk:(i + 1) * chunk] ** 2) for i in range(n)], g.dtype)
+    inv = 1.0 / scaler["scale"]
+    parts = [g[i * chunk:(i + 1) * chunk] for i in range(n)]
+    return np.array([np.sum((c * inv) ** 2) if np.all(np.isfinite(c)) else -1.0 for c in parts], g.dtype)
 
 
-def grad_clip(partials, clip):           # -> (norm, scale)
+def grad_clip(partials, clip, scaler=None, growth=None):   # -> (norm, factor)
+    """With the loss scaler (its state updated in place, by GradScaler's rules): a -1 partial skips
+    the step (factor 0), halves the scale and zeroes the clean count; else the factor unscales too,
+    and `growth` clean steps in a row double the scale. The norm of a skipped step: the last one's."""
+    if scaler is None:
+        norm = math.sqrt(float(np.sum(partials)))
+        return norm, (clip / (norm + 1e-6) if norm > clip else 1.0)
+    if np.any(np.asarray(partials) < 0):
+        scaler.update(factor=0.0, scale=scaler["scale"] * 0.5, skip=1, clean=0, skipped=scaler["skipped"] + 1)
+        return scaler["norm"], 0.0
     norm = math.sqrt(float(np.sum(partials)))
-    return norm, (clip / (norm + 1e-6) if norm > clip else 1.0)
+    factor = (clip / (norm + 1e-6) if norm > clip else 1.0) / scaler["scale"]
+    clean = scaler["clean"] + 1
+    grow = clean >= growth
+    scaler.update(norm=norm, factor=factor, scale=scaler["scale"] * (2.0 if grow else 1.0), skip=0,
+                  clean=0 if grow else clean, taken=scaler["taken"] + 1)
+    return norm, factor
 
 
-def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t):
-    """One AdamW step in place on w, m, v; wd per element (or scalar); t counts from 1."""
+def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t, scaler=None):
+    """One AdamW step in place on w, m, v; wd per element (or scalar); t counts from 1. scale: the
+    clip factor (grad_clip's). With the loss scaler's state: nothing where it skips the step, and t
+    the steps it took."""
+    if scaler is not None:
+        if scaler["skip"]:
+            return
+        t = scaler["taken"]
     g = g * scale
     m[...] = beta1 * m + (1 - beta1) * g
     v[...] = beta2 * v + (1 - beta2) * g * g
