@@ -20,8 +20,9 @@ enable subgroups;
 // 6 * HD4 / 8 + 2 trips per block of 8 rows: T up to ~20,000 at hd = 128
 // (kernels.online_variant takes online.wgsl beyond that).
 // q, k, v, dout, out: [B, T, C] with heads interleaved; L, D: [B, H, T].
-// q, k, v are bound as words: float32 (bitcast, free) or, with BF16, bf16 two to a word (a bf16
-// model's stored q, k, v, read without a float32 copy; common.wgsl's bf16_* helpers).
+// q, k, v are bound as words: float32 (bitcast, free) or, with BF16 or F16, 16-bit values two to a
+// word (a bf16 or f16 model's stored q, k, v, read without a float32 copy: common.wgsl's bf16_*
+// helpers, or WGSL's unpack2x16float, which needs no f16 extension); arithmetic in float32.
 
 struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 
@@ -39,6 +40,7 @@ override HD: u32 = 64u;        // head dim, <= 128
 override HD4: u32 = 16u;       // vec4 per row held: ceil(HD / 32) * 8, zeros past HD
 override ALIGNED: bool = true; // HD and C multiples of 4: a head's row is whole vec4 (else gathered by float)
 override BF16: bool = false;   // q, k, v hold bf16
+override F16: bool = false;    // q, k, v hold f16
 const LANES: u32 = 8u;
 const NEG: f32 = -0x1.fffffep+127f;
 
@@ -46,22 +48,29 @@ fn qkv(x: u32, i: u32) -> vec4<u32> {      // word i of q (x = 0), k (1) or v (2
   switch x { case 0u: { return q[i]; } case 1u: { return k[i]; } default: { return v[i]; } }
 }
 
-// float e of a buffer holding bf16: half (e & 1) of word e / 2
-fn bf16_at(x: u32, e: u32) -> f32 {
+// the 4 values of two words of bf16 or f16
+fn half4(w: vec2<u32>) -> vec4<f32> {
+  if (F16) { return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)); }
+  return bf16_lo4(w);
+}
+
+// value e of a buffer holding bf16 or f16: half (e & 1) of word e / 2
+fn half_at(x: u32, e: u32) -> f32 {
   let w = qkv(x, e / 8u)[(e / 2u) % 4u];
+  if (F16) { return unpack2x16float(w)[e & 1u]; }
   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u));
 }
 
 // channels 4c .. 4c+3 of row t of a head slice of buffer x (0 q, 1 k, 2 v, 3 dout), zeros past HD
 fn ld(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
   let base = (b * p.T + t) * p.C + h * HD;  // in floats
-  let bf = BF16 && x < 3u;
+  let bf = (BF16 || F16) && x < 3u;
   if (ALIGNED) {
     let i = base / 4u + min(c, HD / 4u - 1u);
     var r: vec4<f32>;
-    if (bf) {                                // 4 bf16: half of a 4-word group
+    if (bf) {                                // 4 halves: half of a 4-word group
       let w = qkv(x, i / 2u);
-      r = bf16_lo4(select(w.zw, w.xy, (i & 1u) == 0u));
+      r = half4(select(w.zw, w.xy, (i & 1u) == 0u));
     } else if (x < 3u) {
       r = bitcast<vec4<f32>>(qkv(x, i));
     } else {
@@ -74,7 +83,7 @@ fn ld(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
     let d = 4u * c + e;
     let i = base + min(d, HD - 1u);
     var s: f32;
-    if (bf) { s = bf16_at(x, i); }
+    if (bf) { s = half_at(x, i); }
     else if (x < 3u) { s = bitcast<f32>(qkv(x, i / 4u)[i % 4u]); }
     else { s = dout[i / 4u][i % 4u]; }
     r[e] = select(s, 0.0, d >= HD);

@@ -342,6 +342,35 @@ def test_precision_bf16_trains_resumes_evaluates_and_samples(tmp_path, corpus, c
     assert "whole window per token, bf16" in capsys.readouterr().err
 
 
+def test_precision_f16_resumes_its_loss_scaler_bit_for_bit(tmp_path, corpus, capsys, gpu):
+    """--precision f16 from a loss scale that overflows at first (2^21 on tiny): 10 steps straight,
+    or 5 then a resume to 10, give the same losses, scales and skip counts (the scaler's state and
+    AdamW's count of the steps taken are in the checkpoint). --loss-scale elsewhere: one line."""
+    if "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16")
+    full, part = tmp_path / "full.jsonl", tmp_path / "part.jsonl"
+    common = [*TINY, "--data", corpus, "--log-every", 1, "--eval-every", 0, "--schedule", "constant",
+              "--precision", "f16", "--sample-tokens", 0]
+    assert run_cli("train", *common, "--loss-scale", 2 ** 21, "--steps", 10, "--out", tmp_path / "a.tinygpt",
+                   "--log", full) == 0
+    assert run_cli("train", *common, "--loss-scale", 2 ** 21, "--steps", 5, "--out", tmp_path / "b.tinygpt",
+                   "--log", part) == 0
+    ck = ckpt.load(tmp_path / "b.tinygpt")
+    assert ck.extra["precision"] == "f16" and ck.extra["adamSteps"] == 5 - ck.extra["skippedSteps"]
+    assert run_cli("train", "--resume", tmp_path / "b.tinygpt", "--quiet", "--data", corpus, "--log-every", 1,
+                   "--eval-every", 0, "--steps", 10, "--sample-tokens", 0, "--log", part) == 0
+    a = [(r["train_loss"], r["loss_scale"], r["skipped_steps"]) for r in read_log(full)]
+    b = [(r["train_loss"], r["loss_scale"], r["skipped_steps"]) for r in read_log(part)]
+    print("loss, scale, skipped:", a)
+    assert a == b and len(a) == 10, "resumed f16 run differs from the uninterrupted one"
+    assert a[-1][2] >= 1 and a[-1][1] < 2 ** 21, "the test meant to start from an overflowing scale"
+    capsys.readouterr()
+    assert run_cli("train", *TINY, "--data", corpus, "--steps", 1, "--loss-scale", 1024, "--out",
+                   tmp_path / "c.tinygpt") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines()[-1].startswith("tinygpt: error: --loss-scale sets the loss scaler of --precision f16"), err
+
+
 def test_help_texts_state_the_real_defaults():
     """The defaults `tinygpt train --help` names are the config's, and every flag's parser default
     is the options object's, so neither can drift from what a run does."""

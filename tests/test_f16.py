@@ -56,11 +56,16 @@ def test_f16_casts_round_to_nearest_even(gpu, rng, n, kn, f16):
     assert rel.size == 0 or rel.max() <= 2.0 ** -11
 
 
-@pytest.mark.parametrize("M,N,K_", [(1, 1, 1), (7, 5, 3), (33, 65, 17), (64, 96, 48), (13, 38, 70)])
-def test_matmul_family_f16(gpu, rng, M, N, K_, kn, f16):
+@pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "plain"), (7, 5, 3, "plain"), (33, 65, 17, "plain"),
+                                            (64, 96, 48, "plain"), (13, 38, 70, "plain"), (4, 4, 4, "vec4"),
+                                            (1, 8, 12, "vec4"), (36, 52, 20, "vec4"), (100, 96, 48, "vec4"),
+                                            (17, 200, 64, "vec4"), (12, 8, 4 * 7, "vec4")])
+def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     """Products in f16, sums in float32, against the twin that rounds each product to f16 and sums
     in float64: only the summation order differs, so the float32 kernels' tolerance. Every operand
-    mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16."""
+    mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16. Both
+    kernels: plain (any shape) and vec4 (K, N and, for A^T @ B, M multiples of 4)."""
+    atb = variant if variant == "plain" or M % 4 == 0 else "plain"    # A^T @ B: vec4 along M, any K
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
@@ -68,32 +73,32 @@ def test_matmul_family_f16(gpu, rng, M, N, K_, kn, f16):
     out = gpu.tensor((M, N))
     tol = 8e-6 * np.sqrt(K_)
     A, B = half(gpu, a), half(gpu, b)
-    run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), out, M, N, K_))
-    check(f"matmul_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b, f64(bias)), tol)
+    run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), out, M, N, K_, variant=variant))
+    check(f"{variant} matmul_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, kn.matmul_f16(A, B, None, out, M, N, K_, accumulate=True))
-    check(f"matmul_f16 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_f16(a, b), tol)
-    run(gpu, kn.matmul_f16(gpu.upload(a), B, None, out, M, N, K_))           # the head's dx: A float32
-    check(f"matmul_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b), tol)
+    run(gpu, kn.matmul_f16(A, B, None, out, M, N, K_, accumulate=True, variant=variant))
+    check(f"{variant} matmul_f16 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_f16(a, b), tol)
+    run(gpu, kn.matmul_f16(gpu.upload(a), B, None, out, M, N, K_, variant=variant))  # the head's dx: A float32
+    check(f"{variant} matmul_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b), tol)
     if N % 2 == 0:                                                            # out f16: q, k, v, pre
         oh = gpu.tensor((M * N // 2,), "f16")
-        run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), oh, M, N, K_))
+        run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), oh, M, N, K_, variant=variant))
         got = R.cast_f16_to_f32(gpu.read(oh), M * N).reshape(M, N)
         want = R.matmul_f16(a, b, f64(bias))
-        check(f"matmul_f16 out f16 {M}x{N}x{K_}", got, want, tol, rtol=2.0 ** -11)
+        check(f"{variant} matmul_f16 out f16 {M}x{N}x{K_}", got, want, tol, rtol=2.0 ** -11)
     bt = b.T.copy()
     BT = half(gpu, bt)
-    run(gpu, kn.matmul_abt_f16(A, BT, out, M, N, K_))
-    check(f"matmul_abt_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
-    run(gpu, kn.matmul_abt_f16(gpu.upload(a), BT, out, M, N, K_))           # dx = dy @ W^T: A float32
-    check(f"matmul_abt_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
+    run(gpu, kn.matmul_abt_f16(A, BT, out, M, N, K_, variant=variant))
+    check(f"{variant} matmul_abt_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
+    run(gpu, kn.matmul_abt_f16(gpu.upload(a), BT, out, M, N, K_, variant=variant))  # dx = dy @ W^T: A float32
+    check(f"{variant} matmul_abt_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
     at = a.T.copy()
     AT = half(gpu, at)
-    run(gpu, kn.matmul_atb_f16(AT, gpu.upload(b), out, M, N, K_))            # dW = x^T @ dy: B float32
-    check(f"matmul_atb_f16 B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_f16(at, b), tol)
+    run(gpu, kn.matmul_atb_f16(AT, gpu.upload(b), out, M, N, K_, variant=atb))  # dW = x^T @ dy: B float32
+    check(f"{atb} matmul_atb_f16 B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_f16(at, b), tol)
     gpu.write(out, prev)
-    run(gpu, kn.matmul_atb_f16(gpu.upload(at), B, out, M, N, K_, accumulate=True))   # dtok: A float32
-    check(f"matmul_atb_f16 A float32 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_f16(at, b), tol)
+    run(gpu, kn.matmul_atb_f16(gpu.upload(at), B, out, M, N, K_, accumulate=True, variant=atb))   # dtok: A float32
+    check(f"{atb} matmul_atb_f16 A float32 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_f16(at, b), tol)
 
 
 def test_matmul_f16_products_are_f16(gpu, kn, f16):
@@ -151,3 +156,79 @@ def test_refusal_without_shader_f16(gpu):
     msg = precision_problem(gpu, F16)
     print(msg)
     assert msg and "shader-f16" in msg and "\n" not in msg
+
+
+def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16):
+    """Training tiny in f16 from a loss scale of 2^40: the gradients overflow f16, so steps are
+    skipped (the weights and moments untouched) and the scale halves each time, down to one that
+    works within 40 steps (an overflow after steps taken halves it again); then the steps are
+    taken, and no weight is ever inf or NaN."""
+    from tinygpt.core.config import preset
+    from tinygpt.core.init import init_params
+    from tinygpt.core.precision import F16
+    from tinygpt.device.planner import make_plan
+    from tinygpt.model.gpt import Model
+    cfg = preset("tiny", batch=4, ctx=16)
+    m = Model(gpu, make_plan(gpu), cfg, "online", precision=F16, loss_scale=2.0 ** 40)
+    params = init_params(cfg)
+    m.set_params(params)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, cfg.vocab, (cfg.batch, cfg.ctx)).astype(np.uint32)
+    y = np.roll(x, -1, axis=1)
+    seen = []
+    for step in range(40):
+        m.step(x, y, 1e-3)
+        s = m.scaler_state()
+        seen.append((s["scale"], int(s["skipped"]), int(s["taken"])))
+        if step == 0:
+            assert s["skip"] == 1 and s["scale"] == 2.0 ** 39, s
+            assert all(np.array_equal(a, params[n]) for n, a in m.get_params().items()), "a skipped step moved a weight"
+            mo, vo, _ = m.get_opt_state()
+            assert not any(a.any() for a in mo.values()) and not any(a.any() for a in vo.values())
+        if s["taken"] >= 5:
+            break
+    print("scale, skipped, taken per step:", seen)
+    skipped = seen[-1][1]
+    assert s["taken"] >= 5, f"still skipping after 40 steps: {seen[-1]}"
+    assert 1 <= skipped <= 35 and seen[-1][0] <= 2.0 ** (40 - skipped)
+    prev = (2.0 ** 40, 0, 0)
+    for now in seen:             # each skip halves the scale; each step taken keeps it (2000 to growth)
+        skip = now[1] - prev[1]
+        assert skip + now[2] - prev[2] == 1 and now[0] == prev[0] * (0.5 if skip else 1.0), (prev, now)
+        prev = now
+    assert all(np.all(np.isfinite(a)) for a in m.get_params().values())
+    assert m.loss() < np.log(cfg.vocab) + 0.5
+
+
+def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
+    """Building an f16 model runs each f16 kernel it recorded once against its twin (passing here);
+    a kernel whose twin disagrees (the twin made wrong, as a broken driver would look) is refused
+    in one line naming it, and so is one that fails to run."""
+    from tinygpt.core.config import preset
+    from tinygpt.core.precision import F16
+    from tinygpt.device import gate
+    from tinygpt.device.planner import make_plan
+    from tinygpt.model.gpt import Model
+    plan = make_plan(gpu)
+    cfg = preset("tiny", batch=2, ctx=16)
+    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
+    m = Model(gpu, plan, cfg, "online", precision=F16)
+    judged = gate._VERDICTS[gpu]
+    print("judged:", sorted(judged, key=str))
+    assert judged and not any(judged.values())
+    names = {e for e, _ in judged}
+    assert {"cast_f16", "layernorm_forward_f16", "gelu_forward_f16", "gelu_backward_f16"} <= names
+    assert any(e.startswith("matmul_abt_f16") for e in names) and any(e.startswith("matmul_atb_f16") for e in names)
+    assert ("attention", ()) in judged or plan.attention != "sg"
+    used = gate.half_kernels(m._fwd + m._bwd + m._opt)
+    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
+    monkeypatch.setattr(gate.R, "matmul_atb_f16", lambda a, b, out_f16=False: np.zeros((a.shape[1], b.shape[1])))
+    with pytest.raises(gate.GateError) as e:
+        gate.check(gpu, plan, used)
+    print(e.value)
+    assert "the kernel matmul_atb_f16" in str(e.value) and "disagrees with its NumPy twin" in str(e.value)
+    assert "\n" not in str(e.value) and "bf16 or fp32" in str(e.value)
+    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
+    monkeypatch.setattr(gate, "_elementwise", lambda *a: (_ for _ in ()).throw(gate.GPUError("no pipeline")))
+    with pytest.raises(gate.GateError, match="it does not run here: no pipeline"):
+        gate.check(gpu, plan, used)

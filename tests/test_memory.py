@@ -36,8 +36,11 @@ def allocated(gpu, monkeypatch, build):
     ("naive", 2, 2000, 600_000, 24, "fp32"), ("online", 2, 50257, 13_000_000, 24, "fp32"),
     ("online", 2, 2000, 600_000, 128, "fp32"),     # the token table split, through the head's block scratch
     ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16"),
-    ("online", 1, 50257, 13_000_000, 24, "bf16")])
+    ("online", 1, 50257, 13_000_000, 24, "bf16"), ("online", 2, 256, None, 24, "f16"),
+    ("naive", 1, 2000, 600_000, 128, "f16"), ("online", 1, 50257, 13_000_000, 24, "f16")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
+    if precision == "f16" and "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.infer import Sampler
     from tinygpt.data import ByteTokenizer
     from tinygpt.model.gpt import Model

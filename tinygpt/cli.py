@@ -17,6 +17,7 @@ from .core.errors import TinyGPTError, UsageError, set_wording, word
 from .core.precision import PRECISIONS
 from .data import GPT2Tokenizer
 from .device.gpu import GPU
+from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.plan import FAMILIES, parse_kernels
 from .device.planner import make_plan
 from .device.tune import tune
@@ -99,6 +100,13 @@ def positive_float(s):
         raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
     if not v > 0 or v != v or v == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive finite number, got {s}")
+    return v
+
+
+def loss_scale_float(s):
+    v = positive_float(s)
+    if not 2.0 ** -24 <= v <= 2.0 ** 120:
+        raise argparse.ArgumentTypeError(f"must be from 2**-24 to 2**120, got {s}")
     return v
 
 
@@ -358,8 +366,12 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS),
-                   help="bf16: matmul operands, q/k/v and saved activations stored as bf16, sums and weights "
-                        "float32 (default fp32, or the resumed run's); checkpoints stay float32")
+                   help="bf16, f16: matmul operands, q/k/v and saved activations stored in 16 bits, sums and "
+                        "weights float32 (default fp32, or the resumed run's); f16 needs the adapter's "
+                        "shader-f16 and scales the loss (--loss-scale); checkpoints stay float32")
+    p.add_argument("--loss-scale", type=loss_scale_float, metavar="INIT",
+                   help=f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean "
+                        f"steps as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)

@@ -30,7 +30,8 @@ class TrainOptions:
     seed: int | None = None
     attention: str = "online"
     kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
-    precision: str | None = None       # fp32 | bf16; None: fp32, or the resumed run's
+    precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
+    loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
     eval_every: int = 100
     eval_windows: int = 64
     log_every: int = 10
@@ -50,7 +51,7 @@ class ModelUse:
     attention: str = "online"
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None
-    precision: str = "fp32"            # bf16: the forward stores its activations and weights as bf16
+    precision: str = "fp32"            # bf16, f16: the forward stores its activations and weights so
 
 
 @dataclass

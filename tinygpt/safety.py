@@ -122,6 +122,7 @@ class Saver:
         extra["dataRngState"] = run.rng.bit_generator.state
         extra["schedule"] = run.schedule.as_dict()
         extra["momentsFrom"] = run.model.moments_from
+        extra.update(run.model.optimizer_record())
         ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra, run.header)
         with self.stop.saving():
             ckpt.save(path, ck)

@@ -22,6 +22,7 @@ from .core.init import init_params
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, get_tokenizer, read_corpus
 from .device.gpu import GPU
+from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
 from .device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
@@ -113,18 +114,41 @@ def run_precision(o: TrainOptions, resume: ckpt.Checkpoint | None) -> Precision:
     return PRECISIONS[name]
 
 
-def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str):
-    """The resumed file's weights, moments, step and data-sampling state into the model and rng."""
+def run_loss_scale(o: TrainOptions, precision: Precision) -> float:
+    """The first loss scale: the option's (only where the precision has a scaler), else the default."""
+    if o.loss_scale is not None and not precision.loss_scaling:
+        raise UsageError(f"{{opt:loss_scale}} sets the loss scaler of {{opt:precision}} f16; this run trains in "
+                         f"{precision.name}, which has none")
+    return o.loss_scale if o.loss_scale is not None else LOSS_SCALE
+
+
+def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> int:
+    v = extra.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= most:
+        raise ckpt.CheckpointError(f"{label}: its {key} {ckpt.show(v)} is not a count from 0 to {most}")
+    return v
+
+
+def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str, scale_given: bool):
+    """The resumed file's weights, moments, step, loss scaler and data-sampling state into the model
+    and rng. adamSteps: the steps the moments took (a loss scaler's skips not among them)."""
     model.set_params(resume.params)
     if resume.m is not None:
         model.set_opt_state(resume.m, resume.v, resume.step)
-        from_ = resume.extra.get("momentsFrom", 0)
-        if not isinstance(from_, int) or isinstance(from_, bool) or not 0 <= from_ <= resume.step:
-            raise ckpt.CheckpointError(f"{label}: its momentsFrom {ckpt.show(from_)} is not a step from 0 to "
-                                       f"{resume.step}")
+        from_ = _count(resume.extra, "momentsFrom", resume.step, label)
         model.moments_from = from_
+        taken = _count(resume.extra, "adamSteps", resume.step - from_, label, default=resume.step - from_)
+        model.skipped_before = resume.step - from_ - taken
     else:       # a weights-only file: the moments start at zero, their bias correction at step 1
         model.step_count = model.moments_from = resume.step
+        taken = 0
+    if model.scaled:
+        scale = resume.extra.get("lossScale")
+        if scale is not None and not scale_given:
+            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 2.0 ** -126 <= scale <= 2.0 ** 127:
+                raise ckpt.CheckpointError(f"{label}: its lossScale {ckpt.show(scale)} is not a positive float32")
+            model.set_scaler(scale=float(scale), clean=_count(resume.extra, "lossScaleClean", SCALE_GROWTH, label))
+        model.set_scaler(taken=taken, skipped=_count(resume.extra, "skippedSteps", resume.step, label))
     if "dataRngState" in resume.extra:
         try:
             rng.bit_generator.state = resume.extra["dataRngState"]
@@ -152,7 +176,8 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
-    model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision)
+    model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
+                  loss_scale=run_loss_scale(o, precision))
     # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
              "precision": precision.name}
@@ -160,7 +185,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     if resume:
-        _restore(model, rng, resume, label)
+        _restore(model, rng, resume, label, o.loss_scale is not None)
     else:
         model.set_params(init_params(cfg))
     history = list(resume.loss_history) if resume else []
@@ -291,17 +316,22 @@ class Loop:
                                   f"{{opt:grad_clip}}; {saver.kept_text()}", 3)
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
+        scaler = model.scaler_state() if model.scaled else None      # read with the loss, when shown
         if want_eval:
             rec["val"] = self.last["val"] = model.mean_loss(*self.val)
         self.last["train"] = loss
         run.history.append({k: rec[k] for k in ("step", "train", "val") if k in rec})
         if self.log:
-            line = json.dumps({"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr,
-                               "tokens_per_s": rec["tokens_per_s"]}) + "\n"
+            row = {"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr,
+                   "tokens_per_s": rec["tokens_per_s"]}
+            if scaler:
+                row.update(loss_scale=scaler["scale"], skipped_steps=int(scaler["skipped"]))
+            line = json.dumps(row) + "\n"
             if self.side.attempt("log", lambda: (self.log.write(line), self.log.flush())) is None:
                 self.log = None
         self.bar.set_postfix_str(f"loss {loss:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
                                  + f" {self.tok_s:,.0f} tok/s"
+                                 + (f" scale {scaler['scale']:g} skipped {int(scaler['skipped'])}" if scaler else "")
                                  + (f", {clock_text(self.deadline.left())} left" if self.deadline else ""))
 
     def _save_periodic(self, done: int):

@@ -63,6 +63,12 @@ def sg_tile(M, N) -> tuple:
     return 16, sg_blocks(N)
 
 
+def f16_vec4_ok(entry, M, N, K) -> bool:
+    """matmul_f16_vec4.wgsl reads vec4 along K and N of A @ B and A @ B^T, along M and N of A^T @ B
+    (whose k advances one row at a time: any K)."""
+    return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
+
+
 def bf16_ok(entry, M, N, K) -> bool:
     """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
@@ -267,32 +273,37 @@ class Kernels:
         k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww")
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
-    def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate) -> Dispatch:
-        """matmul_f16.wgsl: each operand f16, or float32 rounded to f16 as it is read (bound at
-        A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
+    def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None) -> Dispatch:
+        """variant: "vec4" (matmul_f16_vec4.wgsl) where the shape allows (f16_vec4_ok), else "plain"
+        (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
+        (bound at A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
         assert not (accumulate and out.dtype == "f16"), entry
+        variant = variant or ("vec4" if f16_vec4_ok(entry, M, N, K) else "plain")
+        assert variant == "plain" or f16_vec4_ok(entry, M, N, K), (entry, M, N, K)
         half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
         consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
                   if on}
-        k = self.gpu.kernel("matmul_f16.wgsl", entry + "_f16", "urrrrrww", consts)
+        file, name = ("matmul_f16_vec4.wgsl", entry + "_f16_vec4") if variant == "vec4" else \
+            ("matmul_f16.wgsl", entry + "_f16")
+        k = self.gpu.kernel(file, name, "urrrrrww", consts)
         pick = lambda t, f16: t if f16 else None
         return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
                                  [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
                                   pick(b, not half["b"]), bias, pick(out, not half["out"]), pick(out, half["out"])],
                                  (-(-N // 32), -(-M // 32)))
 
-    def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False) -> Dispatch:
+    def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
         """out[M,N] = a[M,K] @ b[K,N] (+ bias[N]): products in f16, float32 sums; either operand
         f16 or float32 (rounded to f16 as read), out float32 or f16."""
-        return self._mm_f16("matmul", a, b, bias, out, M, N, K, accumulate)
+        return self._mm_f16("matmul", a, b, bias, out, M, N, K, accumulate, variant)
 
-    def matmul_abt_f16(self, a, b, out, M, N, K, accumulate=False) -> Dispatch:
+    def matmul_abt_f16(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
         """out[M,N] = a[M,K] @ b[N,K]^T, as matmul_f16"""
-        return self._mm_f16("matmul_abt", a, b, None, out, M, N, K, accumulate)
+        return self._mm_f16("matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
 
-    def matmul_atb_f16(self, a, b, out, M, N, K, accumulate=False) -> Dispatch:
+    def matmul_atb_f16(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
         """out[M,N] = a[K,M]^T @ b[K,N], as matmul_f16"""
-        return self._mm_f16("matmul_atb", a, b, None, out, M, N, K, accumulate)
+        return self._mm_f16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
 
     # ---- elementwise -------------------------------------------------------------------------------
     def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None) -> Dispatch:
@@ -481,11 +492,11 @@ class Kernels:
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
     def _online_sg(self, entry, ins, o1, o2, B, T, C, H) -> Dispatch:
-        """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16
-        (their dtype says; B*T*C a multiple of 8)."""
+        """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16 or
+        f16 (their dtype says; B*T*C a multiple of 8)."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
-                  "BF16": ins[0].dtype == "bf16"}
+                  "BF16": ins[0].dtype == "bf16", "F16": ins[0].dtype == "f16"}
         k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))

@@ -13,6 +13,7 @@ from ..core.config import Config, param_specs
 from ..core.errors import UsageError
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
+from ..device import gate
 from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import ADAMW_UNIFORM_BYTES, CHUNK, LOSS_SCALE, NO_CLIP, SCALE_GROWTH, SCALER, Kernels, \
     adamw_uniform
@@ -80,6 +81,9 @@ class Model:
             self._bwd_more = self._record_backward(self.G_micro) + [
                 self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.grads, f0, k), k)
                 for f0, k in self.flat_chunks]
+        if precision.feature:       # a precision WGSL has as an option: its kernels judged on this device first
+            gate.check(gpu, plan, gate.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
+                                                    + self._bwd_more + self._opt + self._copy_weights), precision.name)
         self.step_count = 0
         self.moments_from = 0       # the step the AdamW moments started from (zero moments then)
         self.skipped_before = 0     # steps a loss scaler skipped in the run resumed (not AdamW steps)
@@ -290,6 +294,15 @@ class Model:
         if self.scaled:
             return int(self.scaler_state()["taken"])
         return self.step_count - self.moments_from - self.skipped_before
+
+    def optimizer_record(self) -> dict:
+        """What a checkpoint keeps beyond the moments: AdamW's step count and the loss scaler's
+        state (where it has one), so that a resumed run continues bit for bit."""
+        if not self.scaled:
+            return {"adamSteps": self.adam_steps()}
+        s = self.scaler_state()
+        return {"adamSteps": int(s["taken"]), "lossScale": s["scale"], "lossScaleClean": int(s["clean"]),
+                "skippedSteps": int(s["skipped"])}
 
     def scaler_state(self) -> dict:
         """The loss scaler's state (kernels.SCALER: scale, clean, skipped, taken, ...), one read."""

@@ -1,0 +1,142 @@
+"""The numerics gate of a half precision: before the first step, every kernel a model recorded that
+reads or writes f16 runs once at a ragged shape on this device, against its NumPy twin.
+
+WGSL's f16 is an optional feature, and how a driver rounds it, flushes its subnormals or widens
+its products is the driver's; a kernel that disagrees with its twin is refused in one line that
+names it and the error, before anything is trained (TinyGPT checks each of its fast paths against
+f32 on the device at start-up the same way). This module and the tuner are the runtime's two
+users of the reference: both judge a kernel before it is trusted. A verdict is reached once per
+device, kernel and override constants.
+"""
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..reference import attention as RA
+from ..reference import kernels as R
+from .gpu import GPU, GPUError
+from .kernels import Kernels
+from .plan import PORTABLE
+
+F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
+TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
+_VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
+
+
+class GateError(GPUError):
+    """A kernel of the asked precision disagrees with its twin on this device."""
+
+
+def half_kernels(dispatches) -> set:
+    """(entry, constants) of the dispatches that read or write f16."""
+    return {(d.kernel.name, d.kernel.constants) for d in dispatches
+            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants}
+
+
+def _far(got, want) -> float | None:
+    """The error where it exceeds TOL of the twin's scale (an inf where the twin has none too), else None."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.array_equal(np.isinf(got), np.isinf(want)) or np.isnan(got).any():
+        return float("inf")
+    fin = np.isfinite(want)
+    err = float(np.abs(got[fin] - want[fin]).max()) if fin.any() else 0.0
+    return err if err > TOL * max(float(np.abs(want[fin]).max()) if fin.any() else 0.0, 1e-3) else None
+
+
+def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
+    """matmul(_abt, _atb)_f16(_vec4) with its operand mix, at a ragged shape its variant takes."""
+    vec4 = entry.endswith("_vec4")
+    base = entry.removesuffix("_vec4").removesuffix("_f16")
+    M, N, K = (12 if base == "matmul_atb" else 13, 20, 9 if base == "matmul_atb" else 12) if vec4 else (13, 10, 9)
+    shape_a = {"matmul": (M, K), "matmul_abt": (M, K), "matmul_atb": (K, M)}[base]
+    shape_b = {"matmul": (K, N), "matmul_abt": (N, K), "matmul_atb": (K, N)}[base]
+    a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
+    half = lambda x, f32: gpu.upload(x) if f32 else gpu.tensor((x.size // 2,), "f16", data=R.cast_f16(x))
+    A, B = half(a, consts.get("A_F32")), half(b, consts.get("B_F32"))
+    out_f16 = bool(consts.get("OUT_F16"))
+    out = gpu.tensor((M * N // 2,), "f16") if out_f16 else gpu.tensor((M, N))
+    variant = "vec4" if vec4 else "plain"
+    launch = getattr(kn, base + "_f16")
+    d = launch(A, B, None, out, M, N, K, variant=variant) if base == "matmul" else launch(A, B, out, M, N, K, variant=variant)
+    gpu.run([d])
+    got = R.cast_f16_to_f32(gpu.read(out), M * N).reshape(M, N) if out_f16 else gpu.read(out)
+    return got, getattr(R, base + "_f16")(a, b)
+
+
+def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng):
+    n, rows, C = 36, 7, 12
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    xh = gpu.tensor((n // 2,), "f16", data=R.cast_f16(x))
+    if entry == "cast_f16":
+        x[:3] = [70000.0, -1e6, 3e-8]               # past f16's range both ways, and a subnormal's underflow
+        out = gpu.tensor((n // 2,), "f16")
+        gpu.run([kn.cast_f16(gpu.upload(x), out, n)])
+        return R.cast_f16_to_f32(gpu.read(out), n), R.f16_round(x)
+    if entry == "cast_f16_to_f32":
+        out = gpu.tensor((n,))
+        gpu.run([kn.cast_f16_to_f32(xh, out, n)])
+        return gpu.read(out), R.cast_f16_to_f32(R.cast_f16(x), n)
+    if entry == "gelu_forward_f16":
+        out = gpu.tensor((n // 2,), "f16")
+        gpu.run([kn.gelu_forward_f16(xh, out, n)])
+        return R.unpack_f16(gpu.read(out)), R.unpack_f16(R.gelu_forward_f16(R.cast_f16(x)))
+    if entry == "gelu_backward_f16":
+        dy, out = rng.standard_normal(n).astype(np.float32), gpu.tensor((n,))
+        gpu.run([kn.gelu_backward_f16(xh, gpu.upload(dy), out, n)])
+        return gpu.read(out), R.gelu_backward_f16(R.cast_f16(x), dy.astype(np.float64))
+    if entry == "layernorm_forward_f16":
+        xs, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
+        y, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
+        gpu.run([kn.layernorm_forward_f16(gpu.upload(xs), gpu.upload(gb), y, stats, rows, C)])
+        want = R.layernorm_forward(xs.astype(np.float64), gb[0], gb[1])[0]
+        return R.unpack_f16(gpu.read(y)), want
+    raise KeyError(entry)
+
+
+def _attention(gpu: GPU, plan, rng):
+    """online_sg.wgsl reading f16 q, k, v: forward and backward (out, dq, dk, dv) at a ragged T."""
+    from_plan = Kernels(gpu, plan)
+    B, T, C, H = 1, 13, 16, 2
+    q, k, v, do = (rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
+    hq = [R.cast_f16(x) for x in (q, k, v)]
+    tq, tk, tv = (gpu.tensor((B * T * C // 2,), "f16", data=x) for x in hq)
+    f = [R.cast_f16_to_f32(x, B * T * C).reshape(B, T, C).astype(np.float64) for x in hq]
+    L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
+    out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
+    tdo = gpu.upload(do)
+    gpu.run([from_plan.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, variant="sg"),
+             from_plan.attn_online_d(tdo, out, D, B, T, C, H),
+             from_plan.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, variant="sg"),
+             from_plan.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, variant="sg")])
+    got = np.concatenate([gpu.read(t).ravel() for t in (out, dq, dk, dv)])
+    want = np.concatenate([RA.attention_forward(*f, H).ravel()] +
+                          [g.ravel() for g in RA.attention_backward(*f, do.astype(np.float64), H)])
+    return got, want
+
+
+def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
+    """Run each (entry, constants) of `kernels` against its twin, once per device; GateError names
+    the first that disagrees (or fails to run)."""
+    seen = _VERDICTS.setdefault(gpu, {})
+    kn = Kernels(gpu, PORTABLE)
+    for entry, consts in sorted(kernels, key=str):
+        key = ("attention", ()) if entry.startswith("attn_online") else (entry, consts)
+        if key not in seen:
+            rng = np.random.default_rng(11)
+            try:
+                if key[0] == "attention":
+                    got, want = _attention(gpu, plan, rng)
+                elif "matmul" in entry:
+                    got, want = _matmul(gpu, kn, entry, dict(consts), rng)
+                else:
+                    got, want = _elementwise(gpu, kn, entry, rng)
+                err = _far(got, want)
+                seen[key] = None if err is None else f"max error {err:.3g} against {TOL:g} of its scale"
+            except GPUError as e:
+                seen[key] = f"it does not run here: {str(e).splitlines()[0][:160]}"
+        if seen[key]:
+            what = entry + (f" ({', '.join(n for n, v in consts if v is True)})" if any(v is True for _, v in consts) else "")
+            raise GateError(f"{{opt:precision}} {precision}: the kernel {what} disagrees with its NumPy twin on "
+                            f"{gpu.name}: {seen[key]}; use {{opt:precision}} bf16 or fp32")
