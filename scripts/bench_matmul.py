@@ -10,7 +10,10 @@ sg as matmul_bf16_sg.wgsl, tiled as matmul_tiled.wgsl with bf16 tile loads, scal
 matmul_bf16.wgsl, listed as plain) run again with dtype
 bf16, validated against the float64 product of the same bf16 values. dtype mixed is what a bf16
 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T) and A^T @ B with B float32
-(dW = X^T @ dY), the other operand bf16.
+(dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels (WGSL's f16: products in
+f16, float32 sums) beside the float32 variants that have one (vec4 as matmul_f16_vec4.wgsl, scalar
+as matmul_f16.wgsl, listed as plain), judged against the twin that rounds each product to f16;
+f16mixed is an f16 model's backward, the float32 operand rounded to f16 as it is read.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -33,6 +36,7 @@ from tinygpt.cli import positive_int, positive_ints, run_script
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
+F16 = {"vec4": "vec4", "scalar": "plain"}                  # and the f16 one
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -55,7 +59,15 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
     out = gpu.tensor((M, N))
     A = a.T.copy() if entry == "matmul_atb" else a              # stored as the kernel reads it
     B = b.T.copy() if entry == "matmul_abt" else b
-    if dtype in ("bf16", "mixed"):     # packed two to a word; judged against the product of the rounded values
+    if dtype in ("f16", "f16mixed"):   # WGSL's f16; judged against the twin (each product rounded to f16)
+        half = lambda x: gpu.tensor((x.size // 2,), "f16", data=R.cast_f16(x))
+        ah, bh = half(A), half(B)
+        if dtype == "f16mixed":
+            ah, bh = (gpu.upload(A), bh) if entry == "matmul_abt" else (ah, gpu.upload(B))
+        extra = [None] if entry == "matmul" else []
+        d = getattr(kn, entry + "_f16")(ah, bh, *extra, out, M, N, Kd, variant=variant)
+        want = getattr(R, entry + "_f16")(A, B)
+    elif dtype in ("bf16", "mixed"):   # packed two to a word; judged against the product of the rounded values
         ah, bh = R.cast_bf16(A).reshape(A.shape[0], -1), R.cast_bf16(B).reshape(B.shape[0], -1)
         if dtype == "mixed":           # the backward's float32 gradient: A of A @ B^T, B of A^T @ B
             ah, bh = (A, bh) if entry == "matmul_abt" else (ah, B)
@@ -98,17 +110,21 @@ def main(argv=None):
     ap.add_argument("--shapes", type=matmul_shapes, help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
-    ap.add_argument("--dtypes", default="f32", help="f32, bf16, mixed, or several (f32,bf16,mixed): the operands' storage")
+    ap.add_argument("--dtypes", default="f32",
+                    help="f32, bf16, mixed, f16, f16mixed, or several (f32,bf16,f16): the operands' storage")
     ap.add_argument("--rounds", type=positive_int, default=1,
                     help="measure every kernel this many times, interleaved, and keep each one's fastest: "
                          "on a machine whose speed drifts, kernels compared in one round share its minute")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    if not set(dtypes) <= {"f32", "bf16", "mixed"}:
-        raise SystemExit(f"error: --dtypes takes f32, bf16 and mixed, got {args.dtypes!r}")
+    if not dtypes or not set(dtypes) <= {"f32", "bf16", "mixed", "f16", "f16mixed"}:
+        raise SystemExit(f"error: --dtypes takes f32, bf16, mixed, f16 and f16mixed, got {args.dtypes!r}")
     gpu = GPU()
     print(f"adapter: {gpu.name} ({gpu.backend})", file=sys.stderr)
+    if {"f16", "f16mixed"} & set(dtypes) and "shader-f16" not in gpu.features:
+        raise SystemExit(f"error: --dtypes f16 needs the shader-f16 feature, which {gpu.name} ({gpu.backend}) lacks; "
+                         "leave f16 out")
     chosen = KERNELS if not args.kernels else [tuple(k.split(":")) for k in args.kernels.split(",")]
     if not subgroups_ok(gpu):  # the sg kernels need the subgroup feature, and to agree with NumPy
         if args.kernels and any(v == "sg" for _, v in chosen):
@@ -128,7 +144,12 @@ def main(argv=None):
         for _ in range(max(1, args.rounds)):
             for dtype in dtypes:
                 for entry, variant in chosen:
-                    if dtype != "f32":
+                    if dtype in ("f16", "f16mixed"):
+                        if variant not in F16 or (variant == "vec4" and not K.f16_vec4_ok(entry, M, N, Kd)) \
+                                or (dtype == "f16mixed" and entry == "matmul"):
+                            continue
+                        variant = F16[variant]
+                    elif dtype != "f32":
                         if variant not in BF16 or (variant == "sg" and not K.bf16_ok(entry, M, N, Kd)) \
                                 or (dtype == "mixed" and entry == "matmul"):
                             continue

@@ -12,11 +12,11 @@ the same steps, to show they train alike.
 Token ids come from the corpus's bytes whatever the preset's vocabulary (gpt2's is 50257): a
 step's time does not depend on which ids it sees.
 
---precision fp32,bf16 --interleave builds both models on one device and alternates their steps,
-each timed to its loss: on a machine whose speed drifts, every pair of steps shares one moment.
-tokens_per_s then comes from the median step, and over_fp32 is the median of the pairs' ratios.
+--precision fp32,bf16,f16 --interleave builds one model each on one device and alternates their steps,
+each timed to its loss: on a machine whose speed drifts, every round of steps shares one moment.
+tokens_per_s then comes from the median step, and over_fp32 is the median of the rounds' ratios.
 
-    python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --precision fp32,bf16 --interleave
+    python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --precision fp32,bf16,f16 --interleave
 """
 import argparse
 import sys
@@ -104,7 +104,8 @@ def main(argv=None):
     ap.add_argument("--attention", default="online")
     ap.add_argument("--trainers", default="webgpu,numpy,torch")
     ap.add_argument("--precision", default="fp32",
-                    help="the WebGPU trainer's: fp32, bf16, or both (fp32,bf16: a row each, with bf16's ratio)")
+                    help="the WebGPU trainer's: fp32, bf16, f16, or several (fp32,bf16,f16: a row each, with "
+                         "each one's ratio to fp32)")
     ap.add_argument("--rounds", type=positive_int, default=1,
                     help="run every trainer this many times, interleaved, and keep each one's fastest: on a "
                          "machine whose speed drifts, trainers compared in one round share its minute")
@@ -114,8 +115,8 @@ def main(argv=None):
     add_kernels(ap)
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
-    if not precisions or not set(precisions) <= {"fp32", "bf16"} or len(set(precisions)) < len(precisions):
-        raise SystemExit(f"error: --precision takes fp32, bf16 or fp32,bf16, got {args.precision!r}")
+    if not precisions or not set(precisions) <= set(PRECISIONS) or len(set(precisions)) < len(precisions):
+        raise SystemExit(f"error: --precision takes {', '.join(PRECISIONS)} or several of them, got {args.precision!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
@@ -135,7 +136,7 @@ def main(argv=None):
     best = {}
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if len(precisions) < 2 or args.rounds > 1:
-            raise SystemExit("error: --interleave takes two precisions (fp32,bf16) and no --rounds")
+            raise SystemExit("error: --interleave takes two or more precisions (fp32,bf16,f16) and no --rounds")
         if args.steps < 4:
             raise SystemExit("error: --interleave needs --steps 4 or more (the first step of each is left out)")
         res = run_interleaved(cfg, params, data, args.lr, args.attention, args.kernels, precisions)
@@ -145,8 +146,7 @@ def main(argv=None):
             best["webgpu", p] = {"trainer": "webgpu", "preset": args.preset, "precision": p, "steps": args.steps,
                                  "tokens_per_s": step_tokens / float(np.median(t)), "final_loss": loss,
                                  "seconds": float(t.sum()), "what": what}
-        if "fp32" in res and "bf16" in res:
-            ratio = float(np.median(res["fp32"][0][1:] / res["bf16"][0][1:]))
+        ratio = {p: float(np.median(res["fp32"][0][1:] / res[p][0][1:])) for p in res if "fp32" in res}
     for _ in range(max(1, args.rounds)):
         for key in order:
             if key in best and args.interleave:
@@ -162,8 +162,9 @@ def main(argv=None):
     for r in rows:
         if "webgpu" in base and r["trainer"] != "webgpu":
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
-        if r["trainer"] == "webgpu" and r["precision"] == "bf16" and ("webgpu", "fp32") in best:
-            r["over_fp32"] = ratio if args.interleave else r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
+        if r["trainer"] == "webgpu" and r["precision"] != "fp32" and ("webgpu", "fp32") in best:
+            r["over_fp32"] = ratio[r["precision"]] if args.interleave else \
+                r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
     if not args.json:
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
               + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))

@@ -5,14 +5,14 @@ Runs, each as its own process (a section that fails is reported, the rest still 
   tune               `tinygpt tune`: the kernel variants raced, the winners and peaks cached
   probes             scripts/probe_adapter.py: FMA, load and broadcast rates
   matmul             scripts/bench_matmul.py: every matmul variant, 256^3 up to 4096^3 on a GPU,
-                     float32 and (where a bf16 kernel exists) bf16 operands, and the
-                     backward's mixed ones
+                     float32 and (where a bf16 kernel exists) bf16 operands, the
+                     backward's mixed ones, and with shader-f16 the f16 kernels and their mix
   attention          scripts/compare_attention.py: the seed's ladder T = 256, 1024, 4096 (and on a
                      GPU 8192, 16384) at B=1 H=1 hd=64, plus a training shape B=4 H=8 hd=64
   kernels            scripts/bench_kernels.py: the other kernels, each variant
   train              scripts/bench_train.py: tokens/s of the WebGPU trainer, preset by preset
                      from small up to the largest the memory plan says fits (gpt2 included),
-                     in fp32 and in bf16
+                     in fp32, bf16 and (with shader-f16) f16
   profile            `tinygpt train --profile --json`: per-kernel time and share of the peaks
 and writes DIR/report.md (every table, the adapter, the time each section took), the JSON Lines
 of each section (DIR/*.jsonl), its log (DIR/logs/), and plots (DIR/*.png).
@@ -144,7 +144,7 @@ def plots(out: Path, results: dict) -> list:
     if tr:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         presets = list(dict.fromkeys(r["preset"] for r in tr))
-        for precision, marker in (("fp32", "o"), ("bf16", "s")):     # markers: a log axis has no bar floor
+        for precision, marker in (("fp32", "o"), ("bf16", "s"), ("f16", "^")):   # markers: a log axis has no bar floor
             rows = {r["preset"]: r["tokens_per_s"] for r in tr if r.get("precision", "fp32") == precision}
             xs = [j for j, p in enumerate(presets) if p in rows]
             ax.plot(xs, [rows[presets[j]] for j in xs], marker, label=precision)
@@ -206,7 +206,9 @@ def main(argv=None):
 
     section("tune", ["-m", "tinygpt", "tune", "--json"] + (["--quick"] if S["tune_quick"] else []))
     section("probes", [str(HERE / "probe_adapter.py"), "--json"] + S["probe"])
-    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"], "--dtypes", "f32,bf16,mixed"])
+    f16 = "shader-f16" in gpu.features          # the f16 rows where WGSL's f16 exists on this adapter
+    section("matmul", [str(HERE / "bench_matmul.py"), "--json", "--sizes", S["matmul"], "--dtypes",
+                       "f32,bf16,mixed" + (",f16,f16mixed" if f16 else "")])
     section("attention", [str(HERE / "compare_attention.py"), "--json", "--T", S["attention_T"],
                           "--plot", str(out / "attention.png")])
     section("attention_train_shape", [str(HERE / "compare_attention.py"), "--json", "--T", S["train_shape_T"],
@@ -215,8 +217,8 @@ def main(argv=None):
     fits = [p for p in S["presets"] if fits_here(p)]
     train_rows, train_runs = [], []
     for p in fits:
-        for precision in ("fp32", "bf16"):          # bf16's speed on a GPU is the figure lavapipe cannot give
-            name = f"train_{p}" + ("" if precision == "fp32" else "_bf16")
+        for precision in ("fp32", "bf16") + (("f16",) if f16 else ()):   # the 16-bit speeds lavapipe cannot give
+            name = f"train_{p}" + ("" if precision == "fp32" else f"_{precision}")
             r = run_section(out, name, [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps",
                                         str(S["steps"]), "--trainers", "webgpu", "--precision", precision] + data,
                             env, args.section_timeout)
@@ -224,7 +226,8 @@ def main(argv=None):
             train_rows += r["rows"]
     results["train"] = merged("train", train_runs, train_rows,
                               f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision "
-                              f"fp32|bf16, P in {', '.join(fits)} (the presets the memory budget fits)")
+                              f"fp32|bf16{'|f16' if f16 else ''}, P in {', '.join(fits)} (the presets the memory "
+                              f"budget fits)")
     prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:
         if p not in fits and p != "tiny" and not fits_here(p):

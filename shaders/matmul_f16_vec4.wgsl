@@ -86,15 +86,15 @@ fn a_times_b(gid: vec3<u32>, tb: bool) {
   store(acc, row0, c4);
 }
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(64)
 fn matmul_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, false); }
 
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(64)
 fn matmul_abt_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, true); }
 
 // A^T @ B: per k, one vec4 of A's row k (out rows row0..) and one of B's (the 4 columns): an
 // outer product of f16 lanes
-@compute @workgroup_size(8, 8)
+@compute @workgroup_size(64)
 fn matmul_atb_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) {
   let n4 = p.N / 4u;
   let m4 = p.M / 4u;

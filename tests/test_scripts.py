@@ -37,7 +37,9 @@ def test_compare_attention_json(tmp_path, gpu):
 
 
 def test_bench_matmul_json(gpu):
-    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes", "f32,bf16,mixed")
+    f16 = "shader-f16" in gpu.features
+    rows = run_json("bench_matmul.py", "--sizes", "64", "--repeats", "1", "--dtypes",
+                    "f32,bf16,mixed" + (",f16,f16mixed" if f16 else ""))
     sg = subgroups_ok(gpu)
     variants = ("sg", "tiled", "vec4", "scalar") if sg else ("tiled", "vec4", "scalar")
     f32 = [r for r in rows if r["dtype"] == "f32"]
@@ -48,6 +50,11 @@ def test_bench_matmul_json(gpu):
         f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in bf)
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "mixed") == sorted(     # the backward's products
         f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in bf)
+    if f16:        # the f16 kernels beside the variants that have one, and an f16 model's backward mix
+        assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16") == sorted(
+            f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("vec4", "plain"))
+        assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16mixed") == sorted(
+            f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in ("vec4", "plain"))
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
         assert (r["tile"] != "") == (r["variant"] == "tiled")
@@ -83,22 +90,26 @@ def test_bench_train_json():
     assert abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-3
 
 
-def test_bench_train_bf16_and_compare_precision_json():
+def test_bench_train_bf16_and_compare_precision_json(gpu):
     """bench_train --precision bf16 trains as the fp32 NumPy reference does, within bf16's
-    rounding; compare_precision gives both runs' rows with the gap between their curves."""
+    rounding; interleaved, fp32, bf16 and (with shader-f16) f16 train alike; compare_precision
+    gives every run's rows, seed by seed, with the gap between its curve and fp32's."""
     rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu,numpy",
                     "--precision", "bf16")
     by = {r["trainer"]: r for r in rows}
     assert by["webgpu"]["precision"] == "bf16" and abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-2
+    precs = ["fp32", "bf16"] + (["f16"] if "shader-f16" in gpu.features else [])
     rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "4", "--trainers", "webgpu", "--precision",
-                    "fp32,bf16", "--interleave")                  # one model each, steps alternated
-    assert [r["precision"] for r in rows] == ["fp32", "bf16"] and rows[1]["over_fp32"] > 0
-    assert abs(rows[0]["final_loss"] - rows[1]["final_loss"]) < 1e-2 and "interleaved" in rows[0]["what"]
-    rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3")
-    assert [(r["preset"], r["precision"]) for r in rows] == [("tiny", "fp32"), ("tiny", "bf16")]
+                    ",".join(precs), "--interleave")              # one model each, steps alternated
+    assert [r["precision"] for r in rows] == precs and all(r["over_fp32"] > 0 for r in rows[1:])
+    assert all(abs(rows[0]["final_loss"] - r["final_loss"]) < 1e-2 for r in rows) and "interleaved" in rows[0]["what"]
+    rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3",
+                    "--precisions", ",".join(precs), "--seeds", "5,6")
+    assert [(r["preset"], r["seed"], r["precision"]) for r in rows] == [("tiny", s, p) for s in (5, 6) for p in precs]
     for r in rows:
         assert {"steps", "train_loss", "val_loss", "tokens_per_s", "curve"} <= set(r) and len(r["curve"]) == 4
-    assert rows[1]["max_gap"] < 0.05 and abs(rows[1]["val_loss"] - rows[0]["val_loss"]) < 0.05
+        assert r["precision"] == "fp32" or (r["max_gap"] < 0.05 and abs(r["val_vs_fp32"] - 1) < 0.02)
+        assert ("loss_scale" in r) == (r["precision"] == "f16")
 
 
 def test_bench_learning_json(tmp_path):

@@ -19,7 +19,7 @@ _ATTN_PER_PAIR = {"attn_scores": 1, "attn_value": 1, "attn_fused_sv": 2, "attn_d
 
 def base_entry(entry: str) -> str:
     """matmul_abt_sg -> matmul_abt; adamw4 -> adamw; layernorm_forward4 -> layernorm_forward."""
-    return re.sub(r"(_sg|_tiled|_vec4|_bf16|4)+$", "", entry)
+    return re.sub(r"(_sg|_tiled|_vec4|_bf16|_f16|4)+$", "", entry)
 
 
 def kernel_flops(entry: str, params) -> float | None:

@@ -290,7 +290,7 @@ class Kernels:
         return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
                                  [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
                                   pick(b, not half["b"]), bias, pick(out, not half["out"]), pick(out, half["out"])],
-                                 (-(-N // 32), -(-M // 32)))
+                                 (-(-N // 256), -(-M // 4)) if variant == "vec4" else (-(-N // 32), -(-M // 32)))
 
     def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
         """out[M,N] = a[M,K] @ b[K,N] (+ bias[N]): products in f16, float32 sums; either operand
