@@ -59,12 +59,18 @@ def test_f16_casts_round_to_nearest_even(gpu, rng, n, kn, f16):
 @pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "plain"), (7, 5, 3, "plain"), (33, 65, 17, "plain"),
                                             (64, 96, 48, "plain"), (13, 38, 70, "plain"), (4, 4, 4, "vec4"),
                                             (1, 8, 12, "vec4"), (36, 52, 20, "vec4"), (100, 96, 48, "vec4"),
-                                            (17, 200, 64, "vec4"), (12, 8, 4 * 7, "vec4")])
+                                            (17, 200, 64, "vec4"), (12, 8, 4 * 7, "vec4"),
+                                            (4, 4, 4, "sg"), (1, 8, 12, "sg"), (36, 52, 20, "sg"),
+                                            (100, 96, 48, "sg"), (17, 200, 64, "sg"), (33, 36, 40, "sg")])
 def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     """Products in f16, sums in float32, against the twin that rounds each product to f16 and sums
     in float64: only the summation order differs, so the float32 kernels' tolerance. Every operand
     mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16. Both
-    kernels: plain (any shape) and vec4 (K, N and, for A^T @ B, M multiples of 4)."""
+    kernels: plain (any shape), vec4 and sg (K, N and, for A^T @ B, M multiples of 4; sg where the
+    plan's check passed the subgroups)."""
+    from tinygpt.device.planner import subgroups_ok
+    if variant == "sg" and not subgroups_ok(gpu):
+        pytest.skip("the sg kernels need subgroups that pass the plan's check")
     atb = variant if variant == "plain" or M % 4 == 0 else "plain"    # A^T @ B: vec4 along M, any K
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)

@@ -51,10 +51,11 @@ def test_bench_matmul_json(gpu):
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "mixed") == sorted(     # the backward's products
         f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in bf)
     if f16:        # the f16 kernels beside the variants that have one, and an f16 model's backward mix
+        half = ("sg", "vec4", "plain") if sg else ("vec4", "plain")
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16") == sorted(
-            f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("vec4", "plain"))
+            f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in half)
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16mixed") == sorted(
-            f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in ("vec4", "plain"))
+            f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in half)
     for r in rows:
         assert {"kernel", "variant", "dtype", "M", "N", "K", "gflops", "numpy_gflops", "ratio"} <= set(r)
         assert (r["tile"] != "") == (r["variant"] == "tiled")
@@ -104,8 +105,8 @@ def test_bench_train_bf16_and_compare_precision_json(gpu):
     assert [r["precision"] for r in rows] == precs and all(r["over_fp32"] > 0 for r in rows[1:])
     assert all(abs(rows[0]["final_loss"] - r["final_loss"]) < 1e-2 for r in rows) and "interleaved" in rows[0]["what"]
     rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3",
-                    "--precisions", ",".join(precs), "--seeds", "5,6")
-    assert [(r["preset"], r["seed"], r["precision"]) for r in rows] == [("tiny", s, p) for s in (5, 6) for p in precs]
+                    "--precisions", ",".join(precs[::2]), "--seeds", "5,6")       # fp32 and the last
+    assert [(r["preset"], r["seed"], r["precision"]) for r in rows] == [("tiny", s, p) for s in (5, 6) for p in precs[::2]]
     for r in rows:
         assert {"steps", "train_loss", "val_loss", "tokens_per_s", "curve"} <= set(r) and len(r["curve"]) == 4
         assert r["precision"] == "fp32" or (r["max_gap"] < 0.05 and abs(r["val_vs_fp32"] - 1) < 0.02)

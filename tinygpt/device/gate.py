@@ -20,7 +20,8 @@ from .gpu import GPU, GPUError
 from .kernels import Kernels
 from .plan import PORTABLE
 
-F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
+F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "layernorm_f16.wgsl",
+             "elementwise_f16.wgsl"}
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
@@ -46,10 +47,11 @@ def _far(got, want) -> float | None:
 
 
 def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
-    """matmul(_abt, _atb)_f16(_vec4) with its operand mix, at a ragged shape its variant takes."""
-    vec4 = entry.endswith("_vec4")
-    base = entry.removesuffix("_vec4").removesuffix("_f16")
-    M, N, K = (12 if base == "matmul_atb" else 13, 20, 9 if base == "matmul_atb" else 12) if vec4 else (13, 10, 9)
+    """matmul(_abt, _atb)_f16(_vec4, _sg) with its operand mix, at a ragged shape its variant takes."""
+    variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg")) else "plain"
+    vec4 = variant != "plain"
+    base = entry.removesuffix("_" + variant).removesuffix("_f16")
+    M, N, K = (20 if base == "matmul_atb" else 19, 36, 11 if base == "matmul_atb" else 12) if vec4 else (13, 10, 9)
     shape_a = {"matmul": (M, K), "matmul_abt": (M, K), "matmul_atb": (K, M)}[base]
     shape_b = {"matmul": (K, N), "matmul_abt": (N, K), "matmul_atb": (K, N)}[base]
     a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
@@ -57,7 +59,6 @@ def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
     A, B = half(a, consts.get("A_F32")), half(b, consts.get("B_F32"))
     out_f16 = bool(consts.get("OUT_F16"))
     out = gpu.tensor((M * N // 2,), "f16") if out_f16 else gpu.tensor((M, N))
-    variant = "vec4" if vec4 else "plain"
     launch = getattr(kn, base + "_f16")
     d = launch(A, B, None, out, M, N, K, variant=variant) if base == "matmul" else launch(A, B, out, M, N, K, variant=variant)
     gpu.run([d])

@@ -69,6 +69,15 @@ def f16_vec4_ok(entry, M, N, K) -> bool:
     return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
 
 
+def f16_variant(plan: KernelPlan, entry, M, N, K) -> str:
+    """The f16 matmul for the plan: matmul_f16_sg.wgsl where the plan's matmuls take subgroups (sg,
+    or vec4 with subgroups that passed the check), matmul_f16_vec4.wgsl otherwise (the tiled
+    family has no f16 form yet), matmul_f16.wgsl ("plain") for shapes neither takes."""
+    if not f16_vec4_ok(entry, M, N, K):
+        return "plain"
+    return "sg" if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok" else "vec4"
+
+
 def bf16_ok(entry, M, N, K) -> bool:
     """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
@@ -274,23 +283,24 @@ class Kernels:
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None) -> Dispatch:
-        """variant: "vec4" (matmul_f16_vec4.wgsl) where the shape allows (f16_vec4_ok), else "plain"
-        (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
+        """variant: the plan's (f16_variant): "sg" (matmul_f16_sg.wgsl), "vec4" (matmul_f16_vec4.wgsl)
+        or "plain" (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
         (bound at A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
         assert not (accumulate and out.dtype == "f16"), entry
-        variant = variant or ("vec4" if f16_vec4_ok(entry, M, N, K) else "plain")
+        variant = variant or f16_variant(self.plan, entry, M, N, K)
         assert variant == "plain" or f16_vec4_ok(entry, M, N, K), (entry, M, N, K)
         half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
         consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
                   if on}
-        file, name = ("matmul_f16_vec4.wgsl", entry + "_f16_vec4") if variant == "vec4" else \
-            ("matmul_f16.wgsl", entry + "_f16")
-        k = self.gpu.kernel(file, name, "urrrrrww", consts)
+        file = {"sg": "matmul_f16_sg.wgsl", "vec4": "matmul_f16_vec4.wgsl", "plain": "matmul_f16.wgsl"}[variant]
+        k = self.gpu.kernel(file, entry + "_f16" + ("" if variant == "plain" else "_" + variant), "urrrrrww", consts)
+        grid = {"sg": (-(-N // (4 * SG_LANES)), -(-M // 16)), "vec4": (-(-N // 256), -(-M // 4)),
+                "plain": (-(-N // 32), -(-M // 32))}[variant]
         pick = lambda t, f16: t if f16 else None
         return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
                                  [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
                                   pick(b, not half["b"]), bias, pick(out, not half["out"]), pick(out, half["out"])],
-                                 (-(-N // 256), -(-M // 4)) if variant == "vec4" else (-(-N // 32), -(-M // 32)))
+                                 grid)
 
     def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
         """out[M,N] = a[M,K] @ b[K,N] (+ bias[N]): products in f16, float32 sums; either operand

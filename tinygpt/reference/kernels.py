@@ -179,8 +179,9 @@ def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
     return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
 
 
-# matmul_f16_vec4.wgsl: the same f16 products, read 4 at a time, summed in another float32 order
+# matmul_f16_vec4.wgsl and matmul_f16_sg.wgsl: the same f16 products, summed in other float32 orders
 matmul_f16_vec4, matmul_abt_f16_vec4, matmul_atb_f16_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
+matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
 
 
 def layernorm_forward_f16(x, g, b):     # float32 x -> packed f16 y [rows, C/2], mean, rstd
