@@ -94,6 +94,84 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   }
 }
 
+// ---- a bf16 or f16 model's cache -----------------------------------------------------------------
+// Its k, v (the prefill's, and the step's from its matmuls) are stored two to a word, as the
+// model stores them (HALF: 1 bf16, 2 f16), and so the caches are too: the same bindings read as
+// words, by these entry points only.
+@group(0) @binding(1) var<storage, read> ah: array<u32>;
+@group(0) @binding(2) var<storage, read> bh: array<u32>;
+@group(0) @binding(3) var<storage, read> ch: array<u32>;
+@group(0) @binding(5) var<storage, read_write> o1h: array<u32>;
+@group(0) @binding(6) var<storage, read_write> o2h: array<u32>;
+
+override HALF: u32 = 1u;
+
+// value e of a buffer of words of two 16-bit values (element 2i in the low half of word i)
+fn half_at(w: u32, e: u32) -> f32 {
+  if (HALF == 2u) { return unpack2x16float(w)[e & 1u]; }
+  return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u));
+}
+
+// kv_append on words: ah = k, bh = v [N, C/2] -> o1h = kc, o2h = vc [N, T, C/2] (C even)
+@compute @workgroup_size(64)
+fn kv_append_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  let c2 = p.C / 2u;
+  if (i >= p.N * c2) { return; }
+  let dst = ((i / c2) * p.T + p.pos) * c2 + i % c2;
+  o1h[dst] = ah[i];
+  o2h[dst] = bh[i];
+}
+
+// attn_decode reading q (ah), kc (bh), vc (ch) as stored; out (o1) and the scratch (o2) float32:
+// the block converts out to what it stores (block.PolicyKernels.convert), as in training
+@compute @workgroup_size(64)
+fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let g = group_index(wid, nwg);
+  let lid = lid3.x;
+  let live = g < p.N * p.H;
+  let n = g / p.H;
+  let hd = p.C / p.H;
+  let col = (g % p.H) * hd;
+  let rows = p.pos + 1u;
+  let srow = g * p.T;
+  var m = -3.0e38;
+  if (live) {
+    for (var t = lid; t < rows; t += 64u) {
+      let kb = (n * p.T + t) * p.C + col;
+      let qb = n * p.C + col;
+      var s = 0.0;
+      for (var d = 0u; d < hd; d++) { s += half_at(ah[(qb + d) / 2u], qb + d) * half_at(bh[(kb + d) / 2u], kb + d); }
+      s *= p.scale;
+      o2[srow + t] = s;
+      m = max(m, s);
+    }
+  }
+  m = wg_max64(lid, m);
+  var z = 0.0;
+  if (live) {
+    for (var t = lid; t < rows; t += 64u) {
+      let e = exp(o2[srow + t] - m);
+      o2[srow + t] = e;
+      z += e;
+    }
+  }
+  z = wg_sum64(lid, z);
+  storageBarrier();
+  if (live) {
+    for (var d = lid; d < hd; d += 64u) {
+      var acc = 0.0;
+      for (var t = 0u; t < rows; t++) {
+        let e = (n * p.T + t) * p.C + col + d;
+        acc += o2[srow + t] * half_at(ch[e / 2u], e);
+      }
+      o1[n * p.C + col + d] = acc / z;
+    }
+  }
+}
+
 // ---- sampling -----------------------------------------------------------------------------
 // One workgroup of 256 per sequence n, over its logits row a[(row0 + n*row_stride) * VP + i], i < V.
 // temperature 0: the argmax (the lowest index among equal maxima). Otherwise, with

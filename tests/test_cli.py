@@ -314,7 +314,7 @@ def test_resume_a_tinygpt_gpt2_file_without_our_fields(tmp_path, corpus):
 def test_precision_bf16_trains_resumes_evaluates_and_samples(tmp_path, corpus, capsys, gpu):
     """--precision bf16: refused in one line for a width it cannot pack; recorded in the checkpoint
     (which stays float32), kept on resume unless the flag says otherwise, accepted by eval and sample
-    (which then samples by the whole window)."""
+    (which samples from its bf16 key/value cache)."""
     rc = run_cli("train", *TINY, "--d-model", 36, "--data", corpus, "--steps", 2, "--precision", "bf16",
                  "--out", tmp_path / "odd.tinygpt")
     err = capsys.readouterr().err.strip().splitlines()[-1]
@@ -339,7 +339,7 @@ def test_precision_bf16_trains_resumes_evaluates_and_samples(tmp_path, corpus, c
     print(f"eval after 6 steps: fp32 {fp:.5f}, bf16 {bf:.5f}")
     assert abs(bf - fp) < 0.02
     assert run_cli("sample", "--model", out, "--precision", "bf16", "--tokens", 5, "--prompt", "ab") == 0
-    assert "whole window per token, bf16" in capsys.readouterr().err
+    assert "key/value cache, bf16" in capsys.readouterr().err
 
 
 def test_precision_f16_resumes_its_loss_scaler_bit_for_bit(tmp_path, corpus, capsys, gpu):

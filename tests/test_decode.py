@@ -139,6 +139,28 @@ def decoding(plan, cache: bool):
     return plan.with_(decode="cache" if cache else "full")
 
 
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+@pytest.mark.parametrize("N, T, C, H, pos", [(1, 1, 4, 1, 0), (3, 13, 20, 4, 7), (2, 70, 96, 3, 69), (2, 9, 24, 8, 5)])
+def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, pos, half):
+    """A bf16 or f16 model's cache: kv_append_half copies the step's k, v words bit for bit, and
+    attn_decode_half (head dims 4, 5, 32 and 3) reads q and the caches as stored, against the
+    float64 attention of the same 16-bit values."""
+    if half == "f16" and "shader-f16" not in gpu.features:   # the kernels need no f16 type, but no
+        pytest.skip(f"{gpu.name} has no shader-f16, so no f16 model")   # f16 model runs without it
+    cast = R.cast_bf16 if half == "bf16" else R.cast_f16
+    f = lambda *s: cast(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
+    k, v, q, kc0, vc0 = f(N, C), f(N, C), f(N, C), f(N, T, C), f(N, T, C)
+    u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=1, VP=1)
+    up = lambda x: gpu.tensor(x.shape, half, data=x)
+    kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
+    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u),
+             kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+    want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
+    assert np.array_equal(gpu.read(kc), want_kc) and np.array_equal(gpu.read(vc), want_vc), "kv_append_half"
+    want = R.attn_decode_half(q, want_kc, want_vc, pos, H, half)
+    check(f"attn_decode_half {half} T={T} hd={C // H} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
+
+
 def spread(cfg, seed=0, scale=0.3):
     p = init_params(cfg)
     r = np.random.default_rng(seed)
@@ -176,6 +198,37 @@ def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention):
         assert margins[mismatch - len(prompt)] < 1e-4, f"token {mismatch} differs at margin {margins[mismatch - 3]}"
         pytest.skip(f"a near-tie at token {mismatch} (margin {margins[mismatch - 3]:.2e})")
     print(f"greedy: {n} tokens equal; smallest top-2 margin {margins.min():.3e}")
+
+
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half):
+    """A bf16 or f16 model samples from its own cache (k, v as stored): 100 greedy tokens with ctx 16
+    (the window restarts 11 times) equal the whole window's, token for token, and the float64
+    reference that rounds where the precision stores, but at a near-tie of its logits."""
+    from tinygpt.core.precision import PRECISIONS
+    precision = PRECISIONS[half]
+    if precision.feature and precision.feature not in gpu.features:
+        pytest.skip(f"{gpu.name} has no {precision.feature}")
+    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=16)
+    params = spread(cfg)
+    prompt, n = [5, 17, 99], 100
+    got = {}
+    for cache in (True, False):
+        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n, precision=precision)
+        assert d.path == ("cache" if cache else "full")
+        d.set_params(params)
+        got[cache] = d.generate(prompt, n)
+    assert got[True] == got[False] and got[True][0] == got[True][1]
+    p64 = {k: v.astype(np.float64) for k, v in params.items()}
+    ids, s = list(prompt), 0
+    for i in range(n):
+        s = window_start(s, len(ids), cfg.ctx)
+        z = RG.forward(p64, cfg, np.array([got[True][0][s:len(ids)]]), precision=precision)[0, -1]
+        top = np.sort(z)[-2:]
+        if int(np.argmax(z)) != got[True][0][len(ids)]:        # only where the reference nearly ties
+            assert top[1] - top[0] < 3e-2 * max(1.0, abs(top[1])), f"token {len(ids)}: margin {top[1] - top[0]:.3g}"
+        ids.append(got[True][0][len(ids)])
+    print(f"{half} greedy: {n} tokens, cached = full window")
 
 
 @pytest.mark.parametrize("vocab, limit, n", [(2000, 600_000, 40), (50257, 13_000_000, 12)])

@@ -436,7 +436,7 @@ def build_parser():
                    help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                   help="bf16 and f16 sample by the whole window's forward (the cached decode step is float32)")
+                   help="bf16 and f16 sample from a key/value cache kept in their 16 bits")
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
     p.add_argument("--tokenizer-file")

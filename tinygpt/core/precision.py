@@ -23,7 +23,7 @@ class Precision:
     weights: str         # dtype of the weights the matmuls read: "f32" is the master copy itself; anything
                          # else is a copy the optimizer step refreshes after every update
     width_multiple: int  # d_model and the MLP width must be multiples of this (the kernels' vector width)
-    decode_cache: bool   # the key/value-cache decode step (decode.wgsl, float32) serves this precision
+    decode_cache: bool   # the key/value-cache decode step (decode.wgsl; a half cache read as stored) serves it
     kernels: dict = field(default_factory=dict)   # role -> the launcher (a WGSL entry point) that plays it
     grad_operands: str = "f32"   # dtype the matmuls read float32 gradients in (f16's round them as read)
     feature: str | None = None   # the adapter feature its kernels need
@@ -47,9 +47,8 @@ FP32 = Precision("fp32", stored="f32", weights="f32", width_multiple=1, decode_c
     "layernorm": "layernorm_forward", "matmul": "matmul", "matmul_abt": "matmul_abt", "matmul_atb": "matmul_atb",
     "gelu_forward": "gelu_forward", "gelu_backward": "gelu_backward", "to_f32": None, "from_f32": None})
 
-# bf16: GELU reads 8 bf16 at a time and the subgroup matmuls 8 per row, hence the multiple of 8;
-# the cached decode step is float32, so a bf16 model samples by the whole window's forward.
-BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode_cache=False, kernels={
+# bf16: GELU reads 8 bf16 at a time and the subgroup matmuls 8 per row, hence the multiple of 8.
+BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode_cache=True, kernels={
     "layernorm": "layernorm_forward_bf16", "matmul": "matmul_bf16", "matmul_abt": "matmul_abt_bf16",
     "matmul_atb": "matmul_atb_bf16", "gelu_forward": "gelu_forward_bf16", "gelu_backward": "gelu_backward_bf16",
     "to_f32": "cast_f32", "from_f32": "cast_bf16"})
@@ -58,8 +57,8 @@ BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode
 # products summed in float32; float32 operands (the backward's gradients) are rounded to f16 as
 # the matmuls read them, so the backward needs the loss scaler (train.py) to keep small gradients
 # above f16's subnormals and to skip a step whose gradients overflowed. The kernels read 4 values
-# at a time (vec4<f16>), hence the multiple of 4; the cached decode step is float32, as for bf16.
-F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=False, kernels={
+# at a time (vec4<f16>), hence the multiple of 4.
+F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=True, kernels={
     "layernorm": "layernorm_forward_f16", "matmul": "matmul_f16", "matmul_abt": "matmul_abt_f16",
     "matmul_atb": "matmul_atb_f16", "gelu_forward": "gelu_forward_f16", "gelu_backward": "gelu_backward_f16",
     "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"}, grad_operands="f16", feature="shader-f16",

@@ -19,7 +19,7 @@ import math
 import numpy as np
 
 from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
-from .gpu import GPU, Dispatch, grid1d, pack_params
+from .gpu import GPU, HALVES, Dispatch, grid1d, pack_params
 from .plan import KernelPlan, online_tiles
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -556,6 +556,18 @@ class Kernels:
     def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform) -> Dispatch:
         """out[n] = attention of q[n] over cache rows 0..p.pos, per head; scratch [N, H, T]."""
         return self._decode("attn_decode", uniform, q, kc, vc, None, out, scratch, None, grid1d(N * H))
+
+    def kv_append_half(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
+        """kv_append for a bf16 or f16 model's k, v and caches (their dtype), two values a word."""
+        assert k.dtype == kc.dtype and k.dtype in HALVES and C % 2 == 0, (k.dtype, kc.dtype, C)
+        k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": HALVES.index(k.dtype) + 1})
+        return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * C // 128)))
+
+    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform) -> Dispatch:
+        """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
+        assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and out.dtype == "f32", (q.dtype, out.dtype)
+        k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS, {"HALF": HALVES.index(q.dtype) + 1})
+        return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:
         """ids[n] (and ids[N + step*N + n]) = the token drawn from logits row p.row0 + n * p.row_stride."""

@@ -85,13 +85,17 @@ class Decoder:
         steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P["pos_emb"], b["x a"], N, C, ub)
                  for v0, nv, ub in self.embed_uniforms]
         x, other = b["x a"], b["x b"]
+        # a bf16 or f16 cache is read as stored, the attention's output written as float32 and
+        # converted by the block, as in training
+        append, attn = (kn.kv_append_half, kn.attn_decode_half) if m.precision.converts else \
+            (kn.kv_append, kn.attn_decode)
         for l in range(cfg.layers):
             kc, vc = m.buf["k"][l], m.buf["v"][l]                  # the prefill's k, v [N, T, C]: the cache
-            attend = lambda q, k, v, out, kc=kc, vc=vc: [kn.kv_append(k, v, kc, vc, N, C, u),
-                                                        kn.attn_decode(q, kc, vc, out, b["scores"], N, H, u)]
+            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, C, u),
+                                                        attn(q, kc, vc, out, b["scores"], N, H, u)]
             qkv = (b["q"], b["k"], b["v"])
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
-                             b["pre"], b["gel"], b["branch out"], qkv, b["att"])
+                             b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]))
             steps += block_forward(kn, m.pk, m.weights(l), acts, attend, N, C, M)
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))

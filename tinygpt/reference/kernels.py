@@ -386,6 +386,15 @@ def attn_decode(q, kc, vc, at, H):        # q [N,C], caches [N,T,C] -> [N,C] ove
     return (w[:, :, None] @ vh)[:, :, 0].reshape(N, C)
 
 
+def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,C/2] -> caches [N,T,C/2]
+    return kv_append(k, v, kc, vc, at)
+
+
+def attn_decode_half(q, kc, vc, at, H, half="f16"):   # q [N,C/2], caches [N,T,C/2] packed -> float64 [N,C]
+    unpack = unpack_f16 if half == "f16" else unpack_bf16
+    return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H)
+
+
 def pcg(v):                               # PCG-RXS-M-XS on uint32 (as decode.wgsl)
     s = (int(v) * 747796405 + 2891336453) & 0xFFFFFFFF
     w = (((s >> ((s >> 28) + 4)) ^ s) * 277803737) & 0xFFFFFFFF
