@@ -207,7 +207,8 @@ def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16
 
 
 def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
-    """Building an f16 model runs each f16 kernel it recorded once against its twin (passing here);
+    """Building an f16 model (or decoder) runs each f16 kernel it recorded once against its twin
+    (passing here);
     a kernel whose twin disagrees (the twin made wrong, as a broken driver would look) is refused
     in one line naming it, and so is one that fails to run."""
     from tinygpt.core.config import preset
@@ -226,6 +227,9 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     assert {"cast_f16", "layernorm_forward_f16", "gelu_forward_f16", "gelu_backward_f16"} <= names
     assert any(e.startswith("matmul_abt_f16") for e in names) and any(e.startswith("matmul_atb_f16") for e in names)
     assert ("attention", ()) in judged or plan.attention != "sg"
+    from tinygpt.model.decode import Decoder
+    Decoder(gpu, plan.with_(decode="cache"), cfg, N=1, capacity=8, precision=F16)     # its step's kernels too
+    assert ("decode", ()) in gate._VERDICTS[gpu] and not gate._VERDICTS[gpu][("decode", ())]
     used = gate.half_kernels(m._fwd + m._bwd + m._opt)
     monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
     monkeypatch.setattr(gate.R, "matmul_atb_f16", lambda a, b, out_f16=False: np.zeros((a.shape[1], b.shape[1])))

@@ -17,7 +17,7 @@ import numpy as np
 from ..reference import attention as RA
 from ..reference import kernels as R
 from .gpu import GPU, GPUError
-from .kernels import Kernels
+from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
 F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "layernorm_f16.wgsl",
@@ -31,9 +31,10 @@ class GateError(GPUError):
 
 
 def half_kernels(dispatches) -> set:
-    """(entry, constants) of the dispatches that read or write f16."""
+    """(entry, constants) of the dispatches that read or write f16: the f16 files' kernels, the
+    attention's and the decode step's with their f16 constants (F16, HALF 2)."""
     return {(d.kernel.name, d.kernel.constants) for d in dispatches
-            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants}
+            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants or ("HALF", 2) in d.kernel.constants}
 
 
 def _far(got, want) -> float | None:
@@ -117,18 +118,38 @@ def _attention(gpu: GPU, plan, rng):
     return got, want
 
 
+def _decode(gpu: GPU, kn: Kernels, rng):
+    """decode.wgsl's f16 cache: kv_append_half then attn_decode_half (head dim 5, a ragged T)."""
+    N, T, C, H, pos = 2, 9, 20, 4, 6
+    f = lambda *s: R.cast_f16(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
+    k, v, q, kc0, vc0 = f(N, C), f(N, C), f(N, C), f(N, T, C), f(N, T, C)
+    u = gpu.uniform(DECODE_UNIFORM_BYTES)
+    gpu.write_uniform(u, decode_uniform(N, T, C, H, pos, 0, 1, 1))
+    up = lambda x: gpu.tensor(x.shape, "f16", data=x)
+    kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
+    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u), kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+    want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
+    got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(), gpu.read(out).ravel()])
+    want = np.concatenate([R.unpack_f16(want_kc).ravel(), R.unpack_f16(want_vc).ravel(),
+                           R.attn_decode_half(q, want_kc, want_vc, pos, H).ravel()])
+    return got, want
+
+
 def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     """Run each (entry, constants) of `kernels` against its twin, once per device; GateError names
     the first that disagrees (or fails to run)."""
     seen = _VERDICTS.setdefault(gpu, {})
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
-        key = ("attention", ()) if entry.startswith("attn_online") else (entry, consts)
+        key = ("attention", ()) if entry.startswith("attn_online") else \
+            ("decode", ()) if entry in ("kv_append_half", "attn_decode_half") else (entry, consts)
         if key not in seen:
             rng = np.random.default_rng(11)
             try:
                 if key[0] == "attention":
                     got, want = _attention(gpu, plan, rng)
+                elif key[0] == "decode":
+                    got, want = _decode(gpu, kn, rng)
                 elif "matmul" in entry:
                     got, want = _matmul(gpu, kn, entry, dict(consts), rng)
                 else:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.config import Config
 from ..core.precision import FP32, Precision
+from ..device import gate
 from ..device.gpu import GPU, LimitError
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
@@ -66,6 +67,8 @@ class Decoder:
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
         if self.cache:
             self.steps = self._record_step()
+            if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
+                gate.check(gpu, plan, gate.half_kernels(self.steps), precision.name)
             return
         if len(self.model.chunks) > 1:  # the sampler binds every logits row at once
             raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
