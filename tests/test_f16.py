@@ -208,9 +208,8 @@ def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16
 
 def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     """Building an f16 model (or decoder) runs each f16 kernel it recorded once against its twin
-    (passing here);
-    a kernel whose twin disagrees (the twin made wrong, as a broken driver would look) is refused
-    in one line naming it, and so is one that fails to run."""
+    (passing here); a kernel whose twin disagrees (the twin made wrong, as a broken driver would
+    look) is refused in one line naming it, and so is one that fails to run."""
     from tinygpt.core.config import preset
     from tinygpt.core.precision import F16
     from tinygpt.device import gate
