@@ -241,3 +241,19 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     monkeypatch.setattr(gate, "_elementwise", lambda *a: (_ for _ in ()).throw(gate.GPUError("no pipeline")))
     with pytest.raises(gate.GateError, match="it does not run here: no pipeline"):
         gate.check(gpu, plan, used)
+
+
+def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
+    """Every matmul entry point the gate may meet (plain, vec4 and, with working subgroups, sg;
+    each operand mix and out f16), judged directly: each passes on this device."""
+    from tinygpt.device import gate
+    from tinygpt.device.planner import make_plan, subgroups_ok
+    variants = ("", "_vec4") + (("_sg",) if subgroups_ok(gpu) else ())
+    mixes = [(), (("A_F32", True),), (("B_F32", True),), (("OUT_F16", True),)]
+    kernels = {(f"{e}_f16{v}", m) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants for m in mixes}
+    kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
+                                  "layernorm_forward_f16", "kv_append_half")}
+    gate.check(gpu, make_plan(gpu), kernels)
+    judged = gate._VERDICTS[gpu]
+    print(f"{len(kernels)} kernels judged: every one agrees with its twin")
+    assert all(judged[(e, m)] is None for e, m in kernels if (e, m) in judged) and ("decode", ()) in judged

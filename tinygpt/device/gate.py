@@ -56,7 +56,7 @@ def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
     shape_a = {"matmul": (M, K), "matmul_abt": (M, K), "matmul_atb": (K, M)}[base]
     shape_b = {"matmul": (K, N), "matmul_abt": (N, K), "matmul_atb": (K, N)}[base]
     a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
-    half = lambda x, f32: gpu.upload(x) if f32 else gpu.tensor((x.size // 2,), "f16", data=R.cast_f16(x))
+    half = lambda x, f32: gpu.upload(x) if f32 else gpu.tensor((-(-x.size // 2),), "f16", data=R.cast_f16(x))
     A, B = half(a, consts.get("A_F32")), half(b, consts.get("B_F32"))
     out_f16 = bool(consts.get("OUT_F16"))
     out = gpu.tensor((M * N // 2,), "f16") if out_f16 else gpu.tensor((M, N))
