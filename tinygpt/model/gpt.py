@@ -285,8 +285,8 @@ class Model:
         self.gpu.write(self.v, self._pack(v))
         self.step_count = int(step)
         self.moments_from = 0
-        if self.scaled:
-            self.set_scaler(taken=self.adam_steps())
+        if self.scaled:                     # moments of `step` steps, all taken unless told (set_scaler)
+            self.set_scaler(taken=int(step))
 
     def adam_steps(self) -> int:
         """The steps the AdamW moments have taken: since they started, less those the loss scaler
