@@ -49,7 +49,7 @@ def main(argv=None):
               f"{about['info'].get('architecture')}", file=sys.stderr)
         if not args.skip_compile:
             t0 = time.perf_counter()
-            built = page.compile(every_pipeline(gpu, about["limits"], args.preset))
+            built = page.compile(every_pipeline(gpu, about["limits"], args.preset, about["features"]))
             problems = compiler_problems(built)
             report["compile"] = {"modules": built["modules"], "pipelines": built["pipelines"],
                                  "problems": problems, "s": round(time.perf_counter() - t0, 1)}

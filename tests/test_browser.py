@@ -25,7 +25,7 @@ def page():
 def test_every_pipeline_the_plans_build_compiles_in_the_browser(gpu, page):
     about = page.describe()
     print(f"\nbrowser: {about['userAgent']}\nadapter: {about['info']}, features {about['features']}")
-    trace = every_pipeline(gpu, about["limits"])
+    trace = every_pipeline(gpu, about["limits"], browser_features=about["features"])
     files = {m["name"] for m in trace["modules"]}
     assert {"matmul_sg.wgsl", "matmul_tiled.wgsl", "online.wgsl", "attention.wgsl", "decode.wgsl",
             "matmul_bf16.wgsl"} <= files, files

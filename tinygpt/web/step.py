@@ -57,15 +57,18 @@ PLANS = {"portable": PORTABLE, "tiled": PORTABLE.with_(matmul="tiled"), "scalar"
          "elementwise-scalar": PORTABLE.with_(elementwise="scalar")}
 
 
-def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny") -> dict:
+def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", browser_features=()) -> dict:
     """A trace without dispatches: each module and pipeline that the training model (every
-    attention path, both precisions) and the samplers build under each plan of PLANS."""
+    attention path, every precision whose feature the browser offers: f16 needs shader-f16) and
+    the samplers build under each plan of PLANS."""
     cfg = preset(cfg_name)
     rec = Recorder(gpu)
     with within(gpu, browser_limits), collecting_kernels(gpu) as kernels:   # built afresh under these limits
         for plan in PLANS.values():
             for impl in IMPLS:
                 for prec in PRECISIONS.values():
+                    if prec.feature and (prec.feature not in browser_features or prec.feature not in gpu.features):
+                        continue
                     Model(gpu, plan, cfg, impl, precision=prec)
                     for decode in ("cache", "full"):
                         Decoder(gpu, plan.with_(decode=decode), cfg, attention=impl, precision=prec)
