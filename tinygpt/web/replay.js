@@ -27,7 +27,7 @@ async function device() {
   if (!adapter) throw new Error("the browser's WebGPU found no adapter");
   const requiredLimits = {};
   for (const k of LIMITS) requiredLimits[k] = adapter.limits[k];
-  const requiredFeatures = ["subgroups", "timestamp-query"].filter((f) => adapter.features.has(f));
+  const requiredFeatures = ["subgroups", "timestamp-query", "shader-f16"].filter((f) => adapter.features.has(f));
   const dev = await adapter.requestDevice({ requiredLimits, requiredFeatures });
   const info = adapter.info || {};
   cached = { adapter, dev, info: { vendor: info.vendor, architecture: info.architecture,
