@@ -104,11 +104,11 @@ def test_bench_train_bf16_and_compare_precision_json(gpu):
                     ",".join(precs), "--interleave")              # one model each, steps alternated
     assert [r["precision"] for r in rows] == precs and all(r["over_fp32"] > 0 for r in rows[1:])
     assert all(abs(rows[0]["final_loss"] - r["final_loss"]) < 1e-2 for r in rows) and "interleaved" in rows[0]["what"]
-    rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "12", "--log-every", "3",
+    rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "7", "--log-every", "3",
                     "--precisions", ",".join(precs[::2]), "--seeds", "5,6")       # fp32 and the last
     assert [(r["preset"], r["seed"], r["precision"]) for r in rows] == [("tiny", s, p) for s in (5, 6) for p in precs[::2]]
     for r in rows:
-        assert {"steps", "train_loss", "val_loss", "tokens_per_s", "curve"} <= set(r) and len(r["curve"]) == 4
+        assert {"steps", "train_loss", "val_loss", "tokens_per_s", "curve"} <= set(r) and len(r["curve"]) == 2
         assert r["precision"] == "fp32" or (r["max_gap"] < 0.05 and abs(r["val_vs_fp32"] - 1) < 0.02)
         assert ("loss_scale" in r) == (r["precision"] == "f16")
 
@@ -224,7 +224,7 @@ def test_tune_caches_the_fastest_variants_per_adapter(tmp_path, gpu):
     assert json.loads(block) == chosen["online_block"]
 
 
-def test_gpu_report_quick_at_the_smallest_sizes(tmp_path):
+def test_gpu_report_quick_at_the_smallest_sizes(tmp_path, gpu):
     """Every section runs and lands in report.md with its table; JSON Lines and plots beside it."""
     import os
     env = dict(os.environ, TINYGPT_CACHE_DIR=str(tmp_path / "cache"))
@@ -239,7 +239,7 @@ def test_gpu_report_quick_at_the_smallest_sizes(tmp_path):
     assert "failed" not in md and md.count(": ok, ") == 8
     assert "| matmul_tiled |" in md and "matmul:tiled" in md and "| step |" in md
     for name in ("tune", "probes", "matmul", "attention", "attention_train_shape", "kernels", "train_tiny",
-                 "train_tiny_bf16", "profile_tiny"):
+                 "train_tiny_bf16", "profile_tiny") + (("train_tiny_f16",) if "shader-f16" in gpu.features else ()):
         assert (out / f"{name}.jsonl").read_text().strip(), name
     assert all((out / p).stat().st_size > 1000 for p in ("matmul.png", "train.png", "attention.png"))
     (tmp_path / "mine").mkdir()
