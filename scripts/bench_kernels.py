@@ -10,7 +10,9 @@ writing bf16; max_err against the twin's bf16 result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
 ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
 The bf16 casts (scalar, and x8: eight values an invocation) and the split head's block copy
-(cast_bf16's max_err counts the words that differ from the twin's).
+(cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
+kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
+the bf16 cache (kv_append's error: the words that differ).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -172,6 +174,51 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     yield "sample_tokens", "scalar", f"{N}x{V}", d, lambda: float(np.sum(gpu.read(tid)[:N] != want_ids))
 
 
+def half_cases(gpu, rows, C, M, N, T, H, rng):
+    """With shader-f16, the f16 model's own kernels (variant f16): GELU both ways, the LayerNorm
+    writing f16, the casts (listed as scalar); and the decode step's half cache (kv_append_half,
+    attn_decode_half) in f16, or in bf16 without the feature."""
+    up, n = gpu.upload, rows * M
+    kn = Kernels(gpu, PORTABLE)
+    f16 = "shader-f16" in gpu.features
+    if f16:
+        x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        xh = R.cast_f16(x)
+        tx, th, tout = gpu.tensor((n // 2,), "f16", data=xh), gpu.tensor((n // 2,), "f16"), gpu.tensor((n,))
+        d = kn.gelu_forward_f16(tx, th, n)
+        yield "gelu_forward", "f16", f"n={n}", d, lambda: np.abs(
+            R.unpack_f16(gpu.read(th)) - R.unpack_f16(R.gelu_forward_f16(xh))).max()
+        d = kn.gelu_backward_f16(tx, up(y), tout, n)
+        yield "gelu_backward", "f16", f"n={n}", d, lambda: np.abs(gpu.read(tout) - R.gelu_backward_f16(xh, y.astype(np.float64))).max()
+        xl, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
+        yh, st = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
+        d = kn.layernorm_forward_f16(up(xl), up(gb), yh, st, rows, C)
+        want_h = R.layernorm_forward_f16(xl, gb[0], gb[1])[0]
+        yield "layernorm_forward", "f16", f"{rows}x{C}", d, lambda: np.abs(
+            R.unpack_f16(gpu.read(yh)) - R.unpack_f16(want_h)).max()
+        back = gpu.tensor((n,))
+        d = kn.cast_f16(up(x), th, n)
+        yield "cast_f16", "scalar", f"n={n}", d, lambda: float(np.sum(gpu.read(th) != xh))
+        d = kn.cast_f16_to_f32(gpu.tensor((n // 2,), "f16", data=xh), back, n)
+        yield "cast_f16_to_f32", "scalar", f"n={n}", d, lambda: np.abs(gpu.read(back) - R.cast_f16_to_f32(xh, n)).max()
+    half = "f16" if f16 else "bf16"
+    cast = R.cast_f16 if f16 else R.cast_bf16
+    pos = T - 1
+    u = gpu.uniform(K.DECODE_UNIFORM_BYTES)
+    gpu.queue.write_buffer(u, 0, K.decode_uniform(N, T, C, H, pos, 0, 1, 1))
+    w = lambda *s: cast(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
+    k, v, q, kc0, vc0 = w(N, C), w(N, C), w(N, C), w(N, T, C), w(N, T, C)
+    t = lambda a: gpu.tensor(a.shape, half, data=a)
+    kc, vc = t(kc0), t(vc0)
+    wk, wv = R.kv_append_half(k, v, kc0, vc0, pos)
+    d = kn.kv_append_half(t(k), t(v), kc, vc, N, C, u)
+    yield "kv_append", half, f"{N}x{T}x{C}", d, lambda: float(np.sum(gpu.read(kc) != wk) + np.sum(gpu.read(vc) != wv))
+    out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
+    d = kn.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u)
+    want = R.attn_decode_half(q, wk, wv, pos, H, half)
+    yield "attn_decode", half, f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="small", help="shapes: rows = batch x ctx, C, 4C, vocab, parameters")
@@ -186,7 +233,8 @@ def main(argv=None):
     out, scalar_ms = [], {}
     rng = np.random.default_rng(0)
     for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
-                                             *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng)]:
+                                             *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
+                                             *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
         if not hasattr(R, d.kernel.name):
             raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference")
         gpu.run([d])
