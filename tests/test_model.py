@@ -6,7 +6,7 @@ import pytest
 
 from tinygpt.model.attention import IMPLS
 from tinygpt.core.config import preset
-from tinygpt.core.precision import BF16, PRECISIONS
+from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
@@ -156,17 +156,24 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
 
 
 @pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split"])
-def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
-    """precision bf16: logits, loss and every gradient against the float64 reference rounding where
-    the model stores bf16. A value on a rounding edge may round one way in float32 and the other
-    in float64 (one bf16 step, 2^-8), so the tolerance is 3e-3 of scale, not float32's 1e-4.
-    Under this adapter's plan (lavapipe: the sg kernels, the attention reading bf16 q, k, v) and
-    under the plan a GPU gets untuned (the tiled matmuls with bf16 tile loads; the tiles attention,
-    reading q, k, v back as float32). And with the binding limit forced low ("split": vocab 2000 at
-    width 128, 600 kB), so that the head multiplies the table's bf16 copy in 2 chunks of rows and
-    the logits come in 4 chunks; and so at GPT-2's vocabulary (13 MB: the table in 2 chunks, the
-    flat buffers and the bf16 weight copy's casts in chunks too)."""
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
+    """precision bf16 or f16: logits, loss and every gradient against the float64 reference rounding
+    where the model stores 16 bits (and, for f16, rounding each float32 gradient a matmul reads,
+    after the loss scale of 65536 multiplied it). A value on a rounding edge may round one way in
+    float32 and the other in float64 (one bf16 step, 2^-8), and the reference does not round each
+    f16 product as the f16 kernels do, so the tolerance is 3e-3 of scale, not float32's 1e-4.
+    Under this adapter's plan (lavapipe: the sg kernels, the attention reading 16-bit q, k, v) and
+    under the plan a GPU gets untuned (bf16: the tiled matmuls with bf16 tile loads; f16: the vec4
+    kernels; the tiles attention, reading q, k, v back as float32). And with the binding limit forced
+    low ("split": vocab 2000 at width 128, 600 kB), so that the head multiplies the table's copy in
+    2 chunks of rows and the logits come in 4 chunks; and so at GPT-2's vocabulary (13 MB: the table
+    in 2 chunks, the flat buffers and the weight copy's casts in chunks too)."""
+    from tinygpt.device.kernels import LOSS_SCALE
     from tinygpt.device.planner import make_plan
+    precision = PRECISIONS[half]
+    if precision.feature and precision.feature not in gpu.features:
+        pytest.skip(f"{gpu.name} has no {precision.feature} (tests/test_f16.py tests the refusal)")
     plan = make_plan(gpu)
     cfg = preset("tiny")
     if which == "a GPU's":
@@ -179,59 +186,22 @@ def test_step0_bf16_against_the_bf16_reference(gpu, monkeypatch, which):
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
+    scale = LOSS_SCALE if precision.loss_scaling else 1.0
     params = init_params(cfg)
     x, y = batch(cfg)
-    logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=BF16)
-    grads = RG.backward(f64(params), cfg, cache)
-    m = Model(gpu, plan, cfg, "online", precision=BF16)
+    logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision)
+    grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
+    m = Model(gpu, plan, cfg, "online", precision=precision)
     assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
     assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
     m.set_params(params)
-    check("bf16 logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
+    check(f"{half} logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
     m.grads_only(x, y)
-    check("bf16 loss", m.loss(), loss, 1e-4 * abs(loss))
-    G = m.get_grads()
+    check(f"{half} loss", m.loss(), loss, 1e-4 * abs(loss))
+    G = m.get_grads()                                    # of the scaled loss, where the policy scales it
     for name, want in grads.items():
-        scale = max(np.abs(want).max(), 1e-4)       # bk: exactly 0, round-off
-        check(f"bf16 grad {name} (3e-3 x {scale:.2e})", G[name], want, 3e-3 * scale)
-
-
-@pytest.mark.parametrize("which", ["this adapter's", "split", "GPT-2 split"])
-def test_step0_f16_against_the_f16_reference(gpu, monkeypatch, which):
-    """precision f16: logits, loss and every gradient against the float64 reference that rounds to
-    f16 where the model stores, and rounds each float32 gradient a matmul reads, after the loss
-    scale (65536, the default) multiplied it. f16 keeps 3 more bits than bf16, but the reference
-    does not round each product to f16 as the kernels do, so the same 3e-3 of scale as bf16's.
-    The limits forced low as there: the head in chunks of the token table and of the logits
-    ("split"), and GPT-2's vocabulary with the flat buffers and the f16 casts in chunks."""
-    from tinygpt.core.precision import F16
-    from tinygpt.device.kernels import LOSS_SCALE
-    from tinygpt.device.planner import make_plan
-    if "shader-f16" not in gpu.features:
-        pytest.skip(f"{gpu.name} has no shader-f16 (tests/test_f16.py tests the refusal)")
-    cfg = preset("tiny")
-    if which == "split":
-        cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
-        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000)
-    if which == "GPT-2 split":
-        cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
-        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
-    plan = make_plan(gpu)
-    params = init_params(cfg)
-    x, y = batch(cfg)
-    logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=F16)
-    grads = RG.backward(f64(params), cfg, cache, loss_scale=LOSS_SCALE)
-    m = Model(gpu, plan, cfg, "online", precision=F16)
-    assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
-    assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
-    m.set_params(params)
-    check("f16 logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
-    m.grads_only(x, y)
-    check("f16 loss", m.loss(), loss, 1e-4 * abs(loss))
-    G = m.get_grads()
-    for name, want in grads.items():
-        scale = max(np.abs(want).max(), 1e-4)
-        check(f"f16 grad {name} (3e-3 x {scale:.2e})", G[name] / LOSS_SCALE, want, 3e-3 * scale)
+        top = max(np.abs(want).max(), 1e-4)              # bk: exactly 0, round-off
+        check(f"{half} grad {name} (3e-3 x {top:.2e})", G[name] / scale, want, 3e-3 * top)
 
 
 # Training runs of many steps: slow-marked, so the Vulkan pass runs them and the OpenGL pass,
