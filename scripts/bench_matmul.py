@@ -11,8 +11,9 @@ matmul_bf16.wgsl, listed as plain) run again with dtype
 bf16, validated against the float64 product of the same bf16 values. dtype mixed is what a bf16
 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T) and A^T @ B with B float32
 (dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels (WGSL's f16: products in
-f16, float32 sums) beside the float32 variants that have one (sg as matmul_f16_sg.wgsl, vec4 as
-matmul_f16_vec4.wgsl, scalar as matmul_f16.wgsl, listed as plain), judged against the twin that rounds each product to f16;
+f16, float32 sums) beside each float32 variant (sg as matmul_f16_sg.wgsl, tiled as
+matmul_f16_tiled.wgsl with the same tile, vec4 as matmul_f16_vec4.wgsl, scalar as matmul_f16.wgsl,
+listed as plain), judged against the twin that rounds each product to f16;
 f16mixed is an f16 model's backward, the float32 operand rounded to f16 as it is read.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
@@ -36,7 +37,7 @@ from tinygpt.cli import positive_int, positive_ints, run_script
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
-F16 = {"sg": "sg", "vec4": "vec4", "scalar": "plain"}      # and the f16 one
+F16 = {"sg": "sg", "tiled": "tiled", "vec4": "vec4", "scalar": "plain"}      # and the f16 one
 
 
 def numpy_gflops(entry, a, b, repeats):

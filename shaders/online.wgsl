@@ -9,6 +9,10 @@
 // Tiles entirely above the causal diagonal are never visited. No atomics:
 // each output row belongs to exactly one invocation. Work O(T^2 hd).
 // q, k, v, dout, out: [B, T, C] with heads interleaved; L, D: [B, H, T].
+// q, k, v are bound as words: float32 (a bitcast, free) or, with BF16 or F16, 16-bit values two
+// to a word, element e in half e & 1 of word e / 2, as a bf16 or f16 model stores them (bf16: the
+// high half of a float32; f16: WGSL's unpack2x16float, which needs no f16 extension); the tiles
+// and all arithmetic stay float32.
 //
 // Two facts about CPU adapters shape the loops (lavapipe, llvmpipe):
 //  * they stop any invocation's loops after 65,535 iterations in total, silently;
@@ -24,9 +28,9 @@
 struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> q: array<f32>;
-@group(0) @binding(2) var<storage, read> k: array<f32>;
-@group(0) @binding(3) var<storage, read> v: array<f32>;
+@group(0) @binding(1) var<storage, read> q: array<u32>;
+@group(0) @binding(2) var<storage, read> k: array<u32>;
+@group(0) @binding(3) var<storage, read> v: array<u32>;
 @group(0) @binding(4) var<storage, read> dout: array<f32>;  // dO (backward) | unused
 @group(0) @binding(5) var<storage, read> Lin: array<f32>;   // L (backward) | unused
 @group(0) @binding(6) var<storage, read> Din: array<f32>;   // D (backward) | unused
@@ -37,6 +41,8 @@ override HD: u32 = 64u;              // head dim, <= 128
 override HD4: u32 = 16u;             // vec4 per row: ceil(HD / 32) * 8, zero-padded (loops go in blocks of 8)
 override BQ: u32 = 32u;              // query rows per tile (forward/dq workgroup size)
 override BK: u32 = 32u;              // key rows per tile (streamed in forward/dq; dkv workgroup size and its query tile)
+override BF16: bool = false;         // q, k, v hold bf16
+override F16: bool = false;          // q, k, v hold f16
 const B_MAX: u32 = 64u;
 const NEG: f32 = -0x1.fffffep+127f;
 
@@ -49,6 +55,19 @@ fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * HD + d;
 }
 
+fn word(x: u32, i: u32) -> u32 {         // word i of q (x = 0), k (1) or v (2)
+  switch x { case 0u: { return q[i]; } case 1u: { return k[i]; } default: { return v[i]; } }
+}
+
+fn qkv_at(x: u32, i: u32) -> f32 {       // element i of q, k or v, as stored
+  if (F16) { return unpack2x16float(word(x, i / 2u))[i & 1u]; }
+  if (BF16) {
+    let w = word(x, i / 2u);
+    return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));
+  }
+  return bitcast<f32>(word(x, i));
+}
+
 // channels 4c .. 4c+3 of row t of a head slice, zeros past HD
 fn ld4(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
   var r = vec4<f32>();
@@ -56,7 +75,7 @@ fn ld4(x: u32, b: u32, t: u32, h: u32, c: u32) -> vec4<f32> {
     let d = 4u * c + e;
     if (d < HD) {
       let i = at(b, t, h, d);
-      switch x { case 0u: { r[e] = q[i]; } case 1u: { r[e] = k[i]; } case 2u: { r[e] = v[i]; } default: { r[e] = dout[i]; } }
+      if (x < 3u) { r[e] = qkv_at(x, i); } else { r[e] = dout[i]; }
     }
   }
   return r;

@@ -103,15 +103,19 @@ def test_naive_splits_heads_over_the_binding_limit(gpu, plan, monkeypatch):
     check("naive in 3 head chunks dq", dq, RA.attention_backward(f(q), f(k), f(v), f(do), H)[0], TOL)
 
 
+@pytest.mark.parametrize("variant", ["sg", "tiles"])
 @pytest.mark.parametrize("half", ["bf16", "f16"])
 @pytest.mark.parametrize("B,T,C,H", [(2, 7, 16, 2), (1, 65, 48, 2), (2, 33, 40, 8), (1, 64, 128, 1)])
-def test_online_sg_reads_half_q_k_v(gpu, plan, B, T, C, H, half):
-    """A bf16 or f16 model's q, k, v read by online_sg.wgsl as stored (two to a word): out, dq, dk,
-    dv against the float64 reference on the same 16-bit values, with float32's tolerance (hd 8, 24,
-    5 (the unaligned gather) and 128)."""
+def test_online_reads_half_q_k_v(gpu, plan, B, T, C, H, half, variant):
+    """A bf16 or f16 model's q, k, v read by online_sg.wgsl (whole words) and online.wgsl (by
+    element; tiles of 16 query and 8 key rows, so T crosses several) as stored, two to a word: out,
+    dq, dk, dv against the float64 reference on the same 16-bit values, with float32's tolerance
+    (hd 8, 24, 5 (the unaligned gather) and 128)."""
     from tinygpt.reference import kernels as R
-    if not attention.reads(half, plan, "online", B, T, C, H):
-        pytest.skip(f"{half} q, k, v need online_sg.wgsl (subgroups)")
+    if variant == "sg" and plan.attention != "sg":
+        pytest.skip("online_sg.wgsl needs subgroups that pass the plan's check")
+    plan = plan.with_(attention=variant, online_block=(16, 8))
+    assert attention.reads(half, plan, "online", B, T, C, H)
     att = attention.Attention(Kernels(gpu, plan), "online", B, T, C, H, attention.own_scratch(gpu, "online", B, T, H))
     q, k, v, do = _inputs(B, T, C, 3)
     cast, back = (R.cast_bf16, R.cast_f32) if half == "bf16" else (R.cast_f16, R.cast_f16_to_f32)
@@ -121,6 +125,6 @@ def test_online_sg_reads_half_q_k_v(gpu, plan, B, T, C, H, half):
     tq, tk, tv = (gpu.tensor(((B * T * C) // 2,), half, data=x) for x in packed)
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     gpu.run(att.forward(tq, tk, tv, out) + att.backward(tq, tk, tv, out, gpu.upload(do), dq, dk, dv))
-    check(f"online_sg {half} out B={B} T={T} C={C} H={H}", gpu.read(out), RA.attention_forward(qb, kb, vb, H), TOL)
+    check(f"online {variant} {half} out B={B} T={T} C={C} H={H}", gpu.read(out), RA.attention_forward(qb, kb, vb, H), TOL)
     for name, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), RA.attention_backward(qb, kb, vb, do.astype(np.float64), H)):
-        check(f"online_sg {half} {name}", gpu.read(got), want, TOL)
+        check(f"online {variant} {half} {name}", gpu.read(got), want, TOL)

@@ -61,16 +61,25 @@ def test_f16_casts_round_to_nearest_even(gpu, rng, n, kn, f16):
                                             (1, 8, 12, "vec4"), (36, 52, 20, "vec4"), (100, 96, 48, "vec4"),
                                             (17, 200, 64, "vec4"), (12, 8, 4 * 7, "vec4"),
                                             (4, 4, 4, "sg"), (1, 8, 12, "sg"), (36, 52, 20, "sg"),
-                                            (100, 96, 48, "sg"), (17, 200, 64, "sg"), (33, 36, 40, "sg")])
+                                            (100, 96, 48, "sg"), (17, 200, 64, "sg"), (33, 36, 40, "sg"),
+                                            (4, 4, 4, "tiled"), (1, 8, 12, "tiled"), (36, 52, 20, "tiled"),
+                                            (17, 200, 64, "tiled"), (65, 132, 36, "tiled"),
+                                            (100, 96, 48, "tiled 16x16x4x1x16"), (17, 200, 64, "tiled 8x8x4x2x8")])
 def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     """Products in f16, sums in float32, against the twin that rounds each product to f16 and sums
     in float64: only the summation order differs, so the float32 kernels' tolerance. Every operand
-    mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16. Both
-    kernels: plain (any shape), vec4 and sg (K, N and, for A^T @ B, M multiples of 4; sg where the
-    plan's check passed the subgroups)."""
+    mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16. Every
+    kernel: plain (any shape); vec4, sg and tiled (K, N and, for A^T @ B, M multiples of 4; sg where
+    the plan's check passed the subgroups; tiled with a 16 x 16 tile of BK 4 unless the case names
+    one, so the shapes cross many tiles, edges and k-slices)."""
+    from tinygpt.device.kernels import Kernels
+    from tinygpt.device.plan import PORTABLE
     from tinygpt.device.planner import subgroups_ok
     if variant == "sg" and not subgroups_ok(gpu):
         pytest.skip("the sg kernels need subgroups that pass the plan's check")
+    if variant.startswith("tiled"):
+        tile = tuple(int(t) for t in variant.split()[1].split("x")) if " " in variant else (4, 2, 8, 1, 4)
+        kn, variant = Kernels(gpu, PORTABLE.with_(matmul_tile=tile)), "tiled"
     atb = variant if variant == "plain" or M % 4 == 0 else "plain"    # A^T @ B: vec4 along M, any K
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
@@ -225,7 +234,7 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     names = {e for e, _ in judged}
     assert {"cast_f16", "layernorm_forward_f16", "gelu_forward_f16", "gelu_backward_f16"} <= names
     assert any(e.startswith("matmul_abt_f16") for e in names) and any(e.startswith("matmul_atb_f16") for e in names)
-    assert ("attention", ()) in judged or plan.attention != "sg"
+    assert ("attention", "sg") in judged or plan.attention != "sg"
     from tinygpt.model.decode import Decoder
     Decoder(gpu, plan.with_(decode="cache"), cfg, N=1, capacity=8, precision=F16)     # its step's kernels too
     assert ("decode", ()) in gate._VERDICTS[gpu] and not gate._VERDICTS[gpu][("decode", ())]
@@ -244,16 +253,22 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
 
 
 def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
-    """Every matmul entry point the gate may meet (plain, vec4 and, with working subgroups, sg;
-    each operand mix and out f16), judged directly: each passes on this device."""
+    """Every matmul entry point the gate may meet (plain, vec4, tiled with a tile's constants and,
+    with working subgroups, sg; each operand mix and out f16), judged directly: each passes on
+    this device."""
     from tinygpt.device import gate
     from tinygpt.device.planner import make_plan, subgroups_ok
     variants = ("", "_vec4") + (("_sg",) if subgroups_ok(gpu) else ())
     mixes = [(), (("A_F32", True),), (("B_F32", True),), (("OUT_F16", True),)]
     kernels = {(f"{e}_f16{v}", m) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants for m in mixes}
+    tile = (("BK", 4), ("TM", 8), ("TV", 1), ("WX", 4), ("WY", 2))     # 16 x 16: the ragged shape crosses tiles
+    kernels |= {(f"{e}_f16_tiled", tuple(sorted(m + tile))) for e in ("matmul", "matmul_abt", "matmul_atb")
+                for m in mixes}
     kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
                                   "layernorm_forward_f16", "kv_append_half")}
+    kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
     gate.check(gpu, make_plan(gpu), kernels)
     judged = gate._VERDICTS[gpu]
     print(f"{len(kernels)} kernels judged: every one agrees with its twin")
     assert all(judged[(e, m)] is None for e, m in kernels if (e, m) in judged) and ("decode", ()) in judged
+    assert judged[("attention", "tiles")] is None

@@ -51,7 +51,8 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     precision = PRECISIONS[precision]
     p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
     if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
-        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision)
+        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision)     # nor the sampler's (its
+        Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision))
     print(f"{attention} accum {accum} V {vocab} {precision.name}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total

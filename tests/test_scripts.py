@@ -51,7 +51,7 @@ def test_bench_matmul_json(gpu):
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "mixed") == sorted(     # the backward's products
         f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in bf)
     if f16:        # the f16 kernels beside the variants that have one, and an f16 model's backward mix
-        half = ("sg", "vec4", "plain") if sg else ("vec4", "plain")
+        half = ("sg", "tiled", "vec4", "plain") if sg else ("tiled", "vec4", "plain")
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16") == sorted(
             f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in half)
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16mixed") == sorted(

@@ -20,8 +20,8 @@ from .gpu import GPU, GPUError
 from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
-F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "layernorm_f16.wgsl",
-             "elementwise_f16.wgsl"}
+F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "matmul_f16_tiled.wgsl",
+             "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
@@ -48,8 +48,11 @@ def _far(got, want) -> float | None:
 
 
 def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
-    """matmul(_abt, _atb)_f16(_vec4, _sg) with its operand mix, at a ragged shape its variant takes."""
-    variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg")) else "plain"
+    """matmul(_abt, _atb)_f16(_vec4, _sg, _tiled) with its operand mix (and tile), at a ragged shape its
+    variant takes."""
+    variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg", "_tiled")) else "plain"
+    if variant == "tiled":
+        kn = Kernels(gpu, PORTABLE.with_(matmul_tile=tuple(consts[n] for n in ("WX", "WY", "TM", "TV", "BK"))))
     vec4 = variant != "plain"
     base = entry.removesuffix("_" + variant).removesuffix("_f16")
     M, N, K = (20 if base == "matmul_atb" else 19, 36, 11 if base == "matmul_atb" else 12) if vec4 else (13, 10, 9)
@@ -97,8 +100,9 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng):
     raise KeyError(entry)
 
 
-def _attention(gpu: GPU, plan, rng):
-    """online_sg.wgsl reading f16 q, k, v: forward and backward (out, dq, dk, dv) at a ragged T."""
+def _attention(gpu: GPU, plan, rng, variant: str):
+    """online_sg.wgsl ("sg") or online.wgsl ("tiles") reading f16 q, k, v: forward and backward
+    (out, dq, dk, dv) at a ragged T."""
     from_plan = Kernels(gpu, plan)
     B, T, C, H = 1, 13, 16, 2
     q, k, v, do = (rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
@@ -108,10 +112,10 @@ def _attention(gpu: GPU, plan, rng):
     L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     tdo = gpu.upload(do)
-    gpu.run([from_plan.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, variant="sg"),
+    gpu.run([from_plan.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, variant=variant),
              from_plan.attn_online_d(tdo, out, D, B, T, C, H),
-             from_plan.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, variant="sg"),
-             from_plan.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, variant="sg")])
+             from_plan.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, variant=variant),
+             from_plan.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, variant=variant)])
     got = np.concatenate([gpu.read(t).ravel() for t in (out, dq, dk, dv)])
     want = np.concatenate([RA.attention_forward(*f, H).ravel()] +
                           [g.ravel() for g in RA.attention_backward(*f, do.astype(np.float64), H)])
@@ -141,13 +145,13 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     seen = _VERDICTS.setdefault(gpu, {})
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
-        key = ("attention", ()) if entry.startswith("attn_online") else \
+        key = ("attention", "sg" if entry.endswith("_sg") else "tiles") if entry.startswith("attn_online") else \
             ("decode", ()) if entry in ("kv_append_half", "attn_decode_half") else (entry, consts)
         if key not in seen:
             rng = np.random.default_rng(11)
             try:
                 if key[0] == "attention":
-                    got, want = _attention(gpu, plan, rng)
+                    got, want = _attention(gpu, plan, rng, key[1])
                 elif key[0] == "decode":
                     got, want = _decode(gpu, kn, rng)
                 elif "matmul" in entry:

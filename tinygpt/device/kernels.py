@@ -70,11 +70,14 @@ def f16_vec4_ok(entry, M, N, K) -> bool:
 
 
 def f16_variant(plan: KernelPlan, entry, M, N, K) -> str:
-    """The f16 matmul for the plan: matmul_f16_sg.wgsl where the plan's matmuls take subgroups (sg,
-    or vec4 with subgroups that passed the check), matmul_f16_vec4.wgsl otherwise (the tiled
-    family has no f16 form yet), matmul_f16.wgsl ("plain") for shapes neither takes."""
+    """The f16 form of the plan's matmul family: matmul_f16_tiled.wgsl for tiled (with the plan's
+    tile), matmul_f16_sg.wgsl where the plan's matmuls take subgroups (sg, or vec4 with subgroups
+    that passed the check), matmul_f16_vec4.wgsl otherwise, matmul_f16.wgsl ("plain") for shapes
+    none of them takes."""
     if not f16_vec4_ok(entry, M, N, K):
         return "plain"
+    if plan.matmul == "tiled":
+        return "tiled"
     return "sg" if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok" else "vec4"
 
 
@@ -283,8 +286,8 @@ class Kernels:
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None) -> Dispatch:
-        """variant: the plan's (f16_variant): "sg" (matmul_f16_sg.wgsl), "vec4" (matmul_f16_vec4.wgsl)
-        or "plain" (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
+        """variant: the plan's (f16_variant): "tiled" (matmul_f16_tiled.wgsl, the plan's tile), "sg"
+        (matmul_f16_sg.wgsl), "vec4" (matmul_f16_vec4.wgsl) or "plain" (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
         (bound at A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
         assert not (accumulate and out.dtype == "f16"), entry
         variant = variant or f16_variant(self.plan, entry, M, N, K)
@@ -292,10 +295,16 @@ class Kernels:
         half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
         consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
                   if on}
-        file = {"sg": "matmul_f16_sg.wgsl", "vec4": "matmul_f16_vec4.wgsl", "plain": "matmul_f16.wgsl"}[variant]
+        file = {"tiled": "matmul_f16_tiled.wgsl", "sg": "matmul_f16_sg.wgsl", "vec4": "matmul_f16_vec4.wgsl",
+                "plain": "matmul_f16.wgsl"}[variant]
+        if variant == "tiled":   # the float32 family's tile: f16 tiles take half its workgroup memory
+            wx, wy, tm, tv, bk = self.plan.matmul_tile
+            consts.update(WX=wx, WY=wy, TM=tm, TV=tv, BK=bk)
         k = self.gpu.kernel(file, entry + "_f16" + ("" if variant == "plain" else "_" + variant), "urrrrrww", consts)
         grid = {"sg": (-(-N // (4 * SG_LANES)), -(-M // 16)), "vec4": (-(-N // 256), -(-M // 4)),
-                "plain": (-(-N // 32), -(-M // 32))}[variant]
+                "plain": (-(-N // 32), -(-M // 32))}.get(variant)
+        if variant == "tiled":
+            grid = (-(-N // (4 * wx * tv)), -(-M // (wy * tm)))
         pick = lambda t, f16: t if f16 else None
         return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
                                  [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
@@ -497,7 +506,9 @@ class Kernels:
     def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None) -> Dispatch:
         hd = C // H
         bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
-        k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk})
+        consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk}
+        consts.update({n: True for n in ("BF16", "F16") if ins[0].dtype == n.lower()})   # q, k, v as stored
+        k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
@@ -520,11 +531,10 @@ class Kernels:
     def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int) -> Dispatch:
         """online_sg.wgsl where the plan (or variant) takes it; else online.wgsl, one workgroup per
         tile of BQ query rows (along 0) or BK key rows (along 1) of each (b, h). q, k, v may be bf16
-        for the sg kernels only."""
+        or f16 in either."""
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
             return self._online_sg(entry, ins, o1, o2, B, T, C, H)
-        assert ins[0].dtype == "f32", "bf16 q, k, v need online_sg.wgsl"
         return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles)
 
     def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None) -> Dispatch:

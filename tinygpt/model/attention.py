@@ -50,11 +50,14 @@ def check_scores_fit(B: int, T: int, max_binding: int):
 
 def reads(dtype: str, plan: KernelPlan, impl: str, B: int, T: int, C: int, H: int) -> bool:
     """Whether this attention's kernels read q, k, v stored in `dtype`: every kernel reads float32;
-    the online subgroup kernels also read bf16 and f16 (online_sg.wgsl's BF16 and F16, whole words:
-    B*T*C a multiple of 8). Where they do not, the model gives them float32 copies."""
+    the online kernels also read bf16 and f16 (BF16 and F16 of online.wgsl, by element, and of
+    online_sg.wgsl, by whole words: B*T*C a multiple of 8). Where they do not (naive, fused_sv),
+    the model gives them float32 copies."""
     if dtype == "f32":
         return True
-    return dtype in ("bf16", "f16") and impl == "online" and online_variant(plan, T, C // H) == "sg" and (B * T * C) % 8 == 0
+    if dtype not in ("bf16", "f16") or impl != "online":
+        return False
+    return online_variant(plan, T, C // H) != "sg" or (B * T * C) % 8 == 0
 
 
 def scratch_bytes(impl: str, B: int, T: int, H: int) -> int:

@@ -179,8 +179,10 @@ def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
     return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
 
 
-# matmul_f16_vec4.wgsl and matmul_f16_sg.wgsl: the same f16 products, summed in other float32 orders
+# matmul_f16_vec4.wgsl, matmul_f16_sg.wgsl and matmul_f16_tiled.wgsl: the same f16 products, summed
+# in other float32 orders
 matmul_f16_vec4, matmul_abt_f16_vec4, matmul_atb_f16_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
+matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmul_abt_f16, matmul_atb_f16
 matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
 
 
