@@ -36,6 +36,7 @@ class GPTModule(torch.nn.Module):
         P, cfg = self.named(), self.cfg
         B, T = x.shape
         C, H = cfg.d_model, cfg.heads
+        gelu = "tanh" if cfg.activation == "gelu_tanh" else "none"     # the checkpoint's GELU
         h = P["tok_emb"][x] + P["pos_emb"][:T]
         for l in range(cfg.layers):
             p = lambda n: P[f"h{l}.{n}"]
@@ -45,7 +46,7 @@ class GPTModule(torch.nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
             h = h + y @ p("Wo") + p("bo")
             a = F.layer_norm(h, (C,), p("ln2_g"), p("ln2_b"), 1e-5)
-            h = h + F.gelu(a @ p("fc_in_W") + p("fc_in_b")) @ p("fc_out_W") + p("fc_out_b")
+            h = h + F.gelu(a @ p("fc_in_W") + p("fc_in_b"), approximate=gelu) @ p("fc_out_W") + p("fc_out_b")
         h = F.layer_norm(h, (C,), P["ln_f_g"], P["ln_f_b"], 1e-5)
         return h @ P["tok_emb"].T
 

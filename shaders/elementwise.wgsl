@@ -17,9 +17,6 @@ fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
   if (i < p.n) { out[i] = x[i] + y[i]; }
 }
 
-// erf_approx: common.wgsl (Abramowitz & Stegun 7.1.26; WGSL has no erf).
-
-// out = 0.5 x (1 + erf(x / sqrt 2)); y is unused (bound to keep one layout).
 // out[i] += x[i]: gradient accumulation adds each micro-batch's gradients in place
 @compute @workgroup_size(64)
 fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -28,23 +25,29 @@ fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   if (i < p.n) { out[i] = out[i] + x[i]; }
 }
 
+// erf_approx, gelu4, gelu_grad4: common.wgsl (erf by Abramowitz & Stegun 7.1.26: WGSL has no erf).
+override TANH: bool = false;   // GPT-2's tanh form of GELU, not the exact one
+
+// out = 0.5 x (1 + erf(x / sqrt 2)), or the tanh form; y is unused (bound to keep one layout).
 @compute @workgroup_size(64)
 fn gelu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
   if (i < p.n) {
     let v = x[i];
+    if (TANH) { out[i] = gelu4(vec4<f32>(v), true).x; return; }
     out[i] = 0.5 * v * (1.0 + erf_approx(v * 0.70710678118654752));
   }
 }
 
-// x = pre-activation, y = d(out); out = d(pre) = dy * (Phi(x) + x phi(x))
+// x = pre-activation, y = d(out); out = d(pre) = dy * (Phi(x) + x phi(x)), or the tanh form's
 @compute @workgroup_size(64)
 fn gelu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
   if (i < p.n) {
     let v = x[i];
+    if (TANH) { out[i] = y[i] * gelu_grad4(vec4<f32>(v), true).x; return; }
     let cdf = 0.5 * (1.0 + erf_approx(v * 0.70710678118654752));
     let pdf = 0.3989422804014327 * exp(-0.5 * v * v);
     out[i] = y[i] * (cdf + v * pdf);

@@ -13,23 +13,23 @@ struct Params { n: u32, cols: u32 }
 
 const PER: u32 = 4u;  // vec4 per invocation
 
-// erf4: common.wgsl (Abramowitz & Stegun 7.1.26; WGSL has no erf).
-fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
+// gelu4, gelu_grad4: common.wgsl (erf by Abramowitz & Stegun 7.1.26, WGSL having no erf; or tanh).
+override TANH: bool = false;   // the GELU kernels: GPT-2's tanh form, not the exact one
 
 const ADD: u32 = 0u;
 const GELU_FORWARD: u32 = 1u;
 const GELU_BACKWARD: u32 = 2u;
 const ACCUMULATE: u32 = 3u;
 
-// out[i] for op at vec4 i: x + y; gelu(x) = x Phi(x); with x the pre-activation and y = d(out),
-// d(pre) = dy * (Phi(x) + x phi(x)); or out + x (accumulate: gradient accumulation's sum in place)
+// out[i] for op at vec4 i: x + y; gelu(x) (x Phi(x), or the tanh form); with x the pre-activation
+// and y = d(out), d(pre) = dy * gelu'(x); or out + x (accumulate: gradient accumulation's sum in place)
 fn apply(op: u32, i: u32) -> vec4<f32> {
   let v = x[i];
   switch op {
     case ADD: { return v + y[i]; }
-    case GELU_FORWARD: { return v * cdf4(v); }
+    case GELU_FORWARD: { return gelu4(v, TANH); }
     case ACCUMULATE: { return out[i] + v; }
-    default: { return y[i] * (cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v)); }
+    default: { return y[i] * gelu_grad4(v, TANH); }
   }
 }
 

@@ -1,6 +1,6 @@
 // GELU with its pre-activation stored as bf16 (two to a u32, common.wgsl's bf16_* helpers):
 //   gelu_forward_bf16   out = bf16(gelu(x)), x bf16                    (8 values per word pair)
-//   gelu_backward_bf16  out = dy * (Phi(x) + x phi(x)), x bf16, dy and out float32
+//   gelu_backward_bf16  out = dy * gelu'(x), x bf16, dy and out float32
 // Arithmetic in float32, as elementwise4.wgsl's. Why: these kernels are bound by loads on
 // lavapipe (the elementwise kernels run near the streaming peak: docs/results.md), and a vec4<u32> load
 // brings 8 bf16 where a vec4<f32> brings 4. n: a multiple of 8; 16 values per invocation.
@@ -15,7 +15,7 @@ struct Params { n: u32, cols: u32 }
 
 const PER: u32 = 2u;   // words (8 values each) per invocation
 
-fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
+override TANH: bool = false;   // GPT-2's tanh form of GELU (gelu4, gelu_grad4: common.wgsl)
 
 fn pack8(a: vec4<f32>, b: vec4<f32>) -> vec4<u32> {
   return vec4<u32>(bf16_pack(a.x, a.y), bf16_pack(a.z, a.w), bf16_pack(b.x, b.y), bf16_pack(b.z, b.w));
@@ -32,8 +32,6 @@ fn x8(w: u32) -> X8 {
   return X8(bf16_lo4(v.xy), bf16_lo4(v.zw));
 }
 
-fn gelu_grad(x: vec4<f32>) -> vec4<f32> { return cdf4(x) + x * 0.3989422804014327 * exp(-0.5 * x * x); }
-
 @compute @workgroup_size(64)
 fn gelu_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -41,7 +39,7 @@ fn gelu_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
       let x = x8(w);
-      outh[w] = pack8(x.a * cdf4(x.a), x.b * cdf4(x.b));
+      outh[w] = pack8(gelu4(x.a, TANH), gelu4(x.b, TANH));
     }
   }
 }
@@ -53,8 +51,8 @@ fn gelu_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
       let x = x8(w);
-      outf[2u * w] = dy[2u * w] * gelu_grad(x.a);
-      outf[2u * w + 1u] = dy[2u * w + 1u] * gelu_grad(x.b);
+      outf[2u * w] = dy[2u * w] * gelu_grad4(x.a, TANH);
+      outf[2u * w + 1u] = dy[2u * w + 1u] * gelu_grad4(x.b, TANH);
     }
   }
 }

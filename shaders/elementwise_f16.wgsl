@@ -1,7 +1,7 @@
 enable f16;
 // GELU with its pre-activation stored as f16:
 //   gelu_forward_f16   out = f16(gelu(x)), x f16
-//   gelu_backward_f16  out = dy * (Phi(x) + x phi(x)), x f16, dy and out float32
+//   gelu_backward_f16  out = dy * gelu'(x), x f16, dy and out float32
 // Arithmetic in float32, as elementwise4.wgsl's (erf's polynomial would lose its accuracy in
 // f16); what f16 saves here is bytes. n: a multiple of 4; 16 values per invocation.
 
@@ -15,9 +15,7 @@ struct Params { n: u32, cols: u32 }
 
 const PER: u32 = 4u;   // vec4 per invocation
 
-fn cdf4(v: vec4<f32>) -> vec4<f32> { return 0.5 * (1.0 + erf4(v * 0.70710678118654752)); }  // Phi(v)
-
-fn gelu_grad(x: vec4<f32>) -> vec4<f32> { return cdf4(x) + x * 0.3989422804014327 * exp(-0.5 * x * x); }
+override TANH: bool = false;   // GPT-2's tanh form of GELU (gelu4, gelu_grad4: common.wgsl)
 
 fn quad(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>, j: u32) -> u32 {   // 64 apart: a workgroup covers a block
   return group_index(wid, nwg) * 64u * PER + lid.x + 64u * j;
@@ -30,7 +28,7 @@ fn gelu_forward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let q = quad(wid, nwg, lid, j);
     if (q < p.n / 4u) {
       let x = vec4<f32>(xh[q]);
-      outh[q] = to_f16x4(x * cdf4(x));
+      outh[q] = to_f16x4(gelu4(x, TANH));
     }
   }
 }
@@ -40,6 +38,6 @@ fn gelu_backward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
                      @builtin(local_invocation_id) lid: vec3<u32>) {
   for (var j = 0u; j < PER; j++) {
     let q = quad(wid, nwg, lid, j);
-    if (q < p.n / 4u) { outf[q] = dy[q] * gelu_grad(vec4<f32>(xh[q])); }
+    if (q < p.n / 4u) { outf[q] = dy[q] * gelu_grad4(vec4<f32>(xh[q]), TANH); }
   }
 }

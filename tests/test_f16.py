@@ -148,18 +148,22 @@ def test_layernorm_forward_f16(gpu, rng, rows, C, kn, f16):
     check(f"layernorm_forward_f16 stats {rows}x{C}", gpu.read(stats), np.stack([mean, rstd]), 1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("tanh", [False, True])
 @pytest.mark.parametrize("n", [4, 12, 64 * 16 + 4, 3 * 64 * 16])
-def test_gelu_f16(gpu, rng, n, kn, f16):
+def test_gelu_f16(gpu, rng, n, kn, f16, tanh):
+    """The exact GELU and the tanh form, reading f16, computing in float32."""
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     xh = R.cast_f16(x)
     X = gpu.tensor((n // 2,), "f16", data=xh)
     out = gpu.tensor((n // 2,), "f16")
     dy = rng.standard_normal(n).astype(np.float32)
     dx = gpu.tensor((n,))
-    run(gpu, kn.gelu_forward_f16(X, out, n), kn.gelu_backward_f16(X, gpu.upload(dy), dx, n))
+    run(gpu, kn.gelu_forward_f16(X, out, n, tanh=tanh), kn.gelu_backward_f16(X, gpu.upload(dy), dx, n, tanh=tanh))
     xv = R.unpack_f16(xh)
-    check(f"gelu_forward_f16 n={n}", R.unpack_f16(gpu.read(out)), R.gelu_forward(xv), 2e-6, rtol=2.0 ** -11 + 1e-6)
-    check(f"gelu_backward_f16 n={n}", gpu.read(dx), R.gelu_backward_f16(xh, f64(dy)), 2e-6, rtol=1e-5)
+    form = "tanh " if tanh else ""
+    check(f"gelu_forward_f16 {form}n={n}", R.unpack_f16(gpu.read(out)), R.gelu_forward(xv, tanh), 2e-6,
+          rtol=2.0 ** -11 + 1e-6)
+    check(f"gelu_backward_f16 {form}n={n}", gpu.read(dx), R.gelu_backward_f16(xh, f64(dy), tanh), 2e-6, rtol=1e-5)
 
 
 def test_refusal_without_shader_f16(gpu):

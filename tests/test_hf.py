@@ -24,9 +24,17 @@ def model(vocab=256, seed=0):
     return ckpt.Checkpoint(cfg, p, None, None, 7, [], extra)
 
 
-@pytest.mark.parametrize("vocab", [256, 50257])
+def model_tanh():
+    ck = model()
+    ck.cfg.activation = "gelu_tanh"
+    return ck
+
+
+@pytest.mark.parametrize("vocab", [256, 50257, "tanh"])
 def test_export_then_import_is_the_identity(tmp_path, vocab):
-    ck = model(vocab)
+    """And a model with GPT-2's tanh GELU stays one: exported as gelu_new, imported as gelu_tanh."""
+    ck = model_tanh() if vocab == "tanh" else model(vocab)
+    vocab = ck.cfg.vocab
     export_hf(ck, tmp_path / "hf")
     back = import_hf(tmp_path / "hf")
     assert back.cfg.__dict__ == {**ck.cfg.__dict__, "batch": back.cfg.batch, "lr": back.cfg.lr}
@@ -34,6 +42,23 @@ def test_export_then_import_is_the_identity(tmp_path, vocab):
         assert back.params[name].dtype == np.float32 and np.array_equal(back.params[name], a), name
     assert back.step == 0 and all(not m.any() for m in back.m.values())        # fresh optimizer state
     assert back.extra["tokenizer"] == ("gpt2" if vocab == 50257 else "byte")
+    written = json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"]
+    assert written == {"gelu": "gelu", "gelu_tanh": "gelu_new"}[ck.cfg.activation]
+
+
+def test_gpt2s_gelu_is_imported_as_itself(tmp_path):
+    """GPT-2's config names gelu_new (or gelu_pytorch_tanh, or nothing: GPT2Config's default is
+    gelu_new): the model imported computes that GELU, and says so in its header."""
+    for act in ("gelu_new", "gelu_pytorch_tanh", None):
+        export_hf(model(), tmp_path / "hf")
+        c = json.loads((tmp_path / "hf" / "config.json").read_text())
+        c.pop("activation_function") if act is None else c.update(activation_function=act)
+        (tmp_path / "hf" / "config.json").write_text(json.dumps(c))
+        ck = import_hf(tmp_path / "hf")
+        assert ck.cfg.activation == "gelu_tanh", act
+        ckpt.save(tmp_path / "m.tinygpt", ck)
+        back = ckpt.load(tmp_path / "m.tinygpt")
+        assert back.cfg.activation == "gelu_tanh" and back.header["config"]["activation"] == "gelu_tanh"
 
 
 def rewrite(d, config=None, tensors=None, drop=None):
@@ -51,15 +76,18 @@ def rewrite(d, config=None, tensors=None, drop=None):
 
 
 @pytest.mark.kernel
-def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan):
-    """Keys without the transformer. prefix, as GPT-2's own files have them, and half precision."""
+@pytest.mark.parametrize("act", ["gelu", "gelu_new"])
+def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan, act):
+    """Keys without the transformer. prefix, as GPT-2's own files have them, and half precision;
+    the exact GELU and GPT-2's own."""
     from safetensors.numpy import load_file, save_file
     from tinygpt.model.gpt import Model
-    ck = model()
+    ck = model_tanh() if act == "gelu_new" else model()
     export_hf(ck, tmp_path / "hf")
     sd = load_file(tmp_path / "hf" / "model.safetensors")
     save_file({k.replace("transformer.", ""): v for k, v in sd.items()}, tmp_path / "hf" / "model.safetensors")
     back = import_hf(tmp_path / "hf")
+    assert back.cfg.activation == ck.cfg.activation
     x = np.random.default_rng(1).integers(0, 256, (2, 12)).astype(np.uint32)
     m = Model(gpu, plan, back.cfg, "online", B=2, training=False)
     m.set_params(back.params)
@@ -75,7 +103,7 @@ def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan
 
 @pytest.mark.parametrize("edit, says", [
     (dict(config={"activation_function": "relu"}), "activation 'relu'"),
-    (dict(config={"activation_function": "gelu_new"}), "allow-tanh-gelu"),
+    (dict(config={"activation_function": ["gelu"]}), 'activation ["gelu"]'),
     (dict(config={"tie_word_embeddings": False}), "not tied"),
     (dict(config={"vocab_size": 1000}), "vocabulary 1,000"),
     (dict(config={"layer_norm_epsilon": 1e-6}), "epsilon"),
@@ -111,10 +139,40 @@ def test_import_then_fine_tune_from_the_command_line(tmp_path, capsys):
     export_hf(model(), tmp_path / "hf")
     rewrite(tmp_path / "hf", config={"activation_function": "gelu_new"})
     m = tmp_path / "m.tinygpt"
-    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m), "--allow-tanh-gelu"]) == 0
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m), "--allow-tanh-gelu"]) == 0  # the old flag
+    assert "activation gelu_tanh" in capsys.readouterr().err
+    m.unlink()
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m)]) == 0
     assert "fine-tune with" in capsys.readouterr().err
     corpus = tmp_path / "c.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400)
     assert main(["train", "--resume", str(m), "--data", str(corpus), "--steps", "3", "--batch", "4", "--lr", "1e-3",
                  "--eval-every", "0", "--sample-tokens", "0", "--quiet"]) == 0
     assert ckpt.load(m).step == 3
+
+
+def test_logits_match_transformers_gpt2_with_gelu_new(tmp_path, gpu, plan):
+    """A small random GPT2Config made offline, GPT-2's gelu_new: transformers' logits and the
+    imported model's agree to float32 noise (where torch and transformers are installed:
+    pip install torch transformers, then pytest tests/test_hf.py -k transformers)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from tinygpt.model.gpt import Model
+    torch.manual_seed(0)
+    conf = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, n_positions=16, vocab_size=256,
+                                   activation_function="gelu_new", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    hf = transformers.GPT2LMHeadModel(conf).eval()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.2)      # biases and LayerNorms off their init, so every term counts
+    hf.save_pretrained(tmp_path / "hf", safe_serialization=True)
+    ck = import_hf(tmp_path / "hf")
+    assert ck.cfg.activation == "gelu_tanh"
+    x = np.random.default_rng(2).integers(0, 256, (2, 16))
+    with torch.no_grad():
+        want = hf(torch.tensor(x)).logits.double().numpy()
+    m = Model(gpu, plan, ck.cfg, "online", B=2, training=False)
+    m.set_params(ck.params)
+    err = np.abs(m.logits_of(x.astype(np.uint32)) - want).max()
+    print(f"logits against transformers' GPT-2 (gelu_new): max error {err:.2e}")
+    assert err < 1e-4 * np.abs(want).max()

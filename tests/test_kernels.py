@@ -159,10 +159,15 @@ def test_elementwise(gpu, rng, n, kn):
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     dy = rng.standard_normal(n).astype(np.float32)
     tx, out = gpu.upload(x), gpu.tensor((n,))
-    run(gpu, kn.gelu_forward(tx, out, n))
-    check(f"gelu_forward n={n}", gpu.read(out), R.gelu_forward(f64(x)), 5e-7, 1e-6)
-    run(gpu, kn.gelu_backward(tx, gpu.upload(dy), out, n))
-    check(f"gelu_backward n={n}", gpu.read(out), R.gelu_backward(f64(x), f64(dy)), 5e-7, 1e-6)
+    xg = x.copy()
+    xg[:4] = [30.0, -30.0, 1e5, -1e5][:n]        # the tanh form's x^3 past float32's range: its clamp
+    tg = gpu.upload(xg)
+    for tanh in (False, True):                    # the exact GELU, and GPT-2's tanh form (TANH)
+        form = "tanh " if tanh else ""
+        run(gpu, kn.gelu_forward(tg, out, n, tanh=tanh))
+        check(f"gelu_forward {form}n={n}", gpu.read(out), R.gelu_forward(f64(xg), tanh), 5e-7, 1e-6)
+        run(gpu, kn.gelu_backward(tg, gpu.upload(dy), out, n, tanh=tanh))
+        check(f"gelu_backward {form}n={n}", gpu.read(out), R.gelu_backward(f64(xg), f64(dy), tanh), 5e-7, 1e-6)
     run(gpu, kn.add(tx, gpu.upload(dy), out, n))
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
     acc = gpu.upload(dy)
@@ -538,25 +543,27 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     assert same >= 0.9
 
 
+@pytest.mark.parametrize("tanh", [False, True])
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])
-def test_gelu_bf16(gpu, rng, n, kn):
+def test_gelu_bf16(gpu, rng, n, kn, tanh):
     """The pre-activation stored as bf16: forward within one bf16 rounding of the float64 GELU of
     the same bf16 values (a float32 result on the other side of a rounding edge may round the
-    other way), backward in float32 against the float64 twin."""
+    other way), backward in float32 against the float64 twin; the exact form and the tanh one."""
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     dy = rng.standard_normal(n).astype(np.float32)
     xh = R.cast_bf16(x)
     outh, dx = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
-    run(gpu, kn.gelu_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n),
-        kn.gelu_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n))
+    run(gpu, kn.gelu_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n, tanh=tanh),
+        kn.gelu_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n, tanh=tanh))
     xb = R.cast_f32(xh, n).astype(np.float64)
-    want = R.gelu_forward(xb)
+    want = R.gelu_forward(xb, tanh)
     got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
-    check(f"gelu_forward_bf16 n={n} (one bf16 rounding)", got, want, 1e-6, 2.0 ** -8)
-    same = np.mean(gpu.read(outh) == R.gelu_forward_bf16(xh))
-    print(f"gelu_forward_bf16: {same:.2%} of words equal to the float64 twin's rounding")
+    form = "tanh " if tanh else ""
+    check(f"gelu_forward_bf16 {form}n={n} (one bf16 rounding)", got, want, 1e-6, 2.0 ** -8)
+    same = np.mean(gpu.read(outh) == R.gelu_forward_bf16(xh, tanh))
+    print(f"gelu_forward_bf16 {form}: {same:.2%} of words equal to the float64 twin's rounding")
     assert same > 0.98
-    check(f"gelu_backward_bf16 n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy)), 1e-6, 1e-6)
+    check(f"gelu_backward_bf16 {form}n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy), tanh), 1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("rows,C", [(1, 8), (65, 48), (130, 96)])

@@ -62,6 +62,11 @@ def test_step0_logits_loss_and_every_gradient(gpu, plan, vocab):
     check_step0(gpu, plan, preset("tiny", vocab=vocab))
 
 
+def test_step0_with_gpt2s_gelu(gpu, plan):
+    """activation gelu_tanh: the GELU kernels' TANH form through a whole step, and no other."""
+    check_step0(gpu, plan, preset("tiny", activation="gelu_tanh"))
+
+
 def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
     """The plan a GPU gets untuned (tiled matmuls, the other families without subgroups): the whole
     step's logits, loss and gradients against the reference (vocab 301, padded to 304 inside);
@@ -155,7 +160,7 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
-@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split"])
+@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh"])
 @pytest.mark.parametrize("half", ["bf16", "f16"])
 def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     """precision bf16 or f16: logits, loss and every gradient against the float64 reference rounding
@@ -183,6 +188,8 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     if which == "split":
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000)
+    if which == "gelu_tanh":       # GPT-2's GELU in the 16-bit kernels
+        cfg = preset("tiny", activation="gelu_tanh")
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)

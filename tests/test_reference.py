@@ -49,6 +49,19 @@ def test_gelu(r):
           [-0.15865525393145707, 0.0, 0.8413447460685429], 1e-15)
 
 
+def test_gelu_tanh_is_gpt2s(r):
+    """The tanh form, computed as x sigmoid(2u), is GPT-2's gelu_new as transformers writes it,
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), and its backward that function's derivative."""
+    x, w = r.standard_normal(40) * 3, r.standard_normal(40)
+    gelu_new = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * np.power(x, 3.0))))
+    check("gelu_forward tanh = gelu_new", R.gelu_forward(x, tanh=True), gelu_new, 1e-14)
+    check("gelu_backward tanh", R.gelu_backward(x, w, tanh=True),
+          numgrad(lambda: np.sum(R.gelu_forward(x, tanh=True) * w), x), 1e-8)
+    gap = np.abs(R.gelu_forward(x, tanh=True) - R.gelu_forward(x)).max()
+    print(f"tanh form against the exact GELU: {gap:.1e} apart at most")
+    assert 1e-5 < gap < 1e-3                     # two different functions, close
+
+
 def test_layernorm(r):
     x, g, b, w = r.standard_normal((6, 7)), r.standard_normal(7), r.standard_normal(7), r.standard_normal((6, 7))
     f = lambda: np.sum(R.layernorm_forward(x, g, b)[0] * w)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.config import Config, n_params, param_specs
+from .core.config import ACTIVATIONS, Config, n_params, param_specs
 from .core.errors import TinyGPTError
 from .core.fs import atomic_write, available_memory, check_regular
 from .outputs import WRITER
@@ -125,6 +125,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     if cfg.vocab != 256:
         c["vocabSize"] = cfg.vocab
         c["tokenizerSource"] = tokenizer_source or "r50k_base"
+    if cfg.activation != "gelu":      # only where it is not TinyGPT's exact GELU, as vocabSize
+        c["activation"] = cfg.activation
     return c
 
 
@@ -148,11 +150,16 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
         if key not in c:
             raise CheckpointError(f"{what}: the header's config has no {key}")
     d_model = _number(c, "dModel", None, int, what)
+    act = c.get("activation", "gelu")
+    if act not in ACTIVATIONS:
+        raise CheckpointError(f"{what}: its config sets activation {show(act)}, which this tinygpt does not "
+                              f"compute ({', '.join(ACTIVATIONS)}); it cannot evaluate, sample or train this model")
     cfg = Config(layers=_number(c, "layers", None, int, what), d_model=d_model,
                  heads=_number(c, "heads", None, int, what), ctx=_number(c, "ctx", None, int, what),
                  batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
-                 grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what))
+                 grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
+                 activation=act)
     try:
         cfg.validate()
     except ValueError as e:

@@ -129,7 +129,7 @@ def describe_checkpoint(path) -> dict:
     last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
     return {"file": str(path), "bytes": os.path.getsize(path),
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
-            "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
+            "activation": cfg.activation, "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
             "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
             "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype, "optimizer_state": ck.m is not None,
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
@@ -287,11 +287,12 @@ def cmd_import_hf(args) -> int:
     inputs = {"directory": d, "directory's config.json": d / "config.json",
               "directory's model.safetensors": d / "model.safetensors"}
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
-    ck = import_hf(args.directory, args.allow_tanh_gelu)
+    ck = import_hf(args.directory)
     ckpt.save(out, ck)
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
-          f"{cfg.vocab} ({n_params(cfg):,} parameters), tokenizer {ck.extra['tokenizer']}, fresh optimizer state; "
+          f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, tokenizer {ck.extra['tokenizer']}, "
+          f"fresh optimizer state; "
           f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
 
@@ -470,8 +471,8 @@ def build_parser():
     p.add_argument("directory", help="with config.json and model.safetensors")
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    p.add_argument("--allow-tanh-gelu", action="store_true",
-                   help="accept GPT-2's tanh-approximated GELU (gelu_new); the model then computes the exact one")
+    # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused
+    p.add_argument("--allow-tanh-gelu", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_import_hf)
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "

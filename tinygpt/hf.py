@@ -58,7 +58,7 @@ def export_hf(ck: Checkpoint, out_dir):
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
         "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.d_mlp,
-        "activation_function": "gelu",  # exact erf GELU, as trained
+        "activation_function": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",   # the model's own
         "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
         "initializer_range": 0.02, "tie_word_embeddings": True, "scale_attn_weights": True,
         "bos_token_id": 50256 if cfg.vocab == 50257 else 0, "eos_token_id": 50256 if cfg.vocab == 50257 else 0,
@@ -108,7 +108,11 @@ def _field(c: dict, key: str, default, kind, label: str):
     return kind(v)
 
 
-def _config(d: Path, allow_tanh_gelu: bool) -> Config:
+# Hugging Face's activation_function names for the two GELUs this architecture computes
+HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+
+
+def _config(d: Path) -> Config:
     label = f"{d}/config.json"
     raw = read_user_file(d / "config.json", CheckpointError, label, "a GPT2LMHeadModel's config.json", 1 << 20)
     try:
@@ -121,11 +125,10 @@ def _config(d: Path, allow_tanh_gelu: bool) -> Config:
     if c.get("model_type", "gpt2") != "gpt2" or "GPT2LMHeadModel" not in arch:
         raise CheckpointError(f"{label}: a {c.get('model_type')} / {', '.join(map(str, arch))} model; "
                               "tinygpt imports GPT2LMHeadModel only")
-    act = c.get("activation_function", "gelu_new")
-    if act != "gelu" and not (allow_tanh_gelu and act in ("gelu_new", "gelu_pytorch_tanh")):
-        hint = " (GPT-2's tanh approximation: {opt:allow_tanh_gelu} accepts it, computing the exact GELU " \
-               "instead, at most 0.0004 apart per unit)" if act in ("gelu_new", "gelu_pytorch_tanh") else ""
-        raise CheckpointError(f"{label}: activation {act!r}; this architecture computes the exact erf GELU{hint}")
+    act = c.get("activation_function", "gelu_new")           # GPT2Config's default: GPT-2's own
+    if not isinstance(act, str) or act not in HF_ACTIVATIONS:
+        raise CheckpointError(f"{label}: activation {show(act)}; this architecture computes "
+                              f"{', '.join(HF_ACTIVATIONS)} only")
     if c.get("tie_word_embeddings", True) is not True:
         raise CheckpointError(f"{label}: the head is not tied to the token embedding; this architecture ties them")
     eps = _field(c, "layer_norm_epsilon", 1e-5, float, label)
@@ -139,7 +142,7 @@ def _config(d: Path, allow_tanh_gelu: bool) -> Config:
     C = _field(c, "n_embd", None, int, label)
     cfg = Config(layers=_field(c, "n_layer", None, int, label), d_model=C, heads=_field(c, "n_head", None, int, label),
                  ctx=_field(c, "n_positions", None, int, label), d_mlp=_field(c, "n_inner", 4 * C, int, label),
-                 vocab=_field(c, "vocab_size", None, int, label), batch=1)
+                 vocab=_field(c, "vocab_size", None, int, label), batch=1, activation=HF_ACTIVATIONS[act])
     if cfg.vocab not in VOCABS:
         raise CheckpointError(f"{label}: vocabulary {cfg.vocab:,}; tinygpt has tokenizers for 256 (bytes) and "
                               "50,257 (GPT-2) only")
@@ -179,13 +182,13 @@ def _safetensors(path: Path, cfg: Config):
     return header, 8 + hlen, st.st_size
 
 
-def import_hf(directory, allow_tanh_gelu: bool = False) -> Checkpoint:
+def import_hf(directory) -> Checkpoint:
     """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments)."""
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
                               "model.safetensors")
-    cfg = _config(d, allow_tanh_gelu)
+    cfg = _config(d)
     path = d / "model.safetensors"
     header, data0, size = _safetensors(path, cfg)
     names = {k[len("transformer."):] if k.startswith("transformer.") else k: k for k in header if k != "__metadata__"}

@@ -27,6 +27,9 @@ PRESET_TOKENIZER = {"gpt2": "gpt2"}
 MAX_DIMS = {"layers": 4096, "d_model": 65536, "heads": 4096, "ctx": 1 << 20, "batch": 1 << 20,
             "d_mlp": 1 << 20, "vocab": 1 << 24}
 MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and moments
+# The MLP's activation: the exact erf GELU (TinyGPT's), or GPT-2's tanh approximation, which
+# GPT-2 was trained with (Hugging Face's "gelu_new"); a checkpoint's config names it.
+ACTIVATIONS = ("gelu", "gelu_tanh")
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8   # TinyGPT's AdamW: the one place they are set
 TINYGPT_LR = 3e-4               # TinyGPT's constant learning rate (the constant schedule's default)
 
@@ -75,6 +78,7 @@ class Config:
     grad_clip: float = 1.0
     weight_decay: float = 0.1
     seed: int = 1337
+    activation: str = "gelu"    # one of ACTIVATIONS
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -108,6 +112,9 @@ class Config:
             raise ConfigError(f"{{opt:lr}} must be positive, got {self.lr}")
         if self.grad_clip < 0:
             raise ConfigError(f"{{opt:grad_clip}} must be >= 0 (0 turns clipping off), got {self.grad_clip}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation {self.activation!r} is not one this tinygpt computes; "
+                              f"choose one of {', '.join(ACTIVATIONS)}")
         return self
 
 

@@ -70,7 +70,7 @@ def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
     return got, getattr(R, base + "_f16")(a, b)
 
 
-def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng):
+def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
     n, rows, C = 36, 7, 12
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     xh = gpu.tensor((n // 2,), "f16", data=R.cast_f16(x))
@@ -85,12 +85,12 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng):
         return gpu.read(out), R.cast_f16_to_f32(R.cast_f16(x), n)
     if entry == "gelu_forward_f16":
         out = gpu.tensor((n // 2,), "f16")
-        gpu.run([kn.gelu_forward_f16(xh, out, n)])
-        return R.unpack_f16(gpu.read(out)), R.unpack_f16(R.gelu_forward_f16(R.cast_f16(x)))
+        gpu.run([kn.gelu_forward_f16(xh, out, n, tanh=tanh)])
+        return R.unpack_f16(gpu.read(out)), R.unpack_f16(R.gelu_forward_f16(R.cast_f16(x), tanh))
     if entry == "gelu_backward_f16":
         dy, out = rng.standard_normal(n).astype(np.float32), gpu.tensor((n,))
-        gpu.run([kn.gelu_backward_f16(xh, gpu.upload(dy), out, n)])
-        return gpu.read(out), R.gelu_backward_f16(R.cast_f16(x), dy.astype(np.float64))
+        gpu.run([kn.gelu_backward_f16(xh, gpu.upload(dy), out, n, tanh=tanh)])
+        return gpu.read(out), R.gelu_backward_f16(R.cast_f16(x), dy.astype(np.float64), tanh)
     if entry == "layernorm_forward_f16":
         xs, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
         y, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
@@ -157,7 +157,7 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
                 elif "matmul" in entry:
                     got, want = _matmul(gpu, kn, entry, dict(consts), rng)
                 else:
-                    got, want = _elementwise(gpu, kn, entry, rng)
+                    got, want = _elementwise(gpu, kn, entry, rng, bool(dict(consts).get("TANH")))
                 err = _far(got, want)
                 seen[key] = None if err is None else f"max error {err:.3g} against {TOL:g} of its scale"
             except GPUError as e:

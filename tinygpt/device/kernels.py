@@ -152,6 +152,11 @@ def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, 
                         v0, VP if vn is None else vn))
 
 
+def _tanh(tanh: bool) -> dict | None:
+    """The GELU kernels' override constants: TANH for GPT-2's tanh form (common.wgsl's gelu4)."""
+    return {"TANH": True} if tanh else None
+
+
 class Kernels:
     """One device's launchers under one kernel plan."""
 
@@ -210,16 +215,17 @@ class Kernels:
         """out (f32 [n]) = the bf16 values of xh; "x8" where n is a multiple of 8, as cast_bf16."""
         return self._cast("cast_f32", [None, xh, None, out], n, 64, variant)
 
-    def gelu_forward_bf16(self, xh, outh, n) -> Dispatch:
-        """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides."""
+    def gelu_forward_bf16(self, xh, outh, n, tanh=False) -> Dispatch:
+        """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides; tanh: GPT-2's
+        tanh form (every GELU launcher takes it)."""
         assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_forward_bf16", "urrww")
+        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_forward_bf16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
 
-    def gelu_backward_bf16(self, xh, dy, out, n) -> Dispatch:
+    def gelu_backward_bf16(self, xh, dy, out, n, tanh=False) -> Dispatch:
         """out (f32) = dy * gelu'(xh), xh bf16 (the saved pre-activation), n a multiple of 8."""
         assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww")
+        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
 
     def _mm_bf16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, nb=None, tm=None) -> Dispatch:
@@ -273,16 +279,16 @@ class Kernels:
         k = self.gpu.kernel("f16.wgsl", "cast_f16_to_f32", "urrww")
         return self.gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
 
-    def gelu_forward_f16(self, xh, outh, n) -> Dispatch:
+    def gelu_forward_f16(self, xh, outh, n, tanh=False) -> Dispatch:
         """outh = f16(gelu(xh)), n a multiple of 4."""
         assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_forward_f16", "urrww")
+        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_forward_f16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
 
-    def gelu_backward_f16(self, xh, dy, out, n) -> Dispatch:
+    def gelu_backward_f16(self, xh, dy, out, n, tanh=False) -> Dispatch:
         """out (f32) = dy * gelu'(xh), xh f16 (the saved pre-activation), n a multiple of 4."""
         assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww")
+        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None) -> Dispatch:
@@ -325,15 +331,15 @@ class Kernels:
         return self._mm_f16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
 
     # ---- elementwise -------------------------------------------------------------------------------
-    def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None) -> Dispatch:
+    def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None, consts=None) -> Dispatch:
         """elementwise4.wgsl (16 floats an invocation as 4 vec4) where the plan says vec4 and n allows."""
         gpu = self.gpu
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 and groups is None
                               else "scalar")
         if variant == "vec4":
-            k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw")
+            k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw", consts)
             return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
-        k = gpu.kernel("elementwise.wgsl", entry, "urrw")
+        k = gpu.kernel("elementwise.wgsl", entry, "urrw", consts)
         return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
 
     def add(self, x, y, out, n, variant=None) -> Dispatch:
@@ -343,11 +349,13 @@ class Kernels:
         """out += x (out is read and written: a buffer other than x)."""
         return self._ew("accumulate", x, None, out, n, variant=variant)
 
-    def gelu_forward(self, x, out, n, variant=None) -> Dispatch:
-        return self._ew("gelu_forward", x, None, out, n, variant=variant)
+    def gelu_forward(self, x, out, n, variant=None, tanh=False) -> Dispatch:
+        """out = gelu(x): the exact x Phi(x), or GPT-2's tanh form where tanh (override TANH)."""
+        return self._ew("gelu_forward", x, None, out, n, variant=variant, consts=_tanh(tanh))
 
-    def gelu_backward(self, x, dy, out, n, variant=None) -> Dispatch:
-        return self._ew("gelu_backward", x, dy, out, n, variant=variant)
+    def gelu_backward(self, x, dy, out, n, variant=None, tanh=False) -> Dispatch:
+        """out = dy * gelu'(x), x the pre-activation; tanh as gelu_forward."""
+        return self._ew("gelu_backward", x, dy, out, n, variant=variant, consts=_tanh(tanh))
 
     def bias_grad(self, dy, out, rows, cols, variant=None) -> Dispatch:
         variant = variant or ("sg" if cols % 4 == 0 and self.plan.reduce == "sg" else "scalar")

@@ -22,10 +22,11 @@ VECTORS = ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")
 
 
 class PolicyKernels:
-    """A precision policy's kernels for each role (core.precision), bound to one device's launchers."""
+    """A precision policy's kernels for each role (core.precision), bound to one device's launchers,
+    with the model's activation (the GELU kernels' form)."""
 
-    def __init__(self, kn: Kernels, policy: Precision):
-        self.kn, self.policy = kn, policy
+    def __init__(self, kn: Kernels, policy: Precision, activation: str = "gelu"):
+        self.kn, self.policy, self.tanh = kn, policy, activation == "gelu_tanh"
 
     def _k(self, role: str):
         return getattr(self.kn, self.policy.kernels[role])
@@ -43,10 +44,10 @@ class PolicyKernels:
         return self._k("matmul_atb")(a, b, out, M, N, K, accumulate)
 
     def gelu_forward(self, x, out, n):
-        return self._k("gelu_forward")(x, out, n)
+        return self._k("gelu_forward")(x, out, n, tanh=self.tanh)
 
     def gelu_backward(self, x, dy, out, n):
-        return self._k("gelu_backward")(x, dy, out, n)
+        return self._k("gelu_backward")(x, dy, out, n, tanh=self.tanh)
 
     def convert(self, src: Tensor, dst: Tensor, n: int) -> list:
         """dst = src in dst's dtype; nothing where they are one tensor."""

@@ -55,7 +55,7 @@ class Model:
         self.training, self.accum, self.attention = training, accum, attention
         self.scaled = training and precision.loss_scaling
         self.kn = Kernels(gpu, plan)
-        self.pk = PolicyKernels(self.kn, precision)
+        self.pk = PolicyKernels(self.kn, precision, cfg.activation)
         self.B, self.T = B or cfg.batch, T or cfg.ctx
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
         self.offsets, self.n_flat = param_layout(cfg)

@@ -55,7 +55,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
         c["ln2"] = (r(y), mean, rstd)
         c["pre"] = r(matmul(c["ln2"][0], rw(p("fc_in_W")), p("fc_in_b")))   # [BT,M]
-        c["act"] = r(gelu_forward(c["pre"]))
+        c["act"] = r(gelu_forward(c["pre"], cfg.activation == "gelu_tanh"))
         x = add(x, matmul(c["act"], rw(p("fc_out_W")), p("fc_out_b")))
         cache["layers"].append(c)
     cache["x_final"] = x
@@ -98,7 +98,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
         g("fc_out_W", matmul_atb(c["act"], rg(dx)))
         g("fc_out_b", bias_grad(dx))
         dact = matmul_abt(rg(dx), r(p("fc_out_W")))
-        dpre = gelu_backward(c["pre"], dact)
+        dpre = gelu_backward(c["pre"], dact, cfg.activation == "gelu_tanh")
         g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
         g("fc_in_b", bias_grad(dpre))
         dln2 = matmul_abt(rg(dpre), r(p("fc_in_W")))

@@ -100,13 +100,13 @@ def layernorm_forward_bf16(x, g, b):     # float32 x -> packed bf16 y [rows, C/2
     return cast_bf16(y).reshape(len(x), -1), mean, rstd
 
 
-def gelu_forward_bf16(xh):               # packed bf16 x -> packed bf16 gelu(x), computed in x's float precision
+def gelu_forward_bf16(xh, tanh=False):   # packed bf16 x -> packed bf16 gelu(x), computed in x's float precision
     x = cast_f32(xh, 2 * np.size(xh))
-    return cast_bf16(gelu_forward(x))
+    return cast_bf16(gelu_forward(x, tanh))
 
 
-def gelu_backward_bf16(xh, dy):          # packed bf16 x, dy -> d(x) in dy's precision
-    return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy)
+def gelu_backward_bf16(xh, dy, tanh=False):   # packed bf16 x, dy -> d(x) in dy's precision
+    return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy, tanh)
 
 
 def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
@@ -191,12 +191,12 @@ def layernorm_forward_f16(x, g, b):     # float32 x -> packed f16 y [rows, C/2],
     return cast_f16(y).reshape(len(x), -1), mean, rstd
 
 
-def gelu_forward_f16(xh):               # packed f16 x -> packed f16 gelu(x), computed in float64
-    return cast_f16(gelu_forward(unpack_f16(np.ravel(xh))))
+def gelu_forward_f16(xh, tanh=False):   # packed f16 x -> packed f16 gelu(x), computed in float64
+    return cast_f16(gelu_forward(unpack_f16(np.ravel(xh)), tanh))
 
 
-def gelu_backward_f16(xh, dy):          # packed f16 x, dy -> d(x) in dy's precision
-    return gelu_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy)
+def gelu_backward_f16(xh, dy, tanh=False):   # packed f16 x, dy -> d(x) in dy's precision
+    return gelu_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy, tanh)
 
 
 # ---- elementwise ----------------------------------------------------------------------
@@ -208,11 +208,22 @@ def accumulate(x, out):                   # -> out + x (the kernel writes it int
     return out + x
 
 
-def gelu_forward(x):                     # exact erf GELU
+def _tanh_arg(x):                        # GPT-2's GELU: u = sqrt(2/pi) (x + 0.044715 x^3), clamped as the kernels do
+    with np.errstate(over="ignore"):
+        return np.clip(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x), -40.0, 40.0)
+
+
+def gelu_forward(x, tanh=False):         # exact erf GELU; tanh: GPT-2's 0.5 x (1 + tanh(u)) (gelu_new),
+    if tanh:                             # as x sigmoid(2u): the same function, without 1 + tanh's cancellation
+        return x / (1.0 + np.exp(-2.0 * _tanh_arg(x)))
     return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
 
 
-def gelu_backward(x, dy):                # x = pre-activation
+def gelu_backward(x, dy, tanh=False):    # x = pre-activation
+    if tanh:
+        e = np.exp(-2.0 * _tanh_arg(x))
+        s = 1.0 / (1.0 + e)
+        return dy * (s + 2.0 * x * math.sqrt(2.0 / math.pi) * (1.0 + 3 * 0.044715 * x * x) * (s * e) * s)
     cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
     pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     return dy * (cdf + x * pdf)

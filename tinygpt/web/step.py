@@ -60,8 +60,10 @@ PLANS = {"portable": PORTABLE, "tiled": PORTABLE.with_(matmul="tiled"), "scalar"
 def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", browser_features=()) -> dict:
     """A trace without dispatches: each module and pipeline that the training model (every
     attention path, every precision whose feature the browser offers: f16 needs shader-f16) and
-    the samplers build under each plan of PLANS."""
+    the samplers build under each plan of PLANS, and the training model with GPT-2's GELU (its
+    kernels do not depend on the attention path: one)."""
     cfg = preset(cfg_name)
+    tanh = preset(cfg_name, activation="gelu_tanh")
     rec = Recorder(gpu)
     with within(gpu, browser_limits), collecting_kernels(gpu) as kernels:   # built afresh under these limits
         for plan in PLANS.values():
@@ -70,6 +72,8 @@ def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", brows
                     if prec.feature and (prec.feature not in browser_features or prec.feature not in gpu.features):
                         continue
                     Model(gpu, plan, cfg, impl, precision=prec)
+                    if impl == IMPLS[0]:
+                        Model(gpu, plan, tanh, impl, precision=prec)
                     for decode in ("cache", "full"):
                         Decoder(gpu, plan.with_(decode=decode), cfg, attention=impl, precision=prec)
     for k in kernels:
