@@ -1,4 +1,4 @@
-"""The command line: tinygpt train | plan | eval | sample | inspect | info | tune | import-hf | export.
+"""The command line: tinygpt train | plan | eval | sample | inspect | info | tune | prepare | import-hf | export.
 
 Errors are one line on stderr with a non-zero exit code; --debug shows the traceback.
 """
@@ -31,6 +31,7 @@ from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
 from .safety import Interrupted
+from .tokenfile import is_our_sidecar, is_our_token_file, prepare, sidecar_of
 from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_precision, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
@@ -282,6 +283,19 @@ def cmd_export(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    out = Outputs(args.force, {f"text {i + 1}": t for i, t in enumerate(args.text)})
+    out.claim(args.out, "out", "token file", is_our_token_file)
+    out.claim(sidecar_of(args.out), "out", "token file's sidecar", is_our_sidecar)
+    side = prepare(args.text, args.out, args.tokenizer, args.tokenizer_file, show_progress=not args.quiet)
+    n = side["tokens"]
+    print(f"wrote {args.out}: {n:,} {side['tokenizer']} tokens ({side['dtype']}, {Path(args.out).stat().st_size:,} "
+          f"bytes) from {len(side['sources'])} file{'s' * (len(side['sources']) > 1)}, "
+          f"{side['split']['train']:,} for training and {side['split']['val']:,} for validation; "
+          f"train with: tinygpt train --data {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_import_hf(args) -> int:
     d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
     inputs = {"directory": d, "directory's config.json": d / "config.json",
@@ -465,6 +479,17 @@ def build_parser():
     p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
     p.add_argument("--reset", action="store_true", help="forget this adapter's cached choices and exit")
     p.set_defaults(fn=cmd_tune)
+
+    p = sub.add_parser("prepare", parents=[common],
+                       help="tokenize text files once into a token file that --data memory-maps")
+    p.add_argument("text", nargs="+", help="text files, or directories of them (their files in sorted order)")
+    p.add_argument("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it")
+    p.add_argument("--tokenizer", choices=["byte", "gpt2"], default="byte",
+                   help="byte (vocab 256, uint16 ids; default) or gpt2 (r50k_base)")
+    p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
+    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_prepare)
 
     p = sub.add_parser("import-hf", parents=[common],
                        help="a Hugging Face GPT2LMHeadModel directory as a .tinygpt to fine-tune")

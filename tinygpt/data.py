@@ -182,11 +182,13 @@ def get_tokenizer(name: str = "byte", tokenizer_file: str | None = None):
 
 # ---- the token stream ------------------------------------------------------------------------
 class Dataset:
-    """A token stream split 90/10 (TinyGPT: validation from floor(0.9 n) on)."""
+    """A token stream split 90/10 (TinyGPT: validation from floor(0.9 n) on). tokens: an array, or
+    a token file's memory map, which stays one: windows are read as they are drawn, and with vocab
+    their ids are checked then (a file is never read whole to check it)."""
 
-    def __init__(self, tokens: np.ndarray, ctx: int, name: str = ""):
-        self.tokens = np.asarray(tokens, np.uint32)
-        self.ctx, self.name = ctx, name
+    def __init__(self, tokens: np.ndarray, ctx: int, name: str = "", vocab: int | None = None):
+        self.tokens = tokens if isinstance(tokens, np.memmap) else np.asarray(tokens, np.uint32)
+        self.ctx, self.name, self.vocab = ctx, name, vocab
         n = len(self.tokens)
         self.split = int(np.floor(0.9 * n))
         self.train, self.val = self.tokens[:self.split], self.tokens[self.split:]
@@ -200,13 +202,25 @@ class Dataset:
     def sample(self, rng: np.random.Generator, B: int):
         """B random windows of ctx+1 training tokens -> (x [B, T], y [B, T])."""
         starts = rng.integers(0, len(self.train) - self.ctx, B)
-        w = np.stack([self.train[s:s + self.ctx + 1] for s in starts])
+        w = self._checked(np.stack([self.train[s:s + self.ctx + 1] for s in starts]))
         return w[:, :-1], w[:, 1:]
+
+    def _checked(self, w: np.ndarray) -> np.ndarray:
+        """Windows as uint32, each id below the vocabulary (a damaged token file fails here, in one line)."""
+        w = np.asarray(w, np.uint32)
+        if self.vocab is not None and w.size and int(w.max()) >= self.vocab:
+            raise DataError(f"{self.name}: holds token id {int(w.max()):,}, past the vocabulary of {self.vocab:,}; "
+                            "the file is damaged or another tokenizer's: prepare it again")
+        return w
 
     def val_windows(self, max_windows: int | None = None):
         """Consecutive non-overlapping windows of the validation split -> (x [N, T], y [N, T])."""
         n = (len(self.val) - 1) // self.ctx
         if max_windows:
             n = min(n, max_windows)
+        need = 2 * n * self.ctx * 12                  # the windows' indices (int64) and ids (uint32), x and y
+        if need > available_memory() // 4:
+            raise DataError(f"{self.name}: its validation split has {n:,} windows, {need:,} bytes to gather, "
+                            f"more than a quarter of free memory; evaluate fewer with {{opt:max_windows}}")
         idx = np.arange(n)[:, None] * self.ctx + np.arange(self.ctx)[None, :]
-        return self.val[idx], self.val[idx + 1]
+        return self._checked(self.val[idx]), self._checked(self.val[idx + 1])

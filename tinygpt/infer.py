@@ -10,13 +10,14 @@ from . import checkpoint as ckpt
 from .core.config import Config
 from .core.errors import UsageError
 from .core.precision import FP32, PRECISIONS, Precision
-from .data import Dataset, get_tokenizer, read_corpus
+from .data import get_tokenizer
 from .device.gpu import GPU
 from .device.plan import KernelPlan
 from .device.planner import make_plan
 from .model.decode import Decoder
 from .model.gpt import Model
 from .options import EvalOptions, SampleOptions
+from .tokenfile import open_dataset
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
@@ -67,8 +68,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
     cfg = ck.cfg
     tok = tokenizer_of(ck, o.tokenizer_file)
-    raw, _ = read_corpus(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"))
-    data = Dataset(tok.encode(raw), cfg.ctx)
+    data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
     model = Model(gpu, make_plan(gpu, o.kernels), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,

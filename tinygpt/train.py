@@ -20,7 +20,7 @@ from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, pre
 from .core.errors import UsageError, word
 from .core.init import init_params
 from .core.precision import PRECISIONS, Precision
-from .data import Dataset, get_tokenizer, read_corpus
+from .data import Dataset, get_tokenizer
 from .device.gpu import GPU
 from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
@@ -34,6 +34,7 @@ from .options import TrainOptions
 from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
+from .tokenfile import is_token_file, open_dataset, read_sidecar
 
 
 @dataclass
@@ -82,7 +83,8 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config,
     if resume is None:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
                      batch=o.batch, grad_clip=o.grad_clip, seed=o.seed)
-        return cfg, o.tokenizer or PRESET_TOKENIZER.get(o.preset, "byte"), resolve(o)
+        prepared = read_sidecar(o.data)["tokenizer"] if is_token_file(o.data) else None   # a token file's own
+        return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, "byte"), resolve(o)
     diffs = _differences(resume.cfg, o)
     tok_file = ckpt.tokenizer_name(resume.extra, resume.cfg.vocab)
     if o.tokenizer and o.tokenizer != tok_file:
@@ -167,8 +169,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     cfg.validate()
     check_attention(o.attention, cfg.ctx, cfg.d_model, cfg.heads)
     data_path = data_path_for(o.data, resume, label)
-    raw, name = read_corpus(data_path)
-    data = Dataset(tok.encode(raw), cfg.ctx, name)
+    data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
     gpu = gpu or GPU()

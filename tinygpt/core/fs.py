@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -77,12 +78,20 @@ def name_max(directory) -> int:
 def atomic_write(path, data: bytes):
     """Temporary file beside the target (a short name, whatever the target's length), fsync,
     rename, fsync the directory. A crash at any point leaves the old file or the new one."""
+    with atomic_writer(path) as f:
+        f.write(data)
+
+
+@contextmanager
+def atomic_writer(path):
+    """atomic_write for a file written in pieces (a token file of any size): yields the temporary
+    file; it replaces path only when the block ends without an error, and is removed otherwise."""
     p = Path(path)
     d = p.parent if str(p.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=".tinygpt-", suffix=".tmp", dir=d)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -91,8 +100,9 @@ def atomic_write(path, data: bytes):
             os.unlink(tmp)
         except OSError:
             pass
-        if isinstance(e, OSError) and e.errno is not None and e.filename != str(p):
+        if isinstance(e, OSError) and e.errno is not None and e.filename in (None, tmp):
             raise OSError(e.errno, e.strerror, str(p)) from e     # the message names the file, not the temporary
+            # (an error about another file, an input read in the block, keeps its own name)
         raise
     try:
         dfd = os.open(d, os.O_RDONLY)

@@ -1,0 +1,241 @@
+"""Token files: a corpus tokenized once (`tinygpt prepare`), then memory-mapped by every run.
+
+    corpus.bin        the token ids end to end, little-endian uint16 (uint32 for a vocabulary
+                      over 65,536), nanoGPT's layout
+    corpus.bin.json   the sidecar: the tokenizer and its vocabulary, the count, the dtype, each
+                      source file's size and sha256, the 90/10 split
+
+A run opens the pair by the sidecar: it checks the file's length against the count before it
+maps it and never reads it whole (the windows it samples are read as they are drawn, and each
+window's ids are checked against the vocabulary then), so a token file has no size limit but the
+disk's. `--data` takes a text file, a directory of text files, or a token file; open_dataset is
+where that is decided.
+"""
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+
+from .core.fs import atomic_write, atomic_writer, check_regular, read_user_file
+from .data import _CUT, PIECE, DataError, Dataset, get_tokenizer, max_corpus_bytes, progress, read_corpus
+
+FORMAT = "tinygpt-tokens"
+VERSION = 1
+SIDECAR = ".json"                    # corpus.bin -> corpus.bin.json
+CHUNK = 8 << 20                      # bytes of text read (and tokenized) at a time
+MAX_SOURCES = 100_000                # files one prepare (or one --data DIR) takes
+MAX_SIDECAR = 64 << 20
+WRITER = "tinygpt"
+
+
+def sidecar_of(path) -> Path:
+    p = Path(path)
+    return p.with_name(p.name + SIDECAR)
+
+
+def is_token_file(path) -> bool:
+    """Whether path is (meant as) a token file: it has a sidecar, or it is named .bin."""
+    return path is not None and (Path(path).suffix == ".bin" or sidecar_of(path).exists())
+
+
+def is_our_sidecar(path) -> bool:
+    try:
+        return json.loads(Path(path).read_bytes()[:MAX_SIDECAR]).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+        return False
+
+
+def is_our_token_file(path) -> bool:
+    """A token file may be replaced where its sidecar is ours (the pair is written together)."""
+    return is_our_sidecar(sidecar_of(path))
+
+
+def dtype_for(vocab: int) -> str:
+    return "uint16" if vocab <= 1 << 16 else "uint32"
+
+
+# ---- sources ---------------------------------------------------------------------------------
+def text_files(paths, label: str = "{opt:data}") -> list[Path]:
+    """Each path a text file, or a directory whose regular files (not hidden, any depth) are taken in
+    sorted order; at most MAX_SOURCES in all, checked while listing."""
+    out = []
+    for given in paths:
+        p = Path(given)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(p).st_mode)
+        except OSError:
+            is_dir = False
+        if not is_dir:
+            check_regular(p, DataError, f"{label} {p}", "a UTF-8 text file or a directory of them")
+            out.append(p)
+            continue
+        found = []
+        for root, dirs, files in os.walk(p):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                f = Path(root) / name
+                if name.startswith(".") or not f.is_file():
+                    continue
+                found.append(f)
+                if len(out) + len(found) > MAX_SOURCES:
+                    raise DataError(f"{label} {p}: more than {MAX_SOURCES:,} files; give fewer, or prepare them "
+                                    "in parts")
+        if not found:
+            raise DataError(f"{label} {p}: the directory holds no files; give a directory of text files")
+        out += found
+    return out
+
+
+def read_directory(path, max_bytes: int) -> bytes:
+    """A directory of text files as one text, the files in sorted order: their sizes summed and
+    checked against max_bytes before any is read."""
+    files = text_files([path])
+    total = sum(f.stat().st_size for f in files)
+    if total > max_bytes:
+        raise DataError(f"{{opt:data}} {path}: its {len(files):,} files hold {total:,} bytes, more than the "
+                        f"{max_bytes:,} a text corpus may (a sixteenth of free memory, at most 4 GiB); "
+                        f"tokenize them once with: tinygpt prepare {path} --out corpus.bin, then --data corpus.bin")
+    return b"".join(read_user_file(f, DataError, f"{{opt:data}} {f}", "a text file", max_bytes) for f in files)
+
+
+# ---- prepare -----------------------------------------------------------------------------------
+def _pieces(f, tok, label: str, hasher):
+    """Token arrays of one open text file, read CHUNK bytes at a time. GPT-2's text is decoded
+    incrementally and cut only where its pre-tokenizer cuts anyway (data._CUT), so the tokens equal
+    those of the whole text; bytes are their own tokens."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict") if tok.name == "gpt2" else None
+    pending, done = "", 0
+    while True:
+        raw = f.read(CHUNK)
+        hasher.update(raw)
+        if decoder is None:
+            if raw:
+                yield np.frombuffer(raw, np.uint8)
+            if not raw:
+                return
+            continue
+        try:
+            pending += decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; the gpt2 tokenizer needs "
+                            "UTF-8: convert the file, or use --tokenizer byte") from e
+        done += len(raw)
+        if not raw:
+            if pending:
+                yield tok.encode(pending)
+            return
+        if len(pending) > 2 * PIECE:            # keep what follows the last cut for the next read
+            end = None
+            for m in _CUT.finditer(pending, len(pending) - min(len(pending) // 2, 1 << 16)):
+                end = m.start()
+            end = end or len(pending) - 1            # no cut anywhere near the end: cut (text_pieces does too)
+            yield tok.encode(pending[:end])
+            pending = pending[end:]
+
+
+def prepare(sources, out, tokenizer: str = "byte", tokenizer_file: str | None = None, show_progress=True) -> dict:
+    """Tokenize the text files (and directories of them) in `sources`, in order, into the token file
+    `out` and its sidecar, both written atomically (the token file first: a sidecar names only a
+    whole file). Returns the sidecar."""
+    tok = get_tokenizer(tokenizer, tokenizer_file)
+    files = text_files(sources, "prepare:")
+    dtype = np.dtype(dtype_for(tok.vocab)).newbyteorder("<")
+    total = sum(f.stat().st_size for f in files)
+    bar = progress(max(1, -(-total // (1 << 20))), f"tokenizing {len(files)} file{'s' * (len(files) > 1)}") \
+        if show_progress else None
+    record, count = [], 0
+    with atomic_writer(out) as w:
+        for f in files:
+            label = f"prepare: {f}"
+            hasher, n0, read0 = hashlib.sha256(), count, 0
+            try:
+                with open(f, "rb") as src:
+                    for ids in _pieces(src, tok, label, hasher):
+                        w.write(np.asarray(ids, dtype).tobytes())
+                        count += len(ids)
+                        if bar:
+                            pos = src.tell()
+                            bar.update((pos - read0) / (1 << 20))
+                            read0 = pos
+            except OSError as e:
+                if e.filename is None:
+                    raise DataError(f"{label}: cannot read it ({e.strerror})") from e
+                raise
+            record.append({"path": str(f), "bytes": f.stat().st_size, "sha256": hasher.hexdigest(),
+                           "tokens": count - n0})
+    if bar:
+        bar.close()
+    split = int(np.floor(0.9 * count))
+    side = {"format": FORMAT, "version": VERSION, "writer": WRITER, "tokenizer": tok.name, "vocab": tok.vocab,
+            "dtype": dtype.name, "tokens": count, "sources": record,
+            "split": {"train": split, "val": count - split, "rule": "validation from floor(0.9 n) on"}}
+    atomic_write(sidecar_of(out), (json.dumps(side, indent=1) + "\n").encode())
+    return side
+
+
+# ---- reading -------------------------------------------------------------------------------------
+def read_sidecar(path) -> dict:
+    """The sidecar of token file `path`, checked field by field (one-line errors)."""
+    sc = sidecar_of(path)
+    label = f"{{opt:data}} {path}"
+    if not sc.exists():
+        raise DataError(f"{label}: no sidecar {sc.name} beside it, so its tokens cannot be read; make the pair "
+                        f"with: tinygpt prepare TEXT --out {path}")
+    raw = read_user_file(sc, DataError, f"{label}'s sidecar {sc}", "the .json that tinygpt prepare wrote",
+                         MAX_SIDECAR)
+    try:
+        side = json.loads(raw)
+        assert isinstance(side, dict) and side.get("format") == FORMAT
+    except (ValueError, AssertionError, RecursionError) as e:
+        raise DataError(f"{label}: {sc.name} is not a tinygpt token file's sidecar; make the pair with: "
+                        f"tinygpt prepare TEXT --out {path}") from e
+    if side.get("version") != VERSION:
+        raise DataError(f"{label}: sidecar version {side.get('version')!r}; this tinygpt reads version {VERSION}")
+    n, vocab, dtype = side.get("tokens"), side.get("vocab"), side.get("dtype")
+    ok = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    if not (ok(n) and ok(vocab) and vocab > 0 and dtype in ("uint16", "uint32") and dtype == dtype_for(vocab)):
+        raise DataError(f"{label}: its sidecar's tokens, vocab or dtype are not what tinygpt prepare writes; "
+                        "prepare the file again")
+    return side
+
+
+def open_tokens(path, tok) -> tuple[np.memmap, dict]:
+    """The token file as a read-only memory map (nothing read yet), after its sidecar and its length
+    are checked, and its tokenizer against the run's."""
+    side = read_sidecar(path)
+    label = f"{{opt:data}} {path}"
+    if side["tokenizer"] != tok.name or side["vocab"] != tok.vocab:
+        raise DataError(f"{label}: tokenized with {side['tokenizer']} ({side['vocab']:,} ids), but this model reads "
+                        f"{tok.name} ({tok.vocab:,}); prepare it with --tokenizer {tok.name}, or train a "
+                        f"{side['tokenizer']} model")
+    st = check_regular(path, DataError, label, "the token file that tinygpt prepare wrote")
+    size = np.dtype(side["dtype"]).itemsize
+    if st.st_size != side["tokens"] * size:
+        raise DataError(f"{label}: {st.st_size:,} bytes, but its sidecar counts {side['tokens']:,} tokens of "
+                        f"{size} bytes ({side['tokens'] * size:,}); the file is damaged or not the sidecar's: "
+                        "prepare it again")
+    if side["tokens"] == 0:
+        raise DataError(f"{label}: holds no tokens; prepare it from a text with some content")
+    return np.memmap(path, dtype=np.dtype(side["dtype"]).newbyteorder("<"), mode="r", shape=(side["tokens"],)), side
+
+
+def open_dataset(path, tok, ctx: int, max_text_bytes: int | None = None) -> Dataset:
+    """The run's token stream from --data: a token file (memory-mapped), a directory of text files,
+    a text file, or (None) the built-in corpus; the last three are tokenized here."""
+    if is_token_file(path):
+        tokens, side = open_tokens(path, tok)
+        return Dataset(tokens, ctx, f"{path} ({side['tokenizer']} tokens, prepared)", vocab=tok.vocab)
+    if path is not None and os.path.isdir(path):
+        raw, name = read_directory(path, max_corpus_bytes() if max_text_bytes is None else max_text_bytes), \
+            f"{path} ({len(text_files([path])):,} files)"
+    else:
+        raw, name = read_corpus(path)
+    if not raw:
+        raise DataError(f"{{opt:data}} {path}: the files are empty; give text with some content")
+    return Dataset(tok.encode(raw), ctx, name)
