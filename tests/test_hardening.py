@@ -87,14 +87,16 @@ def test_no_adapter_at_all(monkeypatch, capsys):
 
 @pytest.mark.parametrize("case", ["missing", "directory", "empty", "short"])
 def test_bad_data(tmp_path, case):
-    path = {"missing": tmp_path / "nope.txt", "directory": tmp_path, "empty": tmp_path / "e.txt",
+    """A directory is a corpus of its files: an empty one is refused."""
+    (tmp_path / "empty dir").mkdir()
+    path = {"missing": tmp_path / "nope.txt", "directory": tmp_path / "empty dir", "empty": tmp_path / "e.txt",
             "short": tmp_path / "s.txt"}[case]
     if case == "empty":
         path.write_text("")
     if case == "short":
         path.write_text("x" * 100)
     rc, err = cli("train", *TINY, "--steps", 1, "--data", path, "--out", tmp_path / "o.tinygpt")
-    want = {"missing": "no such file", "directory": "is a directory", "empty": "empty",
+    want = {"missing": "no such file", "directory": "holds no files", "empty": "empty",
             "short": "at least 170 tokens"}[case]
     one_line_error(rc, err, want)
 

@@ -6,7 +6,7 @@ import pytest
 
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.device.gpu import buffer_bytes
-from tinygpt.model import budget
+from tinygpt.model import budget, buffers
 from tinygpt.cli import main
 from tinygpt.core.config import preset
 
@@ -37,8 +37,12 @@ def allocated(gpu, monkeypatch, build):
     ("online", 2, 2000, 600_000, 128, "fp32"),     # the token table split, through the head's block scratch
     ("online", 2, 256, None, 24, "bf16"), ("naive", 1, 2000, 600_000, 128, "bf16"),
     ("online", 1, 50257, 13_000_000, 24, "bf16"), ("online", 2, 256, None, 24, "f16"),
-    ("naive", 1, 2000, 600_000, 128, "f16"), ("online", 1, 50257, 13_000_000, 24, "f16")])
+    ("naive", 1, 2000, 600_000, 128, "f16"), ("online", 1, 50257, 13_000_000, 24, "f16"),
+    ("online", 2, 256, None, 24, "fp32 recompute"), ("naive", 1, 2000, 600_000, 128, "bf16 recompute"),
+    ("online", 1, 256, None, 24, "f16 recompute")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
+    precision, _, recompute = precision.partition(" ")
+    recompute = recompute == "recompute"     # one set of block activations, shared by the layers
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.infer import Sampler
@@ -49,13 +53,18 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     limits = budget.device_limits(gpu)
     precision = PRECISIONS[precision]
-    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, recompute=recompute)
     if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
         Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision)     # nor the sampler's (its
         Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
-    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision))
-    print(f"{attention} accum {accum} V {vocab} {precision.name}: budget {p.total:,} bytes, model {got:,}")
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision,
+                                                    recompute=recompute))
+    print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}: "
+          f"budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
+    if recompute:          # smaller than saving every layer's, by the saved activations of all but one
+        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+        assert p.total < full.total and p.groups[buffers.A] < full.groups[buffers.A]
     want = budget.sampler_bytes(cfg, attention, 50, plan, precision, max_binding=limits["max_binding"])
     got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50,
                                                       precision=precision))

@@ -62,6 +62,39 @@ def test_step0_logits_loss_and_every_gradient(gpu, plan, vocab):
     check_step0(gpu, plan, preset("tiny", vocab=vocab))
 
 
+@pytest.mark.parametrize("case", ["online", "naive", "accum 2", "bf16", "f16", "a GPU's"])
+def test_recompute_gives_the_same_gradients_bit_for_bit(gpu, monkeypatch, case):
+    """--recompute: one set of block activations, each block's forward run again from its saved
+    input in the backward, by the same kernels in the same order: every gradient equal to the
+    saving path's bit for bit, and so is the AdamW step after it (online and naive attention,
+    accumulation, both 16-bit precisions, a GPU's plan)."""
+    from tinygpt.device.planner import make_plan
+    precision = PRECISIONS[case] if case in PRECISIONS else PRECISIONS["fp32"]
+    if precision.feature and precision.feature not in gpu.features:
+        pytest.skip(f"{gpu.name} has no {precision.feature}")
+    if case == "a GPU's":
+        monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
+    plan = make_plan(gpu, tuning={} if case == "a GPU's" else None)
+    cfg = preset("tiny", layers=3, batch=4)
+    attention, accum = ("naive" if case == "naive" else "online"), (2 if case == "accum 2" else 1)
+    params = init_params(cfg)
+    x, y = batch(preset("tiny", layers=3, batch=4 * accum), 2)       # accum micro-batches of 4
+    got = {}
+    for recompute in (False, True):
+        m = Model(gpu, plan, cfg, attention, accum=accum, precision=precision, recompute=recompute)
+        m.set_params(params)
+        m.step(x, y, 1e-3)
+        got[recompute] = (m.get_grads(), m.get_params(), m.loss())
+        if recompute:
+            assert m.buf["pre"][0] is m.buf["pre"][2] and m.buf["x"][0] is not m.buf["x"][1]
+    (g0, p0, l0), (g1, p1, l1) = got[False], got[True]
+    assert l0 == l1
+    for name in g0:
+        assert np.array_equal(g0[name].view(np.uint32), g1[name].view(np.uint32)), name
+        assert np.array_equal(p0[name].view(np.uint32), p1[name].view(np.uint32)), name
+    print(f"recompute {case}: {len(g0)} gradients and the step after them equal bit for bit")
+
+
 def test_step0_with_gpt2s_gelu(gpu, plan):
     """activation gelu_tanh: the GELU kernels' TANH form through a whole step, and no other."""
     check_step0(gpu, plan, preset("tiny", activation="gelu_tanh"))

@@ -200,12 +200,13 @@ def cmd_plan(args) -> int:
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
-                             args.sample_tokens, precision)
+                             args.sample_tokens, precision, args.recompute)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
-            b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision)
+            b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision,
+                                             args.recompute)
             d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * accum // b) if b else (None, None)
         print(json.dumps(d, indent=2))
     else:
@@ -359,7 +360,11 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--grad-accum", type=bounded_int(1, MAX_GRAD_ACCUM), metavar="N",
                    help="N micro-batches of --batch windows per step, their gradients summed before one update "
                         "(the step of a batch N x --batch; default 1, or the resumed run's)")
-    p.add_argument("--data", help="a UTF-8 text file (default: the built-in corpus)")
+    p.add_argument("--recompute", action="store_true",
+                   help="save only each block's input and recompute its forward in the backward: less memory, "
+                        "one more forward of the blocks a step, the same gradients bit for bit")
+    p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
+                                  "(default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
     p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
     p.add_argument("--steps", type=positive_int,

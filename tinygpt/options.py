@@ -32,6 +32,7 @@ class TrainOptions:
     kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
     precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
     loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
+    recompute: bool = False            # keep each block's input only, recompute its forward in the backward
     eval_every: int = 100
     eval_windows: int = 64
     log_every: int = 10

@@ -8,7 +8,7 @@
 A run opens the pair by the sidecar: it checks the file's length against the count before it
 maps it and never reads it whole (the windows it samples are read as they are drawn, and each
 window's ids are checked against the vocabulary then), so a token file has no size limit but the
-disk's. `--data` takes a text file, a directory of text files, or a token file; open_dataset is
+disk's. The data option takes a text file, a directory of text files, or a token file; open_dataset is
 where that is decided.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ FORMAT = "tinygpt-tokens"
 VERSION = 1
 SIDECAR = ".json"                    # corpus.bin -> corpus.bin.json
 CHUNK = 8 << 20                      # bytes of text read (and tokenized) at a time
-MAX_SOURCES = 100_000                # files one prepare (or one --data DIR) takes
+MAX_SOURCES = 100_000                # files one prepare (or one data directory) takes
 MAX_SIDECAR = 64 << 20
 WRITER = "tinygpt"
 
@@ -100,7 +100,7 @@ def read_directory(path, max_bytes: int) -> bytes:
     if total > max_bytes:
         raise DataError(f"{{opt:data}} {path}: its {len(files):,} files hold {total:,} bytes, more than the "
                         f"{max_bytes:,} a text corpus may (a sixteenth of free memory, at most 4 GiB); "
-                        f"tokenize them once with: tinygpt prepare {path} --out corpus.bin, then --data corpus.bin")
+                        f"tokenize them once with: tinygpt prepare {path} {{opt:out}} corpus.bin, then {{opt:data}} corpus.bin")
     return b"".join(read_user_file(f, DataError, f"{{opt:data}} {f}", "a text file", max_bytes) for f in files)
 
 
@@ -124,7 +124,7 @@ def _pieces(f, tok, label: str, hasher):
             pending += decoder.decode(raw, final=not raw)
         except UnicodeDecodeError as e:
             raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; the gpt2 tokenizer needs "
-                            "UTF-8: convert the file, or use --tokenizer byte") from e
+                            "UTF-8: convert the file, or use {opt:tokenizer} byte") from e
         done += len(raw)
         if not raw:
             if pending:
@@ -186,7 +186,7 @@ def read_sidecar(path) -> dict:
     label = f"{{opt:data}} {path}"
     if not sc.exists():
         raise DataError(f"{label}: no sidecar {sc.name} beside it, so its tokens cannot be read; make the pair "
-                        f"with: tinygpt prepare TEXT --out {path}")
+                        f"with: tinygpt prepare TEXT {{opt:out}} {path}")
     raw = read_user_file(sc, DataError, f"{label}'s sidecar {sc}", "the .json that tinygpt prepare wrote",
                          MAX_SIDECAR)
     try:
@@ -194,7 +194,7 @@ def read_sidecar(path) -> dict:
         assert isinstance(side, dict) and side.get("format") == FORMAT
     except (ValueError, AssertionError, RecursionError) as e:
         raise DataError(f"{label}: {sc.name} is not a tinygpt token file's sidecar; make the pair with: "
-                        f"tinygpt prepare TEXT --out {path}") from e
+                        f"tinygpt prepare TEXT {{opt:out}} {path}") from e
     if side.get("version") != VERSION:
         raise DataError(f"{label}: sidecar version {side.get('version')!r}; this tinygpt reads version {VERSION}")
     n, vocab, dtype = side.get("tokens"), side.get("vocab"), side.get("dtype")
@@ -212,7 +212,7 @@ def open_tokens(path, tok) -> tuple[np.memmap, dict]:
     label = f"{{opt:data}} {path}"
     if side["tokenizer"] != tok.name or side["vocab"] != tok.vocab:
         raise DataError(f"{label}: tokenized with {side['tokenizer']} ({side['vocab']:,} ids), but this model reads "
-                        f"{tok.name} ({tok.vocab:,}); prepare it with --tokenizer {tok.name}, or train a "
+                        f"{tok.name} ({tok.vocab:,}); prepare it with {{opt:tokenizer}} {tok.name}, or train a "
                         f"{side['tokenizer']} model")
     st = check_regular(path, DataError, label, "the token file that tinygpt prepare wrote")
     size = np.dtype(side["dtype"]).itemsize
@@ -226,7 +226,7 @@ def open_tokens(path, tok) -> tuple[np.memmap, dict]:
 
 
 def open_dataset(path, tok, ctx: int, max_text_bytes: int | None = None) -> Dataset:
-    """The run's token stream from --data: a token file (memory-mapped), a directory of text files,
+    """The run's token stream from the data option: a token file (memory-mapped), a directory of text files,
     a text file, or (None) the built-in corpus; the last three are tokenized here."""
     if is_token_file(path):
         tokens, side = open_tokens(path, tok)

@@ -174,14 +174,15 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     precision = run_precision(o, resume)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
-    mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision)
+    mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
+                        o.recompute)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
     model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
-                  loss_scale=run_loss_scale(o, precision))
+                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute)
     # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name}
+             "precision": precision.name, "recompute": o.recompute}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)

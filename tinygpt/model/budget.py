@@ -31,6 +31,7 @@ class MemoryBudget:
     accum: int
     attention: str
     precision: Precision = FP32
+    recompute: bool = False                             # the blocks' activations recomputed in the backward
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
@@ -52,7 +53,8 @@ class MemoryBudget:
     def as_dict(self) -> dict:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
-                "attention": self.attention, "precision": self.precision.name, "bytes": dict(self.groups),
+                "attention": self.attention, "precision": self.precision.name, "recompute": self.recompute,
+                "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
                 "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
 
@@ -69,14 +71,16 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, 
 
 
 def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
-                  limits: dict | None = None, sample: int = 200, precision: Precision = FP32) -> MemoryBudget:
+                  limits: dict | None = None, sample: int = 200, precision: Precision = FP32,
+                  recompute: bool = False) -> MemoryBudget:
     """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
     limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
     (None where unknown); sample: the tokens of the samples at the end (0: none)."""
     limits = dict(limits or {})
-    p = MemoryBudget(cfg, batch, accum, attention, precision, limits=limits)
+    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, limits=limits)
     mb, align = limits.get("max_binding"), limits.get("align") or 256
-    planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum)
+    planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum,
+                                       recompute=recompute)
     for e in planned:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
@@ -134,13 +138,13 @@ def divisors(n: int) -> list[int]:
 
 
 def largest_fitting_batch(cfg: Config, batch: int, attention: str, plan: KernelPlan, limits: dict,
-                          precision: Precision = FP32) -> int | None:
+                          precision: Precision = FP32, recompute: bool = False) -> int | None:
     """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
     the batch); None where none does, or the batch is too large to search (over 2^20 windows)."""
     if batch > MAX_DIVISORS:
         return None
     for b in divisors(batch):
-        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision).fits:
+        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision, recompute=recompute).fits:
             return b
     return None
 
@@ -155,7 +159,7 @@ def device_limits(gpu: GPU) -> dict:
 def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
-    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision)
+    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision, p.recompute)
     sampling = p.groups.get("sampling", 0)
     if sampling and sampling >= max(p.groups.values()):     # the end-of-run samples are what is too big
         msg += (f"; the samples at the end take {sampling:,} bytes of it: ask for fewer {{opt:sample_tokens}} "
@@ -163,6 +167,8 @@ def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     elif b and b < p.batch * p.accum:
         msg += (f"; {{opt:batch}} {b} {{opt:grad_accum}} {p.batch * p.accum // b} fits and keeps the batch of "
                 f"{p.batch * p.accum}")
+    elif not p.recompute and p.groups.get(buffers.A, 0) >= max(p.groups.values()):   # saved activations dominate
+        msg += "; {opt:recompute} keeps only each block's input, or use a smaller {opt:ctx} or {opt:batch}"
     else:
         msg += "; use a smaller {opt:ctx}, {opt:d_model} or fewer {opt:layers}"
     return msg + " (tinygpt plan shows every buffer)"
@@ -180,7 +186,7 @@ def text(p: MemoryBudget) -> str:
     what, largest = p.largest_binding
     lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
-             + f", attention {p.attention}, {p.precision.name}"]
+             + f", attention {p.attention}, {p.precision.name}" + (", recompute" if p.recompute else "")]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

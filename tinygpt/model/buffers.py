@@ -14,7 +14,10 @@ dtype: "f32" or "u32", or the policy's: "stored" (what the matmuls read: core.pr
 "weights" (the weights' copy the matmuls read). Lifetimes: "model" lives across steps (weights,
 moments); "step" is written and read within a step; "per layer" (and "per layer + 1") is one
 buffer a layer, saved for the backward; "shared" is one scratch that every layer reuses;
-"per layer, per head chunk" are the score matrices, split by heads to fit a binding.
+"per layer, per head chunk" are the score matrices, split by heads to fit a binding. Under the
+"recompute" flag the "per layer" rows (not the residual stream's "per layer + 1") are one buffer
+that every layer shares: the backward recomputes each block's forward into it from the block's
+input, which stays saved.
 """
 from __future__ import annotations
 
@@ -143,7 +146,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 
 
 def flags(policy: Precision, attention: str, *, training: bool, head: bool, accum: int, split_head: bool,
-          attention_reads_stored: bool, cache: bool = False) -> set:
+          attention_reads_stored: bool, cache: bool = False, recompute: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = set()
     on |= {"training"} if training else set()
@@ -155,6 +158,7 @@ def flags(policy: Precision, attention: str, *, training: bool, head: bool, accu
     on |= {"converts"} if policy.converts else set()
     on |= {"attention reads f32"} if policy.converts and not attention_reads_stored else set()
     on |= {"cache"} if cache else set()
+    on |= {"recompute"} if recompute and training else set()
     return on
 
 
@@ -167,6 +171,7 @@ class Planned:
     chunk: tuple | None      # (first head, heads) of a score matrix
     shape: tuple
     dtype: str
+    layers: int = 1          # how many layers share it (recompute: every layer's, one buffer)
 
     @property
     def words(self) -> tuple:
@@ -182,24 +187,26 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
     """Every buffer of the rows whose flag is on, in table order, one a layer where the lifetime says."""
     out = []
     dtype_of = {"stored": policy.stored, "weights": policy.weights}
+    shared = size["L"] if "recompute" in on else 1          # layers sharing one saved activation
     for row in table:
         if row.when and not all(w.strip() in on for w in row.when.split(",")):
             continue
         dtype = dtype_of.get(row.dtype, row.dtype)
         if row.lifetime == "per layer, per head chunk":
-            for l in range(size["L"]):
+            for l in range(size["L"] // shared):
                 for h0, nh in size["head_chunks"]:
-                    out.append(Planned(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype))
+                    out.append(Planned(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype, shared))
             continue
-        count = {"per layer": size["L"], "per layer + 1": size["L"] + 1}.get(row.lifetime)
+        count = {"per layer": size["L"] // shared, "per layer + 1": size["L"] + 1}.get(row.lifetime)
         shape = _shape(row.shape, size)
-        out += [Planned(row, l, None, shape, dtype) for l in range(count)] if count is not None else \
-            [Planned(row, None, None, shape, dtype)]
+        out += [Planned(row, l, None, shape, dtype, shared if row.lifetime == "per layer" else 1)
+                for l in range(count)] if count is not None else [Planned(row, None, None, shape, dtype)]
     return out
 
 
 def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, policy: Precision,
-               max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1):
+               max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1,
+               recompute: bool = False):
     """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
     head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
     which layout.logit_chunks refuses)."""
@@ -207,7 +214,8 @@ def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, po
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     size = sizes(cfg, B, T, accum, max_binding, head_rows)
     on = flags(policy, attention, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
-               attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads))
+               attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads),
+               recompute=recompute)
     return resolve(MODEL, on, size, policy), size
 
 
@@ -245,6 +253,8 @@ def allocate(gpu: GPU, planned: list[Planned], size: dict, row_chunks: dict | No
             out.setdefault(p.row.name, []).append(t)
         else:
             out[p.row.name] = t
+        if p.layers > 1:         # one buffer every layer's view names (recompute)
+            out[p.row.name] = out[p.row.name] * p.layers
     return out
 
 

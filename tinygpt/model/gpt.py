@@ -48,11 +48,12 @@ class Model:
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention: str = "online", B: int | None = None,
                  T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
-                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE):
+                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False):
         assert head or not training, "training needs the head"
         assert accum >= 1 and (accum == 1 or training)
         self.gpu, self.plan, self.cfg, self.precision = gpu, plan, cfg, precision
         self.training, self.accum, self.attention = training, accum, attention
+        self.recompute = recompute and training      # one set of block activations, rebuilt in the backward
         self.scaled = training and precision.loss_scaling
         self.kn = Kernels(gpu, plan)
         self.pk = PolicyKernels(self.kn, precision, cfg.activation)
@@ -107,7 +108,7 @@ class Model:
         """This model's rows of the buffer table (self.planned, one entry a buffer), allocated."""
         self.planned, self.size = buffers.model_rows(self.cfg, self.B, self.T, self.attention, self.plan,
                                                      self.precision, self.gpu.max_binding, training=self.training,
-                                                     head=head, accum=self.accum)
+                                                     head=head, accum=self.accum, recompute=self.recompute)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
@@ -211,6 +212,8 @@ class Model:
         for l in reversed(range(L)):
             G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2")}
             grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]))
+            if self.recompute and l < L - 1:    # the top block's are still those of the forward
+                ds += block_forward(kn, pk, self.weights(l), self.acts(l), self.att[l].forward, BT, C, M)
             ds += block_backward(kn, pk, self.weights(l), self.acts(l), grads, self.att[l], BT, C, M)
         ds += self.head.embed_grad(self._batch_view("buckets"), dres, Gd["tok_emb"], B, T, V)
         ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
