@@ -39,10 +39,9 @@ def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None, keep=F
     x, y = batch(cfg)
     m = Model(gpu, plan, cfg, "online")
     m.set_params(params)
-    m.grads_only(x, y)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y)
     grads = RG.backward(f64(params), cfg, cache)
-    # logits were overwritten by dlogits in the backward: run the forward alone for them
+    # the forward alone for the logits (the backward overwrites them with dlogits), then the step's
     check("logits", m.logits_of(x), logits, 1e-4 * np.abs(logits).max())
     m.grads_only(x, y)
     check("loss", m.loss(), loss, 1e-4 * abs(loss))
