@@ -169,7 +169,7 @@ def test_nothing_reads_a_token_file_whole(tmp_path):
         "format": TF.FORMAT, "version": TF.VERSION, "writer": "tinygpt", "tokenizer": "byte", "vocab": 256,
         "dtype": "uint16", "tokens": n, "sources": [], "split": {"train": split, "val": n - split}}))
     code = ("import resource, sys\nfrom tinygpt.cli import main\n"
-            f"rc = main(['train', '--data', {str(big)!r}, '--preset', 'tiny', '--steps', '2', '--eval-every', '1', "
+            f"rc = main(['train', '--data', {str(big)!r}, '--preset', 'tiny', '--ctx', '8', '--steps', '2', '--eval-every', '1', "
             f"'--sample-tokens', '0', '--quiet', '--out', {str(tmp_path / 'm.tinygpt')!r}])\n"
             "print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
