@@ -231,25 +231,33 @@ def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half
     print(f"{half} greedy: {n} tokens, cached = full window")
 
 
-@pytest.mark.parametrize("vocab, limit, n", [(2000, 600_000, 40), (50257, 13_000_000, 12)])
-def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, n):
+@pytest.mark.parametrize("vocab, limit, n, half", [(2000, 600_000, 40, None), (50257, 13_000_000, 12, None),
+                                                   (2000, 600_000, 40, "bf16"), (2000, 600_000, 40, "f16")])
+def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, n, half):
     """tok_emb [V, 128] over a forced limit (also GPT-2's vocabulary): embed_decode runs once per
     chunk of the table (each with its uniform) and the cached head goes through the block scratch;
-    both paths and the reference agree, with tokens drawn from both chunks."""
+    both paths and the reference agree, with tokens drawn from both chunks. In bf16 and f16 too
+    (the half cache, the table's 16-bit copy in chunks): cached equals the whole window."""
+    from tinygpt.core.precision import FP32, PRECISIONS
+    precision = PRECISIONS[half] if half else FP32
+    if precision.feature and precision.feature not in gpu.features:
+        pytest.skip(f"{gpu.name} has no {precision.feature}")
     cfg = preset("tiny", layers=1, d_model=128, heads=2, ctx=16, vocab=vocab)
     params = spread(cfg, 4)
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n)
-        assert len(d.model.head.vchunks) == 2
+        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n, precision=precision)
+        assert len(d.model.head.vchunks) == 2 and d.path == ("cache" if cache else "full")
         edge = d.model.head.vchunks[1][0]
         d.set_params(params)
         prompt = [5, edge + 3, vocab - 1]                           # tokens of both chunks in the prompt
         got[cache] = d.generate(prompt, n)
-    want, margins = reference_greedy(params, cfg, prompt, n)
     assert got[True] == got[False]
     assert min(got[True][0]) < edge <= max(got[True][0]), "tokens from one chunk only"
+    if half:                     # the float32 reference's tokens are not a 16-bit model's
+        return
+    want, margins = reference_greedy(params, cfg, prompt, n)
     mismatch = next((i for i, (a, b) in enumerate(zip(got[True][0], want)) if a != b), None)
     if mismatch is not None:
         assert margins[mismatch - len(prompt)] < 1e-4, f"token {mismatch} differs at margin {margins[mismatch - 3]}"
