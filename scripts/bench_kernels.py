@@ -49,6 +49,11 @@ def cases(gpu, rows, C, M, V, n, rng):
         for v in ("scalar", "vec4"):
             d = getattr(kn, entry)(*args, tout, rows * M, variant=v)
             yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
+    for entry, args, want in (("gelu_forward", (tx,), R.gelu_forward(f64(x), True)),    # GPT-2's tanh form
+                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y), True))):
+        for v in ("scalar", "vec4"):
+            d = getattr(kn, entry)(*args, tout, rows * M, variant=v, tanh=True)
+            yield entry, v + " tanh", f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
     if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (elementwise_bf16.wgsl)
         n = rows * M
         xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "bf16")
