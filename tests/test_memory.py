@@ -39,7 +39,7 @@ def allocated(gpu, monkeypatch, build):
     ("online", 1, 50257, 13_000_000, 24, "bf16"), ("online", 2, 256, None, 24, "f16"),
     ("naive", 1, 2000, 600_000, 128, "f16"), ("online", 1, 50257, 13_000_000, 24, "f16"),
     ("online", 2, 256, None, 24, "fp32 recompute"), ("naive", 1, 2000, 600_000, 128, "bf16 recompute"),
-    ("online", 1, 256, None, 24, "f16 recompute")])
+    ("online", 1, 256, None, 24, "f16 recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 recompute")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     precision, _, recompute = precision.partition(" ")
     recompute = recompute == "recompute"     # one set of block activations, shared by the layers

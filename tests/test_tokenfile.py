@@ -158,9 +158,9 @@ def test_a_token_file_past_the_text_bound_trains(tmp_path, monkeypatch, capsys):
 
 def test_nothing_reads_a_token_file_whole(tmp_path):
     """A 16 GiB token file (sparse: zeros, token 0) trains two steps and evaluates in a process whose
-    peak memory stays below half the file's size: reading it whole would take all of it. (The
-    process's own peak varies here: 0.25 GB alone, 5.9 GB once within the whole suite, pages of the
-    map the kernel read around; the map is now advised MADV_RANDOM.)"""
+    peak memory stays under a quarter of the file's size. (Before the map was advised MADV_RANDOM
+    the kernel read 8 MB around each fault here, and one run within the whole suite peaked at
+    5.9 GB; since, 0.25 to 0.9 GB.)"""
     big = tmp_path / "big.bin"
     n = 1 << 33
     with open(big, "wb") as f:
@@ -178,4 +178,4 @@ def test_nothing_reads_a_token_file_whole(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rc, peak = map(int, r.stdout.split()[-2:])
     print(f"trained from a {2 * n:,}-byte token file; peak resident memory {peak:,} bytes")
-    assert rc == 0 and peak < 2 * n // 2
+    assert rc == 0 and peak < 2 * n // 4

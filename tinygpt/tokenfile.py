@@ -93,16 +93,17 @@ def text_files(paths, label: str = "{opt:data}") -> list[Path]:
     return out
 
 
-def read_directory(path, max_bytes: int) -> bytes:
-    """A directory of text files as one text, the files in sorted order: their sizes summed and
-    checked against max_bytes before any is read."""
+def read_directory(path, max_bytes: int) -> tuple[bytes, int]:
+    """A directory of text files as one text, the files in sorted order, and how many files: their
+    sizes summed and checked against max_bytes before any is read."""
     files = text_files([path])
     total = sum(f.stat().st_size for f in files)
     if total > max_bytes:
         raise DataError(f"{{opt:data}} {path}: its {len(files):,} files hold {total:,} bytes, more than the "
                         f"{max_bytes:,} a text corpus may (a sixteenth of free memory, at most 4 GiB); "
                         f"tokenize them once with: tinygpt prepare {path} {{opt:out}} corpus.bin, then {{opt:data}} corpus.bin")
-    return b"".join(read_user_file(f, DataError, f"{{opt:data}} {f}", "a text file", max_bytes) for f in files)
+    return b"".join(read_user_file(f, DataError, f"{{opt:data}} {f}", "a text file", max_bytes) for f in files), \
+        len(files)
 
 
 # ---- prepare -----------------------------------------------------------------------------------
@@ -115,11 +116,10 @@ def _pieces(f, tok, label: str, hasher):
     while True:
         raw = f.read(CHUNK)
         hasher.update(raw)
-        if decoder is None:
-            if raw:
-                yield np.frombuffer(raw, np.uint8)
+        if decoder is None:              # bytes are their own ids
             if not raw:
                 return
+            yield np.frombuffer(raw, np.uint8)
             continue
         try:
             pending += decoder.decode(raw, final=not raw)
@@ -231,15 +231,15 @@ def open_tokens(path, tok) -> tuple[np.memmap, dict]:
     return tokens, side
 
 
-def open_dataset(path, tok, ctx: int, max_text_bytes: int | None = None) -> Dataset:
+def open_dataset(path, tok, ctx: int) -> Dataset:
     """The run's token stream from the data option: a token file (memory-mapped), a directory of text files,
     a text file, or (None) the built-in corpus; the last three are tokenized here."""
     if is_token_file(path):
         tokens, side = open_tokens(path, tok)
         return Dataset(tokens, ctx, f"{path} ({side['tokenizer']} tokens, prepared)", vocab=tok.vocab)
     if path is not None and os.path.isdir(path):
-        raw, name = read_directory(path, max_corpus_bytes() if max_text_bytes is None else max_text_bytes), \
-            f"{path} ({len(text_files([path])):,} files)"
+        raw, count = read_directory(path, max_corpus_bytes())
+        name = f"{path} ({count:,} files)"
     else:
         raw, name = read_corpus(path)
     if not raw:
