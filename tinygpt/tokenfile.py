@@ -16,7 +16,6 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
-import mmap
 import os
 import stat
 from pathlib import Path
@@ -224,10 +223,6 @@ def open_tokens(path, tok) -> tuple[np.memmap, dict]:
     if side["tokens"] == 0:
         raise DataError(f"{label}: holds no tokens; prepare it from a text with some content")
     tokens = np.memmap(path, dtype=np.dtype(side["dtype"]).newbyteorder("<"), mode="r", shape=(side["tokens"],))
-    try:        # windows are drawn at random: no read-around of each fault (the kernel's readahead window)
-        tokens._mmap.madvise(mmap.MADV_RANDOM)
-    except (AttributeError, OSError, ValueError):
-        pass
     return tokens, side
 
 
