@@ -1,4 +1,4 @@
-// Elementwise ops: residual add, exact GELU and its backward, bias gradient.
+// Elementwise ops: residual add, exact GELU and its backward, bias gradient, scaling.
 // One invocation per element (bias_grad: per column); 1-D grids are folded
 // into (x, y) by the host, so the linear id is rebuilt from num_workgroups.
 
@@ -23,6 +23,16 @@ fn accumulate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
               @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
   if (i < p.n) { out[i] = out[i] + x[i]; }
+}
+
+// out = x * SCALE: LoRA's alpha / rank on the [rows, rank] products (one value a run, so a
+// constant of the pipeline; y is unused)
+override SCALE: f32 = 1.0;
+@compute @workgroup_size(64)
+fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i < p.n) { out[i] = x[i] * SCALE; }
 }
 
 // erf_approx, gelu4, gelu_grad4: common.wgsl (erf by Abramowitz & Stegun 7.1.26: WGSL has no erf).

@@ -349,6 +349,10 @@ class Kernels:
         """out += x (out is read and written: a buffer other than x)."""
         return self._ew("accumulate", x, None, out, n, variant=variant)
 
+    def scale(self, x, out, n, s: float) -> Dispatch:
+        """out = x * s (LoRA's alpha / rank; s is the pipeline's constant SCALE)."""
+        return self._ew("scale", x, None, out, n, variant="scalar", consts={"SCALE": float(s)})
+
     def gelu_forward(self, x, out, n, variant=None, tanh=False) -> Dispatch:
         """out = gelu(x): the exact x Phi(x), or GPT-2's tanh form where tanh (override TANH)."""
         return self._ew("gelu_forward", x, None, out, n, variant=variant, consts=_tanh(tanh))

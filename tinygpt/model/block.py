@@ -69,6 +69,65 @@ class BlockWeights:
 
 
 @dataclass
+class BlockLoRA:
+    """One block's adapters (core.lora): for each targeted matrix name, A [R, in] and B [out, R]
+    as the matmuls read them, its saved s (x A^T) [rows, R] (hs), and where their gradients go
+    (dA, dB; absent in a model without a backward). h and gs: shared [rows, R] scratch (the
+    unscaled product, and s (dy B) in the backward); y: a float32 [rows, >= out] sum for the
+    outputs stored in 16 bits, which the adapter's product joins before the one rounding (None
+    where nothing is stored so)."""
+    R: int
+    scale: float
+    A: dict
+    B: dict
+    hs: dict
+    dA: dict
+    dB: dict
+    h: Tensor
+    gs: Tensor
+    y: Tensor | None
+
+
+def _cols(t: Tensor, rows: int, cols: int) -> Tensor:
+    """The first [rows, cols] of a float32 scratch (a 16-bit output's float32 sum)."""
+    return Tensor(t.buf, t.offset, (rows, cols), t.dtype, t.name)
+
+
+def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W, bias, out, rows: int, N: int,
+           K: int) -> list:
+    """out = x W + bias, and where `name` has an adapter, + s (x A^T) B^T summed before out is
+    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding)."""
+    if lo is None or name not in lo.A:
+        return [pk.matmul(x, W, bias, out, rows, N, K)]
+    y = out if out.dtype == "f32" else _cols(lo.y, rows, N)
+    ds = [pk.matmul(x, W, bias, y, rows, N, K),
+          pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
+          kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale),
+          pk.matmul_abt(lo.hs[name], lo.B[name], y, rows, N, lo.R, accumulate=True)]
+    return ds + pk.convert(y, out, rows * N)
+
+
+def linear_backward(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, G: dict, name: str, bias: str, x, W, dy,
+                    dx, rows: int, N: int, K: int, accumulate: bool = False) -> list:
+    """The gradients of out = linear(x): of W and the bias where G has a place for them (a
+    frozen one has none), of the adapter where `name` has one, and dx (+)= dy W^T (+ its path
+    through the adapter)."""
+    ds = [pk.matmul_abt(dy, W, dx, rows, K, N, accumulate=accumulate)]
+    if name in G:
+        ds.append(pk.matmul_atb(x, dy, G[name], K, N, rows))
+    if bias in G:
+        ds.append(kn.bias_grad(dy, G[bias], rows, N))
+    if lo is not None and name in lo.A:
+        R = lo.R
+        ds += [pk.matmul_atb(dy, lo.hs[name], lo.dB[name], N, R, rows),          # dB = dy^T s h
+               pk.matmul(dy, lo.B[name], None, lo.h, rows, R, N),                 # dy B
+               kn.scale(lo.h, lo.gs, rows * R, lo.scale),                         # s dy B
+               pk.matmul_atb(lo.gs, x, lo.dA[name], R, K, rows),                  # dA = (s dy B)^T x
+               pk.matmul(lo.gs, lo.A[name], None, dx, rows, K, R, accumulate=True)]
+    return ds
+
+
+@dataclass
 class BlockActs:
     """One block's activations for `rows` rows. att_in: q, k, v as the attention reads them (the
     same tensors, or float32 copies); att_out: what the attention writes (ctx, or its float32 copy)."""
@@ -89,21 +148,22 @@ class BlockActs:
 
 
 def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, attend, rows: int, C: int,
-                  M: int) -> list:
-    """The block's dispatches; attend(q, k, v, out) -> the attention's."""
+                  M: int, lo: BlockLoRA | None = None) -> list:
+    """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any."""
+    lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
     for n, t, t_in in zip("qkv", a.qkv, a.att_in):
-        ds.append(pk.matmul(a.ln1, w.W["W" + n], w.b["b" + n], t, rows, C, C))
+        ds += lin("W" + n, a.ln1, "b" + n, t, C, C)
         ds += pk.convert(t, t_in, rows * C)
     ds += attend(*a.att_in, a.att_out)
     ds += pk.convert(a.att_out, a.ctx, rows * C)
-    return ds + [pk.matmul(a.ctx, w.W["Wo"], w.b["bo"], a.tmp, rows, C, C),
-                 kn.add(a.x, a.tmp, a.x_mid, rows * C),
-                 pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C),
-                 pk.matmul(a.ln2, w.W["fc_in_W"], w.b["fc_in_b"], a.pre, rows, M, C),
-                 pk.gelu_forward(a.pre, a.gel, rows * M),
-                 pk.matmul(a.gel, w.W["fc_out_W"], w.b["fc_out_b"], a.tmp, rows, C, M),
-                 kn.add(a.x_mid, a.tmp, a.x_out, rows * C)]
+    ds += lin("Wo", a.ctx, "bo", a.tmp, C, C)
+    ds += [kn.add(a.x, a.tmp, a.x_mid, rows * C),
+           pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C)]
+    ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
+    ds.append(pk.gelu_forward(a.pre, a.gel, rows * M))
+    ds += lin("fc_out_W", a.gel, "fc_out_b", a.tmp, C, M)
+    return ds + [kn.add(a.x_mid, a.tmp, a.x_out, rows * C)]
 
 
 @dataclass
@@ -121,28 +181,23 @@ class BlockGrads:
 
 
 def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, g: BlockGrads, attention,
-                   rows: int, C: int, M: int) -> list:
-    """The block's backward; attention: its Attention, which recomputes or reads what it saved."""
+                   rows: int, C: int, M: int, lo: BlockLoRA | None = None) -> list:
+    """The block's backward; attention: its Attention, which recomputes or reads what it saved.
+    A parameter without a place in g.G is frozen: no gradient is computed for it."""
     G = g.G
+    lin = lambda name, bias, x, dy, dx, N, K, acc=False: linear_backward(kn, pk, lo, G, name, bias, x, w.W[name], dy,
+                                                                         dx, rows, N, K, acc)
+    ln_dgb = lambda x, stats, ln: [kn.layernorm_dgb(g.dln, x, stats, G[ln], rows, C)] if ln in G else []
     ds = pk.convert(a.ctx, a.att_out, rows * C)            # refill what the attention reads in float32
     for t, t_in in zip(a.qkv, a.att_in):
         ds += pk.convert(t, t_in, rows * C)
-    ds += [pk.matmul_atb(a.gel, g.dres, G["fc_out_W"], M, C, rows),
-           kn.bias_grad(g.dres, G["fc_out_b"], rows, C),
-           pk.matmul_abt(g.dres, w.W["fc_out_W"], g.dact, rows, M, C),
-           pk.gelu_backward(a.pre, g.dact, g.dpre, rows * M),
-           pk.matmul_atb(a.ln2, g.dpre, G["fc_in_W"], C, M, rows),
-           kn.bias_grad(g.dpre, G["fc_in_b"], rows, M),
-           pk.matmul_abt(g.dpre, w.W["fc_in_W"], g.dln, rows, C, M),
-           kn.layernorm_dgb(g.dln, a.x_mid, a.ln2s, G["ln2"], rows, C),
-           kn.layernorm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C),
-           pk.matmul_atb(a.ctx, g.dres, G["Wo"], C, C, rows),
-           kn.bias_grad(g.dres, G["bo"], rows, C),
-           pk.matmul_abt(g.dres, w.W["Wo"], g.dctx, rows, C, C)]
+    ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
+    ds.append(pk.gelu_backward(a.pre, g.dact, g.dpre, rows * M))
+    ds += lin("fc_in_W", "fc_in_b", a.ln2, g.dpre, g.dln, M, C)
+    ds += ln_dgb(a.x_mid, a.ln2s, "ln2")
+    ds.append(kn.layernorm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
+    ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, C)
     ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv)
     for i, (n, d) in enumerate(zip("qkv", g.dqkv)):
-        ds += [pk.matmul_abt(d, w.W["W" + n], g.dln, rows, C, C, accumulate=i > 0),
-               pk.matmul_atb(a.ln1, d, G["W" + n], C, C, rows),
-               kn.bias_grad(d, G["b" + n], rows, C)]
-    return ds + [kn.layernorm_dgb(g.dln, a.x, a.ln1s, G["ln1"], rows, C),
-                 kn.layernorm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]
+        ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, C, C, i > 0)
+    return ds + ln_dgb(a.x, a.ln1s, "ln1") + [kn.layernorm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.config import Config
+from ..core.lora import LoRA, trainable_specs
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK, SCALER_FLOATS
@@ -51,8 +52,12 @@ A, LG, AT, BW, OP = "activations (saved)", "logits", "attention scratch", "backw
 
 MODEL = (
     # name                shape                    dtype      lifetime        group
+    # params: what the optimizer updates (every parameter; a LoRA run's adapters); base: a LoRA
+    # run's frozen model, with the policy's copy of it made once
     Buffer("params",        ("F",),                  "f32",     "model",        "parameters", bound="flat"),
     Buffer("params copy",   ("F",),                  "weights", "model",        "parameters", "weight copy", "flat"),
+    Buffer("base",          ("FB",),                 "f32",     "model",        "parameters", "lora", "flat"),
+    Buffer("base copy",     ("FB",),                 "weights", "model",        "parameters", "lora, weight copy", "flat"),
     Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
     Buffer("adam m",        ("F",),                  "f32",     "model",        "adam moments", "training", "flat"),
@@ -77,6 +82,11 @@ MODEL = (
     Buffer("v f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
     Buffer("ctx f32",       ("BT", "C"),             "f32",     "shared",       A, "converts"),
     Buffer("branch out",    ("BT", "C"),             "f32",     "shared",       A),
+    # LoRA: s (x A^T) of each target, saved (one [BT, R] block per target, 256-byte aligned); the
+    # unscaled product; a 16-bit output's float32 sum before it is rounded
+    Buffer("lora hs",       ("lora_saved",),         "f32",     "per layer",    A, "lora"),
+    Buffer("lora h",        ("BT", "R"),             "f32",     "shared",       A, "lora"),
+    Buffer("lora y",        ("BT", "LY"),            "f32",     "shared",       A, "lora, converts"),
     Buffer("lnf",           ("BT", "C"),             "stored",  "step",         A, "head"),
     Buffer("lnf stats",     (2, "BT"),               "f32",     "step",         A, "head"),
     Buffer("logits",        ("BT", "VP"),            "f32",     "step",         LG, "head", "rows",
@@ -97,6 +107,7 @@ MODEL = (
     Buffer("dq",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("lora gs",       ("BT", "R"),             "f32",     "shared",       BW, "lora"),
     Buffer("weight decay",  ("wd",),                 "f32",     "model",        OP, "training"),
     Buffer("norm partials", ("partials",),           "f32",     "model",        OP, "training"),
     Buffer("norm stats",    ("stats",),              "f32",     "model",        OP, "training"),
@@ -127,15 +138,25 @@ DECODE = (
 )
 
 
+def lora_block(BT: int, R: int) -> int:
+    """Floats between two targets' saved blocks in "lora hs": [BT, R], rounded up to 64 floats
+    (256 bytes, any adapter's offset alignment)."""
+    return -(-BT * R // 64) * 64
+
+
 def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None = None, head_rows: int = 0,
-          N: int = 0, capacity: int = 0) -> dict:
+          N: int = 0, capacity: int = 0, lora: LoRA | None = None) -> dict:
     """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences)."""
     V, C, H = cfg.vocab, cfg.d_model, cfg.heads
     VP = padded_vocab(V)
-    F = param_layout(cfg)[1]
+    FB = param_layout(cfg)[1]
+    F = param_layout(cfg, trainable_specs(cfg, lora))[1] if lora else FB
+    R = lora.rank if lora else 0
     chunks = head_chunks(B, T, H, max_binding)
     return {"B": B, "T": T, "BT": B * T, "C": C, "M": cfg.d_mlp, "H": H, "L": cfg.layers, "V": V, "VP": VP,
-            "F": F, "batch": batch_layout(B * T, V)[1],
+            "F": F, "FB": FB, "R": R, "LY": cfg.d_mlp if lora and "fc_in_W" in lora.targets else C,
+            "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
+            "batch": batch_layout(B * T, V)[1],
             "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch
             "head_block": head_block_rows(VP, C, head_rows, max_binding)[1],   # the split head's scratch
             "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
@@ -146,9 +167,9 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 
 
 def flags(policy: Precision, attention: str, *, training: bool, head: bool, accum: int, split_head: bool,
-          attention_reads_stored: bool, cache: bool = False, recompute: bool = False) -> set:
+          attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
-    on = set()
+    on = {"lora"} if lora and training else set()
     on |= {"training"} if training else set()
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
@@ -206,16 +227,16 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
 
 def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, policy: Precision,
                max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1,
-               recompute: bool = False):
+               recompute: bool = False, lora: LoRA | None = None):
     """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
     head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
     which layout.logit_chunks refuses)."""
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
-    size = sizes(cfg, B, T, accum, max_binding, head_rows)
+    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora)
     on = flags(policy, attention, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads),
-               recompute=recompute)
+               recompute=recompute, lora=lora is not None)
     return resolve(MODEL, on, size, policy), size
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import Config, param_specs
+from ..core.config import Config
 from ..core.errors import UsageError
+from ..core.lora import LoRA, trainable_specs
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from ..device import gate
@@ -21,8 +22,8 @@ from ..device.plan import KernelPlan
 from . import buffers
 from .attention import Attention, check_scores_fit
 from .attention import check as check_attention
-from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockWeights, PolicyKernels, block_backward, \
-    block_forward
+from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, PolicyKernels, \
+    block_backward, block_forward
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, rows
 
@@ -44,14 +45,18 @@ class Model:
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
     1/(N*B*T), so the sum is the mean's) before one clipped AdamW update: the step of a batch N*B.
     loss_scale: the first scale of a precision with a loss scaler (core.precision: f16), kept and
-    changed on the device from then on (scaler_state, set_scaler)."""
+    changed on the device from then on (scaler_state, set_scaler). lora (training only): adapters
+    beside the targeted matrices (core.lora); the base model is frozen in a buffer of its own, and
+    the flat parameter, gradient and moment buffers hold the trainable parameters alone."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention: str = "online", B: int | None = None,
                  T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
-                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False):
+                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False,
+                 lora: LoRA | None = None):
         assert head or not training, "training needs the head"
+        assert lora is None or training, "an adapted model trains; evaluation and sampling take it merged"
         assert accum >= 1 and (accum == 1 or training)
-        self.gpu, self.plan, self.cfg, self.precision = gpu, plan, cfg, precision
+        self.gpu, self.plan, self.cfg, self.precision, self.lora = gpu, plan, cfg, precision, lora
         self.training, self.accum, self.attention = training, accum, attention
         self.recompute = recompute and training      # one set of block activations, rebuilt in the backward
         self.scaled = training and precision.loss_scaling
@@ -59,7 +64,9 @@ class Model:
         self.pk = PolicyKernels(self.kn, precision, cfg.activation)
         self.B, self.T = B or cfg.batch, T or cfg.ctx
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
-        self.offsets, self.n_flat = param_layout(cfg)
+        self.specs = trainable_specs(cfg, lora)                                  # what the optimizer updates
+        self.offsets, self.n_flat = param_layout(cfg, self.specs)
+        self.base_offsets = param_layout(cfg)[0] if lora else None               # a LoRA run's frozen model
         self._check_fits()
         self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if head else []
         self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding,
@@ -100,15 +107,20 @@ class Model:
         check_attention(self.attention, self.T, cfg.d_model, cfg.heads)
         if self.attention != "online":
             check_scores_fit(self.B, self.T, g.max_binding)
-        for name, (_, shape) in self.offsets.items():   # each parameter is bound whole by its kernels,
-            if name != "tok_emb":                        # except tok_emb: Head binds it in chunks
+        lo = self.lora
+        if lo and self.precision.width_multiple > 1 and lo.rank % self.precision.width_multiple:
+            raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {self.precision.name} needs a rank that is a "
+                             f"multiple of {self.precision.width_multiple} (its kernels' width)")
+        for name, (_, shape) in {**(self.base_offsets or {}), **self.offsets}.items():   # each parameter is bound
+            if name != "tok_emb":                        # whole by its kernels, except tok_emb: Head binds it in chunks
                 g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
 
     def _allocate(self, head: bool) -> dict:
         """This model's rows of the buffer table (self.planned, one entry a buffer), allocated."""
         self.planned, self.size = buffers.model_rows(self.cfg, self.B, self.T, self.attention, self.plan,
                                                      self.precision, self.gpu.max_binding, training=self.training,
-                                                     head=head, accum=self.accum, recompute=self.recompute)
+                                                     head=head, accum=self.accum, recompute=self.recompute,
+                                                     lora=self.lora)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
@@ -120,18 +132,23 @@ class Model:
         self.stats = b.get("norm stats")
         self.residuals = b["x"]                                  # the stream into each block, and out of the last
         self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab)[0]
-        self.P = self._param_views(self.params)
+        # every parameter where it lives: the trainable ones in params, a LoRA run's frozen rest in base
+        frozen = lambda key: self._param_views(b[key], self.base_offsets) if self.lora else {}
+        self.P = {**frozen("base"), **self._param_views(self.params)}
         # each weight as the matmuls read it: the policy's copy, or the float32 master itself
-        self.read = self._param_views(b["params copy"]) if "params copy" in b else self.P
+        copy = "params copy" in b
+        self.read = {**frozen("base copy"), **self._param_views(b["params copy"])} if copy else self.P
         self.G = self._param_views(self.grads) if self.grads is not None else None
         self.G_micro = self._param_views(b["grads micro"]) if "grads micro" in b else None
 
-    def _param_views(self, flat: Tensor) -> dict:
-        """name -> a view of that parameter in a flat buffer (tok_emb [VP, C], its padded rows
-        included), and "ln_f", "hL.ln1", "hL.ln2" -> the LayerNorm's [g | b] as one [2, C]."""
+    def _param_views(self, flat: Tensor, offsets: dict | None = None) -> dict:
+        """name -> a view of that parameter in a flat buffer of the layout `offsets` (the
+        trainable one by default; tok_emb [VP, C], its padded rows included), and "ln_f",
+        "hL.ln1", "hL.ln2" -> the LayerNorm's [g | b] as one [2, C] where the layout holds it."""
         per_word = PER_WORD[flat.dtype]                         # a bf16 flat buffer packs two a word
+        offsets = self.offsets if offsets is None else offsets
         out = {}
-        for name, (off, shape) in self.offsets.items():
+        for name, (off, shape) in offsets.items():
             if name == "tok_emb":
                 shape = (self.VP, shape[1])
             words = shape[:-1] + (shape[-1] // per_word,)
@@ -139,7 +156,8 @@ class Model:
         C = self.cfg.d_model
         for ln, gain in [("ln_f", "ln_f_g")] + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
                                                for i in (1, 2)]:
-            out[ln] = Tensor(flat.buf, 4 * self.offsets[gain][0] // per_word, (2, C // per_word), flat.dtype, ln)
+            if gain in offsets:
+                out[ln] = Tensor(flat.buf, 4 * offsets[gain][0] // per_word, (2, C // per_word), flat.dtype, ln)
         return out
 
     def _attention(self, l: int) -> Attention:
@@ -153,6 +171,21 @@ class Model:
         p = lambda n: f"h{l}.{n}"
         return BlockWeights({n: self.read[p(n)] for n in MATRICES}, {n: self.P[p(n)] for n in VECTORS},
                             self.P[p("ln1")], self.P[p("ln2")], self.P[p("ln1_g")], self.P[p("ln2_g")])
+
+    def adapters(self, l: int, G: dict | None) -> BlockLoRA | None:
+        """Block l's adapters (None without LoRA): A and B as the matmuls read them, the saved
+        s (x A^T) of each target, and where their gradients go in G."""
+        lo, b = self.lora, self.buf
+        if lo is None:
+            return None
+        BT, R = self.B * self.T, lo.rank
+        stride = buffers.lora_block(BT, R)
+        keys = {W: (f"h{l}.{W}.lora_A", f"h{l}.{W}.lora_B") for W in lo.targets}
+        hs = {W: Tensor(b["lora hs"][l].buf, b["lora hs"][l].offset + 4 * i * stride, (BT, R), "f32", f"lora hs {W}")
+              for i, W in enumerate(lo.targets)}
+        pick = lambda d, j: {W: d[k[j]] for W, k in keys.items()} if d is not None else {}
+        return BlockLoRA(R, lo.scale, pick(self.read, 0), pick(self.read, 1), hs, pick(G, 0), pick(G, 1),
+                         b["lora h"], b["lora gs"], b.get("lora y"))
 
     def acts(self, l: int) -> BlockActs:
         """Block l's saved activations; q, k, v and ctx as the attention reads and writes them."""
@@ -172,7 +205,8 @@ class Model:
         C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
         fwd = self.head.embed(self._batch_view("tokens"), self.P["pos_emb"], self.residuals[0], B, T)
         for l in range(L):
-            fwd += block_forward(self.kn, self.pk, self.weights(l), self.acts(l), self.att[l].forward, BT, C, M)
+            fwd += block_forward(self.kn, self.pk, self.weights(l), self.acts(l), self.att[l].forward, BT, C, M,
+                                 self.adapters(l, None))
         if self.chunks:
             lnf = self.buf["lnf"]
             fwd.append(self.pk.layernorm(self.residuals[L], self.P["ln_f"], lnf, self.buf["lnf stats"], BT, C))
@@ -205,18 +239,22 @@ class Model:
         dres, dln = b["d residual"], b["d ln"]
         ds = []
         for i, (r0, n) in enumerate(self.chunks):                    # logits hold dlogits after cross_entropy
-            ds += self.head.backward(rows(self.logits, r0, n), rows(lnf, r0, n), Gd["tok_emb"], rows(dln, r0, n), n,
-                                     accumulate=i > 0)
-        ds += [kn.layernorm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C),
-               kn.layernorm_dx(dln, x_last, self.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False)]
+            ds += self.head.backward(rows(self.logits, r0, n), rows(lnf, r0, n), Gd.get("tok_emb"), rows(dln, r0, n),
+                                     n, accumulate=i > 0)
+        if "ln_f" in Gd:                # a parameter without a gradient view is frozen (LoRA)
+            ds.append(kn.layernorm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
+        ds.append(kn.layernorm_dx(dln, x_last, self.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False))
         for l in reversed(range(L)):
-            G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2")}
+            G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2") if f"h{l}.{n}" in Gd}
             grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]))
             if self.recompute and l < L - 1:    # the top block's are still those of the forward
-                ds += block_forward(kn, pk, self.weights(l), self.acts(l), self.att[l].forward, BT, C, M)
-            ds += block_backward(kn, pk, self.weights(l), self.acts(l), grads, self.att[l], BT, C, M)
-        ds += self.head.embed_grad(self._batch_view("buckets"), dres, Gd["tok_emb"], B, T, V)
-        ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
+                ds += block_forward(kn, pk, self.weights(l), self.acts(l), self.att[l].forward, BT, C, M,
+                                    self.adapters(l, None))
+            ds += block_backward(kn, pk, self.weights(l), self.acts(l), grads, self.att[l], BT, C, M,
+                                 self.adapters(l, Gd))
+        if "tok_emb" in Gd:
+            ds += self.head.embed_grad(self._batch_view("buckets"), dres, Gd["tok_emb"], B, T, V)
+            ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
         return ds
 
     def _record_optimizer(self) -> list:
@@ -229,7 +267,7 @@ class Model:
         float per 4,096 and per 256), each chunk's place in them passed as an index."""
         kn, g, cfg, n, b = self.kn, self.gpu, self.cfg, self.n_flat, self.buf
         wd = np.zeros(n // 256, np.float32)
-        for name, shape, decayed in param_specs(cfg):
+        for name, shape, decayed in self.specs:
             if decayed:
                 off = self.offsets[name][0]
                 wd[off // 256: -(-(off + int(np.prod(shape))) // 256)] = cfg.weight_decay
@@ -247,38 +285,50 @@ class Model:
                                flat_view(self.v, f0, k), k, u, scaled=self.scaled))
         return ds + self._copy_weights
 
-    def _record_weight_copy(self) -> list:
+    def _record_weight_copy(self, src: str = "params") -> list:
         """The policy's weight copy refreshed from the float32 weights, chunk by chunk (nothing
-        where the matmuls read the float32 weights themselves)."""
-        copy = self.buf.get("params copy")
+        where the matmuls read the float32 weights themselves). src: "params" (after every
+        update), or a LoRA run's frozen "base" (once, when it is set)."""
+        copy = self.buf.get(src + " copy")
         if copy is None:
             return []
-        per_word = PER_WORD[copy.dtype]
-        return [d for f0, k in self.flat_chunks
-                for d in self.pk.convert(flat_view(self.params, f0, k),
-                                         Tensor(copy.buf, 4 * f0 // per_word, (k // per_word,), copy.dtype, "params copy"),
+        per_word, flat = PER_WORD[copy.dtype], self.buf[src]
+        chunks = self.flat_chunks if src == "params" else \
+            flat_chunks(flat.size, self.gpu.max_binding, int(self.gpu.limits.get("min-storage-buffer-offset-alignment", 256)))
+        return [d for f0, k in chunks
+                for d in self.pk.convert(flat_view(flat, f0, k),
+                                         Tensor(copy.buf, 4 * f0 // per_word, (k // per_word,), copy.dtype, src + " copy"),
                                          k)]
 
     # ---- state in and out ------------------------------------------------------------------------
-    def _pack(self, tensors: dict) -> np.ndarray:
-        flat = np.zeros(self.n_flat, np.float32)
-        for name, (off, shape) in self.offsets.items():
+    def _pack(self, tensors: dict, into: str = "params") -> np.ndarray:
+        """The flat buffer `into` ("params", or a LoRA run's "base") of the named tensors."""
+        offsets = self.base_offsets if into == "base" else self.offsets
+        flat = np.zeros(self.buf[into].size, np.float32)
+        for name, (off, shape) in offsets.items():
             a = np.asarray(tensors[name], np.float32)
             if a.shape != tuple(shape):
                 raise ValueError(f"{name}: shape {a.shape}, expected {tuple(shape)}")
             flat[off:off + a.size] = a.reshape(-1)
         return flat
 
-    def _unpack(self, flat: np.ndarray) -> dict:
-        return {n: flat[o:o + int(np.prod(s))].reshape(s).copy() for n, (o, s) in self.offsets.items()}
+    def _unpack(self, flat: np.ndarray, offsets: dict | None = None) -> dict:
+        return {n: flat[o:o + int(np.prod(s))].reshape(s).copy()
+                for n, (o, s) in (self.offsets if offsets is None else offsets).items()}
 
     def set_params(self, params: dict):
+        """Every parameter (a LoRA run's: the base model's and the adapters')."""
+        if self.lora:
+            self.gpu.write(self.buf["base"], self._pack(params, "base"))
+            self.gpu.run(self._record_weight_copy("base"))
         self.gpu.write(self.params, self._pack(params))
         if self._copy_weights:
             self.gpu.run(self._copy_weights)
 
     def get_params(self) -> dict:
-        return self._unpack(self.gpu.read(self.params))
+        """Every parameter, as set_params takes them (the trainable ones where they live)."""
+        base = self._unpack(self.gpu.read(self.buf["base"]), self.base_offsets) if self.lora else {}
+        return {**base, **self._unpack(self.gpu.read(self.params))}
 
     def get_grads(self) -> dict:
         return self._unpack(self.gpu.read(self.grads))

@@ -59,17 +59,18 @@ class Head:
 
     def backward(self, dl: Tensor, x: Tensor, dtok: Tensor, dx: Tensor, n: int, accumulate: bool) -> list:
         """dl [n, VP] dlogits, x [n, C] the head's input -> dtok [VP, C] (added to where
-        `accumulate`), dx [n, C] (written)."""
+        `accumulate`; None: the table is frozen), dx [n, C] (written)."""
         kn, pk, VP, C, tok = self.kn, self.pk, self.VP, self.C, self.tok_read
         if not self.split:
-            return [pk.matmul_atb(dl, x, dtok, VP, C, n, accumulate=accumulate),
-                    pk.matmul(dl, tok, None, dx, n, C, VP)]
+            return ([pk.matmul_atb(dl, x, dtok, VP, C, n, accumulate=accumulate)] if dtok is not None else []) + \
+                [pk.matmul(dl, tok, None, dx, n, C, VP)]
         ds = []
         for b, s, nb, j, v0, nv, blk in self._blocks(n):
-            ds += [kn.copy_block(rows(dl, s, nb), blk, nb, nv, VP, v0, nv, 0),
-                   pk.matmul_atb(blk, rows(x, s, nb), table_rows(dtok, v0, nv), nv, C, nb,
-                                 accumulate=accumulate or b > 0),
-                   pk.matmul(blk, table_rows(tok, v0, nv), None, rows(dx, s, nb), nb, C, nv, accumulate=j > 0)]
+            ds.append(kn.copy_block(rows(dl, s, nb), blk, nb, nv, VP, v0, nv, 0))
+            if dtok is not None:
+                ds.append(pk.matmul_atb(blk, rows(x, s, nb), table_rows(dtok, v0, nv), nv, C, nb,
+                                        accumulate=accumulate or b > 0))
+            ds.append(pk.matmul(blk, table_rows(tok, v0, nv), None, rows(dx, s, nb), nb, C, nv, accumulate=j > 0))
         return ds
 
     def embed(self, tokens: Tensor, pos: Tensor, out: Tensor, B: int, T: int) -> list:

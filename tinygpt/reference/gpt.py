@@ -9,12 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from ..core.lora import LoRA, adapter_name, adapter_specs
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from . import attention as ra
 from .kernels import (add, adamw, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
                       embed_tok_grad, f16_round, gelu_backward, gelu_forward, grad_clip, grad_sumsq, layernorm_dgb,
-                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb)
+                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb, scale)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
 ROUND = {"f32": lambda a: a,
@@ -22,7 +23,8 @@ ROUND = {"f32": lambda a: a,
          "f16": lambda a: f16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)}
 
 
-def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32):
+def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32,
+            lora: LoRA | None = None):
     """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
 
     The precision policy says where to round: what it stores (the matmuls' operands: the LayerNorm
@@ -30,33 +32,43 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     pre-activation) to its `stored` dtype, and the weights the matmuls read (the head's token
     table among them) to its `weights` dtype; sums stay in the inputs' precision. The backward
     then reads the rounded activations from the cache and multiplies the float32 gradients by the
-    rounded weights, as the model does."""
+    rounded weights, as the model does.
+
+    lora: the adapters (params holds them under core.lora's names): each targeted matrix adds
+    s (x A^T) B^T, its s (x A^T) kept in the cache, and read by the next matmul as a gradient
+    operand is (float32, rounded to f16 under f16), as the model's float32 scratch is."""
     attend = attention or ra.attention_forward
     B, T = tokens.shape
     C, H, L = cfg.d_model, cfg.heads, cfg.layers
     P = params
-    r, rw = ROUND[precision.stored], ROUND[precision.weights]
+    r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
     cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
+    cache["lora"] = lora
     for l in range(L):
         p = lambda n: P[f"h{l}.{n}"]
-        c = {"x": x}
+        c = {"x": x, "lora": {}}
+
+        def lin(W, h, bias):           # h W + bias, and the adapter's s (h A^T) B^T where W has one
+            y = matmul(h, rw(p(W)), p(bias))
+            if lora is not None and W in lora.targets:
+                hs = c["lora"][W] = scale(matmul_abt(h, rw(P[adapter_name(l, W, "A")])), lora.scale)
+                y = y + matmul_abt(rg(hs), rw(P[adapter_name(l, W, "B")]))
+            return y
         y, mean, rstd = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
-        q = r(matmul(h, rw(p("Wq")), p("bq")))
-        k = r(matmul(h, rw(p("Wk")), p("bk")))
-        v = r(matmul(h, rw(p("Wv")), p("bv")))
+        q, k, v = (r(lin("W" + n, h, "b" + n)) for n in "qkv")
         c["qkv"] = (q, k, v)
         ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C))
         c["ctx"] = ctx
-        x = add(x, matmul(ctx, rw(p("Wo")), p("bo")))
+        x = add(x, lin("Wo", ctx, "bo"))
         c["x_mid"] = x
         y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
         c["ln2"] = (r(y), mean, rstd)
-        c["pre"] = r(matmul(c["ln2"][0], rw(p("fc_in_W")), p("fc_in_b")))   # [BT,M]
+        c["pre"] = r(lin("fc_in_W", c["ln2"][0], "fc_in_b"))   # [BT,M]
         c["act"] = r(gelu_forward(c["pre"], cfg.activation == "gelu_tanh"))
-        x = add(x, matmul(c["act"], rw(p("fc_out_W")), p("fc_out_b")))
+        x = add(x, lin("fc_out_W", c["act"], "fc_out_b"))
         cache["layers"].append(c)
     cache["x_final"] = x
     y, mean, rstd = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
@@ -90,18 +102,29 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     dy = matmul(rg(dlogits), r(P["tok_emb"]))                                  # [BT,C]
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
     dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
+    lora = cache.get("lora")
     for l in reversed(range(cfg.layers)):
         c = cache["layers"][l]
         p = lambda n: P[f"h{l}.{n}"]
         g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
+
+        def through(W, x_in, dy):      # d x_in of h W (+ the adapter's path), and the adapter's gradients
+            d = matmul_abt(rg(dy), r(p(W)))
+            if lora is not None and W in lora.targets:
+                A, Bm = P[adapter_name(l, W, "A")], P[adapter_name(l, W, "B")]
+                G[adapter_name(l, W, "B")] = matmul_atb(rg(dy), rg(c["lora"][W]))
+                gs = scale(matmul(rg(dy), r(Bm)), lora.scale)
+                G[adapter_name(l, W, "A")] = matmul_atb(rg(gs), x_in)
+                d = d + matmul(rg(gs), r(A))
+            return d
         # MLP branch
         g("fc_out_W", matmul_atb(c["act"], rg(dx)))
         g("fc_out_b", bias_grad(dx))
-        dact = matmul_abt(rg(dx), r(p("fc_out_W")))
+        dact = through("fc_out_W", c["act"], dx)
         dpre = gelu_backward(c["pre"], dact, cfg.activation == "gelu_tanh")
         g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
         g("fc_in_b", bias_grad(dpre))
-        dln2 = matmul_abt(rg(dpre), r(p("fc_in_W")))
+        dln2 = through("fc_in_W", c["ln2"][0], dpre)
         _, m2, r2 = c["ln2"]
         dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
         g("ln2_g", dg)
@@ -110,7 +133,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
         # attention branch
         g("Wo", matmul_atb(c["ctx"], rg(dx)))
         g("bo", bias_grad(dx))
-        dctx = matmul_abt(rg(dx), r(p("Wo")))
+        dctx = through("Wo", c["ctx"], dx)
         q, k, v = c["qkv"]
         # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
         # as the model's does
@@ -118,7 +141,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
                                 dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C))
         dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
         h1 = c["ln1"][0]
-        dln1 = matmul_abt(rg(dq), r(p("Wq"))) + matmul_abt(rg(dk), r(p("Wk"))) + matmul_abt(rg(dv), r(p("Wv")))
+        dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
         for n, d in (("q", dq), ("k", dk), ("v", dv)):
             g("W" + n, matmul_atb(h1, rg(d)))
             g("b" + n, bias_grad(d))
@@ -131,17 +154,21 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
     G["pos_emb"] = np.zeros_like(P["pos_emb"])
     G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
-    return {name: G[name] / loss_scale for name, _, _ in param_specs(cfg)}
+    names = [n for n, _, _ in param_specs(cfg) + (adapter_specs(cfg, lora) if lora is not None else [])]
+    return {name: G[name] / loss_scale for name in names}
 
 
-def clip_and_step(params, grads, opt, cfg: Config, lr: float):
-    """Global-norm clip then AdamW, in place. opt = {"m": {...}, "v": {...}, "t": int}. Returns the norm."""
-    flat = np.concatenate([g.reshape(-1) for g in grads.values()])
-    norm, scale = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
+def clip_and_step(params, grads, opt, cfg: Config, lr: float, specs=None):
+    """Global-norm clip then AdamW, in place, of the parameters `specs` names (every one by
+    default; a LoRA run's trainable ones: core.lora.trainable_specs). opt = {"m": {...}, "v":
+    {...}, "t": int}. Returns the norm."""
+    specs = param_specs(cfg) if specs is None else specs
+    flat = np.concatenate([grads[name].reshape(-1) for name, _, _ in specs])
+    norm, factor = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
         float(np.sqrt(np.sum(flat.astype(np.float64) ** 2))), 1.0)
     opt["t"] += 1
-    for name, _, decayed in param_specs(cfg):
-        adamw(grads[name], cfg.weight_decay if decayed else 0.0, scale, params[name],
+    for name, _, decayed in specs:
+        adamw(grads[name], cfg.weight_decay if decayed else 0.0, factor, params[name],
               opt["m"][name], opt["v"][name], lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, opt["t"])
     return norm
 

@@ -204,6 +204,10 @@ def add(x, y):
     return x + y
 
 
+def scale(x, s):                          # -> x * s (LoRA's alpha / rank), rounded to float32 as stored
+    return x * np.float32(s) if np.asarray(x).dtype == np.float32 else x * s
+
+
 def accumulate(x, out):                   # -> out + x (the kernel writes it into out)
     return out + x
 
