@@ -11,9 +11,11 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from . import adapters as lora_files
 from . import checkpoint as ckpt
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
+from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora
 from .core.precision import PRECISIONS
 from .data import GPT2Tokenizer
 from .device.gpu import GPU
@@ -32,7 +34,7 @@ from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
 from .safety import Interrupted
 from .tokenfile import is_our_sidecar, is_our_token_file, prepare, sidecar_of
-from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_precision, train
+from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_precision, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
@@ -69,6 +71,14 @@ def positive_ints(s):
     if not parts:
         raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {s!r}")
     return [positive_int(t) for t in parts]
+
+
+def lora_targets(s):
+    names = [t.strip() for t in str(s).split(",") if t.strip()]
+    bad = [t for t in names if t not in TARGETS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(TARGETS)}, got {s!r}")
+    return names
 
 
 def preset_name(s):
@@ -135,7 +145,18 @@ def describe_checkpoint(path) -> dict:
             "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype, "optimizer_state": ck.m is not None,
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
             "data": ck.extra.get("data"), "corpus": recorded_corpus(ck), "saved_at": ck.header.get("savedAt"),
-            "attention": ck.extra.get("attention")}
+            "attention": ck.extra.get("attention"), "lora": lora_text(ck, f"--model {path}")}
+
+
+def lora_text(ck, what: str) -> str | None:
+    """A LoRA run's adapters in one line (None for a plain model)."""
+    st = lora_files.read(ck, what)
+    if st is None:
+        return None
+    d = st.lora.as_dict()
+    return (f"rank {d['rank']}, alpha {d['alpha']:g} on {','.join(d['targets'])}"
+            f"{' with biases and LayerNorms' if d['biases'] else ''}; base sha256 {st.base[:16]}..., its step "
+            f"{st.base_step:,}")
 
 
 def cmd_info(args) -> int:
@@ -193,6 +214,9 @@ def cmd_plan(args) -> int:
     anything is allocated: the resumed file's shape, precision and accumulation, or the preset's."""
     o = options(TrainOptions, args)
     resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
+    lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
+        if o.lora is not None else None            # a plan may ask what adapters would take without a base
     cfg, tokenizer, _ = run_config(o, resume)      # train's own resolution of the flags and the file
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
@@ -200,13 +224,13 @@ def cmd_plan(args) -> int:
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
-                             args.sample_tokens, precision, args.recompute)
+                             args.sample_tokens, precision, args.recompute, lora)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
             b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision,
-                                             args.recompute)
+                                             args.recompute, lora)
             d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * accum // b) if b else (None, None)
         print(json.dumps(d, indent=2))
     else:
@@ -255,31 +279,58 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def is_our_peft_config(path) -> bool:
+    """A PEFT adapter_config.json is ours to replace where the adapters beside it are (PEFT's
+    config takes no field of ours)."""
+    return is_our_safetensors(Path(path).with_name("adapter_model.safetensors"))
+
+
 def cmd_export(args) -> int:
+    what = f"--model {args.model}"
+    if args.merge and args.format == "peft":
+        raise UsageError("--merge folds the adapters into the weights; --format peft writes the adapters alone: "
+                         "give one of them")
     outs = Outputs(args.force, {"model": args.model})
+    d, made = Path(args.out), not Path(args.out).exists()     # a directory's claim makes it; a failed export removes it
     if args.format == "safetensors":
         outs.claim(args.out, "out", "safetensors file", is_our_safetensors)
-    elif args.format == "tinygpt-fp16":
+    elif args.format in ("tinygpt", "tinygpt-fp16"):
         outs.claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     else:
-        d = Path(args.out)
-        made = not d.exists()              # claiming makes the directory; a failed export removes it
         if d.exists() and not d.is_dir():
-            raise UsageError(f"{d} exists and is not a directory; --format hf writes a directory: choose another name")
-        outs.claim(d / "config.json", "out", "Hugging Face config", is_our_json)
-        outs.claim(d / "model.safetensors", "out", "safetensors file", is_our_safetensors)
-    ck = ckpt.load(args.model, f"--model {args.model}")
-    if args.format == "safetensors":
-        ckpt.export_safetensors(ck, args.out)
-    elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
-        ckpt.save(args.out, ck, "fp16")
-    else:
-        try:
+            raise UsageError(f"{d} exists and is not a directory; --format {args.format} writes a directory: "
+                             "choose another name")
+        files = {"hf": [("config.json", "Hugging Face config", is_our_json),
+                        ("model.safetensors", "safetensors file", is_our_safetensors)],
+                 "peft": [("adapter_config.json", "PEFT adapter config", is_our_peft_config),
+                          ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[args.format]
+        for name, label, ours in files:
+            outs.claim(d / name, "out", label, ours)
+    ck = ckpt.load(args.model, what)
+    held = lora_files.read(ck, what)
+    if held is not None and args.format != "peft":
+        if not args.merge:
+            raise UsageError(f"{args.model} holds LoRA adapters: write them with --format peft, or fold them into "
+                             "the weights with --merge")
+        ck = ckpt.Checkpoint(ck.cfg, lora_files.model_params(ck, what), None, None, ck.step, ck.loss_history,
+                             {k: v for k, v in ck.extra.items() if k != "lora"}, ck.header)
+    elif args.merge and held is None:
+        raise UsageError(f"{args.model} holds no LoRA adapters to merge; drop --merge")
+    try:
+        if args.format == "safetensors":
+            ckpt.export_safetensors(ck, args.out)
+        elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
+            ckpt.save(args.out, ck, "fp16")
+        elif args.format == "tinygpt":           # float32 with (zero, for a merged model) moments
+            ckpt.save(args.out, ck)
+        elif args.format == "peft":
+            lora_files.export_peft(ck, args.out, what)
+        else:
             export_hf(ck, args.out)
-        except OSError:
-            if made and d.is_dir() and not any(d.iterdir()):
-                d.rmdir()
-            raise
+    except (OSError, TinyGPTError):
+        if made and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+        raise
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
@@ -347,6 +398,12 @@ def add_kernels(p):
                                                                       for f, v in FAMILIES.items()))
 
 
+def add_adapters(p):
+    p.add_argument("--adapters", metavar="DIR",
+                   help="LoRA adapters from tinygpt export --format peft, folded into --model (the base they were "
+                        "trained on, checked by its weights' hash)")
+
+
 def train_flags(p, small: TrainDefaults, base: Config):
     """Every flag of `tinygpt train`: plan takes them all too, so any training command can be
     planned by changing its verb."""
@@ -363,6 +420,13 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--recompute", action="store_true",
                    help="save only each block's input and recompute its forward in the backward: less memory, "
                         "one more forward of the blocks a step, the same gradients bit for bit")
+    p.add_argument("--lora", type=bounded_int(1, MAX_RANK), metavar="R",
+                   help="fine-tune --resume's model through LoRA adapters of rank R (the base frozen, only the "
+                        "adapters trained; give the fine-tune's file with --out); a LoRA checkpoint resumes its own")
+    p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="the adapters' alpha (scale A / R; default 2R)")
+    p.add_argument("--lora-targets", type=lora_targets, metavar="T,...",
+                   help=f"the matrices that get adapters, of {', '.join(TARGETS)} (default {','.join(DEFAULT_TARGETS)})")
+    p.add_argument("--lora-biases", action="store_true", help="with --lora, also train every bias and LayerNorm")
     p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
                                   "(default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
@@ -441,6 +505,7 @@ def build_parser():
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     p.add_argument("--tokenizer-file")
+    add_adapters(p)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("sample", parents=[common], help="generate text from a checkpoint")
@@ -460,6 +525,7 @@ def build_parser():
     p.add_argument("--attention", default="online", choices=IMPLS)
     add_kernels(p)
     p.add_argument("--tokenizer-file")
+    add_adapters(p)
     p.set_defaults(fn=cmd_sample)
 
     p = sub.add_parser("inspect", parents=[common],
@@ -470,6 +536,7 @@ def build_parser():
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     add_kernels(p)
     p.add_argument("--tokenizer-file")
+    add_adapters(p)
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("info", parents=[common],
@@ -508,8 +575,12 @@ def build_parser():
     p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "
                        "GPT-2 directory, or a compact fp16 .tinygpt")
     p.add_argument("--model", required=True)
-    p.add_argument("--format", required=True, choices=["safetensors", "hf", "tinygpt-fp16"],
-                   help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them")
+    p.add_argument("--format", required=True, choices=["safetensors", "hf", "tinygpt", "tinygpt-fp16", "peft"],
+                   help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them; "
+                        "tinygpt: float32 (with --merge, a LoRA run as a plain model TinyGPT's readers compute); "
+                        "peft: a LoRA run's adapters as Hugging Face PEFT's adapter directory for --format hf's model")
+    p.add_argument("--merge", action="store_true",
+                   help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)

@@ -7,6 +7,7 @@ import math
 import sys
 
 from . import checkpoint as ckpt
+from .adapters import model_params
 from .core.config import Config
 from .core.errors import UsageError
 from .core.precision import FP32, PRECISIONS, Precision
@@ -73,7 +74,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     gpu = gpu or GPU()
     model = Model(gpu, make_plan(gpu, o.kernels), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
                   precision=PRECISIONS[o.precision])
-    model.set_params(ck.params)
+    model.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
     loss = model.mean_loss(xs, ys)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
@@ -116,5 +117,5 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     path = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.path]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
           f"({path}, {precision.name})", file=err or sys.stderr)
-    s.set_params(ck.params)
+    s.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
     return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

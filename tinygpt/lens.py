@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import checkpoint as ckpt
+from .adapters import model_params
 from .core.config import Config
 from .core.errors import UsageError
 from .device.gpu import GPU, Tensor
@@ -148,6 +149,7 @@ def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
               f"inspecting its last {ck.cfg.ctx}", file=err or sys.stderr)
         ids = ids[-ck.cfg.ctx:]
     gpu = gpu or GPU()
-    ins = inspect_model(gpu, make_plan(gpu, o.kernels), ck.cfg, ck.params, ids)
+    ins = inspect_model(gpu, make_plan(gpu, o.kernels), ck.cfg, model_params(ck, f"{{opt:model}} {o.model}",
+                                                                             o.adapters), ids)
     plot(ins, tok, path, f"{o.model}: attention weights for a {len(ids)}-token prompt")
     return ins, lens_table(ins, tok)

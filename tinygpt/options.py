@@ -33,6 +33,11 @@ class TrainOptions:
     precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
     loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
     recompute: bool = False            # keep each block's input only, recompute its forward in the backward
+    lora: int | None = None            # LoRA's rank: adapters on a frozen base (None: every weight trains,
+                                       # or the resumed run's adapters)
+    lora_alpha: float | None = None    # None: 2 x rank
+    lora_targets: list | None = None   # of core.lora.TARGETS; None: q, k, v, o
+    lora_biases: bool = False          # also train every bias and LayerNorm
     eval_every: int = 100
     eval_windows: int = 64
     log_every: int = 10
@@ -52,6 +57,7 @@ class ModelUse:
     attention: str = "online"
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None
+    adapters: str | None = None        # a PEFT directory (export --format peft) folded into the model
     precision: str = "fp32"            # bf16, f16: the forward stores its activations and weights so
 
 

@@ -123,7 +123,7 @@ class Saver:
         extra["schedule"] = run.schedule.as_dict()
         extra["momentsFrom"] = run.model.moments_from
         extra.update(run.model.optimizer_record())
-        ck = ckpt.Checkpoint(run.cfg, params, m, v, step, run.history, extra, run.header)
+        ck = run.checkpoint(params, m, v, step, extra)
         with self.stop.saving():
             ckpt.save(path, ck)
         if path == self.path:

@@ -8,6 +8,7 @@ safety.py's.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from . import adapters as lora_files
 from . import checkpoint as ckpt
-from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, preset
+from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, param_specs, preset
 from .core.errors import UsageError, word
 from .core.init import init_params
+from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_specs
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, get_tokenizer
 from .device.gpu import GPU
@@ -48,6 +51,27 @@ class Run:
     extra: dict
     schedule: Schedule
     header: dict = field(default_factory=dict)    # the resumed file's header: upstream's fields kept
+    lora: lora_files.LoraState | None = None      # a LoRA run: its settings, base identity and step
+    frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
+
+    def checkpoint(self, params: dict, m: dict, v: dict, step: int, extra: dict) -> ckpt.Checkpoint:
+        """The file of this run: its weights and moments; a LoRA run's base in the state (its frozen
+        moments as read), its adapters and their moments in tinygptPy.lora."""
+        if self.lora is None:
+            return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
+        names = [n for n, _, _ in param_specs(self.cfg)]
+        fm, fv = self.frozen
+        keep = lambda d, frozen, n: d[n] if n in d else frozen[n] if frozen is not None else np.zeros_like(params[n])
+        adapters = [n for n in params if n not in set(names)]
+        st = lora_files.LoraState(self.lora.lora, {n: params[n] for n in adapters}, {n: m[n] for n in adapters},
+                                  {n: v[n] for n in adapters}, self.lora.base, self.lora.base_step)
+        extra = dict(extra, lora=lora_files.record(st))
+        return ckpt.Checkpoint(self.cfg, {n: params[n] for n in names}, {n: keep(m, fm, n) for n in names},
+                               {n: keep(v, fv, n) for n in names}, step, self.history, extra, self.header)
+
+    def model_params(self, params: dict) -> dict:
+        """What the model computes with: the weights, a LoRA run's with its adapters folded in."""
+        return params if self.lora is None else merged(params, self.cfg, self.lora.lora)
 
 
 def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
@@ -77,9 +101,43 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
 
 
-def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config, str, Schedule]:
+LORA_LR = 1e-3          # a new LoRA run's peak learning rate where --lr is not given
+
+
+def run_lora(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
+    """(the run's LoRA state or None, whether its adapters are new): the resumed file's adapters
+    (the options may not contradict them), or new ones on the resumed model where --lora is given."""
+    held = lora_files.read(resume, label) if resume else None
+    given = o.lora is not None or o.lora_alpha is not None or o.lora_targets is not None or o.lora_biases
+    if held is not None:
+        if given:
+            want = make_lora(o.lora if o.lora is not None else held.lora.rank,
+                             o.lora_alpha if o.lora_alpha is not None else held.lora.alpha,
+                             o.lora_targets if o.lora_targets is not None else held.lora.as_dict()["targets"],
+                             o.lora_biases or held.lora.biases)
+            if want != held.lora:
+                raise TrainingStopped(f"{label} holds LoRA adapters {held.lora.as_dict()}; the LoRA options ask for "
+                                      f"{want.as_dict()}: drop them to continue these adapters", 2)
+        return held, False
+    if not given:
+        return None, False
+    if o.lora is None:
+        raise UsageError("{opt:lora_alpha}, {opt:lora_targets} and {opt:lora_biases} shape LoRA adapters: give "
+                         "their rank with {opt:lora}")
+    lora = make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases)
+    if resume is None:
+        raise UsageError("{opt:lora} fine-tunes a trained model: give it with {opt:resume} BASE.tinygpt (and the "
+                         "fine-tune's file with {opt:out})")
+    adapters = init_adapters(resume.cfg, lora)
+    zeros = {n: np.zeros_like(a) for n, a in adapters.items()}
+    return lora_files.LoraState(lora, adapters, zeros, {n: z.copy() for n, z in zeros.items()},
+                                base_hash(resume.params, resume.cfg), resume.step), True
+
+
+def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool = False) -> tuple[Config, str, Schedule]:
     """(config, tokenizer name, schedule) of the run: the resumed file's, with the options that
-    may change on resume, or the preset's with the options over it."""
+    may change on resume, or the preset's with the options over it. New LoRA adapters on a
+    resumed model are a new run on its shape: the schedule is the options' (peak lr LORA_LR)."""
     if resume is None:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
                      batch=o.batch, grad_clip=o.grad_clip, seed=o.seed)
@@ -96,6 +154,12 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None) -> tuple[Config,
     for k in ("batch", "grad_clip"):
         if getattr(o, k) is not None:
             setattr(cfg, k, getattr(o, k))
+    if new_lora:
+        sched = resolve(o)
+        if o.lr is None:
+            sched.lr = LORA_LR
+            sched.min_lr = LORA_LR / 10 if o.min_lr is None else sched.min_lr
+        return cfg, tok_file, sched
     return cfg, tok_file, resolve(o, resume.extra.get("schedule"), cfg.lr)
 
 
@@ -162,7 +226,11 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     """Config, data, model and state for `tinygpt train`; returns the run and its start step."""
     label = f"{{opt:resume}} {o.resume}"
     resume = ckpt.load(o.resume, label) if o.resume else None
-    cfg, tokenizer_name, schedule = run_config(o, resume)
+    lora, new_lora = run_lora(o, resume, label)
+    if new_lora and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
+        raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
+                         "own file with {opt:out}")
+    cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
     cfg.lr = schedule.lr              # the header's learningRate: the peak
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
@@ -175,24 +243,35 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
-                        o.recompute)
+                        o.recompute, lora.lora if lora else None)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
     model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
-                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute)
+                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora.lora if lora else None)
     # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
              "precision": precision.name, "recompute": o.recompute}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
-    if resume:
+    frozen = None
+    if lora:            # the base's moments are written back as the file held them
+        frozen = (resume.m, resume.v)
+        if resume.m is not None:
+            resume.m = {**resume.m, **lora.m}
+            resume.v = {**resume.v, **lora.v}
+        resume.params = {**resume.params, **lora.params}
+    if new_lora:        # a new run on the base: step 0, fresh moments and data sampling, its own history
+        model.set_params(resume.params)
+        start, history = 0, []
+    elif resume:
         _restore(model, rng, resume, label, o.loss_scale is not None)
+        start, history = resume.step, list(resume.loss_history)
     else:
         model.set_params(init_params(cfg))
-    history = list(resume.loss_history) if resume else []
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, resume.header if resume else {}), \
-        resume.step if resume else 0
+        start, history = 0, []
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, resume.header if resume else {}, lora,
+               frozen), start
 
 
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
@@ -256,6 +335,12 @@ class Loop:
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention}, "
               f"{model.precision.name} on {model.gpu.name} ({model.gpu.backend}, {model.gpu.engine_label})", file=err)
         print(f"kernels: {model.plan.describe()}", file=err)
+        if run.lora:
+            lo = run.lora.lora
+            n_train = sum(int(np.prod(sh)) for _, sh, _ in trainable_specs(cfg, lo))
+            print(f"lora: rank {lo.rank}, alpha {lo.alpha:g} on {','.join(lo.as_dict()['targets'])}"
+                  f"{', biases and LayerNorms' if lo.biases else ''}: {n_train:,} trainable parameters, the base's "
+                  f"{n_params(cfg):,} frozen", file=err)
         print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)",
               file=err)
         if self.deadline:
@@ -360,7 +445,7 @@ class Loop:
             if o.eval_every:
                 self.last["val_full"] = model.mean_loss(*self.final_val)
             if self.sampler:
-                self.sampler.set_params(params)
+                self.sampler.set_params(run.model_params(params))
                 self.samples = [self.sampler.generate(o.sample_prompt, o.sample_tokens, 0.0)[0],
                                 self.sampler.generate(o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE,
                                                       SAMPLE_TOP_K, seed=run.cfg.seed)[0]]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..core.config import Config, n_params, param_specs
 from ..core.fs import available_memory
+from ..core.lora import LoRA
 from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
@@ -32,6 +33,7 @@ class MemoryBudget:
     attention: str
     precision: Precision = FP32
     recompute: bool = False                             # the blocks' activations recomputed in the backward
+    lora: LoRA | None = None                            # adapters on a frozen base
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
@@ -54,6 +56,7 @@ class MemoryBudget:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
                 "attention": self.attention, "precision": self.precision.name, "recompute": self.recompute,
+                "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
                 "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
@@ -72,15 +75,15 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, 
 
 def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
                   limits: dict | None = None, sample: int = 200, precision: Precision = FP32,
-                  recompute: bool = False) -> MemoryBudget:
+                  recompute: bool = False, lora: LoRA | None = None) -> MemoryBudget:
     """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
     limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
     (None where unknown); sample: the tokens of the samples at the end (0: none)."""
     limits = dict(limits or {})
-    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, limits=limits)
+    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, lora, limits=limits)
     mb, align = limits.get("max_binding"), limits.get("align") or 256
     planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum,
-                                       recompute=recompute)
+                                       recompute=recompute, lora=lora)
     for e in planned:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
@@ -107,7 +110,8 @@ def described(row: buffers.Buffer) -> str:
 def _bound(e: buffers.Planned, size: dict, max_binding: int | None, align: int) -> int:
     """The bytes of e bound at once: whole, a flat chunk, or a chunk of rows."""
     if e.row.bound == "flat":                     # a bf16 copy's chunks hold half the bytes of the float32 ones
-        return flat_bound(size["F"], max_binding, align) * e.nbytes // (4 * size["F"])
+        n = e.shape[0]                            # floats: F, or a LoRA run's base FB
+        return flat_bound(n, max_binding, align) * e.nbytes // (4 * n)
     if e.row.bound == "rows":
         per = max(64, rows_per_binding(e.shape[0], e.nbytes // e.shape[0], max_binding))
         return min(e.shape[0], per) * (e.nbytes // e.shape[0])
@@ -138,13 +142,14 @@ def divisors(n: int) -> list[int]:
 
 
 def largest_fitting_batch(cfg: Config, batch: int, attention: str, plan: KernelPlan, limits: dict,
-                          precision: Precision = FP32, recompute: bool = False) -> int | None:
+                          precision: Precision = FP32, recompute: bool = False, lora: LoRA | None = None) -> int | None:
     """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
     the batch); None where none does, or the batch is too large to search (over 2^20 windows)."""
     if batch > MAX_DIVISORS:
         return None
     for b in divisors(batch):
-        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision, recompute=recompute).fits:
+        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision, recompute=recompute,
+                         lora=lora).fits:
             return b
     return None
 
@@ -159,7 +164,8 @@ def device_limits(gpu: GPU) -> dict:
 def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
-    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision, p.recompute)
+    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision, p.recompute,
+                              p.lora)
     sampling = p.groups.get("sampling", 0)
     if sampling and sampling >= max(p.groups.values()):     # the end-of-run samples are what is too big
         msg += (f"; the samples at the end take {sampling:,} bytes of it: ask for fewer {{opt:sample_tokens}} "
@@ -186,7 +192,8 @@ def text(p: MemoryBudget) -> str:
     what, largest = p.largest_binding
     lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
-             + f", attention {p.attention}, {p.precision.name}" + (", recompute" if p.recompute else "")]
+             + f", attention {p.attention}, {p.precision.name}" + (", recompute" if p.recompute else "")
+             + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else "")]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

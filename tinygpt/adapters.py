@@ -1,0 +1,226 @@
+"""A LoRA run's files: its adapters inside the .tinygpt checkpoint, merged weights, and PEFT's format.
+
+The checkpoint of a LoRA run is an ordinary .tinygpt (TinyGPT's readers read it as the base
+model, which its state holds bit for bit); the adapters, their AdamW moments, the LoRA settings
+and the base's identity live under tinygptPy.lora, each tensor as base64 float32 little-endian:
+
+    {"rank", "alpha", "targets", "biases", "base": sha256 of the base weights, "baseStep",
+     "tensors": {name: {"shape": [...], "w": b64, "m": b64, "v": b64}}}
+
+`export --format peft` writes Hugging Face PEFT's adapter_config.json and adapter_model.safetensors
+for the GPT-2 model `export --format hf` writes: q, k and v adapters become one LoRA on GPT-2's
+fused c_attn (A stacked, B block-diagonal, its rank and alpha given by rank_pattern and
+alpha_pattern so that alpha / rank stays ours). `--adapters DIR` on eval and sample folds such a
+directory into a base model, after checking the base is the one the adapters were trained on.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Checkpoint, CheckpointError, show
+from .core.config import Config
+from .core.fs import check_regular, read_user_file
+from .core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
+from .core.errors import TinyGPTError
+from .hf import write_directory
+from .outputs import WRITER
+
+PEFT_MODULES = {"Wo": "attn.c_proj", "fc_in_W": "mlp.c_fc", "fc_out_W": "mlp.c_proj"}   # c_attn: q | k | v
+MAX_ADAPTER_FILE = 4 << 30
+
+
+@dataclass
+class LoraState:
+    """A LoRA run as its checkpoint records it."""
+    lora: LoRA
+    params: dict        # the adapters
+    m: dict
+    v: dict
+    base: str           # sha256 of the base weights the adapters were started on
+    base_step: int      # the base file's step
+
+
+def _b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, "<f4").tobytes()).decode("ascii")
+
+
+def record(st: LoraState) -> dict:
+    """tinygptPy.lora of a checkpoint."""
+    d = st.lora.as_dict()
+    d.update(base=st.base, baseStep=st.base_step,
+             tensors={n: {"shape": list(st.params[n].shape), "w": _b64(st.params[n]), "m": _b64(st.m[n]),
+                          "v": _b64(st.v[n])} for n in st.params})
+    return d
+
+
+def read(ck: Checkpoint, what: str) -> LoraState | None:
+    """The LoRA run a checkpoint holds (None for a plain model), every field checked."""
+    rec = ck.extra.get("lora")
+    if rec is None:
+        return None
+    bad = lambda why: CheckpointError(f"{what}: its LoRA record {why}; the file is damaged or not tinygpt's")
+    if not isinstance(rec, dict):
+        raise bad("is not an object")
+    try:
+        lora = make_lora(rec.get("rank"), rec.get("alpha"), rec.get("targets"), rec.get("biases", False),
+                         label=f"{what}: its LoRA rank")
+    except TinyGPTError as e:
+        raise bad(f"holds settings this tinygpt refuses ({e})") from e
+    if not isinstance(rec.get("base"), str) or len(rec["base"]) != 64:
+        raise bad("names no base model")
+    tensors = rec.get("tensors")
+    if not isinstance(tensors, dict):
+        raise bad("holds no tensors")
+    params, m, v = {}, {}, {}
+    for name, shape, _ in adapter_specs(ck.cfg, lora):
+        t = tensors.get(name)
+        if not isinstance(t, dict) or t.get("shape") != list(shape):
+            raise bad(f"lacks {name} {list(shape)}")
+        n = math.prod(shape)
+        for d, key in ((params, "w"), (m, "m"), (v, "v")):
+            try:
+                raw = base64.b64decode(t.get(key, ""), validate=True)
+            except (ValueError, TypeError) as e:
+                raise bad(f"holds {name}.{key} that is not base64") from e
+            if len(raw) != 4 * n:
+                raise bad(f"holds {len(raw):,} bytes for {name}.{key}, which needs {4 * n:,}")
+            d[name] = np.frombuffer(raw, "<f4").reshape(shape).astype(np.float32)
+    if len(tensors) != len(params):
+        raise bad(f"holds {len(tensors)} tensors where its settings make {len(params)}")
+    step = rec.get("baseStep", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise bad(f"has baseStep {show(step)}")
+    return LoraState(lora, params, m, v, rec["base"], step)
+
+
+def model_params(ck: Checkpoint, what: str, adapters=None) -> dict:
+    """The weights a checkpoint computes with: its own, or a LoRA run's base with the adapters
+    folded in (evaluation, sampling, inspection and merged exports take these); `adapters`, a
+    directory from `export --format peft`, folded into the checkpoint as its base instead."""
+    st = read(ck, what)
+    if adapters is not None:
+        if st is not None:
+            raise CheckpointError(f"{what} holds LoRA adapters of its own; give {{opt:adapters}} with the base "
+                                  "model they were trained on")
+        return read_peft(adapters, ck, f"{{opt:adapters}} {adapters}")
+    return ck.params if st is None else merged({**ck.params, **st.params}, ck.cfg, st.lora)
+
+
+# ---- PEFT -----------------------------------------------------------------------------------------
+def peft_tensors(cfg: Config, lora: LoRA, adapters: dict) -> tuple[dict, dict, dict]:
+    """(tensors under PEFT's keys for GPT2LMHeadModel, rank_pattern, alpha_pattern)."""
+    R, out, ranks, alphas = lora.rank, {}, {}, {}
+    qkv = [W for W in ("Wq", "Wk", "Wv") if W in lora.targets]
+    key = lambda l, module, which: f"base_model.model.transformer.h.{l}.{module}.lora_{which}.weight"
+    C = cfg.d_model
+    for l in range(cfg.layers):
+        get = lambda W, which: adapters[adapter_name(l, W, which)]
+        if qkv:                         # one LoRA on c_attn [C, 3C]: A stacked, B block-diagonal
+            A = np.concatenate([get(W, "A") for W in qkv], axis=0)                 # [n R, C]
+            B = np.zeros((3 * C, len(qkv) * R), np.float32)
+            for j, W in enumerate(qkv):
+                i = ("Wq", "Wk", "Wv").index(W)
+                B[i * C:(i + 1) * C, j * R:(j + 1) * R] = get(W, "B")
+            out[key(l, "attn.c_attn", "A")], out[key(l, "attn.c_attn", "B")] = A, B
+        for W, module in PEFT_MODULES.items():
+            if W in lora.targets:
+                out[key(l, module, "A")], out[key(l, module, "B")] = get(W, "A"), get(W, "B")
+    if len(qkv) > 1:                    # alpha / rank stays ours: n R and n alpha on c_attn
+        ranks["c_attn"], alphas["c_attn"] = len(qkv) * R, len(qkv) * lora.alpha
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}, ranks, alphas
+
+
+def export_peft(ck: Checkpoint, out_dir, what: str):
+    """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the GPT-2
+    model `export --format hf` writes of the same file."""
+    from safetensors.numpy import save
+    st = read(ck, what)
+    if st is None:
+        raise CheckpointError(f"{what} holds no LoRA adapters (it was not trained with --lora); export the "
+                              "whole model with --format hf")
+    if st.lora.biases:
+        raise CheckpointError(f"{what} trained its biases and LayerNorms beside the adapters, which PEFT's LoRA "
+                              "files cannot hold; export the model with --merge instead")
+    tensors, ranks, alphas = peft_tensors(ck.cfg, st.lora, st.params)
+    modules = (["c_attn"] if any(W in st.lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
+        [PEFT_MODULES[W] for W in PEFT_MODULES if W in st.lora.targets]
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": st.lora.rank, "lora_alpha": st.lora.alpha,
+              "target_modules": modules, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_dropout": 0.0,
+              "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "init_lora_weights": True,
+              "inference_mode": True, "base_model_name_or_path": None, "revision": None,
+              "layers_to_transform": None, "layers_pattern": None, "use_rslora": False, "use_dora": False}
+    meta = {"format": "pt", "writer": WRITER, "tinygpt_base_sha256": st.base,
+            "tinygpt_lora": json.dumps(st.lora.as_dict())}
+    write_directory(Path(out_dir), {"adapter_model.safetensors": save(tensors, metadata=meta),
+                                    "adapter_config.json": (json.dumps(config, indent=2) + "\n").encode()})
+
+
+def read_peft(directory, base: Checkpoint, what: str) -> dict:
+    """A directory `export --format peft` wrote, folded into `base`: its weights merged, after the
+    base is checked to be the model the adapters were trained on (by its weights' sha256)."""
+    from safetensors import SafetensorError
+    from safetensors.numpy import load
+    d = Path(directory)
+    f = d / "adapter_model.safetensors"
+    check_regular(f, CheckpointError, f"{what}'s adapter_model.safetensors", "the adapters tinygpt export wrote")
+    raw = read_user_file(f, CheckpointError, f"{what}'s adapter_model.safetensors", "a safetensors file",
+                         MAX_ADAPTER_FILE)
+    try:
+        n = int.from_bytes(raw[:8], "little")
+        meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+        tensors = load(raw)
+    except (ValueError, SafetensorError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{what}: adapter_model.safetensors is not a safetensors file ({e})") from e
+    want = meta.get("tinygpt_base_sha256")
+    if not want:
+        raise CheckpointError(f"{what}: its adapters do not name the base model they were trained on (not written "
+                              "by tinygpt export --format peft)")
+    have = base_hash(base.params, base.cfg)
+    if have != want:
+        raise CheckpointError(f"{what}: these adapters were trained on another base model (sha256 {want[:12]}...), "
+                              f"not this one ({have[:12]}...); give the base they were made for")
+    try:
+        lo = json.loads(meta.get("tinygpt_lora", ""))
+        lora = make_lora(lo["rank"], lo["alpha"], lo["targets"], lo.get("biases", False))
+    except (ValueError, KeyError, TypeError, TinyGPTError) as e:
+        raise CheckpointError(f"{what}: its adapters' LoRA settings are unreadable") from e
+    adapters = peft_adapters(base.cfg, lora, tensors, what)
+    return merged({**base.params, **adapters}, base.cfg, lora)
+
+
+def peft_adapters(cfg: Config, lora: LoRA, tensors: dict, what: str) -> dict:
+    """Our adapters from PEFT's tensors (the inverse of peft_tensors), every shape checked."""
+    qkv = [W for W in ("Wq", "Wk", "Wv") if W in lora.targets]
+    R, C, out = lora.rank, cfg.d_model, {}
+    shapes = {name: tuple(shape) for name, shape, _ in adapter_specs(cfg, lora)}
+    key = lambda l, module, which: f"base_model.model.transformer.h.{l}.{module}.lora_{which}.weight"
+    take = lambda k, shape: _tensor(tensors, k, shape, what)
+    for l in range(cfg.layers):
+        if qkv:
+            A = take(key(l, "attn.c_attn", "A"), (len(qkv) * R, C))
+            B = take(key(l, "attn.c_attn", "B"), (3 * C, len(qkv) * R))
+            for j, W in enumerate(qkv):
+                i = ("Wq", "Wk", "Wv").index(W)
+                out[adapter_name(l, W, "A")] = A[j * R:(j + 1) * R]
+                out[adapter_name(l, W, "B")] = B[i * C:(i + 1) * C, j * R:(j + 1) * R]
+        for W, module in PEFT_MODULES.items():
+            if W in lora.targets:
+                for which in "AB":
+                    n = adapter_name(l, W, which)
+                    out[n] = take(key(l, module, which), shapes[n])
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}
+
+
+def _tensor(tensors: dict, key: str, shape: tuple, what: str) -> np.ndarray:
+    t = tensors.get(key)
+    if t is None or tuple(t.shape) != tuple(shape):
+        got = "missing" if t is None else f"of shape {list(t.shape)}"
+        raise CheckpointError(f"{what}: its adapters' {key} is {got}, where the base model needs {list(shape)}")
+    return np.asarray(t, np.float32)
+
