@@ -306,17 +306,17 @@ def cmd_export(args) -> int:
                           ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[args.format]
         for name, label, ours in files:
             outs.claim(d / name, "out", label, ours)
-    ck = ckpt.load(args.model, what)
-    held = lora_files.read(ck, what)
-    if held is not None and args.format != "peft":
-        if not args.merge:
-            raise UsageError(f"{args.model} holds LoRA adapters: write them with --format peft, or fold them into "
-                             "the weights with --merge")
-        ck = ckpt.Checkpoint(ck.cfg, lora_files.model_params(ck, what), None, None, ck.step, ck.loss_history,
-                             {k: v for k, v in ck.extra.items() if k != "lora"}, ck.header)
-    elif args.merge and held is None:
-        raise UsageError(f"{args.model} holds no LoRA adapters to merge; drop --merge")
     try:
+        ck = ckpt.load(args.model, what)
+        held = lora_files.read(ck, what)
+        if held is not None and args.format != "peft":
+            if not args.merge:
+                raise UsageError(f"{args.model} holds LoRA adapters: write them with --format peft, or fold them "
+                                 "into the weights with --merge")
+            ck = ckpt.Checkpoint(ck.cfg, lora_files.model_params(ck, what), None, None, ck.step, ck.loss_history,
+                                 {k: v for k, v in ck.extra.items() if k != "lora"}, ck.header)
+        elif args.merge and held is None:
+            raise UsageError(f"{args.model} holds no LoRA adapters to merge; drop --merge")
         if args.format == "safetensors":
             ckpt.export_safetensors(ck, args.out)
         elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
