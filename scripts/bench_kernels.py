@@ -13,6 +13,7 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
+LoRA's scale (alpha / rank on a [rows, rank 8] product).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -67,6 +68,9 @@ def cases(gpu, rows, C, M, V, n, rng):
         tacc = up(acc0)
         d = kn.accumulate(tx, tacc, rows * M, variant=v)
         yield "accumulate", v, f"n={rows * M}", d, lambda t=tacc: np.abs(gpu.read(t) - R.accumulate(f64(x), f64(acc0))).max()
+    n = rows * 8                     # LoRA's alpha / rank on a [rows, rank 8] product
+    d = kn.scale(tx, tout, n, 2.0)
+    yield "scale", "scalar", f"n={n}", d, lambda: np.abs(gpu.read(tout)[:n] - R.scale(f64(x[:n]), 2.0)).max()
     bg = gpu.tensor((M,))
     for v in ["scalar"] + sg:
         d = kn.bias_grad(ty, bg, rows, M, variant=v)

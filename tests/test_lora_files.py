@@ -62,8 +62,9 @@ def test_a_lora_fine_tune_learns_keeps_its_base_and_resumes_bit_for_bit(base, tm
         capsys.readouterr()
         assert in_process("eval", "--model", f, "--data", corpus, "--max-windows", 512, "--json")[0] == 0
         val[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loss"]
-    print(f"LoRA fine-tune: val {val['base']:.4f} (base) -> {val['fine-tune']:.4f} (512 windows; logged "
-          f"{', '.join(f'{v:.4f}' for v in vals)}); 40 losses equal after a resume at 17")
+    with capsys.disabled():
+        print(f"LoRA fine-tune: val {val['base']:.4f} (base) -> {val['fine-tune']:.4f} (512 windows; logged "
+              f"{', '.join(f'{v:.4f}' for v in vals)}); 40 losses equal after a resume at 17")
     assert val["fine-tune"] < val["base"]
 
 
@@ -101,13 +102,15 @@ def test_peft_export_names_shapes_and_merge(base, tmp_path, capsys):
             peft = W[w].astype(np.float64) + alpha / rank * (B.astype(np.float64) @ A).T   # Conv1D: [in, out]
             worst = max(worst, float(np.abs(peft - merged[w]).max()))
         assert np.array_equal(W[f"transformer.h.{l}.mlp.c_proj.weight"], merged[f"transformer.h.{l}.mlp.c_proj.weight"])
-    print(f"PEFT's arithmetic on the export = the merged weights within {worst:.2e}")
+    with capsys.disabled():
+        print(f"PEFT's arithmetic on the export = the merged weights within {worst:.2e}")
     assert worst < 1e-6
     capsys.readouterr()
     assert in_process("eval", "--model", base, "--adapters", pd, "--max-windows", 8, "--json")[0] == 0
     assert in_process("eval", "--model", ft, "--max-windows", 8, "--json")[0] == 0
     a, b = (json.loads(line)["loss"] for line in capsys.readouterr().out.strip().splitlines())
-    print(f"eval of the base with --adapters {a:.6f}, of the fine-tune's file {b:.6f}")
+    with capsys.disabled():
+        print(f"eval of the base with --adapters {a:.6f}, of the fine-tune's file {b:.6f}")
     assert abs(a - b) < 1e-6
 
 
