@@ -17,6 +17,12 @@ each timed to its loss: on a machine whose speed drifts, every round of steps sh
 tokens_per_s then comes from the median step, and over_fp32 is the median of the rounds' ratios.
 
     python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --precision fp32,bf16,f16 --interleave
+
+--lora R adds a row per precision for a LoRA step (adapters of rank R on --lora-targets, the base
+frozen: no weight gradients, two small matmuls a target) beside the full step, with its speed-up
+over the full step (lora_over_full); --rounds interleaves the two.
+
+    python scripts/bench_train.py --preset medium --steps 30 --trainers webgpu --lora 8 --rounds 3
 """
 import argparse
 import sys
@@ -24,9 +30,10 @@ import time
 
 import numpy as np
 
-from tinygpt.cli import add_kernels, positive_float, positive_int, run_script
+from tinygpt.cli import add_kernels, lora_targets, positive_float, positive_int, run_script
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
+from tinygpt.core.lora import init_adapters, make_lora
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
@@ -43,15 +50,16 @@ def batches(cfg, steps, data_path, seed):
     return [ds.sample(rng, cfg.batch) for _ in range(steps)]
 
 
-def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32"):
+def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32", lora=None):
     gpu = GPU()
-    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision])
-    m.set_params(params)
+    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision], lora=lora)
+    m.set_params({**params, **init_adapters(cfg, lora)} if lora else params)
     t0 = time.perf_counter()
     for x, y in data:
         m.step(x, y, lr)
     loss = m.loss()  # waits for the GPU
-    return time.perf_counter() - t0, loss, (f"{gpu.name} ({gpu.backend}), attention {attention}, {precision}, "
+    lo = f", LoRA rank {lora.rank} on {','.join(lora.as_dict()['targets'])}" if lora else ""
+    return time.perf_counter() - t0, loss, (f"{gpu.name} ({gpu.backend}), attention {attention}, {precision}{lo}, "
                                             f"kernels {m.plan.describe()}")
 
 
@@ -111,6 +119,8 @@ def main(argv=None):
                          "machine whose speed drifts, trainers compared in one round share its minute")
     ap.add_argument("--interleave", action="store_true",
                     help="with several precisions: one model each, their steps alternated (see above)")
+    ap.add_argument("--lora", type=positive_int, metavar="R", help="also time a LoRA step of rank R (see above)")
+    ap.add_argument("--lora-targets", type=lora_targets, default=None, help="q,k,v,o,fc_in,fc_out (default q,k,v,o)")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
@@ -123,8 +133,11 @@ def main(argv=None):
     tokens = args.steps * cfg.batch * cfg.ctx
     runners = {"numpy": lambda: run_numpy(cfg, params, data, args.lr),
                "torch": lambda: run_torch(cfg, params, data, args.lr)}
+    lora = make_lora(args.lora, targets=args.lora_targets) if args.lora else None
     for p in precisions:
         runners["webgpu", p] = (lambda p=p: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels, p))
+        runners["webgpu-lora", p] = (lambda p=p: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels,
+                                                            p, lora))
     order = []
     for name in args.trainers.split(","):
         if name == "torch":
@@ -132,7 +145,8 @@ def main(argv=None):
             if importlib.util.find_spec("torch") is None:
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
-        order += [("webgpu", p) for p in precisions] if name == "webgpu" else [name]
+        order += [(w, p) for p in precisions for w in ("webgpu", "webgpu-lora")[:2 if lora else 1]] \
+            if name == "webgpu" else [name]
     best = {}
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if len(precisions) < 2 or args.rounds > 1:
@@ -158,10 +172,13 @@ def main(argv=None):
                 best[key] = {"trainer": name, "preset": args.preset, "precision": prec, "steps": args.steps,
                              "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
     rows = [best[k] for k in order]
-    base = {r["trainer"]: r["tokens_per_s"] for r in rows if r["precision"] == precisions[0] or r["trainer"] != "webgpu"}
+    ours = ("webgpu", "webgpu-lora")
+    base = {r["trainer"]: r["tokens_per_s"] for r in rows if r["precision"] == precisions[0] or r["trainer"] not in ours}
     for r in rows:
-        if "webgpu" in base and r["trainer"] != "webgpu":
+        if "webgpu" in base and r["trainer"] not in ours:
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
+        if r["trainer"] == "webgpu-lora":
+            r["lora_over_full"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu" and r["precision"] != "fp32" and ("webgpu", "fp32") in best:
             r["over_fp32"] = ratio[r["precision"]] if args.interleave else \
                 r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
@@ -169,7 +186,7 @@ def main(argv=None):
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
               + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
     emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "over_fp32",
-                           "webgpu_over_this", "what"])
+                           "lora_over_full", "webgpu_over_this", "what"])
 
 
 if __name__ == "__main__":

@@ -70,7 +70,8 @@ def test_bench_kernels_json(gpu):
                                     "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw")}
     want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
                                    "grad_sumsq", "adamw", "accumulate")}
-    want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens")}
+    want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens",
+                                     "scale")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
     want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
     want |= {(k, v + " tanh") for k in ("gelu_forward", "gelu_backward") for v in ("scalar", "vec4")}
@@ -87,9 +88,14 @@ def test_bench_kernels_json(gpu):
 
 
 def test_bench_train_json():
-    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3")
+    """The trainers from one init and batches train alike; --lora adds the LoRA step's row, its
+    speed beside the full step's."""
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--lora", "4")
     by = {r["trainer"]: r for r in rows}
-    assert {"webgpu", "numpy"} <= set(by)
+    assert {"webgpu", "webgpu-lora", "numpy"} <= set(by)
+    lo = by["webgpu-lora"]
+    assert "LoRA rank 4 on q,k,v,o" in lo["what"] and abs(lo["lora_over_full"] * by["webgpu"]["tokens_per_s"]
+                                                          - lo["tokens_per_s"]) < 1e-6 * lo["tokens_per_s"]
     for r in rows:
         assert {"trainer", "preset", "steps", "tokens_per_s", "final_loss"} <= set(r)
         assert r["preset"] == "tiny" and r["steps"] == 3 and r["tokens_per_s"] > 0
