@@ -39,10 +39,15 @@ def allocated(gpu, monkeypatch, build):
     ("online", 1, 50257, 13_000_000, 24, "bf16"), ("online", 2, 256, None, 24, "f16"),
     ("naive", 1, 2000, 600_000, 128, "f16"), ("online", 1, 50257, 13_000_000, 24, "f16"),
     ("online", 2, 256, None, 24, "fp32 recompute"), ("naive", 1, 2000, 600_000, 128, "bf16 recompute"),
-    ("online", 1, 256, None, 24, "f16 recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 recompute")])
+    ("online", 1, 256, None, 24, "f16 recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 recompute"),
+    # LoRA: the frozen base (and its copy) beside the adapters' flat buffers, the products saved
+    ("online", 2, 256, None, 24, "fp32 lora"), ("naive", 1, 2000, 600_000, 128, "bf16 lora recompute"),
+    ("online", 1, 256, None, 24, "f16 lora"), ("online", 1, 50257, 13_000_000, 24, "fp32 lora recompute")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
-    precision, _, recompute = precision.partition(" ")
-    recompute = recompute == "recompute"     # one set of block activations, shared by the layers
+    from tinygpt.core.lora import TARGETS, make_lora
+    precision, *more = precision.split()
+    recompute = "recompute" in more          # one set of block activations, shared by the layers
+    lora = make_lora(8, targets=list(TARGETS)) if "lora" in more else None
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.infer import Sampler
@@ -53,18 +58,22 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     limits = budget.device_limits(gpu)
     precision = PRECISIONS[precision]
-    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, recompute=recompute)
+    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, recompute=recompute,
+                             lora=lora)
     if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
-        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision)     # nor the sampler's (its
+        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision, lora=lora)   # nor the sampler's (its
         Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision,
-                                                    recompute=recompute))
-    print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}: "
-          f"budget {p.total:,} bytes, model {got:,}")
+                                                    recompute=recompute, lora=lora))
+    print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}"
+          f"{' lora' if lora else ''}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
     if recompute:          # smaller than saving every layer's, by the saved activations of all but one
-        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, lora=lora)
         assert p.total < full.total and p.groups[buffers.A] < full.groups[buffers.A]
+    if lora:               # gradients and moments of the adapters alone
+        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+        assert p.groups["gradients"] < full.groups["gradients"] and p.groups["adam moments"] < full.groups["adam moments"]
     want = budget.sampler_bytes(cfg, attention, 50, plan, precision, max_binding=limits["max_binding"])
     got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50,
                                                       precision=precision))
@@ -86,6 +95,22 @@ def test_plan_cli_json_and_text(capsys):
     assert main(["plan", "--preset", "medium", "--grad-accum", "2"]) == 0
     out = capsys.readouterr().out
     assert "parameters" in out and "activations (saved)" in out and "largest binding" in out and "fits" in out
+
+
+def test_plan_of_gpt2_with_lora_and_recompute_is_at_most_half(capsys):
+    """GPT-2 small's shape: LoRA (rank 8 on q, k, v, o) with recompute plans at most half of full
+    fine-tuning, at the preset's batch and at batch 8 (where the saved activations dominate)."""
+    for batch in ([], ["--batch", "8"]):
+        totals = []
+        for more in ([], ["--lora", "8", "--recompute"]):
+            assert main(["plan", "--preset", "gpt2", *batch, *more, "--json"]) == 0
+            d = json.loads(capsys.readouterr().out)
+            totals.append(d["total_bytes"])
+            assert d["fits"] or batch, d["problems"]
+        with capsys.disabled():
+            print(f"gpt2 {' '.join(batch) or 'batch 1'}: full {totals[0]:,} bytes, LoRA 8 + recompute {totals[1]:,} "
+                  f"({totals[1] / totals[0]:.3f})")
+        assert 2 * totals[1] <= totals[0]
 
 
 def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, capsys, monkeypatch):
