@@ -49,7 +49,7 @@ CASES = {   # name: (precision, rank, targets, biases, tolerance of the gradient
     "fp32 qkvo r8": ("fp32", 8, None, False, 1e-4),
     "fp32 all r3": ("fp32", 3, list(LR.TARGETS), False, 1e-4),        # odd rank: the scalar matmuls
     "fp32 mlp r5 biases": ("fp32", 5, ["fc_in", "fc_out"], True, 1e-4),
-    "bf16 all r8": ("bf16", 8, list(LR.TARGETS), False, 2e-2),
+    "bf16 all r8": ("bf16", 8, list(LR.TARGETS), False, 3e-3),
     "f16 all r8": ("f16", 8, list(LR.TARGETS), True, 3e-3),
 }
 
@@ -71,7 +71,7 @@ def test_step0_gradients_of_the_adapters(gpu, plan, case):
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision, lora=lora)
     scale = m.scaler_state()["scale"] if m.scaled else 1.0
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
-    lt = 1e-4 if name == "fp32" else 2e-2
+    lt = 1e-4 if name == "fp32" else 5e-3           # 16 bits: a rounding edge flips and carries through the layers
     check(f"{case}: logits", m.logits_of(x), logits, lt * np.abs(logits).max())
     m.grads_only(x, y)
     check(f"{case}: loss", m.loss(), loss, lt * abs(loss))
