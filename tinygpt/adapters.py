@@ -150,11 +150,12 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
     tensors, ranks, alphas = peft_tensors(ck.cfg, st.lora, st.params)
     modules = (["c_attn"] if any(W in st.lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
         [PEFT_MODULES[W] for W in PEFT_MODULES if W in st.lora.targets]
+    # only fields PEFT has had since rank_pattern came (0.6): an older PEFT refuses a field it does
+    # not know, and every field left out is at its default
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": st.lora.rank, "lora_alpha": st.lora.alpha,
               "target_modules": modules, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_dropout": 0.0,
-              "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "init_lora_weights": True,
-              "inference_mode": True, "base_model_name_or_path": None, "revision": None,
-              "layers_to_transform": None, "layers_pattern": None, "use_rslora": False, "use_dora": False}
+              "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "inference_mode": True,
+              "base_model_name_or_path": None}
     meta = {"format": "pt", "writer": WRITER, "tinygpt_base_sha256": st.base,
             "tinygpt_lora": json.dumps(st.lora.as_dict())}
     write_directory(Path(out_dir), {"adapter_model.safetensors": save(tensors, metadata=meta),
