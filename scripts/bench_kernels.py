@@ -13,7 +13,8 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
-LoRA's scale (alpha / rank on a [rows, rank 8] product).
+LoRA's scale (alpha / rank on a [rows, rank 8] product). The loss scaler's forms of grad_sumsq
+and adamw (variants "scaled", f16's: gradients carrying a scale of 1024).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -129,6 +130,23 @@ def cases(gpu, rows, C, M, V, n, rng):
         tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
         d = kn.adamw(tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
         yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
+    # the loss scaler's forms (SCALED, f16's): gradients carrying a scale of 1024, unscaled as they are
+    # squared; AdamW reading its clip factor and step count from the scaler's state (kernels.SCALER)
+    state = np.zeros(K.SCALER_FLOATS, np.float32)
+    state[[K.SCALER["factor"], K.SCALER["scale"], K.SCALER["taken"]]] = (1.0 / 1024, 1024.0, t)
+    gs = gr * np.float32(1024.0)
+    tgs, stats = up(gs), up(state)
+    for v in ("scalar", "vec4"):
+        d = kn.grad_sumsq(tgs, parts, n, variant=v, scaler=stats)
+        yield "grad_sumsq", v + " scaled", f"n={n}", d, lambda: np.abs(
+            gpu.read(parts) - R.grad_sumsq(f64(gs), scaler={"scale": 1024.0})).max()
+    rw, rm_, rv = f64(w0), f64(m0), f64(v0)
+    R.adamw(f64(gs), 0.1, 1.0 / 1024, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t,
+            scaler={"skip": 0, "taken": t})
+    for v in ("scalar", "vec4"):
+        tw = up(w0)
+        d = kn.adamw(tgs, up(wd), stats, tw, up(m0), up(v0), n, u, variant=v, scaled=True)
+        yield "adamw", v + " scaled", f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
 
 
 def storage_cases(gpu, rows, M, V, rng):

@@ -75,14 +75,15 @@ def test_bench_kernels_json(gpu):
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
     want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
     want |= {(k, v + " tanh") for k in ("gelu_forward", "gelu_backward") for v in ("scalar", "vec4")}
+    want |= {(k, v + " scaled") for k in ("grad_sumsq", "adamw") for v in ("scalar", "vec4")}
     want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
     half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache
     want |= {("gelu_forward", "f16"), ("gelu_backward", "f16"), ("layernorm_forward", "f16"),
              ("cast_f16", "scalar"), ("cast_f16_to_f32", "scalar")} if half == "f16" else set()
     want |= {("kv_append", half), ("attn_decode", half)}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
-    # each variant a different entry point, or the same one under an override constant (TANH)
-    assert len({(r["entry"], r["variant"].endswith(" tanh")) for r in rows}) == len(rows)
+    # each variant a different entry point, or the same one under an override constant (TANH, SCALED)
+    assert len({(r["entry"], r["variant"].split(" ")[-1]) for r in rows}) == len(rows)
     assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)
     assert all(r["speedup"] == 1.0 for r in rows if r["variant"] == "scalar")
 
