@@ -87,6 +87,9 @@ def setup(args, rank: int, world: int):
     if ck.m is None:
         raise UsageError(f"{{opt:resume}} {args.resume} holds no optimizer state; continue it with tinygpt train "
                          "first, or start a run there")
+    if ck.extra.get("lora") is not None:      # DDP trains every weight: the adapters would be left behind
+        raise UsageError(f"{{opt:resume}} {args.resume} is a LoRA run, which DDP does not train; continue it with "
+                         "tinygpt train, or fold its adapters in first (tinygpt export --format tinygpt --merge)")
     cfg = ck.cfg
     B = args.batch or cfg.batch // world
     if B <= 0 or (args.batch is None and cfg.batch % world):

@@ -96,3 +96,13 @@ def test_a_refused_output_stops_every_rank(start, tmp_path):
     rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 7, "--out", mine, timeout=120)
     assert rc != 0 and "train_ddp: error:" in err and "--force" in err
     assert mine.read_bytes() == b"not ours"
+
+
+def test_a_lora_run_is_refused(start, tmp_path):
+    """DDP trains every weight: a LoRA run's file is refused in one line, pointing at --merge."""
+    f, corpus = start
+    ft = tmp_path / "ft.tinygpt"
+    assert main(["train", "--resume", str(f), "--lora", "2", "--data", str(corpus), "--steps", "2", "--eval-every",
+                 "0", "--sample-tokens", "0", "--quiet", "--out", str(ft)]) == 0
+    rc, err = ddp(1, "--resume", ft, "--data", corpus, "--steps", 4, timeout=120)
+    assert rc != 0 and "is a LoRA run, which DDP does not train" in err and "--merge" in err
