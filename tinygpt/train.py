@@ -270,8 +270,10 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     else:
         model.set_params(init_params(cfg))
         start, history = 0, []
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, resume.header if resume else {}, lora,
-               frozen), start
+    header = resume.header if resume else {}
+    if new_lora:        # the base run's own results are not the fine-tune's
+        header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen), start
 
 
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
