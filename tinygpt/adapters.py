@@ -7,10 +7,10 @@ and the base's identity live under tinygptPy.lora, each tensor as base64 float32
     {"rank", "alpha", "targets", "biases", "base": sha256 of the base weights, "baseStep",
      "tensors": {name: {"shape": [...], "w": b64, "m": b64, "v": b64}}}
 
-`export --format peft` writes Hugging Face PEFT's adapter_config.json and adapter_model.safetensors
-for the GPT-2 model `export --format hf` writes: q, k and v adapters become one LoRA on GPT-2's
+The export's peft format writes Hugging Face PEFT's adapter_config.json and adapter_model.safetensors
+for the GPT-2 model its hf format writes: q, k and v adapters become one LoRA on GPT-2's
 fused c_attn (A stacked, B block-diagonal, its rank and alpha given by rank_pattern and
-alpha_pattern so that alpha / rank stays ours). `--adapters DIR` on eval and sample folds such a
+alpha_pattern so that alpha / rank stays ours). The adapters option of eval and sample folds such a
 directory into a base model, after checking the base is the one the adapters were trained on.
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ def read(ck: Checkpoint, what: str) -> LoraState | None:
 def model_params(ck: Checkpoint, what: str, adapters=None) -> dict:
     """The weights a checkpoint computes with: its own, or a LoRA run's base with the adapters
     folded in (evaluation, sampling, inspection and merged exports take these); `adapters`, a
-    directory from `export --format peft`, folded into the checkpoint as its base instead."""
+    directory from the export's peft format, folded into the checkpoint as its base instead."""
     st = read(ck, what)
     if adapters is not None:
         if st is not None:
@@ -138,15 +138,15 @@ def peft_tensors(cfg: Config, lora: LoRA, adapters: dict) -> tuple[dict, dict, d
 
 def export_peft(ck: Checkpoint, out_dir, what: str):
     """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the GPT-2
-    model `export --format hf` writes of the same file."""
+    model the export's hf format writes of the same file."""
     from safetensors.numpy import save
     st = read(ck, what)
     if st is None:
-        raise CheckpointError(f"{what} holds no LoRA adapters (it was not trained with --lora); export the "
-                              "whole model with --format hf")
+        raise CheckpointError(f"{what} holds no LoRA adapters (it was not trained with {{opt:lora}}); export the "
+                              "whole model with {opt:format} hf")
     if st.lora.biases:
         raise CheckpointError(f"{what} trained its biases and LayerNorms beside the adapters, which PEFT's LoRA "
-                              "files cannot hold; export the model with --merge instead")
+                              "files cannot hold; export the model with {opt:merge} instead")
     tensors, ranks, alphas = peft_tensors(ck.cfg, st.lora, st.params)
     modules = (["c_attn"] if any(W in st.lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
         [PEFT_MODULES[W] for W in PEFT_MODULES if W in st.lora.targets]
@@ -163,7 +163,7 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
 
 
 def read_peft(directory, base: Checkpoint, what: str) -> dict:
-    """A directory `export --format peft` wrote, folded into `base`: its weights merged, after the
+    """A directory the export's peft format wrote, folded into `base`: its weights merged, after the
     base is checked to be the model the adapters were trained on (by its weights' sha256)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
@@ -181,7 +181,7 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
     want = meta.get("tinygpt_base_sha256")
     if not want:
         raise CheckpointError(f"{what}: its adapters do not name the base model they were trained on (not written "
-                              "by tinygpt export --format peft)")
+                              "by tinygpt export {opt:format} peft)")
     have = base_hash(base.params, base.cfg)
     if have != want:
         raise CheckpointError(f"{what}: these adapters were trained on another base model (sha256 {want[:12]}...), "

@@ -57,7 +57,7 @@ class ModelUse:
     attention: str = "online"
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None
-    adapters: str | None = None        # a PEFT directory (export --format peft) folded into the model
+    adapters: str | None = None        # a PEFT directory (the export's peft format) folded into the model
     precision: str = "fp32"            # bf16, f16: the forward stores its activations and weights so
 
 

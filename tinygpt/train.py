@@ -101,12 +101,12 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
 
 
-LORA_LR = 1e-3          # a new LoRA run's peak learning rate where --lr is not given
+LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
 
 
 def run_lora(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
     """(the run's LoRA state or None, whether its adapters are new): the resumed file's adapters
-    (the options may not contradict them), or new ones on the resumed model where --lora is given."""
+    (the options may not contradict them), or new ones on the resumed model where the lora option is given."""
     held = lora_files.read(resume, label) if resume else None
     given = o.lora is not None or o.lora_alpha is not None or o.lora_targets is not None or o.lora_biases
     if held is not None:
