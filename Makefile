@@ -23,7 +23,8 @@ engines: $(STAMP)
 # Dawn, Chrome's engine, on SwiftShader, Chrome's CPU Vulkan driver: a small GPU's limits (256
 # invocations a workgroup, 4-lane subgroups, 256-byte offset alignment) and Tint's validation.
 DAWN       := TINYGPT_WEBGPU=dawn VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json
-DAWN_TESTS := tests/test_kernels.py tests/test_attention.py::test_attention_against_float64 \
+DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_twin \
+              tests/test_attention.py::test_attention_against_float64 \
               tests/test_attention.py::test_online_reads_half_q_k_v \
               tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference
 
