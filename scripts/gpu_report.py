@@ -10,7 +10,7 @@ Runs, each as its own process (a section that fails is reported, the rest still 
   attention          scripts/compare_attention.py: the seed's ladder T = 256, 1024, 4096 (and on a
                      GPU 8192, 16384) at B=1 H=1 hd=64, plus a training shape B=4 H=8 hd=64
   kernels            scripts/bench_kernels.py: the other kernels, each variant
-  train              scripts/bench_train.py: tokens/s of the WebGPU trainer, preset by preset
+  train              scripts/bench_train.py: tokens/s of the WebGPU trainer, preset by preset (fp32 also as a LoRA step)
                      from small up to the largest the memory plan says fits (gpt2 included),
                      in fp32, bf16 and (with shader-f16) f16
   profile            `tinygpt train --profile --json`: per-kernel time and share of the peaks
@@ -113,7 +113,7 @@ COLUMNS = {
     "attention_train_shape": ["impl", "T", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err",
                               "naive_over_online", "status"],
     "kernels": ["kernel", "variant", "entry", "shape", "ms", "max_err", "speedup"],
-    "train": ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "what"],
+    "train": ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "lora_over_full", "what"],
     "profile": ["preset", "group", "kernel", "calls", "ms", "gflops", "gbps", "pct_peak", "mfu"],
 }
 
@@ -219,15 +219,16 @@ def main(argv=None):
     for p in fits:
         for precision in ("fp32", "bf16") + (("f16",) if f16 else ()):   # the 16-bit speeds lavapipe cannot give
             name = f"train_{p}" + ("" if precision == "fp32" else f"_{precision}")
+            lora = ["--lora", "8"] if precision == "fp32" else []     # a LoRA step beside the full one
             r = run_section(out, name, [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps",
-                                        str(S["steps"]), "--trainers", "webgpu", "--precision", precision] + data,
+                                        str(S["steps"]), "--trainers", "webgpu", "--precision", precision] + lora + data,
                             env, args.section_timeout)
             train_runs.append(r)
             train_rows += r["rows"]
     results["train"] = merged("train", train_runs, train_rows,
                               f"scripts/bench_train.py --preset P --steps {S['steps']} --trainers webgpu --precision "
-                              f"fp32|bf16{'|f16' if f16 else ''}, P in {', '.join(fits)} (the presets the memory "
-                              f"budget fits)")
+                              f"fp32|bf16{'|f16' if f16 else ''} (fp32 with --lora 8 too), P in {', '.join(fits)} (the "
+                              f"presets the memory budget fits)")
     prof_rows, prof_runs, skipped = [], [], []
     for p in S["profile"]:
         if p not in fits and p != "tiny" and not fits_here(p):

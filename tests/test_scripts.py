@@ -255,6 +255,8 @@ def test_gpu_report_quick_at_the_smallest_sizes(tmp_path, gpu):
                  "train_tiny_bf16", "profile_tiny") + (("train_tiny_f16",) if "shader-f16" in gpu.features else ()):
         assert (out / f"{name}.jsonl").read_text().strip(), name
     assert all((out / p).stat().st_size > 1000 for p in ("matmul.png", "train.png", "attention.png"))
+    lora = [json.loads(l) for l in (out / "train_tiny.jsonl").read_text().splitlines() if "webgpu-lora" in l]
+    assert lora and lora[0]["lora_over_full"] > 0 and "| webgpu-lora |" in md
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "report.md").write_text("my notes")
     r = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_report.py"), "--out", str(tmp_path / "mine"), "--smallest"],
