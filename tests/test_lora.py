@@ -81,7 +81,7 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
     m = Model(gpu, plan, cfg, "online", precision=precision, lora=lora)
     if "split" in case or "GPT-2" in case:
         assert len(m.head.vchunks) > 1 and len(m.flat_chunks) >= 1
-        assert len(buffer_chunks(m, "base")) > 1, "the frozen base is bound in one piece"
+        assert len(m.base_chunks) > 1, "the frozen base is bound in one piece"
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision, lora=lora)
     scale = m.scaler_state()["scale"] if m.scaled else 1.0
@@ -102,12 +102,6 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
 
 
 @pytest.mark.slow
-def buffer_chunks(m, key):
-    """The flat chunks a LoRA model binds its frozen base in (model._record_weight_copy's)."""
-    from tinygpt.model.layout import flat_chunks
-    return flat_chunks(m.buf[key].size, m.gpu.max_binding, int(m.gpu.limits.get("min-storage-buffer-offset-alignment", 256)))
-
-
 @pytest.mark.slow
 def test_step0_equals_the_base_model_and_the_base_stays_bit_for_bit(gpu, plan):
     """B starts at zero: the adapted model's first logits are the base model's; after ten AdamW

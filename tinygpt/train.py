@@ -159,6 +159,9 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool =
         if o.lr is None:
             sched.lr = LORA_LR
             sched.min_lr = LORA_LR / 10 if o.min_lr is None else sched.min_lr
+        if sched.kind == "cosine" and sched.min_lr > sched.lr:
+            raise UsageError(f"{{opt:min_lr}} {sched.min_lr:g} is above the peak lr {sched.lr:g}; give a smaller "
+                             "{opt:min_lr}")
         return cfg, tok_file, sched
     return cfg, tok_file, resolve(o, resume.extra.get("schedule"), cfg.lr)
 

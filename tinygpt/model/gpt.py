@@ -69,11 +69,13 @@ class Model:
         self.base_offsets = param_layout(cfg)[0] if lora else None               # a LoRA run's frozen model
         self._check_fits()
         self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if head else []
-        self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding,
-                                       int(gpu.limits.get("min-storage-buffer-offset-alignment", 256)))
+        align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
+        self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align)
+        self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if lora else []
         self.buf = self._allocate(head)
         self._views()
         self._copy_weights = self._record_weight_copy()
+        self._copy_base = self._record_weight_copy("base")      # a LoRA run's frozen copy: made once, when set
         if self.scaled:
             self.set_scaler(scale=loss_scale, clean=0, skipped=0, taken=0)
         self.att = [self._attention(l) for l in range(cfg.layers)]
@@ -91,7 +93,8 @@ class Model:
                 for f0, k in self.flat_chunks]
         if precision.feature:       # a precision WGSL has as an option: its kernels judged on this device first
             gate.check(gpu, plan, gate.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
-                                                    + self._bwd_more + self._opt + self._copy_weights), precision.name)
+                                                    + self._bwd_more + self._opt + self._copy_weights
+                                                    + self._copy_base), precision.name)
         self.step_count = 0
         self.moments_from = 0       # the step the AdamW moments started from (zero moments then)
         self.skipped_before = 0     # steps a loss scaler skipped in the run resumed (not AdamW steps)
@@ -293,9 +296,7 @@ class Model:
         if copy is None:
             return []
         per_word, flat = PER_WORD[copy.dtype], self.buf[src]
-        chunks = self.flat_chunks if src == "params" else \
-            flat_chunks(flat.size, self.gpu.max_binding, int(self.gpu.limits.get("min-storage-buffer-offset-alignment", 256)))
-        return [d for f0, k in chunks
+        return [d for f0, k in (self.flat_chunks if src == "params" else self.base_chunks)
                 for d in self.pk.convert(flat_view(flat, f0, k),
                                          Tensor(copy.buf, 4 * f0 // per_word, (k // per_word,), copy.dtype, src + " copy"),
                                          k)]
@@ -320,7 +321,8 @@ class Model:
         """Every parameter (a LoRA run's: the base model's and the adapters')."""
         if self.lora:
             self.gpu.write(self.buf["base"], self._pack(params, "base"))
-            self.gpu.run(self._record_weight_copy("base"))
+            if self._copy_base:
+                self.gpu.run(self._copy_base)
         self.gpu.write(self.params, self._pack(params))
         if self._copy_weights:
             self.gpu.run(self._copy_weights)
