@@ -50,6 +50,9 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)       # our own fields: tokenizer, data state, ...
     header: dict = field(default_factory=dict)      # the whole header as read (unknown keys kept)
     weight_dtype: str = "fp32"                      # how the file stored the weights
+    adam_moments: bool = True                       # an fp32 file's state holds AdamW moments (zeros where
+                                                    # m is None); False: weights alone (another optimizer's
+                                                    # state lives in tinygptPy.optimizer: optim_state)
 
 
 # ---- upstream's names: the file's manifest and the safetensors export ---------------------------
@@ -242,7 +245,7 @@ def now() -> str:
 
 def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dict:
     cfg, kept = ck.cfg, ck.header
-    with_opt = dtype == "fp32"
+    with_opt = dtype == "fp32" and ck.adam_moments
     kept_config = kept.get("config") if isinstance(kept.get("config"), dict) else {}
     config = {k: v for k, v in kept_config.items() if k not in ("vocabSize", "tokenizerSource")}
     config.update(config_to_header(cfg, ck.extra.get("tokenizerSource") or kept_config.get("tokenizerSource")))
@@ -272,10 +275,11 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
     (the compact form upstream's playground loads)."""
     cfg = ck.cfg
     header = build_header(ck, dtype, saved_at)
+    with_opt = header["includesOptimizerState"]
     hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
     parts = [MAGIC, struct.pack("<II", VERSION, len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
     for name, shape, _ in param_specs(cfg):
-        for d in ((ck.params, ck.m, ck.v) if dtype == "fp32" else (ck.params,)):
+        for d in ((ck.params, ck.m, ck.v) if with_opt else (ck.params,)):
             a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
             if a.shape != tuple(shape):
                 raise CheckpointError(f"{name} has shape {a.shape}, the config says {tuple(shape)}")

@@ -16,6 +16,9 @@ from . import checkpoint as ckpt
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
 from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora
+from .core.optim import DEFAULTS as OPT_DEFAULTS
+from .core.optim import NAMES as OPT_NAMES
+from .core.optim import WEIGHT_DECAY as OPT_WD
 from .core.precision import PRECISIONS
 from .data import GPT2Tokenizer
 from .device.gpu import GPU
@@ -34,7 +37,7 @@ from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
 from .safety import Interrupted
 from .tokenfile import is_our_sidecar, is_our_token_file, prepare, sidecar_of
-from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_precision, train
+from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_optimizer, run_precision, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
@@ -118,6 +121,16 @@ def loss_scale_float(s):
     v = positive_float(s)
     if not 2.0 ** -24 <= v <= 2.0 ** 120:
         raise argparse.ArgumentTypeError(f"must be from 2**-24 to 2**120, got {s}")
+    return v
+
+
+def unit_float(s):
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
+    if not 0 <= v < 1:
+        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1 (not included), got {s}")
     return v
 
 
@@ -221,16 +234,17 @@ def cmd_plan(args) -> int:
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     accum, precision = run_accum(o, resume), run_precision(o, resume)
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}")[0]
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
-                             args.sample_tokens, precision, args.recompute, lora)
+                             args.sample_tokens, precision, args.recompute, lora, optimizer)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
             b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision,
-                                             args.recompute, lora)
+                                             args.recompute, lora, optimizer)
             d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * accum // b) if b else (None, None)
         print(json.dumps(d, indent=2))
     else:
@@ -456,6 +470,20 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--loss-scale", type=loss_scale_float, metavar="INIT",
                    help=f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean "
                         f"steps as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)")
+    p.add_argument("--optimizer", choices=list(OPT_NAMES),
+                   help="adamw (default, or the resumed run's), lion (the sign of a momentum, one moment; lr about "
+                        "a tenth of adamw's) or muon (the blocks' matrices orthogonalised by Newton-Schulz, the rest "
+                        "by adamw, one lr); resuming with another optimizer starts its state fresh")
+    p.add_argument("--weight-decay", type=nonneg_float, metavar="WD",
+                   help=f"decoupled weight decay of matrices and embeddings (default {OPT_WD:g}, or the resumed run's)")
+    p.add_argument("--beta1", type=unit_float,
+                   help=f"adamw's (and muon's adamw part's) first-moment decay (default {OPT_DEFAULTS['adamw']['beta1']:g}); "
+                        f"lion's interpolation (default {OPT_DEFAULTS['lion']['beta1']:g})")
+    p.add_argument("--beta2", type=unit_float,
+                   help=f"adamw's second-moment decay (default {OPT_DEFAULTS['adamw']['beta2']:g}); lion's moment "
+                        f"decay (default {OPT_DEFAULTS['lion']['beta2']:g})")
+    p.add_argument("--momentum", type=unit_float,
+                   help=f"muon's momentum on the matrices, with Nesterov (default {OPT_DEFAULTS['muon']['momentum']:g})")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)

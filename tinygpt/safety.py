@@ -117,13 +117,15 @@ class Saver:
 
     def save(self, params: dict, path: Path | None = None):
         run, path = self.run, path or self.path
-        m, v, step = run.model.get_opt_state()
+        model = run.model
+        step, gate = model.step_count, model.gate_state()
         extra = dict(run.extra)
         extra["dataRngState"] = run.rng.bit_generator.state
         extra["schedule"] = run.schedule.as_dict()
-        extra["momentsFrom"] = run.model.moments_from
-        extra.update(run.model.optimizer_record())
-        ck = run.checkpoint(params, m, v, step, extra)
+        extra["momentsFrom"] = model.moments_from
+        if model.scaled:           # the loss scaler's state, so that a resumed run continues bit for bit
+            extra.update(lossScale=gate["scale"], lossScaleClean=int(gate["clean"]), skippedSteps=int(gate["skipped"]))
+        ck = run.checkpoint(params, model.get_opt_state(), int(gate["taken"]), step, extra)
         with self.stop.saving():
             ckpt.save(path, ck)
         if path == self.path:

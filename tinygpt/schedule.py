@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .core.config import TINYGPT_LR, TRAIN_DEFAULTS
+from .core.config import TINYGPT_LR, TRAIN_DEFAULTS, train_defaults
 from .core.errors import UsageError
 
 KINDS = ("cosine", "constant")
@@ -66,7 +66,7 @@ def resolve(o, saved: dict | None = None, file_lr: float | None = None) -> Sched
         base = Schedule.from_dict(saved) if saved else None
         base = base or Schedule("constant", file_lr, 0, 0.0)
     else:
-        d = TRAIN_DEFAULTS[o.preset]
+        d = train_defaults(o.preset, o.optimizer or "adamw")
         base = Schedule("cosine", d.lr, d.warmup, d.min_lr)
     kind = o.schedule or base.kind
     if kind == "constant" and (o.warmup or o.min_lr is not None):

@@ -18,10 +18,12 @@ import numpy as np
 
 from . import adapters as lora_files
 from . import checkpoint as ckpt
+from . import optim_state
 from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, param_specs, preset
 from .core.errors import UsageError, word
 from .core.init import init_params
 from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_specs
+from .core.optim import OptimizerSettings, make_settings
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, get_tokenizer
 from .device.gpu import GPU
@@ -53,10 +55,21 @@ class Run:
     header: dict = field(default_factory=dict)    # the resumed file's header: upstream's fields kept
     lora: lora_files.LoraState | None = None      # a LoRA run: its settings, base identity and step
     frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
+    optimizer: OptimizerSettings = field(default_factory=lambda: make_settings("adamw"))
+    notes: list = field(default_factory=list)     # what the banner says of the resume (a fresh optimizer state)
 
-    def checkpoint(self, params: dict, m: dict, v: dict, step: int, extra: dict) -> ckpt.Checkpoint:
-        """The file of this run: its weights and moments; a LoRA run's base in the state (its frozen
-        moments as read), its adapters and their moments in tinygptPy.lora."""
+    def checkpoint(self, params: dict, state: dict, steps: int, step: int, extra: dict) -> ckpt.Checkpoint:
+        """The file of this run: its weights and its optimizer's state (optim_state: AdamW's moments in
+        the file's state, another optimizer's under tinygptPy.optimizer) after `steps` updates; a LoRA
+        run's base in the state (its frozen moments as read), its adapters and their moments in
+        tinygptPy.lora."""
+        opt = self.optimizer
+        extra = dict(extra, optimizer=optim_state.record(opt, state, steps))
+        if opt.name != "adamw":          # (LoRA trains with AdamW alone: setup refuses the others)
+            return ckpt.Checkpoint(self.cfg, params, None, None, step, self.history, extra, self.header,
+                                   adam_moments=False)
+        extra["adamSteps"] = int(steps)
+        m, v = state["adam m"], state["adam v"]
         if self.lora is None:
             return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
         names = [n for n, _, _ in param_specs(self.cfg)]
@@ -198,26 +211,39 @@ def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> in
     return v
 
 
-def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str, scale_given: bool):
-    """The resumed file's weights, moments, step, loss scaler and data-sampling state into the model
-    and rng. adamSteps: the steps the moments took (a loss scaler's skips not among them)."""
+def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
+    """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else the
+    file's (a file that records none was AdamW's), else AdamW; the file's settings carry over
+    where the optimizer stays and no option changes them."""
+    held = (optim_state.file_settings(resume, label) or make_settings("adamw")) if resume else None
+    name = o.optimizer or (held.name if held else "adamw")
+    same = held is not None and held.name == name
+    pick = lambda key: getattr(o, key) if getattr(o, key) is not None else getattr(held, key) if same else None
+    return make_settings(name, pick("weight_decay"), pick("beta1"), pick("beta2"),
+                         pick("momentum") if name == "muon" else o.momentum), held
+
+
+def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str, scale_given: bool,
+             held: OptimizerSettings, notes: list):
+    """The resumed file's weights, optimizer state, step, loss scaler and data-sampling state into
+    the model and rng. Another optimizer than the file's starts its state fresh, and says so."""
     model.set_params(resume.params)
-    if resume.m is not None:
-        model.set_opt_state(resume.m, resume.v, resume.step)
-        from_ = _count(resume.extra, "momentsFrom", resume.step, label)
-        model.moments_from = from_
-        taken = _count(resume.extra, "adamSteps", resume.step - from_, label, default=resume.step - from_)
-        model.skipped_before = resume.step - from_ - taken
-    else:       # a weights-only file: the moments start at zero, their bias correction at step 1
-        model.step_count = model.moments_from = resume.step
-        taken = 0
+    model.step_count = resume.step
+    opt = model.optimizer.s
+    if held.name == opt.name:
+        state, steps, start = optim_state.read(resume, opt, model.specs, label)
+    else:
+        state, steps, start = None, 0, resume.step
+        notes.append(optim_state.fresh_note(held.name, opt, resume.step))
+    model.set_opt_state(state or {}, steps)
+    model.moments_from = start
     if model.scaled:
         scale = resume.extra.get("lossScale")
         if scale is not None and not scale_given:
             if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 2.0 ** -126 <= scale <= 2.0 ** 127:
                 raise ckpt.CheckpointError(f"{label}: its lossScale {ckpt.show(scale)} is not a positive float32")
-            model.set_scaler(scale=float(scale), clean=_count(resume.extra, "lossScaleClean", SCALE_GROWTH, label))
-        model.set_scaler(taken=taken, skipped=_count(resume.extra, "skippedSteps", resume.step, label))
+            model.set_gate(scale=float(scale), clean=_count(resume.extra, "lossScaleClean", SCALE_GROWTH, label))
+        model.set_gate(skipped=_count(resume.extra, "skippedSteps", resume.step, label))
     if "dataRngState" in resume.extra:
         try:
             rng.bit_generator.state = resume.extra["dataRngState"]
@@ -243,21 +269,27 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
+    optimizer, held = run_optimizer(o, resume, label)
+    if lora and optimizer.name != "adamw":
+        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with adamw (their "
+                         "moments are what its file and PEFT's export carry); drop {opt:optimizer}")
+    optim_state.check_fits(optimizer, trainable_specs(cfg, lora.lora if lora else None))
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
-                        o.recompute, lora.lora if lora else None)
+                        o.recompute, lora.lora if lora else None, optimizer)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
     model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
-                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora.lora if lora else None)
+                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora.lora if lora else None,
+                  optimizer=optimizer)
     # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
              "precision": precision.name, "recompute": o.recompute}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
-    frozen = None
+    frozen, notes = None, []
     if lora:            # the base's moments are written back as the file held them
         frozen = (resume.m, resume.v)
         if resume.m is not None:
@@ -268,7 +300,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
         model.set_params(resume.params)
         start, history = 0, []
     elif resume:
-        _restore(model, rng, resume, label, o.loss_scale is not None)
+        _restore(model, rng, resume, label, o.loss_scale is not None, held, notes)
         start, history = resume.step, list(resume.loss_history)
     else:
         model.set_params(init_params(cfg))
@@ -276,7 +308,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     header = resume.header if resume else {}
     if new_lora:        # the base run's own results are not the fine-tune's
         header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen), start
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes), start
 
 
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
@@ -340,6 +372,9 @@ class Loop:
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention}, "
               f"{model.precision.name} on {model.gpu.name} ({model.gpu.backend}, {model.gpu.engine_label})", file=err)
         print(f"kernels: {model.plan.describe()}", file=err)
+        print(f"optimizer: {run.optimizer.describe()}", file=err)
+        for note in run.notes:
+            print(note, file=err)
         if run.lora:
             lo = run.lora.lora
             n_train = sum(int(np.prod(sh)) for _, sh, _ in trainable_specs(cfg, lo))

@@ -18,7 +18,6 @@ import math
 
 import numpy as np
 
-from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
 from .gpu import GPU, HALVES, Dispatch, grid1d, pack_params
 from .plan import KernelPlan, online_tiles
 
@@ -121,25 +120,21 @@ def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
     return "sg" if plan.attention == "sg" and fits else "tiles"
 
 
-ADAMW_UNIFORM_BYTES = 48   # optim(4).wgsl's Params: ten 4-byte fields, padded to 16 bytes
+OPTIM_UNIFORM_BYTES = 32   # optim(4).wgsl's Params: six 4-byte fields, padded to 16 bytes
 
-# The loss scaler's state in the optimizer's stats buffer (optim.wgsl, SCALED): the slot of each
-# value, all float32 (counts exact to 2^24). GradScaler's defaults: PyTorch's.
-SCALER = {"norm": 0, "factor": 1, "scale": 2, "skip": 3, "clean": 4, "skipped": 5, "taken": 6}
-SCALER_FLOATS = 8
+# The gate (grad_norm.wgsl's grad_clip writes it, every optimizer reads it): the slot of each
+# value, all float32 (counts exact to 2^24). The loss scaler's state lives here too; GradScaler's
+# defaults: PyTorch's.
+GATE = {"norm": 0, "factor": 1, "scale": 2, "skip": 3, "clean": 4, "skipped": 5, "taken": 6}
+GATE_FLOATS = 8
 LOSS_SCALE = 65536.0       # the initial scale (--loss-scale)
 SCALE_GROWTH = 2000        # clean steps in a row before the scale doubles
 
 
-def adamw_uniform(n: int, clip: float, lr: float, t: int, first: int = 0) -> bytes:
-    """optim(4).wgsl's Params for step t (1-based): n, clip (0 = never), lr, beta1, beta2, eps, the
-    bias corrections 1 - beta^t (computed in float64, stored as float32), and the chunk's first
-    decay block in the whole decay table."""
-    u = np.zeros(ADAMW_UNIFORM_BYTES // 4, np.uint32)
-    u[1:8] = np.array([clip if clip > 0 else NO_CLIP, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS,
-                       1 - ADAMW_BETA1 ** t, 1 - ADAMW_BETA2 ** t], np.float32).view(np.uint32)
-    u[0], u[8] = n, first
-    return u.tobytes()
+def optim_uniform(n: int, lr: float, beta1: float, beta2: float, eps: float = 0.0, first: int = 0) -> bytes:
+    """optim(4).wgsl's Params: n, lr, beta1, beta2, eps (AdamW's), and the chunk's first decay
+    block in the whole decay table. The step count lives in the gate, on the device."""
+    return pack_params((int(n), float(lr), float(beta1), float(beta2), float(eps), int(first)))
 
 
 def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
@@ -445,35 +440,60 @@ class Kernels:
         k = self.gpu.kernel("loss.wgsl", "loss_reduce", "urww")
         return self.gpu.dispatch(k, (rows, 0, float(scale), 0, 0, 0), [None, loss, losses], (1,))
 
-    # ---- optimizer ---------------------------------------------------------------------------------
-    def _opt4(self, entry, n, variant=None, scaled=False):
-        """optim4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are;
-        scaled: the loss scaler's forms (SCALED, optim.wgsl)."""
+    # ---- the gradient's norm, the clip and the loss scaler: the gate (grad_norm.wgsl) -----------------
+    def grad_sumsq(self, g, partials, n, first=0, variant=None, gate=None) -> Dispatch:
+        """The partial sums of g's n floats into partials[first:] (partials bound whole); given the
+        gate of a loss scaler, of g unscaled, and -1 for a chunk holding an inf or NaN.
+        grad_norm4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
-        consts = {"SCALED": True} if scaled else None
-        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrwwww", consts) if variant == "vec4" else \
-            self.gpu.kernel("optim.wgsl", entry, "urrwwww", consts)
+        consts = {"SCALED": True} if gate is not None else None
+        k = self.gpu.kernel("grad_norm4.wgsl", "grad_sumsq4", "urrw", consts) if variant == "vec4" else \
+            self.gpu.kernel("grad_norm.wgsl", "grad_sumsq", "urrw", consts)
+        return self.gpu.dispatch(k, (n, 0.0, int(first), 0), [g, gate, partials], grid1d(-(-n // CHUNK)))
 
-    def grad_sumsq(self, g, partials, n, first=0, variant=None, scaler=None) -> Dispatch:
-        """The partial sums of g's n floats into partials[first:] (partials bound whole); with the
-        loss scaler's state, of g unscaled, and -1 for a chunk holding an inf or NaN."""
-        return self.gpu.dispatch(self._opt4("grad_sumsq", n, variant, scaler is not None),
-                                 (n,) + (0.0,) * 7 + (int(first), 0), [g, scaler, partials, None, None, None],
-                                 grid1d(-(-n // CHUNK)))
+    def grad_clip(self, partials, gate, n_partials, clip, growth=None) -> Dispatch:
+        """The gate from the partial sums: [norm, factor, ..., skip, ..., taken] (GATE); growth:
+        the loss scaler's clean steps before the scale doubles, which makes this the scaler's
+        update too (SCALED)."""
+        k = self.gpu.kernel("grad_norm.wgsl", "grad_clip", "urrw", {"SCALED": True} if growth else None)
+        return self.gpu.dispatch(k, (n_partials, float(clip), 0, int(growth or 0)), [None, partials, gate], (1,))
 
-    def grad_clip(self, partials, stats, n_partials, clip, growth=None) -> Dispatch:
-        """stats = [norm, factor]; growth: the loss scaler's clean steps before the scale doubles,
-        which makes this the scaler's update (stats then holds its state: SCALER)."""
-        k = self.gpu.kernel("optim.wgsl", "grad_clip", "urrwwww", {"SCALED": True} if growth else None)
-        return self.gpu.dispatch(k, (n_partials, float(clip)) + (0.0,) * 6 + (0, int(growth or 0)),
-                                 [None, partials, stats, None, None, None], (1,))
+    # ---- the optimizers (optim.wgsl, optim4.wgsl, muon.wgsl) ------------------------------------------
+    def _optim(self, entry, n, variant):
+        variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
+        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrrwww") if variant == "vec4" else \
+            self.gpu.kernel("optim.wgsl", entry, "urrrwww")
 
-    def adamw(self, g, wd_table, stats, w, m, v, n, step_uniform, variant=None, scaled=False) -> Dispatch:
-        """step_uniform: adamw_uniform(...) in a uniform buffer, rewritten each step; wd_table bound
-        whole, the chunk's first block in the uniform. scaled: the loss scaler's skip and its count
-        of the steps taken for the bias corrections (the uniform's are then unused)."""
-        return self.gpu.dispatch_with(self._opt4("adamw", n, variant, scaled), step_uniform,
-                                      [g, wd_table, stats, w, m, v], grid1d(-(-n // 256)))
+    def adamw(self, g, wd_table, gate, w, m, v, n, step_uniform, variant=None) -> Dispatch:
+        """step_uniform: optim_uniform(...) in a uniform buffer, rewritten each step; wd_table bound
+        whole, the chunk's first block in the uniform; the step count from the gate."""
+        return self.gpu.dispatch_with(self._optim("adamw", n, variant), step_uniform,
+                                      [g, wd_table, gate, w, m, v], grid1d(-(-n // 256)))
+
+    def lion(self, g, wd_table, gate, w, m, n, step_uniform, variant=None) -> Dispatch:
+        """As adamw, with one moment."""
+        return self.gpu.dispatch_with(self._optim("lion", n, variant), step_uniform,
+                                      [g, wd_table, gate, w, m, None], grid1d(-(-n // 256)))
+
+    def muon_momentum(self, g, gate, m, u, n, beta, nesterov=True) -> Dispatch:
+        k = self.gpu.kernel("muon.wgsl", "muon_momentum", "urrww")
+        return self.gpu.dispatch(k, (n, float(beta), 0.0, bool(nesterov)), [g, gate, m, u], grid1d(-(-n // 256)))
+
+    def muon_normalize(self, x, n, eps) -> Dispatch:
+        """x /= max(|x|_F, eps), in place: one workgroup."""
+        k = self.gpu.kernel("muon.wgsl", "muon_normalize", "urrww")
+        return self.gpu.dispatch(k, (n, float(eps), 0.0, 0), [None, None, x, None], (1,))
+
+    def ns_mix(self, x, y, out, n, a, b) -> Dispatch:
+        """out = a x + b y"""
+        k = self.gpu.kernel("muon.wgsl", "ns_mix", "urrww")
+        return self.gpu.dispatch(k, (n, float(a), float(b), 0), [x, y, out, None], grid1d(-(-n // 256)))
+
+    def muon_update(self, x, gate, w, n, ratio, step_uniform) -> Dispatch:
+        """w -= lr (ratio x + wd w), lr and wd from step_uniform (muon.wgsl's Params: n unused, a =
+        lr, b = wd), rewritten each step; n: w's length, which its binding gives the kernel."""
+        k = self.gpu.kernel("muon.wgsl", "muon_update", "urrww", {"RATIO": float(ratio)})
+        return self.gpu.dispatch_with(k, step_uniform, [x, gate, w, None], grid1d(-(-n // 256)))
 
     # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
     def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv) -> Dispatch:

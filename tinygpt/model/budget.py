@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 from ..core.config import Config, n_params, param_specs
 from ..core.fs import available_memory
 from ..core.lora import LoRA
+from ..core.optim import OptimizerSettings, make_settings
 from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
 from . import buffers
 from .decode import decode_path
 from .layout import flat_bound, rows_per_binding
+from .optim import make_optimizer
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
 
@@ -34,6 +36,7 @@ class MemoryBudget:
     precision: Precision = FP32
     recompute: bool = False                             # the blocks' activations recomputed in the backward
     lora: LoRA | None = None                            # adapters on a frozen base
+    optimizer: OptimizerSettings | None = None          # None: AdamW's defaults
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
@@ -56,6 +59,7 @@ class MemoryBudget:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
                 "attention": self.attention, "precision": self.precision.name, "recompute": self.recompute,
+                "optimizer": (self.optimizer or make_settings("adamw")).as_dict(),
                 "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
@@ -75,15 +79,18 @@ def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, 
 
 def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
                   limits: dict | None = None, sample: int = 200, precision: Precision = FP32,
-                  recompute: bool = False, lora: LoRA | None = None) -> MemoryBudget:
+                  recompute: bool = False, lora: LoRA | None = None,
+                  optimizer: OptimizerSettings | None = None) -> MemoryBudget:
     """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
     limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
-    (None where unknown); sample: the tokens of the samples at the end (0: none)."""
+    (None where unknown); sample: the tokens of the samples at the end (0: none); optimizer: its
+    settings (None: AdamW's), whose state and scratch rows the table takes."""
     limits = dict(limits or {})
-    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, lora, limits=limits)
+    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, lora, optimizer, limits=limits)
     mb, align = limits.get("max_binding"), limits.get("align") or 256
     planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum,
-                                       recompute=recompute, lora=lora)
+                                       recompute=recompute, lora=lora,
+                                       optimizer=make_optimizer(optimizer or make_settings("adamw")))
     for e in planned:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
@@ -142,14 +149,15 @@ def divisors(n: int) -> list[int]:
 
 
 def largest_fitting_batch(cfg: Config, batch: int, attention: str, plan: KernelPlan, limits: dict,
-                          precision: Precision = FP32, recompute: bool = False, lora: LoRA | None = None) -> int | None:
+                          precision: Precision = FP32, recompute: bool = False, lora: LoRA | None = None,
+                          optimizer: OptimizerSettings | None = None) -> int | None:
     """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
     the batch); None where none does, or the batch is too large to search (over 2^20 windows)."""
     if batch > MAX_DIVISORS:
         return None
     for b in divisors(batch):
         if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision, recompute=recompute,
-                         lora=lora).fits:
+                         lora=lora, optimizer=optimizer).fits:
             return b
     return None
 
@@ -193,7 +201,8 @@ def text(p: MemoryBudget) -> str:
     lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
              + f", attention {p.attention}, {p.precision.name}" + (", recompute" if p.recompute else "")
-             + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else "")]
+             + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else ""),
+             f"# optimizer {(p.optimizer or make_settings('adamw')).describe()}"]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

@@ -12,7 +12,7 @@ sequences and the cache's T = ctx.
 
 dtype: "f32" or "u32", or the policy's: "stored" (what the matmuls read: core.precision) and
 "weights" (the weights' copy the matmuls read). Lifetimes: "model" lives across steps (weights,
-moments); "step" is written and read within a step; "per layer" (and "per layer + 1") is one
+optimizer state); "step" is written and read within a step; "per layer" (and "per layer + 1") is one
 buffer a layer, saved for the backward; "shared" is one scratch that every layer reuses;
 "per layer, per head chunk" are the score matrices, split by heads to fit a binding. Under the
 "recompute" flag the "per layer" rows (not the residual stream's "per layer + 1") are one buffer
@@ -28,7 +28,7 @@ from ..core.config import Config
 from ..core.lora import LoRA, trainable_specs
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
-from ..device.kernels import CHUNK, SCALER_FLOATS
+from ..device.kernels import CHUNK, GATE_FLOATS
 from ..device.plan import KernelPlan
 from .attention import reads
 from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
@@ -60,8 +60,6 @@ MODEL = (
     Buffer("base copy",     ("FB",),                 "weights", "model",        "parameters", "lora, weight copy", "flat"),
     Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
-    Buffer("adam m",        ("F",),                  "f32",     "model",        "adam moments", "training", "flat"),
-    Buffer("adam v",        ("F",),                  "f32",     "model",        "adam moments", "training", "flat"),
     Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
@@ -108,9 +106,11 @@ MODEL = (
     Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("lora gs",       ("BT", "R"),             "f32",     "shared",       BW, "lora"),
+    # the gate that wraps every optimizer (model.optim.Gate), and the elementwise optimizers'
+    # decay per 256-float block; each optimizer's state and scratch: its own rows (optimizer.rows())
     Buffer("weight decay",  ("wd",),                 "f32",     "model",        OP, "training"),
     Buffer("norm partials", ("partials",),           "f32",     "model",        OP, "training"),
-    Buffer("norm stats",    ("stats",),              "f32",     "model",        OP, "training"),
+    Buffer("gate",          ("gate",),               "f32",     "model",        OP, "training"),
 )
 
 # The decode step from the key/value cache (model.decode): one row per sequence through every
@@ -162,7 +162,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
             "wd": F // 256,                                      # one decay value a 256-float block
             "partials": -(-F // CHUNK),                          # the norm's partial sums
-            "stats": SCALER_FLOATS,                              # [norm, factor] and the loss scaler's state
+            "gate": GATE_FLOATS,                                 # the norm, the clip factor, the loss scaler
             "N": N, "ids": N + N * capacity}
 
 
@@ -227,17 +227,20 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
 
 def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, policy: Precision,
                max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1,
-               recompute: bool = False, lora: LoRA | None = None):
+               recompute: bool = False, lora: LoRA | None = None, optimizer=None):
     """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
     head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
-    which layout.logit_chunks refuses)."""
+    which layout.logit_chunks refuses). optimizer (training): a model.optim optimizer, whose rows
+    (its state and scratch) follow the table's."""
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
+    assert optimizer is not None or not training, "a model that trains has an optimizer"
     size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora)
+    size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, attention, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads),
                recompute=recompute, lora=lora is not None)
-    return resolve(MODEL, on, size, policy), size
+    return resolve(MODEL + (optimizer.rows() if training else ()), on, size, policy), size
 
 
 def decode_rows(cfg: Config, N: int, capacity: int, attention: str, policy: Precision, cache: bool,

@@ -12,12 +12,12 @@ import numpy as np
 from ..core.config import Config
 from ..core.errors import UsageError
 from ..core.lora import LoRA, trainable_specs
+from ..core.optim import OptimizerSettings, make_settings
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from ..device import gate
 from ..device.gpu import GPU, PER_WORD, Tensor
-from ..device.kernels import ADAMW_UNIFORM_BYTES, CHUNK, LOSS_SCALE, NO_CLIP, SCALE_GROWTH, SCALER, Kernels, \
-    adamw_uniform
+from ..device.kernels import LOSS_SCALE, Kernels
 from ..device.plan import KernelPlan
 from . import buffers
 from .attention import Attention, check_scores_fit
@@ -26,6 +26,7 @@ from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWei
     block_backward, block_forward
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, rows
+from .optim import Flat, Gate, make_optimizer
 
 
 def precision_problem(gpu: GPU, policy: Precision) -> str | None:
@@ -43,16 +44,18 @@ class Model:
     training=False records the forward only (evaluation and sampling); head=False (with it) stops
     the forward at the last block's output: a prefill, which needs each layer's keys and values.
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
-    1/(N*B*T), so the sum is the mean's) before one clipped AdamW update: the step of a batch N*B.
+    1/(N*B*T), so the sum is the mean's) before one clipped update: the step of a batch N*B.
+    optimizer (training): its settings (core.optim; None: AdamW's), from which model.optim makes
+    the optimizer that updates the flat buffers after the gate (the clip, and the loss scaler).
     loss_scale: the first scale of a precision with a loss scaler (core.precision: f16), kept and
-    changed on the device from then on (scaler_state, set_scaler). lora (training only): adapters
+    changed on the device from then on (gate_state, set_gate). lora (training only): adapters
     beside the targeted matrices (core.lora); the base model is frozen in a buffer of its own, and
-    the flat parameter, gradient and moment buffers hold the trainable parameters alone."""
+    the flat parameter, gradient and optimizer-state buffers hold the trainable parameters alone."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention: str = "online", B: int | None = None,
                  T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
                  precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False,
-                 lora: LoRA | None = None):
+                 lora: LoRA | None = None, optimizer: OptimizerSettings | None = None):
         assert head or not training, "training needs the head"
         assert lora is None or training, "an adapted model trains; evaluation and sampling take it merged"
         assert accum >= 1 and (accum == 1 or training)
@@ -60,6 +63,7 @@ class Model:
         self.training, self.accum, self.attention = training, accum, attention
         self.recompute = recompute and training      # one set of block activations, rebuilt in the backward
         self.scaled = training and precision.loss_scaling
+        self.optimizer = make_optimizer(optimizer or make_settings("adamw")) if training else None
         self.kn = Kernels(gpu, plan)
         self.pk = PolicyKernels(self.kn, precision, cfg.activation)
         self.B, self.T = B or cfg.batch, T or cfg.ctx
@@ -77,7 +81,7 @@ class Model:
         self._copy_weights = self._record_weight_copy()
         self._copy_base = self._record_weight_copy("base")      # a LoRA run's frozen copy: made once, when set
         if self.scaled:
-            self.set_scaler(scale=loss_scale, clean=0, skipped=0, taken=0)
+            self.set_gate(scale=loss_scale, clean=0, skipped=0, taken=0)
         self.att = [self._attention(l) for l in range(cfg.layers)]
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read["tok_emb"], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
@@ -96,8 +100,7 @@ class Model:
                                                     + self._bwd_more + self._opt + self._copy_weights
                                                     + self._copy_base), precision.name)
         self.step_count = 0
-        self.moments_from = 0       # the step the AdamW moments started from (zero moments then)
-        self.skipped_before = 0     # steps a loss scaler skipped in the run resumed (not AdamW steps)
+        self.moments_from = 0       # the step the optimizer's state started from (zero state then)
 
     # ---- building ----------------------------------------------------------------------------------
     def _check_fits(self):
@@ -123,16 +126,16 @@ class Model:
         self.planned, self.size = buffers.model_rows(self.cfg, self.B, self.T, self.attention, self.plan,
                                                      self.precision, self.gpu.max_binding, training=self.training,
                                                      head=head, accum=self.accum, recompute=self.recompute,
-                                                     lora=self.lora)
+                                                     lora=self.lora, optimizer=self.optimizer)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
         """Names for the buffers, and views of every parameter in the flat ones."""
         b = self.buf
         self.params, self.batch = b["params"], b["batch"]
-        self.grads, self.m, self.v = b.get("grads"), b.get("adam m"), b.get("adam v")
+        self.grads = b.get("grads")
         self.logits, self.losses, self.loss_buf = b.get("logits"), b.get("losses"), b.get("loss slots")
-        self.stats = b.get("norm stats")
+        self.gate = b.get("gate")                                # model.optim.Gate's: the clip, the loss scaler
         self.residuals = b["x"]                                  # the stream into each block, and out of the last
         self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab)[0]
         # every parameter where it lives: the trainable ones in params, a LoRA run's frozen rest in base
@@ -225,8 +228,8 @@ class Model:
         kn, V, BT, accum = self.kn, self.cfg.vocab, self.B * self.T, self.accum
         targets = self._batch_view("targets")
         # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's
-        # and, under a loss scaler, its scale (from the device: the optimizer changes it there)
-        scaler = self.stats if self.scaled else None
+        # and, under a loss scaler, its scale (from the device: the gate changes it there)
+        scaler = self.gate if self.scaled else None
         ce = lambda grad: [kn.cross_entropy(targets, rows(self.logits, r0, n), self.losses, n, V, 1.0 / (accum * BT),
                                             grad, r0, self.VP, scaler=scaler if grad else None) for r0, n in self.chunks]
         slot = lambda i: Tensor(self.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
@@ -261,32 +264,14 @@ class Model:
         return ds
 
     def _record_optimizer(self) -> list:
-        """Clip by the global norm, AdamW, then refresh the weights' copy the next step reads.
-
-        The flat buffers are bound a chunk at a time where they exceed one binding (each chunk its
-        own step uniform, which holds its length and its first decay block); the chunks start on
-        whole blocks of the norm's partial sums, so the norm and the update are those of one
-        dispatch, bit for bit. The partial sums and the decay table are bound whole (small: one
+        """The gate (the global norm, the clip and the loss scaler), the optimizer's update, then
+        the weights' copy the next step reads. The flat buffers are bound a chunk at a time where
+        they exceed one binding; the partial sums and the decay table are bound whole (small: one
         float per 4,096 and per 256), each chunk's place in them passed as an index."""
-        kn, g, cfg, n, b = self.kn, self.gpu, self.cfg, self.n_flat, self.buf
-        wd = np.zeros(n // 256, np.float32)
-        for name, shape, decayed in self.specs:
-            if decayed:
-                off = self.offsets[name][0]
-                wd[off // 256: -(-(off + int(np.prod(shape))) // 256)] = cfg.weight_decay
-        g.write(b["weight decay"], wd)
-        partials, n_part = b["norm partials"], -(-n // CHUNK)
-        clip = cfg.grad_clip if cfg.grad_clip > 0 else NO_CLIP                           # 0: never clip
-        self.step_uniforms = [g.uniform(ADAMW_UNIFORM_BYTES) for _ in self.flat_chunks]
-        scaler = self.stats if self.scaled else None     # the loss scaler: unscale, skip, rescale
-        ds = [kn.grad_sumsq(flat_view(self.grads, f0, k), partials, k, first=f0 // CHUNK, scaler=scaler)
-              for f0, k in self.flat_chunks]
-        ds.append(kn.grad_clip(partials, self.stats, n_part, clip, growth=SCALE_GROWTH if self.scaled else None))
-        for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
-            ds.append(kn.adamw(flat_view(self.grads, f0, k), b["weight decay"],
-                               self.stats, flat_view(self.params, f0, k), flat_view(self.m, f0, k),
-                               flat_view(self.v, f0, k), k, u, scaled=self.scaled))
-        return ds + self._copy_weights
+        flat = Flat(self.gpu, self.kn, self.params, self.grads, self.gate, self.buf, self.flat_chunks, self.n_flat,
+                    self.specs, self.offsets, self._param_views)
+        gate = Gate(self.cfg.grad_clip, self.scaled)
+        return gate.record(flat, self.buf["norm partials"]) + self.optimizer.record(flat) + self._copy_weights
 
     def _record_weight_copy(self, src: str = "params") -> list:
         """The policy's weight copy refreshed from the float32 weights, chunk by chunk (nothing
@@ -335,44 +320,30 @@ class Model:
     def get_grads(self) -> dict:
         return self._unpack(self.gpu.read(self.grads))
 
-    def set_opt_state(self, m: dict, v: dict, step: int):
-        self.gpu.write(self.m, self._pack(m))
-        self.gpu.write(self.v, self._pack(v))
-        self.step_count = int(step)
-        self.moments_from = 0
-        if self.scaled:                     # moments of `step` steps, all taken unless told (set_scaler)
-            self.set_scaler(taken=int(step))
+    def set_opt_state(self, state: dict, steps: int):
+        """The optimizer's state ({row: {parameter: array}}, its state_rows each, zeros where a row
+        is missing) and the updates it has taken (its bias corrections count from there)."""
+        for row in self.optimizer.state_rows:
+            held = state.get(row)
+            self.gpu.write(self.buf[row], self._pack(held) if held is not None else
+                           np.zeros(self.buf[row].size, np.float32))
+        self.set_gate(taken=int(steps))
 
-    def adam_steps(self) -> int:
-        """The steps the AdamW moments have taken: since they started, less those the loss scaler
-        skipped (read from the device where it skips)."""
-        if self.scaled:
-            return int(self.scaler_state()["taken"])
-        return self.step_count - self.moments_from - self.skipped_before
+    def get_opt_state(self) -> dict:
+        """{row: {parameter: array}} of the optimizer's state rows, read from the device."""
+        return {row: self._unpack(self.gpu.read(self.buf[row])) for row in self.optimizer.state_rows}
 
-    def optimizer_record(self) -> dict:
-        """What a checkpoint keeps beyond the moments: AdamW's step count and the loss scaler's
-        state (where it has one), so that a resumed run continues bit for bit."""
-        if not self.scaled:
-            return {"adamSteps": self.adam_steps()}
-        s = self.scaler_state()
-        return {"adamSteps": int(s["taken"]), "lossScale": s["scale"], "lossScaleClean": int(s["clean"]),
-                "skippedSteps": int(s["skipped"])}
+    def opt_steps(self) -> int:
+        """The updates the optimizer's state has taken (a loss scaler's skips not among them)."""
+        return int(self.gate_state()["taken"])
 
-    def scaler_state(self) -> dict:
-        """The loss scaler's state (kernels.SCALER: scale, clean, skipped, taken, ...), one read."""
-        s = self.gpu.read(self.stats)
-        return {k: float(s[i]) for k, i in SCALER.items()}
+    def gate_state(self) -> dict:
+        """The gate's values (kernels.GATE: norm, factor, scale, skipped, taken, ...), one read."""
+        return Gate.read(self.gpu, self.gate)
 
-    def set_scaler(self, scale: float | None = None, clean: int | None = None, skipped: int | None = None,
-                   taken: int | None = None):
-        """Set any of the loss scaler's values on the device (a resumed run's, or the first scale)."""
-        for key, val in (("scale", scale), ("clean", clean), ("skipped", skipped), ("taken", taken)):
-            if val is not None:
-                self.gpu.write(self.stats, np.array([val], np.float32), offset_elems=SCALER[key])
-
-    def get_opt_state(self):
-        return self._unpack(self.gpu.read(self.m)), self._unpack(self.gpu.read(self.v)), self.step_count
+    def set_gate(self, **values):
+        """Set any of the gate's values: scale, clean, skipped, taken (a resumed run's, or the first scale)."""
+        Gate.write(self.gpu, self.gate, **values)
 
     # ---- running -----------------------------------------------------------------------------
     def write_batch(self, x: np.ndarray, y: np.ndarray | None = None):
@@ -391,12 +362,10 @@ class Model:
         self.gpu.write(self.batch, data)
 
     def step(self, x, y, lr: float):
-        """One training step: forward, loss, backward, clip, AdamW; one submit (one per micro-batch
-        with accum), no readback. x, y [accum*B, T]."""
+        """One training step: forward, loss, backward, the gate, the optimizer; one submit (one per
+        micro-batch with accum), no readback. x, y [accum*B, T]."""
         self.step_count += 1
-        t = self.step_count - self.moments_from - self.skipped_before   # the moments' steps (bias correction)
-        for (f0, k), u in zip(self.flat_chunks, self.step_uniforms):
-            self.gpu.write_uniform(u, adamw_uniform(k, self.cfg.grad_clip, lr, t, f0 // 256))
+        self.optimizer.write_step(self.gpu, lr)
         self._micro_batches(x, y, self._opt)
 
     def grads_only(self, x, y):
@@ -459,4 +428,4 @@ class Model:
         return float(slots.astype(np.float64).mean()) if self.accum > 1 else float(slots[0])
 
     def grad_norm(self) -> float:
-        return float(self.gpu.read(self.stats, count=1)[0])
+        return float(self.gpu.read(self.gate, count=1)[0])

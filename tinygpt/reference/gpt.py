@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from ..core.config import Config, param_specs
 from ..core.lora import LoRA, adapter_name, adapter_specs
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from . import attention as ra
-from .kernels import (add, adamw, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
-                      embed_tok_grad, f16_round, gelu_backward, gelu_forward, grad_clip, grad_sumsq, layernorm_dgb,
+from .optim import new_state
+from .optim import step as optim_step
+from .kernels import (add, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
+                      embed_tok_grad, f16_round, gelu_backward, gelu_forward, layernorm_dgb,
                       layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb, scale)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
@@ -158,21 +160,12 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     return {name: G[name] / loss_scale for name in names}
 
 
-def clip_and_step(params, grads, opt, cfg: Config, lr: float, specs=None):
-    """Global-norm clip then AdamW, in place, of the parameters `specs` names (every one by
-    default; a LoRA run's trainable ones: core.lora.trainable_specs). opt = {"m": {...}, "v":
-    {...}, "t": int}. Returns the norm."""
-    specs = param_specs(cfg) if specs is None else specs
-    flat = np.concatenate([grads[name].reshape(-1) for name, _, _ in specs])
-    norm, factor = grad_clip(grad_sumsq(flat), cfg.grad_clip) if cfg.grad_clip > 0 else (
-        float(np.sqrt(np.sum(flat.astype(np.float64) ** 2))), 1.0)
-    opt["t"] += 1
-    for name, _, decayed in specs:
-        adamw(grads[name], cfg.weight_decay if decayed else 0.0, factor, params[name],
-              opt["m"][name], opt["v"][name], lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, opt["t"])
-    return norm
+def clip_and_step(params, grads, opt, cfg: Config, lr: float, specs=None, settings=None):
+    """Global-norm clip then the optimizer (AdamW unless `settings` say another: core.optim), in
+    place, of the parameters `specs` names (every one by default; a LoRA run's trainable ones:
+    core.lora.trainable_specs). opt: new_opt_state's. Returns the norm."""
+    return optim_step(params, grads, opt, cfg, lr, settings, specs)
 
 
-def new_opt_state(params):
-    return {"m": {k: np.zeros_like(v) for k, v in params.items()},
-            "v": {k: np.zeros_like(v) for k, v in params.items()}, "t": 0}
+def new_opt_state(params, settings=None):
+    return new_state(params, settings)

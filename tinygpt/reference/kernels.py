@@ -326,54 +326,102 @@ def loss_reduce(losses, scale):
 
 
 # ---- optimizer ------------------------------------------------------------------------
-def grad_sumsq(g, chunk=4096, scaler=None):   # g flat -> partial sums of squares per chunk
-    """scaler (SCALED: the loss scaler's state, kernels.SCALER's names): g carries its scale, which
+def grad_sumsq(g, chunk=4096, gate=None):   # g flat -> partial sums of squares per chunk
+    """gate (SCALED: the gate of a loss scaler, kernels.GATE's names): g carries its scale, which
     is divided out as g is squared; a chunk holding an inf or NaN sums to -1."""
     n = -(-len(g) // chunk)
-    if scaler is None:
+    if gate is None:
         return np.array([np.sum(g[i * chunk:(i + 1) * chunk] ** 2) for i in range(n)], g.dtype)
-    inv = 1.0 / scaler["scale"]
+    inv = 1.0 / gate["scale"]
     parts = [g[i * chunk:(i + 1) * chunk] for i in range(n)]
     return np.array([np.sum((c * inv) ** 2) if np.all(np.isfinite(c)) else -1.0 for c in parts], g.dtype)
 
 
-def grad_clip(partials, clip, scaler=None, growth=None):   # -> (norm, factor)
-    """With the loss scaler (its state updated in place, by GradScaler's rules): a -1 partial skips
-    the step (factor 0), halves the scale and zeroes the clean count; else the factor unscales too,
-    and `growth` clean steps in a row double the scale. The norm of a skipped step: the last one's."""
-    if scaler is None:
+def grad_clip(partials, clip, gate=None, growth=None):   # -> (norm, factor)
+    """The gate (updated in place where given): norm, factor, skip 0, one more step taken. With
+    growth, the loss scaler's rules (GradScaler's): a -1 partial skips the step (factor 0), halves
+    the scale and zeroes the clean count; else the factor unscales too, and `growth` clean steps in
+    a row double the scale. The norm of a skipped step: the last one's."""
+    if growth is None:
         norm = math.sqrt(float(np.sum(partials)))
-        return norm, (clip / (norm + 1e-6) if norm > clip else 1.0)
+        factor = clip / (norm + 1e-6) if norm > clip else 1.0
+        if gate is not None:
+            gate.update(norm=norm, factor=factor, skip=0, taken=gate["taken"] + 1)
+        return norm, factor
     if np.any(np.asarray(partials) < 0):
-        scaler.update(factor=0.0, scale=scaler["scale"] * 0.5, skip=1, clean=0, skipped=scaler["skipped"] + 1)
-        return scaler["norm"], 0.0
+        gate.update(factor=0.0, scale=gate["scale"] * 0.5, skip=1, clean=0, skipped=gate["skipped"] + 1)
+        return gate["norm"], 0.0
     norm = math.sqrt(float(np.sum(partials)))
-    factor = (clip / (norm + 1e-6) if norm > clip else 1.0) / scaler["scale"]
-    clean = scaler["clean"] + 1
+    factor = (clip / (norm + 1e-6) if norm > clip else 1.0) / gate["scale"]
+    clean = gate["clean"] + 1
     grow = clean >= growth
-    scaler.update(norm=norm, factor=factor, scale=scaler["scale"] * (2.0 if grow else 1.0), skip=0,
-                  clean=0 if grow else clean, taken=scaler["taken"] + 1)
+    gate.update(norm=norm, factor=factor, scale=gate["scale"] * (2.0 if grow else 1.0), skip=0,
+                clean=0 if grow else clean, taken=gate["taken"] + 1)
     return norm, factor
 
 
-def adamw(g, wd, scale, w, m, v, lr, beta1, beta2, eps, t, scaler=None):
-    """One AdamW step in place on w, m, v; wd per element (or scalar); t counts from 1. scale: the
-    clip factor (grad_clip's). With the loss scaler's state: nothing where it skips the step, and t
-    the steps it took."""
-    if scaler is not None:
-        if scaler["skip"]:
-            return
-        t = scaler["taken"]
-    g = g * scale
-    m[...] = beta1 * m + (1 - beta1) * g
-    v[...] = beta2 * v + (1 - beta2) * g * g
-    mhat = m / (1 - beta1 ** t)
-    vhat = v / (1 - beta2 ** t)
-    w[...] = w - lr * (mhat / (np.sqrt(vhat) + eps) + wd * w)
+def _ours(wd, shape):
+    """The decay per element, and which elements this optimizer updates (a negative decay marks
+    another optimizer's)."""
+    wd = np.broadcast_to(np.asarray(wd, np.float64).reshape(-1) if np.ndim(wd) else wd, (int(np.prod(shape)),)).reshape(shape)
+    return np.maximum(wd, 0.0), wd >= 0
 
 
-# optim4.wgsl: the same, read as vec4 (grad_sumsq4 adds each chunk in another order)
-grad_sumsq4, adamw4 = grad_sumsq, adamw
+def adamw(g, wd, gate, w, m, v, lr, beta1, beta2, eps):
+    """One AdamW step in place on w, m, v (flat); wd per element (or scalar); gate: grad_clip's
+    (factor, skip, taken: t counts from 1)."""
+    if gate["skip"]:
+        return
+    d, mine = _ours(wd, w.shape)
+    t = gate["taken"]
+    g = g * gate["factor"]
+    m1 = beta1 * m + (1 - beta1) * g
+    v1 = beta2 * v + (1 - beta2) * g * g
+    mhat = m1 / (1 - beta1 ** t)
+    vhat = v1 / (1 - beta2 ** t)
+    w1 = w - lr * (mhat / (np.sqrt(vhat) + eps) + d * w)
+    w[mine], m[mine], v[mine] = w1[mine], m1[mine], v1[mine]
+
+
+def lion(g, wd, gate, w, m, lr, beta1, beta2):
+    """One Lion step in place on w, m: w -= lr (sign(beta1 m + (1 - beta1) g) + wd w), then
+    m = beta2 m + (1 - beta2) g."""
+    if gate["skip"]:
+        return
+    d, mine = _ours(wd, w.shape)
+    g = g * gate["factor"]
+    w1 = w - lr * (np.sign(beta1 * m + (1 - beta1) * g) + d * w)
+    m1 = beta2 * m + (1 - beta2) * g
+    w[mine], m[mine] = w1[mine], m1[mine]
+
+
+# optim4.wgsl and grad_norm4.wgsl: the same, read as vec4 (grad_sumsq4 adds each chunk in another order)
+grad_sumsq4, adamw4, lion4 = grad_sumsq, adamw, lion
+
+
+def muon_momentum(g, gate, m, u, beta, nesterov=True):
+    """m = beta m + (1 - beta) g (in place), and the update direction into u: (1 - beta) g + beta m
+    with Nesterov, else m; nothing where the gate skips."""
+    if gate["skip"]:
+        return
+    g = g * gate["factor"]
+    m[...] = beta * m + (1 - beta) * g
+    u[...] = (1 - beta) * g + beta * m if nesterov else m
+
+
+def muon_normalize(x, eps):
+    """x / max(|x|_F, eps)"""
+    return x / max(float(np.sqrt(np.sum(np.asarray(x, np.float64) ** 2))), eps)
+
+
+def ns_mix(x, y, a, b):
+    return a * x + b * y
+
+
+def muon_update(x, gate, w, lr, wd, ratio):
+    """w -= lr (ratio x + wd w), in place; nothing where the gate skips."""
+    if not gate["skip"]:
+        w[...] = w - lr * (ratio * x + wd * w)
 
 
 # ---- decoding from a key/value cache, and sampling (decode.wgsl) ---------------------------------
