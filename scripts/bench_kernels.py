@@ -3,8 +3,8 @@
 at one preset's shapes: GPU ms, max error against the entry point's NumPy twin (the
 reference function of the same name), and the speed-up over the scalar variant.
 
-Variants: scalar (elementwise, layernorm, loss, optim .wgsl), vec4 (elementwise4,
-layernorm4, optim4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work) and bf16
+Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise4,
+layernorm4, grad_norm4, optim4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work) and bf16
 (elementwise_bf16: GELU with its pre-activation stored as bf16; layernorm_bf16: the LayerNorm
 writing bf16; max_err against the twin's bf16 result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
@@ -13,8 +13,10 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
-LoRA's scale (alpha / rank on a [rows, rank 8] product). The loss scaler's forms of grad_sumsq
-and adamw (variants "scaled", f16's: gradients carrying a scale of 1024).
+LoRA's scale (alpha / rank on a [rows, rank 8] product). The optimizers over the flat parameters
+(adamw, lion; scalar and vec4) and the loss scaler's form of grad_sumsq (variant "scaled", f16's:
+gradients carrying a scale of 1024); Muon's kernels on one [C, 4C] matrix (its Newton-Schulz
+matmuls are bench_matmul.py's, and scripts/bench_train.py times a whole Muon step).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -33,6 +35,7 @@ from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
+from tinygpt.core.optim import muon_ratio
 from tinygpt.device.gpu import GPU
 from tinygpt.cli import positive_int, run_script
 
@@ -121,32 +124,57 @@ def cases(gpu, rows, C, M, V, n, rng):
         d = kn.grad_sumsq(tg, parts, n, variant=v)
         yield "grad_sumsq", v, f"n={n}", d, lambda: np.abs(gpu.read(parts) - R.grad_sumsq(f64(gr))).max()
     wd = np.full(-(-n // 256), 0.1, np.float32)
-    lr, t = 1e-3, 1
-    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
-    gpu.write_uniform(u, K.adamw_uniform(n, 1.0, lr, t))
-    rw, rm_, rv = f64(w0), f64(m0), f64(v0)
-    R.adamw(f64(gr), 0.1, 1.0, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t)
-    for v in ("scalar", "vec4"):
-        tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
-        d = kn.adamw(tg, up(wd), up(np.array([0.0, 1.0, 0, 0], np.float32)), tw, up(m0), up(v0), n, u, variant=v)
-        yield "adamw", v, f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
-    # the loss scaler's forms (SCALED, f16's): gradients carrying a scale of 1024, unscaled as they are
-    # squared; AdamW reading its clip factor and step count from the scaler's state (kernels.SCALER)
-    state = np.zeros(K.SCALER_FLOATS, np.float32)
-    state[[K.SCALER["factor"], K.SCALER["scale"], K.SCALER["taken"]]] = (1.0 / 1024, 1024.0, t)
+    lr = 1e-3
+    gate = {"norm": 0.0, "factor": 1.0, "scale": 1.0, "skip": 0, "clean": 0, "skipped": 0, "taken": 1}
+    words = lambda st: np.array([st[k] for k in sorted(K.GATE, key=K.GATE.get)] + [0.0] * (K.GATE_FLOATS - len(K.GATE)),
+                                np.float32)
+    tgate = up(words(gate))
+    for name, b1, b2 in (("adamw", ADAMW_BETA1, ADAMW_BETA2), ("lion", 0.9, 0.99)):
+        u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
+        gpu.write_uniform(u, K.optim_uniform(n, lr, b1, b2, ADAMW_EPS))
+        rw, rm_, rv = f64(w0), f64(m0), f64(v0)
+        if name == "adamw":
+            R.adamw(f64(gr), 0.1, gate, rw, rm_, rv, lr, b1, b2, ADAMW_EPS)
+        else:
+            R.lion(f64(gr), 0.1, gate, rw, rm_, lr, b1, b2)
+        for v in ("scalar", "vec4"):
+            tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
+            d = kn.adamw(tg, up(wd), tgate, tw, up(m0), up(v0), n, u, variant=v) if name == "adamw" else \
+                kn.lion(tg, up(wd), tgate, tw, up(m0), n, u, variant=v)
+            yield name, v, f"n={n}", d, lambda tw=tw, rw=rw: np.abs(gpu.read(tw) - rw).max()
+    # the loss scaler's form of grad_sumsq (SCALED, f16's): gradients carrying a scale of 1024,
+    # unscaled as they are squared (the scale read from the gate, kernels.GATE)
     gs = gr * np.float32(1024.0)
-    tgs, stats = up(gs), up(state)
+    tgs, scaled = up(gs), up(words(dict(gate, scale=1024.0)))
     for v in ("scalar", "vec4"):
-        d = kn.grad_sumsq(tgs, parts, n, variant=v, scaler=stats)
+        d = kn.grad_sumsq(tgs, parts, n, variant=v, gate=scaled)
         yield "grad_sumsq", v + " scaled", f"n={n}", d, lambda: np.abs(
-            gpu.read(parts) - R.grad_sumsq(f64(gs), scaler={"scale": 1024.0})).max()
-    rw, rm_, rv = f64(w0), f64(m0), f64(v0)
-    R.adamw(f64(gs), 0.1, 1.0 / 1024, rw, rm_, rv, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, t,
-            scaler={"skip": 0, "taken": t})
-    for v in ("scalar", "vec4"):
-        tw = up(w0)
-        d = kn.adamw(tgs, up(wd), stats, tw, up(m0), up(v0), n, u, variant=v, scaled=True)
-        yield "adamw", v + " scaled", f"n={n}", d, lambda tw=tw: np.abs(gpu.read(tw) - rw).max()
+            gpu.read(parts) - R.grad_sumsq(f64(gs), gate={"scale": 1024.0})).max()
+    yield from muon_cases(gpu, kn, up, tgate, gate, C, M, rng)
+
+
+def muon_cases(gpu, kn, up, tgate, gate, C, M, rng):
+    """Muon's kernels on one [C, M] matrix (the MLP's first): each checked against its twin after
+    its first run."""
+    f64 = lambda a: np.asarray(a, np.float64)
+    n = C * M
+    g, m, w = (rng.standard_normal((C, M)).astype(np.float32) for _ in range(3))
+    tm, x, y = up(m), gpu.tensor((C, M)), gpu.tensor((C, M))
+    rm, ru = f64(m), np.zeros((C, M))
+    R.muon_momentum(f64(g), gate, rm, ru, 0.95, True)
+    yield "muon_momentum", "scalar", f"{C}x{M}", kn.muon_momentum(up(g), tgate, tm, x, n, 0.95), \
+        lambda: np.abs(gpu.read(x) - ru).max()
+    tx = up(g)
+    yield "muon_normalize", "scalar", f"{C}x{M}", kn.muon_normalize(tx, n, 1e-7), \
+        lambda: np.abs(gpu.read(tx) - R.muon_normalize(f64(g), 1e-7)).max()
+    yield "ns_mix", "scalar", f"{C}x{M}", kn.ns_mix(up(g), up(m), y, n, 3.4445, 1.0), \
+        lambda: np.abs(gpu.read(y) - R.ns_mix(f64(g), f64(m), 3.4445, 1.0)).max()
+    u = gpu.uniform(16)
+    gpu.write_uniform(u, K.pack_params((0, 1e-3, 0.1, 0)))
+    tw, rw = up(w), f64(w)
+    R.muon_update(f64(g), gate, rw, 1e-3, 0.1, muon_ratio((C, M)))
+    yield "muon_update", "scalar", f"{C}x{M}", kn.muon_update(up(g), tgate, tw, n, muon_ratio((C, M)), u), \
+        lambda: np.abs(gpu.read(tw) - rw).max()
 
 
 def storage_cases(gpu, rows, M, V, rng):

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Learning, not just speed: the same model trained by this WebGPU trainer and by PyTorch on the
-CPU, from the same init, on the same batches, with the same schedule; both evaluated on the same
-validation windows every --eval-every steps. Prints (or --json: JSON Lines) one row per
+"""Learning, not just speed: the same model trained by this WebGPU trainer (with each optimizer of
+--optimizers) and by PyTorch on the CPU (AdamW), from the same init, on the same batches; all
+evaluated on the same validation windows every --eval-every steps. Each optimizer runs its own
+default schedule (core.config.train_defaults; --lr overrides every peak). Prints (or --json: JSON Lines) one row per
 evaluation with keys trainer, step, seconds, val_loss, and plots val loss against steps and
 against training seconds (evaluation time left out) in one PNG.
 
     python scripts/bench_learning.py --data tinyshakespeare.txt --plot learning.png
     python scripts/bench_learning.py --preset tiny --steps 20 --eval-every 10 --json
+    python scripts/bench_learning.py --data tinyshakespeare.txt --trainers webgpu \
+        --optimizers adamw,lion,muon --plot optimizers.png
 
 PyTorch is optional (pip install torch); without it only the WebGPU trainer runs. The dashed
 line is nanoGPT's own figure for its CPU recipe on Tiny Shakespeare (val 1.88 in about 3 min on
@@ -21,8 +24,11 @@ import numpy as np
 
 from tinygpt.tables import emit
 from tinygpt.outputs import claim_plot, save_png
-from tinygpt.cli import add_kernels, nonneg_int, positive_int, run_script
-from tinygpt.core.config import preset
+from tinygpt.cli import add_kernels, nonneg_int, positive_float, positive_int, run_script
+from tinygpt.core.config import TRAIN_DEFAULTS, preset
+from tinygpt.core.errors import UsageError
+from tinygpt.core.optim import NAMES as OPT_NAMES
+from tinygpt.core.optim import make_settings
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
 from tinygpt.model.gpt import Model
@@ -46,11 +52,13 @@ def eval_windows(ds: Dataset, n: int):
 class WebGPUTrainer:
     name = "webgpu"
 
-    def __init__(self, cfg, params, kernels):
+    def __init__(self, cfg, params, kernels, optimizer="adamw"):
         gpu = GPU()
-        self.m = Model(gpu, make_plan(gpu, kernels), cfg, "online")
+        settings = make_settings(optimizer)
+        self.m = Model(gpu, make_plan(gpu, kernels), cfg, "online", optimizer=settings)
         self.m.set_params(params)
-        self.what = f"{gpu.name} ({gpu.backend})"
+        self.name = "webgpu" if optimizer == "adamw" else f"webgpu {optimizer}"
+        self.what = f"{gpu.name} ({gpu.backend}), {settings.describe()}"
 
     def step(self, x, y, lr):
         self.m.step(x, y, lr)
@@ -65,7 +73,7 @@ class WebGPUTrainer:
 class TorchTrainer:
     name = "torch"
 
-    def __init__(self, cfg, params, kernels):
+    def __init__(self, cfg, params, kernels, optimizer="adamw"):
         import torch
         from torch_model import TorchGPT
         self.torch, self.m, self.B = torch, TorchGPT(cfg, params, 1e-3), cfg.batch
@@ -138,6 +146,8 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=nonneg_int, default=100)
     ap.add_argument("--eval-windows", type=nonneg_int, default=256, help="spread over the validation split; 0 = all")
     ap.add_argument("--trainers", default="webgpu,torch")
+    ap.add_argument("--optimizers", default="adamw", help="the WebGPU trainer's, comma-separated: adamw, lion, muon")
+    ap.add_argument("--lr", type=positive_float, help="every run's peak learning rate (default: each optimizer's)")
     ap.add_argument("--plot", help="write the two-panel PNG here")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
@@ -151,13 +161,18 @@ def main(argv=None):
         plot(rows, args.plot, f"{args.replot}: the rows of an earlier run")
         return
     cfg = preset(args.preset).validate()
-    sched = resolve(TrainOptions(preset=args.preset))
-    from tinygpt.core.config import TRAIN_DEFAULTS
-    sched.total = args.steps or TRAIN_DEFAULTS[args.preset].steps
+    opts = args.optimizers.split(",")
+    unknown = [o for o in opts if o not in OPT_NAMES]
+    if unknown:
+        raise UsageError(f"--optimizers takes {', '.join(OPT_NAMES)}; got {','.join(unknown)}")
+    total = args.steps or TRAIN_DEFAULTS[args.preset].steps
+    scheds = {o: resolve(TrainOptions(preset=args.preset, optimizer=o, lr=args.lr)) for o in opts}
+    for s in scheds.values():
+        s.total = total
     raw, name = read_corpus(args.data)
     ds = Dataset(ByteTokenizer().encode(raw), cfg.ctx, name)
     rng = np.random.default_rng([cfg.seed, 1])            # tinygpt train's sampling stream
-    batches = [ds.sample(rng, cfg.batch) for _ in range(sched.total)]
+    batches = [ds.sample(rng, cfg.batch) for _ in range(total)]
     xs, ys = eval_windows(ds, args.eval_windows)
     params = init_params(cfg)
     kinds = {"webgpu": WebGPUTrainer, "torch": TorchTrainer}
@@ -166,11 +181,12 @@ def main(argv=None):
         if tname == "torch" and importlib.util.find_spec("torch") is None:
             print("torch is not importable: its rows are skipped (pip install torch)", file=sys.stderr)
             continue
-        trainer = kinds[tname](cfg, params, args.kernels)
-        whats.append(f"{tname}: {trainer.what}")
-        rows += run(trainer, batches, sched, xs, ys, args.eval_every)
-    title = (f"preset {args.preset} on {name}: {sched.total} steps of batch {cfg.batch} x ctx {cfg.ctx}, "
-             f"{sched.describe()}; val over {len(xs)} windows\n" + "; ".join(whats))
+        for o in opts if tname == "webgpu" else ["adamw"]:
+            trainer = kinds[tname](cfg, params, args.kernels, o)
+            whats.append(f"{trainer.name}: {trainer.what}, {scheds.get(o, scheds[opts[0]]).describe()}")
+            rows += run(trainer, batches, scheds.get(o, scheds[opts[0]]), xs, ys, args.eval_every)
+    title = (f"preset {args.preset} on {name}: {total} steps of batch {cfg.batch} x ctx {cfg.ctx}; "
+             f"val over {len(xs)} windows\n" + "; ".join(whats))
     if not args.json:
         print("# " + title.replace("\n", "\n# "))
     emit(rows, args.json, ["trainer", "step", "seconds", "val_loss"])

@@ -292,47 +292,70 @@ def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
 
 
-# multiples of 4 take optim4.wgsl; first: the chunk's place in the partial sums and the decay
-# table, which are bound whole (a model's later flat chunks start past 0 in both)
+def gate_words(state: dict) -> np.ndarray:
+    words = np.zeros(K.GATE_FLOATS, np.float32)
+    for key, i in K.GATE.items():
+        words[i] = state[key]
+    return words
+
+
+# multiples of 4 take optim4.wgsl and grad_norm4.wgsl; first: the chunk's place in the partial sums
+# and the decay table, which are bound whole (a model's later flat chunks start past 0 in both)
 @pytest.mark.parametrize("n,first", [(5, 0), (4096, 1), (4096 * 3 + 7, 2), (4096 * 3 + 8, 3)])
-def test_clip_and_adamw(gpu, rng, n, first, kn):
+@pytest.mark.parametrize("opt", ["adamw", "lion"])
+def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
+    """grad_sumsq, grad_clip (the gate: norm, factor, skip 0, one more step taken), then AdamW or
+    Lion, against their twins; a negative decay marks blocks another optimizer updates (Muon's
+    matrices), which must stay as they were."""
     grads = rng.standard_normal(n).astype(np.float32)
     w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = np.abs(v)
     nblk = -(-n // 256)
-    wd = np.where(np.arange(nblk) % 2 == 0, 0.1, 0.0).astype(np.float32)
+    wd = np.array([0.1, 0.0, -1.0])[np.arange(nblk) % 3].astype(np.float32)
     n_part = -(-n // K.CHUNK)
     # entries before `first` belong to other chunks: zeros in the partials (another chunk's are
     # added by grad_clip as these are), a decay the chunk must not read in the table
-    tg, parts, stats = gpu.upload(grads), gpu.tensor((first + n_part,)), gpu.tensor((4,))
+    state = {"norm": 0.0, "factor": 0.0, "scale": 0.0, "skip": 1, "clean": 0, "skipped": 0, "taken": 6}
+    tg, parts, gate = gpu.upload(grads), gpu.tensor((first + n_part,)), gpu.upload(gate_words(state))
     table = gpu.upload(np.concatenate([np.full(first, 7.0, np.float32), wd]))
     tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
-    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
-    lr, t, clip = 1e-2, 3, 1.0
-    gpu.write_uniform(u, K.adamw_uniform(n, clip, lr, t, first))
-    run(gpu, kn.grad_sumsq(tg, parts, n, first=first), kn.grad_clip(parts, stats, first + n_part, clip),
-        kn.adamw(tg, table, stats, tw, tm, tv, n, u))
+    u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
+    lr, clip = 1e-2, 1.0
+    b1, b2 = (ADAMW_BETA1, ADAMW_BETA2) if opt == "adamw" else (0.9, 0.99)
+    gpu.write_uniform(u, K.optim_uniform(n, lr, b1, b2, ADAMW_EPS, first))
+    step = kn.adamw(tg, table, gate, tw, tm, tv, n, u) if opt == "adamw" else kn.lion(tg, table, gate, tw, tm, n, u)
+    run(gpu, kn.grad_sumsq(tg, parts, n, first=first), kn.grad_clip(parts, gate, first + n_part, clip), step)
     assert not gpu.read(parts)[:first].any()
     parts = Tensor(parts.buf, 4 * first, (n_part,))
     rparts = R.grad_sumsq(f64(grads))
     check(f"grad_sumsq n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
-    norm, scale = R.grad_clip(rparts, clip)
-    check(f"grad_clip n={n}", gpu.read(stats)[:2], [norm, scale], 1e-7, 1e-5)
+    R.grad_clip(rparts, clip, state)
+    got = gpu.read(gate)
+    for key, i in K.GATE.items():
+        if key in ("norm", "factor", "skip", "taken"):
+            assert got[i] == pytest.approx(state[key], rel=1e-6), key
+    assert state["taken"] == 7 and state["skip"] == 0
     rw, rm, rv = f64(w), f64(m), f64(v)
-    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), scale, rw, rm, rv, lr, ADAMW_BETA1, ADAMW_BETA2,
-            ADAMW_EPS, t)
-    check(f"adamw w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
-    check(f"adamw m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
-    check(f"adamw v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
+    per = np.repeat(wd, 256)[:n].astype(np.float64)
+    if opt == "adamw":
+        R.adamw(f64(grads), per, state, rw, rm, rv, lr, b1, b2, ADAMW_EPS)
+    else:
+        R.lion(f64(grads), per, state, rw, rm, lr, b1, b2)
+    theirs = per < 0
+    assert np.array_equal(gpu.read(tw)[theirs], w[theirs]) and np.array_equal(gpu.read(tm)[theirs], m[theirs])
+    check(f"{opt} w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
+    check(f"{opt} m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
+    check(f"{opt} v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
 
 
-@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # optim.wgsl and optim4.wgsl
+@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # grad_norm.wgsl and grad_norm4.wgsl, optim and optim4
 @pytest.mark.parametrize("case", ["clean", "grows", "inf", "nan"])
 def test_loss_scaler_kernels(gpu, rng, n, case, kn):
-    """The loss scaler's forms (SCALED) against their twins, state and all: gradients carrying the
-    scale 2^16 are unscaled in the norm; a clean step at the last clean count before `growth`
-    doubles the scale; an inf or a NaN anywhere skips the step (w, m, v untouched), halves the
-    scale, zeroes the clean count and counts the skip; the bias corrections count steps taken."""
+    """The loss scaler's forms (SCALED) of the gate against their twins, state and all: gradients
+    carrying the scale 2^16 are unscaled in the norm; a clean step at the last clean count before
+    `growth` doubles the scale; an inf or a NaN anywhere skips the step (every optimizer's w and
+    state untouched), halves the scale, zeroes the clean count and counts the skip; AdamW's bias
+    corrections count the steps taken."""
     S, growth = 65536.0, 5
     grads = (rng.standard_normal(n) * S).astype(np.float32)
     if case in ("inf", "nan"):
@@ -342,32 +365,72 @@ def test_loss_scaler_kernels(gpu, rng, n, case, kn):
     wd = np.full(-(-n // 256), 0.1, np.float32)
     state = {"norm": 0.5, "factor": 0.0, "scale": S, "skip": 0, "clean": growth - 1 if case == "grows" else 1,
              "skipped": 3, "taken": 7}
-    words = np.zeros(K.SCALER_FLOATS, np.float32)
-    for key, i in K.SCALER.items():
-        words[i] = state[key]
-    tg, stats, parts = gpu.upload(grads), gpu.upload(words), gpu.tensor((-(-n // K.CHUNK),))
-    tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
-    u = gpu.uniform(K.ADAMW_UNIFORM_BYTES)
+    tg, gate, parts = gpu.upload(grads), gpu.upload(gate_words(state)), gpu.tensor((-(-n // K.CHUNK),))
+    tw, tm, tv, lw, lm = gpu.upload(w), gpu.upload(m), gpu.upload(v), gpu.upload(w), gpu.upload(m)
+    u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
     lr, clip = 1e-2, 1.0
-    gpu.write_uniform(u, K.adamw_uniform(n, clip, lr, 99))       # t = 99 unused: the device counts
-    run(gpu, kn.grad_sumsq(tg, parts, n, scaler=stats), kn.grad_clip(parts, stats, parts.size, clip, growth=growth),
-        kn.adamw(tg, gpu.upload(wd), stats, tw, tm, tv, n, u, scaled=True))
-    rparts = R.grad_sumsq(f64(grads), scaler=state)
+    gpu.write_uniform(u, K.optim_uniform(n, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS))
+    run(gpu, kn.grad_sumsq(tg, parts, n, gate=gate), kn.grad_clip(parts, gate, parts.size, clip, growth=growth),
+        kn.adamw(tg, gpu.upload(wd), gate, tw, tm, tv, n, u), kn.lion(tg, gpu.upload(wd), gate, lw, lm, n, u))
+    rparts = R.grad_sumsq(f64(grads), gate=state)
     check(f"grad_sumsq scaled {case} n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
-    norm, factor = R.grad_clip(rparts, clip, scaler=state, growth=growth)
-    got = gpu.read(stats)
-    print(case, {k: float(got[i]) for k, i in K.SCALER.items()}, "twin:", state)
-    for key, i in K.SCALER.items():
+    R.grad_clip(rparts, clip, gate=state, growth=growth)
+    got = gpu.read(gate)
+    print(case, {k: float(got[i]) for k, i in K.GATE.items()}, "twin:", state)
+    for key, i in K.GATE.items():
         assert got[i] == pytest.approx(state[key], rel=1e-5, abs=1e-12), key
     assert state["scale"] == {"clean": S, "grows": 2 * S, "inf": S / 2, "nan": S / 2}[case]
     rw, rm, rv = f64(w), f64(m), f64(v)
-    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), factor, rw, rm, rv, lr, ADAMW_BETA1,
-            ADAMW_BETA2, ADAMW_EPS, 99, scaler=state)
+    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), state, rw, rm, rv, lr, ADAMW_BETA1,
+            ADAMW_BETA2, ADAMW_EPS)
     if case in ("inf", "nan"):
-        assert np.array_equal(gpu.read(tw), w) and np.array_equal(gpu.read(tm), m) and np.array_equal(gpu.read(tv), v)
+        for t, a in ((tw, w), (tm, m), (tv, v), (lw, w), (lm, m)):
+            assert np.array_equal(gpu.read(t), a)
     check(f"adamw scaled {case} w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
     check(f"adamw scaled {case} m n={n}", gpu.read(tm), rm, 1e-7, 1e-5)
     check(f"adamw scaled {case} v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
+
+
+@pytest.mark.parametrize("K_,N", [(1, 1), (7, 13), (13, 7), (33, 33), (20, 84)])
+@pytest.mark.parametrize("skip", [0, 1])
+def test_muon_kernels(gpu, rng, kn, K_, N, skip):
+    """Muon's kernels and its Newton-Schulz iterations (model.optim.newton_schulz: the plan's
+    matmuls, a tall matrix worked on as its transpose) against their twins at odd shapes; a step
+    the gate skips leaves the momentum and the weights as they were."""
+    from tinygpt.model.optim import newton_schulz
+    from tinygpt.reference.optim import newton_schulz as ns_twin
+    from tinygpt.core.optim import muon_ratio
+    n, r = K_ * N, min(K_, N)
+    g, m, w = (rng.standard_normal((K_, N)).astype(np.float32) for _ in range(3))
+    state = {"norm": 1.0, "factor": 0.5, "scale": 1.0, "skip": skip, "clean": 0, "skipped": 0, "taken": 3}
+    gate, tg, tm, tw = gpu.upload(gate_words(state)), gpu.upload(g), gpu.upload(m), gpu.upload(w)
+    xs = [gpu.tensor((K_, N)), gpu.tensor((K_, N))]
+    bx, A, AA, B = gpu.tensor((K_, N)), gpu.tensor((r, r)), gpu.tensor((r, r)), gpu.tensor((r, r))
+    ns, out = newton_schulz(kn, xs, bx, A, AA, B, K_, N)
+    u = gpu.uniform(16)
+    lr, wd, ratio = 1e-2, 0.1, muon_ratio((K_, N))
+    gpu.write_uniform(u, K.pack_params((0, lr, wd, 0)))
+    # the momentum, then (as the model runs them) normalise + iterate, then the update
+    run(gpu, kn.muon_momentum(tg, gate, tm, xs[0], n, 0.95, True))
+    got_u = gpu.read(xs[0])
+    rm, ru = f64(m), np.zeros((K_, N))
+    R.muon_momentum(f64(g), state, rm, ru, 0.95, True)
+    if skip:
+        assert np.array_equal(gpu.read(tm), m)
+        gpu.write(xs[0], got_u := (rng.standard_normal((K_, N)).astype(np.float32)))
+        ru = f64(got_u)
+    else:
+        check(f"muon_momentum m {K_}x{N}", gpu.read(tm), rm, 1e-7, 1e-6)
+        check(f"muon_momentum u {K_}x{N}", got_u, ru, 1e-7, 1e-6)
+    run(gpu, *ns)
+    want = ns_twin(ru)
+    check(f"newton_schulz {K_}x{N}", gpu.read(out), want, 2e-5, 1e-4)
+    run(gpu, kn.muon_update(out, gate, tw, n, ratio, u))
+    rw = f64(w)
+    R.muon_update(f64(gpu.read(out)), state, rw, lr, wd, ratio)
+    if skip:
+        assert np.array_equal(gpu.read(tw), w)
+    check(f"muon_update {K_}x{N}", gpu.read(tw), rw, 1e-6, 1e-6)
 
 
 def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):
@@ -377,8 +440,8 @@ def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):
     rows, V = 3, 37
     logits = rng.standard_normal((rows, 40)).astype(np.float32)
     tgt = rng.integers(0, V, rows).astype(np.uint32)
-    words = np.zeros(K.SCALER_FLOATS, np.float32)
-    words[K.SCALER["scale"]] = 1024.0
+    words = np.zeros(K.GATE_FLOATS, np.float32)
+    words[K.GATE["scale"]] = 1024.0
     _, rd = R.cross_entropy(tgt, f64(logits[:, :V]), 1024.0 / rows)
     for variant in ("scalar",) + (("sg",) if make_plan(gpu, tuning={}).loss == "sg" else ()):
         tl, losses = gpu.upload(logits), gpu.tensor((rows,))

@@ -67,15 +67,16 @@ def test_bench_kernels_json(gpu):
     rows = run_json("bench_kernels.py", "--preset", "tiny", "--repeats", "1")
     sg = subgroups_ok(gpu)
     want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
-                                    "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw")}
+                                    "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw",
+                                    "lion")}
     want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
-                                   "grad_sumsq", "adamw", "accumulate")}
+                                   "grad_sumsq", "adamw", "lion", "accumulate")}
     want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens",
-                                     "scale")}
+                                     "scale", "muon_momentum", "muon_normalize", "ns_mix", "muon_update")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
     want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
     want |= {(k, v + " tanh") for k in ("gelu_forward", "gelu_backward") for v in ("scalar", "vec4")}
-    want |= {(k, v + " scaled") for k in ("grad_sumsq", "adamw") for v in ("scalar", "vec4")}
+    want |= {("grad_sumsq", v + " scaled") for v in ("scalar", "vec4")}
     want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
     half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache
     want |= {("gelu_forward", "f16"), ("gelu_backward", "f16"), ("layernorm_forward", "f16"),

@@ -428,7 +428,7 @@ class Kernels:
                       variant=None, scaler=None) -> Dispatch:
         """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
         subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg. scaler: the
-        loss scaler's state (SCALER), whose scale dlogits then carry too."""
+        loss scaler's state (GATE), whose scale dlogits then carry too."""
         stride = stride or V
         variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
         file, entry = ("loss_sg.wgsl", "cross_entropy_sg") if variant == "sg" else ("loss.wgsl", "cross_entropy")
