@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from tinygpt.core.optim import OptimizerSettings, is_muon_matrix
 
 
 def key(name: str) -> str:
@@ -51,12 +52,13 @@ class GPTModule(torch.nn.Module):
         return h @ P["tok_emb"].T
 
 
-def adamw(module: GPTModule, lr: float) -> torch.optim.AdamW:
-    """TinyGPT's AdamW: decay on matrices and embeddings only."""
+def adamw(module: GPTModule, lr: float, weight_decay: float | None = None) -> torch.optim.AdamW:
+    """TinyGPT's AdamW: decay on matrices and embeddings only (the config's, or weight_decay)."""
     P, cfg = module.named(), module.cfg
     decay = [P[n] for n, _, d in param_specs(cfg) if d]
     no_decay = [P[n] for n, _, d in param_specs(cfg) if not d]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+    wd = cfg.weight_decay if weight_decay is None else weight_decay
+    return torch.optim.AdamW([{"params": decay, "weight_decay": wd},
                               {"params": no_decay, "weight_decay": 0.0}],
                              lr=lr, betas=(ADAMW_BETA1, ADAMW_BETA2), eps=ADAMW_EPS)
 
@@ -86,11 +88,58 @@ def loss_of(logits, y):
 
 
 def clip_and_step(opt, module: GPTModule, lr: float):
-    for g in opt.param_groups:
-        g["lr"] = lr
+    """Clip by the global norm, then step `opt` (one optimizer, or a list of them) at lr."""
+    opts = opt if isinstance(opt, list) else [opt]
+    for o in opts:
+        for g in o.param_groups:
+            g["lr"] = lr
     if module.cfg.grad_clip > 0:
         torch.nn.utils.clip_grad_norm_(list(module.parameters()), module.cfg.grad_clip)
-    opt.step()
+    for o in opts:
+        o.step()
+
+
+def muon(module: GPTModule, settings: OptimizerSettings, lr: float) -> list:
+    """tinygpt's Muon in PyTorch: torch.optim.Muon on the blocks' matrices (the match_rms_adamw
+    scaling, so one lr serves both) and AdamW on the rest. torch runs the Newton-Schulz iterations
+    in bfloat16 where tinygpt runs them in float32: a continuation, not the same bits."""
+    P, cfg, s = module.named(), module.cfg, settings
+    mats = [P[n] for n, _, _ in param_specs(cfg) if is_muon_matrix(n)]
+    decay = [P[n] for n, _, d in param_specs(cfg) if d and not is_muon_matrix(n)]
+    no_decay = [P[n] for n, _, d in param_specs(cfg) if not d]
+    return [torch.optim.Muon(mats, lr=lr, weight_decay=s.weight_decay, momentum=s.momentum, nesterov=s.nesterov,
+                             adjust_lr_fn="match_rms_adamw"),
+            torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},
+                               {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(s.beta1, s.beta2), eps=s.eps)]
+
+
+def load_muon_state(opts: list, module: GPTModule, state: dict, steps: int):
+    """A .tinygpt file's Muon state (optim_state's rows: "muon m", "muon v") into torch's: the
+    matrices' momentum (GPTModule's weights are [in, out] as tinygpt's: Muon's orthogonalisation and
+    its max(rows, cols) scaling do not mind the orientation), the rest's AdamW moments."""
+    for n, p in module.named().items():
+        m = torch.tensor(np.asarray(state["muon m"][n], np.float32), device=p.device)
+        if is_muon_matrix(n):
+            opts[0].state[p] = {"momentum_buffer": m}
+        else:
+            opts[1].state[p] = {"step": torch.tensor(float(steps)), "exp_avg": m,
+                                "exp_avg_sq": torch.tensor(np.asarray(state["muon v"][n], np.float32), device=p.device)}
+
+
+def muon_state(opts: list, module: GPTModule) -> dict:
+    """The rows of optim_state's Muon record from torch's state (zeros where never stepped)."""
+    m, v = {}, {}
+    for n, p in module.named().items():
+        zero = np.zeros(tuple(p.shape), np.float32)
+        if is_muon_matrix(n):
+            st = opts[0].state.get(p, {})
+            m[n] = st["momentum_buffer"].detach().cpu().numpy().astype(np.float32) if st else zero
+            v[n] = zero
+        else:
+            st = opts[1].state.get(p, {})
+            m[n] = st["exp_avg"].detach().cpu().numpy().astype(np.float32) if "exp_avg" in st else zero
+            v[n] = st["exp_avg_sq"].detach().cpu().numpy().astype(np.float32) if "exp_avg_sq" in st else zero
+    return {"muon m": m, "muon v": v}
 
 
 class TorchGPT:

@@ -9,7 +9,9 @@ Several machines: the same command on each, with torchrun's rendezvous instead o
     torchrun --nnodes 2 --node-rank 0 --nproc-per-node 8 --rdzv-backend c10d \\
         --rdzv-endpoint HOST:29500 --rdzv-id run1 scripts/train_ddp.py ...   (--node-rank 1 on the other)
 
-What carries over from the file: weights, AdamW moments and step, the learning-rate schedule and
+What carries over from the file: weights, the optimizer's state and step (AdamW's moments, or
+Muon's: torch.optim.Muon on the blocks' matrices, AdamW on the rest; a Lion run is refused, as
+PyTorch has no Lion), the learning-rate schedule and
 its planned end, clipping, weight decay, the tokenizer, and the data-sampling state. Every step
 draws the windows that one process with N x B windows would draw (tinygpt's sampler, from the
 saved state), and rank r trains on rows r*B .. r*B+B-1; DDP averages the gradients, so N ranks
@@ -28,6 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from tinygpt import checkpoint as ckpt
+from tinygpt import optim_state
+from tinygpt.core.config import param_specs
+from tinygpt.core.optim import make_settings
 from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
 from tinygpt.data import Dataset, read_corpus
 from tinygpt.core.errors import TinyGPTError, UsageError
@@ -84,8 +89,13 @@ def setup(args, rank: int, world: int):
         if args.log_file:
             outs.claim(args.log_file, "log", "log", is_json_lines, append=True)
     ck = ckpt.load(args.resume, f"{{opt:resume}} {args.resume}")
-    if ck.m is None:
-        raise UsageError(f"{{opt:resume}} {args.resume} holds no optimizer state; continue it with tinygpt train "
+    label = f"{{opt:resume}} {args.resume}"
+    settings = optim_state.file_settings(ck, label) or make_settings("adamw")
+    if settings.name not in ("adamw", "muon"):     # PyTorch has AdamW and Muon, not Lion
+        raise UsageError(f"{label} trains with {settings.name}, which PyTorch does not ship; continue it with "
+                         "tinygpt train, or resume it there with --optimizer adamw first")
+    if settings.name == "adamw" and ck.m is None:
+        raise UsageError(f"{label} holds no optimizer state; continue it with tinygpt train "
                          "first, or start a run there")
     if ck.extra.get("lora") is not None:      # DDP trains every weight: the adapters would be left behind
         raise UsageError(f"{{opt:resume}} {args.resume} is a LoRA run, which DDP does not train; continue it with "
@@ -106,14 +116,15 @@ def setup(args, rank: int, world: int):
     if total <= ck.step:
         raise UsageError(f"the file is at step {ck.step}; ask for more {{opt:steps}} than that")
     sched.total = total
-    return out, ck, cfg, B, data, rng, sched, total
+    return out, ck, cfg, B, data, rng, sched, total, settings
 
 
 def train(args) -> int:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch_model import GPTModule, adamw, clip_and_step, load_moments, loss_of, moments
+    from torch_model import GPTModule, adamw, clip_and_step, load_moments, load_muon_state, loss_of, moments, muon, \
+        muon_state
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -123,7 +134,7 @@ def train(args) -> int:
         torch.cuda.set_device(device)
     failure = None
     try:
-        out, ck, cfg, B, data, rng, sched, total = setup(args, rank, world)
+        out, ck, cfg, B, data, rng, sched, total, settings = setup(args, rank, world)
     except TinyGPTError as e:
         failure = e
     ok = torch.tensor(0 if failure else 1)
@@ -136,8 +147,13 @@ def train(args) -> int:
 
     module = GPTModule(cfg, ck.params, device)
     model = DDP(module)
-    opt = adamw(module, sched.lr)
-    load_moments(opt, module, ck.m, ck.v, ck.step)
+    state, steps, start = optim_state.read(ck, settings, param_specs(cfg), f"--resume {args.resume}")
+    if settings.name == "muon":
+        opt = muon(module, settings, sched.lr)
+        load_muon_state(opt, module, state, steps)
+    else:
+        opt = adamw(module, sched.lr, settings.weight_decay)
+        load_moments(opt, module, state["adam m"], state["adam v"], steps)
     vx, vy = data.val_windows(args.eval_windows)
     history, log = list(ck.loss_history), open(args.log_file, "a") if args.log_file and rank == 0 else None
     T, GB = cfg.ctx, B * world
@@ -153,11 +169,18 @@ def train(args) -> int:
         return tot / len(vx)
 
     def save(step):
-        m, v = moments(opt, module)
         params = {n: p.detach().cpu().numpy().astype(np.float32) for n, p in module.named().items()}
         cfg.batch, cfg.lr = GB, sched.lr
-        extra = dict(ck.extra, dataRngState=rng.bit_generator.state, schedule=sched.as_dict())
-        ckpt.save(out, ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header))
+        taken = steps + step - ck.step                  # the updates the optimizer's state has taken
+        extra = dict(ck.extra, dataRngState=rng.bit_generator.state, schedule=sched.as_dict(), momentsFrom=start)
+        if settings.name == "muon":
+            extra["optimizer"] = optim_state.record(settings, muon_state(opt, module), taken)
+            ck_out = ckpt.Checkpoint(cfg, params, None, None, step, history, extra, ck.header, adam_moments=False)
+        else:
+            m, v = moments(opt, module)
+            extra.update(optimizer=optim_state.record(settings), adamSteps=taken)
+            ck_out = ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header)
+        ckpt.save(out, ck_out)
 
     t_last, n_since = time.perf_counter(), 0
     for step in range(ck.step, total):
@@ -165,7 +188,7 @@ def train(args) -> int:
         x, y = data.sample(rng, GB)                       # the same draw on every rank
         xs, ys = x[rank * B:(rank + 1) * B], y[rank * B:(rank + 1) * B]
         loss = loss_of(model(torch.as_tensor(xs.astype(np.int64), device=device)), ys)
-        opt.zero_grad(set_to_none=True)
+        module.zero_grad(set_to_none=True)
         loss.backward()                                   # DDP averages the gradients over the ranks
         clip_and_step(opt, module, lr)
         done, n_since = step + 1, n_since + 1

@@ -106,3 +106,28 @@ def test_a_lora_run_is_refused(start, tmp_path):
                  "0", "--sample-tokens", "0", "--quiet", "--out", str(ft)]) == 0
     rc, err = ddp(1, "--resume", ft, "--data", corpus, "--steps", 4, timeout=120)
     assert rc != 0 and "is a LoRA run, which DDP does not train" in err and "--merge" in err
+
+
+def test_muon_continues_under_ddp_and_lion_is_refused(start, tmp_path):
+    """A Muon run continues under DDP with torch.optim.Muon on the blocks' matrices and AdamW on
+    the rest, its state carried both ways (its first step's loss is the WebGPU run's: the batch
+    and the weights are the same); a Lion run is refused in one line (PyTorch has no Lion)."""
+    f, corpus = start
+    common = ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
+    for opt in ("muon", "lion"):
+        assert main(["train", "--resume", str(f), "--optimizer", opt, "--steps", "7", "--out",
+                     str(tmp_path / f"{opt}.tinygpt"), "--log", str(tmp_path / f"{opt}.jsonl"), *common]) == 0
+    web = losses(tmp_path / "muon.jsonl")
+    d = tmp_path / "d.tinygpt"
+    assert main(["train", "--resume", str(f), "--optimizer", "muon", "--steps", "6", "--out", str(d), *common]) == 0
+    rc, err = ddp(1, "--resume", d, "--data", corpus, "--steps", 7, "--log-every", 1, "--log-file", tmp_path / "d.jsonl")
+    assert rc == 0, err[-3000:]
+    dd = losses(tmp_path / "d.jsonl")
+    print(f"muon: DDP's step 7 loss {dd[7]:.7f}, WebGPU's {web[7]:.7f}")
+    assert abs(dd[7] - web[7]) < 1e-5
+    back = ckpt.load(d)
+    assert back.step == 7 and back.extra["optimizer"]["name"] == "muon" and back.extra["optimizer"]["steps"] == 2
+    assert main(["train", "--resume", str(d), "--steps", "8", *common]) == 0
+    rc, err = ddp(1, "--resume", tmp_path / "lion.tinygpt", "--data", corpus, "--steps", 9, timeout=120)
+    lines = [line for line in err.splitlines() if line.startswith("train_ddp: error:")]
+    assert rc != 0 and len(lines) == 1 and "lion, which PyTorch does not ship" in lines[0]
