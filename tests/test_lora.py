@@ -84,7 +84,7 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
         assert len(m.base_chunks) > 1, "the frozen base is bound in one piece"
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision, lora=lora)
-    scale = m.scaler_state()["scale"] if m.scaled else 1.0
+    scale = m.gate_state()["scale"] if m.scaled else 1.0
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
     lt = 1e-4 if name == "fp32" else 5e-3           # 16 bits: a rounding edge flips and carries through the layers
     check(f"{case}: logits", m.logits_of(x), logits, lt * np.abs(logits).max())

@@ -42,12 +42,17 @@ def allocated(gpu, monkeypatch, build):
     ("online", 1, 256, None, 24, "f16 recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 recompute"),
     # LoRA: the frozen base (and its copy) beside the adapters' flat buffers, the products saved
     ("online", 2, 256, None, 24, "fp32 lora"), ("naive", 1, 2000, 600_000, 128, "bf16 lora recompute"),
-    ("online", 1, 256, None, 24, "f16 lora"), ("online", 1, 50257, 13_000_000, 24, "fp32 lora recompute")])
+    ("online", 1, 256, None, 24, "f16 lora"), ("online", 1, 50257, 13_000_000, 24, "fp32 lora recompute"),
+    # each optimizer's state and scratch (Muon's Newton-Schulz matrices), in every precision
+    ("online", 2, 301, None, 24, "fp32 lion"), ("naive", 1, 2000, 600_000, 128, "bf16 muon"),
+    ("online", 1, 256, None, 24, "f16 muon recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 muon")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.core.lora import TARGETS, make_lora
     precision, *more = precision.split()
     recompute = "recompute" in more          # one set of block activations, shared by the layers
     lora = make_lora(8, targets=list(TARGETS)) if "lora" in more else None
+    from tinygpt.core.optim import make_settings
+    opt = make_settings(next((o for o in ("lion", "muon") if o in more), "adamw"))
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.infer import Sampler
@@ -59,21 +64,27 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     limits = budget.device_limits(gpu)
     precision = PRECISIONS[precision]
     p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, recompute=recompute,
-                             lora=lora)
+                             lora=lora, optimizer=opt)
     if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
-        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision, lora=lora)   # nor the sampler's (its
+        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision, lora=lora, optimizer=opt)   # nor the sampler's (its
         Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision,
-                                                    recompute=recompute, lora=lora))
+                                                    recompute=recompute, lora=lora, optimizer=opt))
     print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}"
-          f"{' lora' if lora else ''}: budget {p.total:,} bytes, model {got:,}")
+          f"{' lora' if lora else ''} {opt.name}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
+    if opt.name != "adamw":    # Lion keeps one moment where AdamW keeps two; Muon adds its scratch
+        adam = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision,
+                                    recompute=recompute)
+        state, scratch = "optimizer state", buffers.OP
+        assert (p.groups[state] * 2 == adam.groups[state]) if opt.name == "lion" else \
+            (p.groups[state] == adam.groups[state] and p.groups[scratch] > adam.groups[scratch])
     if recompute:          # smaller than saving every layer's, by the saved activations of all but one
         full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, lora=lora)
         assert p.total < full.total and p.groups[buffers.A] < full.groups[buffers.A]
     if lora:               # gradients and moments of the adapters alone
         full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
-        assert p.groups["gradients"] < full.groups["gradients"] and p.groups["adam moments"] < full.groups["adam moments"]
+        assert p.groups["gradients"] < full.groups["gradients"] and p.groups["optimizer state"] < full.groups["optimizer state"]
     want = budget.sampler_bytes(cfg, attention, 50, plan, precision, max_binding=limits["max_binding"])
     got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50,
                                                       precision=precision))

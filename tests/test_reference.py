@@ -137,12 +137,37 @@ def test_whole_model_finite_differences():
 def test_adamw_matches_formula():
     w, g = np.array([1.0, -2.0]), np.array([0.5, 0.1])
     m, v = np.zeros(2), np.zeros(2)
-    R.adamw(g, 0.1, 1.0, w, m, v, 0.01, 0.9, 0.95, 1e-8, 1)
+    R.adamw(g, 0.1, {"factor": 1.0, "skip": 0, "taken": 1}, w, m, v, 0.01, 0.9, 0.95, 1e-8)
     # step 1: mhat = g, vhat = g^2, so the update is g / (|g| + eps) + wd * w
     w0 = np.array([1.0, -2.0])
     check("adamw step 1", w, w0 - 0.01 * (g / (np.abs(g) + 1e-8) + 0.1 * w0), 1e-15)
     norm, scale = R.grad_clip(R.grad_sumsq(np.array([3.0, 4.0])), 1.0)
     assert abs(norm - 5.0) < 1e-12 and abs(scale - 1.0 / (5.0 + 1e-6)) < 1e-12
+
+
+def test_lion_and_muon_match_their_definitions():
+    """Lion's step is lr times a sign (and the moment's decay after it); Muon's Newton-Schulz gives
+    a matrix whose singular values lie near 1 (the quintic's fixed band, 0.5 to 1.5 at most) and
+    whose singular vectors are the input's, for a wide and a tall matrix alike, and the tall one is
+    the transpose's orthogonalisation transposed."""
+    from tinygpt.reference.optim import newton_schulz
+    gate = {"factor": 2.0, "skip": 0, "taken": 1}
+    w, g, m = np.array([1.0, -2.0, 0.5]), np.array([0.5, -0.1, 0.0]), np.array([0.1, 0.3, -0.2])
+    w0, m0 = w.copy(), m.copy()
+    R.lion(g, 0.1, gate, w, m, 0.01, 0.9, 0.99)
+    c = 0.9 * m0 + 0.1 * 2.0 * g
+    check("lion w", w, w0 - 0.01 * (np.sign(c) + 0.1 * w0), 1e-15)
+    check("lion m", m, 0.99 * m0 + 0.01 * 2.0 * g, 1e-15)
+    rng = np.random.default_rng(0)
+    for shape in ((7, 13), (13, 7)):
+        x = rng.standard_normal(shape)
+        o = newton_schulz(x)
+        u, s, vt = np.linalg.svd(x, full_matrices=False)
+        so = np.linalg.svd(o, compute_uv=False)
+        print(f"newton_schulz {shape}: singular values {so.min():.3f} to {so.max():.3f}")
+        assert 0.5 < so.min() and so.max() < 1.5
+        check(f"newton_schulz {shape} keeps the singular vectors", u.T @ o @ vt.T, np.diag(np.diag(u.T @ o @ vt.T)), 1e-9)
+    check("newton_schulz of a transpose", newton_schulz(x.T), newton_schulz(x).T, 1e-12)
 
 
 def test_every_wgsl_entry_point_has_a_numpy_twin():

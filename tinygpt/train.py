@@ -443,7 +443,7 @@ class Loop:
                                   f"{{opt:grad_clip}}; {saver.kept_text()}", 3)
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
-        scaler = model.scaler_state() if model.scaled else None      # read with the loss, when shown
+        scaler = model.gate_state() if model.scaled else None      # read with the loss, when shown
         if want_eval:
             rec["val"] = self.last["val"] = model.mean_loss(*self.val)
         self.last["train"] = loss
