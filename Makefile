@@ -26,7 +26,8 @@ DAWN       := TINYGPT_WEBGPU=dawn VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftsha
 DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_twin \
               tests/test_attention.py::test_attention_against_float64 \
               tests/test_attention.py::test_online_reads_half_q_k_v \
-              tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference
+              tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference \
+              "tests/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
 
 # Trains the default preset (small, its schedule) on the built-in corpus for 3.5 minutes: the
 # step count is fitted to the time, so it ends within 4 minutes whatever the CPU's speed.
@@ -45,7 +46,7 @@ train: adapter
 # on SwiftShader); there the f16 kernels are tested, not the gate and the overflow run, which
 # only compose them. The OpenGL run has no shader-f16: there tests/test_f16.py checks the refusal.
 # Last, Dawn on SwiftShader: the kernel tests, every attention path and whole training steps
-# against the float64 reference.
+# (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against the float64 reference.
 test: adapter engines
 	$(BIN)/python -m pytest -q $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \

@@ -23,6 +23,11 @@ frozen: no weight gradients, two small matmuls a target) beside the full step, w
 over the full step (lora_over_full); --rounds interleaves the two.
 
     python scripts/bench_train.py --preset medium --steps 30 --trainers webgpu --lora 8 --rounds 3
+
+--optimizers adamw,lion,muon adds a WebGPU row per optimizer (webgpu-lion, webgpu-muon) with its
+tokens/s over AdamW's step (over_adamw); --rounds interleaves them.
+
+    python scripts/bench_train.py --preset small --steps 40 --trainers webgpu --optimizers adamw,lion,muon --rounds 3
 """
 import argparse
 import sys
@@ -34,6 +39,8 @@ from tinygpt.cli import add_kernels, lora_targets, positive_float, positive_int,
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora
+from tinygpt.core.optim import NAMES as OPT_NAMES
+from tinygpt.core.optim import make_settings
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
@@ -50,9 +57,10 @@ def batches(cfg, steps, data_path, seed):
     return [ds.sample(rng, cfg.batch) for _ in range(steps)]
 
 
-def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32", lora=None):
+def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32", lora=None, optimizer="adamw"):
     gpu = GPU()
-    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision], lora=lora)
+    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision], lora=lora,
+              optimizer=make_settings(optimizer))
     m.set_params({**params, **init_adapters(cfg, lora)} if lora else params)
     m.step(*data[0], lr)
     m.loss()                        # the first step pays for first use (lavapipe compiles a pipeline then)
@@ -62,7 +70,7 @@ def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32",
     loss = m.loss()  # waits for the GPU
     secs = (time.perf_counter() - t0) * len(data) / max(1, len(data) - 1)   # every step at the others' pace
     lo = f", LoRA rank {lora.rank} on {','.join(lora.as_dict()['targets'])}" if lora else ""
-    return secs, loss, (f"{gpu.name} ({gpu.backend}), attention {attention}, {precision}{lo}, kernels "
+    return secs, loss, (f"{gpu.name} ({gpu.backend}), attention {attention}, {precision}{lo}, {optimizer}, kernels "
                         f"{m.plan.describe()}, timed after the first step")
 
 
@@ -124,12 +132,17 @@ def main(argv=None):
                     help="with several precisions: one model each, their steps alternated (see above)")
     ap.add_argument("--lora", type=positive_int, metavar="R", help="also time a LoRA step of rank R (see above)")
     ap.add_argument("--lora-targets", type=lora_targets, default=None, help="q,k,v,o,fc_in,fc_out (default q,k,v,o)")
+    ap.add_argument("--optimizers", default="adamw", help="the WebGPU trainer's, comma-separated: adamw, lion, muon "
+                                                           "(a row each beside AdamW's, over_adamw its ratio)")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     if not precisions or not set(precisions) <= set(PRECISIONS) or len(set(precisions)) < len(precisions):
         raise SystemExit(f"error: --precision takes {', '.join(PRECISIONS)} or several of them, got {args.precision!r}")
+    opts = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    if not opts or not set(opts) <= set(OPT_NAMES):
+        raise SystemExit(f"error: --optimizers takes {', '.join(OPT_NAMES)} or several of them, got {args.optimizers!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
@@ -141,6 +154,9 @@ def main(argv=None):
         runners["webgpu", p] = (lambda p=p: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels, p))
         runners["webgpu-lora", p] = (lambda p=p: run_webgpu(cfg, params, data, args.lr, args.attention, args.kernels,
                                                             p, lora))
+        for o in opts:
+            runners[f"webgpu-{o}", p] = (lambda p=p, o=o: run_webgpu(cfg, params, data, args.lr, args.attention,
+                                                                     args.kernels, p, optimizer=o))
     order = []
     for name in args.trainers.split(","):
         if name == "torch":
@@ -148,8 +164,8 @@ def main(argv=None):
             if importlib.util.find_spec("torch") is None:
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
-        order += [(w, p) for p in precisions for w in ("webgpu", "webgpu-lora")[:2 if lora else 1]] \
-            if name == "webgpu" else [name]
+        order += [(w, p) for p in precisions for w in ("webgpu", "webgpu-lora")[:2 if lora else 1]
+                  + tuple(f"webgpu-{o}" for o in opts if o != "adamw")] if name == "webgpu" else [name]
     best = {}
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if len(precisions) < 2 or args.rounds > 1:
@@ -175,11 +191,13 @@ def main(argv=None):
                 best[key] = {"trainer": name, "preset": args.preset, "precision": prec, "steps": args.steps,
                              "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
     rows = [best[k] for k in order]
-    ours = ("webgpu", "webgpu-lora")
+    ours = ("webgpu", "webgpu-lora") + tuple(f"webgpu-{o}" for o in opts)
     base = {r["trainer"]: r["tokens_per_s"] for r in rows if r["precision"] == precisions[0] or r["trainer"] not in ours}
     for r in rows:
         if "webgpu" in base and r["trainer"] not in ours:
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
+        if r["trainer"].startswith("webgpu-") and r["trainer"][7:] in OPT_NAMES:
+            r["over_adamw"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu-lora":
             r["lora_over_full"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu" and r["precision"] != "fp32" and ("webgpu", "fp32") in best:
@@ -189,7 +207,7 @@ def main(argv=None):
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
               + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
     emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "over_fp32",
-                           "lora_over_full", "webgpu_over_this", "what"])
+                           "lora_over_full", "over_adamw", "webgpu_over_this", "what"])
 
 
 if __name__ == "__main__":

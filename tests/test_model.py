@@ -389,9 +389,12 @@ def test_grad_accum_matches_the_whole_batch(gpu, plan):
                                                   # GPT-2's vocabulary: its 12.9 MB embedding still fits
                                                   # one binding, the 13.3 MB flat buffers do not
                                                   (50257, 64, 13_000_000)])
-def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monkeypatch, vocab, width, limit):
-    """The optimizer (and the accumulation) bound a chunk at a time: the same losses and weights
-    as one dispatch over the whole flat buffers, bit for bit."""
+@pytest.mark.parametrize("opt", ["adamw", "muon"])
+def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monkeypatch, vocab, width, limit, opt):
+    """The optimizer (and the accumulation) bound a chunk at a time: the same losses, weights and
+    optimizer state as one dispatch over the whole flat buffers, bit for bit; Muon's matrices bound
+    one at a time wherever they lie among the chunks."""
+    from tinygpt.core.optim import STATE_ROWS, make_settings
     from tinygpt.model.layout import flat_chunks
     cfg = preset("tiny", batch=2, ctx=16, vocab=vocab, d_model=width, heads=2)
     params = init_params(cfg)
@@ -400,7 +403,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
     for limit in (None, limit):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, plan, cfg, "online", accum=2)
+        m = Model(gpu, plan, cfg, "online", accum=2, optimizer=make_settings(opt))
         if limit:
             assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(
                 m.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])
@@ -410,7 +413,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
         for w in xs:
             m.step(w[:, :-1], w[:, 1:], 3e-3)
             losses.append(m.loss())
-        out[limit] = (losses, m.get_params(), m.get_opt_state()[1])
+        out[limit] = (losses, m.get_params(), m.get_opt_state()[STATE_ROWS[opt][1]])
     (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)

@@ -20,7 +20,6 @@ from tinygpt.reference.optim import newton_schulz
 
 from conftest import check
 
-pytestmark = pytest.mark.kernel
 LR = {"adamw": 1e-3, "lion": 1e-4, "muon": 1e-3}
 
 
@@ -43,6 +42,7 @@ def close_or_flipped(name, got, want, lr, atol=2e-6):
     assert flipped.mean() < 1e-3 and err.max() <= 2 * lr * 5 + atol
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("opt,accum,recompute", [("adamw", 1, False), ("lion", 1, False), ("muon", 1, False),
                                                  ("lion", 2, True), ("muon", 2, True)])
 def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute):
@@ -81,6 +81,7 @@ def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute)
             check(f"{opt} {row} {name}", held[row][name], state[row][name], 1e-4 * scale)
 
 
+@pytest.mark.kernel
 def test_muon_leaves_no_matrix_to_adamw(gpu, plan):
     """Muon's AdamW part never touches a matrix (its v stays zero there) and Muon's own kernels
     never touch the rest; the decay table marks which is which."""
@@ -207,3 +208,34 @@ def test_one_step_from_a_file_moves_the_weights_as_defined(tmp_path, opt):
         assert err < 2e-3, f"{opt} {name}: moved {err:.2e} lr away from its definition"
     print(f"{opt}: the largest distance from the definition, in units of lr: {worst:.2e}")
     assert json.loads(json.dumps(b.extra["optimizer"]))["name"] == opt
+
+
+def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
+    """6 steps straight, or 3 then a resume to 6, give the same weights and optimizer state bit for
+    bit (constant lr, so that both runs step alike); the file declares upstream's optimizer state
+    absent (its state the step and the weights alone, which TinyGPT's readers load) and keeps its
+    own under tinygptPy.optimizer. Resuming with another optimizer keeps the weights, starts that
+    optimizer's state fresh and says so in one line."""
+    common = ["--preset", "tiny", "--quiet", "--sample-tokens", "0", "--eval-every", "0", "--schedule", "constant",
+              "--lr", "2e-3"]
+    for opt in ("lion", "muon"):
+        run_cli("train", *common, "--optimizer", opt, "--steps", "6", "--out", f"{opt}6.tinygpt", cwd=tmp_path)
+        run_cli("train", *common, "--optimizer", opt, "--steps", "3", "--out", f"{opt}3.tinygpt", cwd=tmp_path)
+        run_cli("train", "--resume", f"{opt}3.tinygpt", "--steps", "6", "--quiet", "--sample-tokens", "0",
+                "--eval-every", "0", cwd=tmp_path)
+        a, b = ckpt.load(tmp_path / f"{opt}6.tinygpt"), ckpt.load(tmp_path / f"{opt}3.tinygpt")
+        assert a.step == b.step == 6
+        assert all(np.array_equal(a.params[n], b.params[n]) for n in a.params)
+        assert a.extra["optimizer"] == b.extra["optimizer"] and a.extra["optimizer"]["steps"] == 6
+        raw = (tmp_path / f"{opt}6.tinygpt").read_bytes()
+        header = json.loads(raw[12:12 + int.from_bytes(raw[8:12], "little")])
+        n = sum(int(np.prod(s)) for _, s, _ in param_specs(a.cfg))
+        assert header["includesOptimizerState"] is False and header["stateByteLength"] == 4 + 4 * n
+        assert len(raw) == 12 + int.from_bytes(raw[8:12], "little") + 4 + 4 * n and a.m is None
+    done = run_cli("train", "--resume", "lion6.tinygpt", "--optimizer", "muon", "--steps", "7", "--out", "x.tinygpt",
+                   "--quiet", "--sample-tokens", "0", "--eval-every", "0", cwd=tmp_path)
+    said = [line for line in done.stderr.splitlines() if line.startswith("optimizer: the file's state")]
+    print(said)
+    assert len(said) == 1 and "lion's; muon starts its own fresh at step 6" in said[0]
+    x = ckpt.load(tmp_path / "x.tinygpt")
+    assert x.extra["optimizer"]["name"] == "muon" and x.extra["optimizer"]["steps"] == 1 and x.extra["momentsFrom"] == 6

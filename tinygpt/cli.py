@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import adapters as lora_files
 from . import checkpoint as ckpt
+from . import optim_state
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
 from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora
@@ -155,10 +156,22 @@ def describe_checkpoint(path) -> dict:
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
             "activation": cfg.activation, "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
             "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
-            "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype, "optimizer_state": ck.m is not None,
+            "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype,
+            "optimizer": optimizer_text(ck, f"--model {path}"),
+            "optimizer_state": ck.m is not None or isinstance((ck.extra.get("optimizer") or {}).get("tensors"), dict),
             "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
             "data": ck.extra.get("data"), "corpus": recorded_corpus(ck), "saved_at": ck.header.get("savedAt"),
             "attention": ck.extra.get("attention"), "lora": lora_text(ck, f"--model {path}")}
+
+
+def optimizer_text(ck, what: str) -> str:
+    """The optimizer a file records, with its settings and the updates its state took."""
+    s = optim_state.file_settings(ck, what)
+    if s is None:
+        return "adamw (the file records no optimizer: TinyGPT's)"
+    rec = ck.extra["optimizer"]
+    steps = rec.get("steps", ck.extra.get("adamSteps"))
+    return s.describe() + (f", {steps:,} updates taken" if isinstance(steps, int) else "")
 
 
 def lora_text(ck, what: str) -> str | None:
