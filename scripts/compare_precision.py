@@ -9,6 +9,9 @@ seconds, and f16's loss scale and skipped steps at the end; --plot draws every r
     python scripts/compare_precision.py --presets small,medium --steps 500 --data tinyshakespeare.txt --plot p.png
     python scripts/compare_precision.py --presets small --precisions fp32,f16 --seeds 1,2,3 --steps 500
     python scripts/compare_precision.py --presets tiny --steps 10 --json
+    python scripts/compare_precision.py --presets small --steps 300 --precisions fp32,bf16,f16 --optimizer muon
+
+--optimizer adamw|lion|muon trains every run with that optimizer (its default schedule for the preset).
 """
 import argparse
 import sys
@@ -18,6 +21,8 @@ import numpy as np
 
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
+from tinygpt.core.optim import NAMES as OPT_NAMES
+from tinygpt.core.optim import make_settings
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
@@ -30,10 +35,10 @@ from tinygpt.outputs import claim_plot, save_png
 from tinygpt.cli import positive_int, run_script, seed_int
 
 
-def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every):
-    sched = resolve(TrainOptions(preset=name, steps=len(batches)))
+def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every, optimizer="adamw"):
+    sched = resolve(TrainOptions(preset=name, steps=len(batches), optimizer=optimizer))
     sched.total = len(batches)
-    m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[precision])
+    m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[precision], optimizer=make_settings(optimizer))
     m.set_params(init_params(cfg))
     curve = []
     m.step(*batches[0], sched.at(0))           # the first step builds the pipelines: not timed
@@ -49,7 +54,7 @@ def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every):
     ev.set_params(m.get_params())
     val = ev.mean_loss(xs, ys)
     tokens = (len(batches) - 1) * cfg.batch * cfg.ctx
-    row = {"preset": name, "seed": cfg.seed, "precision": precision, "steps": len(batches),
+    row = {"preset": name, "seed": cfg.seed, "optimizer": optimizer, "precision": precision, "steps": len(batches),
            "train_loss": float(np.mean([l for _, l in curve[-10:]])), "val_loss": val,
            "tokens_per_s": tokens / secs, "seconds": secs, "curve": curve}
     if scaler:
@@ -65,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--log-every", type=positive_int, default=10)
     ap.add_argument("--seeds", default="", help="init and batch seeds, comma-separated (default: the preset's, 1337)")
     ap.add_argument("--precisions", default="fp32,bf16", help="comma-separated, fp32 first (default fp32,bf16)")
+    ap.add_argument("--optimizer", default="adamw", choices=list(OPT_NAMES))
     ap.add_argument("--plot", help="write the loss curves to this PNG")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -98,7 +104,7 @@ def main(argv=None):
             xs, ys = ds.val_windows()
             base = None
             for precision in precisions:
-                r = run(gpu, plan, cfg, name, precision, batches, xs, ys, args.log_every)
+                r = run(gpu, plan, cfg, name, precision, batches, xs, ys, args.log_every, args.optimizer)
                 rows.append(r)
                 print(f"{name} seed {cfg.seed} {precision}: train {r['train_loss']:.4f}, val {r['val_loss']:.4f}, "
                       f"{r['tokens_per_s']:,.0f} tokens/s", file=sys.stderr)
@@ -130,7 +136,7 @@ def main(argv=None):
         r.pop("curve") if not args.json else None
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}); {args.steps} steps, each preset's batch, ctx and schedule; {data_name}")
-    emit(rows, args.json, ["preset", "seed", "precision", "steps", "train_loss", "val_loss", "val_vs_fp32",
+    emit(rows, args.json, ["preset", "seed", "optimizer", "precision", "steps", "train_loss", "val_loss", "val_vs_fp32",
                            "tokens_per_s", "speed_vs_fp32", "mean_gap", "max_gap", "loss_scale", "skipped_steps"])
 
 

@@ -43,8 +43,9 @@ def close_or_flipped(name, got, want, lr, atol=2e-6):
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("opt,accum,recompute", [("adamw", 1, False), ("lion", 1, False), ("muon", 1, False),
-                                                 ("lion", 2, True), ("muon", 2, True)])
+@pytest.mark.parametrize("opt,accum,recompute", [                  # the slow-marked ones: the first pass only
+    pytest.param("adamw", 1, False, marks=pytest.mark.slow), ("lion", 1, False), ("muon", 1, False),
+    pytest.param("lion", 2, True, marks=pytest.mark.slow), pytest.param("muon", 2, True, marks=pytest.mark.slow)])
 def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute):
     """Five steps of each optimizer on the tiny preset (its 48 x 192 and 192 x 48 MLP matrices: a
     tall one for Muon), the loss of each step and then every parameter and every row of the
