@@ -15,8 +15,10 @@ kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 c
 the bf16 cache (kv_append's error: the words that differ).
 LoRA's scale (alpha / rank on a [rows, rank 8] product). The optimizers over the flat parameters
 (adamw, lion; scalar and vec4) and the loss scaler's form of grad_sumsq (variant "scaled", f16's:
-gradients carrying a scale of 1024); Muon's kernels on one [C, 4C] matrix (its Newton-Schulz
-matmuls are bench_matmul.py's, and scripts/bench_train.py times a whole Muon step).
+gradients carrying a scale of 1024); Muon's kernels on one [C, 4C] matrix, and its Newton-Schulz over all
+the preset's matrices (the plan's matmuls) one matrix at a time against batched over the matrices
+of one shape, as Muon runs it: wall_ms beside the GPU time, as the batch saves dispatches, which
+cost time between kernels too (scripts/bench_train.py times a whole Muon step).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -30,12 +32,12 @@ import numpy as np
 from tinygpt.device import kernels as K
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.plan import PORTABLE
-from tinygpt.device.planner import subgroups_ok
+from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
-from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, preset
-from tinygpt.core.optim import muon_ratio
+from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, param_specs, preset
+from tinygpt.core.optim import muon_ratio, ns_batches
 from tinygpt.device.gpu import GPU
 from tinygpt.cli import positive_int, run_script
 
@@ -177,6 +179,59 @@ def muon_cases(gpu, kn, up, tgate, gate, C, M, rng):
         lambda: np.abs(gpu.read(tw) - rw).max()
 
 
+def newton_schulz_rows(gpu, kn, cfg, repeats, rng):
+    """Newton-Schulz over every matrix Muon orthogonalises in the preset, one matrix at a time
+    (variant "each") and batched over the matrices of one shape (core.optim.ns_batches, as
+    model.optim.Muon runs it): GPU time (timestamps, where the adapter has them) and wall time of
+    all the dispatches, the two timed in turn round after round (a machine's speed drifts),
+    and the batched result's largest error against the twin."""
+    from tinygpt.model.optim import newton_schulz
+    from tinygpt.reference.optim import newton_schulz as ns_twin
+    batches = ns_batches(param_specs(cfg))
+    setups = {}
+    for variant in ("each", "batched"):
+        ds, outs = [], []
+        for (K_, N), names in batches:
+            groups = [[name] for name in names] if variant == "each" else [names]
+            for group in groups:
+                b, r = len(group), min(K_, N)
+                x = rng.standard_normal((b, K_, N)).astype(np.float32)
+                sx, sg = b * K.batch_stride(K_ * N), b * K.batch_stride(r * r)
+                flat = np.zeros(sx, np.float32)
+                for j in range(b):
+                    flat[j * K.batch_stride(K_ * N):][:K_ * N] = x[j].reshape(-1)
+                xs = [gpu.upload(flat), gpu.tensor((sx,))]
+                ns, out = newton_schulz(kn, xs, gpu.tensor((sx,)), gpu.tensor((sg,)), gpu.tensor((sg,)),
+                                        gpu.tensor((sg,)), K_, N, b)
+                ds += ns
+                outs.append((out, x, K_, N))
+        setups[variant] = (ds, outs)
+    err = {}
+    for v, (ds, outs) in setups.items():   # one run from the inputs (the runs below iterate on in place)
+        gpu.run(ds)
+        err[v] = 0.0
+        for out, x, K_, N in outs:
+            got = gpu.read(out).reshape(-1)
+            for j in range(len(x)):
+                at = j * K.batch_stride(K_ * N)
+                want = ns_twin(x[j].astype(np.float64))
+                err[v] = max(err[v], float(np.abs(got[at:at + K_ * N].reshape(K_, N) - want).max()))
+    ms = {v: [] for v in setups}
+    wall = {v: [] for v in setups}
+    for _ in range(repeats):
+        for v, (ds, _) in setups.items():
+            ms[v].append(time_dispatches(gpu, ds, 1)[0])
+            wall[v].append(time_dispatches(gpu, ds, 1, "wall")[0])
+    rows = []
+    shapes = ", ".join(f"{len(n)}x{k}x{m}" for (k, m), n in batches)
+    for v, (ds, outs) in setups.items():
+        rows.append({"kernel": "newton_schulz", "variant": v, "entry": f"{len(ds)} dispatches", "shape": shapes,
+                     "ms": float(np.median(ms[v])), "wall_ms": float(np.median(wall[v])),
+                     "max_err": err[v],
+                     "speedup": None if v == "each" else float(np.median(ms["each"]) / np.median(ms[v]))})
+    return rows
+
+
 def storage_cases(gpu, rows, M, V, rng):
     """The casts between float32 and bf16 (bf16.wgsl) over [rows, M], and the split head's block copy
     (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
@@ -301,10 +356,11 @@ def main(argv=None):
                     "max_err": err, "speedup": scalar_ms[kernel] / ms if kernel in scalar_ms else None,
                     "timing": method})
         print(f"{d.kernel.name} {shape}: {ms:.3f} ms, max error {err:.2e}", file=sys.stderr)
+    out += newton_schulz_rows(gpu, Kernels(gpu, make_plan(gpu)), cfg, max(args.repeats, 5), rng)
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}); preset {args.preset}; GPU time from {out[0]['timing']}, "
               f"median of {args.repeats}; speedup = the scalar variant's ms / this one's")
-    emit(out, args.json, ["kernel", "variant", "entry", "shape", "ms", "max_err", "speedup"])
+    emit(out, args.json, ["kernel", "variant", "entry", "shape", "ms", "wall_ms", "max_err", "speedup"])
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@
 // what a CPU adapter (lavapipe) rewards; out-of-range rows and columns are
 // clamped on load and skipped on store, so any M, N, K works.
 // `accumulate` adds into out (a weight used twice, like the tied embedding).
+// Batched (Muon's Newton-Schulz over the matrices of one shape): workgroup row z
+// of the grid works on the z-th product, its A, B and out starting sa, sb and so
+// elements further on (batch counts the products, for the FLOP count alone).
 
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<f32>;
@@ -21,17 +24,25 @@ override WG_Y: u32 = 8u;   // invocations along M
 const TM: u32 = 4u;
 const TN: u32 = 4u;
 
+// this product's first element of A, B and out (all 0 unbatched)
+var<private> oa: u32;
+var<private> ob: u32;
+var<private> oo: u32;
+
 fn a_at(i: u32, k: u32, trans: bool) -> f32 {
-  if (trans) { return A[k * p.M + i]; }
-  return A[i * p.K + k];
+  if (trans) { return A[oa + k * p.M + i]; }
+  return A[oa + i * p.K + k];
 }
 
 fn b_at(k: u32, j: u32, trans: bool) -> f32 {
-  if (trans) { return B[j * p.K + k]; }
-  return B[k * p.N + j];
+  if (trans) { return B[ob + j * p.K + k]; }
+  return B[ob + k * p.N + j];
 }
 
 fn block(gid: vec3<u32>, ta: bool, tb: bool) {
+  oa = gid.z * p.sa;
+  ob = gid.z * p.sb;
+  oo = gid.z * p.so;
   let row0 = gid.y * TM;
   let col0 = gid.x * TN;
   if (row0 >= p.M || col0 >= p.N) { return; }
@@ -57,8 +68,8 @@ fn block(gid: vec3<u32>, ta: bool, tb: bool) {
       if (j >= p.N) { break; }
       var v = acc[r][c];
       if (p.has_bias != 0u) { v += bias[j]; }
-      if (p.accumulate != 0u) { v += out[i * p.N + j]; }
-      out[i * p.N + j] = v;
+      if (p.accumulate != 0u) { v += out[oo + i * p.N + j]; }
+      out[oo + i * p.N + j] = v;
     }
   }
 }

@@ -25,7 +25,8 @@ enable subgroups;
 // Rows past M are clamped on load and skipped on store; columns past N
 // likewise. Every lane runs the whole loop (broadcasts need all 8).
 
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
@@ -36,6 +37,17 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 override NC: u32 = 2u;   // column blocks per lane, 1 to 3 (device/kernels.py picks what wastes fewest lanes)
 override TM: u32 = 16u;  // rows per workgroup, 16 or 32 (32 with at most 2 column blocks)
 const LANES: u32 = 8u;   // invocations per workgroup, 4 columns per block each
+
+// this product's first vec4 of A, B and out (all 0 unbatched)
+var<private> oa: u32;
+var<private> ob: u32;
+var<private> oo: u32;
+
+fn batch_at(z: u32) {
+  oa = z * (p.sa / 4u);
+  ob = z * (p.sb / 4u);
+  oo = z * (p.so / 4u);
+}
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
 
@@ -76,8 +88,8 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
       let i = row0 + 4u * q + c;
       if (i < p.M) {
         var v = m[c] + b;
-        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
-        out[i * n4 + c4] = v;
+        if (p.accumulate != 0u) { v += out[oo + i * n4 + c4]; }
+        out[oo + i * n4 + c4] = v;
       }
     }
   }
@@ -101,11 +113,11 @@ fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
   if (tb) {
     let k4 = p.K / 4u;
     let j = 4u * c4;
-    return transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+    return transpose(mat4x4<f32>(B[ob + j * k4 + kk], B[ob + (j + 1u) * k4 + kk], B[ob + (j + 2u) * k4 + kk], B[ob + (j + 3u) * k4 + kk]));
   }
   let n4 = p.N / 4u;
   let k = 4u * kk;
-  return mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+  return mat4x4<f32>(B[ob + k * n4 + c4], B[ob + (k + 1u) * n4 + c4], B[ob + (k + 2u) * n4 + c4], B[ob + (k + 3u) * n4 + c4]);
 }
 
 // acc (one 16-row, 4-column block) += bm (B's 4x4 block) times the 16 rows of A that
@@ -123,10 +135,10 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let k4 = p.K / 4u;
   let c = cols(wid, lane);
   let row0 = wid.y * TM;
-  let a0 = row(row0 + lane) * k4;
-  let a1 = row(row0 + 8u + lane) * k4;
-  let a2 = row(row0 + 16u + lane) * k4;
-  let a3 = row(row0 + 24u + lane) * k4;
+  let a0 = oa + row(row0 + lane) * k4;
+  let a1 = oa + row(row0 + 8u + lane) * k4;
+  let a2 = oa + row(row0 + 16u + lane) * k4;
+  let a3 = oa + row(row0 + 24u + lane) * k4;
   var acc: Acc;    // rows 0-15 of column blocks a, b, c (NC >= 2, 3)
   var acc2: Acc;
   var acc3: Acc;
@@ -155,11 +167,13 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
 
 @compute @workgroup_size(LANES)
 fn matmul_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  batch_at(wid.z);
   a_times_b(wid, lane, false);
 }
 
 @compute @workgroup_size(LANES)
 fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  batch_at(wid.z);
   a_times_b(wid, lane, true);
 }
 
@@ -174,10 +188,10 @@ fn outer4(b0: vec4<f32>, b1: vec4<f32>, b2: vec4<f32>, b3: vec4<f32>,
 }
 
 fn a_row(k: u32, col: u32, m4: u32) -> vec4<f32> {
-  return select(A[min(k, p.K - 1u) * m4 + col], vec4<f32>(), k >= p.K);
+  return select(A[oa + min(k, p.K - 1u) * m4 + col], vec4<f32>(), k >= p.K);
 }
 
-fn b_row(k: u32, c4: u32) -> vec4<f32> { return B[min(k, p.K - 1u) * (p.N / 4u) + c4]; }
+fn b_row(k: u32, c4: u32) -> vec4<f32> { return B[ob + min(k, p.K - 1u) * (p.N / 4u) + c4]; }
 
 struct Rows4 { a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32> }   // A's 4 rows at k..k+3
 struct Rows16 { s0: Rows4, s1: Rows4, s2: Rows4, s3: Rows4 }                     // 16 rows: s_q = rows 4q..
@@ -219,6 +233,7 @@ fn bcast32(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>, q: u32) -
 
 @compute @workgroup_size(LANES)
 fn matmul_atb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  batch_at(wid.z);
   let m4 = p.M / 4u;
   let c = cols(wid, lane);
   let row0 = wid.y * TM;

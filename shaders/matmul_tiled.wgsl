@@ -17,7 +17,8 @@
 //                   Its rows must hold whole vec4<u32> words: 8 | K (A, and B^T), 8 | N (B), 8 | M (A^T).
 //   OUT_BF16        out is written as bf16, bias added first; no accumulate.
 
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so values on
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<vec4<u32>>;
@@ -40,14 +41,21 @@ const TV_MAX: u32 = 2u;
 var<workgroup> as_: array<f32, BK * WY * TM>;
 var<workgroup> bs: array<vec4<f32>, BK * WX * TV>;
 
+// this product's first vec4 (as if float32) of A, B and out: all 0 unbatched
+var<private> oa: u32;
+var<private> ob: u32;
+var<private> oo: u32;
+
 // 4 consecutive values of an operand by their vec4 index i (as if it were float32): a float32 word,
 // or half of the bf16 word i / 2
-fn a4(i: u32) -> vec4<f32> {
+fn a4(at: u32) -> vec4<f32> {
+  let i = oa + at;
   if (A_BF16) { let w = A[i / 2u]; return bf16_lo4(select(w.xy, w.zw, (i & 1u) == 1u)); }
   return bitcast<vec4<f32>>(A[i]);
 }
 
-fn b4(i: u32) -> vec4<f32> {
+fn b4(at: u32) -> vec4<f32> {
+  let i = ob + at;
   if (B_BF16) { let w = B[i / 2u]; return bf16_lo4(select(w.xy, w.zw, (i & 1u) == 1u)); }
   return bitcast<vec4<f32>>(B[i]);
 }
@@ -95,6 +103,9 @@ fn load_tiles(li: u32, i0: u32, j0: u32, k0: u32, ta: bool, tb: bool) {
 }
 
 fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
+  oa = wid.z * (p.sa / 4u);
+  ob = wid.z * (p.sb / 4u);
+  oo = wid.z * (p.so / 4u);
   let BM = WY * TM;
   let BN4 = WX * TV;
   let i0 = wid.y * BM;
@@ -123,7 +134,7 @@ fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
       if (j4 >= N4) { continue; }
       var o = acc[r][v];
       if (p.has_bias != 0u) { o += bias[j4]; }
-      let at = i * N4 + j4;                 // vec4 index; bf16: the vec2<u32> word of the same index
+      let at = oo + i * N4 + j4;               // vec4 index; bf16: the vec2<u32> word of the same index
       if (OUT_BF16) { out[at] = vec2<u32>(bf16_pack(o.x, o.y), bf16_pack(o.z, o.w)); continue; }
       if (p.accumulate != 0u) { o += bitcast<vec4<f32>>(vec4<u32>(out[2u * at], out[2u * at + 1u])); }
       let w = bitcast<vec4<u32>>(o);

@@ -17,7 +17,8 @@
 // Rows past M are clamped on load and skipped on store; columns past N are
 // clamped likewise.
 
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
+// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
@@ -27,6 +28,17 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 override WX: u32 = 16u;  // invocations per workgroup, 4 columns each
 const TM: u32 = 16u;     // rows per workgroup
+
+// this product's first vec4 of A, B and out (all 0 unbatched)
+var<private> oa: u32;
+var<private> ob: u32;
+var<private> oo: u32;
+
+fn batch_at(z: u32) {
+  oa = z * (p.sa / 4u);
+  ob = z * (p.sb / 4u);
+  oo = z * (p.so / 4u);
+}
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
 
@@ -55,8 +67,8 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
       let i = row0 + 4u * q + c;
       if (i < p.M) {
         var v = m[c] + b;
-        if (p.accumulate != 0u) { v += out[i * n4 + c4]; }
-        out[i * n4 + c4] = v;
+        if (p.accumulate != 0u) { v += out[oo + i * n4 + c4]; }
+        out[oo + i * n4 + c4] = v;
       }
     }
   }
@@ -75,31 +87,34 @@ fn a_times_b(wid: vec3<u32>, lid: u32, tb: bool) {
   for (var kk = 0u; kk < k4; kk++) {
     var bm: mat4x4<f32>;
     if (tb) {  // rows of bm: B rows j..j+3 (this invocation's output columns) at k..k+3
-      bm = transpose(mat4x4<f32>(B[j * k4 + kk], B[(j + 1u) * k4 + kk], B[(j + 2u) * k4 + kk], B[(j + 3u) * k4 + kk]));
+      bm = transpose(mat4x4<f32>(B[ob + j * k4 + kk], B[ob + (j + 1u) * k4 + kk], B[ob + (j + 2u) * k4 + kk], B[ob + (j + 3u) * k4 + kk]));
     } else {   // columns of bm: B rows k..k+3 at this invocation's 4 columns
       let k = 4u * kk;
-      bm = mat4x4<f32>(B[k * n4 + c4], B[(k + 1u) * n4 + c4], B[(k + 2u) * n4 + c4], B[(k + 3u) * n4 + c4]);
+      bm = mat4x4<f32>(B[ob + k * n4 + c4], B[ob + (k + 1u) * n4 + c4], B[ob + (k + 2u) * n4 + c4], B[ob + (k + 3u) * n4 + c4]);
     }
-    acc.q0 += bm * mat4x4<f32>(A[a.r0 + kk], A[a.r1 + kk], A[a.r2 + kk], A[a.r3 + kk]);
-    acc.q1 += bm * mat4x4<f32>(A[a.r4 + kk], A[a.r5 + kk], A[a.r6 + kk], A[a.r7 + kk]);
-    acc.q2 += bm * mat4x4<f32>(A[a.r8 + kk], A[a.r9 + kk], A[a.r10 + kk], A[a.r11 + kk]);
-    acc.q3 += bm * mat4x4<f32>(A[a.r12 + kk], A[a.r13 + kk], A[a.r14 + kk], A[a.r15 + kk]);
+    acc.q0 += bm * mat4x4<f32>(A[oa + a.r0 + kk], A[oa + a.r1 + kk], A[oa + a.r2 + kk], A[oa + a.r3 + kk]);
+    acc.q1 += bm * mat4x4<f32>(A[oa + a.r4 + kk], A[oa + a.r5 + kk], A[oa + a.r6 + kk], A[oa + a.r7 + kk]);
+    acc.q2 += bm * mat4x4<f32>(A[oa + a.r8 + kk], A[oa + a.r9 + kk], A[oa + a.r10 + kk], A[oa + a.r11 + kk]);
+    acc.q3 += bm * mat4x4<f32>(A[oa + a.r12 + kk], A[oa + a.r13 + kk], A[oa + a.r14 + kk], A[oa + a.r15 + kk]);
   }
   store(acc, row0, c4, cw < n4);
 }
 
 @compute @workgroup_size(WX)
 fn matmul_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  batch_at(wid.z);
   a_times_b(wid, lid, false);
 }
 
 @compute @workgroup_size(WX)
 fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  batch_at(wid.z);
   a_times_b(wid, lid, true);
 }
 
 @compute @workgroup_size(WX)
 fn matmul_atb_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  batch_at(wid.z);
   let n4 = p.N / 4u;
   let m4 = p.M / 4u;
   let cw = wid.x * WX + lid;
@@ -111,8 +126,8 @@ fn matmul_atb_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
   let r3 = min(row0 / 4u + 3u, m4 - 1u);
   var acc: Acc;
   for (var k = 0u; k < p.K; k++) {
-    let b = B[k * n4 + c4];
-    let s = k * m4;
+    let b = B[ob + k * n4 + c4];
+    let s = oa + k * m4;
     // outer products: column c of acc_q gains b * A[k, 4q + c]
     let x0 = A[s + r0];
     acc.q0 += mat4x4<f32>(b * x0.x, b * x0.y, b * x0.z, b * x0.w);

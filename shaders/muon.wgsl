@@ -1,6 +1,6 @@
 // Muon (Jordan et al., 2024) on one weight matrix, around the plan's matmuls:
 //   muon_momentum   m = beta m + (1 - beta) g;  u = (1 - beta) g + beta m (Nesterov) or m
-//   muon_normalize  x /= max(|x|_F, eps): one workgroup, the sum in a fixed order
+//   muon_normalize  x /= max(|x|_F, eps): one workgroup a matrix, the sum in a fixed order
 //   ns_mix          out = a x + b y: the two linear steps of a quintic Newton-Schulz iteration
 //   muon_update     w -= lr (ratio x + wd w): the orthogonalised update, scaled by the shape
 // g is multiplied by the gate's factor, and a step the gate skips (grad_norm.wgsl) changes
@@ -28,21 +28,27 @@ fn muon_momentum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   u[i] = select(mi, (1.0 - p.a) * grad + p.a * mi, p.flag != 0u);
 }
 
-// p.a: eps; one workgroup of 256
+// p.a: eps; p.n: one matrix's values. Workgroup z of 256 normalises the z-th of a batch of
+// matrices p.flag floats apart in out (Muon batches the matrices of one shape).
 @compute @workgroup_size(256)
-fn muon_normalize(@builtin(local_invocation_id) lidv: vec3<u32>) {
+fn muon_normalize(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
+  let o = wid.z * p.flag;
   var s = 0.0;
-  for (var i = lid; i < p.n; i += 256u) { s += out[i] * out[i]; }
+  for (var i = lid; i < p.n; i += 256u) { s += out[o + i] * out[o + i]; }
   let inv = 1.0 / max(sqrt(wg_sum256(lid, s)), p.a);
-  for (var i = lid; i < p.n; i += 256u) { out[i] = out[i] * inv; }
+  for (var i = lid; i < p.n; i += 256u) { out[o + i] = out[o + i] * inv; }
 }
 
+// p.n: one matrix's values; grid row z: the z-th matrix of a batch, p.flag floats apart (the
+// padding between them is left alone)
 @compute @workgroup_size(256)
 fn ns_mix(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_id) lidv: vec3<u32>) {
   let i = group_index(wid, nwg) * 256u + lidv.x;
-  if (i < p.n) { out[i] = p.a * x[i] + p.b * y[i]; }
+  if (i >= p.n) { return; }
+  let j = wid.z * p.flag + i;
+  out[j] = p.a * x[j] + p.b * y[j];
 }
 
 // p.a: lr, p.b: wd (the step's uniform, one for every matrix); RATIO: the shape's scale

@@ -111,6 +111,59 @@ def test_matmul_family_sg(gpu, rng, M, N, K_, kn):
             check(f"matmul_atb sg {M}x{N}x{k}", gpu.read(out), R.matmul_atb_sg(f64(a[:, :k].T), f64(b[:k])), tol)
 
 
+def batched(gpu, mats, fill=np.nan):
+    """A tensor holding `mats` (each [rows, cols]) K.batch_stride apart, the padding set to fill."""
+    n = mats[0].size
+    stride = K.batch_stride(n)
+    flat = np.full(stride * len(mats), fill, np.float32)
+    for j, m in enumerate(mats):
+        flat[j * stride:j * stride + n] = m.reshape(-1)
+    return gpu.upload(flat)
+
+
+def unbatched(gpu, t, count, shape):
+    """The matrices of a batched tensor, and its padding."""
+    flat, n = gpu.read(t).reshape(-1), int(np.prod(shape))
+    stride = K.batch_stride(n)
+    mats = np.stack([flat[j * stride:j * stride + n].reshape(shape) for j in range(count)])
+    pad = np.concatenate([flat[j * stride + n:(j + 1) * stride] for j in range(count)])
+    return mats, pad
+
+
+@pytest.mark.parametrize("variant", ["scalar", "vec4", "sg", "tiled"])
+@pytest.mark.parametrize("M,N,K_,batch", [(7, 5, 3, 3), (12, 20, 8, 2), (36, 52, 20, 3), (33, 96, 12, 4)])
+def test_matmul_batched(gpu, rng, kn, variant, M, N, K_, batch):
+    """`batch` products in one dispatch (Muon's Newton-Schulz), each operand's matrices
+    batch_stride apart: each product is its own matrices' (the twins' batched form), += adds into
+    each, and the padding between them (NaN) is neither read nor written."""
+    if variant == "sg":
+        need_subgroups(gpu)
+    if variant != "scalar" and (N % 4 or K_ % 4):
+        pytest.skip("the vec4 families need N and K multiples of 4")
+    a, b, prev = (rng.standard_normal((batch,) + s).astype(np.float32) for s in ((M, K_), (K_, N), (M, N)))
+    tol = 2e-6 * np.sqrt(K_) * 4
+    out = batched(gpu, list(prev))
+    run(gpu, kn.matmul(batched(gpu, list(a)), batched(gpu, list(b)), None, out, M, N, K_, variant=variant,
+                       batch=batch))
+    got, pad = unbatched(gpu, out, batch, (M, N))
+    check(f"matmul {variant} batch {batch} {M}x{N}x{K_}", got, R.matmul(f64(a), f64(b)), tol)
+    assert np.isnan(pad).all()
+    bt = np.swapaxes(b, 1, 2).copy()
+    run(gpu, kn.matmul_abt(batched(gpu, list(a)), batched(gpu, list(bt)), out, M, N, K_, accumulate=True,
+                           variant=variant, batch=batch))
+    got, pad = unbatched(gpu, out, batch, (M, N))
+    check(f"matmul_abt {variant} (+=) batch {batch} {M}x{N}x{K_}", got,
+          f64(R.matmul(f64(a), f64(b))) + R.matmul_abt(f64(a), f64(bt)), 2 * tol)
+    assert np.isnan(pad).all()
+    if variant == "scalar" or M % 4 == 0:
+        at = np.swapaxes(a, 1, 2).copy()
+        run(gpu, kn.matmul_atb(batched(gpu, list(at)), batched(gpu, list(b)), out, M, N, K_, variant=variant,
+                               batch=batch))
+        got, pad = unbatched(gpu, out, batch, (M, N))
+        check(f"matmul_atb {variant} batch {batch} {M}x{N}x{K_}", got, R.matmul_atb(f64(at), f64(b)), tol)
+        assert np.isnan(pad).all()
+
+
 def test_subgroups_used_on_lavapipe(gpu):
     """The sg kernels are the CPU adapter's fast path: losing them silently would cost 2-3x
     (matmul) and 3-15x (online attention)."""
@@ -431,6 +484,30 @@ def test_muon_kernels(gpu, rng, kn, K_, N, skip):
     if skip:
         assert np.array_equal(gpu.read(tw), w)
     check(f"muon_update {K_}x{N}", gpu.read(tw), rw, 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("K_,N,batch", [(7, 13, 3), (13, 7, 2), (33, 33, 4), (20, 84, 2)])
+def test_newton_schulz_batched(gpu, rng, kn, K_, N, batch):
+    """Newton-Schulz over a batch of matrices of one shape (as Muon runs the blocks' matrices):
+    each matrix is orthogonalised as it would be alone (the twin on each), normalised by its own
+    norm, and the padding between them (NaN) is never read or written."""
+    from tinygpt.model.optim import newton_schulz
+    from tinygpt.reference.optim import newton_schulz as ns_twin
+    r = min(K_, N)
+    # matrices far apart in size: a shared norm would show at once
+    x = rng.standard_normal((batch, K_, N)).astype(np.float32) * (10.0 ** np.arange(batch))[:, None, None]
+    xs = [batched(gpu, list(x)), batched(gpu, list(x * 0))]
+    bx = batched(gpu, list(x * 0))
+    A, AA, B = (batched(gpu, [np.zeros((r, r), np.float32)] * batch) for _ in range(3))
+    ns, out = newton_schulz(kn, xs, bx, A, AA, B, K_, N, batch)
+    run(gpu, *ns)
+    got, pad = unbatched(gpu, out, batch, (K_, N))
+    check(f"newton_schulz batch {batch} {K_}x{N}", got, ns_twin(f64(x)), 2e-5, 1e-4)
+    for j in range(batch):
+        check(f"newton_schulz batch {batch} {K_}x{N}: matrix {j} as alone", got[j], ns_twin(f64(x[j])), 2e-5, 1e-4)
+    assert np.isnan(pad).all()
+    for t, shape in ((xs[0], (K_, N)), (xs[1], (K_, N)), (bx, (K_, N)), (A, (r, r)), (B, (r, r))):
+        assert np.isnan(unbatched(gpu, t, batch, shape)[1]).all()
 
 
 def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):

@@ -82,7 +82,11 @@ def test_bench_kernels_json(gpu):
     want |= {("gelu_forward", "f16"), ("gelu_backward", "f16"), ("layernorm_forward", "f16"),
              ("cast_f16", "scalar"), ("cast_f16_to_f32", "scalar")} if half == "f16" else set()
     want |= {("kv_append", half), ("attn_decode", half)}
+    want |= {("newton_schulz", "each"), ("newton_schulz", "batched")}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
+    for r in rows:
+        if r["kernel"] == "newton_schulz":     # the preset's matrices through the plan's matmuls
+            assert r["max_err"] < 1e-5 and r["ms"] > 0 and r["wall_ms"] > 0, r
     # each variant a different entry point, or the same one under an override constant (TANH, SCALED)
     assert len({(r["entry"], r["variant"].split(" ")[-1]) for r in rows}) == len(rows)
     assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)

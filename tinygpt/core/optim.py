@@ -29,6 +29,11 @@ MUON_MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W")   # the blocks' 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)      # a, b, c of X <- a X + (b A + c A^2) X, A = X X^T
 NS_STEPS = 5
 NS_EPS = 1e-7                                    # the Frobenius norm's floor before the iterations
+# Newton-Schulz runs over a batch of matrices of one shape in each dispatch while the batch holds
+# at most this many floats (4 MiB): small matrices' iterations are too short to fill a dispatch
+# alone (docs/results.md, "Optimizers": batched against one matrix at a time), while a matrix of
+# GPT-2 small's, 768 x 3072, fills one by itself and takes no scratch beyond its own.
+NS_BATCH_FLOATS = 1 << 20
 WEIGHT_DECAY = 0.1
 # the flat buffers (in the parameter layout) each optimizer's state lives in: the buffer table's
 # rows (model.optim) and the keys of the reference's state (reference.optim)
@@ -103,6 +108,21 @@ def settings_from_record(rec, what: str) -> OptimizerSettings:
 def is_muon_matrix(name: str) -> bool:
     """A parameter Muon orthogonalises: one of the blocks' matrices ("hL.Wq", ...)."""
     return name.partition(".")[2] in MUON_MATRICES
+
+
+def ns_batches(specs) -> list:
+    """[((K, N), [names])]: Muon's matrices among specs [(name, shape, ...)] grouped by shape in
+    the order they come, each group cut into batches of at most NS_BATCH_FLOATS floats (one matrix
+    at least): one Newton-Schulz, dispatch by dispatch, for each batch."""
+    groups: dict = {}
+    for name, shape, *_ in specs:
+        if is_muon_matrix(name):
+            groups.setdefault(tuple(shape), []).append(name)
+    out = []
+    for (K, N), names in groups.items():
+        per = max(1, NS_BATCH_FLOATS // (K * N))
+        out += [((K, N), names[i:i + per]) for i in range(0, len(names), per)]
+    return out
 
 
 def muon_ratio(shape) -> float:

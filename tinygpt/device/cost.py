@@ -29,7 +29,7 @@ def kernel_flops(entry: str, params) -> float | None:
     e = base_entry(entry)
     if e in ("matmul", "matmul_abt", "matmul_atb"):
         M, N, K = params[:3]
-        return 2.0 * M * N * K
+        return 2.0 * M * N * K * (params[5] if len(params) > 5 else 1)    # [5]: the products batched
     if e in _ATTN_PER_PAIR:
         if e.startswith("attn_online"):          # online.wgsl: (B, T, C, H, scale)
             B, T, C, H = params[:4]

@@ -152,6 +152,13 @@ def _tanh(tanh: bool) -> dict | None:
     return {"TANH": True} if tanh else None
 
 
+def batch_stride(n: int) -> int:
+    """Floats from one matrix of a batch to the next (batched matmuls, muon_normalize, ns_mix): n
+    rounded up to 64, 256 bytes, any adapter's storage offset alignment, so that each matrix can
+    also be bound alone (Muon's momentum writes it, its update reads it)."""
+    return -(-n // 64) * 64
+
+
 class Kernels:
     """One device's launchers under one kernel plan."""
 
@@ -159,38 +166,43 @@ class Kernels:
         self.gpu, self.plan = gpu, plan
 
     # ---- matmul ----------------------------------------------------------------------------------
-    def _mm(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, consts=None) -> Dispatch:
-        """consts: the bf16 override constants of matmul_tiled.wgsl (_mm_bf16 passes them)."""
+    def _mm(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, consts=None, batch=1) -> Dispatch:
+        """consts: the bf16 override constants of matmul_tiled.wgsl (_mm_bf16 passes them). batch:
+        that many products of these shapes, each operand's batch_stride apart, one per workgroup
+        row z of the grid: one dispatch where a loop would make `batch` (Muon's Newton-Schulz
+        over the matrices of one shape)."""
         gpu, plan = self.gpu, self.plan
         variant = variant or mm_variant(plan, entry, M, N, K)
-        params = (M, N, K, bias is not None, accumulate)
+        strides = tuple(batch_stride(n) for n in (M * K, K * N, M * N)) if batch > 1 else (0, 0, 0)
+        params = (M, N, K, bias is not None, accumulate, batch) + strides
+        assert batch == 1 or bias is None, entry
         if variant == "sg":
             tm, nc = sg_tile(M, N)
             k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * SG_LANES * nc)), -(-M // tm)))
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
         if variant == "tiled":   # workgroup tiles of BM x BN, TM x 4TV per invocation
             wx, wy, tm, tv, bk = plan.matmul_tile
             k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw",
                            {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **(consts or {})})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx * tv)), -(-M // (wy * tm))))
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
         if variant == "vec4":
             wx = plan.matmul_wx
             k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx)), -(-M // VEC_ROWS)))
+            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
         k = gpu.kernel("matmul.wgsl", entry, "urrrw")
-        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // MM_TILE), -(-M // MM_TILE)))
+        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // MM_TILE), -(-M // MM_TILE), batch))
 
-    def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[K,N] + bias[N]"""
-        return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant)
+    def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[K,N] + bias[N] (batch: that many products, without bias)"""
+        return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant, batch=batch)
 
-    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
+    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
         """out[M,N] = a[M,K] @ b[N,K]^T"""
-        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
+        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, batch=batch)
 
-    def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
+    def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
         """out[M,N] = a[K,M]^T @ b[K,N]"""
-        return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
+        return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, batch=batch)
 
     # ---- bf16 (bf16.wgsl, bf16x8.wgsl, matmul_bf16*.wgsl, elementwise_bf16.wgsl) ------------------
     def _cast(self, entry, bindings, n, per_group, variant):
@@ -479,15 +491,17 @@ class Kernels:
         k = self.gpu.kernel("muon.wgsl", "muon_momentum", "urrww")
         return self.gpu.dispatch(k, (n, float(beta), 0.0, bool(nesterov)), [g, gate, m, u], grid1d(-(-n // 256)))
 
-    def muon_normalize(self, x, n, eps) -> Dispatch:
-        """x /= max(|x|_F, eps), in place: one workgroup."""
+    def muon_normalize(self, x, n, eps, batch=1) -> Dispatch:
+        """x /= max(|x|_F, eps), in place: one workgroup a matrix of n values (batch of them,
+        batch_stride(n) floats apart)."""
         k = self.gpu.kernel("muon.wgsl", "muon_normalize", "urrww")
-        return self.gpu.dispatch(k, (n, float(eps), 0.0, 0), [None, None, x, None], (1,))
+        return self.gpu.dispatch(k, (n, float(eps), 0.0, batch_stride(n)), [None, None, x, None], (1, 1, batch))
 
-    def ns_mix(self, x, y, out, n, a, b) -> Dispatch:
-        """out = a x + b y"""
+    def ns_mix(self, x, y, out, n, a, b, batch=1) -> Dispatch:
+        """out = a x + b y over n values (batch of them, batch_stride(n) floats apart)"""
         k = self.gpu.kernel("muon.wgsl", "ns_mix", "urrww")
-        return self.gpu.dispatch(k, (n, float(a), float(b), 0), [x, y, out, None], grid1d(-(-n // 256)))
+        return self.gpu.dispatch(k, (n, float(a), float(b), batch_stride(n)), [x, y, out, None],
+                                 grid1d(-(-n // 256))[:2] + (batch,))
 
     def muon_update(self, x, gate, w, n, ratio, step_uniform) -> Dispatch:
         """w -= lr (ratio x + wd w), lr and wd from step_uniform (muon.wgsl's Params: n unused, a =

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.config import Config
+from ..core.config import Config, param_specs
 from ..core.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, STATE_ROWS, OptimizerSettings, is_muon_matrix, \
-    muon_ratio
+    muon_ratio, ns_batches
 from ..device.gpu import GPU, Tensor, pack_params
-from ..device.kernels import CHUNK, GATE, NO_CLIP, OPTIM_UNIFORM_BYTES, SCALE_GROWTH, Kernels, optim_uniform
+from ..device.kernels import CHUNK, GATE, NO_CLIP, OPTIM_UNIFORM_BYTES, SCALE_GROWTH, Kernels, batch_stride, \
+    optim_uniform
 from .layout import flat_view
 from .buffers import OP, Buffer
 
@@ -145,8 +146,9 @@ class Muon(Optimizer):
     """The blocks' matrices by Muon, the rest by AdamW in the same step. State: "muon m" (a
     matrix's momentum, or AdamW's m of the rest) and "muon v" (AdamW's v; zero on the matrices).
     Newton-Schulz runs in float32 whatever the run's precision (the gradients and moments are
-    float32; a 16-bit copy would round every iteration), one matrix at a time through the shared
-    scratch: X and its next value, B X, and the [r, r] A, A A and B of r = the smaller side."""
+    float32; a 16-bit copy would round every iteration), over a batch of matrices of one shape at
+    a time (core.optim.ns_batches) through the shared scratch, each matrix batch_stride apart: X
+    and its next value, B X, and the [r, r] A, A A and B of r = the smaller side."""
     name = "muon"
     state_rows = STATE_ROWS[name]
     upstream_moments = False
@@ -158,25 +160,31 @@ class Muon(Optimizer):
                                       for r, s in self.SCRATCH)
 
     def sizes(self, cfg: Config) -> dict:
-        C, M = cfg.d_model, cfg.d_mlp
-        return {"NSX": C * max(C, M), "NSG": min(C, M) ** 2}
+        batches = ns_batches(param_specs(cfg))
+        return {"NSX": max((len(b) * batch_stride(K * N) for (K, N), b in batches), default=0),
+                "NSG": max((len(b) * batch_stride(min(K, N) ** 2) for (K, N), b in batches), default=0)}
 
     def record(self, f: Flat) -> list:
         kn = f.kn
         ds = self._elementwise(f, kn.adamw, mine=lambda name: not is_muon_matrix(name))
-        matrices = [(name, shape) for name, shape, _ in f.specs if is_muon_matrix(name)]
         self.update_uniform = f.gpu.uniform(16)
-        if not matrices:
-            return ds
         G, P, Mo = f.views(f.grads), f.views(f.params), f.views(f.buf["muon m"])
-        for name, (K, N) in matrices:
-            view = lambda row, shape: Tensor(f.buf[row].buf, f.buf[row].offset, shape, "f32", row)
-            xs = [view("ns x", (K, N)), view("ns x next", (K, N))]
-            r = min(K, N)
-            ds += [kn.muon_momentum(G[name], f.gate, Mo[name], xs[0], K * N, self.s.momentum, self.s.nesterov)]
-            ns, out = newton_schulz(kn, xs, view("ns bx", (K, N)), view("ns a", (r, r)), view("ns aa", (r, r)),
-                                    view("ns b", (r, r)), K, N)
-            ds += ns + [kn.muon_update(out, f.gate, P[name], K * N, muon_ratio((K, N)), self.update_uniform)]
+        row = lambda name, n: Tensor(f.buf[name].buf, f.buf[name].offset, (n,), "f32", name)
+        # the j-th matrix of a batch in a scratch row, bound alone
+        slot = lambda t, j, K, N: Tensor(t.buf, t.offset + 4 * j * batch_stride(K * N), (K, N), "f32", t.name)
+        for (K, N), names in ns_batches(f.specs):
+            b, r = len(names), min(K, N)
+            sx, sg = b * batch_stride(K * N), b * batch_stride(r * r)
+            xs = [row("ns x", sx), row("ns x next", sx)]
+            for j, name in enumerate(names):
+                ds.append(kn.muon_momentum(G[name], f.gate, Mo[name], slot(xs[0], j, K, N), K * N,
+                                           self.s.momentum, self.s.nesterov))
+            ns, out = newton_schulz(kn, xs, row("ns bx", sx), row("ns a", sg), row("ns aa", sg),
+                                    row("ns b", sg), K, N, b)
+            ds += ns
+            for j, name in enumerate(names):
+                ds.append(kn.muon_update(slot(out, j, K, N), f.gate, P[name], K * N, muon_ratio((K, N)),
+                                         self.update_uniform))
         return ds
 
     def write_step(self, gpu: GPU, lr: float):
@@ -184,21 +192,25 @@ class Muon(Optimizer):
         gpu.write_uniform(self.update_uniform, pack_params((0, float(lr), float(self.s.weight_decay), 0)))
 
 
-def newton_schulz(kn: Kernels, xs: list, bx: Tensor, A: Tensor, AA: Tensor, B: Tensor, K: int, N: int):
-    """(dispatches, the tensor that holds the result): xs[0] [K, N] normalised, then NS_STEPS
-    quintic iterations between xs[0] and xs[1]; bx [K, N] and A, AA, B [r, r] (r = min(K, N)) are
+def newton_schulz(kn: Kernels, xs: list, bx: Tensor, A: Tensor, AA: Tensor, B: Tensor, K: int, N: int,
+                  batch: int = 1):
+    """(dispatches, the tensor that holds the result): xs[0], `batch` [K, N] matrices
+    batch_stride(K N) apart, each normalised, then NS_STEPS quintic iterations between xs[0] and
+    xs[1]; bx (as xs) and A, AA, B ([r, r] matrices, r = min(K, N), batch_stride(r r) apart) are
     scratch. reference.optim.newton_schulz is its twin."""
     a, b, c = NS_COEFFICIENTS
     n, r = K * N, min(K, N)
-    ds = [kn.muon_normalize(xs[0], n, NS_EPS)]
+    ds = [kn.muon_normalize(xs[0], n, NS_EPS, batch)]
     for i in range(NS_STEPS):
         X, Y = xs[i % 2], xs[1 - i % 2]
         # A = X X^T of the wide orientation: a tall matrix [K > N] is worked on as its transpose,
         # X^T X and X B, so that no transpose is ever written
-        ds.append(kn.matmul_atb(X, X, A, r, r, K) if K > N else kn.matmul_abt(X, X, A, r, r, N))
-        ds += [kn.matmul(A, A, None, AA, r, r, r), kn.ns_mix(A, AA, B, r * r, b, c)]
-        ds.append(kn.matmul(X, B, None, bx, K, N, N) if K > N else kn.matmul(B, X, None, bx, K, N, K))
-        ds.append(kn.ns_mix(X, bx, Y, n, a, 1.0))
+        ds.append(kn.matmul_atb(X, X, A, r, r, K, batch=batch) if K > N else
+                  kn.matmul_abt(X, X, A, r, r, N, batch=batch))
+        ds += [kn.matmul(A, A, None, AA, r, r, r, batch=batch), kn.ns_mix(A, AA, B, r * r, b, c, batch)]
+        ds.append(kn.matmul(X, B, None, bx, K, N, N, batch=batch) if K > N else
+                  kn.matmul(B, X, None, bx, K, N, K, batch=batch))
+        ds.append(kn.ns_mix(X, bx, Y, n, a, 1.0, batch))
     return ds, xs[NS_STEPS % 2]
 
 

@@ -38,11 +38,14 @@ def matmul(a, b, bias=None):            # a [M,K], b [K,N], bias [N] -> [M,N]
 
 
 def matmul_abt(a, b):                    # a [M,K], b [N,K] -> [M,N]
-    return a @ b.T
+    return a @ np.swapaxes(b, -1, -2)
 
 
 def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
-    return a.T @ b
+    return np.swapaxes(a, -1, -2) @ b
+
+
+# batched (the launchers' batch): a leading axis on every operand, the products side by side
 
 
 # the vec4 kernels (matmul_vec4.wgsl) compute the same products; only the reads differ
@@ -410,8 +413,9 @@ def muon_momentum(g, gate, m, u, beta, nesterov=True):
 
 
 def muon_normalize(x, eps):
-    """x / max(|x|_F, eps)"""
-    return x / max(float(np.sqrt(np.sum(np.asarray(x, np.float64) ** 2))), eps)
+    """x / max(|x|_F, eps); batched (x [batch, K, N]), each matrix by its own norm"""
+    norm = np.sqrt(np.sum(np.asarray(x, np.float64) ** 2, axis=(-2, -1), keepdims=True))
+    return x / np.maximum(norm, eps)
 
 
 def ns_mix(x, y, a, b):

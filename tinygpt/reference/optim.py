@@ -22,10 +22,10 @@ def new_state(params: dict, settings: OptimizerSettings | None = None) -> dict:
 def newton_schulz(x: np.ndarray) -> np.ndarray:
     """The orthogonalisation of muon.wgsl and model.optim.Muon: normalise, then NS_STEPS quintic
     iterations X <- a X + (b A + c A A) X with A = X X^T, a tall matrix worked on as its transpose
-    (X^T X and X B, which is the same arithmetic on X^T)."""
+    (X^T X and X B, which is the same arithmetic on X^T). x [batch, K, N]: each matrix alone."""
     a, b, c = NS_COEFFICIENTS
     x = muon_normalize(x, NS_EPS)
-    tall = x.shape[0] > x.shape[1]
+    tall = x.shape[-2] > x.shape[-1]
     for _ in range(NS_STEPS):
         A = matmul_atb(x, x) if tall else matmul_abt(x, x)
         B = ns_mix(A, matmul(A, A), b, c)
