@@ -34,18 +34,20 @@ from tinygpt import optim_state
 from tinygpt.core.config import param_specs
 from tinygpt.core.optim import make_settings
 from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
-from tinygpt.data import Dataset, read_corpus
 from tinygpt.core.errors import TinyGPTError, UsageError
 from tinygpt.outputs import Outputs, is_json_lines, os_error_text
 from tinygpt.infer import data_path_for, tokenizer_of
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
+from tinygpt.tokenfile import open_dataset
 
 
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--resume", required=True, help="the .tinygpt to continue (written by tinygpt train or by this)")
-    ap.add_argument("--data", help="the text the run trains on (default: the built-in corpus)")
+    ap.add_argument("--data", help="what the run trains on, as tinygpt train reads it: a text file, a directory of "
+                                   "texts or a token file from tinygpt prepare (default: the run's own, else the "
+                                   "built-in corpus)")
     ap.add_argument("--tokenizer-file", help="r50k_base.tiktoken, for a gpt2-tokenized run without internet")
     ap.add_argument("--steps", type=positive_int, help="total steps (default: the run's planned end)")
     ap.add_argument("--batch", type=positive_int, help="windows per rank (default: the file's batch / ranks)")
@@ -106,8 +108,8 @@ def setup(args, rank: int, world: int):
         raise UsageError(f"the file's batch {cfg.batch} does not split over {world} ranks; give {{opt:batch}} "
                          "(windows per rank)")
     tok = tokenizer_of(ck, args.tokenizer_file)
-    raw, name = read_corpus(data_path_for(args.data, ck, f"{{opt:resume}} {args.resume}"))
-    data = Dataset(tok.encode(raw), cfg.ctx, name)
+    # every --data form tinygpt train reads (a token file, a directory of texts, a text), by its code
+    data = open_dataset(data_path_for(args.data, ck, f"{{opt:resume}} {args.resume}"), tok, cfg.ctx)
     rng = np.random.default_rng([cfg.seed, 1])
     if "dataRngState" in ck.extra:
         rng.bit_generator.state = ck.extra["dataRngState"]

@@ -131,3 +131,22 @@ def test_muon_continues_under_ddp_and_lion_is_refused(start, tmp_path):
     rc, err = ddp(1, "--resume", tmp_path / "lion.tinygpt", "--data", corpus, "--steps", 9, timeout=120)
     lines = [line for line in err.splitlines() if line.startswith("train_ddp: error:")]
     assert rc != 0 and len(lines) == 1 and "lion, which PyTorch does not ship" in lines[0]
+
+
+def test_a_token_file_trains_as_its_text(start, tmp_path):
+    """--data takes what tinygpt train takes: a token file from `tinygpt prepare` continues the run
+    with the same losses as the text it was prepared from (it was read as text and byte-encoded,
+    training on its bytes)."""
+    f, corpus = start
+    tokens = tmp_path / "c.bin"
+    assert main(["prepare", str(corpus), "--out", str(tokens)]) == 0
+    got = {}
+    for name, data in (("text", corpus), ("tokens", tokens)):
+        o, log = tmp_path / f"{name}.tinygpt", tmp_path / f"{name}.jsonl"
+        rc, err = ddp(1, "--resume", f, "--data", data, "--steps", 8, "--out", o, "--log-every", 1, "--log-file", log,
+                      "--eval-every", 0)
+        assert rc == 0, err[-3000:]
+        got[name] = losses(log)
+    print("text:", got["text"], "tokens:", got["tokens"])
+    assert sorted(got["text"]) == list(range(6, 9))
+    assert got["tokens"] == got["text"]
