@@ -52,6 +52,9 @@ def parse(argv=None):
     ap.add_argument("--steps", type=positive_int, help="total steps (default: the run's planned end)")
     ap.add_argument("--batch", type=positive_int, help="windows per rank (default: the file's batch / ranks)")
     ap.add_argument("--lr", type=positive_float, help="peak lr over the file's schedule")
+    ap.add_argument("--rewarm", action="store_true",
+                    help="restart the schedule at the file's step (a new warm-up and decay to --steps); by default "
+                         "steps past the run's planned end continue at its final lr, as tinygpt train's")
     ap.add_argument("--out", help="the .tinygpt to write (default: the --resume file)")
     ap.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     ap.add_argument("--log-file", "--log", dest="log_file",
@@ -117,8 +120,10 @@ def setup(args, rank: int, world: int):
     total = args.steps or sched.total
     if total <= ck.step:
         raise UsageError(f"the file is at step {ck.step}; ask for more {{opt:steps}} than that")
-    sched.total = total
-    return out, ck, cfg, B, data, rng, sched, total, settings
+    held = sched.resume_at(ck.step, args.rewarm)     # tinygpt train's rule: the schedule's past is kept
+    extension = sched.extension(ck.step, total, held)
+    sched.end_at(total, held)
+    return out, ck, cfg, B, data, rng, sched, total, settings, extension
 
 
 def train(args) -> int:
@@ -136,7 +141,7 @@ def train(args) -> int:
         torch.cuda.set_device(device)
     failure = None
     try:
-        out, ck, cfg, B, data, rng, sched, total, settings = setup(args, rank, world)
+        out, ck, cfg, B, data, rng, sched, total, settings, extension = setup(args, rank, world)
     except TinyGPTError as e:
         failure = e
     ok = torch.tensor(0 if failure else 1)
@@ -163,6 +168,8 @@ def train(args) -> int:
         print(f"train_ddp: {world} ranks x batch {B} (effective {GB}), {cfg.layers} layers, d_model {cfg.d_model}, "
               f"ctx {T}, {'nccl' if cuda else 'gloo'}, from step {ck.step} to {total}; {sched.describe()}",
               file=sys.stderr)
+        if extension:
+            print(TinyGPTError(extension).worded(flag), file=sys.stderr)
 
     def val_loss():
         with torch.no_grad():

@@ -3,6 +3,7 @@ clock, the end-of-run report, and `tinygpt inspect` against the float64 referenc
 import io
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,62 @@ def test_resumed_schedule_comes_from_the_file():
     assert (old.kind, old.lr) == ("constant", 3e-4)
     bad = resolve(TrainOptions(), {"kind": "cosine", "lr": "nan"}, file_lr=5e-4)  # malformed: the file's lr
     assert (bad.kind, bad.lr) == ("constant", 5e-4)
+
+
+def test_extending_a_run_keeps_the_past_of_its_schedule():
+    """Past the planned end the extra steps stay at the final lr (the decay is held at the planned
+    end, never stretched over the new one); --rewarm restarts warm-up and decay at the resumed step;
+    an end before the planned one ends the decay there."""
+    planned = Schedule("cosine", 1e-2, 20, 1e-4, 200)
+    s = Schedule(**planned.as_dict())
+    held = s.resume_at(200, rewarm=False)
+    s.end_at(300, held)
+    assert held == 200 and s.total == 200
+    assert [s.at(i) for i in range(200)] == [planned.at(i) for i in range(200)]
+    assert {s.at(i) for i in range(200, 300)} == {1e-4}
+    assert "steps 201 to 300 run at the schedule's final lr 0.0001" in s.extension(200, 300, held)
+    mid = Schedule(**planned.as_dict())                       # resumed mid-run, extended past the end
+    mid.end_at(400, mid.resume_at(150, rewarm=False))
+    assert [mid.at(i) for i in range(150, 200)] == [planned.at(i) for i in range(150, 200)] and mid.at(399) == 1e-4
+    short = Schedule(**planned.as_dict())                     # ended early: the decay ends there
+    short.end_at(120, short.resume_at(100, rewarm=False))
+    assert short.total == 120 and short.at(120) == 1e-4 and short.at(119) < 2e-4
+    assert short.extension(100, 120, 200) is None
+    r = Schedule(**planned.as_dict())
+    r.end_at(400, r.resume_at(200, rewarm=True))
+    assert (r.start, r.total) == (200, 400)
+    assert r.at(200) == pytest.approx(1e-2 / 20) and r.at(219) == pytest.approx(1e-2) and r.at(399) < 2e-4
+    assert "restarted at step 200" in r.describe()
+    back = Schedule.from_dict(r.as_dict())                     # the restart is saved, and resumed as saved
+    assert (back.start, back.total) == (200, 400) and back.at(250) == r.at(250)
+
+
+def test_resume_past_the_planned_end_continues_at_the_final_lr(tmp_path, corpus, capsys):
+    """tinygpt train --resume of a finished run with more --steps: the lr does not jump back up
+    (it went from the run's final lr to a stretched cosine's), the banner says what happens, and
+    --rewarm restarts the schedule instead."""
+    f, log = tmp_path / "a.tinygpt", tmp_path / "a.jsonl"
+    common = ["--quiet", "--eval-every", "0", "--sample-tokens", "0", "--log-every", "1"]
+    assert main(["train", "--preset", "tiny", "--batch", "2", "--ctx", "16", "--data", str(corpus), "--steps", "20",
+                 "--warmup", "2", "--out", str(f), "--log", str(log), *common]) == 0
+    lrs = lambda p: [r["lr"] for r in map(json.loads, Path(p).read_text().splitlines())]
+    final = lrs(log)[-1]
+    assert final < 2e-4                          # the last step, a little above the floor
+    capsys.readouterr()
+    g, glog = tmp_path / "b.tinygpt", tmp_path / "b.jsonl"
+    assert main(["train", "--resume", str(f), "--data", str(corpus), "--steps", "25", "--out", str(g), "--log", str(glog),
+                 *common]) == 0
+    err = capsys.readouterr().err
+    assert lrs(glog) == [ckpt.load(f).extra["schedule"]["min_lr"]] * 5, lrs(glog)
+    assert "steps 21 to 25 run at the schedule's final lr" in err and "--rewarm" in err
+    h, hlog = tmp_path / "c.tinygpt", tmp_path / "c.jsonl"
+    assert main(["train", "--resume", str(f), "--data", str(corpus), "--steps", "40", "--rewarm", "--out", str(h),
+                 "--log", str(hlog), *common]) == 0
+    again = lrs(hlog)
+    assert again[1] == pytest.approx(ckpt.load(f).extra["schedule"]["lr"]) and again[-1] < again[1] / 10
+    assert ckpt.load(h).extra["schedule"]["start"] == 20
+    assert main(["train", "--preset", "tiny", "--data", str(corpus), "--steps", "3", "--rewarm", *common]) == 2
+    assert "--rewarm restarts a resumed run's schedule" in capsys.readouterr().err
 
 
 def test_steps_and_minutes_together_are_refused(corpus, capsys):

@@ -472,6 +472,10 @@ def train_flags(p, small: TrainDefaults, base: Config):
                         "of the run)")
     p.add_argument("--min-lr", type=nonneg_float,
                    help=f"where the cosine decay ends (default: the preset's, {small.min_lr:g} for small)")
+    p.add_argument("--rewarm", action="store_true",
+                   help="with --resume: restart the schedule at the file's step, a new warm-up to the peak lr and "
+                        "a cosine to --min-lr at the new last step (default: steps past the run's planned end "
+                        "continue at its final lr)")
     p.add_argument("--grad-clip", type=nonneg_float, help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
     p.add_argument("--seed", type=seed_int, help=f"init and data sampling seed (default {base.seed})")
     p.add_argument("--attention", default="online", choices=IMPLS)

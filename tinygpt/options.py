@@ -26,6 +26,7 @@ class TrainOptions:
     lr: float | None = None
     warmup: int | None = None
     min_lr: float | None = None
+    rewarm: bool = False               # a resumed run past its planned end: a new warm-up and decay from its step
     grad_clip: float | None = None
     seed: int | None = None
     attention: str = "online"

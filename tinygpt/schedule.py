@@ -26,23 +26,49 @@ class Schedule:
     lr: float            # peak (cosine) or the constant lr
     warmup: int          # linear warm-up steps (cosine), at most a tenth of the run
     min_lr: float        # where the cosine ends
-    total: int = 0       # the step the decay ends at: the run's last step
+    total: int = 0       # the step the decay ends at (the planned end); later steps stay at min_lr
+    start: int = 0       # the step the warm-up begins: 0, or where the rewarm option restarted it
 
     def at(self, step: int) -> float:
         """The lr of step `step` (0-based)."""
         if self.kind == "constant":
             return self.lr
-        warm = min(self.warmup, self.total // 10)
+        step, total = step - self.start, self.total - self.start
+        warm = min(self.warmup, total // 10)
         if warm and step < warm:
             return self.lr * (step + 1) / warm
-        frac = min(1.0, max(0, step - warm) / max(1, self.total - warm))
+        frac = min(1.0, max(0, step - warm) / max(1, total - warm))
         return self.min_lr + 0.5 * (self.lr - self.min_lr) * (1 + math.cos(math.pi * frac))
 
     def describe(self) -> str:
         if self.kind == "constant":
             return f"constant lr {self.lr:g}"
-        return (f"lr {self.lr:g}, {min(self.warmup, self.total // 10)} warm-up steps, "
+        again = f"restarted at step {self.start:,}: " if self.start else ""
+        return (f"{again}lr {self.lr:g}, {min(self.warmup, (self.total - self.start) // 10)} warm-up steps, "
                 f"cosine to {self.min_lr:g} at step {self.total:,}")
+
+    def resume_at(self, start: int, rewarm: bool) -> int | None:
+        """A resumed run from step `start`: with `rewarm`, the schedule restarts there (a new
+        warm-up to lr, a cosine to min_lr at the new last step); else it goes on as planned.
+        Returns the planned end the decay is held to (None where it follows the run's last step:
+        a restart, a constant lr, a file that planned none). Past it the run stays at min_lr, so
+        extending a finished run never rewrites the past of its schedule."""
+        if rewarm:
+            self.start = start
+            return None
+        return self.total if self.kind == "cosine" and self.total > 0 else None
+
+    def end_at(self, end: int, held: int | None):
+        """The decay ends at the run's last step `end`, or at `held` where the run goes past it."""
+        self.total = end if held is None else min(end, held)
+
+    def extension(self, start: int, end: int | None, held: int | None) -> str | None:
+        """The banner's line for a run that goes past its planned end (end None: the deadline's)."""
+        if held is None or (end is not None and end <= held):
+            return None
+        upto = f"to {end:,} " if end is not None else ""
+        return (f"steps {max(start, held) + 1:,} {upto}run at the schedule's final lr {self.min_lr:g}: the run "
+                f"planned its end at step {held:,} ({{opt:rewarm}} starts a new warm-up and decay instead)")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -52,10 +78,11 @@ class Schedule:
         """A schedule saved in a checkpoint, or None if it is missing or malformed (then the
         file's constant lr is used, as for TinyGPT's own files)."""
         try:
-            s = cls(str(d["kind"]), float(d["lr"]), int(d["warmup"]), float(d["min_lr"]), int(d.get("total", 0)))
+            s = cls(str(d["kind"]), float(d["lr"]), int(d["warmup"]), float(d["min_lr"]), int(d.get("total", 0)),
+                    int(d.get("start", 0)))
         except (TypeError, KeyError, ValueError):
             return None
-        ok = s.kind in KINDS and s.lr > 0 and s.warmup >= 0 and s.min_lr >= 0 and s.total >= 0
+        ok = s.kind in KINDS and s.lr > 0 and s.warmup >= 0 and s.min_lr >= 0 and 0 <= s.start <= s.total
         return s if ok and math.isfinite(s.lr) and math.isfinite(s.min_lr) else None
 
 
@@ -79,7 +106,7 @@ def resolve(o, saved: dict | None = None, file_lr: float | None = None) -> Sched
         base = Schedule("cosine", base.lr, d.warmup, base.lr / 30)
     s = Schedule(kind, o.lr if o.lr is not None else base.lr,
                  o.warmup if o.warmup is not None else base.warmup,
-                 o.min_lr if o.min_lr is not None else base.min_lr, base.total)
+                 o.min_lr if o.min_lr is not None else base.min_lr, base.total, base.start)
     if kind == "cosine" and s.min_lr > s.lr:
         raise UsageError(f"{{opt:min_lr}} {s.min_lr:g} is above the peak lr {s.lr:g}; give a smaller {{opt:min_lr}}")
     return s

@@ -314,6 +314,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
     """The last step: the steps option, else the resumed run's planned end, else the preset's default;
     None with minutes (the deadline sets it)."""
+    if o.rewarm and not (o.resume and start > 0):
+        raise UsageError("{opt:rewarm} restarts a resumed run's schedule at its step; a new run warms up anyway: "
+                         "drop {opt:rewarm}")
     if o.minutes is not None:
         if o.steps is not None:
             raise UsageError("give {opt:steps} or {opt:minutes}, not both")
@@ -350,7 +353,10 @@ class Loop:
         model, sched = run.model, run.schedule
         total = planned_total(o, run, start)
         self.deadline = Deadline(60 * o.minutes, clock, t0) if total is None else None
-        sched.total = total if total is not None else start + UNPLANNED     # until the deadline's first estimate
+        # a resumed run keeps its schedule's past: its decay stays at the planned end (held) unless rewarmed
+        self.held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
+        self.extension = sched.extension(start, total, self.held)
+        self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
         self.side = SideWriter(err)
         self.log = self.side.attempt("log", open, outs.log, "a") if outs.log else None
         self.val = run.data.val_windows(o.eval_windows)
@@ -363,6 +369,11 @@ class Loop:
         self.last = {"train": None, "val": None}
         self.tok_s, self.x, self.y, self.lr = 0.0, None, None, sched.lr
         self.png = self.samples = None
+
+    def _end_at(self, end: int):
+        """The run's last step; the decay ends there too unless the resumed schedule holds it."""
+        self.end = end
+        self.run.schedule.end_at(end, self.held)
 
     def banner(self):
         o, run, err = self.o, self.run, self.err
@@ -389,12 +400,14 @@ class Loop:
                   f"{o.minutes:g} min", file=err)
         else:
             print(f"schedule: {sched.describe()}", file=err)
+        if self.extension:
+            print(word(self.extension), file=err)
 
     def run_all(self):
         """The steps, then the end of the run; Interrupted after a signal, once the model is saved."""
         from tqdm import tqdm
         o, sched = self.o, self.run.schedule
-        self.bar = tqdm(total=None if self.deadline else sched.total, initial=self.start, file=self.err, unit="step",
+        self.bar = tqdm(total=None if self.deadline else self.end, initial=self.start, file=self.err, unit="step",
                         dynamic_ncols=True, disable=o.quiet,
                         mininterval=0.1 if getattr(self.err, "isatty", lambda: False)() else 5.0)
         try:
@@ -412,7 +425,7 @@ class Loop:
         n_since, step, t_last = 0, self.start, self.clock()
         if self.deadline:
             self.deadline.start(self.start)
-        while step < sched.total and not self.stop.requested:
+        while step < self.end and not self.stop.requested:
             self.lr = sched.at(step)
             self.x, self.y = run.data.sample(run.rng, model.B * model.accum)   # one batch of accum x B windows
             model.step(self.x, self.y, self.lr)
@@ -420,9 +433,10 @@ class Loop:
             step = done = step + 1
             if self.deadline and (done - self.start < 200 or done % o.log_every == 0):
                 fitted = self.deadline.last_step(done)
-                if fitted is not None and fitted != sched.total:
-                    sched.total = self.bar.total = max(fitted, done)
-            is_last = done == sched.total
+                if fitted is not None and fitted != self.end:
+                    self._end_at(max(fitted, done))
+                    self.bar.total = self.end
+            is_last = done == self.end
             want_eval = o.eval_every and (done % o.eval_every == 0 or is_last)
             if done % o.log_every == 0 or is_last or want_eval:
                 now = self.clock()
@@ -473,8 +487,8 @@ class Loop:
         """The final save: after the last step, or after a signal. The handlers stay in place
         until the file is whole, so a signal here is deferred, not fatal."""
         o, run, model, stop, out_path = self.o, self.run, self.run.model, self.stop, self.outs.checkpoint
-        if run.schedule.total >= self.start + UNPLANNED:      # stopped before the deadline's first estimate
-            run.schedule.total = model.step_count
+        if self.end >= self.start + UNPLANNED:      # stopped before the deadline's first estimate
+            self._end_at(model.step_count)
         if stop.requested:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=self.err)
         params = self.saver.checked_params(self.x, self.y, self.lr, model.step_count) if self.x is not None \
