@@ -125,6 +125,31 @@ def test_export_replaces_only_its_own_files(tmp_path, saved):
     assert json.loads((hf / "config.json").read_text()) == {"mine": True}
 
 
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_outputs_honour_the_umask(tmp_path, corpus, mask):
+    """Every output is created as open() and mkdir() would create it under the umask (the
+    temporary files they are renamed from were 0600 and 0700 whatever the umask); a file replaced
+    keeps the mode it had."""
+    old = os.umask(mask)
+    try:
+        out, log, tokens, hf = tmp_path / "m.tinygpt", tmp_path / "m.jsonl", tmp_path / "c.bin", tmp_path / "hf"
+        assert train(corpus, out, "--log", log)[0] == 0
+        assert cli("prepare", corpus, "--out", tokens)[0] == 0
+        assert cli("export", "--model", out, "--format", "hf", hf)[0] == 0
+        mode = lambda p: oct(p.stat().st_mode & 0o777)
+        files = [out, out.with_suffix(".loss.png"), log, tokens, tokens.with_name(tokens.name + ".json"),
+                 hf / "config.json", hf / "model.safetensors"]
+        got = {p.name: mode(p) for p in files if p.exists()}
+        print(f"umask {oct(mask)}:", got, "hf/:", mode(hf))
+        assert len(got) == len(files), got
+        assert set(got.values()) == {oct(0o666 & ~mask)} and mode(hf) == oct(0o777 & ~mask)
+        out.chmod(0o600)                        # replaced: the user's mode stays
+        assert train(corpus, out, "--force")[0] == 0
+        assert mode(out) == oct(0o600)
+    finally:
+        os.umask(old)
+
+
 def test_resume_without_out_writes_back_to_the_resumed_file(tmp_path, corpus, saved):
     (tmp_path / "runs").mkdir()
     bystander = tmp_path / "runs" / "tiny.tinygpt"

@@ -20,7 +20,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
-from .core.fs import atomic_write, check_regular, read_user_file
+from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
 from .outputs import WRITER
 
 VOCABS = {256: "byte", 50257: "gpt2"}            # the vocabularies there is a tokenizer for
@@ -77,6 +77,7 @@ def write_directory(d: Path, files: dict):
     are not there."""
     tmp = Path(tempfile.mkdtemp(prefix=".tinygpt-", dir=d.parent if str(d.parent) else "."))
     try:
+        os.chmod(tmp, creation_mode(d, 0o777))     # a new d is tmp renamed: the umask's mode, not 0700
         for name, data in files.items():
             atomic_write(tmp / name, data)
         if d.is_dir() and not any(d.iterdir()):

@@ -75,6 +75,18 @@ def name_max(directory) -> int:
 
 
 
+def creation_mode(path, base: int = 0o666) -> int:
+    """The permission bits a new file (base 0o666) or directory (0o777) at path gets: those of the
+    file it replaces, else base less the umask, as open() and mkdir() would give. (mkstemp and
+    mkdtemp make 0600 and 0700 whatever the umask: a checkpoint others were to read was not.)"""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mask = os.umask(0)
+        os.umask(mask)
+        return base & ~mask
+
+
 def atomic_write(path, data: bytes):
     """Temporary file beside the target (a short name, whatever the target's length), fsync,
     rename, fsync the directory. A crash at any point leaves the old file or the new one."""
@@ -90,6 +102,7 @@ def atomic_writer(path):
     d = p.parent if str(p.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(prefix=".tinygpt-", suffix=".tmp", dir=d)
     try:
+        os.fchmod(fd, creation_mode(p))
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
