@@ -46,18 +46,30 @@ def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: 
         t = max(a["ms"], 1e-9)
         gflops = a["flops"] / t / 1e6 if a["flops"] is not None else None
         gbps = a["bytes"] / t / 1e6
-        share = [v / peaks[key] for v, key in ((gflops, "gflops"), (gbps, "gbps")) if v is not None] if peaks else []
-        rows.append({"group": g, "kernel": k, "calls": a["calls"], "ms": a["ms"], "gflops": gflops, "gbps": gbps,
-                     "pct_peak": 100 * max(share) if share else None})
+        rows.append({"group": g, "kernel": k, "calls": a["calls"], "ms": a["ms"], "gflops": gflops, "gbps": gbps})
     rows.sort(key=lambda r: -r["ms"])
     total = float(ms.sum())
     cfg = model.cfg
     tokens = model.B * model.T
     mflops = model_flops_per_token(n_params(cfg), cfg.layers, cfg.d_model, model.T) * tokens
-    summary = {"ms": total, "tokens": tokens, "model_gflops": mflops / 1e9,
-               "mfu": mflops / (total * 1e6) / peaks["gflops"] if peaks else None,
-               "peak_gflops": peaks["gflops"] if peaks else None, "peak_gbps": peaks["gbps"] if peaks else None}
+    summary = {"ms": total, "tokens": tokens, "model_gflops": mflops / 1e9}
+    with_peaks(rows, summary, peaks)
     return rows, summary
+
+
+def with_peaks(rows, summary, peaks: dict | None):
+    """Each row's pct_peak and the step's mfu against these peaks (None without them), in place."""
+    for r in rows:
+        share = [v / peaks[key] for v, key in ((r["gflops"], "gflops"), (r["gbps"], "gbps")) if v is not None] \
+            if peaks else []
+        r["pct_peak"] = 100 * max(share) if share else None
+    summary.update(mfu=summary["model_gflops"] * 1e3 / summary["ms"] / peaks["gflops"] if peaks else None,
+                   peak_gflops=peaks["gflops"] if peaks else None, peak_gbps=peaks["gbps"] if peaks else None)
+
+
+def over_peak(rows, summary) -> bool:
+    """Whether a kernel, or the step, measured above the peaks: they were measured on a slower minute."""
+    return any((r["pct_peak"] or 0) > 100 for r in rows) or (summary["mfu"] or 0) > 1
 
 
 def format_profile(rows, summary) -> str:
@@ -78,4 +90,7 @@ def format_profile(rows, summary) -> str:
         out.append(f"# model FLOPs {summary['model_gflops']:.3f} G a step ({summary['tokens']} tokens): "
                    f"{summary['model_gflops'] / total * 1e3:.2f} GFLOP/s, MFU {100 * summary['mfu']:.1f}% of the "
                    f"{summary['peak_gflops']:.1f} GFLOP/s FMA peak; streaming peak {summary['peak_gbps']:.1f} GB/s")
+    if summary.get("peaks_reliable") is False:
+        out.append("# not reliable: a kernel ran above the peaks even after they were measured again (the "
+                   "machine's speed changed during the profile); run it again on a quiet machine")
     return "\n".join(out)
