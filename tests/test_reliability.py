@@ -280,6 +280,27 @@ def test_data_over_the_memory_bound_is_refused_unread(tmp_path, monkeypatch, cap
     assert "5,000 bytes is more than the 1,000 this can read" in capsys.readouterr().err
 
 
+def test_a_bounded_read_allocates_what_the_file_holds(tmp_path):
+    """A read bounded at 4 GiB of a 22 KB file runs under a 1 GiB address-space limit (f.read(bound)
+    reserved the bound first: MemoryError), still sees a file that grows while read, and _head
+    of a short file is short."""
+    f = tmp_path / "small.bin"
+    f.write_bytes(b"x" * 22_000)
+    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30)); "
+            "from tinygpt.core.fs import read_user_file; "
+            f"d = read_user_file({str(f)!r}, ValueError, 'f', 'a file', 4 << 30); print(len(d))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "22000", r.stderr[-2000:]
+    from tinygpt.core.fs import read_most
+    with open(f, "rb") as h:
+        h.read(1000)
+        with open(f, "ab") as w:                 # appended to while open: all of it is read
+            w.write(b"y" * 5000)
+        assert read_most(h, 1 << 30) == b"x" * 21_000 + b"y" * 5000
+    with open(f, "rb") as h:
+        assert len(read_most(h, 10)) == 10
+
+
 def test_crafted_header_is_refused_by_arithmetic(tmp_path, saved):
     good = saved.read_bytes()
     hlen = int.from_bytes(good[8:12], "little")

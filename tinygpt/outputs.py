@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from .core.errors import OutputError
-from .core.fs import atomic_write, name_max
+from .core.fs import atomic_write, name_max, read_most
 
 
 def derived(path, suffix: str) -> Path:
@@ -40,7 +40,7 @@ WRITER = "tinygpt"   # stamped in every PNG and safetensors file we write
 def _head(path, n: int) -> bytes:
     try:
         with open(path, "rb") as f:
-            return f.read(n)
+            return read_most(f, n)
     except OSError:
         return b""
 

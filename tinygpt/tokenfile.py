@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.fs import atomic_write, atomic_writer, check_regular, read_user_file
+from .core.fs import atomic_write, atomic_writer, check_regular, read_most, read_user_file
 from .data import _CUT, PIECE, DataError, Dataset, get_tokenizer, max_corpus_bytes, progress, read_corpus
 
 FORMAT = "tinygpt-tokens"
@@ -46,7 +46,8 @@ def is_token_file(path) -> bool:
 
 def is_our_sidecar(path) -> bool:
     try:
-        return json.loads(Path(path).read_bytes()[:MAX_SIDECAR]).get("format") == FORMAT
+        with open(path, "rb") as f:
+            return json.loads(read_most(f, MAX_SIDECAR)).get("format") == FORMAT
     except (OSError, ValueError, AttributeError, UnicodeDecodeError):
         return False
 

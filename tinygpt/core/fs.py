@@ -48,6 +48,27 @@ def check_regular(path, error: type, label: str, expect: str) -> os.stat_result:
     return st
 
 
+def read_most(f, n: int) -> bytes:
+    """f.read(n) that allocates only what the file holds: f.read(n) reserves n bytes before it
+    reads (a bound of 4 GiB failed with MemoryError on a 22 KB file under a memory limit). The
+    bytes the file holds now in one read, then, should it have grown, 1 MiB at a time up to n."""
+    try:
+        left = max(0, os.fstat(f.fileno()).st_size - f.tell())
+    except (OSError, ValueError, AttributeError):
+        left = 0
+    first = f.read(min(n, left))
+    if len(first) >= n:
+        return first
+    parts, got = [first], len(first)
+    while got < n:
+        more = f.read(min(n - got, 1 << 20))
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return first if len(parts) == 1 else b"".join(parts)
+
+
 def read_user_file(path, error: type, label: str, expect: str, max_bytes: int, what_limits: str = "") -> bytes:
     """The bytes of a regular file of at most max_bytes, or error(one line) naming label and the fix."""
     st = check_regular(path, error, label, expect)
@@ -57,7 +78,7 @@ def read_user_file(path, error: type, label: str, expect: str, max_bytes: int, w
                     f"give {expect}")
     try:
         with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = read_most(f, max_bytes + 1)
     except OSError as e:
         raise error(f"{label}: cannot read it ({e.strerror}); check its permissions") from e
     if len(data) > max_bytes:  # it grew since the stat
