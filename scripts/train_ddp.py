@@ -39,7 +39,7 @@ from tinygpt.outputs import Outputs, is_json_lines, os_error_text
 from tinygpt.infer import data_path_for, tokenizer_of
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
-from tinygpt.tokenfile import open_dataset
+from tinygpt.tokenfile import data_files, open_dataset
 
 
 def parse(argv=None):
@@ -89,7 +89,8 @@ def setup(args, rank: int, world: int):
     """The file, data, sampler state and schedule; rank 0 also claims the outputs first."""
     out = Path(args.out or args.resume)
     if rank == 0:     # every output checked before anything is read (tinygpt train's rule)
-        outs = Outputs(args.force, {"resume": args.resume, "data": args.data, "tokenizer_file": args.tokenizer_file})
+        outs = Outputs(args.force, {"resume": args.resume, "data": data_files(args.data),
+                                    "tokenizer_file": args.tokenizer_file})
         outs.claim(args.out or args.resume, "out", "checkpoint", ckpt.is_tinygpt, updates="resume")
         if args.log_file:
             outs.claim(args.log_file, "log", "log", is_json_lines, append=True)

@@ -107,6 +107,48 @@ def test_an_input_is_never_an_output(tmp_path, corpus, saved):
     assert saved.read_bytes() == before
 
 
+def test_the_files_an_input_stands_for_are_inputs_too(tmp_path, corpus):
+    """An input is every file reading it opens, compared by identity: a directory's text files
+    (also through a symbolic link to it), a token file's sidecar, the tokenizer file, an adapters
+    directory's files; none is ever written, --force or not. A directory's own token files are
+    not its text: `prepare DIR --out DIR/corpus.bin` twice reads the same text both times."""
+    d = tmp_path / "texts"
+    d.mkdir()
+    (d / "a.txt").write_text("To be, or not to be. " * 200)
+    (d / "b.txt").write_text("That is the question. " * 200)
+    (tmp_path / "link").symlink_to(d)
+    before = (d / "b.txt").read_bytes()
+    for out in (d / "b.txt", tmp_path / "link" / "b.txt"):
+        rc, err = train(d, out, "--force")
+        one_line_error(rc, err, "is also this command's --data", "b.txt")
+    assert (d / "b.txt").read_bytes() == before
+    tokens = tmp_path / "c.bin"
+    assert cli("prepare", corpus, "--out", tokens)[0] == 0
+    side = tokens.with_name("c.bin.json")
+    kept = side.read_bytes()
+    rc, err = train(tokens, side, "--force")
+    one_line_error(rc, err, "is also this command's --data", "c.bin.json")
+    assert side.read_bytes() == kept
+    vocab = tmp_path / "r50k.tiktoken"
+    vocab.write_text("not really a vocabulary")
+    rc, err = cli("prepare", corpus, "--tokenizer", "gpt2", "--tokenizer-file", vocab, "--out", vocab, "--force")
+    one_line_error(rc, err, "is also this command's --tokenizer-file")
+    peft = tmp_path / "peft"
+    peft.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        (peft / name).write_text("{}")
+    rc, err = cli("inspect", "--model", tmp_path / "m.tinygpt", "--adapters", peft, "--prompt", "To",
+                  "--out", peft / "adapter_config.json", "--force")
+    one_line_error(rc, err, "is also this command's --adapters", "adapter_config.json")
+    assert (peft / "adapter_config.json").read_text() == "{}"
+    made = []
+    for _ in range(2):
+        rc, err = cli("prepare", d, "--out", d / "corpus.bin")
+        assert rc == 0, err
+        made.append(json.loads((d / "corpus.bin.json").read_text())["tokens"])
+    assert made[0] == made[1] == len((d / "a.txt").read_bytes()) + len(before), made
+
+
 def test_export_replaces_only_its_own_files(tmp_path, saved):
     mine = tmp_path / "w.safetensors"
     notes = tmp_path / "notes.safetensors"

@@ -162,6 +162,14 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
                                     "adapter_config.json": (json.dumps(config, indent=2) + "\n").encode()})
 
 
+PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
+
+
+def peft_files(directory) -> list[Path]:
+    """The files reading an adapters directory opens: inputs no output may be."""
+    return [Path(directory) / name for name in PEFT_FILES] if directory else []
+
+
 def read_peft(directory, base: Checkpoint, what: str) -> dict:
     """A directory the export's peft format wrote, folded into `base`: its weights merged, after the
     base is checked to be the model the adapters were trained on (by its weights' sha256)."""

@@ -37,7 +37,7 @@ from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
 from .safety import Interrupted
-from .tokenfile import is_our_sidecar, is_our_token_file, prepare, sidecar_of
+from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
 from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_optimizer, run_precision, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
@@ -363,7 +363,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    out = Outputs(args.force, {f"text {i + 1}": t for i, t in enumerate(args.text)})
+    inputs = {f"text {i + 1}": data_files(t) for i, t in enumerate(args.text)}
+    out = Outputs(args.force, {**inputs, "tokenizer_file": args.tokenizer_file})
     out.claim(args.out, "out", "token file", is_our_token_file)
     out.claim(sidecar_of(args.out), "out", "token file's sidecar", is_our_sidecar)
     side = prepare(args.text, args.out, args.tokenizer, args.tokenizer_file, show_progress=not args.quiet)

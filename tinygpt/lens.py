@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import checkpoint as ckpt
-from .adapters import model_params
+from .adapters import model_params, peft_files
 from .core.config import Config
 from .core.errors import UsageError
 from .device.gpu import GPU, Tensor
@@ -138,7 +138,9 @@ def inspect_model(gpu: GPU, plan: KernelPlan, cfg: Config, params: dict, ids) ->
 
 def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
     """`tinygpt inspect`: the figure written to o.out, and the lens as text."""
-    path = Outputs(o.force, {"model": o.model}).claim(o.out, "out", "inspection plot", is_our_png)
+    path = Outputs(o.force, {"model": o.model, "tokenizer_file": o.tokenizer_file,
+                             "adapters": [o.adapters, *peft_files(o.adapters)] if o.adapters else None}) \
+        .claim(o.out, "out", "inspection plot", is_our_png)
     ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
     tok = tokenizer_of(ck, o.tokenizer_file)
     ids = [int(i) for i in tok.encode(o.prompt)]

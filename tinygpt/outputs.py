@@ -110,12 +110,18 @@ def _same(a: Path, b: Path) -> bool:
 class Outputs:
     """The files one command will write, each checked before any work is done.
 
-    inputs: {option: path} of what the command reads; no output may be one of them."""
+    inputs: {option: path, or the list of files reading that option opens (a directory's members,
+    a token file's sidecar: tokenfile.data_files)}; no output may be one of them, by file
+    identity (a hard link, or a path through a symbolic link, is the same file) or by path."""
 
     def __init__(self, force: bool | None = False, inputs: dict | None = None):
         self.force = bool(force)
         self.forceable = force is not None      # None: the command has no force option to offer
-        self.inputs = {k: Path(v) for k, v in (inputs or {}).items() if v}
+        self.inputs = {}
+        for k, v in (inputs or {}).items():
+            paths = [Path(p) for p in (v if isinstance(v, (list, tuple)) else [v]) if p]
+            if paths:
+                self.inputs[k] = paths
         self.claimed: dict[Path, str] = {}
 
     def claim(self, path, option: str, kind: str, ours=None, append: bool = False,
@@ -132,11 +138,13 @@ class Outputs:
                               f"for the {kind}, such as {p / ('x' + (p.suffix or '.out'))}")
         if not p.name or p.name in (".", ".."):
             raise OutputError(f"{label}: not a file name; give a file name for the {kind}")
-        for opt, src in self.inputs.items():
-            if opt != updates and (_same(p, src) or p.resolve() == src.resolve()):
-                what = f"{{opt:{opt}}}" if opt.isidentifier() else f"input ({opt})"
-                raise OutputError(f"{label} is also this command's {what}; writing the {kind} there would "
-                                  "destroy an input: choose another name")
+        for opt, srcs in self.inputs.items():
+            for src in srcs if opt != updates else ():
+                if _same(p, src) or p.resolve() == src.resolve():
+                    what = f"{{opt:{opt}}}" if opt.isidentifier() else f"input ({opt})"
+                    of = f" (it reads {src})" if len(srcs) > 1 else ""
+                    raise OutputError(f"{label} is also this command's {what}{of}; writing the {kind} there would "
+                                      "destroy an input: choose another name")
         key = p.resolve()
         if key in self.claimed:
             raise OutputError(f"{label}: the {self.claimed[key]} is written there too; give another name")

@@ -64,7 +64,9 @@ def dtype_for(vocab: int) -> str:
 # ---- sources ---------------------------------------------------------------------------------
 def text_files(paths, label: str = "{opt:data}") -> list[Path]:
     """Each path a text file, or a directory whose regular files (not hidden, any depth) are taken in
-    sorted order; at most MAX_SOURCES in all, checked while listing."""
+    sorted order, but for the token files prepare wrote there and their sidecars (which are not
+    its text: `prepare DIR --out DIR/corpus.bin` run twice read its own output as text); at most
+    MAX_SOURCES in all, checked while listing."""
     out = []
     for given in paths:
         p = Path(given)
@@ -81,7 +83,8 @@ def text_files(paths, label: str = "{opt:data}") -> list[Path]:
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             for name in sorted(files):
                 f = Path(root) / name
-                if name.startswith(".") or not f.is_file():
+                if name.startswith(".") or not f.is_file() or is_our_token_file(f) or \
+                        (name.endswith(SIDECAR) and is_our_sidecar(f)):
                     continue
                 found.append(f)
                 if len(out) + len(found) > MAX_SOURCES:
@@ -91,6 +94,20 @@ def text_files(paths, label: str = "{opt:data}") -> list[Path]:
             raise DataError(f"{label} {p}: the directory holds no files; give a directory of text files")
         out += found
     return out
+
+
+def data_files(path) -> list[Path]:
+    """The files reading `path` as data opens, the inputs no output may be: a token file and its
+    sidecar, a directory's text files (text_files), a text file; none for the built-in corpus. A
+    path that cannot be listed is itself: reading it will say why."""
+    if path is None:
+        return []
+    if is_token_file(path):
+        return [Path(path), sidecar_of(path)]
+    try:
+        return text_files([path])
+    except DataError:
+        return [Path(path)]
 
 
 def read_directory(path, max_bytes: int) -> tuple[bytes, int]:

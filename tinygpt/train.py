@@ -39,7 +39,7 @@ from .options import TrainOptions
 from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
-from .tokenfile import is_token_file, open_dataset, read_sidecar
+from .tokenfile import data_files, is_token_file, open_dataset, read_sidecar
 
 
 @dataclass
@@ -108,7 +108,7 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
     The checkpoint may be the resumed file (written back); nothing else may be an input."""
     given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
     out = Path(given)
-    outs = Outputs(o.force, {"data": o.data, "tokenizer_file": o.tokenizer_file, "resume": o.resume})
+    outs = Outputs(o.force, {"data": data_files(o.data), "tokenizer_file": o.tokenizer_file, "resume": o.resume})
     return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
                         outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
