@@ -357,6 +357,25 @@ def test_crafted_header_is_refused_by_arithmetic(tmp_path, saved):
     assert time.time() - t0 < 30
 
 
+def test_another_writers_nan_is_kept_as_null_and_the_run_saves(tmp_path, corpus, saved):
+    """A header field of another writer holding NaN or Infinity (JSON has neither; Python's json
+    writes them) is read as null, as TinyGPT's JSON.stringify writes it: the resumed run trains
+    and saves (it trained, then failed the save, its work lost), the field kept as null."""
+    good = saved.read_bytes()
+    hlen = int.from_bytes(good[8:12], "little")
+    header = json.loads(good[12:12 + hlen])
+    header["otherWriter"] = {"score": float("nan"), "range": [float("-inf"), 1.5]}
+    hb = json.dumps(header).encode()                      # allow_nan: NaN, -Infinity as bare words
+    assert b"NaN" in hb and b"-Infinity" in hb
+    p = tmp_path / "other.tinygpt"
+    p.write_bytes(good[:8] + len(hb).to_bytes(4, "little") + hb + good[12 + hlen:])
+    rc, err = cli("train", "--resume", p, "--data", corpus, "--steps", 6, "--eval-every", 0, "--quiet",
+                  "--sample-tokens", 0)
+    assert rc == 0, err
+    back = ckpt.load(p)
+    assert back.step == 6 and back.header["otherWriter"] == {"score": None, "range": [None, 1.5]}
+
+
 def test_model_flags_too_big_are_refused_by_arithmetic(tmp_path, corpus):
     for args, needle in ((["--layers", 10 ** 8], "--layers 100,000,000 is more than"),
                          (["--layers", 4000, "--d-model", 8192, "--heads", 64], "parameters, more than")):

@@ -380,7 +380,10 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     """(header, cfg, layout): the config and layout checked by arithmetic against the state's
     length before anything is sized from them."""
     try:
-        header = json.loads(hbytes.decode("utf-8"))
+        # NaN and Infinity (another writer's; JSON has neither) read as null, as TinyGPT's own
+        # writer (JSON.stringify) writes them: a field kept from the file can always be saved again
+        # (kept as NaN, it trained a whole run and then failed the save)
+        header = json.loads(hbytes.decode("utf-8"), parse_constant=lambda name: None)
         if not isinstance(header, dict):
             raise ValueError("not an object")
     except RecursionError as e:
