@@ -190,3 +190,51 @@ print(float(np.abs(a - b).max()), float(np.abs(c - b).max()))
     err, moved = map(float, r.stdout.split()[-2:])
     print(f"peft's logits against the merged export's: max difference {err:.2e} (the base's differ by {moved:.2e})")
     assert err < 1e-4 and moved > 100 * err
+
+
+def test_an_adapters_directory_is_checked_before_it_is_trusted(base, tmp_path):
+    """--adapters reads adapter_config.json (a config PEFT would load with another rank, scale or
+    modules is refused, as are rsLoRA and DoRA), takes only float32 tensors of the shapes the
+    adapters' settings give (an integer tensor is not a weight), and sizes the file from its header
+    before reading it: a file larger than its tensors is refused unread."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    ft, pd = tmp_path / "ft.tinygpt", tmp_path / "peft"
+    assert run_cli("train", *TINY, "--resume", base, "--lora", 4, "--lora-targets", "q,v,fc_in", "--steps", 2,
+                   "--eval-every", 0, "--out", ft) == 0
+    assert run_cli("export", "--model", ft, "--format", "peft", pd) == 0
+    assert in_process("eval", "--model", base, "--adapters", pd, "--max-windows", 4)[0] == 0
+
+    def variant(name, config=None, tensors=None, tail=b""):
+        d = tmp_path / name
+        shutil.copytree(pd, d)
+        if config:
+            c = json.loads((d / "adapter_config.json").read_text())
+            c.update(config)
+            (d / "adapter_config.json").write_text(json.dumps(c))
+        if tensors:
+            f = d / "adapter_model.safetensors"
+            raw = f.read_bytes()
+            meta = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])["__metadata__"]
+            t = load_file(f)
+            tensors(t)
+            save_file(t, f, metadata=meta)
+        if tail:
+            with open(d / "adapter_model.safetensors", "ab") as f:
+                f.write(tail)
+        return d
+
+    key = "base_model.model.transformer.h.0.mlp.c_fc.lora_A.weight"
+    cases = [
+        (variant("rank", {"r": 8}), "r is 8, where the adapters beside it were written with 4"),
+        (variant("alpha", {"lora_alpha": 1.0}), "lora_alpha is 1.0"),
+        (variant("modules", {"target_modules": ["c_attn"]}), "target_modules is"),
+        (variant("pattern", {"rank_pattern": {}}), "rank_pattern is {}"),
+        (variant("rslora", {"use_rslora": True}), "use_rslora is set"),
+        (variant("ints", tensors=lambda t: t.update({key: t[key].astype(np.int32)})), "is I32"),
+        (variant("extra", tensors=lambda t: t.update(stray=np.zeros(3, np.float32))), "an unexpected tensor stray"),
+        (variant("long", tail=b"\0" * 4096), "bytes where its tensors need"),
+    ]
+    for d, needle in cases:
+        rc, err = in_process("eval", "--model", base, "--adapters", d, "--max-windows", 4)
+        one_line_error(rc, err, needle)

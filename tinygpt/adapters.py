@@ -24,15 +24,14 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
-from .core.config import Config
-from .core.fs import check_regular, read_user_file
+from .core.config import Config, n_params
+from .core.fs import check_regular, read_most, read_user_file
 from .core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
 from .core.errors import TinyGPTError
 from .hf import write_directory
 from .outputs import WRITER
 
 PEFT_MODULES = {"Wo": "attn.c_proj", "fc_in_W": "mlp.c_fc", "fc_out_W": "mlp.c_proj"}   # c_attn: q | k | v
-MAX_ADAPTER_FILE = 4 << 30
 
 
 @dataclass
@@ -148,20 +147,34 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
         raise CheckpointError(f"{what} trained its biases and LayerNorms beside the adapters, which PEFT's LoRA "
                               "files cannot hold; export the model with {opt:merge} instead")
     tensors, ranks, alphas = peft_tensors(ck.cfg, st.lora, st.params)
-    modules = (["c_attn"] if any(W in st.lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
-        [PEFT_MODULES[W] for W in PEFT_MODULES if W in st.lora.targets]
-    # only fields PEFT has had since rank_pattern came (0.6): an older PEFT refuses a field it does
-    # not know, and every field left out is at its default
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": st.lora.rank, "lora_alpha": st.lora.alpha,
-              "target_modules": modules, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_dropout": 0.0,
-              "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "inference_mode": True,
-              "base_model_name_or_path": None}
+    config = peft_config(st.lora, ranks, alphas)
     meta = {"format": "pt", "writer": WRITER, "tinygpt_base_sha256": st.base,
             "tinygpt_lora": json.dumps(st.lora.as_dict())}
     write_directory(Path(out_dir), {"adapter_model.safetensors": save(tensors, metadata=meta),
                                     "adapter_config.json": (json.dumps(config, indent=2) + "\n").encode()})
 
 
+def peft_config(lora: LoRA, ranks: dict, alphas: dict) -> dict:
+    """adapter_config.json for these adapters. Only fields PEFT has had since rank_pattern came
+    (0.6): an older PEFT refuses a field it does not know, and every field left out is at its
+    default."""
+    modules = (["c_attn"] if any(W in lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
+        [PEFT_MODULES[W] for W in PEFT_MODULES if W in lora.targets]
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
+            "target_modules": modules, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_dropout": 0.0,
+            "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "inference_mode": True,
+            "base_model_name_or_path": None}
+
+
+# the fields of adapter_config.json that change what PEFT loads or computes; each must be what the
+# adapters' own record says (a config PEFT would load with another rank, scale or modules is refused)
+PEFT_LOADS = ("peft_type", "r", "lora_alpha", "target_modules", "rank_pattern", "alpha_pattern", "fan_in_fan_out",
+              "bias", "modules_to_save")
+PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8, "fan_in_fan_out": False, "bias": "none", "rank_pattern": {},
+                 "alpha_pattern": {}, "modules_to_save": None}   # LoraConfig's, for a field left out
+PEFT_OFF = ("use_rslora", "use_dora")      # another scale, another form of weight: not ours when set
+MAX_PEFT_CONFIG = 1 << 20
+MAX_SAFETENSORS_HEADER = 64 << 20
 PEFT_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
@@ -177,30 +190,96 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
     from safetensors.numpy import load
     d = Path(directory)
     f = d / "adapter_model.safetensors"
-    check_regular(f, CheckpointError, f"{what}'s adapter_model.safetensors", "the adapters tinygpt export wrote")
-    raw = read_user_file(f, CheckpointError, f"{what}'s adapter_model.safetensors", "a safetensors file",
-                         MAX_ADAPTER_FILE)
-    try:
-        n = int.from_bytes(raw[:8], "little")
-        meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
-        tensors = load(raw)
-    except (ValueError, SafetensorError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{what}: adapter_model.safetensors is not a safetensors file ({e})") from e
+    label = f"{what}'s adapter_model.safetensors"
+    st = check_regular(f, CheckpointError, label, "the adapters tinygpt export wrote")
+    # the header first: the tensors it declares, sized from the adapters' own settings, before
+    # the file is read (a 3 GiB file was read whole and then refused)
+    with open(f, "rb") as h:
+        pre = h.read(8)
+        n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
+        if not 0 < n <= min(MAX_SAFETENSORS_HEADER, st.st_size - 8):
+            raise CheckpointError(f"{label}: not a safetensors file (a header of {n:,} bytes in a file of "
+                                  f"{st.st_size:,}); give the directory tinygpt export {{opt:format}} peft wrote")
+        try:
+            header = json.loads(read_most(h, n))
+            meta = header.pop("__metadata__", None) or {}
+            assert isinstance(header, dict) and isinstance(meta, dict)
+        except (ValueError, AssertionError, UnicodeDecodeError, RecursionError) as e:
+            raise CheckpointError(f"{label}: its header is not a safetensors header; the file is damaged") from e
     want = meta.get("tinygpt_base_sha256")
     if not want:
         raise CheckpointError(f"{what}: its adapters do not name the base model they were trained on (not written "
                               "by tinygpt export {opt:format} peft)")
-    have = base_hash(base.params, base.cfg)
-    if have != want:
-        raise CheckpointError(f"{what}: these adapters were trained on another base model (sha256 {want[:12]}...), "
-                              f"not this one ({have[:12]}...); give the base they were made for")
     try:
         lo = json.loads(meta.get("tinygpt_lora", ""))
         lora = make_lora(lo["rank"], lo["alpha"], lo["targets"], lo.get("biases", False))
     except (ValueError, KeyError, TypeError, TinyGPTError) as e:
         raise CheckpointError(f"{what}: its adapters' LoRA settings are unreadable") from e
+    specs = {n: tuple(shape) for n, shape, _ in adapter_specs(base.cfg, lora)}
+    if sum(int(np.prod(s_)) for s_ in specs.values()) > 4 * n_params(base.cfg):
+        raise CheckpointError(f"{what}: its adapters' settings (rank {lora.rank}) are larger than the base model "
+                              "could train; the file is not this base's")
+    shapes = {k: v.shape for k, v in peft_tensors(base.cfg, lora, {k: np.zeros(s_, np.float32)
+                                                                  for k, s_ in specs.items()})[0].items()}
+    _check_peft_header(header, shapes, label)
+    need = 8 + n + sum(4 * int(np.prod(s_)) for s_ in shapes.values())
+    if st.st_size != need:
+        raise CheckpointError(f"{label}: {st.st_size:,} bytes where its tensors need {need:,}; the file is damaged")
+    _check_peft_config(d, lora, base.cfg, what)
+    have = base_hash(base.params, base.cfg)
+    if have != want:
+        raise CheckpointError(f"{what}: these adapters were trained on another base model (sha256 {want[:12]}...), "
+                              f"not this one ({have[:12]}...); give the base they were made for")
+    raw = read_user_file(f, CheckpointError, label, "a safetensors file", need)
+    try:
+        tensors = load(raw)
+    except (ValueError, SafetensorError) as e:
+        raise CheckpointError(f"{what}: adapter_model.safetensors is not a safetensors file ({e})") from e
     adapters = peft_adapters(base.cfg, lora, tensors, what)
     return merged({**base.params, **adapters}, base.cfg, lora)
+
+
+def _check_peft_header(header: dict, shapes: dict, label: str):
+    """Every tensor the adapters need, float32 of its shape, and nothing else (an integer tensor
+    is not a weight)."""
+    missing = sorted(set(shapes) - set(header))
+    extra = sorted(set(header) - set(shapes))
+    if missing or extra:
+        k = (missing or extra)[0]
+        raise CheckpointError(f"{label}: {'no' if missing else 'an unexpected'} tensor {k}"
+                              f"{'' if missing else ' (these adapters have no such module)'}; give the directory "
+                              "tinygpt export {opt:format} peft wrote")
+    for k, t in header.items():
+        if not isinstance(t, dict) or t.get("dtype") != "F32" or tuple(t.get("shape") or ()) != tuple(shapes[k]):
+            got = f"{t.get('dtype')} {t.get('shape')}" if isinstance(t, dict) else show(t)
+            raise CheckpointError(f"{label}: {k} is {got}, where the adapters need F32 {list(shapes[k])}; give the "
+                                  "directory tinygpt export {opt:format} peft wrote")
+
+
+def _check_peft_config(d: Path, lora: LoRA, cfg: Config, what: str):
+    """adapter_config.json says what the adapters' own record says, on every field that changes what
+    PEFT loads: rank, alpha and their patterns, the modules, the layout."""
+    label = f"{what}'s adapter_config.json"
+    raw = read_user_file(d / "adapter_config.json", CheckpointError, label, "the config tinygpt export wrote",
+                         MAX_PEFT_CONFIG)
+    try:
+        got = json.loads(raw)
+        assert isinstance(got, dict)
+    except (ValueError, AssertionError, UnicodeDecodeError, RecursionError) as e:
+        raise CheckpointError(f"{label} is not a JSON object; give the directory tinygpt export "
+                              "{opt:format} peft wrote") from e
+    _, ranks, alphas = peft_tensors(cfg, lora, {n: np.zeros(s, np.float32) for n, s, _ in adapter_specs(cfg, lora)})
+    mine = peft_config(lora, ranks, alphas)
+    norm = lambda k, v: sorted(v) if k == "target_modules" and isinstance(v, list) else v
+    for k in PEFT_LOADS:
+        if norm(k, got.get(k, PEFT_DEFAULTS.get(k))) != norm(k, mine[k]):
+            raise CheckpointError(f"{label}: {k} is {show(got.get(k))}, where the adapters beside it were written "
+                                  f"with {show(mine[k])}; PEFT would load them otherwise: give the directory as "
+                                  "tinygpt export {opt:format} peft wrote it")
+    for k in PEFT_OFF:
+        if got.get(k):
+            raise CheckpointError(f"{label}: {k} is set, which PEFT computes otherwise than these adapters were "
+                                  "trained; give the directory as tinygpt export {opt:format} peft wrote it")
 
 
 def peft_adapters(cfg: Config, lora: LoRA, tensors: dict, what: str) -> dict:
