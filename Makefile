@@ -31,10 +31,11 @@ DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_t
 
 # Trains the default preset (small, its schedule) on the built-in corpus for 3.5 minutes: the
 # step count is fitted to the time, so it ends within 4 minutes whatever the CPU's speed.
-# STEPS=N trains N steps instead; ARGS="..." passes more to the trainer.
+# STEPS=N trains N steps instead; ARGS="..." passes more to the trainer. The checkpoint is
+# runs/PRESET.tinygpt (runs/small.tinygpt; ARGS="--preset medium" writes runs/medium.tinygpt).
 MINUTES ?= 3.5
 train: adapter
-	$(BIN)/tinygpt train --out runs/small.tinygpt $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(ARGS)
+	$(BIN)/tinygpt train $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(ARGS)
 
 # Everything on the preferred adapter (Vulkan's lavapipe on a CPU), then the
 # kernel tests again on OpenGL (llvmpipe) where that adapter exists, the slow-marked ones

@@ -94,12 +94,26 @@ def test_ctrl_c_saves_exits_130_and_resume_matches(tmp_path, corpus):
     assert "Traceback" not in stderr and "saved; continue with" in stderr
     stopped = ckpt.load(ck).step
     assert 5 <= stopped < 60
+    printed = next(l for l in stderr.splitlines() if "continue with:" in l).split("continue with: ")[1]
+    kept = ck.read_bytes()
     # no schedule flags and no --steps: the file's schedule (warm-up 5, floor 1e-5) runs to its planned end
     assert run_cli("train", "--resume", ck, *common[len(TINY):len(TINY) + 6], "--out", ck, "--log", part) == 0
     a = [r["train_loss"] for r in read_log(full)]
     b = [r["train_loss"] for r in read_log(part)]
     assert [r["step"] for r in read_log(part)] == list(range(1, 61))
     assert a == b, f"resumed after step {stopped}: losses differ"
+    # the command printed at the interrupt runs as printed (with the run's --data: a path in a file is never opened)
+    import shlex
+    resumed = ck.read_bytes()
+    ck.write_bytes(kept)
+    argv = shlex.split(printed)
+    assert argv[:2] == ["tinygpt", "train"], printed
+    r = subprocess.run([sys.executable, "-m", "tinygpt", *argv[1:]], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    again, first = ckpt.load(ck), tmp_path / "first.tinygpt"
+    first.write_bytes(resumed)
+    assert again.step == 60
+    assert all(np.array_equal(again.params[k], ckpt.load(first).params[k]) for k in again.params)
 
 
 def test_checkpoint_round_trip_is_byte_identical(tmp_path):

@@ -238,3 +238,14 @@ def test_an_adapters_directory_is_checked_before_it_is_trusted(base, tmp_path):
     for d, needle in cases:
         rc, err = in_process("eval", "--model", base, "--adapters", d, "--max-windows", 4)
         one_line_error(rc, err, needle)
+
+
+def test_the_readmes_lora_line_runs_as_written(base, tmp_path, corpus):
+    """train --resume BASE --lora 8 --data my.txt --out ft.tinygpt, no --steps: a new LoRA run
+    is its own run of train.LORA_STEPS steps (it failed: "the checkpoint is at step 0, the end of
+    its run", the base's planned end taken for the fine-tune's)."""
+    from tinygpt.train import LORA_STEPS
+    ft = tmp_path / "ft.tinygpt"
+    assert run_cli("train", "--resume", base, "--lora", 8, "--data", corpus, "--out", ft, "--quiet",
+                   "--eval-every", 0, "--sample-tokens", 0) == 0
+    assert ckpt.load(ft).step == LORA_STEPS

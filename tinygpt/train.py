@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
 
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
+LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")
 
 
 def run_lora(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
@@ -175,6 +177,7 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool =
         if sched.kind == "cosine" and sched.min_lr > sched.lr:
             raise UsageError(f"{{opt:min_lr}} {sched.min_lr:g} is above the peak lr {sched.lr:g}; give a smaller "
                              "{opt:min_lr}")
+        sched.total = LORA_STEPS          # its own run: the base's planned end is not its end
         return cfg, tok_file, sched
     return cfg, tok_file, resolve(o, resume.extra.get("schedule"), cfg.lr)
 
@@ -504,7 +507,9 @@ class Loop:
                                 self.sampler.generate(o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE,
                                                       SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
-            print(word(f"saved; continue with: tinygpt train {{opt:resume}} {out_path}"), file=self.err)
+            data = f" {{opt:data}} {shlex.quote(str(self.o.data))}" if self.o.data else ""   # not read from the file
+            print(word(f"saved; continue with: tinygpt train {{opt:resume}} {shlex.quote(str(out_path))}{data}"),
+                  file=self.err)
             raise Interrupted("interrupted", stop.exit_code)
 
 
