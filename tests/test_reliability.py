@@ -245,6 +245,39 @@ def test_full_disk_for_the_log_warns_and_the_run_goes_on(tmp_path, corpus, tmpfs
     assert ckpt.load(tmp_path / "m.tinygpt").step == 120
 
 
+def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, corpus, monkeypatch, capsys):
+    """SIGTERM (or Ctrl-C) in the middle of prepare: its temporary file is removed, the output
+    stays as it was, exit 143, and the message speaks of what prepare writes (a token file), not
+    of a checkpoint."""
+    from tinygpt import tokenfile
+    pieces = tokenfile._pieces
+
+    def killed_midway(*a, **k):
+        for i, ids in enumerate(pieces(*a, **k)):
+            if i == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield ids
+    monkeypatch.setattr(tokenfile, "CHUNK", 1024)         # many pieces
+    monkeypatch.setattr(tokenfile, "_pieces", killed_midway)
+    out = tmp_path / "c.bin"
+    assert main(["prepare", str(corpus), "--out", str(out), "--quiet"]) == 143
+    err = capsys.readouterr().err
+    assert "prepare stopped by SIGTERM; nothing was written" in err and "checkpoint" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_prepare_onto_a_full_disk_blames_the_output(tmp_path, corpus, tmpfs):
+    """No space for the token file: the error names the output and says to free space (it said the
+    input "cannot be read (No space left on device)"); nothing is left behind."""
+    big = tmp_path / "big.txt"
+    big.write_text("word " * 200_000)
+    rc, err = cli("prepare", big, "--out", tmpfs / "c.bin", "--quiet")
+    one_line_error(rc, err, "c.bin", "No space left on device", "free some space")
+    assert "cannot be read" not in err[-1] and "big.txt" not in err[-1]
+    assert list(tmpfs.iterdir()) == []
+
+
 def test_a_failing_plot_never_kills_a_run(tmp_path, corpus, monkeypatch, capsys):
     import tinygpt.train as T
 

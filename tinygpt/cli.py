@@ -36,7 +36,7 @@ from .model.attention import IMPLS
 from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
-from .safety import Interrupted
+from .safety import Interrupted, stops_on_signals
 from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
 from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_optimizer, run_precision, train
 
@@ -363,6 +363,16 @@ def cmd_export(args) -> int:
 
 
 def cmd_prepare(args) -> int:
+    with stops_on_signals() as stop:
+        try:
+            return _prepare(args)
+        except KeyboardInterrupt:
+            print(f"tinygpt: prepare stopped by {stop.name}; nothing was written ({args.out} is as it was)",
+                  file=sys.stderr)
+            return stop.exit_code
+
+
+def _prepare(args) -> int:
     inputs = {f"text {i + 1}": data_files(t) for i, t in enumerate(args.text)}
     out = Outputs(args.force, {**inputs, "tokenizer_file": args.tokenizer_file})
     out.claim(args.out, "out", "token file", is_our_token_file)

@@ -24,6 +24,41 @@ class Interrupted(TrainingStopped):
     """Stopped by a signal after saving (the lines before it said so); exit 130 or 143."""
 
 
+class Stop:
+    """SIGINT or SIGTERM as KeyboardInterrupt: what stops a command that has no step to finish
+    first (prepare), so that its cleanup runs (a SIGTERM left prepare's temporary file behind)."""
+
+    def __init__(self):
+        self.signum = None
+
+    def handler(self, signum, _frame):
+        self.signum = signum
+        raise KeyboardInterrupt
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + int(self.signum or signal.SIGINT)
+
+    @property
+    def name(self) -> str:
+        return "SIGTERM" if self.signum == signal.SIGTERM else "Ctrl-C"
+
+
+@contextmanager
+def stops_on_signals():
+    stop, old = Stop(), {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            old[s] = signal.signal(s, stop.handler)
+    except ValueError:          # not the main thread: leave signals alone
+        pass
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 class StopFlag:
     """Ctrl-C (SIGINT) or SIGTERM (systemd, Slurm, `timeout`, containers) asks to stop after the
     current step, never mid-step, so the saved sampling state and weights agree. A third signal

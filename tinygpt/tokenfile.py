@@ -172,19 +172,21 @@ def prepare(sources, out, tokenizer: str = "byte", tokenizer_file: str | None = 
         for f in files:
             label = f"prepare: {f}"
             hasher, n0, read0 = hashlib.sha256(), count, 0
-            try:
-                with open(f, "rb") as src:
-                    for ids in _pieces(src, tok, label, hasher):
-                        w.write(np.asarray(ids, dtype).tobytes())
-                        count += len(ids)
-                        if bar:
-                            pos = src.tell()
-                            bar.update((pos - read0) / (1 << 20))
-                            read0 = pos
-            except OSError as e:
-                if e.filename is None:
-                    raise DataError(f"{label}: cannot read it ({e.strerror})") from e
-                raise
+            with open(f, "rb") as src:
+                pieces = _pieces(src, tok, label, hasher)
+                while True:
+                    try:               # a failed read is the input's; a failed write (below) the output's
+                        ids = next(pieces)
+                    except StopIteration:
+                        break
+                    except OSError as e:
+                        raise DataError(f"{label}: cannot read it ({e.strerror})") from e
+                    w.write(np.asarray(ids, dtype).tobytes())
+                    count += len(ids)
+                    if bar:
+                        pos = src.tell()
+                        bar.update((pos - read0) / (1 << 20))
+                        read0 = pos
             record.append({"path": str(f), "bytes": f.stat().st_size, "sha256": hasher.hexdigest(),
                            "tokens": count - n0})
     if bar:
