@@ -470,6 +470,22 @@ def test_bad_flag_values_exit_2(tmp_path, corpus):
         assert rc == 2
 
 
+def test_non_finite_weights_are_refused_before_anything_runs(tmp_path, corpus, saved):
+    """A file whose weights hold NaN or inf (a diverged run another tool saved): eval, sample,
+    inspect and train --resume say so in one line, naming the tensor (eval printed nan, sample
+    failed in Python's bytes())."""
+    ck = ckpt.load(saved)
+    ck.params["h0.Wq"][0, :3] = [np.nan, np.inf, -np.inf]
+    p = tmp_path / "nan.tinygpt"
+    ckpt.save(p, ck)
+    for args in (("eval", "--model", p, "--data", corpus), ("sample", "--model", p, "--tokens", 5),
+                 ("inspect", "--model", p, "--prompt", "It", "--out", tmp_path / "i.png"),
+                 ("train", "--resume", p, "--data", corpus, "--steps", 8)):
+        rc, err = cli(*args)
+        one_line_error(rc, err, "h0.Wq hold 3 NaN or infinite values", "use an earlier checkpoint")
+    assert not (tmp_path / "i.png").exists()
+
+
 def test_eval_of_an_exploded_model_prints_what_it_can(tmp_path, corpus, saved, capsys):
     ck = ckpt.load(saved)
     ck.params["tok_emb"] = ck.params["tok_emb"] * 1e4   # logits of ~1e4: a loss too large for exp

@@ -102,6 +102,7 @@ def model_params(ck: Checkpoint, what: str, adapters=None) -> dict:
     """The weights a checkpoint computes with: its own, or a LoRA run's base with the adapters
     folded in (evaluation, sampling, inspection and merged exports take these); `adapters`, a
     directory from the export's peft format, folded into the checkpoint as its base instead."""
+    finite_weights(ck, what)
     st = read(ck, what)
     if adapters is not None:
         if st is not None:
@@ -109,6 +110,17 @@ def model_params(ck: Checkpoint, what: str, adapters=None) -> dict:
                                   "model they were trained on")
         return read_peft(adapters, ck, f"{{opt:adapters}} {adapters}")
     return ck.params if st is None else merged({**ck.params, **st.params}, ck.cfg, st.lora)
+
+
+def finite_weights(ck: Checkpoint, what: str):
+    """Refuse weights holding NaN or infinity before anything runs on them (such a file evaluated
+    to nan without a word, and sample failed inside Python's bytes())."""
+    for name, w in ck.params.items():
+        bad = int(np.size(w) - np.count_nonzero(np.isfinite(w)))
+        if bad:
+            raise CheckpointError(f"{what}: its weights {name} hold {bad:,} NaN or infinite value{'s' * (bad > 1)} "
+                                  "(the run diverged before this file was saved); use an earlier checkpoint, or "
+                                  "train again with a lower {opt:lr}")
 
 
 # ---- PEFT -----------------------------------------------------------------------------------------

@@ -258,6 +258,8 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     """Config, data, model and state for `tinygpt train`; returns the run and its start step."""
     label = f"{{opt:resume}} {o.resume}"
     resume = ckpt.load(o.resume, label) if o.resume else None
+    if resume:
+        lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
     lora, new_lora = run_lora(o, resume, label)
     if new_lora and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
