@@ -470,6 +470,22 @@ def test_bad_flag_values_exit_2(tmp_path, corpus):
         assert rc == 2
 
 
+def test_the_file_records_the_whole_split_loss_and_eval_every(tmp_path, corpus):
+    """finalLoss.val (and bestVal, where lowest) hold the whole-split loss the run prints and
+    eval computes, not the 64-window estimate; the header's config carries evalEvery, which
+    upstream's continue loop counts its next evaluation from (NaN without it)."""
+    out = tmp_path / "m.tinygpt"
+    rc, err = train(corpus, out, "--eval-every", 2, steps=4)
+    assert rc == 0, err
+    h = ckpt.load(out).header
+    whole = json.loads(subprocess.run([sys.executable, "-m", "tinygpt", "eval", "--model", str(out), "--data",
+                                       str(corpus), "--json"], capture_output=True, text=True).stdout)["loss"]
+    print("finalLoss", h["finalLoss"], "bestVal", h["bestVal"], "eval", whole)
+    assert h["finalLoss"]["step"] == 4 and abs(h["finalLoss"]["val"] - whole) < 1e-5
+    assert h["config"]["evalEvery"] == 2
+    assert h["bestVal"]["loss"] <= h["finalLoss"]["val"]
+
+
 def test_non_finite_weights_are_refused_before_anything_runs(tmp_path, corpus, saved):
     """A file whose weights hold NaN or inf (a diverged run another tool saved): eval, sample,
     inspect and train --resume say so in one line, naming the tensor (eval printed nan, sample

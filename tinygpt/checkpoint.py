@@ -224,6 +224,7 @@ def _losses(history: list, kept: dict) -> tuple[dict | None, dict | None]:
 
 
 BUILTIN_CORPUS = "tinygpt built-in: Python's reference documentation"
+EVAL_EVERY = 100        # the header's evalEvery for a run that gave none (options.TrainOptions' default)
 # Fields every write computes from the state; a header read keeps the rest.
 DERIVED = {"version", "savedAt", "config", "manifest", "includesOptimizerState", "weightDtype", "stateByteLength",
            "lossHistory", "finalLoss", "bestVal", "corpus", "sample", "tinygptPy",
@@ -250,6 +251,13 @@ def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dic
     config = {k: v for k, v in kept_config.items() if k not in ("vocabSize", "tokenizerSource")}
     config.update(config_to_header(cfg, ck.extra.get("tokenizerSource") or kept_config.get("tokenizerSource")))
     config.setdefault("backend", "webgpu")
+    # upstream's continue loop counts its next evaluation from evalEvery (NaN without it): the
+    # run's own interval, or the file's, or ours by default
+    every = ck.extra.get("evalEvery")
+    if not (isinstance(every, int) and not isinstance(every, bool) and every > 0):
+        every = kept_config.get("evalEvery")
+        every = every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else EVAL_EVERY
+    config["evalEvery"] = every
     total = (ck.extra.get("schedule") or {}).get("total") if isinstance(ck.extra.get("schedule"), dict) else None
     if isinstance(total, int) and total > 0:
         config["maxSteps"] = total

@@ -290,7 +290,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
                   optimizer=optimizer)
     # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name, "recompute": o.recompute}
+             "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
@@ -498,11 +498,19 @@ class Loop:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=self.err)
         params = self.saver.checked_params(self.x, self.y, self.lr, model.step_count) if self.x is not None \
             else model.get_params()
-        self.saver.save_final(params)
+        try:
+            if not stop.requested and o.eval_every:
+                # the whole split before the save: the file's last point (finalLoss.val, and bestVal
+                # where it is the lowest) holds the loss the run prints and eval computes, not the
+                # 64 windows' estimate
+                self.last["val_full"] = model.mean_loss(*self.final_val)
+                last = run.history[-1] if run.history else None
+                if last is not None and last.get("step") == model.step_count:
+                    last["val"] = self.last["val_full"]
+        finally:            # saved whatever the evaluation did: the weights were read before it
+            self.saver.save_final(params)
         if not stop.requested:
             self.png = self.side.attempt("loss-curve plot", plot_losses, run.history, self.outs.plot)
-            if o.eval_every:
-                self.last["val_full"] = model.mean_loss(*self.final_val)
             if self.sampler:
                 self.sampler.set_params(run.model_params(params))
                 self.samples = [self.sampler.generate(o.sample_prompt, o.sample_tokens, 0.0)[0],
