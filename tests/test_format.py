@@ -232,6 +232,34 @@ def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
     assert h["savedAt"] != "2026-05-01T10:00:00.000Z"
 
 
+def test_a_version_1_file_holds_weights_and_moments(tmp_path, corpus):
+    """Version 1 (no manifest, no includesOptimizerState, no stateByteLength): upstream's reader
+    takes the fp32 state as weights and moments, and so do we (it was refused as "more state
+    than its config needs"); a version-1 state of the weights alone reads as weights."""
+    p = init_params(CFG)
+    stored = list(stored_weights(CFG, p))
+    for with_moments in (True, False):
+        state = struct.pack("<i", 40) + b"".join(
+            (np.concatenate([w, np.full_like(w, 2e-3), np.full_like(w, 3e-6)]) if with_moments else w)
+            .astype("<f4").tobytes() for w in stored)
+        header = {"version": 1, "savedAt": "2025-01-01T00:00:00.000Z", "corpus": "hello",
+                  "config": {"layers": CFG.layers, "dModel": CFG.d_model, "ctx": CFG.ctx, "heads": CFG.heads,
+                             "dMlp": CFG.d_mlp, "batchSize": CFG.batch, "learningRate": 3e-4, "gradClip": 1.0,
+                             "seed": 7}}
+        hb = json.dumps(header).encode()
+        f = tmp_path / f"v1{with_moments}.tinygpt"
+        f.write_bytes(b"TGPT" + struct.pack("<II", 1, len(hb)) + hb + state)
+        ck = ckpt.load(f)
+        assert ck.step == 40 and all(np.array_equal(ck.params[k], p[k]) for k in p)
+        if with_moments:
+            assert all(np.all(ck.m[k] == np.float32(2e-3)) and np.all(ck.v[k] == np.float32(3e-6)) for k in p)
+        else:
+            assert ck.m is None
+    rc, err = cli("train", "--resume", tmp_path / "v1True.tinygpt", "--data", corpus, "--steps", 42, "--quiet",
+                  "--eval-every", 0, "--sample-tokens", 0)
+    assert rc == 0, err
+
+
 # ---- what upstream writes --------------------------------------------------------------------
 @pytest.fixture
 def weights():

@@ -357,12 +357,15 @@ class Layout:
     nbytes: int
 
 
-def _layout(version: int, header: dict, cfg: Config, what: str) -> Layout:
+def _layout(version: int, header: dict, cfg: Config, what: str, state_len: int | None = None) -> Layout:
     dtype = header.get("weightDtype", "fp32")
     if dtype not in LAYOUTS:
         raise CheckpointError(f"{what} stores weights as {show(dtype)}; this tinygpt reads "
                               f"{', '.join(LAYOUTS)}")
-    with_opt = header.get("includesOptimizerState", version >= 2 and dtype == "fp32")
+    # without the field (a version-1 file, or another writer's), upstream's reader takes an fp32
+    # state with the moments: so do we, unless the state is exactly the weights alone
+    weights_only = state_len is not None and state_len == state_bytes(cfg, dtype, False)
+    with_opt = header.get("includesOptimizerState", dtype == "fp32" and not weights_only)
     if not isinstance(with_opt, bool):
         raise CheckpointError(f"{what}: the header's includesOptimizerState is {show(with_opt)}; expected "
                               "true or false")
@@ -401,7 +404,7 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     if not isinstance(header.get("config"), dict):
         raise CheckpointError(f"{what}: the header has no config")
     cfg = config_from_header(header["config"], what)
-    lay = _layout(version, header, cfg, what)
+    lay = _layout(version, header, cfg, what, state_len)
     declared = header.get("stateByteLength")
     if declared is not None and declared != lay.nbytes:
         raise CheckpointError(f"{what}: stateByteLength {show(declared)} disagrees with its config, which needs "
