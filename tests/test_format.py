@@ -227,7 +227,10 @@ def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
     for k in ("sample", "project", "sparsityMasks"):
         assert h[k] == fields[k], k
     assert h["config"]["backend"] == "wasm" and h["config"]["maxSteps"] == 102
-    assert h["bestVal"] == {"loss": 2.4, "step": 90} and h["corpus"] == "c.txt"
+    assert h["bestVal"] == {"loss": 2.4, "step": 90}
+    assert h["corpus"] == "shakespeare" and h["tinygptPy"]["data"].endswith("c.txt")    # the user's text kept
+    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 104, "--quiet", "--eval-every", 0)
+    assert rc == 0 and header_of(f.read_bytes())["corpus"] == "shakespeare"             # and on every resume
     assert [p["step"] for p in h["lossHistory"]] == [100, 101, 102] and h["finalLoss"]["step"] == 102
     assert h["savedAt"] != "2026-05-01T10:00:00.000Z"
 

@@ -232,8 +232,11 @@ DERIVED = {"version", "savedAt", "config", "manifest", "includesOptimizerState",
 
 
 def corpus_name(extra: dict, header: dict):
-    """The header's corpus: the data our run read (its file name, never a path to open), else
-    what the file said."""
+    """The header's corpus: what another writer put there, kept (upstream's is the training text
+    itself, which its playground puts back in its text box), else the data our run read (its
+    file name, never a path to open)."""
+    if extra.get("corpusKept") and isinstance(header.get("corpus"), str):
+        return header["corpus"]
     if "data" in extra:
         return os.path.basename(extra["data"]) if extra["data"] else BUILTIN_CORPUS
     return header.get("corpus")

@@ -293,6 +293,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
              "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
+    if resume and isinstance(resume.header.get("corpus"), str) and \
+            ("data" not in resume.extra or resume.extra.get("corpusKept")):
+        extra["corpusKept"] = True    # another writer's corpus (upstream's: the training text) stays
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     frozen, notes = None, []
     if lora:            # the base's moments are written back as the file held them
