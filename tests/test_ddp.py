@@ -20,7 +20,7 @@ SHARED = ROOT.parent / "shared" / "data"
 
 @pytest.fixture
 def start(tmp_path):
-    """A 5-step tinygpt run (batch 4) on a small corpus: the file every test continues. A constant
+    """A 5-step tinygpt AdamW run (batch 4) on a small corpus: the file every test continues. A constant
     lr, so that runs of different lengths step alike and can be compared step by step."""
     corpus = tmp_path / "c.txt"
     text = (SHARED / "tinyshakespeare.txt").read_text()[:100_000] if (SHARED / "tinyshakespeare.txt").exists() \
@@ -29,7 +29,7 @@ def start(tmp_path):
     f = tmp_path / "a.tinygpt"
     assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--data", str(corpus), "--steps", "5",
                  "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--out", str(f), "--schedule", "constant",
-                 "--lr", "3e-3"]) == 0
+                 "--lr", "3e-3", "--optimizer", "adamw"]) == 0      # AdamW's moments, compared below
     return f, corpus
 
 

@@ -13,7 +13,8 @@ from tinygpt import checkpoint as ckpt
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
 from tinygpt.cli import main
-from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
+from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset, train_defaults
+from tinygpt.core.optim import DEFAULT as DEFAULT_OPTIMIZER
 from tinygpt.data import Dataset, ByteTokenizer, builtin_corpus, read_corpus
 from tinygpt.core.errors import UsageError
 from tinygpt.model.gpt import Model
@@ -54,8 +55,12 @@ def test_default_schedule_warms_up_then_decays_to_the_floor():
     s.total = 50                                                                  # warm-up: at most a tenth
     assert s.at(4) == pytest.approx(d.lr) and s.at(0) == pytest.approx(d.lr / 5)
     for name in TRAIN_DEFAULTS:                                                   # every preset has its own
-        r = resolve(TrainOptions(preset=name))
+        r = resolve(TrainOptions(preset=name, optimizer="adamw"))
         assert r.lr == TRAIN_DEFAULTS[name].lr and r.min_lr < r.lr
+        assert resolve(TrainOptions(preset=name)).lr == train_defaults(name, DEFAULT_OPTIMIZER).lr
+    # an optimizer's own where its sweep found one (Muon on tiny), else AdamW's
+    assert (DEFAULT_OPTIMIZER, resolve(TrainOptions(preset="tiny")).lr) == ("muon", 2e-2)
+    assert resolve(TrainOptions(preset="small", optimizer="muon")).lr == TRAIN_DEFAULTS["small"].lr
 
 
 def test_constant_schedule_is_tinygpts_and_flags_override():
@@ -135,6 +140,9 @@ def test_resume_past_the_planned_end_continues_at_the_final_lr(tmp_path, corpus,
     assert ckpt.load(h).extra["schedule"]["start"] == 20
     assert main(["train", "--preset", "tiny", "--data", str(corpus), "--steps", "3", "--rewarm", *common]) == 2
     assert "--rewarm restarts a resumed run's schedule" in capsys.readouterr().err
+    assert main(["train", "--resume", str(f), "--data", str(corpus), "--steps", "30", "--lr", "1e-3",
+                 "--out", str(tmp_path / "d.tinygpt"), *common]) == 2      # an lr past the end would do nothing
+    assert "add --rewarm" in capsys.readouterr().err
 
 
 def test_steps_and_minutes_together_are_refused(corpus, capsys):

@@ -321,7 +321,7 @@ def test_ctrl_c_after_the_last_step_still_saves(tmp_path, corpus, trial):
 def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, corpus, saved):
     before = saved.read_bytes()
     rc, err = cli("train", "--resume", saved, "--quiet", "--data", corpus, "--steps", 40, "--eval-every", 0,
-                  "--lr", "1e4", "--save-every", 1, "--log-every", 100)
+                  "--lr", "1e4", "--rewarm", "--save-every", 1, "--log-every", 100)
     one_line_error(rc, err, "not saved", "keeps the checkpoint of step 4", "lower --lr")
     assert rc == 3 and saved.read_bytes() == before
 

@@ -247,7 +247,7 @@ def cmd_plan(args) -> int:
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     accum, precision = run_accum(o, resume), run_precision(o, resume)
-    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}")[0]
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
@@ -499,9 +499,10 @@ def train_flags(p, small: TrainDefaults, base: Config):
                    help=f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean "
                         f"steps as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)")
     p.add_argument("--optimizer", choices=list(OPT_NAMES),
-                   help="adamw (default, or the resumed run's), lion (the sign of a momentum, one moment; lr about "
-                        "a tenth of adamw's) or muon (the blocks' matrices orthogonalised by Newton-Schulz, the rest "
-                        "by adamw, one lr); resuming with another optimizer starts its state fresh")
+                   help="muon (the default for a new run: the blocks' matrices orthogonalised by Newton-Schulz, the "
+                        "rest by adamw, one lr), adamw (TinyGPT's; a LoRA run's default, and a resumed file's where "
+                        "it records none) or lion (the sign of a momentum, one moment); a resumed run keeps its own, "
+                        "and resuming with another starts its state fresh")
     p.add_argument("--weight-decay", type=nonneg_float, metavar="WD",
                    help=f"decoupled weight decay of matrices and embeddings (default {OPT_WD:g}, or the resumed run's)")
     p.add_argument("--beta1", type=unit_float,

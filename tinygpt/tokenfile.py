@@ -65,7 +65,7 @@ def dtype_for(vocab: int) -> str:
 def text_files(paths, label: str = "{opt:data}") -> list[Path]:
     """Each path a text file, or a directory whose regular files (not hidden, any depth) are taken in
     sorted order, but for the token files prepare wrote there and their sidecars (which are not
-    its text: `prepare DIR --out DIR/corpus.bin` run twice read its own output as text); at most
+    its text: prepare of DIR into DIR/corpus.bin, run twice, read its own output as text); at most
     MAX_SOURCES in all, checked while listing."""
     out = []
     for given in paths:

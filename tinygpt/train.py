@@ -24,6 +24,7 @@ from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, par
 from .core.errors import UsageError, word
 from .core.init import init_params
 from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_specs
+from .core.optim import DEFAULT as DEFAULT_OPTIMIZER
 from .core.optim import OptimizerSettings, make_settings
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, get_tokenizer
@@ -214,12 +215,12 @@ def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> in
     return v
 
 
-def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
-    """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else the
-    file's (a file that records none was AdamW's), else AdamW; the file's settings carry over
-    where the optimizer stays and no option changes them."""
+def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False):
+    """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else for
+    a LoRA run adamw, else the file's (a file that records none was AdamW's), else core.optim's
+    DEFAULT; the file's settings carry over where the optimizer stays and no option changes them."""
     held = (optim_state.file_settings(resume, label) or make_settings("adamw")) if resume else None
-    name = o.optimizer or (held.name if held else "adamw")
+    name = o.optimizer or ("adamw" if lora else held.name if held else DEFAULT_OPTIMIZER)
     same = held is not None and held.name == name
     pick = lambda key: getattr(o, key) if getattr(o, key) is not None else getattr(held, key) if same else None
     return make_settings(name, pick("weight_decay"), pick("beta1"), pick("beta2"),
@@ -274,7 +275,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
-    optimizer, held = run_optimizer(o, resume, label)
+    optimizer, held = run_optimizer(o, resume, label, lora is not None)
     if lora and optimizer.name != "adamw":
         raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with adamw (their "
                          "moments are what its file and PEFT's export carry); drop {opt:optimizer}")
@@ -364,6 +365,10 @@ class Loop:
         # a resumed run keeps its schedule's past: its decay stays at the planned end (held) unless rewarmed
         self.held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
         self.extension = sched.extension(start, total, self.held)
+        if self.extension and start >= self.held and (o.lr is not None or o.warmup is not None):
+            raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
+                             f"step {self.held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
+                             "{opt:rewarm} to start a new warm-up and decay at this step")
         self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
         self.side = SideWriter(err)
         self.log = self.side.attempt("log", open, outs.log, "a") if outs.log else None

@@ -35,6 +35,10 @@ NS_EPS = 1e-7                                    # the Frobenius norm's floor be
 # GPT-2 small's, 768 x 3072, fills one by itself and takes no scratch beyond its own.
 NS_BATCH_FLOATS = 1 << 20
 WEIGHT_DECAY = 0.1
+# tinygpt train's optimizer for a new run: Muon learned more per minute than AdamW at the first
+# run's budget (docs/results.md, "Optimizers"). A LoRA run takes adamw (its files and PEFT's
+# export carry AdamW moments), and a resumed file its own (adamw where it records none).
+DEFAULT = "muon"
 # the flat buffers (in the parameter layout) each optimizer's state lives in: the buffer table's
 # rows (model.optim) and the keys of the reference's state (reference.optim)
 STATE_ROWS = {"adamw": ("adam m", "adam v"), "lion": ("lion m",), "muon": ("muon m", "muon v")}
