@@ -410,8 +410,8 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     lay = _layout(version, header, cfg, what, state_len)
     declared = header.get("stateByteLength")
     if declared is not None and declared != lay.nbytes:
-        raise CheckpointError(f"{what}: stateByteLength {show(declared)} disagrees with its config, which needs "
-                              f"{lay.nbytes:,} bytes")
+        raise CheckpointError(f"{what}: stateByteLength {show(declared)} disagrees with its config and weightDtype "
+                              f"{lay.dtype}, which need {lay.nbytes:,} bytes")
     if state_len < lay.nbytes:
         raise CheckpointError(f"{what} is truncated: its state has {state_len:,} of {lay.nbytes:,} bytes")
     if state_len > lay.nbytes:

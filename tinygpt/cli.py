@@ -16,7 +16,7 @@ from . import checkpoint as ckpt
 from . import optim_state
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
-from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora
+from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora, trainable_specs
 from .core.optim import DEFAULTS as OPT_DEFAULTS
 from .core.optim import NAMES as OPT_NAMES
 from .core.optim import WEIGHT_DECAY as OPT_WD
@@ -247,7 +247,8 @@ def cmd_plan(args) -> int:
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     accum, precision = run_accum(o, resume), run_precision(o, resume)
-    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None,
+                              trainable_specs(cfg, lora))[0]
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)
     p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),

@@ -46,10 +46,15 @@ def record_bytes(settings: OptimizerSettings, specs) -> int:
 def check_fits(settings: OptimizerSettings, specs, what: str = "the model"):
     """Refuse, before a run starts, an optimizer whose state the file's header could not hold."""
     need = record_bytes(settings, specs)
-    if need > MAX_HEADER // 2:        # half the header for the state; the rest for history and the rest
+    if not fits(settings, specs):     # half the header for the state; the rest for history and the rest
         raise UsageError(f"{{opt:optimizer}} {settings.name}: its state for {what} would take {need:,} bytes of "
                          f"the checkpoint's header, over the {MAX_HEADER // 2:,} it may; use {{opt:optimizer}} adamw, "
                          "whose moments the file's state holds")
+
+
+def fits(settings: OptimizerSettings, specs) -> bool:
+    """Whether the file's header can hold this optimizer's state for these parameters."""
+    return record_bytes(settings, specs) <= MAX_HEADER // 2
 
 
 def _b64(a: np.ndarray) -> str:

@@ -215,12 +215,16 @@ def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> in
     return v
 
 
-def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False):
+def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False, specs=None):
     """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else for
     a LoRA run adamw, else the file's (a file that records none was AdamW's), else core.optim's
-    DEFAULT; the file's settings carry over where the optimizer stays and no option changes them."""
+    DEFAULT where its state fits a file's header for these parameter specs (adamw past about 25
+    million parameters, whose moments the file's state holds); the file's settings carry over where
+    the optimizer stays and no option changes them."""
     held = (optim_state.file_settings(resume, label) or make_settings("adamw")) if resume else None
-    name = o.optimizer or ("adamw" if lora else held.name if held else DEFAULT_OPTIMIZER)
+    default = DEFAULT_OPTIMIZER if specs is None or optim_state.fits(make_settings(DEFAULT_OPTIMIZER), specs) \
+        else "adamw"
+    name = o.optimizer or ("adamw" if lora else held.name if held else default)
     same = held is not None and held.name == name
     pick = lambda key: getattr(o, key) if getattr(o, key) is not None else getattr(held, key) if same else None
     return make_settings(name, pick("weight_decay"), pick("beta1"), pick("beta2"),
@@ -275,11 +279,12 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
-    optimizer, held = run_optimizer(o, resume, label, lora is not None)
+    specs = trainable_specs(cfg, lora.lora if lora else None)
+    optimizer, held = run_optimizer(o, resume, label, lora is not None, specs)
     if lora and optimizer.name != "adamw":
         raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with adamw (their "
                          "moments are what its file and PEFT's export carry); drop {opt:optimizer}")
-    optim_state.check_fits(optimizer, trainable_specs(cfg, lora.lora if lora else None))
+    optim_state.check_fits(optimizer, specs)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
@@ -299,6 +304,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
         extra["corpusKept"] = True    # another writer's corpus (upstream's: the training text) stays
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     frozen, notes = None, []
+    if o.optimizer is None and resume is None and optimizer.name != DEFAULT_OPTIMIZER:
+        notes.append(f"optimizer: {optimizer.name}, not the default {DEFAULT_OPTIMIZER}, whose state would not fit a "
+                     f"checkpoint's header at {n_params(cfg):,} parameters")
     if lora:            # the base's moments are written back as the file held them
         frozen = (resume.m, resume.v)
         if resume.m is not None:
