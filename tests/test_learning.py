@@ -124,7 +124,7 @@ def test_resume_past_the_planned_end_continues_at_the_final_lr(tmp_path, corpus,
                  "--warmup", "2", "--out", str(f), "--log", str(log), *common]) == 0
     lrs = lambda p: [r["lr"] for r in map(json.loads, Path(p).read_text().splitlines())]
     final = lrs(log)[-1]
-    assert final < 2e-4                          # the last step, a little above the floor
+    assert final < 1e-3                          # the last step, a little above the floor
     capsys.readouterr()
     g, glog = tmp_path / "b.tinygpt", tmp_path / "b.jsonl"
     assert main(["train", "--resume", str(f), "--data", str(corpus), "--steps", "25", "--out", str(g), "--log", str(glog),
