@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from tinygpt.tables import emit
+from tinygpt.tokenfile import data_files
 from tinygpt.outputs import claim_plot, save_png
 from tinygpt.cli import add_kernels, nonneg_int, positive_float, positive_int, run_script
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
@@ -153,7 +154,7 @@ def main(argv=None):
     ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
     add_kernels(ap)
     args = ap.parse_args(argv)
-    claim_plot(args.plot, inputs={"data": args.data, "replot": args.replot})   # before any work, as the CLI claims its outputs
+    claim_plot(args.plot, inputs={"data": data_files(args.data), "replot": args.replot})   # before any work, as the CLI claims its outputs
     if args.replot:
         import json
         from pathlib import Path

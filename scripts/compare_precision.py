@@ -31,6 +31,7 @@ from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions
 from tinygpt.schedule import resolve
 from tinygpt.tables import emit
+from tinygpt.tokenfile import data_files
 from tinygpt.outputs import claim_plot, save_png
 from tinygpt.cli import positive_int, run_script, seed_int
 
@@ -85,7 +86,7 @@ def main(argv=None):
         raise SystemExit(f"error: --seeds takes whole numbers below 2**63, comma-separated ({e})")
     if len(seeds) > 10:
         raise SystemExit("error: --seeds takes at most 10 seeds")
-    claim_plot(args.plot, inputs={"data": args.data})   # before any work, as the CLI claims its outputs
+    claim_plot(args.plot, inputs={"data": data_files(args.data)})   # before any work, as the CLI claims its outputs
     gpu = GPU()
     plan = make_plan(gpu)
     raw, data_name = read_corpus(args.data)

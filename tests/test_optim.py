@@ -240,3 +240,37 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
     assert len(said) == 1 and "lion's; muon starts its own fresh at step 6" in said[0]
     x = ckpt.load(tmp_path / "x.tinygpt")
     assert x.extra["optimizer"]["name"] == "muon" and x.extra["optimizer"]["steps"] == 1 and x.extra["momentsFrom"] == 6
+
+
+@pytest.mark.parametrize("cap", [1, 2 * 48 * 48, 3 * 48 * 48])
+def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
+    """The cap that cuts a shape's matrices into batches (core.optim.NS_BATCH_FLOATS, 4 MiB: the
+    presets up to large run whole) forced low: one matrix a batch (cap 1), and batches of 2 and 3
+    of tiny's eight 48 x 48 matrices (the last one short) while the 48 x 192 ones go alone. Three
+    Muon steps give bit for bit the weights and momenta of the uncut batches, and the memory
+    budget still equals the allocation (the scratch sized from the same batches)."""
+    import tinygpt.core.optim as CO
+    from tinygpt.core.config import param_specs
+    from tinygpt.model.budget import device_limits, memory_budget
+    cfg = preset("tiny")
+    s = make_settings("muon")
+    params = init_params(cfg)
+    whole = Model(gpu, plan, cfg, "online", optimizer=s)
+    monkeypatch.setattr(CO, "NS_BATCH_FLOATS", cap)
+    cut = Model(gpu, plan, cfg, "online", optimizer=s)
+    sizes = [len(names) for _, names in CO.ns_batches(param_specs(cfg))]
+    print(f"cap {cap}: batches of {sizes}")
+    assert sizes == {1: [1] * 12, 2 * 48 * 48: [2, 2, 2, 2, 1, 1, 1, 1], 3 * 48 * 48: [3, 3, 2, 1, 1, 1, 1]}[cap]
+    for m in (whole, cut):
+        m.set_params(params)
+        for step in range(3):
+            m.step(*batch(cfg, step), 1e-2)
+    a, b = whole.get_params(), cut.get_params()
+    assert all(np.array_equal(a[n], b[n]) for n in a)
+    sa, sb = whole.get_opt_state(), cut.get_opt_state()
+    assert all(np.array_equal(sa[r][n], sb[r][n]) for r in sa for n in sa[r])
+    from test_memory import allocated
+    mem = memory_budget(cfg, cfg.batch, "online", plan, 1, device_limits(gpu), sample=0, optimizer=s)
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, "online", optimizer=s))
+    print(f"cap {cap}: budget {mem.total:,} bytes, model {got:,}")
+    assert got == mem.total
