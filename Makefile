@@ -26,6 +26,7 @@ DAWN       := TINYGPT_WEBGPU=dawn VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftsha
 DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_twin \
               tests/test_attention.py::test_attention_against_float64 \
               tests/test_attention.py::test_online_reads_half_q_k_v \
+              tests/test_window.py::test_windowed_attention_against_float64 \
               tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference \
               "tests/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
 
@@ -46,13 +47,16 @@ train: adapter
 # kernels must hold at each size or be refused by the plan's check (they are at 4, on lavapipe as
 # on SwiftShader); there the f16 kernels are tested, not the gate and the overflow run, which
 # only compose them. The OpenGL run has no shader-f16: there tests/test_f16.py checks the refusal.
-# Last, Dawn on SwiftShader: the kernel tests, every attention path and whole training steps
-# (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against the float64 reference.
+# Last, Dawn on SwiftShader: the kernel tests, every attention path (with a sliding window too)
+# and whole training steps (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against
+# the float64 reference.
 test: adapter engines
 	$(BIN)/python -m pytest -q $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py tests/test_f16.py \
-			-k "not gate and not absurd" $(ARGS) || exit 1; done
+			-k "not gate and not absurd" $(ARGS) || exit 1; \
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_window.py -k "windowed_attention or attn_decode" \
+			$(ARGS) || exit 1; done
 	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
 		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q -m "kernel and not slow" $(ARGS) || exit 1; \

@@ -5,11 +5,14 @@ adds the same algorithm in online.wgsl's workgroup-memory tiles.
 
 For each T and each implementation: forward, and forward+backward; GPU ms,
 attention scratch bytes, max abs error against the float64 reference (out, and
-dq/dk/dv for the backward), and naive/online. Validates before it times.
+dq/dk/dv for the backward), and naive/online. Validates before it times. With --windows,
+the online path again with each sliding window W < T (window column; 0: plain causal): it skips
+the tiles outside every query's window, so its time falls with W.
 
     python scripts/compare_attention.py                    # T = 256, 1024, 4096; B=1, H=1, hd=64
     python scripts/compare_attention.py --T 64,128 --json  # JSON Lines on stdout
     python scripts/compare_attention.py --plot att.png
+    python scripts/compare_attention.py --T 1024 --windows 32,128,512   # online's time against W
 """
 import argparse
 import sys
@@ -35,6 +38,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=positive_int, default=1)
     ap.add_argument("--head-dim", type=positive_int, default=64)
     ap.add_argument("--repeats", type=positive_int, default=3)
+    ap.add_argument("--windows", type=positive_ints, default=[],
+                    help="comma-separated sliding windows: the online path again with each one below T")
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
     add_kernels(ap)
@@ -52,19 +57,24 @@ def main(argv=None):
         r = np.random.default_rng(T)
         q, k, v, do = (r.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
         f = lambda a: a.astype(np.float64)
-        ref_out = RA.attention_forward(f(q), f(k), f(v), H)
-        ref_grads = RA.attention_backward(f(q), f(k), f(v), f(do), H)
         tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
         out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
         times = {}
         impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(plan, T, hd) == "sg" else [])
-        for impl in impls:
-            kind = "online" if impl == "online-tiles" else impl
-            base = dict(impl=impl, T=T, B=B, H=H, hd=hd, scratch_bytes=A.scratch_bytes(kind, B, T, H))
+        runs = [(impl, 0) for impl in impls] + [(impl, w) for w in args.windows if w < T
+                                                 for impl in impls if impl.startswith("online")]
+        refs = {}
+        for impl, window in runs:
+            if window not in refs:
+                refs[window] = (RA.attention_forward(f(q), f(k), f(v), H, window=window),
+                                RA.attention_backward(f(q), f(k), f(v), f(do), H, window=window))
+            ref_out, ref_grads = refs[window]
+            path = A.path("online" if impl == "online-tiles" else impl)
+            base = dict(impl=impl, T=T, window=window, B=B, H=H, hd=hd, scratch_bytes=path.scratch_bytes(B, T, H))
             p = plan.with_(attention="tiles") if impl == "online-tiles" else plan
             try:
-                A.check(kind, T, C, H)
-                att = A.Attention(Kernels(gpu, p), kind, B, T, C, H, A.own_scratch(gpu, kind, B, T, H))
+                path.check(T, C, H)
+                att = path.bind(Kernels(gpu, p), B, T, C, H, path.own_scratch(gpu, B, T, H), window)
                 fwd = att.forward(tq, tk, tv, out)
                 bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
             except (A.AttentionError, LimitError) as e:
@@ -76,18 +86,22 @@ def main(argv=None):
             err_grads = [float(np.abs(gpu.read(t) - g).max()) for t, g in zip((dq, dk, dv), ref_grads)]
             for pas, ds, err in (("fwd", fwd, err_out), ("fwd+bwd", fwd + bwd, max([err_out] + err_grads))):
                 ms, method = time_dispatches(gpu, ds, args.repeats)
-                times[(impl, pas)] = ms
+                times[(impl, window, pas)] = ms
                 row = dict(base, **{"pass": pas, "ms": ms, "max_err": err, "status": "ok", "timing": method})
                 if pas == "fwd+bwd":
                     row.update(err_out=err_out, err_dq=err_grads[0], err_dk=err_grads[1], err_dv=err_grads[2])
                 rows.append(row)
-            print(f"T={T} {impl}: fwd {times[(impl, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, 'fwd+bwd')]:.3f} ms",
+            print(f"T={T} {impl}" + (f" window {window}" if window else "") + f": fwd "
+                  f"{times[(impl, window, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, window, 'fwd+bwd')]:.3f} ms",
                   file=sys.stderr)
             del att
         for row in rows:
-            if row["T"] == T and row["impl"].startswith("online") and ("naive", row["pass"]) in times and row["ms"]:
-                row["naive_over_online"] = times[("naive", row["pass"])] / row["ms"]
-    cols = ["impl", "T", "pass", "ms", "scratch_bytes", "max_err", "naive_over_online", "status"]
+            plain = ("naive", 0, row["pass"])
+            if row["T"] == T and row["impl"].startswith("online") and not row["window"] and plain in times \
+                    and row["ms"]:
+                row["naive_over_online"] = times[plain] / row["ms"]
+    cols = ["impl", "T"] + (["window"] if args.windows else []) + \
+        ["pass", "ms", "scratch_bytes", "max_err", "naive_over_online", "status"]
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}), B={B} H={H} hd={hd}; ms = "
               f"{rows[0].get('timing', 'timestamp') if rows else ''} GPU time, median of {args.repeats}")
@@ -102,6 +116,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    rows = [r for r in rows if not r["window"]]      # time against T: the plain rows
     for impl in dict.fromkeys(r["impl"] for r in rows):
         for pas, style in (("fwd", "--"), ("fwd+bwd", "-")):
             pts = [(r["T"], r["ms"]) for r in rows if r["impl"] == impl and r["pass"] == pas and r["ms"]]

@@ -3,7 +3,9 @@
 // q, k, v, dout, out are [B, T, C] with heads interleaved in C (head h owns
 // channels h*hd .. h*hd+hd-1). The score/weight buffers hold the heads
 // h0 .. h0+nh-1 as [B, nh, T, T], so the host can split the heads into chunks
-// when B*H*T*T floats would exceed one binding. Causal: t2 <= t1.
+// when B*H*T*T floats would exceed one binding. Causal: t2 <= t1; with a sliding
+// window W (WINDOW > 0) also t1 - t2 < W: each query sees its last W positions,
+// itself included, and every loop runs over those alone.
 //   attn_scores    S = q.k^T * scale, MASKED above the diagonal       (one invocation per score)
 //   attn_softmax   P = softmax(S) in place, row by row                  (one per row)
 //   attn_value     out = P @ v                                          (one per output element)
@@ -27,6 +29,11 @@ const FUSED_MAX_T: u32 = 1024u;
 // invocation's loops after 65,535 iterations in total, and the compiler unrolls
 // these constant-trip channel loops, so a row costs about T iterations, not T*hd.
 override HD4: u32 = 16u;
+override WINDOW: u32 = 0u;               // sliding window W; 0: none (every earlier position)
+
+fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
+fn oldest(t1: u32) -> u32 { return t1 + 1u - min(win(), t1 + 1u); }   // the oldest key query t1 sees
+fn seen(t1: u32, t2: u32) -> bool { return t2 <= t1 && t1 - t2 < win(); }
 
 // index of (b, hh, t1, t2) in a [B, nh, T, T] buffer
 fn sidx(b: u32, hh: u32, t1: u32, t2: u32) -> u32 {
@@ -69,7 +76,7 @@ fn attn_scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   let t1 = (i / p.T) % p.T;
   let hh = (i / (p.T * p.T)) % p.nh;
   let b = i / (p.T * p.T * p.nh);
-  if (t2 > t1) { o1[i] = MASKED; return; }
+  if (!seen(t1, t2)) { o1[i] = MASKED; return; }
   let h = p.h0 + hh;
   var s = 0.0;
   for (var d = 0u; d < p.hd; d++) { s += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
@@ -83,20 +90,21 @@ fn attn_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   if (r >= p.B * p.nh * p.T) { return; }
   let t1 = r % p.T;
   let base = r * p.T;
+  let lo = oldest(t1);
   var m = MASKED;
-  for (var t2 = 0u; t2 <= t1; t2++) { m = max(m, o1[base + t2]); }
+  for (var t2 = lo; t2 <= t1; t2++) { m = max(m, o1[base + t2]); }
   var s = 0.0;
-  for (var t2 = 0u; t2 <= t1; t2++) { let e = exp(o1[base + t2] - m); o1[base + t2] = e; s += e; }
+  for (var t2 = lo; t2 <= t1; t2++) { let e = exp(o1[base + t2] - m); o1[base + t2] = e; s += e; }
   let inv = 1.0 / s;
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (t2 <= t1) { o1[base + t2] *= inv; } else { o1[base + t2] = 0.0; }
+    if (seen(t1, t2)) { o1[base + t2] *= inv; } else { o1[base + t2] = 0.0; }
   }
 }
 
 // The four products with a stored [B, nh, T, T] matrix X, one invocation per output element
 // (b, t, head channel) of the head chunk:
-//   causal_rows: out[b, t1] = sum_{t2 <= t1} X[t1, t2] y[b, t2]     attn_value (P, v), attn_dq (dS, k)
-//   causal_cols: out[b, t2] = sum_{t1 >= t2} X[t1, t2] y[b, t1]     attn_dk (dS, q), attn_dvalue (P, dO)
+//   causal_rows: out[b, t1] = sum_{t2 seen by t1} X[t1, t2] y[b, t2]     attn_value (P, v), attn_dq (dS, k)
+//   causal_cols: out[b, t2] = sum_{t1 that see t2} X[t1, t2] y[b, t1]    attn_dk (dS, q), attn_dvalue (P, dO)
 fn causal_product(i: u32, cols: bool) {
   let w = p.nh * p.hd;
   if (i >= p.B * p.T * w) { return; }
@@ -108,9 +116,10 @@ fn causal_product(i: u32, cols: bool) {
   let d = cc % p.hd;
   var s = 0.0;
   if (cols) {
-    for (var t1 = t; t1 < p.T; t1++) { s += x1[sidx(b, hh, t1, t)] * x2[at(b, t1, h, d)]; }
+    let end = min(p.T, t + win());
+    for (var t1 = t; t1 < end; t1++) { s += x1[sidx(b, hh, t1, t)] * x2[at(b, t1, h, d)]; }
   } else {
-    for (var t2 = 0u; t2 <= t; t2++) { s += x1[sidx(b, hh, t, t2)] * x2[at(b, t2, h, d)]; }
+    for (var t2 = oldest(t); t2 <= t; t2++) { s += x1[sidx(b, hh, t, t2)] * x2[at(b, t2, h, d)]; }
   }
   o1[at(b, t, h, d)] = s;
 }
@@ -134,24 +143,25 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   var qr: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { qr[c] = ld4(1u, b, t1, h, c); }
   var sc: array<f32, FUSED_MAX_T>;
+  let lo = oldest(t1);
   // pass 1: scores and their max
   var m = MASKED;
-  for (var t2 = 0u; t2 <= t1; t2++) {
+  for (var t2 = lo; t2 <= t1; t2++) {
     let s = dot_row(&qr, b, t2, h) * p.scale;
     sc[t2] = s;
     m = max(m, s);
   }
   // pass 2: exponentials, their sum, the weights
   var sum = 0.0;
-  for (var t2 = 0u; t2 <= t1; t2++) { sc[t2] = exp(sc[t2] - m); sum += sc[t2]; }
+  for (var t2 = lo; t2 <= t1; t2++) { sc[t2] = exp(sc[t2] - m); sum += sc[t2]; }
   let inv = 1.0 / sum;
   let base = r * p.T;
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (t2 <= t1) { sc[t2] *= inv; o2[base + t2] = sc[t2]; } else { o2[base + t2] = 0.0; }
+    if (seen(t1, t2)) { sc[t2] *= inv; o2[base + t2] = sc[t2]; } else { o2[base + t2] = 0.0; }
   }
   // pass 3: P @ v, all channels at once in registers
   var acc: array<vec4<f32>, 32>;
-  for (var t2 = 0u; t2 <= t1; t2++) {
+  for (var t2 = lo; t2 <= t1; t2++) {
     for (var cb = 0u; cb < HD4; cb += 8u) {
       for (var e = 0u; e < 8u; e++) { acc[cb + e] = fma(vec4<f32>(sc[t2]), ld4(3u, b, t2, h, cb + e), acc[cb + e]); }
     }
@@ -173,13 +183,13 @@ fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   var dor: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { dor[c] = ld4(1u, b, t1, h, c); }
   var sum = 0.0;
-  for (var t2 = 0u; t2 <= t1; t2++) {
+  for (var t2 = oldest(t1); t2 <= t1; t2++) {
     let dp = dot_row(&dor, b, t2, h);
     o1[base + t2] = dp;
     sum += x3[base + t2] * dp;
   }
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (t2 <= t1) { o1[base + t2] = x3[base + t2] * (o1[base + t2] - sum) * p.scale; } else { o1[base + t2] = 0.0; }
+    if (seen(t1, t2)) { o1[base + t2] = x3[base + t2] * (o1[base + t2] - sum) * p.scale; } else { o1[base + t2] = 0.0; }
   }
 }
 

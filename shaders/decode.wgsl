@@ -2,6 +2,7 @@
 //   embed_decode   x[n, :] = tok[ids[n], :] + pos[p.pos, :]
 //   kv_append      kc[n, p.pos, :] = k[n, :];  vc[n, p.pos, :] = v[n, :]
 //   attn_decode    out[n, h*hd + d] = sum_{t <= pos} softmax_t(q[n,h,:] . kc[n,t,h,:] * scale) vc[n,t,h*hd + d]
+//                  (with a sliding window W, over the last W positions alone: pos - W < t <= pos)
 //   sample_tokens  ids[n] = the next token of sequence n, from its row of logits (see there)
 // The caches are [N, T, C] per layer: the prefill's own key and value activations, so a prefill
 // fills them without a copy. p.pos and p.step change with every token: these kernels read one
@@ -23,6 +24,11 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> o1: array<f32>;
 @group(0) @binding(6) var<storage, read_write> o2: array<f32>;
 @group(0) @binding(7) var<storage, read_write> ids_out: array<u32>;   // [N] next tokens, then history [steps, N]
+
+override WINDOW: u32 = 0u;                // sliding window W of the attention; 0: none
+
+// the oldest cached row position p.pos attends to
+fn oldest_row() -> u32 { return p.pos + 1u - min(select(p.pos + 1u, WINDOW, WINDOW > 0u), p.pos + 1u); }
 
 // a = tok rows v0 .. v0+vn-1 [vn, C], b = pos [T, C], ids_in -> o1 = x [N, C]. A token table
 // over one binding is bound in chunks, one dispatch (and uniform) each: a sequence's row is
@@ -51,7 +57,8 @@ fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // One workgroup per (n, h): a = q [N, C], b = kc [N, T, C], c = vc [N, T, C]
 // -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
-// Three passes over the pos + 1 cached rows: scores and their max, exp and sum, weighted values.
+// Three passes over the cached rows it sees (pos + 1, or the window's last W): scores and their
+// max, exp and sum, weighted values.
 @compute @workgroup_size(64)
 fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_id) lid3: vec3<u32>) {
@@ -62,10 +69,11 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   let hd = p.C / p.H;
   let col = (g % p.H) * hd;               // the head's first channel
   let rows = p.pos + 1u;
+  let lo = oldest_row();
   let srow = g * p.T;                     // this head's scratch row
   var m = -3.0e38;
   if (live) {
-    for (var t = lid; t < rows; t += 64u) {
+    for (var t = lo + lid; t < rows; t += 64u) {
       let kb = (n * p.T + t) * p.C + col;
       var s = 0.0;
       for (var d = 0u; d < hd; d++) { s += a[n * p.C + col + d] * b[kb + d]; }
@@ -77,7 +85,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   m = wg_max64(lid, m);                   // common.wgsl
   var z = 0.0;
   if (live) {
-    for (var t = lid; t < rows; t += 64u) {
+    for (var t = lo + lid; t < rows; t += 64u) {
       let e = exp(o2[srow + t] - m);
       o2[srow + t] = e;
       z += e;
@@ -88,7 +96,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   if (live) {
     for (var d = lid; d < hd; d += 64u) {
       var acc = 0.0;
-      for (var t = 0u; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * p.C + col + d]; }
+      for (var t = lo; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * p.C + col + d]; }
       o1[n * p.C + col + d] = acc / z;
     }
   }
@@ -136,10 +144,11 @@ fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   let hd = p.C / p.H;
   let col = (g % p.H) * hd;
   let rows = p.pos + 1u;
+  let lo = oldest_row();
   let srow = g * p.T;
   var m = -3.0e38;
   if (live) {
-    for (var t = lid; t < rows; t += 64u) {
+    for (var t = lo + lid; t < rows; t += 64u) {
       let kb = (n * p.T + t) * p.C + col;
       let qb = n * p.C + col;
       var s = 0.0;
@@ -152,7 +161,7 @@ fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   m = wg_max64(lid, m);
   var z = 0.0;
   if (live) {
-    for (var t = lid; t < rows; t += 64u) {
+    for (var t = lo + lid; t < rows; t += 64u) {
       let e = exp(o2[srow + t] - m);
       o2[srow + t] = e;
       z += e;
@@ -163,7 +172,7 @@ fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   if (live) {
     for (var d = lid; d < hd; d += 64u) {
       var acc = 0.0;
-      for (var t = 0u; t < rows; t++) {
+      for (var t = lo; t < rows; t++) {
         let e = (n * p.T + t) * p.C + col + d;
         acc += o2[srow + t] * half_at(ch[e / 2u], e);
       }

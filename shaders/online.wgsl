@@ -6,7 +6,9 @@
 //   attn_online_d        D = rowsum(dO * O), one invocation per (b, h, t)
 //   attn_online_dq       workgroup = BQ query rows; K, V tiles stream; dq = sum_j dS_ij k_j
 //   attn_online_dkv      workgroup = BK key rows; Q, dO, L, D tiles stream from the diagonal down
-// Tiles entirely above the causal diagonal are never visited. No atomics:
+// Tiles entirely above the causal diagonal are never visited, nor, with a sliding
+// window W (WINDOW > 0: a query sees its last W positions, itself included), tiles
+// wholly older than every query's window: the work falls with W. No atomics:
 // each output row belongs to exactly one invocation. Work O(T^2 hd).
 // q, k, v, dout, out: [B, T, C] with heads interleaved; L, D: [B, H, T].
 // q, k, v are bound as words: float32 (a bitcast, free) or, with BF16 or F16, 16-bit values two
@@ -43,6 +45,7 @@ override BQ: u32 = 32u;              // query rows per tile (forward/dq workgrou
 override BK: u32 = 32u;              // key rows per tile (streamed in forward/dq; dkv workgroup size and its query tile)
 override BF16: bool = false;         // q, k, v hold bf16
 override F16: bool = false;          // q, k, v hold f16
+override WINDOW: u32 = 0u;           // sliding window W; 0: none
 const B_MAX: u32 = 64u;
 const NEG: f32 = -0x1.fffffep+127f;
 
@@ -50,6 +53,10 @@ var<workgroup> t1: array<vec4<f32>, BK * HD4>;  // K tile (forward, dq) | Q*scal
 var<workgroup> t2: array<vec4<f32>, BK * HD4>;  // V tile (forward, dq) | dO tile (dkv)
 var<workgroup> tl: array<f32, BK>;              // L of the Q tile (dkv)
 var<workgroup> td: array<f32, BK>;              // D of the Q tile (dkv)
+
+fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
+fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
+fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
 
 fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * HD + d;
@@ -100,15 +107,16 @@ fn load_tiles(x1: u32, x2: u32, s1: f32, b: u32, h: u32, r0: u32, lid: u32, nthr
   }
 }
 
-// The query tile of workgroup wg: (b, h), its first row and its last one. It is built from the
-// workgroup id alone so that WGSL's uniformity analysis (which Tint enforces) sees the loops
-// bounded by `last` around the barriers as uniform; a lane's own row is q0 + lid.
-struct QTile { b: u32, h: u32, q0: u32, last: u32 }
+// The query tile of workgroup wg: (b, h), its first row, its last one, and the first key tile
+// any of its rows sees. It is built from the workgroup id alone so that WGSL's uniformity
+// analysis (which Tint enforces) sees the loops bounded by it around the barriers as uniform;
+// a lane's own row is q0 + lid.
+struct QTile { b: u32, h: u32, q0: u32, last: u32, k0: u32 }
 
 fn q_tile(wg: u32) -> QTile {
   let nq = (p.T + BQ - 1u) / BQ;
   let q0 = (wg % nq) * BQ;
-  return QTile(wg / (nq * p.H), (wg / nq) % p.H, q0, min(q0 + BQ, p.T) - 1u);
+  return QTile(wg / (nq * p.H), (wg / nq) % p.H, q0, min(q0 + BQ, p.T) - 1u, oldest(q0) / BK * BK);
 }
 
 @compute @workgroup_size(BQ)
@@ -125,7 +133,7 @@ fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
   var m = NEG;
   var l = 0.0;
   var s: array<f32, B_MAX>;
-  for (var k0 = 0u; k0 <= last; k0 += BK) {
+  for (var k0 = t.k0; k0 <= last; k0 += BK) {
     workgroupBarrier();                  // previous tile fully consumed
     load_tiles(1u, 2u, 1.0, b, h, k0, lid, BQ);
     workgroupBarrier();
@@ -134,14 +142,14 @@ fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
     for (var j = 0u; j < nk; j++) {
       var acc = 0.0;
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; acc += dot(qr[c], t1[j * HD4 + c]); } }
-      s[j] = select(NEG, acc, k0 + j <= row);
+      s[j] = select(NEG, acc, seen(row, k0 + j));
       mt = max(mt, s[j]);
     }
     let alpha = exp(m - mt);             // rescale what was summed against the old max
     l *= alpha;
     for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { o[cb + e] *= alpha; } }
     for (var j = 0u; j < nk; j++) {
-      let e = select(0.0, exp(s[j] - mt), k0 + j <= row);
+      let e = select(0.0, exp(s[j] - mt), seen(row, k0 + j));
       l += e;
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { let c = cb + i; o[c] = fma(vec4<f32>(e), t2[j * HD4 + c], o[c]); } }
     }
@@ -185,7 +193,7 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
   }
   let li = Lin[(b * p.H + h) * p.T + rr];
   let di = Din[(b * p.H + h) * p.T + rr];
-  for (var k0 = 0u; k0 <= last; k0 += BK) {
+  for (var k0 = t.k0; k0 <= last; k0 += BK) {
     workgroupBarrier();
     load_tiles(1u, 2u, 1.0, b, h, k0, lid, BQ);
     workgroupBarrier();
@@ -202,7 +210,7 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
           dp += dot(dor[c], t2[j * HD4 + c]);
         }
       }
-      let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, k0 + j <= row);
+      let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, seen(row, k0 + j));
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; dq[c] = fma(vec4<f32>(ds), kj[c], dq[c]); } }
     }
   }
@@ -212,7 +220,7 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 }
 
 // workgroup = BK key rows; the streamed query tiles have BK rows too,
-// starting at the key tile's diagonal.
+// from the key tile's diagonal to the last query whose window holds one of its keys.
 @compute @workgroup_size(BK)
 fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
   let lid = lidv.x;
@@ -235,7 +243,8 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     dv[c] = vec4<f32>();
   }
   let lbase = (b * p.H + h) * p.T;
-  for (var q0 = k0; q0 < p.T; q0 += BK) {
+  let qend = min(p.T, k0 + BK - 1u + win());   // uniform: from the workgroup id
+  for (var q0 = k0; q0 < qend; q0 += BK) {
     workgroupBarrier();
     load_tiles(0u, 3u, p.scale, b, h, q0, lid, BK);
     if (lid < BK) {
@@ -259,7 +268,7 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
           dp += dot(gi[c], vr[c]);
         }
       }
-      let pij = select(0.0, exp(sc - tl[i]), q0 + i >= col);
+      let pij = select(0.0, exp(sc - tl[i]), seen(q0 + i, col));
       let ds = pij * (dp - td[i]);
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {

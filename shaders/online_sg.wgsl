@@ -5,6 +5,8 @@ enable subgroups;
 //   attn_online_dq_sg       lane = one query row; dq = scale * sum_j dS_ij k_j
 //   attn_online_dkv_sg      lane = one key row;   dk, dv from the query rows at and below it
 // (D = rowsum(dO * O) comes from online.wgsl's attn_online_d.)
+// With a sliding window W (WINDOW > 0: a query sees its last W positions, itself included) the
+// blocks of 8 rows wholly outside every lane's window are never visited.
 //
 // A workgroup is one subgroup of 8 lanes, and the other side of the product
 // streams through in blocks of 8 rows: lane l loads row r0 + l whole, and
@@ -41,6 +43,7 @@ override HD4: u32 = 16u;       // vec4 per row held: ceil(HD / 32) * 8, zeros pa
 override ALIGNED: bool = true; // HD and C multiples of 4: a head's row is whole vec4 (else gathered by float)
 override BF16: bool = false;   // q, k, v hold bf16
 override F16: bool = false;    // q, k, v hold f16
+override WINDOW: u32 = 0u;     // sliding window W; 0: none
 const LANES: u32 = 8u;
 const NEG: f32 = -0x1.fffffep+127f;
 
@@ -118,6 +121,10 @@ fn rows8(wg: u32) -> Rows {
 
 fn mine(w: Rows, lane: u32) -> u32 { return min(w.r0 + lane, p.T - 1u); }
 
+fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
+fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
+fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
+
 // dot products of this lane's row x (HD4 vec4) with the rows y held by lanes 0..7
 struct Dots8 { d0: f32, d1: f32, d2: f32, d3: f32, d4: f32, d5: f32, d6: f32, d7: f32 }
 
@@ -161,12 +168,12 @@ fn max8(d: Dots8) -> f32 {
   return max(max(max(d.d0, d.d1), max(d.d2, d.d3)), max(max(d.d4, d.d5), max(d.d6, d.d7)));
 }
 
-// keep d_l where row r0 + l is at or before `upto`, else `other`
-fn causal(d: Dots8, r0: u32, upto: u32, other: f32) -> Dots8 {
-  return Dots8(select(other, d.d0, r0 <= upto), select(other, d.d1, r0 + 1u <= upto),
-               select(other, d.d2, r0 + 2u <= upto), select(other, d.d3, r0 + 3u <= upto),
-               select(other, d.d4, r0 + 4u <= upto), select(other, d.d5, r0 + 5u <= upto),
-               select(other, d.d6, r0 + 6u <= upto), select(other, d.d7, r0 + 7u <= upto));
+// keep d_l where query `row` sees key r0 + l, else `other`
+fn visible(d: Dots8, r0: u32, row: u32, other: f32) -> Dots8 {
+  return Dots8(select(other, d.d0, seen(row, r0)), select(other, d.d1, seen(row, r0 + 1u)),
+               select(other, d.d2, seen(row, r0 + 2u)), select(other, d.d3, seen(row, r0 + 3u)),
+               select(other, d.d4, seen(row, r0 + 4u)), select(other, d.d5, seen(row, r0 + 5u)),
+               select(other, d.d6, seen(row, r0 + 6u)), select(other, d.d7, seen(row, r0 + 7u)));
 }
 
 @compute @workgroup_size(LANES)
@@ -182,15 +189,15 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
   load_row(&qr, 0u, b, mine(w, lane), h, p.scale);
   var m = NEG;
   var l = 0.0;
-  for (var j0 = 0u; j0 <= last; j0 += LANES) {
+  for (var j0 = oldest(w.r0) / LANES * LANES; j0 <= last; j0 += LANES) {
     let key = min(j0 + lane, p.T - 1u);        // this lane loads key and value row j0 + lane
     load_row(&kr, 1u, b, key, h, 1.0);
     load_row(&vr, 2u, b, key, h, 1.0);
-    let s = causal(dots8(&qr, &kr), j0, row, NEG);
-    let mt = max(m, max8(s));                   // finite: key j0 <= row always
+    let s = visible(dots8(&qr, &kr), j0, row, NEG);
+    let mt = max(m, max8(s));                   // NEG only while no key so far is in this row's window
     let alpha = exp(m - mt);                    // rescale what was summed against the old max
-    let e = Dots8(exp(s.d0 - mt), exp(s.d1 - mt), exp(s.d2 - mt), exp(s.d3 - mt),
-                  exp(s.d4 - mt), exp(s.d5 - mt), exp(s.d6 - mt), exp(s.d7 - mt));
+    let e = visible(Dots8(exp(s.d0 - mt), exp(s.d1 - mt), exp(s.d2 - mt), exp(s.d3 - mt),
+                          exp(s.d4 - mt), exp(s.d5 - mt), exp(s.d6 - mt), exp(s.d7 - mt)), j0, row, 0.0);
     l = l * alpha + e.d0 + e.d1 + e.d2 + e.d3 + e.d4 + e.d5 + e.d6 + e.d7;
     for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { o[cb + i] *= alpha; } }
     axpy8(&o, e, &vr);
@@ -218,17 +225,17 @@ fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_in
   load_row(&dor, 3u, b, mine(w, lane), h, 1.0);
   let li = Lin[(b * p.H + h) * p.T + mine(w, lane)];
   let di = Din[(b * p.H + h) * p.T + mine(w, lane)];
-  for (var j0 = 0u; j0 <= last; j0 += LANES) {
+  for (var j0 = oldest(w.r0) / LANES * LANES; j0 <= last; j0 += LANES) {
     let key = min(j0 + lane, p.T - 1u);
     load_row(&kr, 1u, b, key, h, 1.0);
     load_row(&vr, 2u, b, key, h, 1.0);
     let s = dots8(&qr, &kr);
     let dp = dots8(&dor, &vr);
     // dS = P * (dP - D), P = exp(S - L); times scale, as S = scale * q.k
-    let ds = causal(Dots8(exp(s.d0 - li) * (dp.d0 - di), exp(s.d1 - li) * (dp.d1 - di),
+    let ds = visible(Dots8(exp(s.d0 - li) * (dp.d0 - di), exp(s.d1 - li) * (dp.d1 - di),
                           exp(s.d2 - li) * (dp.d2 - di), exp(s.d3 - li) * (dp.d3 - di),
                           exp(s.d4 - li) * (dp.d4 - di), exp(s.d5 - li) * (dp.d5 - di),
-                          exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
+                           exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
     axpy8(&dq, ds, &kr);
   }
   if (row < p.T) {
@@ -236,7 +243,8 @@ fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_in
   }
 }
 
-// lane = key row col; query rows stream in blocks of 8 from the block holding the workgroup's first key.
+// lane = key row col; query rows stream in blocks of 8 from the block holding the workgroup's first key
+// to the last query whose window holds one of its keys.
 @compute @workgroup_size(LANES)
 fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let w = rows8(wid.x);
@@ -251,7 +259,8 @@ fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
   load_row(&kr, 1u, b, mine(w, lane), h, 1.0);
   load_row(&vr, 2u, b, mine(w, lane), h, 1.0);
   let lbase = (b * p.H + h) * p.T;
-  for (var i0 = w.r0; i0 < p.T; i0 += LANES) {
+  let iend = min(p.T, w.r0 + LANES - 1u + win());   // uniform: from the workgroup id
+  for (var i0 = w.r0; i0 < iend; i0 += LANES) {
     let r = min(i0 + lane, p.T - 1u);           // this lane loads query row i0 + lane
     load_row(&qs, 0u, b, r, h, p.scale);
     load_row(&g, 3u, b, r, h, 1.0);
@@ -265,10 +274,10 @@ fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
                     exp(s.d2 - subgroupBroadcast(lr, 2u)), exp(s.d3 - subgroupBroadcast(lr, 3u)),
                     exp(s.d4 - subgroupBroadcast(lr, 4u)), exp(s.d5 - subgroupBroadcast(lr, 5u)),
                     exp(s.d6 - subgroupBroadcast(lr, 6u)), exp(s.d7 - subgroupBroadcast(lr, 7u)));
-    pij = Dots8(select(0.0, pij.d0, i0 >= col && i0 <= n), select(0.0, pij.d1, i0 + 1u >= col && i0 + 1u <= n),
-                select(0.0, pij.d2, i0 + 2u >= col && i0 + 2u <= n), select(0.0, pij.d3, i0 + 3u >= col && i0 + 3u <= n),
-                select(0.0, pij.d4, i0 + 4u >= col && i0 + 4u <= n), select(0.0, pij.d5, i0 + 5u >= col && i0 + 5u <= n),
-                select(0.0, pij.d6, i0 + 6u >= col && i0 + 6u <= n), select(0.0, pij.d7, i0 + 7u >= col && i0 + 7u <= n));
+    pij = Dots8(select(0.0, pij.d0, seen(i0, col) && i0 <= n), select(0.0, pij.d1, seen(i0 + 1u, col) && i0 + 1u <= n),
+                select(0.0, pij.d2, seen(i0 + 2u, col) && i0 + 2u <= n), select(0.0, pij.d3, seen(i0 + 3u, col) && i0 + 3u <= n),
+                select(0.0, pij.d4, seen(i0 + 4u, col) && i0 + 4u <= n), select(0.0, pij.d5, seen(i0 + 5u, col) && i0 + 5u <= n),
+                select(0.0, pij.d6, seen(i0 + 6u, col) && i0 + 6u <= n), select(0.0, pij.d7, seen(i0 + 7u, col) && i0 + 7u <= n));
     let ds = Dots8(pij.d0 * (dp.d0 - subgroupBroadcast(dr, 0u)), pij.d1 * (dp.d1 - subgroupBroadcast(dr, 1u)),
                    pij.d2 * (dp.d2 - subgroupBroadcast(dr, 2u)), pij.d3 * (dp.d3 - subgroupBroadcast(dr, 3u)),
                    pij.d4 * (dp.d4 - subgroupBroadcast(dr, 4u)), pij.d5 * (dp.d5 - subgroupBroadcast(dr, 5u)),

@@ -85,9 +85,9 @@ def test_fused_sv_refuses_long_sequences(gpu, plan):
 
 
 def test_scratch_is_quadratic_or_linear():
-    assert attention.scratch_bytes("online", 1, 4096, 1) == 2 * 4 * 4096
-    assert attention.scratch_bytes("naive", 1, 4096, 1) == 2 * 4 * 4096 * 4096
-    assert attention.scratch_bytes("fused_sv", 2, 10, 3) == 2 * 4 * 2 * 3 * 100
+    assert attention.path("online").scratch_bytes(1, 4096, 1) == 2 * 4 * 4096
+    assert attention.path("naive").scratch_bytes(1, 4096, 1) == 2 * 4 * 4096 * 4096
+    assert attention.path("fused_sv").scratch_bytes(2, 10, 3) == 2 * 4 * 2 * 3 * 100
 
 
 def test_naive_splits_heads_over_the_binding_limit(gpu, plan, monkeypatch):
@@ -115,8 +115,9 @@ def test_online_reads_half_q_k_v(gpu, plan, B, T, C, H, half, variant):
     if variant == "sg" and plan.attention != "sg":
         pytest.skip("online_sg.wgsl needs subgroups that pass the plan's check")
     plan = plan.with_(attention=variant, online_block=(16, 8))
-    assert attention.reads(half, plan, "online", B, T, C, H)
-    att = attention.Attention(Kernels(gpu, plan), "online", B, T, C, H, attention.own_scratch(gpu, "online", B, T, H))
+    online = attention.path("online")
+    assert online.reads(half, plan, B, T, C, H)
+    att = online.bind(Kernels(gpu, plan), B, T, C, H, online.own_scratch(gpu, B, T, H))
     q, k, v, do = _inputs(B, T, C, 3)
     cast, back = (R.cast_bf16, R.cast_f32) if half == "bf16" else (R.cast_f16, R.cast_f16_to_f32)
     packed = [cast(x) for x in (q, k, v)]

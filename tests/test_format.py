@@ -340,7 +340,8 @@ def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path,
 
 # ---- what we cannot compute is refused -------------------------------------------------------
 @pytest.mark.parametrize("config, needle", [
-    ({"slidingWindow": 8}, "slidingWindow 8"),
+    ({"slidingWindow": -8}, "config.slidingWindow is -8"),
+    ({"slidingWindow": 2.5}, "config.slidingWindow"),
     ({"nExperts": 4, "moeTopK": 2}, "nExperts 4"),
     ({"useDifferentialAttention": True}, "useDifferentialAttention"),
     ({"vocabSize": 512, "tokenizerSource": "tokenizers/my-bpe"}, "'tokenizers/my-bpe'"),

@@ -139,7 +139,7 @@ def test_import_then_fine_tune_from_the_command_line(tmp_path, capsys):
     export_hf(model(), tmp_path / "hf")
     rewrite(tmp_path / "hf", config={"activation_function": "gelu_new"})
     m = tmp_path / "m.tinygpt"
-    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m), "--allow-tanh-gelu"]) == 0  # the old flag
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m)]) == 0
     assert "activation gelu_tanh" in capsys.readouterr().err
     m.unlink()
     assert main(["import-hf", str(tmp_path / "hf"), "--out", str(m)]) == 0

@@ -28,7 +28,7 @@ from .core.config import Config, n_params
 from .core.fs import check_regular, read_most, read_user_file
 from .core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
 from .core.errors import TinyGPTError
-from .hf import write_directory
+from .hf import check_gpt2, write_directory
 from .outputs import WRITER
 
 PEFT_MODULES = {"Wo": "attn.c_proj", "fc_in_W": "mlp.c_fc", "fc_out_W": "mlp.c_proj"}   # c_attn: q | k | v
@@ -151,6 +151,7 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
     """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the GPT-2
     model the export's hf format writes of the same file."""
     from safetensors.numpy import save
+    check_gpt2(ck.cfg, what)
     st = read(ck, what)
     if st is None:
         raise CheckpointError(f"{what} holds no LoRA adapters (it was not trained with {{opt:lora}}); export the "

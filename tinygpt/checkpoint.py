@@ -112,7 +112,7 @@ def show(v, most: int = 80) -> str:
 # ---- the header's config ---------------------------------------------------------------------
 # Upstream architecture fields (its Mac app's) that change what the model computes: a file that
 # sets one is refused, naming it, instead of being evaluated as the plain GPT it is not.
-UNSUPPORTED = {"slidingWindow": "sliding-window attention", "nExperts": "a mixture of experts",
+UNSUPPORTED = {"nExperts": "a mixture of experts",
                "useMoD": "mixture of depths", "useDifferentialAttention": "differential attention",
                "useYOCO": "YOCO's cross-decoder layers", "useDeepNorm": "DeepNorm residuals",
                "useEmbeddingRMSNorm": "an RMSNorm after the embedding"}
@@ -130,6 +130,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
         c["tokenizerSource"] = tokenizer_source or "r50k_base"
     if cfg.activation != "gelu":      # only where it is not TinyGPT's exact GELU, as vocabSize
         c["activation"] = cfg.activation
+    if cfg.window:                    # upstream's field: each query attends to its last N positions
+        c["slidingWindow"] = cfg.window
     return c
 
 
@@ -153,6 +155,9 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
         if key not in c:
             raise CheckpointError(f"{what}: the header's config has no {key}")
     d_model = _number(c, "dModel", None, int, what)
+    window = _number(c, "slidingWindow", 0, int, what)        # upstream's: each query sees its last N positions
+    if window < 0:
+        raise CheckpointError(f"{what}: the header's config.slidingWindow is {window}; expected 0 (none) or more")
     act = c.get("activation", "gelu")
     if act not in ACTIVATIONS:
         raise CheckpointError(f"{what}: its config sets activation {show(act)}, which this tinygpt does not "
@@ -162,7 +167,7 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
                  grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
-                 activation=act)
+                 activation=act, window=window)
     try:
         cfg.validate()
     except ValueError as e:

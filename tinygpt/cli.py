@@ -32,7 +32,7 @@ from .hf import export_hf, import_hf
 from .infer import evaluate, recorded_corpus, sample
 from .lens import inspect
 from .model import budget
-from .model.attention import IMPLS
+from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
 from .tables import emit
@@ -354,7 +354,7 @@ def cmd_export(args) -> int:
         elif args.format == "peft":
             lora_files.export_peft(ck, args.out, what)
         else:
-            export_hf(ck, args.out)
+            export_hf(ck, args.out, what)
     except (OSError, TinyGPTError):
         if made and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
@@ -452,6 +452,10 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--d-model", type=positive_int)
     p.add_argument("--heads", type=positive_int)
     p.add_argument("--ctx", type=positive_int)
+    p.add_argument("--sliding-window", type=positive_int, metavar="N",
+                   help="sliding-window attention: each position attends to its last N positions, itself included "
+                        "(upstream's slidingWindow; N >= ctx is plain causal attention; default: none, or the "
+                        "resumed model's)")
     p.add_argument("--batch", type=positive_int)
     p.add_argument("--grad-accum", type=bounded_int(1, MAX_GRAD_ACCUM), metavar="N",
                    help="N micro-batches of --batch windows per step, their gradients summed before one update "
@@ -490,7 +494,7 @@ def train_flags(p, small: TrainDefaults, base: Config):
                         "continue at its final lr)")
     p.add_argument("--grad-clip", type=nonneg_float, help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
     p.add_argument("--seed", type=seed_int, help=f"init and data sampling seed (default {base.seed})")
-    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS),
                    help="bf16, f16: matmul operands, q/k/v and saved activations stored in 16 bits, sums and "
@@ -559,7 +563,7 @@ def build_parser():
     p.add_argument("--data")
     p.add_argument("--max-windows", type=positive_int)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     p.add_argument("--tokenizer-file")
@@ -580,7 +584,7 @@ def build_parser():
     p.add_argument("--seed", type=seed_int, default=0)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                    help="bf16 and f16 sample from a key/value cache kept in their 16 bits")
-    p.add_argument("--attention", default="online", choices=IMPLS)
+    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
     p.add_argument("--tokenizer-file")
     add_adapters(p)
@@ -627,7 +631,6 @@ def build_parser():
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused
-    p.add_argument("--allow-tanh-gelu", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(fn=cmd_import_hf)
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "

@@ -47,9 +47,18 @@ def hf_state(ck: Checkpoint) -> dict:
     return {k: np.ascontiguousarray(v, np.float32) for k, v in sd.items()}
 
 
-def export_hf(ck: Checkpoint, out_dir):
+def check_gpt2(cfg: Config, what: str = "the model"):
+    """What Hugging Face's GPT-2 cannot compute is refused before anything is written: it has no
+    sliding window (a window of ctx or more is plain attention and exports as such)."""
+    if cfg.attn_window:
+        raise CheckpointError(f"{what} attends through a sliding window (slidingWindow {cfg.window}), which "
+                              "Hugging Face's GPT-2 does not compute; export it as tinygpt or safetensors instead")
+
+
+def export_hf(ck: Checkpoint, out_dir, what: str = "the model"):
     from safetensors.numpy import save
     cfg = ck.cfg
+    check_gpt2(cfg, what)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")

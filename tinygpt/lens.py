@@ -1,8 +1,8 @@
 """`tinygpt inspect`: what a trained model attends to, and what each layer would predict.
 
-Attention weights: the prompt runs once through the naive attention path, whose softmax kernel
-writes every entry of each head's P [T, T] (zeros above the diagonal); those buffers are read
-back. Nothing is read from a buffer the forward does not write (TinyGPT's inspector read the
+Attention weights: the prompt runs once through the attention path that keeps them
+(model.attention.inspection(): its softmax writes every entry of each head's P [T, T], zeros
+outside what each query sees); the path hands back those buffers, which are read. Nothing is read from a buffer the forward does not write (TinyGPT's inspector read the
 score buffer of a fused path that never filled it).
 
 Logit lens: the residual stream after each layer (the embeddings, then the output of every
@@ -25,6 +25,7 @@ from .device.gpu import GPU, Tensor
 from .device.plan import KernelPlan
 from .device.planner import make_plan
 from .infer import tokenizer_of
+from .model.attention import inspection
 from .model.gpt import Model
 from .model.layout import logit_chunks, rows
 from .outputs import Outputs, is_our_png, save_png
@@ -33,17 +34,17 @@ from .outputs import Outputs, is_our_png, save_png
 @dataclass
 class Inspection:
     tokens: list            # the prompt's token ids, T of them
-    weights: np.ndarray     # [L, H, T, T] attention weights, rows over keys t2 <= t1
+    weights: np.ndarray     # [L, H, T, T] attention weights, rows over the keys each query sees
     lens_top: np.ndarray    # [L+1, T] top next-token id of each layer's residual stream
     lens_prob: np.ndarray   # [L+1, T] its probability
 
 
 class Inspector:
-    """A [1, T] forward of the model with the score-matrix attention, plus the lens dispatches."""
+    """A [1, T] forward of the model with the attention that keeps its weights, plus the lens dispatches."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, T: int):
         self.cfg, self.T = cfg, T
-        self.model = m = Model(gpu, plan, cfg, "naive", B=1, T=T, training=False)
+        self.model = m = Model(gpu, plan, cfg, inspection(), B=1, T=T, training=False)
         C, VP = cfg.d_model, m.VP
         self.ln, self.stats = gpu.tensor((T, C), name="lens.ln"), gpu.tensor((2, T), name="lens.stats")  # [T,C] [2,T]
         chunks = logit_chunks(T, VP, gpu.max_binding)  # bound a chunk of rows at a time when too large
@@ -62,7 +63,7 @@ class Inspector:
         H = cfg.heads
         weights = np.zeros((cfg.layers, H, T, T), np.float32)
         for l, att in enumerate(m.att):
-            for (h0, nh), P in zip(att.chunks, att.P):
+            for h0, nh, P in att.weights():
                 weights[l, h0:h0 + nh] = gpu.read(P).reshape(nh, T, T)
         top = np.zeros((cfg.layers + 1, T), np.int64)
         prob = np.zeros((cfg.layers + 1, T), np.float32)

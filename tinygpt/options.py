@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .model.attention import DEFAULT as ATTENTION
+
 
 @dataclass
 class TrainOptions:
@@ -15,6 +17,7 @@ class TrainOptions:
     d_model: int | None = None
     heads: int | None = None
     ctx: int | None = None
+    sliding_window: int | None = None  # each query attends to its last N positions; None: all (or the resumed model's)
     batch: int | None = None
     grad_accum: int | None = None      # micro-batches per step; None: 1, or the resumed run's
     data: str | None = None            # None: the built-in corpus
@@ -29,7 +32,7 @@ class TrainOptions:
     rewarm: bool = False               # a resumed run past its planned end: a new warm-up and decay from its step
     grad_clip: float | None = None
     seed: int | None = None
-    attention: str = "online"
+    attention: str = ATTENTION
     kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
     precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
     loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
@@ -60,11 +63,11 @@ class TrainOptions:
 @dataclass(kw_only=True)
 class ModelUse:
     """What every command that runs a saved model shares."""
-    attention: str = "online"
+    attention: str = ATTENTION
     kernels: dict = field(default_factory=dict)
     tokenizer_file: str | None = None
     adapters: str | None = None        # a PEFT directory (the export's peft format) folded into the model
-    precision: str = "fp32"            # bf16, f16: the forward stores its activations and weights so
+    precision: str = "fp32"            # bf16, f16: the forward stores its activations and weights in it
 
 
 @dataclass

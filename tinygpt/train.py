@@ -33,7 +33,7 @@ from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
 from .device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
-from .model.attention import check as check_attention
+from .model.attention import path as attention_path
 from .model.budget import device_limits, memory_budget, refusal
 from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
@@ -95,6 +95,9 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
         want = getattr(o, name)
         if want is not None and want != getattr(fcfg, name):
             diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, name)})")
+    want = o.sliding_window       # a window of ctx or more is the plain attention the file may have
+    if want is not None and (want if want < fcfg.ctx else 0) != fcfg.attn_window:
+        diffs.append(f"{{opt:sliding_window}} {want} (file: {fcfg.attn_window or 'none'})")
     return diffs
 
 
@@ -156,7 +159,7 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool =
     resumed model are a new run on its shape: the schedule is the options' (peak lr LORA_LR)."""
     if resume is None:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
-                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed)
+                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed, window=o.sliding_window)
         prepared = read_sidecar(o.data)["tokenizer"] if is_token_file(o.data) else None   # a token file's own
         return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, "byte"), resolve(o)
     diffs = _differences(resume.cfg, o)
@@ -274,7 +277,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
     cfg.validate()
-    check_attention(o.attention, cfg.ctx, cfg.d_model, cfg.heads)
+    attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
     data_path = data_path_for(o.data, resume, label)
     data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)

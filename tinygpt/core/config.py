@@ -97,6 +97,7 @@ class Config:
     weight_decay: float = 0.1
     seed: int = 1337
     activation: str = "gelu"    # one of ACTIVATIONS
+    window: int = 0             # sliding-window attention: each query sees its last `window` positions; 0: all
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -105,6 +106,12 @@ class Config:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def attn_window(self) -> int:
+        """The window the attention computes with: 0 where there is none or it holds the whole
+        context (a window of ctx or more is plain causal attention)."""
+        return self.window if 0 < self.window < self.ctx else 0
 
     def validate(self):
         """Every dimension positive and bounded, the parameter count by arithmetic: nothing here
@@ -130,6 +137,9 @@ class Config:
             raise ConfigError(f"{{opt:lr}} must be positive, got {self.lr}")
         if self.grad_clip < 0:
             raise ConfigError(f"{{opt:grad_clip}} must be >= 0 (0 turns clipping off), got {self.grad_clip}")
+        if not isinstance(self.window, int) or isinstance(self.window, bool) or not 0 <= self.window <= MAX_DIMS["ctx"]:
+            raise ConfigError(f"{{opt:sliding_window}} must be a whole number from 1 to {MAX_DIMS['ctx']:,} "
+                              f"(0 or absent: none), got {self.window!r}")
         if self.activation not in ACTIVATIONS:
             raise ConfigError(f"activation {self.activation!r} is not one this tinygpt computes; "
                               f"choose one of {', '.join(ACTIVATIONS)}")

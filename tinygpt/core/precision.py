@@ -27,7 +27,7 @@ class Precision:
     kernels: dict = field(default_factory=dict)   # role -> the launcher (a WGSL entry point) that plays it
     grad_operands: str = "f32"   # dtype the matmuls read float32 gradients in (f16's round them as read)
     feature: str | None = None   # the adapter feature its kernels need
-    loss_scaling: bool = False   # training scales the loss, dynamically (GradScaler's rules: train.py)
+    loss_scaling: bool = False   # the loss scaled, dynamically (GradScaler's rules: grad_norm.wgsl's grad_clip)
 
     def problem(self, d_model: int, d_mlp: int) -> str | None:
         """Why a model of this width cannot run in this precision, or None."""
@@ -55,8 +55,8 @@ BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode
 
 # f16: WGSL's own half type (the shader-f16 feature). Each matmul product is taken in f16 and the
 # products summed in float32; float32 operands (the backward's gradients) are rounded to f16 as
-# the matmuls read them, so the backward needs the loss scaler (train.py) to keep small gradients
-# above f16's subnormals and to skip a step whose gradients overflowed. The kernels read 4 values
+# the matmuls read them, so the backward needs the loss scaler (model/optim.py's Gate) to keep
+# small gradients above f16's subnormals and to skip a step whose gradients overflowed. The kernels read 4 values
 # at a time (vec4<f16>), hence the multiple of 4.
 F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=True, kernels={
     "layernorm": "layernorm_forward_f16", "matmul": "matmul_f16", "matmul_abt": "matmul_abt_f16",

@@ -152,6 +152,12 @@ def _tanh(tanh: bool) -> dict | None:
     return {"TANH": True} if tanh else None
 
 
+def windowed(window: int, T: int | None = None) -> dict:
+    """The attention kernels' WINDOW constant: only for a window that masks something (0, or one
+    at least T, is plain causal attention and keeps the pipeline it always had)."""
+    return {"WINDOW": int(window)} if window and (T is None or window < T) else {}
+
+
 def batch_stride(n: int) -> int:
     """Floats from one matrix of a batch to the next (batched matmuls, muon_normalize, ns_mix): n
     rounded up to 64, 256 bytes, any adapter's storage offset alignment, so that each matrix can
@@ -510,60 +516,60 @@ class Kernels:
         return self.gpu.dispatch_with(k, step_uniform, [x, gate, w, None], grid1d(-(-n // 256)))
 
     # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
-    def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv) -> Dispatch:
+    def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv, window) -> Dispatch:
         hd = C // H
-        k = self.gpu.kernel("attention.wgsl", entry, "urrrww", {"HD4": -(-hd // 32) * 8})
+        k = self.gpu.kernel("attention.wgsl", entry, "urrrww", {"HD4": -(-hd // 32) * 8, **windowed(window, T)})
         return self.gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)), [x1, x2, x3, o1, o2],
                                  grid1d(-(-n_inv // 64)))
 
-    def attn_scores(self, q, k, S, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_scores(self, q, k, S, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T)
+        return self._attn("attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T, window)
 
-    def attn_softmax(self, S, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_softmax(self, S, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T)
+        return self._attn("attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T, window)
 
-    def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
 
-    def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T)
+        return self._attn("attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T, window)
 
-    def attn_dscores(self, dout, v, P, dS, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_dscores(self, dout, v, P, dS, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T)
+        return self._attn("attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T, window)
 
-    def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
 
-    def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
 
-    def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None) -> Dispatch:
+    def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H))
+        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
 
     # ---- online attention (online.wgsl, online_sg.wgsl) -------------------------------------------
-    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None) -> Dispatch:
+    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0) -> Dispatch:
         hd = C // H
         bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
-        consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk}
+        consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk, **windowed(window, T)}
         consts.update({n: True for n in ("BF16", "F16") if ins[0].dtype == n.lower()})   # q, k, v as stored
         k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
-    def _online_sg(self, entry, ins, o1, o2, B, T, C, H) -> Dispatch:
+    def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0) -> Dispatch:
         """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16 or
         f16 (their dtype says; B*T*C a multiple of 8)."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
-                  "BF16": ins[0].dtype == "bf16", "F16": ins[0].dtype == "f16"}
+                  "BF16": ins[0].dtype == "bf16", "F16": ins[0].dtype == "f16", **windowed(window, T)}
         k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
@@ -574,26 +580,29 @@ class Kernels:
             return None
         return block or online_tiles(self.gpu.limits, self.plan, C // H, T)
 
-    def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int) -> Dispatch:
+    def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int, window) -> Dispatch:
         """online_sg.wgsl where the plan (or variant) takes it; else online.wgsl, one workgroup per
         tile of BQ query rows (along 0) or BK key rows (along 1) of each (b, h). q, k, v may be bf16
         or f16 in either."""
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
-            return self._online_sg(entry, ins, o1, o2, B, T, C, H)
-        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles)
+            return self._online_sg(entry, ins, o1, o2, B, T, C, H, window)
+        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window)
 
-    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None) -> Dispatch:
-        return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0)
+    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
+        return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0, window)
 
     def attn_online_d(self, dout, out, D, B, T, C, H, block=None) -> Dispatch:
         return self._online("attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
 
-    def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None) -> Dispatch:
-        return self._online_either("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, block, variant, 0)
+    def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
+        return self._online_either("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, block, variant, 0,
+                                   window)
 
-    def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None) -> Dispatch:
-        return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1)
+    def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None,
+                        window=0) -> Dispatch:
+        return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1,
+                                   window)
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.
@@ -609,9 +618,11 @@ class Kernels:
         """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, C])"""
         return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * C // 64)))
 
-    def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform) -> Dispatch:
-        """out[n] = attention of q[n] over cache rows 0..p.pos, per head; scratch [N, H, T]."""
-        return self._decode("attn_decode", uniform, q, kc, vc, None, out, scratch, None, grid1d(N * H))
+    def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
+        """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
+        window > 0), per head; scratch [N, H, T]."""
+        k_ = self.gpu.kernel("decode.wgsl", "attn_decode", DECODE_ACCESS, windowed(window) or None)
+        return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def kv_append_half(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
         """kv_append for a bf16 or f16 model's k, v and caches (their dtype), two values a word."""
@@ -619,10 +630,11 @@ class Kernels:
         k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": HALVES.index(k.dtype) + 1})
         return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * C // 128)))
 
-    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform) -> Dispatch:
+    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
         assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and out.dtype == "f32", (q.dtype, out.dtype)
-        k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS, {"HALF": HALVES.index(q.dtype) + 1})
+        k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS,
+                             {"HALF": HALVES.index(q.dtype) + 1, **windowed(window)})
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:

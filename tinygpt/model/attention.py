@@ -1,13 +1,26 @@
-"""naive / fused_sv / online causal attention behind one interface.
+"""The attention component: naive, fused_sv and online causal attention, each one object.
 
-`Attention` records the dispatches of one attention call for fixed shapes, on scratch its caller
-allocates from the buffer table (model.buffers: the stored weights P, or the per-row logsumexp
-L); the model keeps one per layer. `forward` and `backward` below run it on NumPy arrays, for
-tests and scripts.
+Each path is made once from its name (`path`) and answers every question the rest of the
+package asks of attention, as the optimizer (model.optim) does for the optimizer:
+  (a) what it cannot take (`check`, `check_fits`), before anything is allocated;
+  (b) its scratch's rows in the buffer table (`rows`), so the memory budget and the
+      allocation keep agreeing, and whether its kernels read q, k, v as a precision stores
+      them (`reads`), which decides the table's float32 copies;
+  (c) its dispatches for one call of fixed shape, on the scratch its layer was given (`bind` ->
+      Attention: `forward`, `backward`), with the model's sliding window, if any;
+  (d) the attention weights of a forward where it keeps them (`keeps_weights`, Attention.weights:
+      `tinygpt inspect` draws them through the path that does, `inspection()`).
+No module outside this one compares attention names. The decode step's attention (decode.wgsl,
+over the key/value cache) is the same for every path: it reads the window from the model.
+
+A sliding window W (Config.window, upstream's slidingWindow; 0: none) lets each query see its
+last W positions, itself included; every path computes only those (the online path skips the
+tiles wholly outside every query's window, so its cost falls with W).
 
 Scratch per call (bytes, float32):
   naive, fused_sv   P [B,H,T,T] kept for the backward + dS [B,H,T,T]   O(B*H*T^2)
   online            L [B,H,T] kept for the backward + D [B,H,T]        O(B*H*T)
+`forward` and `backward` at the end run a path on NumPy arrays, for tests and scripts.
 """
 from __future__ import annotations
 
@@ -17,27 +30,16 @@ from ..core.errors import UsageError
 from ..device.gpu import GPU, LimitError
 from ..device.kernels import Kernels, online_variant
 from ..device.plan import KernelPlan
+from .buffers import Buffer
 from .layout import head_chunks
 
-IMPLS = ("naive", "fused_sv", "online")
 FUSED_MAX_T = 1024  # attn_fused_sv keeps a row of scores in a 1024-entry private array
 MAX_HEAD_DIM = 128
+AT = "attention scratch"    # the memory budget's group of every path's scratch
 
 
 class AttentionError(UsageError):
     pass
-
-
-def check(impl: str, T: int, C: int, H: int):
-    if impl not in IMPLS:
-        raise AttentionError(f"unknown {{opt:attention}} {impl!r}; choose one of {', '.join(IMPLS)}")
-    if C % H:
-        raise AttentionError(f"heads ({H}) must divide channels ({C})")
-    if C // H > MAX_HEAD_DIM:
-        raise AttentionError(f"head dim {C // H} exceeds {MAX_HEAD_DIM}; use more heads")
-    if impl == "fused_sv" and T > FUSED_MAX_T:
-        raise AttentionError(f"fused_sv handles sequences up to {FUSED_MAX_T} tokens, got T={T}; "
-                             "use {opt:attention} online (any length) or a shorter {opt:ctx}")
 
 
 def check_scores_fit(B: int, T: int, max_binding: int):
@@ -48,106 +50,223 @@ def check_scores_fit(B: int, T: int, max_binding: int):
                          f"allows {max_binding:,} (max-storage-buffer-binding-size); use {{opt:attention}} online")
 
 
-def reads(dtype: str, plan: KernelPlan, impl: str, B: int, T: int, C: int, H: int) -> bool:
-    """Whether this attention's kernels read q, k, v stored in `dtype`: every kernel reads float32;
-    the online kernels also read bf16 and f16 (BF16 and F16 of online.wgsl, by element, and of
-    online_sg.wgsl, by whole words: B*T*C a multiple of 8). Where they do not (naive, fused_sv),
-    the model gives them float32 copies."""
-    if dtype == "f32":
-        return True
-    if dtype not in ("bf16", "f16") or impl != "online":
-        return False
-    return online_variant(plan, T, C // H) != "sg" or (B * T * C) % 8 == 0
+class Path:
+    """One attention path: what it refuses, its scratch, its dispatches."""
+    name = ""
+    keeps_weights = False       # whether its forward leaves every head's P [T, T] in its scratch
 
+    def check(self, T: int, C: int, H: int):
+        if C % H:
+            raise AttentionError(f"heads ({H}) must divide channels ({C})")
+        if C // H > MAX_HEAD_DIM:
+            raise AttentionError(f"head dim {C // H} exceeds {MAX_HEAD_DIM}; use more heads")
 
-def scratch_bytes(impl: str, B: int, T: int, H: int) -> int:
-    if impl == "online":
-        return 2 * 4 * B * H * T
-    return 2 * 4 * B * H * T * T
+    def check_fits(self, B: int, T: int, max_binding: int):
+        pass
+
+    def reads(self, dtype: str, plan: KernelPlan, B: int, T: int, C: int, H: int) -> bool:
+        """Whether its kernels read q, k, v stored in `dtype` (else the model gives them float32
+        copies): every kernel reads float32."""
+        return dtype == "f32"
+
+    def rows(self) -> tuple:
+        raise NotImplementedError
+
+    def scratch_bytes(self, B: int, T: int, H: int) -> int:
+        raise NotImplementedError
+
+    def scratch(self, buf: dict, size: dict, l: int) -> dict:
+        """Layer l's scratch from the model's buffers (this path's rows, allocated; size: the
+        table's sizes)."""
+        raise NotImplementedError
+
+    def own_scratch(self, gpu: GPU, B: int, T: int, H: int) -> dict:
+        """Scratch for one standalone call (the NumPy-array API below; a model's comes from its table)."""
+        raise NotImplementedError
+
+    def bind(self, kn: Kernels, B: int, T: int, C: int, H: int, scratch: dict, window: int = 0,
+             block=None) -> "Attention":
+        self.check(T, C, H)
+        return Attention(self, kn, (B, T, C, H), scratch, window if 0 < window < T else 0, block)
+
+    def forward(self, a: "Attention", q, k, v, out) -> list:
+        raise NotImplementedError
+
+    def backward(self, a: "Attention", q, k, v, out, dout, dq, dk, dv) -> list:
+        raise NotImplementedError
 
 
 class Attention:
-    """One causal attention of shape [B, T, C] with H heads, recorded once.
+    """One path's attention of shape [B, T, C] with H heads, bound to its scratch: the model
+    keeps one per layer."""
 
-    scratch: online {"L": [B,H,T] this call's, "D": [B,H,T] shared}; otherwise {"P": one [B,nh,T,T]
-    per head chunk (layout.head_chunks), "dS": [B,nmax,T,T] shared}."""
-
-    def __init__(self, kn: Kernels, impl: str, B: int, T: int, C: int, H: int, scratch: dict, block=None):
-        check(impl, T, C, H)
-        self.kn, self.impl, self.shape, self.block = kn, impl, (B, T, C, H), block
-        if impl == "online":
-            self.L, self.D = scratch["L"], scratch["D"]
-        else:
-            check_scores_fit(B, T, kn.gpu.max_binding)
-            self.chunks = head_chunks(B, T, H, kn.gpu.max_binding)
-            self.P, self.dS = scratch["P"], scratch["dS"]
+    def __init__(self, path: Path, kn: Kernels, shape: tuple, scratch: dict, window: int, block=None):
+        self.path, self.kn, self.shape, self.scratch, self.window, self.block = \
+            path, kn, shape, scratch, window, block
 
     def forward(self, q, k, v, out) -> list:
-        """q, k, v as stored where reads() says so, else float32; out float32."""
-        B, T, C, H = self.shape
-        kn = self.kn
-        if self.impl == "online":
-            return [kn.attn_online_forward(q, k, v, out, self.L, B, T, C, H, self.block)]
-        ds = []
-        for (h0, nh), P in zip(self.chunks, self.P):
-            if self.impl == "naive":
-                ds += [kn.attn_scores(q, k, P, B, T, C, H, h0, nh),
-                       kn.attn_softmax(P, B, T, C, H, h0, nh),
-                       kn.attn_value(P, v, out, B, T, C, H, h0, nh)]
-            else:
-                ds.append(kn.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh))
-        return ds
+        """q, k, v as stored where path.reads says so, else float32; out float32."""
+        return self.path.forward(self, q, k, v, out)
 
     def backward(self, q, k, v, out, dout, dq, dk, dv) -> list:
-        B, T, C, H = self.shape
-        kn = self.kn
-        if self.impl == "online":
-            return [kn.attn_online_d(dout, out, self.D, B, T, C, H, self.block),
-                    kn.attn_online_dq(q, k, v, dout, self.L, self.D, dq, B, T, C, H, self.block),
-                    kn.attn_online_dkv(q, k, v, dout, self.L, self.D, dk, dv, B, T, C, H, self.block)]
+        return self.path.backward(self, q, k, v, out, dout, dq, dk, dv)
+
+    def weights(self) -> list:
+        """[(first head, heads, P [B, heads, T, T])] after a forward, where the path keeps them."""
+        assert self.path.keeps_weights, self.path.name
+        return [(h0, nh, P) for (h0, nh), P in zip(self.scratch["chunks"], self.scratch["P"])]
+
+
+class _ScoreMatrix(Path):
+    """naive and fused_sv: each head's weights P [T, T] kept for the backward, split by heads
+    into chunks that fit a binding (layout.head_chunks)."""
+    keeps_weights = True
+
+    def check_fits(self, B, T, max_binding):
+        check_scores_fit(B, T, max_binding)
+
+    def rows(self):
+        return (Buffer("attn P", ("B", "NH", "T", "T"), "f32", "per layer, per head chunk", AT),
+                Buffer("attn dS", ("B", "NHmax", "T", "T"), "f32", "shared", AT))
+
+    def scratch_bytes(self, B, T, H):
+        return 2 * 4 * B * H * T * T
+
+    def scratch(self, buf, size, l):
+        return {"P": buf["attn P"][l], "dS": buf["attn dS"], "chunks": size["head_chunks"]}
+
+    def own_scratch(self, gpu, B, T, H):
+        self.check_fits(B, T, gpu.max_binding)
+        chunks = head_chunks(B, T, H, gpu.max_binding)
+        nmax = max(nh for _, nh in chunks)
+        return {"P": [gpu.tensor((B, nh, T, T), name="attn P") for _, nh in chunks],
+                "dS": gpu.tensor((B, nmax, T, T), name="attn dS"), "chunks": chunks}
+
+    def backward(self, a, q, k, v, out, dout, dq, dk, dv):
+        B, T, C, H = a.shape
+        kn, w, s = a.kn, a.window, a.scratch
         ds = []
-        for (h0, nh), P in zip(self.chunks, self.P):
-            ds += [kn.attn_dscores(dout, v, P, self.dS, B, T, C, H, h0, nh),
-                   kn.attn_dq(self.dS, k, dq, B, T, C, H, h0, nh),
-                   kn.attn_dk(self.dS, q, dk, B, T, C, H, h0, nh),
-                   kn.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh)]
+        for (h0, nh), P in zip(s["chunks"], s["P"]):
+            ds += [kn.attn_dscores(dout, v, P, s["dS"], B, T, C, H, h0, nh, w),
+                   kn.attn_dq(s["dS"], k, dq, B, T, C, H, h0, nh, w),
+                   kn.attn_dk(s["dS"], q, dk, B, T, C, H, h0, nh, w),
+                   kn.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh, w)]
         return ds
 
 
-def own_scratch(gpu: GPU, impl: str, B: int, T: int, H: int) -> dict:
-    """Scratch for one standalone Attention (the NumPy-array API below; the model's comes from its table)."""
-    if impl == "online":
+class Naive(_ScoreMatrix):
+    """Scores, softmax and P @ V as three kernels."""
+    name = "naive"
+
+    def forward(self, a, q, k, v, out):
+        B, T, C, H = a.shape
+        kn, w, s = a.kn, a.window, a.scratch
+        ds = []
+        for (h0, nh), P in zip(s["chunks"], s["P"]):
+            ds += [kn.attn_scores(q, k, P, B, T, C, H, h0, nh, w),
+                   kn.attn_softmax(P, B, T, C, H, h0, nh, w),
+                   kn.attn_value(P, v, out, B, T, C, H, h0, nh, w)]
+        return ds
+
+
+class FusedSV(_ScoreMatrix):
+    """TinyGPT's attn_fused_sv: a row's scores, softmax and P @ V in one invocation."""
+    name = "fused_sv"
+
+    def check(self, T, C, H):
+        super().check(T, C, H)
+        if T > FUSED_MAX_T:
+            raise AttentionError(f"fused_sv handles sequences up to {FUSED_MAX_T} tokens, got T={T}; "
+                                 "use {opt:attention} online (any length) or a shorter {opt:ctx}")
+
+    def forward(self, a, q, k, v, out):
+        B, T, C, H = a.shape
+        kn, s = a.kn, a.scratch
+        return [kn.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh, a.window)
+                for (h0, nh), P in zip(s["chunks"], s["P"])]
+
+
+class Online(Path):
+    """Tiled online softmax (FlashAttention-2 style) with a recomputing backward: no T x T buffer."""
+    name = "online"
+
+    def reads(self, dtype, plan, B, T, C, H):
+        """The online kernels also read bf16 and f16 (BF16 and F16 of online.wgsl, by element, and
+        of online_sg.wgsl, by whole words: B*T*C a multiple of 8)."""
+        if dtype == "f32":
+            return True
+        if dtype not in ("bf16", "f16"):
+            return False
+        return online_variant(plan, T, C // H) != "sg" or (B * T * C) % 8 == 0
+
+    def rows(self):
+        return (Buffer("attn L", ("B", "H", "T"), "f32", "per layer", AT),
+                Buffer("attn D", ("B", "H", "T"), "f32", "shared", AT))
+
+    def scratch_bytes(self, B, T, H):
+        return 2 * 4 * B * H * T
+
+    def scratch(self, buf, size, l):
+        return {"L": buf["attn L"][l], "D": buf["attn D"]}
+
+    def own_scratch(self, gpu, B, T, H):
         return {"L": gpu.tensor((B, H, T), name="attn L"), "D": gpu.tensor((B, H, T), name="attn D")}
-    check_scores_fit(B, T, gpu.max_binding)
-    chunks = head_chunks(B, T, H, gpu.max_binding)
-    nmax = max(nh for _, nh in chunks)
-    return {"P": [gpu.tensor((B, nh, T, T), name="attn P") for _, nh in chunks],
-            "dS": gpu.tensor((B, nmax, T, T), name="attn dS")}
+
+    def forward(self, a, q, k, v, out):
+        B, T, C, H = a.shape
+        return [a.kn.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window)]
+
+    def backward(self, a, q, k, v, out, dout, dq, dk, dv):
+        B, T, C, H = a.shape
+        kn, L, D, blk, w = a.kn, a.scratch["L"], a.scratch["D"], a.block, a.window
+        return [kn.attn_online_d(dout, out, D, B, T, C, H, blk),
+                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w),
+                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w)]
+
+
+PATHS = {p.name: p for p in (Naive(), FusedSV(), Online())}
+IMPLS = tuple(PATHS)
+DEFAULT = "online"          # any length, O(T) scratch: the CLI's and the API's default
+
+
+def path(name) -> Path:
+    """The path of that name (a Path is returned as it is), or a usage error listing them."""
+    if isinstance(name, Path):
+        return name
+    if name not in PATHS:
+        raise AttentionError(f"unknown {{opt:attention}} {name!r}; choose one of {', '.join(IMPLS)}")
+    return PATHS[name]
+
+
+def inspection() -> Path:
+    """The path `tinygpt inspect` draws weights through: the naive one, whose softmax writes every
+    entry of each head's P (a fused path's kernel writes P too, but inspect keeps one path)."""
+    return PATHS["naive"]
 
 
 # ---- the NumPy-array API ----------------------------------------------------------------------
-def _prepare(kn: Kernels, q, k, v, n_head, impl):
+def _prepare(kn: Kernels, q, k, v, n_head, impl, window):
     q, k, v = (np.ascontiguousarray(x, np.float32) for x in (q, k, v))
     if q.ndim != 3 or q.shape != k.shape or q.shape != v.shape:
         raise AttentionError(f"q, k, v must share one shape [B, T, C], got {q.shape}, {k.shape}, {v.shape}")
     B, T, C = q.shape
-    check(impl, T, C, n_head)
-    gpu = kn.gpu
-    att = Attention(kn, impl, B, T, C, n_head, own_scratch(gpu, impl, B, T, n_head))
+    p, gpu = path(impl), kn.gpu
+    p.check(T, C, n_head)
+    att = p.bind(kn, B, T, C, n_head, p.own_scratch(gpu, B, T, n_head), window)
     return gpu, (B, T, C), att, [gpu.upload(x) for x in (q, k, v)]
 
 
-def forward(kn: Kernels, q, k, v, n_head: int, impl: str = "online") -> np.ndarray:
+def forward(kn: Kernels, q, k, v, n_head: int, impl: str = DEFAULT, window: int = 0) -> np.ndarray:
     """Causal multi-head attention of [B, T, C] float32 arrays on the device of kn -> out [B, T, C]."""
-    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl)
+    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window)
     out = gpu.tensor((B, T, C))
     gpu.run(att.forward(tq, tk, tv, out))
     return gpu.read(out)
 
 
-def backward(kn: Kernels, q, k, v, dout, n_head: int, impl: str = "online"):
+def backward(kn: Kernels, q, k, v, dout, n_head: int, impl: str = DEFAULT, window: int = 0):
     """Gradients (dq, dk, dv) of sum(out * dout), each [B, T, C]; runs the forward first."""
-    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl)
+    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window)
     tdo = gpu.upload(np.ascontiguousarray(dout, np.float32))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     gpu.run(att.forward(tq, tk, tv, out) + att.backward(tq, tk, tv, out, tdo, dq, dk, dv))

@@ -22,6 +22,7 @@ from ..device.plan import KernelPlan
 from . import buffers
 from .decode import decode_path
 from .layout import flat_bound, rows_per_binding
+from .attention import Path, path
 from .optim import make_optimizer
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
@@ -32,7 +33,7 @@ class MemoryBudget:
     cfg: Config
     batch: int                      # windows per micro-batch
     accum: int
-    attention: str
+    attention: Path
     precision: Precision = FP32
     recompute: bool = False                             # the blocks' activations recomputed in the backward
     lora: LoRA | None = None                            # adapters on a frozen base
@@ -58,7 +59,7 @@ class MemoryBudget:
     def as_dict(self) -> dict:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
-                "attention": self.attention, "precision": self.precision.name, "recompute": self.recompute,
+                "attention": self.attention.name, "precision": self.precision.name, "recompute": self.recompute,
                 "optimizer": (self.optimizer or make_settings("adamw")).as_dict(),
                 "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
@@ -66,26 +67,28 @@ class MemoryBudget:
                 "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
 
 
-def sampler_bytes(cfg: Config, attention: str, capacity: int, plan: KernelPlan, precision: Precision = FP32,
+def sampler_bytes(cfg: Config, attention, capacity: int, plan: KernelPlan, precision: Precision = FP32,
                   max_binding: int | None = None) -> int:
     """The end-of-run sampler (model.decode.Decoder, one sequence): its Model over a [1, ctx]
     window, and the decode step's buffers (decode.wgsl's uniforms are not counted)."""
     cache = decode_path(plan, precision) == "cache"
-    planned, _ = buffers.model_rows(cfg, 1, cfg.ctx, attention, plan, precision, max_binding, training=False,
+    planned, _ = buffers.model_rows(cfg, 1, cfg.ctx, path(attention), plan, precision, max_binding, training=False,
                                     head=not cache)
-    own, _ = buffers.decode_rows(cfg, 1, capacity, attention, precision, cache, max_binding)
+    own, _ = buffers.decode_rows(cfg, 1, capacity, precision, cache, max_binding)
     return buffers.total_bytes(planned) + buffers.total_bytes(own)
 
 
-def memory_budget(cfg: Config, batch: int, attention: str, plan: KernelPlan, accum: int = 1,
+def memory_budget(cfg: Config, batch: int, attention, plan: KernelPlan, accum: int = 1,
                   limits: dict | None = None, sample: int = 200, precision: Precision = FP32,
                   recompute: bool = False, lora: LoRA | None = None,
                   optimizer: OptimizerSettings | None = None) -> MemoryBudget:
     """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
     limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
     (None where unknown); sample: the tokens of the samples at the end (0: none); optimizer: its
-    settings (None: AdamW's), whose state and scratch rows the table takes."""
+    settings (None: AdamW's), whose state and scratch rows the table takes; attention: a path or
+    its name (model.attention), whose scratch rows the table takes too."""
     limits = dict(limits or {})
+    attention = path(attention)
     p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, lora, optimizer, limits=limits)
     mb, align = limits.get("max_binding"), limits.get("align") or 256
     planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum,
@@ -148,7 +151,7 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]), reverse=True)
 
 
-def largest_fitting_batch(cfg: Config, batch: int, attention: str, plan: KernelPlan, limits: dict,
+def largest_fitting_batch(cfg: Config, batch: int, attention, plan: KernelPlan, limits: dict,
                           precision: Precision = FP32, recompute: bool = False, lora: LoRA | None = None,
                           optimizer: OptimizerSettings | None = None) -> int | None:
     """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
@@ -200,7 +203,7 @@ def text(p: MemoryBudget) -> str:
     what, largest = p.largest_binding
     lines = [f"# {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab {cfg.vocab}: "
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
-             + f", attention {p.attention}, {p.precision.name}" + (", recompute" if p.recompute else "")
+             + f", attention {p.attention.name}, {p.precision.name}" + (", recompute" if p.recompute else "")
              + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else ""),
              f"# optimizer {(p.optimizer or make_settings('adamw')).describe()}"]
     for g, nbytes in p.groups.items():

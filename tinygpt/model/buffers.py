@@ -30,7 +30,6 @@ from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK, GATE_FLOATS
 from ..device.plan import KernelPlan
-from .attention import reads
 from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
     rows_per_binding
 
@@ -92,10 +91,7 @@ MODEL = (
     Buffer("losses",        ("BT",),                 "f32",     "step",         LG, "head"),
     Buffer("loss slots",    ("slots",),              "f32",     "step",         LG, "head"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       LG, "split head"),
-    Buffer("attn L",        ("B", "H", "T"),         "f32",     "per layer",    AT, "online"),
-    Buffer("attn D",        ("B", "H", "T"),         "f32",     "shared",       AT, "online"),
-    Buffer("attn P",        ("B", "NH", "T", "T"),   "f32",     "per layer, per head chunk", AT, "scores"),
-    Buffer("attn dS",       ("B", "NHmax", "T", "T"), "f32",    "shared",       AT, "scores"),
+    # the attention path's scratch: its own rows (model.attention, Path.rows())
     # the backward's gradients of activations, shared by the layers
     Buffer("d residual",    ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("d ln",          ("BT", "C"),             "f32",     "shared",       BW, "training"),
@@ -166,7 +162,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "N": N, "ids": N + N * capacity}
 
 
-def flags(policy: Precision, attention: str, *, training: bool, head: bool, accum: int, split_head: bool,
+def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
@@ -174,7 +170,6 @@ def flags(policy: Precision, attention: str, *, training: bool, head: bool, accu
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
     on |= {"split head"} if split_head else set()
-    on |= {"online"} if attention == "online" else {"scores"}
     on |= {"weight copy"} if policy.weights != "f32" else set()
     on |= {"converts"} if policy.converts else set()
     on |= {"attention reads f32"} if policy.converts and not attention_reads_stored else set()
@@ -225,29 +220,30 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
     return out
 
 
-def model_rows(cfg: Config, B: int, T: int, attention: str, plan: KernelPlan, policy: Precision,
+def model_rows(cfg: Config, B: int, T: int, attention, plan: KernelPlan, policy: Precision,
                max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1,
                recompute: bool = False, lora: LoRA | None = None, optimizer=None):
     """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
     head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
     which layout.logit_chunks refuses). optimizer (training): a model.optim optimizer, whose rows
-    (its state and scratch) follow the table's."""
+    (its state and scratch) follow the table's, after the attention path's scratch (attention: a
+    model.attention Path)."""
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
     size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora)
     size.update(optimizer.sizes(cfg) if training else {})
-    on = flags(policy, attention, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
-               attention_reads_stored=reads(policy.stored, plan, attention, B, T, cfg.d_model, cfg.heads),
+    on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
+               attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=recompute, lora=lora is not None)
-    return resolve(MODEL + (optimizer.rows() if training else ()), on, size, policy), size
+    table = MODEL + attention.rows() + (optimizer.rows() if training else ())
+    return resolve(table, on, size, policy), size
 
 
-def decode_rows(cfg: Config, N: int, capacity: int, attention: str, policy: Precision, cache: bool,
-                max_binding: int | None):
+def decode_rows(cfg: Config, N: int, capacity: int, policy: Precision, cache: bool, max_binding: int | None):
     """(resolved rows, sizes) of a Decoder's own buffers (its Model's are model_rows')."""
     size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
-    on = flags(policy, attention, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
+    on = flags(policy, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
                attention_reads_stored=True, cache=cache)           # the step's attention is decode.wgsl's
     return resolve(DECODE, on, size, policy), size
 

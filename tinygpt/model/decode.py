@@ -27,6 +27,7 @@ from ..device.gpu import GPU, LimitError
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
 from . import buffers
+from .attention import DEFAULT as DEFAULT_ATTENTION
 from .block import BlockActs, block_forward
 from .gpt import Model
 from .head import Head, table_rows
@@ -51,7 +52,7 @@ class Decoder:
     """N sequences sampled together, on the device, from the key/value cache or by the whole
     window per token, as decode_path says."""
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, N: int = 1, attention: str = "online",
+    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, N: int = 1, attention=DEFAULT_ATTENTION,
                  capacity: int = 256, precision: Precision = FP32):
         self.gpu, self.cfg, self.N, self.capacity = gpu, cfg, N, capacity
         self.path = decode_path(plan, precision)
@@ -61,7 +62,7 @@ class Decoder:
         self.kn = self.model.kn
         self.VP = self.model.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
-        self.planned, size = buffers.decode_rows(cfg, N, capacity, attention, precision, self.cache, gpu.max_binding)
+        self.planned, size = buffers.decode_rows(cfg, N, capacity, precision, self.cache, gpu.max_binding)
         self.buf = buffers.allocate(gpu, self.planned, size)
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
@@ -92,10 +93,11 @@ class Decoder:
         # converted by the block, as in training
         append, attn = (kn.kv_append_half, kn.attn_decode_half) if m.precision.converts else \
             (kn.kv_append, kn.attn_decode)
+        window = cfg.attn_window                                  # the cache's rows each query sees
         for l in range(cfg.layers):
             kc, vc = m.buf["k"][l], m.buf["v"][l]                  # the prefill's k, v [N, T, C]: the cache
             attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, C, u),
-                                                        attn(q, kc, vc, out, b["scores"], N, H, u)]
+                                                        attn(q, kc, vc, out, b["scores"], N, H, u, window)]
             qkv = (b["q"], b["k"], b["v"])
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]))

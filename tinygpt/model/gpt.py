@@ -20,8 +20,7 @@ from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import LOSS_SCALE, Kernels
 from ..device.plan import KernelPlan
 from . import buffers
-from .attention import Attention, check_scores_fit
-from .attention import check as check_attention
+from . import attention as attn
 from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, PolicyKernels, \
     block_backward, block_forward
 from .head import Head
@@ -52,7 +51,7 @@ class Model:
     beside the targeted matrices (core.lora); the base model is frozen in a buffer of its own, and
     the flat parameter, gradient and optimizer-state buffers hold the trainable parameters alone."""
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention: str = "online", B: int | None = None,
+    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention=attn.DEFAULT, B: int | None = None,
                  T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
                  precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False,
                  lora: LoRA | None = None, optimizer: OptimizerSettings | None = None):
@@ -60,7 +59,7 @@ class Model:
         assert lora is None or training, "an adapted model trains; evaluation and sampling take it merged"
         assert accum >= 1 and (accum == 1 or training)
         self.gpu, self.plan, self.cfg, self.precision, self.lora = gpu, plan, cfg, precision, lora
-        self.training, self.accum, self.attention = training, accum, attention
+        self.training, self.accum, self.attention = training, accum, attn.path(attention)
         self.recompute = recompute and training      # one set of block activations, rebuilt in the backward
         self.scaled = training and precision.loss_scaling
         self.optimizer = make_optimizer(optimizer or make_settings("adamw")) if training else None
@@ -110,9 +109,8 @@ class Model:
         if problem:                                      # a usage error: the width or precision option
             raise UsageError(problem)
         g.check_loop(self.B * self.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
-        check_attention(self.attention, self.T, cfg.d_model, cfg.heads)
-        if self.attention != "online":
-            check_scores_fit(self.B, self.T, g.max_binding)
+        self.attention.check(self.T, cfg.d_model, cfg.heads)
+        self.attention.check_fits(self.B, self.T, g.max_binding)
         lo = self.lora
         if lo and self.precision.width_multiple > 1 and lo.rank % self.precision.width_multiple:
             raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {self.precision.name} needs a rank that is a "
@@ -166,11 +164,10 @@ class Model:
                 out[ln] = Tensor(flat.buf, 4 * offsets[gain][0] // per_word, (2, C // per_word), flat.dtype, ln)
         return out
 
-    def _attention(self, l: int) -> Attention:
-        cfg, b = self.cfg, self.buf
-        scratch = {"L": b["attn L"][l], "D": b["attn D"]} if self.attention == "online" else \
-            {"P": b["attn P"][l], "dS": b["attn dS"]}
-        return Attention(self.kn, self.attention, self.B, self.T, cfg.d_model, cfg.heads, scratch)
+    def _attention(self, l: int) -> attn.Attention:
+        cfg, a = self.cfg, self.attention
+        return a.bind(self.kn, self.B, self.T, cfg.d_model, cfg.heads, a.scratch(self.buf, self.size, l),
+                      cfg.attn_window)
 
     def weights(self, l: int) -> BlockWeights:
         """Block l's weights as its kernels read them."""

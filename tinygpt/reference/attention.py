@@ -1,7 +1,9 @@
 """NumPy twins of the attention kernels, beside the plain reference.
 
 q, k, v, out are [B, T, C] with H heads interleaved in C (head h owns channels
-h*hd .. h*hd+hd-1), scale 1/sqrt(hd), causal (t2 <= t1).
+h*hd .. h*hd+hd-1), scale 1/sqrt(hd), causal (t2 <= t1). Every function takes
+`window` last: a sliding window W > 0 also masks t1 - t2 >= W (a query sees its
+last W positions, itself included); 0 or None, or W >= T, is plain causal.
 
   attention_forward / attention_backward    the plain float64 judge
   attn_scores, attn_softmax, attn_value     the naive score-matrix path
@@ -28,26 +30,33 @@ def merge(x):                             # [B,H,T,hd] -> [B,T,C]
     return x.transpose(0, 2, 1, 3).reshape(B, T, H * hd)
 
 
-def causal_mask(T):
-    return np.tril(np.ones((T, T), bool))
+def causal_mask(T, window=None):
+    """[T, T], True where query t1 sees key t2."""
+    t = np.arange(T)
+    d = t[:, None] - t[None, :]
+    return (d >= 0) & (d < (window or T))
+
+
+def oldest(t, window):                   # the oldest key query t sees
+    return max(0, t + 1 - window) if window else 0
 
 
 # ---- the plain reference -----------------------------------------------------------------
-def attention_forward(q, k, v, H):
+def attention_forward(q, k, v, H, window=None):
     qh, kh, vh = heads(q, H), heads(k, H), heads(v, H)
     s = qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(qh.shape[-1])
-    s = np.where(causal_mask(q.shape[1]), s, -np.inf)
+    s = np.where(causal_mask(q.shape[1], window), s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return merge(p @ vh)
 
 
-def attention_backward(q, k, v, dout, H, out=None):
+def attention_backward(q, k, v, dout, H, out=None, window=None):
     """out: the forward's output as the backward reads it (a bf16 model reads it back rounded):
     D = rowsum(dO * O), which equals rowsum(P * dP) for the exact O."""
     qh, kh, vh, doh = heads(q, H), heads(k, H), heads(v, H), heads(dout, H)
     scale = 1.0 / math.sqrt(qh.shape[-1])
-    s = np.where(causal_mask(q.shape[1]), qh @ kh.transpose(0, 1, 3, 2) * scale, -np.inf)
+    s = np.where(causal_mask(q.shape[1], window), qh @ kh.transpose(0, 1, 3, 2) * scale, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     dv = p.transpose(0, 1, 3, 2) @ doh
@@ -63,52 +72,58 @@ def attention_backward(q, k, v, dout, H, out=None):
 MASKED = -3.4028235e38
 
 
-def attn_scores(q, k, H):                 # -> S [B,H,T,T], masked entries = MASKED
+def attn_scores(q, k, H, window=None):    # -> S [B,H,T,T], masked entries = MASKED
     qh, kh = heads(q, H), heads(k, H)
     s = qh @ kh.transpose(0, 1, 3, 2) / math.sqrt(qh.shape[-1])
-    return np.where(causal_mask(q.shape[1]), s, np.asarray(MASKED, s.dtype))
+    return np.where(causal_mask(q.shape[1], window), s, np.asarray(MASKED, s.dtype))
 
 
-def attn_softmax(s):                      # S -> P, rows over t2 <= t1
-    T = s.shape[-1]
-    m = np.where(causal_mask(T), s, -np.inf).max(-1, keepdims=True)
-    e = np.where(causal_mask(T), np.exp(np.minimum(s - m, 0)), 0)
+def attn_softmax(s, window=None):         # S -> P, rows over the keys each query sees
+    seen = causal_mask(s.shape[-1], window)
+    m = np.where(seen, s, -np.inf).max(-1, keepdims=True)
+    e = np.where(seen, np.exp(np.minimum(s - m, 0)), 0)
     return (e / e.sum(-1, keepdims=True)).astype(s.dtype)
 
 
-def attn_value(p, v, H):                  # P [B,H,T,T], v [B,T,C] -> [B,T,C]
-    return merge(p @ heads(v, H))
+# The products with P or dS read the entries each query sees alone, as the kernels' loops do
+# (the rest of the stored matrix is written 0 by the kernels and the twins, so a product over it
+# all would agree; the mask keeps the twins honest where a test plants values there).
+def attn_value(p, v, H, window=None):     # P [B,H,T,T], v [B,T,C] -> [B,T,C]
+    return merge(np.where(causal_mask(p.shape[-1], window), p, 0) @ heads(v, H))
 
 
-def attn_fused_sv(q, k, v, H):            # -> out [B,T,C], P [B,H,T,T]
-    p = attn_softmax(attn_scores(q, k, H))
-    return attn_value(p, v, H), p
+def attn_fused_sv(q, k, v, H, window=None):   # -> out [B,T,C], P [B,H,T,T]
+    p = attn_softmax(attn_scores(q, k, H, window), window)
+    return attn_value(p, v, H, window), p
 
 
-def attn_dscores(dout, v, p, H):          # -> dS [B,H,T,T] (scaled by 1/sqrt(hd))
+def attn_dscores(dout, v, p, H, window=None):   # -> dS [B,H,T,T] (scaled by 1/sqrt(hd))
     doh, vh = heads(dout, H), heads(v, H)
+    seen = causal_mask(p.shape[-1], window)
+    p = np.where(seen, p, 0)
     dp = doh @ vh.transpose(0, 1, 3, 2)
     ds = p * (dp - (p * dp).sum(-1, keepdims=True)) / math.sqrt(vh.shape[-1])
-    return np.where(causal_mask(p.shape[-1]), ds, 0).astype(p.dtype)
+    return np.where(seen, ds, 0).astype(p.dtype)
 
 
-def attn_dq(ds, k, H):
-    return merge(ds @ heads(k, H))
+def attn_dq(ds, k, H, window=None):
+    return merge(np.where(causal_mask(ds.shape[-1], window), ds, 0) @ heads(k, H))
 
 
-def attn_dk(ds, q, H):
-    return merge(ds.transpose(0, 1, 3, 2) @ heads(q, H))
+def attn_dk(ds, q, H, window=None):
+    return merge(np.where(causal_mask(ds.shape[-1], window), ds, 0).transpose(0, 1, 3, 2) @ heads(q, H))
 
 
-def attn_dvalue(p, dout, H):
-    return merge(p.transpose(0, 1, 3, 2) @ heads(dout, H))
+def attn_dvalue(p, dout, H, window=None):
+    return merge(np.where(causal_mask(p.shape[-1], window), p, 0).transpose(0, 1, 3, 2) @ heads(dout, H))
 
 
 # ---- online (FlashAttention-2 style), tile by tile -------------------------------------------
-def attn_online_forward(q, k, v, H, BQ=32, BK=32):
+def attn_online_forward(q, k, v, H, BQ=32, BK=32, window=None):
     """-> out [B,T,C], L [B,H,T] (logsumexp of each row's scaled scores).
 
-    Each (b, h, query tile) walks key tiles 0.. up to the diagonal; each row
+    Each (b, h, query tile) walks the key tiles from the one holding its first row's oldest key
+    (0 without a window) up to the diagonal; each row
     keeps m (running max), l (running sum) and o (unnormalised output) and
     rescales them by exp(m_old - m_new) when a tile raises the max."""
     qh, kh, vh = heads(q, H), heads(k, H), heads(v, H)
@@ -123,13 +138,15 @@ def attn_online_forward(q, k, v, H, BQ=32, BK=32):
                 m = np.full(len(rows), -np.inf, q.dtype)
                 l = np.zeros(len(rows), q.dtype)
                 o = np.zeros((len(rows), hd), q.dtype)
-                for k0 in range(0, rows[-1] + 1, BK):   # tiles above the diagonal skipped
+                for k0 in key_tiles(q0, rows[-1], BK, window):   # tiles above the diagonal skipped
                     cols = np.arange(k0, min(k0 + BK, T))
+                    seen = sees(rows, cols, window)
                     s = qh[b, h, rows] @ kh[b, h, cols].T * scale          # [rows, cols]
-                    s = np.where(cols[None, :] <= rows[:, None], s, -np.inf)
+                    s = np.where(seen, s, -np.inf)
                     m_new = np.maximum(m, s.max(-1))
-                    alpha = np.exp(m - m_new)
-                    pt = np.exp(s - m_new[:, None])
+                    with np.errstate(invalid="ignore"):                    # -inf - -inf: no key yet
+                        alpha = np.where(m_new == -np.inf, 1.0, np.exp(m - m_new))
+                        pt = np.where(seen, np.exp(s - m_new[:, None]), 0)
                     l = l * alpha + pt.sum(-1)
                     o = o * alpha[:, None] + pt @ vh[b, h, cols]
                     m = m_new
@@ -138,11 +155,29 @@ def attn_online_forward(q, k, v, H, BQ=32, BK=32):
     return merge(out), L
 
 
+def key_tiles(q0, last, BK, window):
+    """The key tiles (their first rows) a query tile of rows q0..last walks: from the tile holding
+    the oldest key its first row sees to the diagonal."""
+    return range(oldest(q0, window) // BK * BK, last + 1, BK)
+
+
+def query_tiles(k0, kl, T, BQ, window):
+    """The query tiles a key tile k0..kl walks: from the tile holding k0 to the last query whose
+    window holds one of its keys."""
+    end = min(T, kl + window) if window else T
+    return range((k0 // BQ) * BQ, end, BQ)
+
+
+def sees(rows, cols, window):             # [len(rows), len(cols)]: query row sees key col
+    d = rows[:, None] - cols[None, :]
+    return (d >= 0) & (d < window) if window else d >= 0
+
+
 def attn_online_d(dout, out, H):          # D [B,H,T] = rowsum(dO * O) per head
     return (heads(dout, H) * heads(out, H)).sum(-1)
 
 
-def attn_online_dq(q, k, v, dout, L, D, H, BQ=32, BK=32):
+def attn_online_dq(q, k, v, dout, L, D, H, BQ=32, BK=32, window=None):
     """dQ rebuilt tile by tile: P = exp(S - L), dS = P * (dO.V^T - D)."""
     qh, kh, vh, doh = heads(q, H), heads(k, H), heads(v, H), heads(dout, H)
     B, _, T, hd = qh.shape
@@ -152,18 +187,19 @@ def attn_online_dq(q, k, v, dout, L, D, H, BQ=32, BK=32):
         for h in range(H):
             for q0 in range(0, T, BQ):
                 rows = np.arange(q0, min(q0 + BQ, T))
-                for k0 in range(0, rows[-1] + 1, BK):
+                for k0 in key_tiles(q0, rows[-1], BK, window):
                     cols = np.arange(k0, min(k0 + BK, T))
                     s = qh[b, h, rows] @ kh[b, h, cols].T * scale
-                    p = np.where(cols[None, :] <= rows[:, None], np.exp(s - L[b, h, rows, None]), 0)
+                    p = np.where(sees(rows, cols, window), np.exp(s - L[b, h, rows, None]), 0)
                     dp = doh[b, h, rows] @ vh[b, h, cols].T
                     ds = p * (dp - D[b, h, rows, None]) * scale
                     dq[b, h, rows] += ds @ kh[b, h, cols]
     return merge(dq)
 
 
-def attn_online_dkv(q, k, v, dout, L, D, H, BQ=32, BK=32):
-    """dK, dV: each key tile walks the query tiles from its diagonal to the end."""
+def attn_online_dkv(q, k, v, dout, L, D, H, BQ=32, BK=32, window=None):
+    """dK, dV: each key tile walks the query tiles from its diagonal to the end (or to the last
+    query whose window holds one of its keys)."""
     qh, kh, vh, doh = heads(q, H), heads(k, H), heads(v, H), heads(dout, H)
     B, _, T, hd = qh.shape
     scale = 1.0 / math.sqrt(hd)
@@ -173,10 +209,10 @@ def attn_online_dkv(q, k, v, dout, L, D, H, BQ=32, BK=32):
         for h in range(H):
             for k0 in range(0, T, BK):
                 cols = np.arange(k0, min(k0 + BK, T))
-                for q0 in range((k0 // BQ) * BQ, T, BQ):
+                for q0 in query_tiles(k0, cols[-1], T, BQ, window):
                     rows = np.arange(q0, min(q0 + BQ, T))
                     s = qh[b, h, rows] @ kh[b, h, cols].T * scale
-                    p = np.where(cols[None, :] <= rows[:, None], np.exp(s - L[b, h, rows, None]), 0)
+                    p = np.where(sees(rows, cols, window), np.exp(s - L[b, h, rows, None]), 0)
                     dv[b, h, cols] += p.T @ doh[b, h, rows]
                     dp = doh[b, h, rows] @ vh[b, h, cols].T
                     ds = p * (dp - D[b, h, rows, None]) * scale
@@ -185,13 +221,13 @@ def attn_online_dkv(q, k, v, dout, L, D, H, BQ=32, BK=32):
 
 
 # online_sg.wgsl walks the same way with 8-row tiles on both sides (one subgroup of 8 lanes per tile)
-def attn_online_forward_sg(q, k, v, H):
-    return attn_online_forward(q, k, v, H, BQ=8, BK=8)
+def attn_online_forward_sg(q, k, v, H, window=None):
+    return attn_online_forward(q, k, v, H, BQ=8, BK=8, window=window)
 
 
-def attn_online_dq_sg(q, k, v, dout, L, D, H):
-    return attn_online_dq(q, k, v, dout, L, D, H, BQ=8, BK=8)
+def attn_online_dq_sg(q, k, v, dout, L, D, H, window=None):
+    return attn_online_dq(q, k, v, dout, L, D, H, BQ=8, BK=8, window=window)
 
 
-def attn_online_dkv_sg(q, k, v, dout, L, D, H):
-    return attn_online_dkv(q, k, v, dout, L, D, H, BQ=8, BK=8)
+def attn_online_dkv_sg(q, k, v, dout, L, D, H, window=None):
+    return attn_online_dkv(q, k, v, dout, L, D, H, BQ=8, BK=8, window=window)

@@ -40,6 +40,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     s (x A^T) B^T, its s (x A^T) kept in the cache, and read by the next matmul as a gradient
     operand is (float32, rounded to f16 under f16), as the model's float32 scratch is."""
     attend = attention or ra.attention_forward
+    windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     B, T = tokens.shape
     C, H, L = cfg.d_model, cfg.heads, cfg.layers
     P = params
@@ -62,7 +63,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         h = c["ln1"][0]
         q, k, v = (r(lin("W" + n, h, "b" + n)) for n in "qkv")
         c["qkv"] = (q, k, v)
-        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H).reshape(B * T, C))
+        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
         c["ctx"] = ctx
         x = add(x, lin("Wo", ctx, "bo"))
         c["x_mid"] = x
@@ -91,6 +92,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     the model's loss scaler does; the gradients returned are divided by it again. (The model
     also rounds each f16 product to f16; this sums exact products: within the tests' tolerance.)"""
     attend_bwd = attention_backward or ra.attention_backward
+    windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     P = params
     tokens = cache["tokens"]
     B, T = tokens.shape
@@ -140,7 +142,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
         # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
         # as the model's does
         dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
-                                dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C))
+                                dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
         dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
         h1 = c["ln1"][0]
         dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)

@@ -443,12 +443,14 @@ def kv_append(k, v, kc, vc, at):          # k, v [N,C] -> caches [N,T,C] with ro
     return kc, vc
 
 
-def attn_decode(q, kc, vc, at, H):        # q [N,C], caches [N,T,C] -> [N,C] over cache rows 0..at
-    N, C = q.shape
+def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,C] -> [N,C] over rows 0..at
+    N, C = q.shape                                 # (with a window W, over the last W of them)
     hd = C // H
+    lo = max(0, at + 1 - window) if window else 0
+    n = at + 1 - lo
     qh = q.reshape(N, H, 1, hd)
-    kh = kc[:, :at + 1].reshape(N, at + 1, H, hd).transpose(0, 2, 3, 1)    # [N,H,hd,rows]
-    vh = vc[:, :at + 1].reshape(N, at + 1, H, hd).transpose(0, 2, 1, 3)    # [N,H,rows,hd]
+    kh = kc[:, lo:at + 1].reshape(N, n, H, hd).transpose(0, 2, 3, 1)      # [N,H,hd,rows]
+    vh = vc[:, lo:at + 1].reshape(N, n, H, hd).transpose(0, 2, 1, 3)      # [N,H,rows,hd]
     s = (qh @ kh)[:, :, 0] / math.sqrt(hd)                                 # [N,H,rows]
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
@@ -459,9 +461,9 @@ def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,C
     return kv_append(k, v, kc, vc, at)
 
 
-def attn_decode_half(q, kc, vc, at, H, half="f16"):   # q [N,C/2], caches [N,T,C/2] packed -> float64 [N,C]
+def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,C/2] -> [N,C]
     unpack = unpack_f16 if half == "f16" else unpack_bf16
-    return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H)
+    return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H, window)
 
 
 def pcg(v):                               # PCG-RXS-M-XS on uint32 (as decode.wgsl)
