@@ -11,211 +11,47 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from . import adapters as lora_files
 from . import checkpoint as ckpt
-from . import optim_state
+from .argtypes import bounded_int, flag, lora_targets, loss_scale_float, nonneg_float, nonneg_int, \
+    positive_float, positive_int, positive_ints, preset_name, seed_int, unit_float  # noqa: F401 (the scripts')
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
-from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS, make_lora, trainable_specs
+from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from .core.optim import DEFAULTS as OPT_DEFAULTS
 from .core.optim import NAMES as OPT_NAMES
 from .core.optim import WEIGHT_DECAY as OPT_WD
 from .core.precision import PRECISIONS
-from .data import GPT2Tokenizer
 from .device.gpu import GPU
 from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.plan import FAMILIES, parse_kernels
-from .device.planner import make_plan
 from .device.tune import tune
 from .device.tuning import reset_tuning
-from .hf import export_hf, import_hf
-from .infer import evaluate, recorded_corpus, sample
+from .export import export
+from .hf import import_hf
+from .info import info
+from .infer import evaluate, sample
 from .lens import inspect
 from .model import budget
 from .model.attention import DEFAULT as ATTENTION, IMPLS
-from .options import EvalOptions, InspectOptions, SampleOptions, TrainOptions
-from .outputs import Outputs, is_our_json, is_our_safetensors, os_error_text
+from .options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
+from .outputs import Outputs, os_error_text
 from .tables import emit
 from .safety import Interrupted, stops_on_signals
 from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
-from .train import MAX_GRAD_ACCUM, profile, run_accum, run_config, run_lora, run_optimizer, run_precision, train
+from .train import MAX_GRAD_ACCUM, profile, run_budget, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
 
 
-def flag(name: str) -> str:
-    """An options field as the flag that sets it."""
-    return "--" + name.replace("_", "-")
-
-
-def positive_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
-    return v
-
-
-def bounded_int(lo: int, hi: int):
-    """A whole number from lo to hi: the one bound of a flag, whatever command takes it."""
-    def parse(s):
-        v = positive_int(s) if lo >= 1 else nonneg_int(s)
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"must be {lo:,} to {hi:,}, got {v:,}")
-        return v
-    parse.__name__ = "bounded_int"
-    return parse
-
-
-def positive_ints(s):
-    """Comma-separated positive whole numbers (sizes, sequence lengths)."""
-    parts = [t.strip() for t in str(s).split(",") if t.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {s!r}")
-    return [positive_int(t) for t in parts]
-
-
-def lora_targets(s):
-    names = [t.strip() for t in str(s).split(",") if t.strip()]
-    bad = [t for t in names if t not in TARGETS]
-    if bad or not names:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(TARGETS)}, got {s!r}")
-    return names
-
-
-def preset_name(s):
-    if s not in PRESETS:
-        raise argparse.ArgumentTypeError(f"unknown preset {s!r}; choose one of {', '.join(PRESETS)}")
-    return s
-
-
-def nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
-def seed_int(s):
-    v = nonneg_int(s)
-    if v >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"must be below 2**63, got {v}")
-    return v
-
-
-def positive_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {s}")
-    return v
-
-
-def loss_scale_float(s):
-    v = positive_float(s)
-    if not 2.0 ** -24 <= v <= 2.0 ** 120:
-        raise argparse.ArgumentTypeError(f"must be from 2**-24 to 2**120, got {s}")
-    return v
-
-
-def unit_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1 (not included), got {s}")
-    return v
-
-
-def nonneg_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
-    return v
-
-
 # ---- commands ----------------------------------------------------------------------------------
-def describe_checkpoint(path) -> dict:
-    """What `tinygpt info --model FILE` prints: read from the file alone, no device needed."""
-    ck = ckpt.load(path, f"--model {path}")
-    cfg, hist = ck.cfg, ck.loss_history
-    last_train = next((h.get("train") for h in reversed(hist) if h.get("train") is not None), None)
-    last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
-    return {"file": str(path), "bytes": os.path.getsize(path),
-            "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
-            "activation": cfg.activation, "batch": cfg.batch, "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
-            "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
-            "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype,
-            "optimizer": optimizer_text(ck, f"--model {path}"),
-            "optimizer_state": ck.m is not None or isinstance((ck.extra.get("optimizer") or {}).get("tensors"), dict),
-            "last_train_loss": last_train, "last_val_loss": last_val, "logged_steps": len(hist),
-            "data": ck.extra.get("data"), "corpus": recorded_corpus(ck), "saved_at": ck.header.get("savedAt"),
-            "attention": ck.extra.get("attention"), "lora": lora_text(ck, f"--model {path}")}
-
-
-def optimizer_text(ck, what: str) -> str:
-    """The optimizer a file records, with its settings and the updates its state took."""
-    s = optim_state.file_settings(ck, what)
-    if s is None:
-        return "adamw (the file records no optimizer: TinyGPT's)"
-    rec = ck.extra["optimizer"]
-    steps = rec.get("steps", ck.extra.get("adamSteps"))
-    return s.describe() + (f", {steps:,} updates taken" if isinstance(steps, int) else "")
-
-
-def lora_text(ck, what: str) -> str | None:
-    """A LoRA run's adapters in one line (None for a plain model)."""
-    st = lora_files.read(ck, what)
-    if st is None:
-        return None
-    d = st.lora.as_dict()
-    return (f"rank {d['rank']}, alpha {d['alpha']:g} on {','.join(d['targets'])}"
-            f"{' with biases and LayerNorms' if d['biases'] else ''}; base sha256 {st.base[:16]}..., its step "
-            f"{st.base_step:,}")
-
-
 def cmd_info(args) -> int:
-    if args.model:
-        d = describe_checkpoint(args.model)
-        if args.json:
-            print(json.dumps(d, indent=2))
-        else:
-            show = lambda v: "-" if v is None else f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) \
-                else f"{v:.4f}" if isinstance(v, float) and v < 100 else str(v)
-            for k, v in d.items():
-                print(f"{k:16s} {show(v) if k != 'data' or v else 'built-in corpus'}")
-        return 0
-    gpu = GPU()
-    if args.brief:
-        print(f"{gpu.name} ({gpu.backend}, {gpu.engine_label})")
-        return 0
-    plan = make_plan(gpu)
-    info = {"adapter": gpu.name, "backend": gpu.backend, "engine": gpu.engine_label,
-            "adapter_type": gpu.adapter.info.get("adapter_type", ""),
-            "features": sorted(gpu.features),
-            "limits": {k: gpu.limits[k] for k in sorted(gpu.limits)
-                       if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations", "alignment"))},
-            "kernel_plan": plan.as_dict()}
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        print(f"adapter   {info['adapter']}\nbackend   {info['backend']} ({info['adapter_type']})")
-        print(f"engine    {info['engine']} (TINYGPT_WEBGPU={gpu.engine})")
-        print(f"features  {', '.join(info['features']) or '-'}")
-        print(f"kernels   {plan.describe()}")
-        for k, v in info["limits"].items():
-            print(f"  {k:48s} {v:,}")
+    print(info(args.model, args.json, args.brief))
+    return 0
+
+
+def cmd_export(args) -> int:
+    export(options(ExportOptions, args))
+    print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
 
@@ -236,30 +72,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """`tinygpt plan`: the memory budget of the training run these flags (train's) ask for, before
-    anything is allocated: the resumed file's shape, precision and accumulation, or the preset's."""
-    o = options(TrainOptions, args)
-    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
-    held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
-    lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
-        if o.lora is not None else None            # a plan may ask what adapters would take without a base
-    cfg, tokenizer, _ = run_config(o, resume)      # train's own resolution of the flags and the file
-    cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
-    cfg.validate()
-    accum, precision = run_accum(o, resume), run_precision(o, resume)
-    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None,
-                              trainable_specs(cfg, lora))[0]
-    gpu = GPU()
-    plan = make_plan(gpu, args.kernels)
-    p = budget.memory_budget(cfg, cfg.batch, args.attention, plan, accum, budget.device_limits(gpu),
-                             args.sample_tokens, precision, args.recompute, lora, optimizer)
+    gpu, plan, p, fitting = run_budget(options(TrainOptions, args), args.kernels)
     if args.json:
         d = p.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
         if not p.fits:
-            b = budget.largest_fitting_batch(cfg, cfg.batch * accum, args.attention, plan, p.limits, precision,
-                                             args.recompute, lora, optimizer)
-            d["fitting_batch"], d["fitting_grad_accum"] = (b, cfg.batch * accum // b) if b else (None, None)
+            d["fitting_batch"], d["fitting_grad_accum"] = fitting
         print(json.dumps(d, indent=2))
     else:
         print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(p))
@@ -304,62 +122,6 @@ def cmd_inspect(args) -> int:
     _, table = inspect(options(InspectOptions, args))
     print("logit lens: the top next-token guess of each layer's residual stream\n" + table)
     print(f"wrote {args.out}", file=sys.stderr)
-    return 0
-
-
-def is_our_peft_config(path) -> bool:
-    """A PEFT adapter_config.json is ours to replace where the adapters beside it are (PEFT's
-    config takes no field of ours)."""
-    return is_our_safetensors(Path(path).with_name("adapter_model.safetensors"))
-
-
-def cmd_export(args) -> int:
-    what = f"--model {args.model}"
-    if args.merge and args.format == "peft":
-        raise UsageError("--merge folds the adapters into the weights; --format peft writes the adapters alone: "
-                         "give one of them")
-    outs = Outputs(args.force, {"model": args.model})
-    d, made = Path(args.out), not Path(args.out).exists()     # a directory's claim makes it; a failed export removes it
-    if args.format == "safetensors":
-        outs.claim(args.out, "out", "safetensors file", is_our_safetensors)
-    elif args.format in ("tinygpt", "tinygpt-fp16"):
-        outs.claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
-    else:
-        if d.exists() and not d.is_dir():
-            raise UsageError(f"{d} exists and is not a directory; --format {args.format} writes a directory: "
-                             "choose another name")
-        files = {"hf": [("config.json", "Hugging Face config", is_our_json),
-                        ("model.safetensors", "safetensors file", is_our_safetensors)],
-                 "peft": [("adapter_config.json", "PEFT adapter config", is_our_peft_config),
-                          ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[args.format]
-        for name, label, ours in files:
-            outs.claim(d / name, "out", label, ours)
-    try:
-        ck = ckpt.load(args.model, what)
-        held = lora_files.read(ck, what)
-        if held is not None and args.format != "peft":
-            if not args.merge:
-                raise UsageError(f"{args.model} holds LoRA adapters: write them with --format peft, or fold them "
-                                 "into the weights with --merge")
-            ck = ckpt.Checkpoint(ck.cfg, lora_files.model_params(ck, what), None, None, ck.step, ck.loss_history,
-                                 {k: v for k, v in ck.extra.items() if k != "lora"}, ck.header)
-        elif args.merge and held is None:
-            raise UsageError(f"{args.model} holds no LoRA adapters to merge; drop --merge")
-        if args.format == "safetensors":
-            ckpt.export_safetensors(ck, args.out)
-        elif args.format == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
-            ckpt.save(args.out, ck, "fp16")
-        elif args.format == "tinygpt":           # float32 with (zero, for a merged model) moments
-            ckpt.save(args.out, ck)
-        elif args.format == "peft":
-            lora_files.export_peft(ck, args.out, what)
-        else:
-            export_hf(ck, args.out, what)
-    except (OSError, TinyGPTError):
-        if made and d.is_dir() and not any(d.iterdir()):
-            d.rmdir()
-        raise
-    print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
 
@@ -648,59 +410,38 @@ def build_parser():
     return ap
 
 
-def run_script(name: str, main) -> None:
-    """A script's entry point under the CLI's rules: every error one line on stderr with an exit
-    code, no traceback (TINYGPT_DEBUG=1 shows it)."""
-    debug = bool(os.environ.get("TINYGPT_DEBUG"))
+def handled(name: str, fn, debug: bool, stopped: str, traceback_hint: str) -> int:
+    """fn() under the one error rule of the CLI and the scripts: every error one line on stderr with
+    an exit code, no traceback unless debug; a TinyGPTError carries its own code (an Interrupted
+    run has said why already)."""
     set_wording(flag)
     try:
-        rc = main()
+        return fn() or 0
     except KeyboardInterrupt:
-        print(f"{name}: stopped", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPT)
-    except TinyGPTError as e:
-        if debug:
-            raise
-        print(f"{name}: error: {e.worded(flag)}", file=sys.stderr)
-        sys.exit(e.exit_code)
-    except OSError as e:
-        if debug:
-            raise
-        print(f"{name}: error: {os_error_text(e)}", file=sys.stderr)
-        sys.exit(EXIT_ERROR)
+        print(f"{name}: {stopped}", file=sys.stderr)
+        return EXIT_INTERRUPT
     except Exception as e:      # the last guard: one line, whatever it was
         if debug:
             raise
-        msg = str(e).strip().splitlines()
-        print(f"{name}: error: {msg[0] if msg else type(e).__name__} (TINYGPT_DEBUG=1 shows the traceback)",
-              file=sys.stderr)
-        sys.exit(EXIT_ERROR)
-    sys.exit(rc or 0)
+        if isinstance(e, TinyGPTError):
+            if not isinstance(e, Interrupted):
+                print(f"{name}: error: {e.worded(flag)}", file=sys.stderr)
+            return e.exit_code
+        if isinstance(e, OSError):
+            text = os_error_text(e)
+        else:
+            lines = str(e).strip().splitlines()
+            text = f"{lines[0] if lines else type(e).__name__} ({traceback_hint} shows the traceback)"
+        print(f"{name}: error: {text}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def run_script(name: str, main) -> None:
+    """A script's entry point under the CLI's rules (TINYGPT_DEBUG=1 shows the traceback)."""
+    sys.exit(handled(name, main, bool(os.environ.get("TINYGPT_DEBUG")), "stopped", "TINYGPT_DEBUG=1"))
 
 
 def main(argv=None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
-    set_wording(flag)
-    try:
-        return args.fn(args)
-    except TinyGPTError as e:
-        if args.debug:
-            raise
-        if not isinstance(e, Interrupted):
-            print(f"tinygpt: error: {e.worded(flag)}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        print("tinygpt: stopped at once without saving; the last checkpoint on disk is kept", file=sys.stderr)
-        return EXIT_INTERRUPT
-    except OSError as e:
-        if args.debug:
-            raise
-        print(f"tinygpt: error: {os_error_text(e)}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as e:
-        if args.debug:
-            raise
-        msg = str(e).strip().splitlines()
-        print(f"tinygpt: error: {msg[0] if msg else type(e).__name__}", file=sys.stderr)
-        return EXIT_ERROR
+    args = build_parser().parse_args(argv)
+    return handled("tinygpt", lambda: args.fn(args), args.debug,
+                   "stopped at once without saving; the last checkpoint on disk is kept", "--debug")

@@ -60,6 +60,15 @@ class TrainOptions:
     sample_prompt: str = "The "        # what both continue (a bare newline sends greedy byte models into indentation)
 
 
+@dataclass
+class ExportOptions:
+    model: str
+    format: str                        # safetensors | hf | peft | tinygpt | tinygpt-fp16
+    out: str
+    merge: bool = False                # a LoRA run's adapters folded into the weights
+    force: bool = False
+
+
 @dataclass(kw_only=True)
 class ModelUse:
     """What every command that runs a saved model shares."""

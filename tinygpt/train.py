@@ -27,14 +27,14 @@ from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_sp
 from .core.optim import DEFAULT as DEFAULT_OPTIMIZER
 from .core.optim import OptimizerSettings, make_settings
 from .core.precision import PRECISIONS, Precision
-from .data import Dataset, get_tokenizer
+from .data import Dataset, GPT2Tokenizer, get_tokenizer
 from .device.gpu import GPU
 from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
 from .device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
 from .model.attention import path as attention_path
-from .model.budget import device_limits, memory_budget, refusal
+from .model.budget import device_limits, largest_fitting_batch, memory_budget, refusal
 from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import TrainOptions
@@ -297,7 +297,22 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
                   loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora.lora if lora else None,
                   optimizer=optimizer)
-    # the checkpoint stays float32 whatever the precision: a bf16 run resumes in fp32 and back
+    extra = _extra(o, tok, data_path, accum, precision, resume)
+    rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
+    notes = []
+    if o.optimizer is None and resume is None and optimizer.name != DEFAULT_OPTIMIZER:
+        notes.append(f"optimizer: {optimizer.name}, not the default {DEFAULT_OPTIMIZER}, whose state would not fit a "
+                     f"checkpoint's header at {n_params(cfg):,} parameters")
+    frozen, start, history = _start(model, rng, resume, lora, new_lora, label, o.loss_scale is not None, held, notes)
+    header = resume.header if resume else {}
+    if new_lora:        # the base run's own results are not the fine-tune's
+        header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes), start
+
+
+def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, resume) -> dict:
+    """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
+    the precision: a bf16 run resumes in fp32 and back."""
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
              "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every}
     if tok.name == "gpt2":
@@ -305,12 +320,14 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     if resume and isinstance(resume.header.get("corpus"), str) and \
             ("data" not in resume.extra or resume.extra.get("corpusKept")):
         extra["corpusKept"] = True    # another writer's corpus (upstream's: the training text) stays
-    rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
-    frozen, notes = None, []
-    if o.optimizer is None and resume is None and optimizer.name != DEFAULT_OPTIMIZER:
-        notes.append(f"optimizer: {optimizer.name}, not the default {DEFAULT_OPTIMIZER}, whose state would not fit a "
-                     f"checkpoint's header at {n_params(cfg):,} parameters")
-    if lora:            # the base's moments are written back as the file held them
+    return extra
+
+
+def _start(model: Model, rng, resume, lora, new_lora: bool, label: str, scale_given: bool, held, notes: list):
+    """The model's weights and state at the first step -> (the base's moments a LoRA run writes back
+    as the file held them, or None; the start step; the loss history)."""
+    frozen = None
+    if lora:
         frozen = (resume.m, resume.v)
         if resume.m is not None:
             resume.m = {**resume.m, **lora.m}
@@ -318,17 +335,12 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
         resume.params = {**resume.params, **lora.params}
     if new_lora:        # a new run on the base: step 0, fresh moments and data sampling, its own history
         model.set_params(resume.params)
-        start, history = 0, []
-    elif resume:
-        _restore(model, rng, resume, label, o.loss_scale is not None, held, notes)
-        start, history = resume.step, list(resume.loss_history)
-    else:
-        model.set_params(init_params(cfg))
-        start, history = 0, []
-    header = resume.header if resume else {}
-    if new_lora:        # the base run's own results are not the fine-tune's
-        header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes), start
+        return frozen, 0, []
+    if resume:
+        _restore(model, rng, resume, label, scale_given, held, notes)
+        return frozen, resume.step, list(resume.loss_history)
+    model.set_params(init_params(model.cfg))
+    return frozen, 0, []
 
 
 def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
@@ -639,3 +651,30 @@ def plot_losses(history, path: Path):
     ax.legend()
     fig.tight_layout()
     return save_png(fig, path)
+
+
+def run_budget(o: TrainOptions, kernels: dict):
+    """`tinygpt plan`: the memory budget of the training run these options ask for, before anything
+    is allocated (the resumed file's shape, precision and accumulation, or the preset's), resolved
+    by the same functions as train's -> (gpu, kernel plan, budget, (batch, grad_accum) that fits
+    the same batch where this does not, or (None, None))."""
+    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
+    lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
+        if o.lora is not None else None            # a plan may ask what adapters would take without a base
+    cfg, tokenizer, _ = run_config(o, resume)
+    cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
+    cfg.validate()
+    accum, precision = run_accum(o, resume), run_precision(o, resume)
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None,
+                              trainable_specs(cfg, lora))[0]
+    gpu = GPU()
+    plan = make_plan(gpu, kernels)
+    p = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
+                      o.recompute, lora, optimizer)
+    fitting = (None, None)
+    if not p.fits:
+        b = largest_fitting_batch(cfg, cfg.batch * accum, o.attention, plan, p.limits, precision, o.recompute,
+                                  lora, optimizer)
+        fitting = (b, cfg.batch * accum // b) if b else (None, None)
+    return gpu, plan, p, fitting

@@ -1,0 +1,69 @@
+"""`tinygpt export`: a checkpoint in the formats other tools read."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import adapters as lora_files
+from . import checkpoint as ckpt
+from .core.errors import TinyGPTError, UsageError
+from .hf import export_hf
+from .options import ExportOptions
+from .outputs import Outputs, is_our_json, is_our_safetensors
+
+
+def is_our_peft_config(path) -> bool:
+    """A PEFT adapter_config.json is ours to replace where the adapters beside it are (PEFT's
+    config takes no field of ours)."""
+    return is_our_safetensors(Path(path).with_name("adapter_model.safetensors"))
+
+
+def export(o: ExportOptions) -> None:
+    """`tinygpt export`: a checkpoint as safetensors, a Hugging Face GPT-2 directory, a PEFT
+    adapter directory (a LoRA run's), or a .tinygpt file (float32, or upstream's fp16); the outputs
+    claimed before anything is read, a directory the export made removed if it fails."""
+    model, fmt, out, merge = o.model, o.format, o.out, o.merge
+    what = f"{{opt:model}} {model}"
+    if merge and fmt == "peft":
+        raise UsageError("{opt:merge} folds the adapters into the weights; {opt:format} peft writes the adapters "
+                         "alone: give one of them")
+    outs = Outputs(o.force, {"model": model})
+    d, made = Path(out), not Path(out).exists()     # a directory's claim makes it; a failed export removes it
+    if fmt == "safetensors":
+        outs.claim(out, "out", "safetensors file", is_our_safetensors)
+    elif fmt in ("tinygpt", "tinygpt-fp16"):
+        outs.claim(out, "out", "checkpoint", ckpt.is_tinygpt)
+    else:
+        if d.exists() and not d.is_dir():
+            raise UsageError(f"{d} exists and is not a directory; {{opt:format}} {fmt} writes a directory: "
+                             "choose another name")
+        files = {"hf": [("config.json", "Hugging Face config", is_our_json),
+                        ("model.safetensors", "safetensors file", is_our_safetensors)],
+                 "peft": [("adapter_config.json", "PEFT adapter config", is_our_peft_config),
+                          ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[fmt]
+        for name, label, ours in files:
+            outs.claim(d / name, "out", label, ours)
+    try:
+        ck = ckpt.load(model, what)
+        held = lora_files.read(ck, what)
+        if held is not None and fmt != "peft":
+            if not merge:
+                raise UsageError(f"{model} holds LoRA adapters: write them with {{opt:format}} peft, or fold "
+                                 "them into the weights with {opt:merge}")
+            ck = ckpt.Checkpoint(ck.cfg, lora_files.model_params(ck, what), None, None, ck.step, ck.loss_history,
+                                 {k: v for k, v in ck.extra.items() if k != "lora"}, ck.header)
+        elif merge and held is None:
+            raise UsageError(f"{model} holds no LoRA adapters to merge; drop {{opt:merge}}")
+        if fmt == "safetensors":
+            ckpt.export_safetensors(ck, out)
+        elif fmt == "tinygpt-fp16":      # upstream's compact form: fp16 weights, no optimizer state
+            ckpt.save(out, ck, "fp16")
+        elif fmt == "tinygpt":           # float32 with (zero, for a merged model) moments
+            ckpt.save(out, ck)
+        elif fmt == "peft":
+            lora_files.export_peft(ck, out, what)
+        else:
+            export_hf(ck, out, what)
+    except (OSError, TinyGPTError):
+        if made and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+        raise
