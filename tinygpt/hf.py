@@ -192,27 +192,26 @@ def _safetensors(path: Path, cfg: Config):
     return header, 8 + hlen, st.st_size
 
 
-def import_hf(directory) -> Checkpoint:
-    """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments)."""
-    d = Path(directory)
-    if not d.is_dir():
-        raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
-                              "model.safetensors")
-    cfg = _config(d)
-    path = d / "model.safetensors"
-    header, data0, size = _safetensors(path, cfg)
-    names = {k[len("transformer."):] if k.startswith("transformer.") else k: k for k in header if k != "__metadata__"}
-    used = set()
+class _Tensors:
+    """The tensors of a GPT-2 model.safetensors, by their names without "transformer.", each
+    checked against the shape the config gives it; `used` records which were read."""
 
-    def read(name, shape):
-        key = names.get(name)
+    def __init__(self, path: Path, cfg: Config):
+        self.path = path
+        self.header, self.data0, self.size = _safetensors(path, cfg)
+        self.names = {k[len("transformer."):] if k.startswith("transformer.") else k: k
+                      for k in self.header if k != "__metadata__"}
+        self.used = set()
+
+    def __call__(self, name: str, shape: tuple) -> np.ndarray:
+        path, key = self.path, self.names.get(name)
         if key is None:
             raise CheckpointError(f"{path}: no tensor {name}; the model is incomplete or not a GPT-2")
-        t = header[key]
+        t = self.header[key]
         if not isinstance(t, dict):
             raise CheckpointError(f"{path}: the header's entry for {key} is {show(t)}, not an object with dtype, "
                                   "shape and data_offsets; the file is damaged")
-        used.add(key)
+        self.used.add(key)
         try:
             dtype, width = DTYPES[t["dtype"]]
             b0, b1 = (int(x) for x in t["data_offsets"])
@@ -222,10 +221,10 @@ def import_hf(directory) -> Checkpoint:
                                   "a malformed entry; F32, F16 and BF16 are read") from e
         if got != shape:
             raise CheckpointError(f"{path}: {key} has shape {list(got)}, the config says {list(shape)}")
-        if not 0 <= b0 <= b1 <= size - data0 or b1 - b0 != width * int(np.prod(shape)):
+        if not 0 <= b0 <= b1 <= self.size - self.data0 or b1 - b0 != width * int(np.prod(shape)):
             raise CheckpointError(f"{path}: {key}'s bytes lie outside the file or disagree with its shape")
         with open(path, "rb") as f:
-            f.seek(data0 + b0)
+            f.seek(self.data0 + b0)
             raw = f.read(b1 - b0)
         if len(raw) != b1 - b0:
             raise CheckpointError(f"{path}: the file ends inside {key}; it is truncated")
@@ -235,25 +234,43 @@ def import_hf(directory) -> Checkpoint:
             a = np.frombuffer(raw, dtype).astype(np.float32)
         return a.reshape(shape)
 
+    def left(self) -> list:
+        """What the config does not account for (a config.json over another model's weights)."""
+        return sorted(k for n, k in self.names.items() if k not in self.used and n != "lm_head.weight"
+                      and not (n.endswith(".attn.bias") or n.endswith(".attn.masked_bias")))   # GPT-2's masks
+
+
+def _block_params(read: _Tensors, l: int, C: int, M: int) -> dict:
+    """Block l's parameters under our names, GPT-2's fused c_attn split into q, k, v."""
+    h = f"h.{l}."
+    qkv_w, qkv_b = read(h + "attn.c_attn.weight", (C, 3 * C)), read(h + "attn.c_attn.bias", (3 * C,))
+    p = {"ln1_g": read(h + "ln_1.weight", (C,)), "ln1_b": read(h + "ln_1.bias", (C,)),
+         "Wq": qkv_w[:, :C], "Wk": qkv_w[:, C:2 * C], "Wv": qkv_w[:, 2 * C:],
+         "bq": qkv_b[:C], "bk": qkv_b[C:2 * C], "bv": qkv_b[2 * C:],
+         "Wo": read(h + "attn.c_proj.weight", (C, C)), "bo": read(h + "attn.c_proj.bias", (C,)),
+         "ln2_g": read(h + "ln_2.weight", (C,)), "ln2_b": read(h + "ln_2.bias", (C,)),
+         "fc_in_W": read(h + "mlp.c_fc.weight", (C, M)), "fc_in_b": read(h + "mlp.c_fc.bias", (M,)),
+         "fc_out_W": read(h + "mlp.c_proj.weight", (M, C)), "fc_out_b": read(h + "mlp.c_proj.bias", (C,))}
+    return {f"h{l}.{k}": np.ascontiguousarray(v) for k, v in p.items()}
+
+
+def import_hf(directory) -> Checkpoint:
+    """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments)."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
+                              "model.safetensors")
+    cfg = _config(d)
+    path = d / "model.safetensors"
+    read = _Tensors(path, cfg)
     C, M, V, T = cfg.d_model, cfg.d_mlp, cfg.vocab, cfg.ctx
     P = {"tok_emb": read("wte.weight", (V, C)), "pos_emb": read("wpe.weight", (T, C)),
          "ln_f_g": read("ln_f.weight", (C,)), "ln_f_b": read("ln_f.bias", (C,))}
-    if "lm_head.weight" in names and not np.array_equal(read("lm_head.weight", (V, C)), P["tok_emb"]):
+    if "lm_head.weight" in read.names and not np.array_equal(read("lm_head.weight", (V, C)), P["tok_emb"]):
         raise CheckpointError(f"{path}: lm_head.weight differs from the token embedding; this architecture ties them")
     for l in range(cfg.layers):
-        h = f"h.{l}."
-        qkv_w, qkv_b = read(h + "attn.c_attn.weight", (C, 3 * C)), read(h + "attn.c_attn.bias", (3 * C,))
-        p = {"ln1_g": read(h + "ln_1.weight", (C,)), "ln1_b": read(h + "ln_1.bias", (C,)),
-             "Wq": qkv_w[:, :C], "Wk": qkv_w[:, C:2 * C], "Wv": qkv_w[:, 2 * C:],
-             "bq": qkv_b[:C], "bk": qkv_b[C:2 * C], "bv": qkv_b[2 * C:],
-             "Wo": read(h + "attn.c_proj.weight", (C, C)), "bo": read(h + "attn.c_proj.bias", (C,)),
-             "ln2_g": read(h + "ln_2.weight", (C,)), "ln2_b": read(h + "ln_2.bias", (C,)),
-             "fc_in_W": read(h + "mlp.c_fc.weight", (C, M)), "fc_in_b": read(h + "mlp.c_fc.bias", (M,)),
-             "fc_out_W": read(h + "mlp.c_proj.weight", (M, C)), "fc_out_b": read(h + "mlp.c_proj.bias", (C,))}
-        P.update({f"h{l}.{k}": np.ascontiguousarray(v) for k, v in p.items()})
-    # what the config does not account for: a config.json over another model's weights
-    left = sorted(k for n, k in names.items() if k not in used and n != "lm_head.weight"
-                  and not (n.endswith(".attn.bias") or n.endswith(".attn.masked_bias")))   # GPT-2's mask buffers
+        P.update(_block_params(read, l, C, M))
+    left = read.left()
     if left:
         more = f" and {len(left) - 3} more" if len(left) > 3 else ""
         raise CheckpointError(f"{path}: tensors its config.json does not account for: {', '.join(left[:3])}{more}; "

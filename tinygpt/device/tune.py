@@ -110,6 +110,16 @@ def cached_peaks(gpu: GPU, again: bool = False) -> dict:
 def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
     """Measure, pick, cache. quick: small shapes (tests)."""
     say = log or (lambda *_: None)
+    rows = _measure(gpu, quick, say)
+    best = _choose(rows)
+    best["peaks"] = measure_peaks(gpu)      # full size even when quick: a short probe reads low
+    say(f"peaks: {best['peaks']['gflops']:.1f} GFLOP/s (FMA), {best['peaks']['gbps']:.1f} GB/s (streaming)")
+    path = save_tuning(gpu.key, best)   # make_plan reads these back: the families measured, the tunables
+    return {"rows": rows, "chosen": best, "cache": str(path) if path else None}
+
+
+def _measure(gpu: GPU, quick: bool, say) -> list:
+    """One row per candidate variant that this adapter can run: its time on the tuning shapes."""
     repeats = 1 if quick else 3
     shapes = [(64, 64, 64)] if quick else [(1024, 96, 384), (1024, 384, 96), (512, 512, 512)]
     T, hd = (64, 16) if quick else (1024, 64)
@@ -140,6 +150,11 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
         ms = _online_ms(gpu, None, T, hd, repeats, "sg")
         rows.append({"kernel": "attn_online_sg", "variant": "sg", "ms": ms, "value": "sg"})
         say(f"attn_online_sg: {ms:.2f} ms")
+    return rows
+
+
+def _choose(rows: list) -> dict:
+    """The plan's choices from the measured rows (the winners marked "chosen")."""
     best = {}
     for kernel, key in (("matmul_vec4", "matmul_wx"), ("matmul_tiled", "matmul_tile"), ("attn_online", "online_block")):
         cands = [r for r in rows if r["kernel"] == kernel]
@@ -165,7 +180,4 @@ def tune(gpu: GPU, quick: bool = False, log=None) -> dict:
             win = s_rows[0]["ms"] < o_best
             s_rows[0]["chosen"] = win
             best[key] = "sg" if win else lose
-    best["peaks"] = measure_peaks(gpu)      # full size even when quick: a short probe reads low
-    say(f"peaks: {best['peaks']['gflops']:.1f} GFLOP/s (FMA), {best['peaks']['gbps']:.1f} GB/s (streaming)")
-    path = save_tuning(gpu.key, best)   # make_plan reads these back: the families measured, the tunables
-    return {"rows": rows, "chosen": best, "cache": str(path) if path else None}
+    return best

@@ -92,11 +92,10 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     the model's loss scaler does; the gradients returned are divided by it again. (The model
     also rounds each f16 product to f16; this sums exact products: within the tests' tolerance.)"""
     attend_bwd = attention_backward or ra.attention_backward
-    windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     P = params
     tokens = cache["tokens"]
     B, T = tokens.shape
-    C, H = cfg.d_model, cfg.heads
+    C = cfg.d_model
     G = {}
     dlogits = cache["dlogits"] * loss_scale
     lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
@@ -108,58 +107,68 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
     lora = cache.get("lora")
     for l in reversed(range(cfg.layers)):
-        c = cache["layers"][l]
-        p = lambda n: P[f"h{l}.{n}"]
-        g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
-
-        def through(W, x_in, dy):      # d x_in of h W (+ the adapter's path), and the adapter's gradients
-            d = matmul_abt(rg(dy), r(p(W)))
-            if lora is not None and W in lora.targets:
-                A, Bm = P[adapter_name(l, W, "A")], P[adapter_name(l, W, "B")]
-                G[adapter_name(l, W, "B")] = matmul_atb(rg(dy), rg(c["lora"][W]))
-                gs = scale(matmul(rg(dy), r(Bm)), lora.scale)
-                G[adapter_name(l, W, "A")] = matmul_atb(rg(gs), x_in)
-                d = d + matmul(rg(gs), r(A))
-            return d
-        # MLP branch
-        g("fc_out_W", matmul_atb(c["act"], rg(dx)))
-        g("fc_out_b", bias_grad(dx))
-        dact = through("fc_out_W", c["act"], dx)
-        dpre = gelu_backward(c["pre"], dact, cfg.activation == "gelu_tanh")
-        g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
-        g("fc_in_b", bias_grad(dpre))
-        dln2 = through("fc_in_W", c["ln2"][0], dpre)
-        _, m2, r2 = c["ln2"]
-        dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
-        g("ln2_g", dg)
-        g("ln2_b", db)
-        dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
-        # attention branch
-        g("Wo", matmul_atb(c["ctx"], rg(dx)))
-        g("bo", bias_grad(dx))
-        dctx = through("Wo", c["ctx"], dx)
-        q, k, v = c["qkv"]
-        # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
-        # as the model's does
-        dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
-                                dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
-        dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
-        h1 = c["ln1"][0]
-        dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
-        for n, d in (("q", dq), ("k", dk), ("v", dv)):
-            g("W" + n, matmul_atb(h1, rg(d)))
-            g("b" + n, bias_grad(d))
-        _, m1, r1 = c["ln1"]
-        dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
-        g("ln1_g", dg)
-        g("ln1_b", db)
-        dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
+        dx = _block_backward(P, G, cfg, l, cache["layers"][l], dx, lora, (r, rg), attend_bwd, (B, T))
     offsets, positions = token_buckets(tokens, cfg.vocab)
     G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
     G["pos_emb"] = np.zeros_like(P["pos_emb"])
     G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
     names = [n for n, _, _ in param_specs(cfg) + (adapter_specs(cfg, lora) if lora is not None else [])]
     return {name: G[name] / loss_scale for name in names}
+
+
+def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, attend_bwd, shape):
+    """Block l's backward from its cache c: its gradients into G; returns the residual's gradient
+    below it. rounding: (weights as the matmuls read them, gradient operands as they read them)."""
+    r, rg = rounding
+    B, T = shape
+    C, H = cfg.d_model, cfg.heads
+    windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
+    p = lambda n: P[f"h{l}.{n}"]
+    g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
+
+    def through(W, x_in, dy):      # d x_in of h W (+ the adapter's path), and the adapter's gradients
+        d = matmul_abt(rg(dy), r(p(W)))
+        if lora is not None and W in lora.targets:
+            A, Bm = P[adapter_name(l, W, "A")], P[adapter_name(l, W, "B")]
+            G[adapter_name(l, W, "B")] = matmul_atb(rg(dy), rg(c["lora"][W]))
+            gs = scale(matmul(rg(dy), r(Bm)), lora.scale)
+            G[adapter_name(l, W, "A")] = matmul_atb(rg(gs), x_in)
+            d = d + matmul(rg(gs), r(A))
+        return d
+    # MLP branch
+    g("fc_out_W", matmul_atb(c["act"], rg(dx)))
+    g("fc_out_b", bias_grad(dx))
+    dact = through("fc_out_W", c["act"], dx)
+    dpre = gelu_backward(c["pre"], dact, cfg.activation == "gelu_tanh")
+    g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
+    g("fc_in_b", bias_grad(dpre))
+    dln2 = through("fc_in_W", c["ln2"][0], dpre)
+    _, m2, r2 = c["ln2"]
+    dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
+    g("ln2_g", dg)
+    g("ln2_b", db)
+    dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
+    # attention branch
+    g("Wo", matmul_atb(c["ctx"], rg(dx)))
+    g("bo", bias_grad(dx))
+    dctx = through("Wo", c["ctx"], dx)
+    q, k, v = c["qkv"]
+    # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
+    # as the model's does
+    dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
+                            dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
+    dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
+    h1 = c["ln1"][0]
+    dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
+    for n, d in (("q", dq), ("k", dk), ("v", dv)):
+        g("W" + n, matmul_atb(h1, rg(d)))
+        g("b" + n, bias_grad(d))
+    _, m1, r1 = c["ln1"]
+    dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
+    g("ln1_g", dg)
+    g("ln1_b", db)
+    dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
+    return dx
 
 
 def clip_and_step(params, grads, opt, cfg: Config, lr: float, specs=None, settings=None):
