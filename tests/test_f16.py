@@ -171,7 +171,7 @@ def test_refusal_without_shader_f16(gpu):
     if "shader-f16" in gpu.features:
         pytest.skip(f"{gpu.name} has shader-f16 (the f16 kernels are tested above)")
     from tinygpt.core.precision import F16
-    from tinygpt.model.gpt import precision_problem
+    from tinygpt.model.record import precision_problem
     msg = precision_problem(gpu, F16)
     print(msg)
     assert msg and "shader-f16" in msg and "\n" not in msg

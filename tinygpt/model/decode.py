@@ -26,7 +26,7 @@ from ..device import gate
 from ..device.gpu import GPU, LimitError
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
-from . import buffers
+from . import buffers, record
 from .attention import DEFAULT as DEFAULT_ATTENTION
 from .block import BlockActs, block_forward
 from .gpt import Model
@@ -101,7 +101,7 @@ class Decoder:
             qkv = (b["q"], b["k"], b["v"])
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]))
-            steps += block_forward(kn, m.pk, m.weights(l), acts, attend, N, C, M)
+            steps += block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M)
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
         steps += head.forward(b["ln"], b["logits"], N)

@@ -60,6 +60,11 @@ def rows(t: Tensor, r0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * r0 * cols, (n, cols), t.dtype, t.name)
 
 
+def unpack(flat: np.ndarray, offsets: dict) -> dict:
+    """name -> a copy of that parameter's values in a flat array of the layout `offsets`."""
+    return {n: flat[o:o + int(np.prod(s))].reshape(s).copy() for n, (o, s) in offsets.items()}
+
+
 def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
     """Elements f0 .. f0+n-1 of a flat tensor."""
     return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)

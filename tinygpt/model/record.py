@@ -1,0 +1,169 @@
+"""How a Model is built: what it refuses, and the dispatches of its forward, loss, backward,
+optimizer step and weight copies, recorded once from its buffers (model.gpt's Model calls these
+while it is made; decode.py's step reads a block's weights the same way).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core.errors import UsageError
+from ..device.gpu import PER_WORD, Tensor
+from . import attention as attn
+from . import buffers
+from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, block_backward, block_forward
+from .layout import LOSS_SLOT, flat_view, rows
+from .optim import Flat, Gate
+
+
+def precision_problem(gpu, policy) -> str | None:
+    """Why this device cannot run a precision's kernels (a feature it lacks), or None."""
+    if policy.feature and policy.feature not in gpu.features:
+        return (f"{{opt:precision}} {policy.name} needs the WebGPU feature {policy.feature}, which {gpu.name} "
+                f"({gpu.backend}, {gpu.engine_label}) does not offer; use {{opt:precision}} bf16 or fp32")
+    return None
+
+
+def check_fits(m):
+    """What the kernels cannot take, refused before anything is allocated."""
+    cfg, g = m.cfg, m.gpu
+    problem = m.precision.problem(cfg.d_model, cfg.d_mlp) or precision_problem(g, m.precision)
+    if problem:                                      # a usage error: the width or precision option
+        raise UsageError(problem)
+    g.check_loop(m.B * m.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
+    m.attention.check(m.T, cfg.d_model, cfg.heads)
+    m.attention.check_fits(m.B, m.T, g.max_binding)
+    lo = m.lora
+    if lo and m.precision.width_multiple > 1 and lo.rank % m.precision.width_multiple:
+        raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {m.precision.name} needs a rank that is a "
+                         f"multiple of {m.precision.width_multiple} (its kernels' width)")
+    for name, (_, shape) in {**(m.base_offsets or {}), **m.offsets}.items():   # each parameter is bound
+        if name != "tok_emb":                        # whole by its kernels, except tok_emb: Head binds it in chunks
+            g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
+
+
+def layer_attention(m, l: int) -> attn.Attention:
+    cfg, a = m.cfg, m.attention
+    return a.bind(m.kn, m.B, m.T, cfg.d_model, cfg.heads, a.scratch(m.buf, m.size, l),
+                  cfg.attn_window)
+
+
+def block_weights(m, l: int) -> BlockWeights:
+    """Block l's weights as its kernels read them."""
+    p = lambda n: f"h{l}.{n}"
+    return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P[p(n)] for n in VECTORS},
+                        m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")])
+
+
+def block_adapters(m, l: int, G: dict | None) -> BlockLoRA | None:
+    """Block l's adapters (None without LoRA): A and B as the matmuls read them, the saved
+    s (x A^T) of each target, and where their gradients go in G."""
+    lo, b = m.lora, m.buf
+    if lo is None:
+        return None
+    BT, R = m.B * m.T, lo.rank
+    stride = buffers.lora_block(BT, R)
+    keys = {W: (f"h{l}.{W}.lora_A", f"h{l}.{W}.lora_B") for W in lo.targets}
+    hs = {W: Tensor(b["lora hs"][l].buf, b["lora hs"][l].offset + 4 * i * stride, (BT, R), "f32", f"lora hs {W}")
+          for i, W in enumerate(lo.targets)}
+    pick = lambda d, j: {W: d[k[j]] for W, k in keys.items()} if d is not None else {}
+    return BlockLoRA(R, lo.scale, pick(m.read, 0), pick(m.read, 1), hs, pick(G, 0), pick(G, 1),
+                     b["lora h"], b["lora gs"], b.get("lora y"))
+
+
+def block_acts(m, l: int) -> BlockActs:
+    """Block l's saved activations; q, k, v and ctx as the attention reads and writes them."""
+    b = m.buf
+    q, k, v, ctx = b["q"][l], b["k"][l], b["v"][l], b["ctx"][l]
+    return BlockActs(b["x"][l], b["x mid"][l], b["x"][l + 1], b["ln1"][l], b["ln1 stats"][l], (q, k, v), ctx,
+                     b["ln2"][l], b["ln2 stats"][l], b["pre"][l], b["gel"][l], b["branch out"],
+                     (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx))
+
+
+def batch_view(m, part: str) -> Tensor:
+    w0, n = m.batch_parts[part]
+    return Tensor(m.batch.buf, 4 * w0, (n,), "u32", part)
+
+
+def forward(m) -> list:
+    cfg, B, T, BT = m.cfg, m.B, m.T, m.B * m.T
+    C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
+    fwd = m.head.embed(batch_view(m, "tokens"), m.P["pos_emb"], m.residuals[0], B, T)
+    for l in range(L):
+        fwd += block_forward(m.kn, m.pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
+                             block_adapters(m, l, None))
+    if m.chunks:
+        lnf = m.buf["lnf"]
+        fwd.append(m.pk.layernorm(m.residuals[L], m.P["ln_f"], lnf, m.buf["lnf stats"], BT, C))
+        for r0, n in m.chunks:
+            fwd += m.head.forward(rows(lnf, r0, n), rows(m.logits, r0, n), n)
+    return fwd
+
+
+def losses(m, head: bool) -> tuple:
+    """(each micro-batch's reduction into its slot; the loss of a step: cross-entropy writing dlogits
+    over the logits, then the mean into the first slot; the per-row losses without a gradient, for
+    evaluation). The dispatch
+    lists are the model's own: callers use step / mean_loss / logits_of / dispatch_groups, so no
+    caller can run part of a list."""
+    kn, V, BT, accum = m.kn, m.cfg.vocab, m.B * m.T, m.accum
+    targets = batch_view(m, "targets")
+    # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's
+    # and, under a loss scaler, its scale (from the device: the gate changes it there)
+    scaler = m.gate if m.scaled else None
+    ce = lambda grad: [kn.cross_entropy(targets, rows(m.logits, r0, n), m.losses, n, V, 1.0 / (accum * BT),
+                                        grad, r0, m.VP, scaler=scaler if grad else None) for r0, n in m.chunks]
+    slot = lambda i: Tensor(m.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
+    reduce = [kn.loss_reduce(m.losses, slot(i), BT, 1.0 / BT) for i in range(accum)] if head else []
+    return reduce, ce(m.training) + reduce[:1] if head else [], ce(False)
+
+
+def backward(m, Gd: dict) -> list:
+    """The backward writing every gradient into the flat buffer of the views Gd."""
+    kn, pk, cfg, b = m.kn, m.pk, m.cfg, m.buf
+    B, T, C, V, M, L = m.B, m.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
+    BT, lnf, x_last = B * T, b["lnf"], m.residuals[L]
+    dres, dln = b["d residual"], b["d ln"]
+    ds = []
+    for i, (r0, n) in enumerate(m.chunks):                    # logits hold dlogits after cross_entropy
+        ds += m.head.backward(rows(m.logits, r0, n), rows(lnf, r0, n), Gd.get("tok_emb"), rows(dln, r0, n),
+                                 n, accumulate=i > 0)
+    if "ln_f" in Gd:                # a parameter without a gradient view is frozen (LoRA)
+        ds.append(kn.layernorm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
+    ds.append(kn.layernorm_dx(dln, x_last, m.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False))
+    for l in reversed(range(L)):
+        G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2") if f"h{l}.{n}" in Gd}
+        grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]))
+        if m.recompute and l < L - 1:    # the top block's are still those of the forward
+            ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
+                                block_adapters(m, l, None))
+        ds += block_backward(kn, pk, block_weights(m, l), block_acts(m, l), grads, m.att[l], BT, C, M,
+                             block_adapters(m, l, Gd))
+    if "tok_emb" in Gd:
+        ds += m.head.embed_grad(batch_view(m, "buckets"), dres, Gd["tok_emb"], B, T, V)
+        ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
+    return ds
+
+
+def optimizer_step(m) -> list:
+    """The gate (the global norm, the clip and the loss scaler), the optimizer's update, then
+    the weights' copy the next step reads. The flat buffers are bound a chunk at a time where
+    they exceed one binding; the partial sums and the decay table are bound whole (small: one
+    float per 4,096 and per 256), each chunk's place in them passed as an index."""
+    flat = Flat(m.gpu, m.kn, m.params, m.grads, m.gate, m.buf, m.flat_chunks, m.n_flat,
+                m.specs, m.offsets, m._param_views)
+    gate = Gate(m.cfg.grad_clip, m.scaled)
+    return gate.record(flat, m.buf["norm partials"]) + m.optimizer.record(flat) + m._copy_weights
+
+
+def weight_copy(m, src: str = "params") -> list:
+    """The policy's weight copy refreshed from the float32 weights, chunk by chunk (nothing
+    where the matmuls read the float32 weights themselves). src: "params" (after every
+    update), or a LoRA run's frozen "base" (once, when it is set)."""
+    copy = m.buf.get(src + " copy")
+    if copy is None:
+        return []
+    per_word, flat = PER_WORD[copy.dtype], m.buf[src]
+    return [d for f0, k in (m.flat_chunks if src == "params" else m.base_chunks)
+            for d in m.pk.convert(flat_view(flat, f0, k),
+                                     Tensor(copy.buf, 4 * f0 // per_word, (k // per_word,), copy.dtype, src + " copy"),
+                                     k)]
