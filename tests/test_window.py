@@ -144,8 +144,13 @@ def batch(cfg, seed=0):
     return x[:, :-1], x[:, 1:]
 
 
-@pytest.mark.parametrize("impl, precision", [("online", "fp32"), ("naive", "fp32"), ("fused_sv", "fp32"),
-                                             ("online", "bf16"), ("online", "f16"), ("naive", "bf16")])
+SLOW = pytest.mark.slow     # the Vulkan pass runs these; GL's kernel run (no subgroups: minutes) the rest
+
+
+@pytest.mark.parametrize("impl, precision", [("online", "fp32"), ("naive", "fp32"),
+                                             pytest.param("fused_sv", "fp32", marks=SLOW),
+                                             pytest.param("online", "bf16", marks=SLOW), ("online", "f16"),
+                                             pytest.param("naive", "bf16", marks=SLOW)])
 def test_step0_of_a_windowed_model_against_its_reference(gpu, impl, precision):
     """Logits, loss and every gradient of a tiny model with window 5 (ctx 32), on each path and in
     each precision, against the float64 reference with that window (tolerances as test_model's)."""
@@ -174,7 +179,7 @@ def test_step0_of_a_windowed_model_against_its_reference(gpu, impl, precision):
         check(f"{impl} {precision} W=5 grad {name}", G[name] / scale, want, tol * top)
 
 
-@pytest.mark.parametrize("impl", ["online", "naive"])
+@pytest.mark.parametrize("impl", ["online", pytest.param("naive", marks=SLOW)])
 def test_greedy_cached_equals_full_window_and_reference_with_a_window(gpu, impl):
     """60 greedy tokens of a model with window 5, ctx 16 (the context restarts on the way): from
     the cache, by the whole window per token, and by the float64 reference, alike."""
@@ -229,6 +234,7 @@ def independent_loss(p: dict, cfg: Config, x: np.ndarray, y: np.ndarray, window:
     return float(-np.take_along_axis(logp, y[..., None], -1).mean())
 
 
+@SLOW
 def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_path):
     """An upstream-layout file (built byte by byte as upstream writes it: test_format) whose config
     sets slidingWindow 8 at ctx 32: tinygpt eval's loss on every path equals that of a float64 model
@@ -267,7 +273,7 @@ def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_pa
         check(f"eval {impl}, slidingWindow 8, {len(xs)} windows", got, want, 2e-5, 2e-6)
 
 
-@pytest.mark.slow          # whole runs through the CLI: the Vulkan pass runs them, GL's kernel run does not
+@SLOW                      # whole runs through the CLI
 def test_train_with_a_window_trains_samples_and_resumes_on_every_path(tmp_path):
     """--sliding-window 16 at ctx 32: trains and samples on every attention path; the header
     records slidingWindow; a resume keeps it, and one that contradicts it is refused."""
@@ -290,7 +296,7 @@ def test_train_with_a_window_trains_samples_and_resumes_on_every_path(tmp_path):
     one_line_error(rc, err, "--sliding-window 8 (file: 16)")
 
 
-@pytest.mark.slow
+@SLOW
 def test_hugging_face_export_refuses_a_windowed_model(tmp_path):
     """GPT-2 has no window: the export says so in one line and writes nothing."""
     text = tmp_path / "t.txt"
