@@ -183,21 +183,9 @@ def test_step0_of_a_windowed_model_against_its_reference(gpu, impl, precision):
 def test_greedy_cached_equals_full_window_and_reference_with_a_window(gpu, impl):
     """60 greedy tokens of a model with window 5, ctx 16 (the context restarts on the way): from
     the cache, by the whole window per token, and by the float64 reference, alike."""
-    from test_decode import decoding, reference_greedy, spread
-    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=16, window=5)
-    params = spread(cfg)
-    prompt, n = [5, 17, 99], 60
-    plan = make_plan(gpu)
-    got = {}
-    for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, attention=impl, capacity=n)
-        d.set_params(params)
-        got[cache] = d.generate(prompt, n)
-    want, margins = reference_greedy(params, cfg, prompt, n)
-    assert got[True] == got[False] and got[True][0] == got[True][1]
-    bad = next((i for i, (a, b) in enumerate(zip(got[True][0], want)) if a != b), None)
-    assert bad is None or margins[bad - len(prompt)] < 1e-4, f"token {bad} differs"
-    print(f"greedy with window 5: {n} tokens equal; smallest top-2 margin {margins.min():.3e}")
+    from test_decode import check_greedy
+    check_greedy(gpu, make_plan(gpu), preset("tiny", layers=2, d_model=24, heads=3, ctx=16, window=5), impl,
+                 [5, 17, 99], 60)
 
 
 # ---- files, from outside -----------------------------------------------------------------------

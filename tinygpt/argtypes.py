@@ -13,14 +13,19 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def positive_int(s):
+def _number(s, kind, ok, need: str):
+    """s as kind (int or float), or argparse's one-line error; then ok(value), or "must be need"."""
     try:
-        v = int(s)
+        v = kind(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got {s!r}")
+    if not ok(v):
+        raise argparse.ArgumentTypeError(f"must be {need}, got {v if kind is int else s}")
     return v
+
+
+def positive_int(s):
+    return _number(s, int, lambda v: v > 0, "positive")
 
 
 def bounded_int(lo: int, hi: int):
@@ -57,13 +62,7 @@ def preset_name(s):
 
 
 def nonneg_int(s):
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {s!r}")
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+    return _number(s, int, lambda v: v >= 0, ">= 0")
 
 
 def seed_int(s):
@@ -74,13 +73,7 @@ def seed_int(s):
 
 
 def positive_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not v > 0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {s}")
-    return v
+    return _number(s, float, lambda v: v > 0 and v != float("inf"), "a positive finite number")
 
 
 def loss_scale_float(s):
@@ -91,20 +84,8 @@ def loss_scale_float(s):
 
 
 def unit_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not 0 <= v < 1:
-        raise argparse.ArgumentTypeError(f"must be a number from 0 to 1 (not included), got {s}")
-    return v
+    return _number(s, float, lambda v: 0 <= v < 1, "a number from 0 to 1 (not included)")
 
 
 def nonneg_float(s):
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {s!r}")
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {s}")
-    return v
+    return _number(s, float, lambda v: v >= 0 and v != float("inf"), "a finite number >= 0")
