@@ -16,7 +16,7 @@ import numpy as np
 
 from ..reference import attention as RA
 from ..reference import kernels as R
-from .gpu import GPU, GPUError
+from .gpu import DTYPES, GPU, GPUError
 from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
@@ -34,7 +34,8 @@ def half_kernels(dispatches) -> set:
     """(entry, constants) of the dispatches that read or write f16: the f16 files' kernels, the
     attention's and the decode step's with their f16 constants (F16, HALF 2)."""
     return {(d.kernel.name, d.kernel.constants) for d in dispatches
-            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants or ("HALF", 2) in d.kernel.constants}
+            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants
+            or ("HALF", DTYPES["f16"].half) in d.kernel.constants}
 
 
 def _far(got, want) -> float | None:

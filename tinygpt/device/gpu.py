@@ -27,8 +27,24 @@ from .cost import kernel_flops
 MAX_GROUPS = 65535
 # elements of each dtype a 4-byte word holds: bf16 and f16 pack two (element 2i in the low half of
 # word i: WGSL's array<f16> lays them out so, and bf16 follows the same order)
-PER_WORD = {"f32": 1, "u32": 1, "i32": 1, "bf16": 2, "f16": 2}
-HALVES = ("bf16", "f16")
+@dataclass(frozen=True)
+class DType:
+    """What a tensor's dtype name means, decided here once for the device, the kernels, the gate
+    and the model: values per 4-byte word, the NumPy type of a word on the host (a 16-bit type's
+    words are packed, element 2i in the low half of word i), and the kernels' constants that say
+    a binding holds it: `flag` for the attention kernels (BF16 / F16), `half` decode.wgsl's HALF
+    code (1 bf16, 2 f16; 0 for a 32-bit type)."""
+    name: str
+    per_word: int
+    word: type
+    flag: str | None = None
+    half: int = 0
+
+
+DTYPES = {d.name: d for d in (DType("f32", 1, np.float32), DType("u32", 1, np.uint32), DType("i32", 1, np.int32),
+                              DType("bf16", 2, np.uint32, "BF16", 1), DType("f16", 2, np.uint32, "F16", 2))}
+PER_WORD = {n: d.per_word for n, d in DTYPES.items()}       # the model's tables read this one field
+HALVES = tuple(n for n, d in DTYPES.items() if d.half)
 
 
 class GPUError(TinyGPTError, RuntimeError):
@@ -151,7 +167,6 @@ class Tensor:
         return {"buffer": self.buf, "offset": self.offset, "size": max(4, self.nbytes)}
 
 
-_NP = {"f32": np.float32, "u32": np.uint32, "i32": np.int32, "bf16": np.uint32, "f16": np.uint32}  # halves: packed words
 
 
 @dataclass
@@ -317,7 +332,7 @@ class GPU:
         return self.tensor(a.shape, dtype, name, a)
 
     def write(self, t: Tensor, array, offset_elems: int = 0):
-        a = np.ascontiguousarray(array, dtype=_NP[t.dtype])
+        a = np.ascontiguousarray(array, dtype=DTYPES[t.dtype].word)
         if a.size:
             self.queue.write_buffer(t.buf, t.offset + 4 * offset_elems, a.tobytes())
 
@@ -328,7 +343,7 @@ class GPU:
         # Copies must be 4-byte aligned in offset and size, which they are.
         data = self.queue.read_buffer(t.buf, start, 4 * n)
         self.counters.readbacks += 1
-        a = np.frombuffer(data, dtype=_NP[t.dtype]).copy()
+        a = np.frombuffer(data, dtype=DTYPES[t.dtype].word).copy()
         return a.reshape(t.shape) if count is None and offset_elems == 0 else a
 
     def dummy(self, access: str = "r", slot: int = 0) -> Tensor:

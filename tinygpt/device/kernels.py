@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from .gpu import GPU, HALVES, Dispatch, grid1d, pack_params
+from .gpu import DTYPES, GPU, HALVES, Dispatch, grid1d, pack_params
 from .plan import KernelPlan, online_tiles
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -559,7 +557,8 @@ class Kernels:
         hd = C // H
         bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk, **windowed(window, T)}
-        consts.update({n: True for n in ("BF16", "F16") if ins[0].dtype == n.lower()})   # q, k, v as stored
+        if DTYPES[ins[0].dtype].flag:                                # q, k, v as stored
+            consts[DTYPES[ins[0].dtype].flag] = True
         k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
@@ -569,7 +568,8 @@ class Kernels:
         f16 (their dtype says; B*T*C a multiple of 8)."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
-                  "BF16": ins[0].dtype == "bf16", "F16": ins[0].dtype == "f16", **windowed(window, T)}
+                  "BF16": DTYPES[ins[0].dtype].flag == "BF16", "F16": DTYPES[ins[0].dtype].flag == "F16",
+                  **windowed(window, T)}
         k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
@@ -627,14 +627,14 @@ class Kernels:
     def kv_append_half(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
         """kv_append for a bf16 or f16 model's k, v and caches (their dtype), two values a word."""
         assert k.dtype == kc.dtype and k.dtype in HALVES and C % 2 == 0, (k.dtype, kc.dtype, C)
-        k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": HALVES.index(k.dtype) + 1})
+        k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": DTYPES[k.dtype].half})
         return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * C // 128)))
 
     def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
         assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and out.dtype == "f32", (q.dtype, out.dtype)
         k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS,
-                             {"HALF": HALVES.index(q.dtype) + 1, **windowed(window)})
+                             {"HALF": DTYPES[q.dtype].half, **windowed(window)})
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.errors import UsageError
-from ..device.gpu import GPU, LimitError
+from ..device.gpu import DTYPES, GPU, LimitError
 from ..device.kernels import Kernels, online_variant
 from ..device.plan import KernelPlan
 from .buffers import Buffer
@@ -195,7 +195,7 @@ class Online(Path):
         of online_sg.wgsl, by whole words: B*T*C a multiple of 8)."""
         if dtype == "f32":
             return True
-        if dtype not in ("bf16", "f16"):
+        if not DTYPES[dtype].flag:           # a 16-bit type the kernels take through their BF16 / F16 constant
             return False
         return online_variant(plan, T, C // H) != "sg" or (B * T * C) % 8 == 0
 
