@@ -6,8 +6,8 @@ adds the same algorithm in online.wgsl's workgroup-memory tiles.
 For each T and each implementation: forward, and forward+backward; GPU ms,
 attention scratch bytes, max abs error against the float64 reference (out, and
 dq/dk/dv for the backward), and naive/online. Validates before it times. With --windows,
-the online path again with each sliding window W < T (window column; 0: plain causal): it skips
-the tiles outside every query's window, so its time falls with W.
+every path again with each sliding window W < T (window column; 0: plain causal): the online
+path skips the tiles outside every query's window, so its time falls with W.
 
     python scripts/compare_attention.py                    # T = 256, 1024, 4096; B=1, H=1, hd=64
     python scripts/compare_attention.py --T 64,128 --json  # JSON Lines on stdout
@@ -39,7 +39,7 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=positive_int, default=64)
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--windows", type=positive_ints, default=[],
-                    help="comma-separated sliding windows: the online path again with each one below T")
+                    help="comma-separated sliding windows: every path again with each one below T")
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
     add_kernels(ap)
@@ -61,8 +61,7 @@ def main(argv=None):
         out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
         times = {}
         impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(plan, T, hd) == "sg" else [])
-        runs = [(impl, 0) for impl in impls] + [(impl, w) for w in args.windows if w < T
-                                                 for impl in impls if impl.startswith("online")]
+        runs = [(impl, w) for w in [0] + [w for w in args.windows if w < T] for impl in impls]
         refs = {}
         for impl, window in runs:
             if window not in refs:

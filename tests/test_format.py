@@ -118,6 +118,14 @@ def upstream_file(cfg: Config, header: dict, state: bytes) -> bytes:
     return b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + state
 
 
+def with_config(raw: bytes, **fields) -> bytes:
+    """The same file with fields set in its header's config (the state untouched)."""
+    h = header_of(raw)
+    h["config"].update(fields)
+    hb = json.dumps(h).encode()
+    return b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + raw[12 + struct.unpack("<I", raw[8:12])[0]:]
+
+
 def fp16_state(cfg, params, step=0):
     return struct.pack("<i", step) + b"".join(w.astype("<f2").tobytes() for w in stored_weights(cfg, params))
 
@@ -355,10 +363,7 @@ def test_what_we_cannot_compute_is_refused_naming_the_field(tmp_path, weights, c
     p = init_params(cfg)
     f = tmp_path / "x.tinygpt"
     raw = upstream_file(cfg, {"includesOptimizerState": False, "weightDtype": "fp16"}, fp16_state(cfg, p))
-    h = header_of(raw)
-    h["config"].update(config)
-    hb = json.dumps(h).encode()
-    f.write_bytes(b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + raw[12 + struct.unpack("<I", raw[8:12])[0]:])
+    f.write_bytes(with_config(raw, **config))
     rc, err = cli("info", "--model", f)
     one_line_error(rc, err, needle)
 

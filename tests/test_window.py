@@ -1,6 +1,8 @@
 """Sliding-window attention (upstream's slidingWindow: each query sees its last W positions,
 itself included) on every path, in the decode step, in the model in every precision, in files
 and on the command line, against the float64 reference and an independent float64 model."""
+import contextlib
+import io
 import json
 import math
 
@@ -8,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import check
-from test_format import fp16_state, header_of, upstream_file
+from test_format import fp16_state, header_of, upstream_file, with_config
+from test_model import check_step0
 from test_hardening import in_process as cli, one_line_error
 from tinygpt import checkpoint as ckpt
 from tinygpt.core.config import Config, preset
@@ -188,6 +191,16 @@ def test_greedy_cached_equals_full_window_and_reference_with_a_window(gpu, impl)
                  [5, 17, 99], 60)
 
 
+def test_step0_windowed_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, monkeypatch):
+    """A window with GPT-2's vocabulary under a 13 MB binding limit (test_model's split: the token
+    table [50264, 128] in 2 chunks, the flat buffers in chunks): the gradients the window changes
+    and the split ones against the float64 reference."""
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16, window=3)
+    n, m = check_step0(gpu, make_plan(gpu), cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.Wk", "ln_f_g"),
+                       limit=13_000_000, monkeypatch=monkeypatch, keep=True)
+    assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
+
+
 # ---- files, from outside -----------------------------------------------------------------------
 def independent_loss(p: dict, cfg: Config, x: np.ndarray, y: np.ndarray, window: int) -> float:
     """A GPT written here from the architecture's definition (float64; pre-LayerNorm blocks,
@@ -231,14 +244,8 @@ def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_pa
     rng = np.random.default_rng(5)
     params = {k: (v + rng.standard_normal(v.shape).astype(np.float32) * 0.3) for k, v in init_params(cfg).items()}
     f = tmp_path / "w.tinygpt"
-    f.write_bytes(upstream_file(cfg, {"includesOptimizerState": False, "weightDtype": "fp16"},
-                                fp16_state(cfg, params)))
-    raw = f.read_bytes()
-    h = header_of(raw)
-    h["config"]["slidingWindow"] = 8
-    hb = json.dumps(h).encode()
-    import struct
-    f.write_bytes(b"TGPT" + struct.pack("<II", 2, len(hb)) + hb + raw[12 + struct.unpack("<I", raw[8:12])[0]:])
+    f.write_bytes(with_config(upstream_file(cfg, {"includesOptimizerState": False, "weightDtype": "fp16"},
+                                            fp16_state(cfg, params)), slidingWindow=8))
     text = tmp_path / "t.txt"
     text.write_bytes(bytes(rng.integers(32, 127, 3000).astype(np.uint8)))
     held = ckpt.load(f)
@@ -251,8 +258,6 @@ def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_pa
     plain = independent_loss(p16, cfg, xs.astype(np.int64), ys.astype(np.int64), 32)
     assert abs(want - plain) > 1e-3
     for impl in attention.IMPLS:
-        import io
-        import contextlib
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             rc, err = cli("eval", "--model", f, "--data", text, "--json", "--attention", impl)

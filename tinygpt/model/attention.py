@@ -87,7 +87,7 @@ class Path:
     def bind(self, kn: Kernels, B: int, T: int, C: int, H: int, scratch: dict, window: int = 0,
              block=None) -> "Attention":
         self.check(T, C, H)
-        return Attention(self, kn, (B, T, C, H), scratch, window if 0 < window < T else 0, block)
+        return Attention(self, kn, (B, T, C, H), scratch, window, block)   # W >= T: plain (kernels.windowed)
 
     def forward(self, a: "Attention", q, k, v, out) -> list:
         raise NotImplementedError
