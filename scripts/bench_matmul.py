@@ -6,15 +6,14 @@ of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workg
 tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
 is timed. With --dtypes f32,bf16, the variants that have a bf16 form (bf16 operands, float32 sums:
-sg as matmul_bf16_sg.wgsl, tiled as matmul_tiled.wgsl with bf16 tile loads, scalar as
-matmul_bf16.wgsl, listed as plain) run again with dtype
-bf16, validated against the float64 product of the same bf16 values. dtype mixed is what a bf16
-model's backward runs: A @ B^T with A float32 (dX = dY @ W^T) and A^T @ B with B float32
-(dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels (WGSL's f16: products in
-f16, float32 sums) beside each float32 variant (sg as matmul_f16_sg.wgsl, tiled as
-matmul_f16_tiled.wgsl with the same tile, vec4 as matmul_f16_vec4.wgsl, scalar as matmul_f16.wgsl,
-listed as plain), judged against the twin that rounds each product to f16;
-f16mixed is an f16 model's backward, the float32 operand rounded to f16 as it is read.
+sg as matmul_bf16_sg.wgsl; tiled and scalar, the templates matmul_tiled.wgsl and matmul.wgsl,
+reading bf16) run again with dtype bf16, validated against the float64 product of the same bf16
+values. dtype mixed is what a bf16 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T)
+and A^T @ B with B float32 (dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels
+(WGSL's f16: products in f16, float32 sums) beside each float32 variant (sg as matmul_f16_sg.wgsl,
+vec4 as matmul_f16_vec4.wgsl, tiled and scalar as the templates with f16 products), judged against
+the twin that rounds each product to f16; f16mixed is an f16 model's backward, the float32 operand
+rounded to f16 as it is read.
 
     python scripts/bench_matmul.py                      # 256^3, 512^3, 1024^3, 2048^3
     python scripts/bench_matmul.py --sizes 256,1024 --json
@@ -36,8 +35,8 @@ from tinygpt.tables import emit
 from tinygpt.cli import positive_int, positive_ints, run_script
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
-BF16 = {"sg": "sg", "tiled": "tiled", "scalar": "plain"}   # the bf16 kernel beside each float32 variant that has one
-F16 = {"sg": "sg", "tiled": "tiled", "vec4": "vec4", "scalar": "plain"}      # and the f16 one
+BF16 = ("sg", "tiled", "scalar")              # the float32 variants that have a bf16 form
+F16 = ("sg", "tiled", "vec4", "scalar")       # and an f16 one
 
 
 def numpy_gflops(entry, a, b, repeats):
@@ -66,16 +65,15 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
         if dtype == "f16mixed":
             ah, bh = (gpu.upload(A), bh) if entry == "matmul_abt" else (ah, gpu.upload(B))
         extra = [None] if entry == "matmul" else []
-        d = getattr(kn, entry + "_f16")(ah, bh, *extra, out, M, N, Kd, variant=variant)
+        d = getattr(kn, entry)(ah, bh, *extra, out, M, N, Kd, variant=variant, dtype="f16")
         want = getattr(R, entry + "_f16")(A, B)
     elif dtype in ("bf16", "mixed"):   # packed two to a word; judged against the product of the rounded values
         ah, bh = R.cast_bf16(A).reshape(A.shape[0], -1), R.cast_bf16(B).reshape(B.shape[0], -1)
         if dtype == "mixed":           # the backward's float32 gradient: A of A @ B^T, B of A^T @ B
             ah, bh = (A, bh) if entry == "matmul_abt" else (ah, B)
-        fn = getattr(kn, entry + "_bf16")
         extra = [None] if entry == "matmul" else []
         up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
-        d = fn(up(ah), up(bh), *extra, out, M, N, Kd, variant=variant)
+        d = getattr(kn, entry)(up(ah), up(bh), *extra, out, M, N, Kd, variant=variant, dtype="bf16")
         want = getattr(R, entry + "_bf16_sg")(ah, bh)
     else:
         fn = getattr(kn, entry)
@@ -146,15 +144,14 @@ def main(argv=None):
             for dtype in dtypes:
                 for entry, variant in chosen:
                     if dtype in ("f16", "f16mixed"):
-                        if variant not in F16 or (variant != "scalar" and not K.f16_vec4_ok(entry, M, N, Kd)) \
+                        ok = K.vec4_ok if variant == "tiled" else K.f16_vec4_ok
+                        if variant not in F16 or (variant != "scalar" and not ok(entry, M, N, Kd)) \
                                 or (dtype == "f16mixed" and entry == "matmul"):
                             continue
-                        variant = F16[variant]
                     elif dtype != "f32":
-                        if variant not in BF16 or (variant == "sg" and not K.bf16_ok(entry, M, N, Kd)) \
+                        if variant not in BF16 or (variant == "sg" and not K.half_ok(entry, M, N, Kd)) \
                                 or (dtype == "mixed" and entry == "matmul"):
                             continue
-                        variant = BF16[variant]
                     r_ = bench_one(gpu, plan, entry, variant, dtype, a, b, args.repeats)
                     key = (entry, variant, dtype)
                     if key not in best or r_["ms"] < best[key]["ms"]:

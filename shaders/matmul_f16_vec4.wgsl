@@ -1,13 +1,14 @@
 enable f16;
-// matmul_f16.wgsl's products read as vec4<f16>, for shapes where N and K (M and N for matmul_atb,
-// which takes any K) are multiples of 4 (kernels.f16_vec4_ok); matmul_f16.wgsl takes the rest.
+// The f16 products (products_f16.wgsl's) read as vec4<f16>, for shapes where N and K (M and N for
+// matmul_atb, which takes any K) are multiples of 4 (kernels.f16_vec4_ok); the matmul.wgsl template
+// takes the rest.
 //   matmul_f16_vec4      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
 //   matmul_abt_f16_vec4  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_f16_vec4  out[M,N] = A[K,M]^T @ B[K,N]
 // Each invocation owns a 4 x 4 block of out: 4 rows, one vec4 of columns. Per 4 steps of K it
 // loads 4 vec4 of A and 4 of B and takes 16 vec4<f16> products, each one f16 multiply of 4 lanes
 // (the packed rate GPUs double), then widens them to float32 and adds: the sums are float32,
-// never f16. Operands and out as in matmul_f16.wgsl: f16, or float32 (A32, B32: rounded to f16
+// never f16. Operands and out: f16, or float32 (A32, B32: rounded to f16
 // as read; A_F32, B_F32), out float32 (out32) or f16 (out16, OUT_F16). 8 x 8 invocations a
 // workgroup: 32 x 32 of out; rows past M are clamped on load and skipped on store.
 

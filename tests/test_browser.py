@@ -28,7 +28,7 @@ def test_every_pipeline_the_plans_build_compiles_in_the_browser(gpu, page):
     trace = every_pipeline(gpu, about["limits"], browser_features=about["features"])
     files = {m["name"] for m in trace["modules"]}
     assert {"matmul_sg.wgsl", "matmul_tiled.wgsl", "online.wgsl", "attention.wgsl", "decode.wgsl",
-            "matmul_bf16.wgsl"} <= files, files
+            "matmul.wgsl"} <= files, files
     built = page.compile(trace)
     problems = compiler_problems(built)
     print(f"{built['modules']} modules, {built['pipelines']} pipelines: {len(problems)} errors or warnings")

@@ -56,8 +56,8 @@ def test_f16_casts_round_to_nearest_even(gpu, rng, n, kn, f16):
     assert rel.size == 0 or rel.max() <= 2.0 ** -11
 
 
-@pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "plain"), (7, 5, 3, "plain"), (33, 65, 17, "plain"),
-                                            (64, 96, 48, "plain"), (13, 38, 70, "plain"), (4, 4, 4, "vec4"),
+@pytest.mark.parametrize("M,N,K_,variant", [(1, 1, 1, "scalar"), (7, 5, 3, "scalar"), (33, 65, 17, "scalar"),
+                                            (64, 96, 48, "scalar"), (13, 38, 70, "scalar"), (4, 4, 4, "vec4"),
                                             (1, 8, 12, "vec4"), (36, 52, 20, "vec4"), (100, 96, 48, "vec4"),
                                             (17, 200, 64, "vec4"), (12, 8, 4 * 7, "vec4"),
                                             (4, 4, 4, "sg"), (1, 8, 12, "sg"), (36, 52, 20, "sg"),
@@ -69,9 +69,9 @@ def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     """Products in f16, sums in float32, against the twin that rounds each product to f16 and sums
     in float64: only the summation order differs, so the float32 kernels' tolerance. Every operand
     mix the model uses (float32 gradients rounded to f16 as read), out float32, += and f16. Every
-    kernel: plain (any shape); vec4, sg and tiled (K, N and, for A^T @ B, M multiples of 4; sg where
-    the plan's check passed the subgroups; tiled with a 16 x 16 tile of BK 4 unless the case names
-    one, so the shapes cross many tiles, edges and k-slices)."""
+    kernel: the scalar template (any shape); vec4, sg and the tiled template (K, N and, for A^T @ B,
+    M multiples of 4; sg where the plan's check passed the subgroups; tiled with a 16 x 16 tile of
+    BK 4 unless the case names one, so the shapes cross many tiles, edges and k-slices)."""
     from tinygpt.device.kernels import Kernels
     from tinygpt.device.plan import PORTABLE
     from tinygpt.device.planner import subgroups_ok
@@ -80,7 +80,7 @@ def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     if variant.startswith("tiled"):
         tile = tuple(int(t) for t in variant.split()[1].split("x")) if " " in variant else (4, 2, 8, 1, 4)
         kn, variant = Kernels(gpu, PORTABLE.with_(matmul_tile=tile)), "tiled"
-    atb = variant if variant == "plain" or M % 4 == 0 else "plain"    # A^T @ B: vec4 along M, any K
+    atb = variant if variant == "scalar" or M % 4 == 0 else "scalar"    # A^T @ B: vec4 along M
     a = rng.standard_normal((M, K_)).astype(np.float32)
     b = rng.standard_normal((K_, N)).astype(np.float32)
     bias = rng.standard_normal(N).astype(np.float32)
@@ -88,31 +88,31 @@ def test_matmul_family_f16(gpu, rng, M, N, K_, variant, kn, f16):
     out = gpu.tensor((M, N))
     tol = 8e-6 * np.sqrt(K_)
     A, B = half(gpu, a), half(gpu, b)
-    run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), out, M, N, K_, variant=variant))
+    run(gpu, kn.matmul(A, B, gpu.upload(bias), out, M, N, K_, variant=variant))
     check(f"{variant} matmul_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, kn.matmul_f16(A, B, None, out, M, N, K_, accumulate=True, variant=variant))
+    run(gpu, kn.matmul(A, B, None, out, M, N, K_, accumulate=True, variant=variant))
     check(f"{variant} matmul_f16 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_f16(a, b), tol)
-    run(gpu, kn.matmul_f16(gpu.upload(a), B, None, out, M, N, K_, variant=variant))  # the head's dx: A float32
+    run(gpu, kn.matmul(gpu.upload(a), B, None, out, M, N, K_, variant=variant))  # the head's dx: A float32
     check(f"{variant} matmul_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_f16(a, b), tol)
     if N % 2 == 0:                                                            # out f16: q, k, v, pre
         oh = gpu.tensor((M * N // 2,), "f16")
-        run(gpu, kn.matmul_f16(A, B, gpu.upload(bias), oh, M, N, K_, variant=variant))
+        run(gpu, kn.matmul(A, B, gpu.upload(bias), oh, M, N, K_, variant=variant))
         got = R.cast_f16_to_f32(gpu.read(oh), M * N).reshape(M, N)
         want = R.matmul_f16(a, b, f64(bias))
         check(f"{variant} matmul_f16 out f16 {M}x{N}x{K_}", got, want, tol, rtol=2.0 ** -11)
     bt = b.T.copy()
     BT = half(gpu, bt)
-    run(gpu, kn.matmul_abt_f16(A, BT, out, M, N, K_, variant=variant))
+    run(gpu, kn.matmul_abt(A, BT, out, M, N, K_, variant=variant))
     check(f"{variant} matmul_abt_f16 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
-    run(gpu, kn.matmul_abt_f16(gpu.upload(a), BT, out, M, N, K_, variant=variant))  # dx = dy @ W^T: A float32
+    run(gpu, kn.matmul_abt(gpu.upload(a), BT, out, M, N, K_, variant=variant))  # dx = dy @ W^T: A float32
     check(f"{variant} matmul_abt_f16 A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_f16(a, bt), tol)
     at = a.T.copy()
     AT = half(gpu, at)
-    run(gpu, kn.matmul_atb_f16(AT, gpu.upload(b), out, M, N, K_, variant=atb))  # dW = x^T @ dy: B float32
+    run(gpu, kn.matmul_atb(AT, gpu.upload(b), out, M, N, K_, variant=atb))  # dW = x^T @ dy: B float32
     check(f"{atb} matmul_atb_f16 B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_f16(at, b), tol)
     gpu.write(out, prev)
-    run(gpu, kn.matmul_atb_f16(gpu.upload(at), B, out, M, N, K_, accumulate=True, variant=atb))   # dtok: A float32
+    run(gpu, kn.matmul_atb(gpu.upload(at), B, out, M, N, K_, accumulate=True, variant=atb))   # dtok: A float32
     check(f"{atb} matmul_atb_f16 A float32 (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_f16(at, b), tol)
 
 
@@ -123,14 +123,14 @@ def test_matmul_f16_products_are_f16(gpu, kn, f16):
     a = np.array([[300.0, 1e-4, 1.0]], np.float32)
     b = np.array([[300.0], [1e-4], [-1.0]], np.float32)
     out = gpu.tensor((1, 1))
-    run(gpu, kn.matmul_f16(half(gpu, a), half(gpu, b),
+    run(gpu, kn.matmul(half(gpu, a), half(gpu, b),
                            None, out, 1, 1, 3))
     assert np.isinf(gpu.read(out)[0, 0]) and np.isinf(R.matmul_f16(a, b)[0, 0])
     a[0, 0] = 1.0
-    run(gpu, kn.matmul_f16(half(gpu, a), half(gpu, b),
+    run(gpu, kn.matmul(half(gpu, a), half(gpu, b),
                            None, out, 1, 1, 3))
     assert gpu.read(out)[0, 0] == np.float32(R.matmul_f16(a, b)[0, 0]) == np.float32(300.0 - 1.0)  # 1e-8 -> 0
-    run(gpu, kn.matmul_f16(gpu.upload(np.array([[1e5, 0.0, 0.0]], np.float32)),
+    run(gpu, kn.matmul(gpu.upload(np.array([[1e5, 0.0, 0.0]], np.float32)),
                            half(gpu, b), None, out, 1, 1, 3))
     assert np.isposinf(gpu.read(out)[0, 0])
 
@@ -259,17 +259,19 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
 
 
 def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
-    """Every matmul entry point the gate may meet (plain, vec4, tiled with a tile's constants and,
-    with working subgroups, sg; each operand mix and out f16), judged directly: each passes on
-    this device."""
+    """Every matmul entry point the gate may meet (the scalar and tiled templates with f16 products,
+    the latter with a tile's constants; vec4 and, with working subgroups, sg; each operand mix and
+    out f16), judged directly: each passes on this device."""
     from tinygpt.device import gate
     from tinygpt.device.planner import make_plan, subgroups_ok
-    variants = ("", "_vec4") + (("_sg",) if subgroups_ok(gpu) else ())
+    variants = ("_vec4",) + (("_sg",) if subgroups_ok(gpu) else ())
     mixes = [(), (("A_F32", True),), (("B_F32", True),), (("OUT_F16", True),)]
     kernels = {(f"{e}_f16{v}", m) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants for m in mixes}
+    ab = (("A_HALF", True), ("B_HALF", True))       # the templates name the half operands instead
+    template_mixes = [ab, ab[1:], ab[:1], ab + (("OUT_HALF", True),)]
     tile = (("BK", 4), ("TM", 8), ("TV", 1), ("WX", 4), ("WY", 2))     # 16 x 16: the ragged shape crosses tiles
-    kernels |= {(f"{e}_f16_tiled", tuple(sorted(m + tile))) for e in ("matmul", "matmul_abt", "matmul_atb")
-                for m in mixes}
+    kernels |= {(f"{e}_f16{v}", tuple(sorted(m + (tile if v else ())))) for e in ("matmul", "matmul_abt", "matmul_atb")
+                for v in ("", "_tiled") for m in template_mixes}
     kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
                                   "layernorm_forward_f16", "kv_append_half")}
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16

@@ -173,8 +173,8 @@ def test_subgroups_used_on_lavapipe(gpu):
     assert "subgroup" in gpu.features and subgroups_ok(gpu)
     plan = make_plan(gpu, tuning={})
     assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("sg",) * 4 and plan.subgroups == "ok"
-    assert K.mm_variant(plan, "matmul_atb", 64, 64, 64) == "sg"
-    assert K.mm_variant(plan, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
+    assert K.matmul_variant(plan, "matmul_atb", 64, 64, 64) == "sg"
+    assert K.matmul_variant(plan, "matmul", 64, 62, 64) == "scalar"  # N not a multiple of 4
     assert K.online_variant(plan, 1024, 64) == "sg"
     assert K.online_variant(plan, 30000, 128) == "tiles"  # past llvmpipe's loop cap for online_sg.wgsl
 
@@ -186,7 +186,7 @@ def test_no_subgroups_switch():
     import sys
     code = ("from tinygpt.device.gpu import GPU; from tinygpt.device import kernels as K; "
             "from tinygpt.device.planner import make_plan, subgroups_ok; g = GPU(); p = make_plan(g); "
-            "print('subgroup' in g.features, subgroups_ok(g), K.mm_variant(p, 'matmul', 64, 64, 64), "
+            "print('subgroup' in g.features, subgroups_ok(g), K.matmul_variant(p, 'matmul', 64, 64, 64), "
             "K.online_variant(p, 64, 32), p.loss, p.reduce)")
     env = dict(os.environ, TINYGPT_NO_SUBGROUPS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
@@ -620,19 +620,22 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant, kn):
     assert rel.size == 0 or rel.max() <= 2.0 ** -8
 
 
-@pytest.mark.parametrize("variant,nb,tm", [("sg", 2, 32), ("sg", 1, 32), ("sg", 2, 64), ("sg", 1, 64), ("plain", None, None),
+@pytest.mark.parametrize("variant,nb,tm", [("sg", 2, 32), ("sg", 1, 32), ("sg", 2, 64), ("sg", 1, 64), ("scalar", None, None),
                                            ("tiled", None, None)])
 @pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136),
                                     (40, 8, 16), (24, 16, 7)])  # K 7: a bf16 model's backward at batch x ctx 7
 def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     """bf16 operands, float32 sums, with subgroups (matmul_bf16_sg.wgsl: 8 or 4 columns a lane, 32 or
-    64 rows a workgroup), without (matmul_bf16.wgsl) and in workgroup tiles (matmul_tiled.wgsl with
-    bf16 tile loads, a 16 x 16 tile so that the shapes cross many tiles and edges): each product against its twin (the float64
-    product of the same bf16 values) with the float32 kernels' tolerance, so only the summation
-    order differs. Then the mixed operands of the backward, and bf16 written out."""
+    64 rows a workgroup), without (the matmul.wgsl template) and in workgroup tiles (the
+    matmul_tiled.wgsl template, a 16 x 16 tile so that the shapes cross many tiles and edges): each
+    product against its twin (the float64 product of the same bf16 values) with the float32
+    kernels' tolerance, so only the summation order differs. Then the mixed operands of the
+    backward, and bf16 written out."""
     from tinygpt.device.plan import PORTABLE
-    if variant != "plain" and not K.bf16_ok("matmul", M, N, K_):
-        pytest.skip("the 8-wide kernels take K and N multiples of 8 (kernels.bf16_variant gives plain)")
+    if variant == "sg" and not K.half_ok("matmul", M, N, K_):
+        pytest.skip("the 8-wide kernels take K and N multiples of 8 (kernels.matmul_variant gives scalar)")
+    if variant == "tiled" and not K.vec4_ok("matmul", M, N, K_):
+        pytest.skip("the tiles take K and N multiples of 4 (kernels.matmul_variant gives scalar)")
     if variant == "sg":
         need_subgroups(gpu)
     a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
@@ -644,37 +647,37 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
         assert np.array_equal(R.matmul_bf16(ah.reshape(M, -1), bh.reshape(K_, -1)), R.matmul_bf16(ra, rb))
     up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)     # packed words are bf16
     kn = Kernels(gpu, PORTABLE.with_(matmul_tile=(4, 2, 8, 1, 4)))  # the tile of the tiled variant
-    run(gpu, kn.matmul_bf16(up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul(up(ah), up(bh), up(bias), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_bf16(ra, rb, f64(bias)), tol)
     gpu.write(out, prev)
-    run(gpu, kn.matmul_bf16(up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul(up(ah), up(bh), None, out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_bf16(ra, rb), tol)
-    run(gpu, kn.matmul_abt_bf16(up(ah), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul_abt(up(ah), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(ra, rbt), tol)
     if M % 8 == 0:                                                  # A^T @ B packs A's rows of M
         ath, rat = pk(a.T.copy()), rd(a.T.copy())
         gpu.write(out, prev)
-        run(gpu, kn.matmul_atb_bf16(up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb(up(ath), up(bh), out, M, N, K_, accumulate=True, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} (+=) {M}x{N}x{K_}", gpu.read(out), prev + R.matmul_atb_bf16(rat, rb), tol)
         # the backward's dW = X^T @ dY: B float32 (B_F32)
-        run(gpu, kn.matmul_atb_bf16(up(ath), up(b), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb(up(ath), up(b), out, M, N, K_, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} B float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_bf16(rat, b), tol)
         # the head's dtok = dlogits^T @ x: A float32
-        run(gpu, kn.matmul_atb_bf16(up(a.T.copy()), up(bh), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+        run(gpu, kn.matmul_atb(up(a.T.copy()), up(bh), out, M, N, K_, variant=variant, nb=nb, tm=tm))
         check(f"matmul_atb_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out),
               R.matmul_atb_bf16(a.T.copy(), rb), tol)
     # the head's dx = dlogits @ tok_emb: A float32, B bf16
-    run(gpu, kn.matmul_bf16(up(a), up(bh), None, out, M, N, K_, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul(up(a), up(bh), None, out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out),
           R.matmul_bf16(a, rb), tol)
     # the backward's dX = dY @ W^T: A float32 (A_F32)
-    run(gpu, kn.matmul_abt_bf16(up(a), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul_abt(up(a), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, rbt), tol)
     # the forward's q, k, v and pre-activation: out written as bf16 (OUT_BF16), bias added first.
     # A float32 sum on a rounding edge may round the other way from the float64 twin's: values
     # within the sum's tolerance plus one bf16 rounding, and most words equal.
     outh = gpu.tensor((M * N // 2,), "bf16")
-    run(gpu, kn.matmul_bf16(up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, nb=nb, tm=tm))
+    run(gpu, kn.matmul(up(ah), up(bh), up(bias), outh, M, N, K_, variant=variant, nb=nb, tm=tm))
     want_h = R.matmul_bf16(ra, rb, f64(bias), out_bf16=True)
     same = np.mean(gpu.read(outh).reshape(M, -1) == want_h)
     print(f"matmul_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} bf16 out {M}x{N}x{K_}: {same:.2%} of words equal to the twin's")

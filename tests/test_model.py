@@ -201,8 +201,8 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     float32 and the other in float64 (one bf16 step, 2^-8), and the reference does not round each
     f16 product as the f16 kernels do, so the tolerance is 3e-3 of scale, not float32's 1e-4.
     Under this adapter's plan (lavapipe: the sg kernels, the attention reading 16-bit q, k, v) and
-    under the plan a GPU gets untuned (the tiled matmuls: bf16 tile loads, or matmul_f16_tiled.wgsl;
-    the tiles attention, online.wgsl, reading the 16-bit q, k, v as stored). And with the binding limit forced
+    under the plan a GPU gets untuned (the tiled template reading 16-bit operands, with f16
+    products for f16; the tiles attention, online.wgsl, reading the 16-bit q, k, v as stored). And with the binding limit forced
     low ("split": vocab 2000 at width 128, 600 kB), so that the head multiplies the table's copy in
     2 chunks of rows and the logits come in 4 chunks; and so at GPT-2's vocabulary (13 MB: the table
     in 2 chunks, the flat buffers and the weight copy's casts in chunks too)."""
@@ -234,9 +234,10 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
     assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
     if which == "a GPU's":   # the GPU shapes in this precision, not float32 copies
-        built = {(d.kernel.file, d.kernel.constants) for d in m._fwd + m._bwd}
-        assert any(f == "online.wgsl" and (half.upper(), True) in c for f, c in built), built
-        assert ("matmul_f16_tiled.wgsl" if half == "f16" else "matmul_tiled.wgsl") in {f for f, _ in built}
+        built = {(d.kernel.file, d.kernel.constants, d.kernel.products) for d in m._fwd + m._bwd}
+        assert any(f == "online.wgsl" and (half.upper(), True) in c for f, c, _ in built), built
+        products = "f16" if half == "f16" else "f32"
+        assert any(f == "matmul_tiled.wgsl" and ("A_HALF", True) in c and p == products for f, c, p in built)
     m.set_params(params)
     check(f"{half} logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
     m.grads_only(x, y)

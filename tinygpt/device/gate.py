@@ -20,8 +20,7 @@ from .gpu import DTYPES, GPU, GPUError
 from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
-F16_FILES = {"f16.wgsl", "matmul_f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "matmul_f16_tiled.wgsl",
-             "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
+F16_FILES = {"f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
@@ -32,10 +31,20 @@ class GateError(GPUError):
 
 def half_kernels(dispatches) -> set:
     """(entry, constants) of the dispatches that read or write f16: the f16 files' kernels, the
-    attention's and the decode step's with their f16 constants (F16, HALF 2)."""
-    return {(d.kernel.name, d.kernel.constants) for d in dispatches
-            if d.kernel.file in F16_FILES or ("F16", True) in d.kernel.constants
+    matmul templates completed with f16 products (named as their twins are: matmul_atb_f16,
+    matmul_f16_tiled), the attention's and the decode step's with their f16 constants (F16, HALF 2)."""
+    return {(f16_name(d.kernel), d.kernel.constants) for d in dispatches
+            if d.kernel.file in F16_FILES or d.kernel.products == "f16" or ("F16", True) in d.kernel.constants
             or ("HALF", DTYPES["f16"].half) in d.kernel.constants}
+
+
+def f16_name(kernel) -> str:
+    """A template's entry point with its f16 products in the name (matmul_abt_tiled ->
+    matmul_abt_f16_tiled, the twin's name); any other kernel's entry point."""
+    if kernel.products != "f16":
+        return kernel.name
+    base, tiled = kernel.name.removesuffix("_tiled"), kernel.name.endswith("_tiled")
+    return base + "_f16" + ("_tiled" if tiled else "")
 
 
 def _far(got, want) -> float | None:
@@ -50,24 +59,31 @@ def _far(got, want) -> float | None:
 
 def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
     """matmul(_abt, _atb)_f16(_vec4, _sg, _tiled) with its operand mix (and tile), at a ragged shape its
-    variant takes."""
-    variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg", "_tiled")) else "plain"
+    variant takes. The templates (scalar, tiled) say a half operand with A_HALF, B_HALF, OUT_HALF;
+    matmul_f16_vec4/_sg.wgsl a float32 one with A_F32, B_F32 and a half out with OUT_F16."""
+    variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg", "_tiled")) else "scalar"
+    base = entry.removesuffix("_" + variant).removesuffix("_f16")
+    if variant in ("scalar", "tiled"):
+        half = [bool(consts.get(n)) for n in ("A_HALF", "B_HALF", "OUT_HALF")]
+    else:
+        half = [not consts.get("A_F32"), not consts.get("B_F32"), bool(consts.get("OUT_F16"))]
+    atb = base == "matmul_atb"
     if variant == "tiled":
         kn = Kernels(gpu, PORTABLE.with_(matmul_tile=tuple(consts[n] for n in ("WX", "WY", "TM", "TV", "BK"))))
-    vec4 = variant != "plain"
-    base = entry.removesuffix("_" + variant).removesuffix("_f16")
-    M, N, K = (20 if base == "matmul_atb" else 19, 36, 11 if base == "matmul_atb" else 12) if vec4 else (13, 10, 9)
+    if variant != "scalar":     # vec4 along M and N of A^T @ B (the f16 kernels: any K; the tiled: 4 | K)
+        M, N, K = (20 if atb else 19, 36, 11 if atb and variant != "tiled" else 12)
+    else:
+        M, N, K = (13, 10, 9)
     shape_a = {"matmul": (M, K), "matmul_abt": (M, K), "matmul_atb": (K, M)}[base]
     shape_b = {"matmul": (K, N), "matmul_abt": (N, K), "matmul_atb": (K, N)}[base]
     a, b = rng.standard_normal(shape_a).astype(np.float32), rng.standard_normal(shape_b).astype(np.float32)
-    half = lambda x, f32: gpu.upload(x) if f32 else gpu.tensor((-(-x.size // 2),), "f16", data=R.cast_f16(x))
-    A, B = half(a, consts.get("A_F32")), half(b, consts.get("B_F32"))
-    out_f16 = bool(consts.get("OUT_F16"))
-    out = gpu.tensor((M * N // 2,), "f16") if out_f16 else gpu.tensor((M, N))
-    launch = getattr(kn, base + "_f16")
-    d = launch(A, B, None, out, M, N, K, variant=variant) if base == "matmul" else launch(A, B, out, M, N, K, variant=variant)
-    gpu.run([d])
-    got = R.cast_f16_to_f32(gpu.read(out), M * N).reshape(M, N) if out_f16 else gpu.read(out)
+    store = lambda x, h: gpu.tensor((-(-x.size // 2),), "f16", data=R.cast_f16(x)) if h else gpu.upload(x)
+    A, B = store(a, half[0]), store(b, half[1])
+    out = gpu.tensor((M * N // 2,), "f16") if half[2] else gpu.tensor((M, N))
+    launch = getattr(kn, base)
+    args = (A, B, None, out) if base == "matmul" else (A, B, out)
+    gpu.run([launch(*args, M, N, K, variant=variant, dtype="f16")])
+    got = R.cast_f16_to_f32(gpu.read(out), M * N).reshape(M, N) if half[2] else gpu.read(out)
     return got, getattr(R, base + "_f16")(a, b)
 
 

@@ -177,6 +177,7 @@ class Kernel:
     layout: object  # bind group layout
     access: str  # one char per binding: u(niform) r(ead) w(rite)
     constants: tuple = ()  # ((override, value), ...) it was built with
+    products: str | None = None  # a matmul template's product type (shaders/products_<it>.wgsl)
 
 
 @dataclass
@@ -359,17 +360,19 @@ class GPU:
         return self._dummy[key]
 
     # ---- shaders and pipelines -------------------------------------------------------
-    def module(self, file: str):
+    def module(self, file: str, products: str | None = None):
         """A shader module from shaders/ (or an absolute path), with common.wgsl put in front of its
-        declarations; compile errors name the file and line they are in."""
-        if file not in self._modules:
-            src, where, shown = shader_source(file, self.engine)
+        declarations (and, for a matmul template, products_<products>.wgsl); compile errors name
+        the file and line they are in."""
+        key = (file, products)
+        if key not in self._modules:
+            src, where, shown = shader_source(file, self.engine, products)
             try:
                 mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
                 raise ShaderError(wgsl_error_line(str(e), where)) from e
-            self._modules[file] = mod
-        return self._modules[file]
+            self._modules[key] = mod
+        return self._modules[key]
 
     def bind_layout(self, access: str):
         if access not in self._layouts:
@@ -382,12 +385,15 @@ class GPU:
             self._layouts[access] = (bgl, self.device.create_pipeline_layout(bind_group_layouts=[bgl]))
         return self._layouts[access]
 
-    def kernel(self, file: str, entry: str, access: str, constants: dict | None = None) -> Kernel:
-        key = (file, entry, access, tuple(sorted((constants or {}).items())))
+    def kernel(self, file: str, entry: str, access: str, constants: dict | None = None,
+               products: str | None = None) -> Kernel:
+        """A pipeline, made once. products: the product type a matmul template is completed with
+        (shaders/products_<it>.wgsl)."""
+        key = (file, entry, access, tuple(sorted((constants or {}).items())), products)
         k = self._kernels.get(key)
         if k is None:
             bgl, pl = self.bind_layout(access)
-            stage = {"module": self.module(file), "entry_point": entry}
+            stage = {"module": self.module(file, products), "entry_point": entry}
             if constants:
                 stage["constants"] = {n: float(v) for n, v in constants.items()}
             try:
@@ -395,7 +401,7 @@ class GPU:
             except Exception as e:
                 raise ShaderError(f"cannot build pipeline {entry} from shaders/{file}: {e}") from e
             self.counters.pipelines += 1
-            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3])
+            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3], products)
         return k
 
     def dispatch(self, kernel: Kernel, params, tensors, grid) -> Dispatch:
@@ -511,41 +517,50 @@ PRELUDE = "common.wgsl"
 PRELUDE_F16 = "common_f16.wgsl"   # the f16 helpers, for the shaders that `enable f16;` only
 
 
-def with_prelude(src: str, shown: str):
-    """-> (source with shaders/common.wgsl, and common_f16.wgsl where the source enables f16,
-    inserted after its leading `enable` directives, where(line) -> (file, line) of a line of the
-    combined source)."""
+def _split_enables(text: str) -> tuple:
+    """-> (its leading lines up to the last `enable` directive, the rest), as lists of lines."""
+    lines = text.splitlines(keepends=True)
+    head = max((i + 1 for i, l in enumerate(lines) if re.match(r"\s*enable\s", l)), default=0)
+    return lines[:head], lines[head:]
+
+
+def with_prelude(src: str, shown: str, products: str | None = None):
+    """-> (source with shaders/common.wgsl, and common_f16.wgsl where f16 is enabled, inserted after
+    its leading `enable` directives, where(line) -> (file, line) of a line of the combined source).
+    products: a matmul template's product type ("f32", "f16"): products_<it>.wgsl goes in after
+    the common files, its `enable` directives joining the source's at the top."""
     if shown.endswith((PRELUDE, PRELUDE_F16)):
         return src, lambda n: (shown, n)
-    lines = src.splitlines(keepends=True)
-    head = 0
-    for i, l in enumerate(lines):
-        if re.match(r"\s*enable\s", l):
-            head = i + 1
-    f16 = any(re.match(r"\s*enable\s+f16\s*;", l) for l in lines[:head])
-    parts = [(f"shaders/{name}", (shader_dir() / name).read_text() + "\n")
-             for name in (PRELUDE,) + ((PRELUDE_F16,) if f16 else ())]
-    combined = "".join(lines[:head]) + "".join(text for _, text in parts) + "".join(lines[head:])
+    head, body = _split_enables(src)
+    fill_head, fill = [], []
+    if products:
+        name = f"products_{products}.wgsl"
+        fill_head, fill = _split_enables((shader_dir() / name).read_text() + "\n")
+        fill_head, fill = [(f"shaders/{name}", 1, fill_head)], [(f"shaders/{name}", len(fill_head) + 1, fill)]
+    enables = head + [l for _, _, ls in fill_head for l in ls]
+    f16 = any(re.match(r"\s*enable\s+f16\s*;", l) for l in enables)
+    common = [(f"shaders/{name}", 1, ((shader_dir() / name).read_text() + "\n").splitlines(keepends=True))
+              for name in (PRELUDE,) + ((PRELUDE_F16,) if f16 else ())]
+    # each segment: (file shown, its first line's number in that file, its lines)
+    segments = [(shown, 1, head)] + fill_head + common + fill + [(shown, len(head) + 1, body)]
+    combined = "".join(l for _, _, ls in segments for l in ls)
 
     def where(n: int):
-        if n <= head:
-            return shown, n
-        n -= head
-        for name, text in parts:
-            k = text.count("\n")
-            if n <= k:
-                return name, n
-            n -= k
-        return shown, n + head
+        for name, first, ls in segments:
+            if n <= len(ls):
+                return name, first + n - 1
+            n -= len(ls)
+        return shown, len(head) + len(body)
     return combined, where
 
 
-def shader_source(file: str, engine: str):
+def shader_source(file: str, engine: str, products: str | None = None):
     """-> (the WGSL an engine compiles for a file of shaders/ or an absolute path: the prelude in,
-    adapted by for_engine; where(line) -> (file, line); the name shown in errors)."""
+    adapted by for_engine; where(line) -> (file, line); the name shown in errors). products: a
+    matmul template's product type (with_prelude)."""
     path = Path(file) if Path(file).is_absolute() else shader_dir() / file
     shown = file if Path(file).is_absolute() else f"shaders/{file}"
-    src, where = with_prelude(path.read_text(), shown)
+    src, where = with_prelude(path.read_text(), shown, products)
     return for_engine(src, engine), where, shown
 
 

@@ -8,9 +8,9 @@ sizes. None stands for an absent optional binding (gpu.dispatch binds a dummy th
 variant runs: `variant=` forces one (tests and benchmarks); otherwise the plan's choice for the
 family, where the shape allows it.
 
-bf16 and f16 tensors (dtypes "bf16", "f16") hold two values a word; their matmuls read either
-operand as stored or as float32, as each tensor's dtype says, and write the half type where `out`
-is such a tensor.
+bf16 and f16 tensors (dtypes "bf16", "f16") hold two values a word. One matmul family serves every
+precision: it reads either operand as stored or as float32, as each tensor's dtype says, writes
+the half type where `out` is such a tensor, and takes its products as the precision does.
 """
 from __future__ import annotations
 
@@ -30,13 +30,40 @@ DECODE_UNIFORM_BYTES = 80
 
 # ---- shape rules: which variant a shape allows -----------------------------------------------------
 def vec4_ok(entry, M, N, K) -> bool:
-    """The vec4 and sg kernels need K and N (and M for A^T @ B) to be multiples of 4."""
+    """The vec4, sg and tiled kernels need K and N (and M for A^T @ B) to be multiples of 4."""
     return N % 4 == 0 and K % 4 == 0 and (M % 4 == 0 or entry != "matmul_atb")
 
 
-def mm_variant(plan: KernelPlan, entry, M, N, K) -> str:
-    """The plan's matmul variant where the shape allows it (sg and vec4 need whole vec4), else scalar."""
-    return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
+def half_ok(entry, M, N, K) -> bool:
+    """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (M too for A^T @ B)."""
+    return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
+
+
+def f16_vec4_ok(entry, M, N, K) -> bool:
+    """matmul_f16_vec4.wgsl and matmul_f16_sg.wgsl read vec4 along K and N of A @ B and A @ B^T,
+    along M and N of A^T @ B (whose k advances one row at a time: any K)."""
+    return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
+
+
+def matmul_variant(plan: KernelPlan, entry, M, N, K, dtype: str = "f32") -> str:
+    """The plan's matmul family (plan.matmul) in a precision's form, where the shape allows it;
+    "scalar" (the matmul.wgsl template: any shape, every precision) where it does not.
+      f32   scalar, vec4, sg or tiled as the plan says.
+      bf16  tiled (the matmul_tiled.wgsl template); sg (matmul_bf16_sg.wgsl: K and N multiples of
+            8) for sg, and for vec4 (which has no bf16 form) where subgroups work; scalar otherwise.
+      f16   tiled (the template with f16 products); sg (matmul_f16_sg.wgsl) where the plan's
+            matmuls take subgroups (sg, or vec4 with subgroups that passed the check); vec4
+            (matmul_f16_vec4.wgsl) otherwise."""
+    subgroups = plan.matmul in ("sg", "vec4") and plan.subgroups == "ok"
+    if dtype == "f32":
+        return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
+    if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
+        return "tiled"
+    if dtype == "bf16":
+        return "sg" if subgroups and half_ok(entry, M, N, K) else "scalar"
+    if not f16_vec4_ok(entry, M, N, K):
+        return "scalar"
+    return "sg" if subgroups else "vec4"
 
 
 def sg_blocks(N, most=3) -> int:
@@ -58,42 +85,6 @@ def sg_tile(M, N) -> tuple:
     if -(-M // 32) * 32 - M <= M // 8:
         return 32, sg_blocks(N, most=2)
     return 16, sg_blocks(N)
-
-
-def f16_vec4_ok(entry, M, N, K) -> bool:
-    """matmul_f16_vec4.wgsl reads vec4 along K and N of A @ B and A @ B^T, along M and N of A^T @ B
-    (whose k advances one row at a time: any K)."""
-    return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
-
-
-def f16_variant(plan: KernelPlan, entry, M, N, K) -> str:
-    """The f16 form of the plan's matmul family: matmul_f16_tiled.wgsl for tiled (with the plan's
-    tile), matmul_f16_sg.wgsl where the plan's matmuls take subgroups (sg, or vec4 with subgroups
-    that passed the check), matmul_f16_vec4.wgsl otherwise, matmul_f16.wgsl ("plain") for shapes
-    none of them takes."""
-    if not f16_vec4_ok(entry, M, N, K):
-        return "plain"
-    if plan.matmul == "tiled":
-        return "tiled"
-    return "sg" if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok" else "vec4"
-
-
-def bf16_ok(entry, M, N, K) -> bool:
-    """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (and M for A^T @ B)."""
-    return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
-
-
-def bf16_variant(plan: KernelPlan, entry, M, N, K) -> str:
-    """The bf16 form of the plan's matmul family: tiled (matmul_tiled.wgsl with bf16 tile loads) for
-    tiled, matmul_bf16_sg.wgsl for sg (and vec4, which has no bf16 form, where subgroups work),
-    matmul_bf16.wgsl ("plain") otherwise and for shapes the 8-wide kernels cannot take."""
-    if not bf16_ok(entry, M, N, K):
-        return "plain"
-    if plan.matmul == "tiled":
-        return "tiled"
-    if plan.matmul in ("sg", "vec4") and plan.subgroups == "ok":
-        return "sg"
-    return "plain"
 
 
 def bf16_blocks(N) -> int:
@@ -170,45 +161,105 @@ class Kernels:
         self.gpu, self.plan = gpu, plan
 
     # ---- matmul ----------------------------------------------------------------------------------
-    def _mm(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, consts=None, batch=1) -> Dispatch:
-        """consts: the bf16 override constants of matmul_tiled.wgsl (_mm_bf16 passes them). batch:
-        that many products of these shapes, each operand's batch_stride apart, one per workgroup
-        row z of the grid: one dispatch where a loop would make `batch` (Muon's Newton-Schulz
-        over the matrices of one shape)."""
-        gpu, plan = self.gpu, self.plan
-        variant = variant or mm_variant(plan, entry, M, N, K)
+    def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
+               dtype=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[K,N] + bias[N] (batch: that many products, without bias). dtype: the
+        precision whose kernels run ("f32", "bf16", "f16"); None: the first half dtype among a, b
+        and out (a precision's model passes its own: its gradients' products are all float32
+        tensors, which f16 still takes in f16)."""
+        return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
+
+    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
+               dtype=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[N,K]^T"""
+        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
+
+    def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
+               dtype=None) -> Dispatch:
+        """out[M,N] = a[K,M]^T @ b[K,N]"""
+        return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
+
+    def _mm(self, entry, a, b, bias, out, M, N, K, accumulate, variant, batch, nb, tm, dtype) -> Dispatch:
+        """One launcher for every precision: dtype, or else the tensors' dtypes, says which (float32
+        operands beside a half one are the backward's gradients, read as the precision reads
+        them), the plan and the shape which variant (matmul_variant). scalar and tiled are the
+        templates every precision shares; the others a precision's own fast set. batch: that many products of these shapes, each operand's
+        batch_stride apart, one per workgroup row z of the grid: one dispatch where a loop would
+        make `batch` (Muon's Newton-Schulz over the matrices of one shape). nb, tm: the bf16 sg
+        kernel's column blocks per lane and rows per workgroup (bf16_blocks, bf16_rows if None)."""
+        dtype = dtype or next((t.dtype for t in (a, b, out) if t.dtype in HALVES), "f32")
+        variant = variant or matmul_variant(self.plan, entry, M, N, K, dtype)
+        assert batch == 1 or bias is None, entry
+        assert not (accumulate and out.dtype in HALVES), entry
         strides = tuple(batch_stride(n) for n in (M * K, K * N, M * N)) if batch > 1 else (0, 0, 0)
         params = (M, N, K, bias is not None, accumulate, batch) + strides
-        assert batch == 1 or bias is None, entry
+        if variant in ("scalar", "tiled"):
+            return self._mm_template(entry, a, b, bias, out, M, N, K, params, variant, dtype)
+        assert batch == 1 or dtype == "f32", (entry, dtype)
+        if dtype == "bf16":
+            return self._mm_bf16_sg(entry, a, b, bias, out, M, N, K, params[:5], nb, tm)
+        if dtype == "f16":
+            return self._mm_f16(entry, a, b, bias, out, M, N, K, params[:5], variant)
+        gpu, tensors = self.gpu, [a, b, bias, out]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
             k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
-        if variant == "tiled":   # workgroup tiles of BM x BN, TM x 4TV per invocation
-            wx, wy, tm, tv, bk = plan.matmul_tile
-            k = gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrw",
-                           {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **(consts or {})})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
-        if variant == "vec4":
-            wx = plan.matmul_wx
-            k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
-        k = gpu.kernel("matmul.wgsl", entry, "urrrw")
-        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // MM_TILE), -(-M // MM_TILE), batch))
+            return gpu.dispatch(k, params, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
+        assert variant == "vec4", variant
+        wx = self.plan.matmul_wx
+        k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
+        return gpu.dispatch(k, params, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
 
-    def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[K,N] + bias[N] (batch: that many products, without bias)"""
-        return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant, batch=batch)
+    def _mm_template(self, entry, a, b, bias, out, M, N, K, params, variant, dtype) -> Dispatch:
+        """matmul.wgsl (scalar) or matmul_tiled.wgsl (workgroup tiles of BM x BN, TM x 4TV per
+        invocation, the plan's tile), completed with the precision's products. A float32 operand
+        is bound at A or B, a half one at AH or BH (A_HALF, B_HALF), out at out or OH (OUT_HALF);
+        the other binding of each pair gets a dummy."""
+        half = {"A_HALF": a.dtype in HALVES, "B_HALF": b.dtype in HALVES, "OUT_HALF": out.dtype in HALVES}
+        consts = {n: True for n, on in half.items() if on}
+        products = "f16" if dtype == "f16" else "f32"
+        pick = lambda t, on: t if on else None
+        tensors = [pick(a, not half["A_HALF"]), pick(b, not half["B_HALF"]), pick(a, half["A_HALF"]),
+                   pick(b, half["B_HALF"]), bias, pick(out, not half["OUT_HALF"]), pick(out, half["OUT_HALF"])]
+        batch = params[5]
+        if variant == "scalar":
+            assert not half["OUT_HALF"] or N % 2 == 0, (entry, N)
+            k = self.gpu.kernel("matmul.wgsl", entry, "urrrrrww", consts, products)
+            return self.gpu.dispatch(k, params, tensors, (-(-N // MM_TILE), -(-M // MM_TILE), batch))
+        assert vec4_ok(entry, M, N, K), (entry, M, N, K)
+        wx, wy, tm, tv, bk = self.plan.matmul_tile
+        k = self.gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrrrww",
+                            {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **consts}, products)
+        return self.gpu.dispatch(k, params, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
 
-    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[N,K]^T"""
-        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, batch=batch)
+    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, params, nb, tm) -> Dispatch:
+        """matmul_bf16_sg.wgsl: 8 bf16 at a time. An "f32" operand is float32 (the backward's
+        gradients; any operand but B of A @ B^T); out float32 or bf16."""
+        assert half_ok(entry, M, N, K), (entry, M, N, K)
+        consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
+                                        ("OUT_BF16", out.dtype == "bf16")) if on}
+        assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
+        nb = bf16_blocks(N) if nb is None else nb
+        tm = tm or bf16_rows(M)
+        k = self.gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
+        return self.gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
-    def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1) -> Dispatch:
-        """out[M,N] = a[K,M]^T @ b[K,N]"""
-        return self._mm("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, batch=batch)
+    def _mm_f16(self, entry, a, b, bias, out, M, N, K, params, variant) -> Dispatch:
+        """matmul_f16_sg.wgsl ("sg") or matmul_f16_vec4.wgsl ("vec4"). Each operand f16, or float32
+        rounded to f16 as it is read (bound at A32/B32, the f16 binding left to a dummy); out
+        float32 or f16."""
+        assert variant in ("sg", "vec4") and f16_vec4_ok(entry, M, N, K), (entry, variant, M, N, K)
+        half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
+        consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
+                  if on}
+        k = self.gpu.kernel(f"matmul_f16_{variant}.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts)
+        grid = (-(-N // (4 * SG_LANES)), -(-M // 16)) if variant == "sg" else (-(-N // 256), -(-M // 4))
+        pick = lambda t, f16: t if f16 else None
+        return self.gpu.dispatch(k, params, [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
+                                             pick(b, not half["b"]), bias, pick(out, not half["out"]),
+                                             pick(out, half["out"])], grid)
 
-    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, matmul_bf16*.wgsl, elementwise_bf16.wgsl) ------------------
+    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, elementwise_bf16.wgsl) -------------------------------
     def _cast(self, entry, bindings, n, per_group, variant):
         """bf16x8.wgsl (8 values an invocation) where n is a multiple of 8 (variant "x8"), else bf16.wgsl."""
         if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
@@ -239,47 +290,7 @@ class Kernels:
         k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
 
-    def _mm_bf16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None, nb=None, tm=None) -> Dispatch:
-        """variant: the plan's (bf16_variant): "tiled", "sg" (matmul_bf16_sg.wgsl) or "plain"
-        (matmul_bf16.wgsl: any shape; a bf16 tensor is packed flat, element e in half e & 1 of word
-        e/2). An "f32" operand is float32 (the backward's gradients; any operand but B of A @ B^T)."""
-        gpu = self.gpu
-        variant = variant or bf16_variant(self.plan, entry, M, N, K)
-        if variant == "tiled":   # matmul_tiled.wgsl, its tile loads reading bf16 (A_BF16, B_BF16)
-            assert bf16_ok(entry, M, N, K), (entry, M, N, K)
-            assert not (accumulate and out.dtype == "bf16"), entry
-            consts = {n: True for n, on in (("A_BF16", a.dtype == "bf16"), ("B_BF16", b.dtype == "bf16"),
-                                            ("OUT_BF16", out.dtype == "bf16")) if on}
-            return self._mm(entry, a, b, bias, out, M, N, K, accumulate, "tiled", consts)
-        consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
-                                        ("OUT_BF16", out.dtype == "bf16")) if on}
-        assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
-        assert not (accumulate and "OUT_BF16" in consts) and (N % 2 == 0 or "OUT_BF16" not in consts), (entry, consts)
-        params = (M, N, K, bias is not None, accumulate)
-        if variant == "sg":
-            assert bf16_ok(entry, M, N, K), (entry, M, N, K)
-            nb = bf16_blocks(N) if nb is None else nb
-            tm = tm or bf16_rows(M)
-            k = gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
-            return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
-        k = gpu.kernel("matmul_bf16.wgsl", entry + "_bf16", "urrrw", consts)
-        return gpu.dispatch(k, params, [a, b, bias, out], (-(-N // 32), -(-M // 32)))
-
-    def matmul_bf16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
-        """out[M,N] (f32) = a[M,K] @ b[K,N] (+ bias[N]), float32 sums; either operand bf16 or float32,
-        out float32 or bf16. nb, tm: the sg kernel's column blocks per lane and rows per workgroup
-        (bf16_blocks(N), bf16_rows(M) if None)."""
-        return self._mm_bf16("matmul", a, b, bias, out, M, N, K, accumulate, variant, nb, tm)
-
-    def matmul_abt_bf16(self, a, b, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[N,K]^T, b bf16, a bf16 or float32"""
-        return self._mm_bf16("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, nb, tm)
-
-    def matmul_atb_bf16(self, a, b, out, M, N, K, accumulate=False, variant=None, nb=None, tm=None) -> Dispatch:
-        """out[M,N] = a[K,M]^T @ b[K,N], a and b each bf16 or float32"""
-        return self._mm_bf16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant, nb, tm)
-
-    # ---- f16 (f16.wgsl, matmul_f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) -----------------
+    # ---- f16 (f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) -------------------------------------
     def cast_f16(self, x, out, n) -> Dispatch:
         """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
         k = self.gpu.kernel("f16.wgsl", "cast_f16", "urrww")
@@ -301,45 +312,6 @@ class Kernels:
         assert n % 4 == 0, n
         k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
-
-    def _mm_f16(self, entry, a, b, bias, out, M, N, K, accumulate, variant=None) -> Dispatch:
-        """variant: the plan's (f16_variant): "tiled" (matmul_f16_tiled.wgsl, the plan's tile), "sg"
-        (matmul_f16_sg.wgsl), "vec4" (matmul_f16_vec4.wgsl) or "plain" (matmul_f16.wgsl, any shape). Each operand f16, or float32 rounded to f16 as it is read
-        (bound at A32/B32, the f16 binding left to a dummy); out float32 or f16 (no accumulate)."""
-        assert not (accumulate and out.dtype == "f16"), entry
-        variant = variant or f16_variant(self.plan, entry, M, N, K)
-        assert variant == "plain" or f16_vec4_ok(entry, M, N, K), (entry, M, N, K)
-        half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
-        consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
-                  if on}
-        file = {"tiled": "matmul_f16_tiled.wgsl", "sg": "matmul_f16_sg.wgsl", "vec4": "matmul_f16_vec4.wgsl",
-                "plain": "matmul_f16.wgsl"}[variant]
-        if variant == "tiled":   # the float32 family's tile: f16 tiles take half its workgroup memory
-            wx, wy, tm, tv, bk = self.plan.matmul_tile
-            consts.update(WX=wx, WY=wy, TM=tm, TV=tv, BK=bk)
-        k = self.gpu.kernel(file, entry + "_f16" + ("" if variant == "plain" else "_" + variant), "urrrrrww", consts)
-        grid = {"sg": (-(-N // (4 * SG_LANES)), -(-M // 16)), "vec4": (-(-N // 256), -(-M // 4)),
-                "plain": (-(-N // 32), -(-M // 32))}.get(variant)
-        if variant == "tiled":
-            grid = (-(-N // (4 * wx * tv)), -(-M // (wy * tm)))
-        pick = lambda t, f16: t if f16 else None
-        return self.gpu.dispatch(k, (M, N, K, bias is not None, accumulate),
-                                 [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
-                                  pick(b, not half["b"]), bias, pick(out, not half["out"]), pick(out, half["out"])],
-                                 grid)
-
-    def matmul_f16(self, a, b, bias, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[K,N] (+ bias[N]): products in f16, float32 sums; either operand
-        f16 or float32 (rounded to f16 as read), out float32 or f16."""
-        return self._mm_f16("matmul", a, b, bias, out, M, N, K, accumulate, variant)
-
-    def matmul_abt_f16(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[N,K]^T, as matmul_f16"""
-        return self._mm_f16("matmul_abt", a, b, None, out, M, N, K, accumulate, variant)
-
-    def matmul_atb_f16(self, a, b, out, M, N, K, accumulate=False, variant=None) -> Dispatch:
-        """out[M,N] = a[K,M]^T @ b[K,N], as matmul_f16"""
-        return self._mm_f16("matmul_atb", a, b, None, out, M, N, K, accumulate, variant)
 
     # ---- elementwise -------------------------------------------------------------------------------
     def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None, consts=None) -> Dispatch:

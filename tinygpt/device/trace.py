@@ -22,9 +22,10 @@ def _b64(data) -> str:
     return base64.b64encode(bytes(data)).decode("ascii")
 
 
-def module_source(file: str) -> str:
-    """A shader file as a browser's compiler takes it (what GPU.module gives Dawn)."""
-    return shader_source(file, "browser")[0]
+def module_source(file: str, products: str | None = None) -> str:
+    """A shader file as a browser's compiler takes it (what GPU.module gives Dawn); products: a
+    matmul template's product type."""
+    return shader_source(file, "browser", products)[0]
 
 
 class Recorder:
@@ -44,8 +45,9 @@ class Recorder:
         return self._ids[k]
 
     def pipeline(self, kernel) -> int:
-        m = self._index("m", kernel.file, lambda: {"name": kernel.file, "code": module_source(kernel.file)})
-        return self._index("p", (kernel.file, kernel.name, kernel.access, kernel.constants), lambda: {
+        src = (kernel.file, kernel.products)
+        m = self._index("m", src, lambda: {"name": kernel.file, "code": module_source(*src)})
+        return self._index("p", (src, kernel.name, kernel.access, kernel.constants), lambda: {
             "module": m, "entry": kernel.name, "access": kernel.access,
             "constants": {n: float(v) for n, v in kernel.constants}})
 

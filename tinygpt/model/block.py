@@ -35,13 +35,13 @@ class PolicyKernels:
         return self._k("layernorm")(x, gb, y, stats, rows, C)
 
     def matmul(self, a, b, bias, out, M, N, K, accumulate=False):
-        return self._k("matmul")(a, b, bias, out, M, N, K, accumulate)
+        return self.kn.matmul(a, b, bias, out, M, N, K, accumulate, dtype=self.policy.stored)
 
     def matmul_abt(self, a, b, out, M, N, K, accumulate=False):
-        return self._k("matmul_abt")(a, b, out, M, N, K, accumulate)
+        return self.kn.matmul_abt(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
 
     def matmul_atb(self, a, b, out, M, N, K, accumulate=False):
-        return self._k("matmul_atb")(a, b, out, M, N, K, accumulate)
+        return self.kn.matmul_atb(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
 
     def gelu_forward(self, x, out, n):
         return self._k("gelu_forward")(x, out, n, tanh=self.tanh)

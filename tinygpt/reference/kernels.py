@@ -120,13 +120,14 @@ def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (o
     return _out(matmul_atb(_operand(a), _operand(b)), out_bf16)
 
 
-# matmul_bf16.wgsl, the set without subgroups: the same products, summed one k at a time
+# the matmul.wgsl template reading bf16 (products_f32.wgsl; A_HALF, B_HALF, OUT_HALF), named with the
+# dtype it reads: the same products, summed one k at a time
 matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
-# matmul_tiled.wgsl takes float32 or bf16 operands alike (A_BF16, B_BF16) and may write bf16 (OUT_BF16)
+# the matmul_tiled.wgsl template takes float32 or bf16 operands alike and may write bf16
 matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
 
 
-# ---- f16 storage and arithmetic (f16.wgsl, matmul_f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl)
+# ---- f16 storage and arithmetic (f16.wgsl, the matmul templates, layernorm_f16.wgsl, elementwise_f16.wgsl)
 def f16_round(x):                        # float32 -> the nearest f16 values (ties to even, inf past 65504), as float32
     with np.errstate(over="ignore"):
         return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
@@ -169,6 +170,7 @@ def _out16(y, out_f16):                  # OUT_F16: the float32 result rounded t
     return cast_f16(y).reshape(len(y), -1) if out_f16 else y
 
 
+# the matmul.wgsl template completed with f16 products (products_f16.wgsl), named as the gate names it
 def matmul_f16(a, b, bias=None, out_f16=False):   # a [M,K], b [K,N]: f16 (packed u32) or float32
     y = _f16_products(_half(a), _half(b))
     return _out16(y + (0 if bias is None else np.asarray(bias, np.float64)), out_f16)
@@ -182,8 +184,8 @@ def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
     return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
 
 
-# matmul_f16_vec4.wgsl, matmul_f16_sg.wgsl and matmul_f16_tiled.wgsl: the same f16 products, summed
-# in other float32 orders
+# matmul_f16_vec4.wgsl, matmul_f16_sg.wgsl and the tiled template with f16 products: the same f16
+# products, summed in other float32 orders
 matmul_f16_vec4, matmul_abt_f16_vec4, matmul_atb_f16_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
 matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmul_abt_f16, matmul_atb_f16
 matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
