@@ -620,8 +620,8 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant, kn):
     assert rel.size == 0 or rel.max() <= 2.0 ** -8
 
 
-@pytest.mark.parametrize("variant,nb,tm", [("sg", 2, 32), ("sg", 1, 32), ("sg", 2, 64), ("sg", 1, 64), ("scalar", None, None),
-                                           ("tiled", None, None)])
+@pytest.mark.parametrize("variant,nb,tm", [("sg", 2, 32), ("sg", 1, 32), ("sg", 2, 64), ("sg", 1, 64),
+                                           ("scalar", None, None), ("tiled", None, None)])
 @pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136),
                                     (40, 8, 16), (24, 16, 7)])  # K 7: a bf16 model's backward at batch x ctx 7
 def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):

@@ -183,10 +183,11 @@ class Kernels:
         """One launcher for every precision: dtype, or else the tensors' dtypes, says which (float32
         operands beside a half one are the backward's gradients, read as the precision reads
         them), the plan and the shape which variant (matmul_variant). scalar and tiled are the
-        templates every precision shares; the others a precision's own fast set. batch: that many products of these shapes, each operand's
-        batch_stride apart, one per workgroup row z of the grid: one dispatch where a loop would
-        make `batch` (Muon's Newton-Schulz over the matrices of one shape). nb, tm: the bf16 sg
-        kernel's column blocks per lane and rows per workgroup (bf16_blocks, bf16_rows if None)."""
+        templates every precision shares; the others a precision's own fast set. batch: that many
+        products of these shapes, each operand's batch_stride apart, one per workgroup row z of
+        the grid: one dispatch where a loop would make `batch` (Muon's Newton-Schulz over the
+        matrices of one shape). nb, tm: the bf16 sg kernel's column blocks per lane and rows per
+        workgroup (bf16_blocks, bf16_rows if None)."""
         dtype = dtype or next((t.dtype for t in (a, b, out) if t.dtype in HALVES), "f32")
         variant = variant or matmul_variant(self.plan, entry, M, N, K, dtype)
         assert batch == 1 or bias is None, entry
@@ -259,7 +260,7 @@ class Kernels:
                                              pick(b, not half["b"]), bias, pick(out, not half["out"]),
                                              pick(out, half["out"])], grid)
 
-    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, elementwise_bf16.wgsl) -------------------------------
+    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, elementwise_bf16.wgsl) ---------------------------------------
     def _cast(self, entry, bindings, n, per_group, variant):
         """bf16x8.wgsl (8 values an invocation) where n is a multiple of 8 (variant "x8"), else bf16.wgsl."""
         if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
@@ -290,7 +291,7 @@ class Kernels:
         k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
 
-    # ---- f16 (f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) -------------------------------------
+    # ---- f16 (f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) ---------------------------------
     def cast_f16(self, x, out, n) -> Dispatch:
         """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
         k = self.gpu.kernel("f16.wgsl", "cast_f16", "urrww")
