@@ -49,13 +49,13 @@ def test_bench_matmul_json(gpu):
     f32 = [r for r in rows if r["dtype"] == "f32"]
     assert {(r["kernel"].split(":")[0], r["variant"]) for r in f32} == {
         (e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants} and len(f32) == 3 * len(variants)
-    bf = ("sg", "tiled", "plain") if sg else ("tiled", "plain")
+    bf = ("sg", "tiled", "scalar") if sg else ("tiled", "scalar")
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "bf16") == sorted(
         f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in bf)
     assert sorted(r["kernel"] for r in rows if r["dtype"] == "mixed") == sorted(     # the backward's products
         f"{e}:{v}" for e in ("matmul_abt", "matmul_atb") for v in bf)
     if f16:        # the f16 kernels beside the variants that have one, and an f16 model's backward mix
-        half = ("sg", "tiled", "vec4", "plain") if sg else ("tiled", "vec4", "plain")
+        half = ("sg", "tiled", "vec4", "scalar") if sg else ("tiled", "vec4", "scalar")
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16") == sorted(
             f"{e}:{v}" for e in ("matmul", "matmul_abt", "matmul_atb") for v in half)
         assert sorted(r["kernel"] for r in rows if r["dtype"] == "f16mixed") == sorted(
