@@ -37,6 +37,7 @@ from tinygpt.options import TrainOptions
 from tinygpt.device.planner import make_plan
 from tinygpt.core.init import init_params
 from tinygpt.schedule import resolve
+from tinygpt.model.spec import RunSpec
 
 NANOGPT_CPU = (1.88, 180.0)   # nanoGPT README: val 1.88 after ~3 minutes on a CPU (reported, not measured here)
 
@@ -56,7 +57,7 @@ class WebGPUTrainer:
     def __init__(self, cfg, params, kernels, optimizer="adamw"):
         gpu = GPU()
         settings = make_settings(optimizer)
-        self.m = Model(gpu, make_plan(gpu, kernels), cfg, "online", optimizer=settings)
+        self.m = Model(gpu, make_plan(gpu, kernels), RunSpec(cfg, "online", optimizer=settings))
         self.m.set_params(params)
         self.name = "webgpu" if optimizer == "adamw" else f"webgpu {optimizer}"
         self.what = f"{gpu.name} ({gpu.backend}), {settings.describe()}"

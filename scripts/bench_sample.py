@@ -19,10 +19,11 @@ from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.core.init import init_params
+from tinygpt.model.spec import decoder_spec
 
 
 def run(gpu, cfg, params, cache, n, num, plan, temperature, seed):
-    d = Decoder(gpu, plan.with_(decode="cache" if cache else "full"), cfg, num, "online", capacity=n)
+    d = Decoder(gpu, plan.with_(decode="cache" if cache else "full"), decoder_spec(cfg, "online", num), capacity=n)
     d.set_params(params)
     d.generate([10], 2, temperature, 40, 1.0, seed)          # pipelines built, caches warm
     t = time.perf_counter()

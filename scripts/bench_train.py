@@ -48,6 +48,7 @@ from tinygpt.device.planner import make_plan
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
 from tinygpt.tables import emit
+from tinygpt.model.spec import RunSpec
 
 
 def batches(cfg, steps, data_path, seed):
@@ -59,8 +60,8 @@ def batches(cfg, steps, data_path, seed):
 
 def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32", lora=None, optimizer="adamw"):
     gpu = GPU()
-    m = Model(gpu, make_plan(gpu, kernels), cfg, attention, precision=PRECISIONS[precision], lora=lora,
-              optimizer=make_settings(optimizer))
+    m = Model(gpu, make_plan(gpu, kernels), RunSpec(cfg, attention, precision=PRECISIONS[precision], lora=lora,
+                                                    optimizer=make_settings(optimizer)))
     m.set_params({**params, **init_adapters(cfg, lora)} if lora else params)
     m.step(*data[0], lr)
     m.loss()                        # the first step pays for first use (lavapipe compiles a pipeline then)
@@ -79,7 +80,7 @@ def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
     final loss, what)}."""
     gpu = GPU()
     plan = make_plan(gpu, kernels)
-    models = {p: Model(gpu, plan, cfg, attention, precision=PRECISIONS[p]) for p in precisions}
+    models = {p: Model(gpu, plan, RunSpec(cfg, attention, precision=PRECISIONS[p])) for p in precisions}
     times = {p: [] for p in precisions}
     for m in models.values():
         m.set_params(params)

@@ -34,12 +34,13 @@ from tinygpt.tables import emit
 from tinygpt.tokenfile import data_files
 from tinygpt.outputs import claim_plot, save_png
 from tinygpt.cli import positive_int, run_script, seed_int
+from tinygpt.model.spec import RunSpec
 
 
 def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every, optimizer="adamw"):
     sched = resolve(TrainOptions(preset=name, steps=len(batches), optimizer=optimizer))
     sched.total = len(batches)
-    m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[precision], optimizer=make_settings(optimizer))
+    m = Model(gpu, plan, RunSpec(cfg, "online", precision=PRECISIONS[precision], optimizer=make_settings(optimizer)))
     m.set_params(init_params(cfg))
     curve = []
     m.step(*batches[0], sched.at(0))           # the first step builds the pipelines: not timed
@@ -51,7 +52,7 @@ def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every, optimizer="
             curve.append((i, m.loss()))
     secs = time.perf_counter() - t0
     scaler = m.gate_state() if m.scaled else None
-    ev = Model(gpu, plan, cfg, "online", B=cfg.batch, training=False, precision=PRECISIONS[precision])
+    ev = Model(gpu, plan, RunSpec(cfg, "online", B=cfg.batch, training=False, precision=PRECISIONS[precision]))
     ev.set_params(m.get_params())
     val = ev.mean_loss(xs, ys)
     tokens = (len(batches) - 1) * cfg.batch * cfg.ctx

@@ -40,6 +40,7 @@ from tinygpt.device.planner import make_plan
 from tinygpt.model.budget import device_limits, memory_budget
 from tinygpt.tables import fmt
 from tinygpt.cli import positive_int, run_script
+from tinygpt.model.spec import RunSpec
 
 HERE = Path(__file__).resolve().parent
 MARK = "tinygpt gpu_report"     # the first line of every report.md this script writes
@@ -195,7 +196,7 @@ def main(argv=None):
     info = dict(gpu.adapter.info)
     S = sizes(not gpu.is_cpu, args.quick, args.smallest)
     limits = device_limits(gpu)
-    fits_here = lambda p: memory_budget(preset(p), preset(p).batch, "online", plan, 1, limits).fits
+    fits_here = lambda p: memory_budget(RunSpec(preset(p), "online"), plan, limits).fits
     env = dict(os.environ)
     data = ["--data", args.data] if args.data else []
     t_all = time.perf_counter()

@@ -14,6 +14,7 @@ from tinygpt.core.config import preset
 from tinygpt.model.decode import Decoder, window_start
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
+from tinygpt.model.spec import decoder_spec
 
 pytestmark = pytest.mark.kernel
 
@@ -186,7 +187,7 @@ def check_greedy(gpu, plan, cfg, attention, prompt, n):
     params = spread(cfg)
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, attention=attention, capacity=n)
+        d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, attention, N=2), capacity=n)
         d.set_params(params)
         got[cache] = d.generate(prompt, n)
     want, margins = reference_greedy(params, cfg, prompt, n)
@@ -219,7 +220,7 @@ def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half
     prompt, n = [5, 17, 99], 100
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n, precision=precision)
+        d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, N=2, precision=precision), capacity=n)
         assert d.path == ("cache" if cache else "full")
         d.set_params(params)
         got[cache] = d.generate(prompt, n)
@@ -252,7 +253,7 @@ def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monk
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     got = {}
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=2, capacity=n, precision=precision)
+        d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, N=2, precision=precision), capacity=n)
         assert len(d.model.head.vchunks) == 2 and d.path == ("cache" if cache else "full")
         edge = d.model.head.vchunks[1][0]
         d.set_params(params)
@@ -274,12 +275,12 @@ def test_sampled_cached_equals_full_window(gpu, plan):
     params = spread(cfg, 1)
     out = {}
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, N=3, capacity=60)
+        d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, N=3), capacity=60)
         d.set_params(params)
         out[cache] = d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=11)
     assert out[True] == out[False]
     assert len({tuple(s) for s in out[True]}) == 3          # three different continuations
-    d = Decoder(gpu, decoding(plan, True), cfg, N=3, capacity=60)
+    d = Decoder(gpu, decoding(plan, True), decoder_spec(cfg, N=3), capacity=60)
     d.set_params(params)
     assert d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=11) == out[True]  # seeded
     assert d.generate([1, 2, 3], 60, temperature=0.9, top_k=30, top_p=0.9, seed=12) != out[True]
@@ -289,7 +290,7 @@ def test_prompt_longer_than_the_window_and_ctx_one(gpu, plan):
     cfg = preset("tiny", layers=1, d_model=8, heads=2, ctx=1)
     params = spread(cfg, 2)
     for cache in (True, False):
-        d = Decoder(gpu, decoding(plan, cache), cfg, capacity=5)
+        d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg), capacity=5)
         d.set_params(params)
         seq = d.generate([3, 1, 4, 1, 5], 5)[0]
         want, _ = reference_greedy(params, cfg, [3, 1, 4, 1, 5], 5)

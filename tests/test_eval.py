@@ -9,6 +9,7 @@ from tinygpt.core.config import preset
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
+from tinygpt.model.spec import RunSpec
 
 pytestmark = pytest.mark.kernel
 
@@ -48,7 +49,7 @@ def test_eval_with_the_binding_limit_forced_low(gpu, plan, monkeypatch):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
         for training in (True, False):  # the trainer's validation and `tinygpt eval`
-            m = Model(gpu, plan, cfg, "online", training=training)
+            m = Model(gpu, plan, RunSpec(cfg, "online", training=training))
             m.set_params(params)
             got[(limit, training)] = (len(m.chunks), m.mean_loss(xs, ys))
     assert got[(None, True)][0] == 1 and got[(600_000, False)][0] == 4
@@ -60,7 +61,7 @@ def test_eval_gpt2_vocabulary_small_preset(gpu, plan):
     """V = 50257 at the small preset: [1024, 50264] logits exceed lavapipe's 134 MB binding."""
     cfg = preset("small", vocab=50257)
     params = spread_params(cfg)
-    m = Model(gpu, plan, cfg, "online", training=False)
+    m = Model(gpu, plan, RunSpec(cfg, "online", training=False))
     m.set_params(params)
     print(f"logit chunks: {len(m.chunks)} ({m.chunks[:2]}...)")
     n = cfg.batch + 3                       # two batches, the second padded

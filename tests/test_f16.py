@@ -7,6 +7,7 @@ import pytest
 from tinygpt.reference import kernels as R
 
 from conftest import check
+from tinygpt.model.spec import RunSpec, decoder_spec
 
 pytestmark = pytest.mark.kernel
 f64 = lambda a: np.asarray(a, np.float64)
@@ -190,7 +191,8 @@ def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16
     from tinygpt.model.gpt import Model
     cfg = preset("tiny", batch=4, ctx=16)
     from tinygpt.core.optim import make_settings
-    m = Model(gpu, make_plan(gpu), cfg, "online", precision=F16, loss_scale=2.0 ** 40, optimizer=make_settings(opt))
+    m = Model(gpu, make_plan(gpu), RunSpec(cfg, "online", precision=F16, loss_scale=2.0 ** 40,
+                                           optimizer=make_settings(opt)))
     params = init_params(cfg)
     m.set_params(params)
     rng = np.random.default_rng(0)
@@ -233,7 +235,7 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     plan = make_plan(gpu)
     cfg = preset("tiny", batch=2, ctx=16)
     monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
-    m = Model(gpu, plan, cfg, "online", precision=F16)
+    m = Model(gpu, plan, RunSpec(cfg, "online", precision=F16))
     judged = gate._VERDICTS[gpu]
     print("judged:", sorted(judged, key=str))
     assert judged and not any(judged.values())
@@ -242,7 +244,7 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     assert any(e.startswith("matmul_abt_f16") for e in names) and any(e.startswith("matmul_atb_f16") for e in names)
     assert ("attention", "sg") in judged or plan.attention != "sg"
     from tinygpt.model.decode import Decoder
-    Decoder(gpu, plan.with_(decode="cache"), cfg, N=1, capacity=8, precision=F16)     # its step's kernels too
+    Decoder(gpu, plan.with_(decode="cache"), decoder_spec(cfg, precision=F16), capacity=8)     # its step's kernels too
     assert ("decode", ()) in gate._VERDICTS[gpu] and not gate._VERDICTS[gpu][("decode", ())]
     used = gate.half_kernels(m._fwd + m._bwd + m._opt)
     monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tinygpt.model.spec import RunSpec
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import main
 from tinygpt.core.config import Config
@@ -175,7 +176,7 @@ def test_large_logits_are_split_not_refused(gpu, plan, monkeypatch):
     for limit in (None, 400_000):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, plan, cfg, "online")
+        m = Model(gpu, plan, RunSpec(cfg, "online"))
         m.set_params(init_params(cfg))
         losses = []
         for _ in range(3):
@@ -355,7 +356,7 @@ def test_memory_and_buffers_stay_flat(gpu, plan):
     from tinygpt.core.config import preset
     from tinygpt.model.gpt import Model
     cfg = preset("tiny")
-    m = Model(gpu, plan, cfg, "online")
+    m = Model(gpu, plan, RunSpec(cfg, "online"))
     m.set_params(init_params(cfg))
     x = np.random.default_rng(0).integers(0, 256, (cfg.batch, cfg.ctx + 1))
     for _ in range(20):

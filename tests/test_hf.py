@@ -13,6 +13,7 @@ from tinygpt.core.config import preset
 from tinygpt.hf import export_hf, import_hf
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
+from tinygpt.model.spec import RunSpec
 
 
 def model(vocab=256, seed=0):
@@ -89,7 +90,7 @@ def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan
     back = import_hf(tmp_path / "hf")
     assert back.cfg.activation == ck.cfg.activation
     x = np.random.default_rng(1).integers(0, 256, (2, 12)).astype(np.uint32)
-    m = Model(gpu, plan, back.cfg, "online", B=2, training=False)
+    m = Model(gpu, plan, RunSpec(back.cfg, "online", B=2, training=False))
     m.set_params(back.params)
     want = RG.forward({k: v.astype(np.float64) for k, v in back.params.items()}, back.cfg, x)
     got = m.logits_of(x)
@@ -171,7 +172,7 @@ def test_logits_match_transformers_gpt2_with_gelu_new(tmp_path, gpu, plan):
     x = np.random.default_rng(2).integers(0, 256, (2, 16))
     with torch.no_grad():
         want = hf(torch.tensor(x)).logits.double().numpy()
-    m = Model(gpu, plan, ck.cfg, "online", B=2, training=False)
+    m = Model(gpu, plan, RunSpec(ck.cfg, "online", B=2, training=False))
     m.set_params(ck.params)
     err = np.abs(m.logits_of(x.astype(np.uint32)) - want).max()
     print(f"logits against transformers' GPT-2 (gelu_new): max error {err:.2e}")

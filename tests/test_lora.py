@@ -11,6 +11,7 @@ from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
 from tinygpt.reference import kernels as R
+from tinygpt.model.spec import RunSpec
 
 pytestmark = pytest.mark.kernel
 
@@ -78,7 +79,7 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
     lora = LR.make_lora(rank, targets=targets, biases=biases)
     params = adapted(cfg, lora)
     x, y = batch(cfg)
-    m = Model(gpu, plan, cfg, "online", precision=precision, lora=lora)
+    m = Model(gpu, plan, RunSpec(cfg, "online", precision=precision, lora=lora))
     if "split" in case or "GPT-2" in case:
         assert len(m.head.vchunks) > 1 and len(m.flat_chunks) >= 1
         assert len(m.base_chunks) > 1, "the frozen base is bound in one piece"
@@ -112,9 +113,9 @@ def test_step0_equals_the_base_model_and_the_base_stays_bit_for_bit(gpu, plan):
     base = init_params(cfg)
     params = {**base, **LR.init_adapters(cfg, lora)}
     x, y = batch(cfg)
-    plain = Model(gpu, plan, cfg, "online", training=False)
+    plain = Model(gpu, plan, RunSpec(cfg, "online", training=False))
     plain.set_params(base)
-    m = Model(gpu, plan, cfg, "online", lora=lora)
+    m = Model(gpu, plan, RunSpec(cfg, "online", lora=lora))
     m.set_params(params)
     check("step 0: adapted logits = base logits", m.logits_of(x), plain.logits_of(x), 0.0)
     for i in range(10):
@@ -138,7 +139,7 @@ def test_recompute_with_lora_is_bit_for_bit(gpu, plan):
     x, y = batch(cfg, 2)
     got = {}
     for recompute in (False, True):
-        m = Model(gpu, plan, cfg, "online", recompute=recompute, lora=lora)
+        m = Model(gpu, plan, RunSpec(cfg, "online", recompute=recompute, lora=lora))
         m.set_params(params)
         m.step(x, y, 1e-3)
         got[recompute] = (m.get_grads(), m.get_params())

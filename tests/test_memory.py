@@ -9,6 +9,7 @@ from tinygpt.device.gpu import buffer_bytes
 from tinygpt.model import budget, buffers
 from tinygpt.cli import main
 from tinygpt.core.config import preset
+from tinygpt.model.spec import RunSpec, decoder_spec
 
 
 def allocated(gpu, monkeypatch, build):
@@ -63,29 +64,27 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     limits = budget.device_limits(gpu)
     precision = PRECISIONS[precision]
-    p = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, recompute=recompute,
-                             lora=lora, optimizer=opt)
+    spec = RunSpec(cfg, attention, B=6, accum=accum, precision=precision, recompute=recompute, lora=lora, optimizer=opt)
+    p = budget.memory_budget(spec, plan, limits, sample=0)      # the one value both take
     if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
-        Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision, lora=lora, optimizer=opt)   # nor the sampler's (its
+        Model(gpu, plan, spec)                                                    # nor the sampler's (its
         Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
-    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, attention, B=6, accum=accum, precision=precision,
-                                                    recompute=recompute, lora=lora, optimizer=opt))
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, spec))
     print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}"
           f"{' lora' if lora else ''} {opt.name}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
     if opt.name != "adamw":    # Lion keeps one moment where AdamW keeps two; Muon adds its scratch
-        adam = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision,
-                                    recompute=recompute)
+        adam = budget.memory_budget(spec.with_(optimizer=None), plan, limits, sample=0)
         state, scratch = "optimizer state", buffers.OP
         assert (p.groups[state] * 2 == adam.groups[state]) if opt.name == "lion" else \
             (p.groups[state] == adam.groups[state] and p.groups[scratch] > adam.groups[scratch])
     if recompute:          # smaller than saving every layer's, by the saved activations of all but one
-        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision, lora=lora)
+        full = budget.memory_budget(spec.with_(recompute=False), plan, limits, sample=0)
         assert p.total < full.total and p.groups[buffers.A] < full.groups[buffers.A]
     if lora:               # gradients and moments of the adapters alone
-        full = budget.memory_budget(cfg, 6, attention, plan, accum, limits, sample=0, precision=precision)
+        full = budget.memory_budget(spec.with_(lora=None, optimizer=opt), plan, limits, sample=0)
         assert p.groups["gradients"] < full.groups["gradients"] and p.groups["optimizer state"] < full.groups["optimizer state"]
-    want = budget.sampler_bytes(cfg, attention, 50, plan, precision, max_binding=limits["max_binding"])
+    want = budget.sampler_bytes(decoder_spec(cfg, attention, precision=precision), 50, plan, limits["max_binding"])
     got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50,
                                                       precision=precision))
     assert got == want
@@ -149,8 +148,8 @@ def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, plan, monkeypat
     cfg = preset("tiny", layers=1, d_model=16, heads=2, ctx=70, vocab=50257)
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)
     cached, full = plan.with_(decode="cache"), plan.with_(decode="full")
-    assert Decoder(gpu, cached, cfg, N=8, capacity=4)                  # 8 x 50264 floats fit
+    assert Decoder(gpu, cached, decoder_spec(cfg, N=8), capacity=4)                  # 8 x 50264 floats fit
     with pytest.raises(LimitError, match="logits of 80 samples"):
-        Decoder(gpu, cached, cfg, N=80, capacity=4)                     # 16.1 MB
+        Decoder(gpu, cached, decoder_spec(cfg, N=80), capacity=4)                     # 16.1 MB
     with pytest.raises(LimitError, match="sample with the key/value cache"):
-        Decoder(gpu, full, cfg, N=1, capacity=4)                        # 70 rows: 14.1 MB, in chunks
+        Decoder(gpu, full, decoder_spec(cfg), capacity=4)                        # 70 rows: 14.1 MB, in chunks

@@ -12,6 +12,7 @@ from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 
 from conftest import check
+from tinygpt.model.spec import RunSpec
 
 pytestmark = pytest.mark.kernel
 
@@ -37,7 +38,7 @@ def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None, keep=F
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     params = init_params(cfg)
     x, y = batch(cfg)
-    m = Model(gpu, plan, cfg, "online")
+    m = Model(gpu, plan, RunSpec(cfg, "online"))
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y)
     grads = RG.backward(f64(params), cfg, cache)
@@ -80,7 +81,7 @@ def test_recompute_gives_the_same_gradients_bit_for_bit(gpu, monkeypatch, case):
     x, y = batch(preset("tiny", layers=3, batch=4 * accum), 2)       # accum micro-batches of 4
     got = {}
     for recompute in (False, True):
-        m = Model(gpu, plan, cfg, attention, accum=accum, precision=precision, recompute=recompute)
+        m = Model(gpu, plan, RunSpec(cfg, attention, accum=accum, precision=precision, recompute=recompute))
         m.set_params(params)
         m.step(x, y, 1e-3)
         got[recompute] = (m.get_grads(), m.get_params(), m.loss())
@@ -122,7 +123,7 @@ def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monke
     gradients passing through the block scratch (head.wgsl), the logits in 4 chunks of rows."""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
     assert check_step0(gpu, plan, cfg, limit=600_000, monkeypatch=monkeypatch) == 4
-    m = Model(gpu, plan, cfg, "online")
+    m = Model(gpu, plan, RunSpec(cfg, "online"))
     print(f"token table chunks {m.head.vchunks}, blocks of {m.head.block} rows")
     assert len(m.head.vchunks) == 2
 
@@ -133,7 +134,7 @@ def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
     check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
                 monkeypatch=monkeypatch)
-    m = Model(gpu, plan, cfg, "online")
+    m = Model(gpu, plan, RunSpec(cfg, "online"))
     print(f"token table chunks {m.head.vchunks}, flat chunks {len(m.flat_chunks)}")
     assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
 
@@ -151,7 +152,7 @@ def test_split_token_embedding_trains_as_the_whole_one(gpu, plan, monkeypatch):
     for limit in (None, 512_000):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, plan, cfg, "online")
+        m = Model(gpu, plan, RunSpec(cfg, "online"))
         assert len(m.head.vchunks) == (3 if limit else 1)
         m.set_params(params)
         logits0 = m.logits_of(xs[0][:, :-1])
@@ -230,7 +231,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     x, y = batch(cfg)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision)
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
-    m = Model(gpu, plan, cfg, "online", precision=precision)
+    m = Model(gpu, plan, RunSpec(cfg, "online", precision=precision))
     assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
     assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
     if which == "a GPU's":   # the GPU shapes in this precision, not float32 copies
@@ -266,7 +267,7 @@ def test_bf16_learns_as_fp32_does(gpu, plan):
     params = init_params(cfg)
     curves = {}
     for prec in ("fp32", "bf16"):
-        m = Model(gpu, plan, cfg, "online", precision=PRECISIONS[prec])
+        m = Model(gpu, plan, RunSpec(cfg, "online", precision=PRECISIONS[prec]))
         m.set_params(params)
         curve = []
         for i, (x, y) in enumerate(batches):
@@ -288,7 +289,7 @@ def test_ten_adamw_steps_match_reference(gpu, plan, tiny):
     params = init_params(tiny)
     ref = f64(params)
     opt = RG.new_opt_state(ref)
-    m = Model(gpu, plan, tiny, "online")
+    m = Model(gpu, plan, RunSpec(tiny, "online"))
     m.set_params(params)
     for step in range(10):
         x, y = batch(tiny, step)
@@ -304,7 +305,7 @@ def test_ten_adamw_steps_match_reference(gpu, plan, tiny):
 @pytest.mark.slow      # as test_bf16_learns_as_fp32_does
 def test_overfit_one_batch(gpu, plan, tiny):
     """A tiny model memorises one fixed batch: from about ln 256 to below 0.5 within 150 steps."""
-    m = Model(gpu, plan, tiny, "online")
+    m = Model(gpu, plan, RunSpec(tiny, "online"))
     m.set_params(init_params(tiny))
     x, y = batch(tiny, 42)
     losses = []
@@ -318,7 +319,7 @@ def test_overfit_one_batch(gpu, plan, tiny):
 
 
 def test_a_step_is_one_submit_and_creates_nothing(gpu, plan, tiny):
-    m = Model(gpu, plan, tiny, "online")
+    m = Model(gpu, plan, RunSpec(tiny, "online"))
     m.set_params(init_params(tiny))
     x, y = batch(tiny)
     m.step(x, y, 1e-3)
@@ -340,7 +341,7 @@ def test_every_attention_trains_alike(gpu, plan, tiny):
     """20 steps from one init with each impl give the same losses."""
     runs = {}
     for impl in IMPLS:
-        m = Model(gpu, plan, tiny, impl)
+        m = Model(gpu, plan, RunSpec(tiny, impl))
         m.set_params(init_params(tiny))
         runs[impl] = []
         for step in range(20):
@@ -359,7 +360,7 @@ def test_grad_accum_matches_the_whole_batch(gpu, plan):
     params = init_params(cfg)
     r = np.random.default_rng(5)
     xs = r.integers(0, cfg.vocab, (6, 16, cfg.ctx + 1)).astype(np.uint32)
-    whole, acc = Model(gpu, plan, cfg, "online"), Model(gpu, plan, cfg, "online", B=4, accum=4)
+    whole, acc = Model(gpu, plan, RunSpec(cfg, "online")), Model(gpu, plan, RunSpec(cfg, "online", B=4, accum=4))
     for m in (whole, acc):
         m.set_params(params)
     x, y = xs[0, :, :-1], xs[0, :, 1:]
@@ -404,7 +405,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
     for limit in (None, limit):
         if limit:
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
-        m = Model(gpu, plan, cfg, "online", accum=2, optimizer=make_settings(opt))
+        m = Model(gpu, plan, RunSpec(cfg, "online", accum=2, optimizer=make_settings(opt)))
         if limit:
             assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(
                 m.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])

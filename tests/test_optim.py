@@ -15,6 +15,7 @@ from tinygpt.core.config import param_specs, preset
 from tinygpt.core.init import init_params
 from tinygpt.core.optim import STATE_ROWS, is_muon_matrix, make_settings, muon_ratio
 from tinygpt.model.gpt import Model
+from tinygpt.model.spec import RunSpec
 from tinygpt.reference import gpt as RG
 from tinygpt.reference.optim import newton_schulz
 
@@ -55,7 +56,7 @@ def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute)
     params = init_params(cfg)
     ref = f64(params)
     state = RG.new_opt_state(ref, s)
-    m = Model(gpu, plan, cfg, "online", B=cfg.batch // accum, accum=accum, recompute=recompute, optimizer=s)
+    m = Model(gpu, plan, RunSpec(cfg, "online", B=cfg.batch // accum, accum=accum, recompute=recompute, optimizer=s))
     m.set_params(params)
     lr = LR[opt]
     for step in range(5):
@@ -87,7 +88,7 @@ def test_muon_leaves_no_matrix_to_adamw(gpu, plan):
     """Muon's AdamW part never touches a matrix (its v stays zero there) and Muon's own kernels
     never touch the rest; the decay table marks which is which."""
     cfg = preset("tiny")
-    m = Model(gpu, plan, cfg, "online", optimizer=make_settings("muon"))
+    m = Model(gpu, plan, RunSpec(cfg, "online", optimizer=make_settings("muon")))
     m.set_params(init_params(cfg))
     m.step(*batch(cfg), 1e-3)
     v = m.get_opt_state()["muon v"]
@@ -255,9 +256,9 @@ def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
     cfg = preset("tiny")
     s = make_settings("muon")
     params = init_params(cfg)
-    whole = Model(gpu, plan, cfg, "online", optimizer=s)
+    whole = Model(gpu, plan, RunSpec(cfg, "online", optimizer=s))
     monkeypatch.setattr(CO, "NS_BATCH_FLOATS", cap)
-    cut = Model(gpu, plan, cfg, "online", optimizer=s)
+    cut = Model(gpu, plan, RunSpec(cfg, "online", optimizer=s))
     sizes = [len(names) for _, names in CO.ns_batches(param_specs(cfg))]
     print(f"cap {cap}: batches of {sizes}")
     assert sizes == {1: [1] * 12, 2 * 48 * 48: [2, 2, 2, 2, 1, 1, 1, 1], 3 * 48 * 48: [3, 3, 2, 1, 1, 1, 1]}[cap]
@@ -270,7 +271,7 @@ def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
     sa, sb = whole.get_opt_state(), cut.get_opt_state()
     assert all(np.array_equal(sa[r][n], sb[r][n]) for r in sa for n in sa[r])
     from test_memory import allocated
-    mem = memory_budget(cfg, cfg.batch, "online", plan, 1, device_limits(gpu), sample=0, optimizer=s)
-    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, cfg, "online", optimizer=s))
+    mem = memory_budget(RunSpec(cfg, "online", optimizer=s), plan, device_limits(gpu), sample=0)
+    got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, RunSpec(cfg, "online", optimizer=s)))
     print(f"cap {cap}: budget {mem.total:,} bytes, model {got:,}")
     assert got == mem.total

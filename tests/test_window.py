@@ -21,11 +21,11 @@ from tinygpt.device import kernels as K
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.planner import make_plan
 from tinygpt.model import attention
-from tinygpt.model.decode import Decoder
 from tinygpt.model.gpt import Model
 from tinygpt.reference import attention as RA
 from tinygpt.reference import gpt as RG
 from tinygpt.reference import kernels as R
+from tinygpt.model.spec import RunSpec
 
 pytestmark = pytest.mark.kernel
 TOL = 2e-5          # absolute, as test_attention's: inputs ~N(0,1), outputs O(1)
@@ -170,7 +170,7 @@ def test_step0_of_a_windowed_model_against_its_reference(gpu, impl, precision):
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
     plain = RG.forward(f64(params), preset("tiny"), x, y)[0]
     assert np.abs(plain - logits).max() > 1e-3            # the window changes what the model computes
-    m = Model(gpu, make_plan(gpu), cfg, impl, precision=policy)
+    m = Model(gpu, make_plan(gpu), RunSpec(cfg, impl, precision=policy))
     m.set_params(params)
     tol = 1e-4 if precision == "fp32" else 3e-3
     check(f"{impl} {precision} W=5 logits", m.logits_of(x), logits, tol * np.abs(logits).max())

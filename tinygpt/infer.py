@@ -19,6 +19,7 @@ from .model.decode import Decoder
 from .model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from .tokenfile import open_dataset
+from .model.spec import RunSpec, decoder_spec
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
@@ -72,8 +73,8 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
-    model = Model(gpu, make_plan(gpu, o.kernels), cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
-                  precision=PRECISIONS[o.precision])
+    model = Model(gpu, make_plan(gpu, o.kernels), RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
+                                                          precision=PRECISIONS[o.precision]))
     model.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
     loss = model.mean_loss(xs, ys)
     # exp overflows past ~709 nats: say so instead of failing
@@ -92,7 +93,7 @@ class Sampler:
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
                  capacity: int = 256, precision: Precision = FP32):
         self.tok = tok
-        self.decoder = Decoder(gpu, plan, cfg, num, attention, capacity, precision)
+        self.decoder = Decoder(gpu, plan, decoder_spec(cfg, attention, num, precision), capacity)
 
     def set_params(self, params: dict):
         self.decoder.set_params(params)

@@ -29,6 +29,7 @@ from .model.attention import inspection
 from .model.gpt import Model
 from .model.layout import logit_chunks, rows
 from .outputs import Outputs, is_our_png, save_png
+from .model.spec import RunSpec
 
 
 @dataclass
@@ -44,7 +45,7 @@ class Inspector:
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, T: int):
         self.cfg, self.T = cfg, T
-        self.model = m = Model(gpu, plan, cfg, inspection(), B=1, T=T, training=False)
+        self.model = m = Model(gpu, plan, RunSpec(cfg, inspection(), B=1, T=T, training=False))
         C, VP = cfg.d_model, m.VP
         self.ln, self.stats = gpu.tensor((T, C), name="lens.ln"), gpu.tensor((2, T), name="lens.stats")  # [T,C] [2,T]
         chunks = logit_chunks(T, VP, gpu.max_binding)  # bound a chunk of rows at a time when too large

@@ -42,6 +42,7 @@ from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
 from .tokenfile import data_files, is_token_file, open_dataset, read_sidecar
+from .model.spec import RunSpec
 
 
 @dataclass
@@ -211,6 +212,13 @@ def run_loss_scale(o: TrainOptions, precision: Precision) -> float:
     return o.loss_scale if o.loss_scale is not None else LOSS_SCALE
 
 
+def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optimizer) -> RunSpec:
+    """The run these options ask for, resolved once: what the memory budget, the model and
+    `tinygpt plan` take as it is."""
+    return RunSpec(cfg, o.attention, accum=accum, precision=precision, loss_scale=run_loss_scale(o, precision),
+                   recompute=o.recompute, lora=lora, optimizer=optimizer)
+
+
 def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> int:
     v = extra.get(key, default)
     if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= most:
@@ -290,13 +298,11 @@ def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
     optim_state.check_fits(optimizer, specs)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
-    mem = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
-                        o.recompute, lora.lora if lora else None, optimizer)
+    spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)
+    mem = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
-    model = Model(gpu, plan, cfg, o.attention, accum=accum, precision=precision,
-                  loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora.lora if lora else None,
-                  optimizer=optimizer)
+    model = Model(gpu, plan, spec)
     extra = _extra(o, tok, data_path, accum, precision, resume)
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     notes = []
@@ -670,11 +676,10 @@ def run_budget(o: TrainOptions, kernels: dict):
                               trainable_specs(cfg, lora))[0]
     gpu = GPU()
     plan = make_plan(gpu, kernels)
-    p = memory_budget(cfg, cfg.batch, o.attention, plan, accum, device_limits(gpu), o.sample_tokens, precision,
-                      o.recompute, lora, optimizer)
+    spec = run_spec(o, cfg, accum, precision, lora, optimizer)
+    p = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
     fitting = (None, None)
     if not p.fits:
-        b = largest_fitting_batch(cfg, cfg.batch * accum, o.attention, plan, p.limits, precision, o.recompute,
-                                  lora, optimizer)
+        b = largest_fitting_batch(spec, plan, p.limits, o.sample_tokens)
         fitting = (b, cfg.batch * accum // b) if b else (None, None)
     return gpu, plan, p, fitting

@@ -12,32 +12,23 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..core.config import Config, n_params, param_specs
+from ..core.config import n_params, param_specs
 from ..core.fs import available_memory
-from ..core.lora import LoRA
-from ..core.optim import OptimizerSettings, make_settings
-from ..core.precision import FP32, Precision
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
 from . import buffers
 from .decode import decode_path
 from .layout import flat_bound, rows_per_binding
-from .attention import Path, path
 from .optim import make_optimizer
+from .spec import RunSpec, decoder_spec
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
 
 
 @dataclass
 class MemoryBudget:
-    cfg: Config
-    batch: int                      # windows per micro-batch
-    accum: int
-    attention: Path
-    precision: Precision = FP32
-    recompute: bool = False                             # the blocks' activations recomputed in the backward
-    lora: LoRA | None = None                            # adapters on a frozen base
-    optimizer: OptimizerSettings | None = None          # None: AdamW's defaults
+    spec: RunSpec                                       # the run counted (its B: windows per micro-batch)
+    sample: int = 0                                     # the tokens of the samples at the end (0: none)
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
@@ -47,6 +38,15 @@ class MemoryBudget:
     @property
     def total(self) -> int:
         return sum(self.groups.values())
+
+    cfg = property(lambda self: self.spec.cfg)
+    batch = property(lambda self: self.spec.B)
+    accum = property(lambda self: self.spec.accum)
+    attention = property(lambda self: self.spec.attention)
+    precision = property(lambda self: self.spec.precision)
+    recompute = property(lambda self: self.spec.recompute)
+    lora = property(lambda self: self.spec.lora)
+    optimizer = property(lambda self: self.spec.optimizer)
 
     @property
     def largest_binding(self) -> tuple[str, int]:
@@ -60,40 +60,33 @@ class MemoryBudget:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
                 "attention": self.attention.name, "precision": self.precision.name, "recompute": self.recompute,
-                "optimizer": (self.optimizer or make_settings("adamw")).as_dict(),
+                "optimizer": self.optimizer.as_dict(),
                 "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
                 "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
 
 
-def sampler_bytes(cfg: Config, attention, capacity: int, plan: KernelPlan, precision: Precision = FP32,
-                  max_binding: int | None = None) -> int:
-    """The end-of-run sampler (model.decode.Decoder, one sequence): its Model over a [1, ctx]
-    window, and the decode step's buffers (decode.wgsl's uniforms are not counted)."""
-    cache = decode_path(plan, precision) == "cache"
-    planned, _ = buffers.model_rows(cfg, 1, cfg.ctx, path(attention), plan, precision, max_binding, training=False,
-                                    head=not cache)
-    own, _ = buffers.decode_rows(cfg, 1, capacity, precision, cache, max_binding)
+def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: int | None = None) -> int:
+    """The end-of-run sampler (model.decode.Decoder, one sequence; spec: its run, decoder_spec):
+    its Model over a [1, ctx] window, and the decode step's buffers (decode.wgsl's uniforms are
+    not counted)."""
+    cache = decode_path(plan, spec.precision) == "cache"
+    planned, _ = buffers.model_rows(spec.with_(head=not cache), plan, max_binding)
+    own, _ = buffers.decode_rows(spec.cfg, 1, capacity, spec.precision, cache, max_binding)
     return buffers.total_bytes(planned) + buffers.total_bytes(own)
 
 
-def memory_budget(cfg: Config, batch: int, attention, plan: KernelPlan, accum: int = 1,
-                  limits: dict | None = None, sample: int = 200, precision: Precision = FP32,
-                  recompute: bool = False, lora: LoRA | None = None,
-                  optimizer: OptimizerSettings | None = None) -> MemoryBudget:
-    """The bytes of a training run of `cfg` at micro-batch `batch` under the kernel plan `plan`;
-    limits: max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory
-    (None where unknown); sample: the tokens of the samples at the end (0: none); optimizer: its
-    settings (None: AdamW's), whose state and scratch rows the table takes; attention: a path or
-    its name (model.attention), whose scratch rows the table takes too."""
+def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, sample: int = 200) -> MemoryBudget:
+    """The bytes of the training run `spec` (its B: the micro-batch) under the kernel plan `plan`:
+    the buffer table's rows, the optimizer's and the attention path's among them. limits:
+    max_binding, max_buffer, align, loop_cap (None where the adapter has none), memory (None
+    where unknown); sample: the tokens of the samples at the end (0: none)."""
     limits = dict(limits or {})
-    attention = path(attention)
-    p = MemoryBudget(cfg, batch, accum, attention, precision, recompute, lora, optimizer, limits=limits)
+    p = MemoryBudget(spec, sample, limits=limits)
+    cfg, batch = spec.cfg, spec.B
     mb, align = limits.get("max_binding"), limits.get("align") or 256
-    planned, size = buffers.model_rows(cfg, batch, cfg.ctx, attention, plan, precision, mb, accum=accum,
-                                       recompute=recompute, lora=lora,
-                                       optimizer=make_optimizer(optimizer or make_settings("adamw")))
+    planned, size = buffers.model_rows(spec, plan, mb, make_optimizer(spec.optimizer))
     for e in planned:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
@@ -107,7 +100,7 @@ def memory_budget(cfg: Config, batch: int, attention, plan: KernelPlan, accum: i
     if name != "tok_emb":
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision
-        p.groups["sampling"] = sampler_bytes(cfg, attention, sample, plan, FP32, mb)
+        p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention), sample, plan, mb)
     _check(p, batch * cfg.ctx)
     return p
 
@@ -151,16 +144,15 @@ def divisors(n: int) -> list[int]:
     return sorted(set(small + [n // d for d in small]), reverse=True)
 
 
-def largest_fitting_batch(cfg: Config, batch: int, attention, plan: KernelPlan, limits: dict,
-                          precision: Precision = FP32, recompute: bool = False, lora: LoRA | None = None,
-                          optimizer: OptimizerSettings | None = None) -> int | None:
-    """The largest divisor of `batch` whose micro-batch fits (so that gradient accumulation keeps
-    the batch); None where none does, or the batch is too large to search (over 2^20 windows)."""
+def largest_fitting_batch(spec: RunSpec, plan: KernelPlan, limits: dict, sample: int = 200) -> int | None:
+    """The largest divisor of the run's batch (micro-batch x accumulation) whose micro-batch fits
+    (so that gradient accumulation keeps the batch); None where none does, or the batch is too
+    large to search (over 2^20 windows). sample: as memory_budget's."""
+    batch = spec.B * spec.accum
     if batch > MAX_DIVISORS:
         return None
     for b in divisors(batch):
-        if memory_budget(cfg, b, attention, plan, batch // b, limits, precision=precision, recompute=recompute,
-                         lora=lora, optimizer=optimizer).fits:
+        if memory_budget(spec.with_(B=b, accum=batch // b), plan, limits, sample).fits:
             return b
     return None
 
@@ -175,8 +167,7 @@ def device_limits(gpu: GPU) -> dict:
 def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
-    b = largest_fitting_batch(p.cfg, p.batch * p.accum, p.attention, plan, p.limits, p.precision, p.recompute,
-                              p.lora)
+    b = largest_fitting_batch(p.spec, plan, p.limits, p.sample)
     sampling = p.groups.get("sampling", 0)
     if sampling and sampling >= max(p.groups.values()):     # the end-of-run samples are what is too big
         msg += (f"; the samples at the end take {sampling:,} bytes of it: ask for fewer {{opt:sample_tokens}} "
@@ -205,7 +196,7 @@ def text(p: MemoryBudget) -> str:
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
              + f", attention {p.attention.name}, {p.precision.name}" + (", recompute" if p.recompute else "")
              + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else ""),
-             f"# optimizer {(p.optimizer or make_settings('adamw')).describe()}"]
+             f"# optimizer {p.optimizer.describe()}"]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

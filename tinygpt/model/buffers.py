@@ -220,14 +220,14 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
     return out
 
 
-def model_rows(cfg: Config, B: int, T: int, attention, plan: KernelPlan, policy: Precision,
-               max_binding: int | None, *, training: bool = True, head: bool = True, accum: int = 1,
-               recompute: bool = False, lora: LoRA | None = None, optimizer=None):
-    """(resolved rows, sizes) of a Model: what model.gpt.Model allocates and budget.py counts. The
-    head's block scratch holds one chunk of logit rows (at least 64 rows: fewer cannot be bound,
-    which layout.logit_chunks refuses). optimizer (training): a model.optim optimizer, whose rows
-    (its state and scratch) follow the table's, after the attention path's scratch (attention: a
-    model.attention Path)."""
+def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
+    """(resolved rows, sizes) of a Model built as `spec` says (model.spec.RunSpec): what
+    model.gpt.Model allocates and budget.py counts. The head's block scratch holds one chunk of
+    logit rows (at least 64 rows: fewer cannot be bound, which layout.logit_chunks refuses).
+    optimizer (training): the model.optim optimizer made from spec.optimizer, whose rows (its state
+    and scratch) follow the table's, after the attention path's scratch."""
+    cfg, B, T, attention, policy = spec.cfg, spec.B, spec.T, spec.attention, spec.precision
+    training, head, accum, lora = spec.training, spec.head, spec.accum, spec.lora
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
@@ -235,7 +235,7 @@ def model_rows(cfg: Config, B: int, T: int, attention, plan: KernelPlan, policy:
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
-               recompute=recompute, lora=lora is not None)
+               recompute=spec.recompute, lora=lora is not None)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

@@ -20,17 +20,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import Config
-from ..core.precision import FP32, Precision
+from ..core.precision import Precision
 from ..device import gate
 from ..device.gpu import GPU, LimitError
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
 from . import buffers, record
-from .attention import DEFAULT as DEFAULT_ATTENTION
 from .block import BlockActs, block_forward
 from .gpt import Model
 from .head import Head, table_rows
+from .spec import RunSpec
 
 
 def keep_of(ctx: int) -> int:
@@ -52,13 +51,13 @@ class Decoder:
     """N sequences sampled together, on the device, from the key/value cache or by the whole
     window per token, as decode_path says."""
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, N: int = 1, attention=DEFAULT_ATTENTION,
-                 capacity: int = 256, precision: Precision = FP32):
+    def __init__(self, gpu: GPU, plan: KernelPlan, spec: RunSpec, capacity: int = 256):
+        """spec: the sampler's run (spec.decoder_spec: its B the N sequences, no training)."""
+        cfg, N, precision = spec.cfg, spec.B, spec.precision
         self.gpu, self.cfg, self.N, self.capacity = gpu, cfg, N, capacity
         self.path = decode_path(plan, precision)
         self.cache = self.path == "cache"
-        self.model = Model(gpu, plan, cfg, attention, B=N, T=cfg.ctx, training=False, head=not self.cache,
-                           precision=precision)
+        self.model = Model(gpu, plan, spec.with_(head=not self.cache))
         self.kn = self.model.kn
         self.VP = self.model.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)

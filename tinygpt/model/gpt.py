@@ -9,79 +9,72 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import Config
 from ..core.lora import LoRA, trainable_specs
-from ..core.optim import OptimizerSettings, make_settings
 from ..core.init import token_buckets
-from ..core.precision import FP32, Precision
 from ..device import gate
 from ..device.gpu import GPU, PER_WORD, Tensor
-from ..device.kernels import LOSS_SCALE, Kernels
+from ..device.kernels import Kernels
 from ..device.plan import KernelPlan
 from . import buffers
-from . import attention as attn
 from . import record
 from .block import PolicyKernels
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, unpack
 from .optim import Gate, make_optimizer
+from .spec import RunSpec
 
 
 class Model:
-    """A GPT of config `cfg` recorded for batches of [B, T] tokens, on `gpu` under the kernel plan
-    `plan` and the precision policy `precision`.
+    """A GPT built as its run spec says (model.spec.RunSpec: the config, [B, T] tokens a step, the
+    precision policy, the attention path, ...), on `gpu` under the kernel plan `plan`. What the
+    spec's fields mean here:
 
     training=False records the forward only (evaluation and sampling); head=False (with it) stops
     the forward at the last block's output: a prefill, which needs each layer's keys and values.
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
     1/(N*B*T), so the sum is the mean's) before one clipped update: the step of a batch N*B.
-    optimizer (training): its settings (core.optim; None: AdamW's), from which model.optim makes
+    optimizer (training): its settings (core.optim), from which model.optim makes
     the optimizer that updates the flat buffers after the gate (the clip, and the loss scaler).
     loss_scale: the first scale of a precision with a loss scaler (core.precision: f16), kept and
     changed on the device from then on (gate_state, set_gate). lora (training only): adapters
     beside the targeted matrices (core.lora); the base model is frozen in a buffer of its own, and
     the flat parameter, gradient and optimizer-state buffers hold the trainable parameters alone."""
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, attention=attn.DEFAULT, B: int | None = None,
-                 T: int | None = None, training: bool = True, head: bool = True, accum: int = 1,
-                 precision: Precision = FP32, loss_scale: float = LOSS_SCALE, recompute: bool = False,
-                 lora: LoRA | None = None, optimizer: OptimizerSettings | None = None):
-        assert head or not training, "training needs the head"
-        assert lora is None or training, "an adapted model trains; evaluation and sampling take it merged"
-        assert accum >= 1 and (accum == 1 or training)
-        self.gpu, self.plan, self.cfg, self.precision, self.lora = gpu, plan, cfg, precision, lora
-        self.training, self.accum, self.attention = training, accum, attn.path(attention)
-        self.recompute = recompute and training      # one set of block activations, rebuilt in the backward
-        self.scaled = training and precision.loss_scaling
-        self.optimizer = make_optimizer(optimizer or make_settings("adamw")) if training else None
+    def __init__(self, gpu: GPU, plan: KernelPlan, spec: RunSpec):
+        cfg, precision = spec.cfg, spec.precision
+        self.gpu, self.plan, self.spec, self.cfg, self.precision, self.lora = gpu, plan, spec, cfg, precision, spec.lora
+        self.training, self.accum, self.attention = spec.training, spec.accum, spec.attention
+        self.recompute = spec.recompute
+        self.scaled = spec.training and precision.loss_scaling
+        self.optimizer = make_optimizer(spec.optimizer) if spec.training else None
         self.kn = Kernels(gpu, plan)
         self.pk = PolicyKernels(self.kn, precision, cfg.activation)
-        self.B, self.T = B or cfg.batch, T or cfg.ctx
+        self.B, self.T = spec.B, spec.T
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
-        self.specs = trainable_specs(cfg, lora)                                  # what the optimizer updates
+        self.specs = trainable_specs(cfg, spec.lora)                                  # what the optimizer updates
         self.offsets, self.n_flat = param_layout(cfg, self.specs)
-        self.base_offsets = param_layout(cfg)[0] if lora else None               # a LoRA run's frozen model
+        self.base_offsets = param_layout(cfg)[0] if spec.lora else None               # a LoRA run's frozen model
         record.check_fits(self)
-        self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if head else []
+        self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.head else []
         align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
         self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align)
-        self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if lora else []
-        self.buf = self._allocate(head)
+        self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if spec.lora else []
+        self.buf = self._allocate()
         self._views()
         self._copy_weights = record.weight_copy(self)
         self._copy_base = record.weight_copy(self, "base")      # a LoRA run's frozen copy: made once, when set
         if self.scaled:
-            self.set_gate(scale=loss_scale, clean=0, skipped=0, taken=0)
+            self.set_gate(scale=spec.loss_scale, clean=0, skipped=0, taken=0)
         self.att = [record.layer_attention(self, l) for l in range(cfg.layers)]
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read["tok_emb"], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
         self._fwd = record.forward(self)
-        self._reduce, self._loss, self._eval_rows = record.losses(self, head)
+        self._reduce, self._loss, self._eval_rows = record.losses(self, spec.head)
         self._bwd, self._bwd_more, self._opt = [], [], []
-        if training:
+        if spec.training:
             self._bwd = record.backward(self, self.G)
             self._opt = record.optimizer_step(self)
-        if accum > 1:   # later micro-batches: the backward into a second buffer, added to the first
+        if spec.accum > 1:   # later micro-batches: the backward into a second buffer, added to the first
             self._bwd_more = record.backward(self, self.G_micro) + [
                 self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.grads, f0, k), k)
                 for f0, k in self.flat_chunks]
@@ -93,12 +86,9 @@ class Model:
         self.moments_from = 0       # the step the optimizer's state started from (zero state then)
 
     # ---- building ----------------------------------------------------------------------------------
-    def _allocate(self, head: bool) -> dict:
+    def _allocate(self) -> dict:
         """This model's rows of the buffer table (self.planned, one entry a buffer), allocated."""
-        self.planned, self.size = buffers.model_rows(self.cfg, self.B, self.T, self.attention, self.plan,
-                                                     self.precision, self.gpu.max_binding, training=self.training,
-                                                     head=head, accum=self.accum, recompute=self.recompute,
-                                                     lora=self.lora, optimizer=self.optimizer)
+        self.planned, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer)
         return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
 
     def _views(self):

@@ -21,6 +21,7 @@ from ..device.trace import Recorder, collecting_kernels, recording
 from ..model.attention import IMPLS
 from ..model.decode import Decoder
 from ..model.gpt import Model
+from ..model.spec import RunSpec, decoder_spec
 
 # the browser's limit names (camelCase) -> wgpu-py's; the first group are ceilings, the second floors
 CEILINGS = {"maxStorageBufferBindingSize": "max-storage-buffer-binding-size", "maxBufferSize": "max-buffer-size",
@@ -71,11 +72,11 @@ def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", brows
                 for prec in PRECISIONS.values():
                     if prec.feature and (prec.feature not in browser_features or prec.feature not in gpu.features):
                         continue
-                    Model(gpu, plan, cfg, impl, precision=prec)
+                    Model(gpu, plan, RunSpec(cfg, impl, precision=prec))
                     if impl == IMPLS[0]:
-                        Model(gpu, plan, tanh, impl, precision=prec)
+                        Model(gpu, plan, RunSpec(tanh, impl, precision=prec))
                     for decode in ("cache", "full"):
-                        Decoder(gpu, plan.with_(decode=decode), cfg, attention=impl, precision=prec)
+                        Decoder(gpu, plan.with_(decode=decode), decoder_spec(cfg, impl, precision=prec))
     for k in kernels:
         rec.pipeline(k)
     return rec.as_dict({})
@@ -92,7 +93,7 @@ def traced_step(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", attentio
     if max_binding:
         limits["maxStorageBufferBindingSize"] = min(int(max_binding), int(limits.get("maxStorageBufferBindingSize", max_binding)))
     with within(gpu, limits):
-        m = Model(gpu, PORTABLE, cfg, attention)
+        m = Model(gpu, PORTABLE, RunSpec(cfg, attention))
         m.set_params(init_params(cfg, seed))
         tok = np.random.default_rng(seed).integers(0, cfg.vocab, (cfg.batch, cfg.ctx + 1))
         with recording(gpu) as rec:

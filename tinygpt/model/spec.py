@@ -1,0 +1,52 @@
+"""The run spec: what a model is built for, as one value made once.
+
+A command turns its options into a `RunSpec` (train.run_spec does it for `train` and `plan`); the
+memory budget, `Model` and `Decoder` take it as it is, so that what the budget counted is what
+the model allocates and no layer passes a dozen loose values on. The kernel plan is not in it:
+that is the device's decision, made once beside it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..core.config import Config
+from ..core.lora import LoRA
+from ..core.optim import OptimizerSettings, make_settings
+from ..core.precision import FP32, Precision
+from ..device.kernels import LOSS_SCALE
+from .attention import DEFAULT, Path, path
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    cfg: Config                      # the model's shape (cfg.batch, cfg.ctx: B and T unless given)
+    attention: Path | str = DEFAULT  # a path or its name; held as the path (attention.path)
+    B: int | None = None             # sequences a step (a training run's micro-batch)
+    T: int | None = None             # positions a sequence
+    training: bool = True            # gradients, the optimizer's state, the loss scaler
+    head: bool = True                # the LM head and its logits (the cached decoder has its own)
+    accum: int = 1                   # micro-batches a step (gradient accumulation)
+    precision: Precision = FP32
+    loss_scale: float = LOSS_SCALE   # the scaler's first scale, where the precision scales the loss
+    recompute: bool = False          # one set of block activations, rebuilt in the backward
+    lora: LoRA | None = None         # adapters trained on a frozen base
+    optimizer: OptimizerSettings | None = None   # None: AdamW's defaults
+
+    def __post_init__(self):
+        assert self.head or not self.training, "training needs the head"
+        assert self.lora is None or self.training, "an adapted model trains; evaluation and sampling take it merged"
+        assert self.accum >= 1 and (self.accum == 1 or self.training), self.accum
+        set_ = lambda name, value: object.__setattr__(self, name, value)
+        set_("attention", path(self.attention))
+        set_("B", self.B or self.cfg.batch)
+        set_("T", self.T or self.cfg.ctx)
+        set_("recompute", self.recompute and self.training)
+        set_("optimizer", self.optimizer or make_settings("adamw"))
+
+    def with_(self, **changes) -> RunSpec:
+        return replace(self, **changes)
+
+
+def decoder_spec(cfg: Config, attention: Path | str = DEFAULT, N: int = 1, precision: Precision = FP32) -> RunSpec:
+    """The run a sampler is (model.decode.Decoder): N sequences over the whole window, no training."""
+    return RunSpec(cfg, attention, B=N, T=cfg.ctx, training=False, precision=precision)
