@@ -68,12 +68,14 @@ def cases(gpu, rows, C, M, V, n, rng):
         yield "gelu_forward", "bf16", f"n={n}", d, lambda: np.abs(
             R.cast_f32(gpu.read(th), n) - R.cast_f32(R.gelu_forward_bf16(xh), n)).max()
         d = kn.gelu_backward_bf16(up(xh), ty, tout, n)
-        yield "gelu_backward", "bf16", f"n={n}", d, lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
+        yield "gelu_backward", "bf16", f"n={n}", d, \
+            lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
     acc0 = rng.standard_normal(rows * M).astype(np.float32)
     for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
         tacc = up(acc0)
         d = kn.accumulate(tx, tacc, rows * M, variant=v)
-        yield "accumulate", v, f"n={rows * M}", d, lambda t=tacc: np.abs(gpu.read(t) - R.accumulate(f64(x), f64(acc0))).max()
+        yield "accumulate", v, f"n={rows * M}", d, \
+            lambda t=tacc: np.abs(gpu.read(t) - R.accumulate(f64(x), f64(acc0))).max()
     n = rows * 8                     # LoRA's alpha / rank on a [rows, rank 8] product
     d = kn.scale(tx, tout, n, 2.0)
     yield "scale", "scalar", f"n={n}", d, lambda: np.abs(gpu.read(tout)[:n] - R.scale(f64(x[:n]), 2.0)).max()
@@ -299,7 +301,8 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
         yield "gelu_forward", "f16", f"n={n}", d, lambda: np.abs(
             R.unpack_f16(gpu.read(th)) - R.unpack_f16(R.gelu_forward_f16(xh))).max()
         d = kn.gelu_backward_f16(tx, up(y), tout, n)
-        yield "gelu_backward", "f16", f"n={n}", d, lambda: np.abs(gpu.read(tout) - R.gelu_backward_f16(xh, y.astype(np.float64))).max()
+        yield "gelu_backward", "f16", f"n={n}", d, \
+            lambda: np.abs(gpu.read(tout) - R.gelu_backward_f16(xh, y.astype(np.float64))).max()
         xl, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
         yh, st = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
         d = kn.layernorm_forward_f16(up(xl), up(gb), yh, st, rows, C)

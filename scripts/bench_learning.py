@@ -155,7 +155,8 @@ def main(argv=None):
     ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
     add_kernels(ap)
     args = ap.parse_args(argv)
-    claim_plot(args.plot, inputs={"data": data_files(args.data), "replot": args.replot})   # before any work, as the CLI claims its outputs
+    # before any work, as the CLI claims its outputs
+    claim_plot(args.plot, inputs={"data": data_files(args.data), "replot": args.replot})
     if args.replot:
         import json
         from pathlib import Path

@@ -105,8 +105,10 @@ def matmul_shapes(s):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=positive_ints, default="256,512,1024,2048", help="square sizes M=N=K, comma-separated")
-    ap.add_argument("--shapes", type=matmul_shapes, help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
+    ap.add_argument("--sizes", type=positive_ints, default="256,512,1024,2048",
+                    help="square sizes M=N=K, comma-separated")
+    ap.add_argument("--shapes", type=matmul_shapes,
+                    help="MxNxK,... instead of --sizes (e.g. the small preset's 1024x384x96)")
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--kernels", help="comma-separated subset, e.g. matmul:vec4,matmul_atb:scalar")
     ap.add_argument("--dtypes", default="f32",
@@ -160,9 +162,11 @@ def main(argv=None):
                           f"numpy {r_['numpy_gflops']:.1f}", file=sys.stderr)
         rows += best.values()
     if not args.json:
-        print(f"# {gpu.name} ({gpu.backend}); GPU time from {rows[0]['timing'] if rows else '-'}, median of {args.repeats}"
+        timing = rows[0]["timing"] if rows else "-"
+        print(f"# {gpu.name} ({gpu.backend}); GPU time from {timing}, median of {args.repeats}"
               + (f", fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
-    emit(rows, args.json, ["kernel", "dtype", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err", "tile"])
+    emit(rows, args.json,
+         ["kernel", "dtype", "M", "N", "K", "ms", "gflops", "numpy_gflops", "ratio", "max_err", "tile"])
 
 
 if __name__ == "__main__":

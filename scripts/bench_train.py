@@ -143,7 +143,8 @@ def main(argv=None):
         raise SystemExit(f"error: --precision takes {', '.join(PRECISIONS)} or several of them, got {args.precision!r}")
     opts = [o.strip() for o in args.optimizers.split(",") if o.strip()]
     if not opts or not set(opts) <= set(OPT_NAMES):
-        raise SystemExit(f"error: --optimizers takes {', '.join(OPT_NAMES)} or several of them, got {args.optimizers!r}")
+        raise SystemExit(f"error: --optimizers takes {', '.join(OPT_NAMES)} or several of them, "
+                         f"got {args.optimizers!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)
     data = batches(cfg, args.steps, args.data, cfg.seed)
@@ -193,7 +194,8 @@ def main(argv=None):
                              "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
     rows = [best[k] for k in order]
     ours = ("webgpu", "webgpu-lora") + tuple(f"webgpu-{o}" for o in opts)
-    base = {r["trainer"]: r["tokens_per_s"] for r in rows if r["precision"] == precisions[0] or r["trainer"] not in ours}
+    base = {r["trainer"]: r["tokens_per_s"] for r in rows
+            if r["precision"] == precisions[0] or r["trainer"] not in ours}
     for r in rows:
         if "webgpu" in base and r["trainer"] not in ours:
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 PRECISION = re.compile(r"bf16|\bbf\b|precision|fp32|f16")
-BY_NAME = re.compile(r"""==\s*["'](bf16|fp32|f16)["']|!=\s*["'](bf16|fp32|f16)["']|^\s*(not\s+)?bf\b|\bbf\s+and\b|\band\s+bf\b""")
+BY_NAME = re.compile(r"""==\s*["'](bf16|fp32|f16)["']|!=\s*["'](bf16|fp32|f16)["']"""
+                     r"""|^\s*(not\s+)?bf\b|\bbf\s+and\b|\band\s+bf\b""")
 POLICY = "tinygpt/core/precision.py"
 
 

@@ -221,9 +221,9 @@ def main(argv=None):
         for precision in ("fp32", "bf16") + (("f16",) if f16 else ()):   # the 16-bit speeds lavapipe cannot give
             name = f"train_{p}" + ("" if precision == "fp32" else f"_{precision}")
             lora = ["--lora", "8"] if precision == "fp32" else []     # a LoRA step beside the full one
-            r = run_section(out, name, [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps",
-                                        str(S["steps"]), "--trainers", "webgpu", "--precision", precision] + lora + data,
-                            env, args.section_timeout)
+            argv = [str(HERE / "bench_train.py"), "--json", "--preset", p, "--steps", str(S["steps"]),
+                    "--trainers", "webgpu", "--precision", precision] + lora + data
+            r = run_section(out, name, argv, env, args.section_timeout)
             train_runs.append(r)
             train_rows += r["rows"]
     results["train"] = merged("train", train_runs, train_rows,

@@ -49,7 +49,8 @@ def main(argv=None):
         gpu.run([d])  # validate on the first 256 invocations before timing
         got = gpu.read(out, count=4 * 256).reshape(256, 4)
         twin = getattr(R, entry)
-        want = twin(it, 256) if entry in ("probe_fma", "probe_broadcast") else twin(src_np.reshape(-1, 4).astype(np.float64), it, 256)
+        reads = entry not in ("probe_fma", "probe_broadcast")          # the probes that read a source
+        want = twin(src_np.reshape(-1, 4).astype(np.float64), it, 256) if reads else twin(it, 256)
         err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
         if err > 1e-3:
             raise SystemExit(f"{entry}: result differs from its NumPy twin (relative error {err:.2e})")

@@ -127,6 +127,21 @@ def test_the_package_imports_its_own_modules_at_the_top():
     assert not hidden, "imports inside functions hide the layers' edges:\n" + "\n".join(hidden)
 
 
+WIDTH = 120     # characters a line of the package and the scripts, the width wide Python projects allow
+
+
+def long_lines(paths) -> list:
+    return [f"{f.relative_to(PKG.parent)}:{n}: {len(line)} characters" for f in paths
+            for n, line in enumerate(f.read_text().splitlines(), 1) if len(line) > WIDTH]
+
+
+def test_lines_keep_to_the_width():
+    files = sorted(PKG.rglob("*.py")) + sorted((PKG.parent / "scripts").glob("*.py"))
+    found = long_lines(files)
+    print(f"{len(files)} files, {len(found)} lines over {WIDTH} characters")
+    assert len(files) > 40 and not found, "\n".join(found)
+
+
 def test_the_checks_fail_on_a_package_that_breaks_each_rule(tmp_path):
     pkg = tmp_path / "tinygpt"
     for d in ("core", "device", "model", "reference"):

@@ -158,7 +158,8 @@ def cmd_import_hf(args) -> int:
     ckpt.save(out, ck)
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
-          f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, tokenizer {ck.extra['tokenizer']}, "
+          f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, "
+          f"tokenizer {ck.extra['tokenizer']}, "
           f"fresh optimizer state; "
           f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
@@ -228,9 +229,11 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--lora", type=bounded_int(1, MAX_RANK), metavar="R",
                    help="fine-tune --resume's model through LoRA adapters of rank R (the base frozen, only the "
                         "adapters trained; give the fine-tune's file with --out); a LoRA checkpoint resumes its own")
-    p.add_argument("--lora-alpha", type=positive_float, metavar="A", help="the adapters' alpha (scale A / R; default 2R)")
+    p.add_argument("--lora-alpha", type=positive_float, metavar="A",
+                   help="the adapters' alpha (scale A / R; default 2R)")
     p.add_argument("--lora-targets", type=lora_targets, metavar="T,...",
-                   help=f"the matrices that get adapters, of {', '.join(TARGETS)} (default {','.join(DEFAULT_TARGETS)})")
+                   help=f"the matrices that get adapters, of {', '.join(TARGETS)} "
+                        f"(default {','.join(DEFAULT_TARGETS)})")
     p.add_argument("--lora-biases", action="store_true", help="with --lora, also train every bias and LayerNorm")
     p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
                                   "(default: the built-in corpus)")
@@ -242,7 +245,8 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--minutes", type=positive_float,
                    help="a time budget instead of --steps: the step count is fitted so the run ends on time")
     p.add_argument("--schedule", choices=["cosine", "constant"],
-                   help=f"cosine (default: warm-up, then cosine decay to --min-lr) or constant (TinyGPT's, lr {TINYGPT_LR:g})")
+                   help=f"cosine (default: warm-up, then cosine decay to --min-lr) or constant "
+                        f"(TinyGPT's, lr {TINYGPT_LR:g})")
     p.add_argument("--lr", type=positive_float,
                    help=f"peak learning rate (default: the preset's, {small.lr:g} for small)")
     p.add_argument("--warmup", type=nonneg_int,
@@ -254,7 +258,8 @@ def train_flags(p, small: TrainDefaults, base: Config):
                    help="with --resume: restart the schedule at the file's step, a new warm-up to the peak lr and "
                         "a cosine to --min-lr at the new last step (default: steps past the run's planned end "
                         "continue at its final lr)")
-    p.add_argument("--grad-clip", type=nonneg_float, help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
+    p.add_argument("--grad-clip", type=nonneg_float,
+                   help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
     p.add_argument("--seed", type=seed_int, help=f"init and data sampling seed (default {base.seed})")
     p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
@@ -273,13 +278,15 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--weight-decay", type=nonneg_float, metavar="WD",
                    help=f"decoupled weight decay of matrices and embeddings (default {OPT_WD:g}, or the resumed run's)")
     p.add_argument("--beta1", type=unit_float,
-                   help=f"adamw's (and muon's adamw part's) first-moment decay (default {OPT_DEFAULTS['adamw']['beta1']:g}); "
+                   help=f"adamw's (and muon's adamw part's) first-moment decay "
+                        f"(default {OPT_DEFAULTS['adamw']['beta1']:g}); "
                         f"lion's interpolation (default {OPT_DEFAULTS['lion']['beta1']:g})")
     p.add_argument("--beta2", type=unit_float,
                    help=f"adamw's second-moment decay (default {OPT_DEFAULTS['adamw']['beta2']:g}); lion's moment "
                         f"decay (default {OPT_DEFAULTS['lion']['beta2']:g})")
     p.add_argument("--momentum", type=unit_float,
-                   help=f"muon's momentum on the matrices, with Nesterov (default {OPT_DEFAULTS['muon']['momentum']:g})")
+                   help=f"muon's momentum on the matrices, with Nesterov "
+                        f"(default {OPT_DEFAULTS['muon']['momentum']:g})")
     p.add_argument("--eval-every", type=nonneg_int, default=100)
     p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
     p.add_argument("--log-every", type=positive_int, default=10)
@@ -310,7 +317,8 @@ def build_parser():
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
-    p = sub.add_parser("train", parents=[common], help="train a model (default: the small preset on the built-in corpus)")
+    p = sub.add_parser("train", parents=[common],
+                       help="train a model (default: the small preset on the built-in corpus)")
     train_flags(p, small, base)
     p.set_defaults(fn=cmd_train)
 

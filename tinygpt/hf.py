@@ -187,7 +187,8 @@ def _safetensors(path: Path, cfg: Config):
             raise CheckpointError(f"{label}: its header is not a JSON object (or nests too deeply); the file is "
                                   "damaged") from e
     n = n_params(cfg)
-    if st.st_size > 8 + hlen + 4 * n + 4 * cfg.layers * (cfg.ctx * cfg.ctx + 1) + (1 << 20) + 4 * cfg.vocab * cfg.d_model:
+    most = 8 + hlen + 4 * n + 4 * cfg.layers * (cfg.ctx * cfg.ctx + 1) + (1 << 20) + 4 * cfg.vocab * cfg.d_model
+    if st.st_size > most:
         raise CheckpointError(f"{label}: {st.st_size:,} bytes, far more than a model of this config holds")
     return header, 8 + hlen, st.st_size
 

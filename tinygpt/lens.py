@@ -2,8 +2,9 @@
 
 Attention weights: the prompt runs once through the attention path that keeps them
 (model.attention.inspection(): its softmax writes every entry of each head's P [T, T], zeros
-outside what each query sees); the path hands back those buffers, which are read. Nothing is read from a buffer the forward does not write (TinyGPT's inspector read the
-score buffer of a fused path that never filled it).
+outside what each query sees); the path hands back those buffers, which are read. Nothing is
+read from a buffer the forward does not write (TinyGPT's inspector read the score buffer of a
+fused path that never filled it).
 
 Logit lens: the residual stream after each layer (the embeddings, then the output of every
 block) goes through the final LayerNorm and the tied head, on the GPU, with the same kernels as
@@ -52,9 +53,8 @@ class Inspector:
         self.logits = Tensor(gpu.buffer(4 * T * VP, "lens.logits", binding=len(chunks) == 1), 0, (T, VP), "f32",
                              "lens.logits")                                                         # [T,VP]
         # one list of dispatches per residual stream x_0 .. x_L
-        self.lens = [[m.kn.layernorm_forward(x, m.P["ln_f"], self.ln, self.stats, T, C)]
-                     + [d for r0, n in chunks for d in m.head.forward(rows(self.ln, r0, n), rows(self.logits, r0, n), n)]
-                     for x in m.residuals]
+        head = [d for r0, n in chunks for d in m.head.forward(rows(self.ln, r0, n), rows(self.logits, r0, n), n)]
+        self.lens = [[m.kn.layernorm_forward(x, m.P["ln_f"], self.ln, self.stats, T, C)] + head for x in m.residuals]
 
     def run(self, params: dict, ids) -> Inspection:
         m, gpu, cfg, T = self.model, self.model.gpu, self.cfg, self.T

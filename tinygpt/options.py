@@ -36,7 +36,8 @@ class TrainOptions:
     kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
     precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
     loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
-    optimizer: str | None = None       # adamw | lion | muon; None: core.optim.DEFAULT (adamw for LoRA), or the resumed run's
+    optimizer: str | None = None       # adamw | lion | muon; None: core.optim.DEFAULT (adamw for LoRA),
+                                       # or the resumed run's
     weight_decay: float | None = None  # None: 0.1, or the resumed run's (its optimizer's)
     beta1: float | None = None         # None: the optimizer's (core.optim.DEFAULTS), or the resumed run's
     beta2: float | None = None

@@ -118,7 +118,8 @@ def read_directory(path, max_bytes: int) -> tuple[bytes, int]:
     if total > max_bytes:
         raise DataError(f"{{opt:data}} {path}: its {len(files):,} files hold {total:,} bytes, more than the "
                         f"{max_bytes:,} a text corpus may (a sixteenth of free memory, at most 4 GiB); "
-                        f"tokenize them once with: tinygpt prepare {path} {{opt:out}} corpus.bin, then {{opt:data}} corpus.bin")
+                        f"tokenize them once with: tinygpt prepare {path} {{opt:out}} corpus.bin, "
+                        "then {opt:data} corpus.bin")
     return b"".join(read_user_file(f, DataError, f"{{opt:data}} {f}", "a text file", max_bytes) for f in files), \
         len(files)
 

@@ -148,9 +148,11 @@ def _decode(gpu: GPU, kn: Kernels, rng):
     gpu.write_uniform(u, decode_uniform(N, T, C, H, pos, 0, 1, 1))
     up = lambda x: gpu.tensor(x.shape, "f16", data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u), kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u),
+             kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
-    got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(), gpu.read(out).ravel()])
+    got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(),
+                          gpu.read(out).ravel()])
     want = np.concatenate([R.unpack_f16(want_kc).ravel(), R.unpack_f16(want_vc).ravel(),
                            R.attn_decode_half(q, want_kc, want_vc, pos, H).ravel()])
     return got, want
@@ -180,6 +182,7 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
             except GPUError as e:
                 seen[key] = f"it does not run here: {str(e).splitlines()[0][:160]}"
         if seen[key]:
-            what = entry + (f" ({', '.join(n for n, v in consts if v is True)})" if any(v is True for _, v in consts) else "")
+            flags = [n for n, v in consts if v is True]
+            what = entry + (f" ({', '.join(flags)})" if flags else "")
             raise GateError(f"{{opt:precision}} {precision}: the kernel {what} disagrees with its NumPy twin on "
                             f"{gpu.name}: {seen[key]}; use {{opt:precision}} bf16 or fp32")

@@ -300,7 +300,8 @@ class GPU:
     def check_size(self, nbytes: int, what: str, binding: bool = True):
         """Refuse before allocating, naming the tensor, its size and the limit."""
         lim = min(self.max_binding, self.max_buffer) if binding else self.max_buffer
-        name = "max-storage-buffer-binding-size" if binding and self.max_binding <= self.max_buffer else "max-buffer-size"
+        by_binding = binding and self.max_binding <= self.max_buffer
+        name = "max-storage-buffer-binding-size" if by_binding else "max-buffer-size"
         if nbytes > lim:
             raise LimitError(f"{what} needs {nbytes:,} bytes but this adapter allows {lim:,} ({name}); "
                              "use a smaller {opt:batch}, {opt:ctx} or model")
@@ -326,7 +327,8 @@ class GPU:
     def upload(self, array, name="", dtype: str | None = None) -> Tensor:
         """A new tensor holding `array`; dtypes "bf16" and "f16" take packed words (uint32)."""
         a = np.ascontiguousarray(array)
-        dtype = dtype or {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}.get(a.dtype)
+        named = {np.dtype(np.float32): "f32", np.dtype(np.uint32): "u32", np.dtype(np.int32): "i32"}
+        dtype = dtype or named.get(a.dtype)
         if dtype is None:
             a = a.astype(np.float32)
             dtype = "f32"
@@ -476,9 +478,11 @@ class GPU:
         lost = "lost" in msg.lower() or "Lost" in kind
         names = [d.kernel.name for d in dispatches]
         named = [n for n in dict.fromkeys(names) if f"'{n}'" in msg]
-        where = f"in kernel {named[0]}" if named else f"in a submission of {len(names)} dispatches ({', '.join(dict.fromkeys(names[:4]))}{', ...' if len(names) > 4 else ''})"
+        listed = ", ".join(dict.fromkeys(names[:4])) + (", ..." if len(names) > 4 else "")
+        where = f"in kernel {named[0]}" if named else f"in a submission of {len(names)} dispatches ({listed})"
         first = next((l.strip() for l in msg.splitlines() if l.strip() and "Caused by" not in l), kind)
-        what = "the GPU device was lost" if lost else f"GPU {kind.replace('GPU', '').replace('Error', '').lower() or 'validation'} error"
+        sort = kind.replace("GPU", "").replace("Error", "").lower() or "validation"
+        what = "the GPU device was lost" if lost else f"GPU {sort} error"
         return GPUError(f"{what} {where}: {first}")
 
     def sync(self):
@@ -495,7 +499,8 @@ class Timestamps:
         wgpu = gpu.wgpu
         self.gpu, self.n = gpu, n
         self.qs = gpu.device.create_query_set(type=wgpu.QueryType.timestamp, count=2 * n)
-        self.buf = gpu.device.create_buffer(size=16 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self.buf = gpu.device.create_buffer(size=16 * n,
+                                            usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
 
     def encode(self, enc, dispatches):
         assert len(dispatches) <= self.n

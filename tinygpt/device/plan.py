@@ -55,7 +55,8 @@ class KernelPlan:
 
     def as_dict(self) -> dict:
         d = {f: self.variant(f) for f in FAMILIES}
-        d.update(matmul_wx=self.matmul_wx, matmul_tile=list(self.matmul_tile), online_block=list(self.online_block) if self.online_block else None,
+        d.update(matmul_wx=self.matmul_wx, matmul_tile=list(self.matmul_tile),
+                 online_block=list(self.online_block) if self.online_block else None,
                  subgroups=self.subgroups, sources=dict(self.sources))
         return d
 
@@ -91,12 +92,15 @@ def tile_problem(limits: dict, tile) -> str | None:
     if not (1 <= tm <= 8 and 1 <= tv <= 2 and bk % 4 == 0 and bk > 0 and (wy * tm) % 4 == 0):
         return f"tile {tile}: TM 1-8, TV 1-2, BK and WY*TM multiples of 4"
     if wx * wy > int(limits.get("max-compute-invocations-per-workgroup", 256)):
-        return f"{wx * wy} invocations per workgroup, over the device's {limits.get('max-compute-invocations-per-workgroup')}"
-    if wx > int(limits.get("max-compute-workgroup-size-x", 256)) or wy > int(limits.get("max-compute-workgroup-size-y", 256)):
+        most = limits.get("max-compute-invocations-per-workgroup")
+        return f"{wx * wy} invocations per workgroup, over the device's {most}"
+    if wx > int(limits.get("max-compute-workgroup-size-x", 256)) \
+            or wy > int(limits.get("max-compute-workgroup-size-y", 256)):
         return f"workgroup {wx} x {wy} over the device's size limits"
     shared = 4 * bk * (wy * tm + 4 * wx * tv)
     if shared > int(limits.get("max-compute-workgroup-storage-size", 16384)):
-        return f"{shared:,} bytes of workgroup memory, over the device's {limits.get('max-compute-workgroup-storage-size'):,}"
+        most = limits.get("max-compute-workgroup-storage-size")
+        return f"{shared:,} bytes of workgroup memory, over the device's {most:,}"
     return None
 
 

@@ -4,8 +4,8 @@ Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns), the tiled ma
 (WX x WY invocations of TM rows x TV vec4 columns, BK per slice of k; those the device's
 limits allow) and the online attention's tiles (BQ query rows per workgroup, BK keys per tile);
 where subgroups work, also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl). The fastest
-of the matmul variants sets the matmul family, the faster attention the attention family. Each candidate is validated against NumPy
-before it is timed; the winners are written to
+of the matmul variants sets the matmul family, the faster attention the attention family. Each
+candidate is validated against NumPy before it is timed; the winners are written to
 ~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
 backend and driver, and every later run on that adapter uses them. Different tiles
 sum in a different order, so losses can differ in the last bits after tuning.

@@ -56,7 +56,8 @@ MODEL = (
     Buffer("params",        ("F",),                  "f32",     "model",        "parameters", bound="flat"),
     Buffer("params copy",   ("F",),                  "weights", "model",        "parameters", "weight copy", "flat"),
     Buffer("base",          ("FB",),                 "f32",     "model",        "parameters", "lora", "flat"),
-    Buffer("base copy",     ("FB",),                 "weights", "model",        "parameters", "lora, weight copy", "flat"),
+    Buffer("base copy",     ("FB",),                 "weights", "model",        "parameters", "lora, weight copy",
+           "flat"),
     Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
     Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
@@ -130,7 +131,8 @@ DECODE = (
     Buffer("gel",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("scores",        ("N", "H", "T"),         "f32",     "shared",       S, "cache"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       S, "cache, split head"),
-    Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache", label="logits of {N} samples"),
+    Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache",
+           label="logits of {N} samples"),
 )
 
 

@@ -368,7 +368,8 @@ def grad_clip(partials, clip, gate=None, growth=None):   # -> (norm, factor)
 def _ours(wd, shape):
     """The decay per element, and which elements this optimizer updates (a negative decay marks
     another optimizer's)."""
-    wd = np.broadcast_to(np.asarray(wd, np.float64).reshape(-1) if np.ndim(wd) else wd, (int(np.prod(shape)),)).reshape(shape)
+    flat = np.asarray(wd, np.float64).reshape(-1) if np.ndim(wd) else wd
+    wd = np.broadcast_to(flat, (int(np.prod(shape)),)).reshape(shape)
     return np.maximum(wd, 0.0), wd >= 0
 
 

@@ -91,7 +91,8 @@ def traced_step(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", attentio
     cfg = preset(cfg_name, **overrides)
     limits = dict(browser_limits)
     if max_binding:
-        limits["maxStorageBufferBindingSize"] = min(int(max_binding), int(limits.get("maxStorageBufferBindingSize", max_binding)))
+        held = int(limits.get("maxStorageBufferBindingSize", max_binding))
+        limits["maxStorageBufferBindingSize"] = min(int(max_binding), held)
     with within(gpu, limits):
         m = Model(gpu, PORTABLE, RunSpec(cfg, attention))
         m.set_params(init_params(cfg, seed))
