@@ -174,7 +174,7 @@ def muon_cases(gpu, kn, up, tgate, gate, C, M, rng):
     yield "ns_mix", "scalar", f"{C}x{M}", kn.ns_mix(up(g), up(m), y, n, 3.4445, 1.0), \
         lambda: np.abs(gpu.read(y) - R.ns_mix(f64(g), f64(m), 3.4445, 1.0)).max()
     u = gpu.uniform(16)
-    gpu.write_uniform(u, K.pack_params((0, 1e-3, 0.1, 0)))
+    gpu.write_uniform(u, K.pack_uniform((0, 1e-3, 0.1, 0)))
     tw, rw = up(w), f64(w)
     R.muon_update(f64(g), gate, rw, 1e-3, 0.1, muon_ratio((C, M)))
     yield "muon_update", "scalar", f"{C}x{M}", kn.muon_update(up(g), tgate, tw, n, muon_ratio((C, M)), u), \

@@ -462,7 +462,7 @@ def test_muon_kernels(gpu, rng, kn, K_, N, skip):
     ns, out = newton_schulz(kn, xs, bx, A, AA, B, K_, N)
     u = gpu.uniform(16)
     lr, wd, ratio = 1e-2, 0.1, muon_ratio((K_, N))
-    gpu.write_uniform(u, K.pack_params((0, lr, wd, 0)))
+    gpu.write_uniform(u, K.pack_uniform((0, lr, wd, 0)))
     # the momentum, then (as the model runs them) normalise + iterate, then the update
     run(gpu, kn.muon_momentum(tg, gate, tm, xs[0], n, 0.95, True))
     got_u = gpu.read(xs[0])

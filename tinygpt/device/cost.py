@@ -22,23 +22,23 @@ def base_entry(entry: str) -> str:
     return re.sub(r"(_sg|_tiled|_vec4|_bf16|_f16|4)+$", "", entry)
 
 
-def kernel_flops(entry: str, params) -> float | None:
-    """FLOPs of one dispatch of `entry` with the uniform values `params`; None for kernels judged by bytes."""
-    if not isinstance(params, (tuple, list)):
+def kernel_flops(entry: str, uniform) -> float | None:
+    """FLOPs of one dispatch of `entry` with the uniform values `uniform`; None for kernels judged by bytes."""
+    if not isinstance(uniform, (tuple, list)):
         return None
     e = base_entry(entry)
     if e in ("matmul", "matmul_abt", "matmul_atb"):
-        M, N, K = params[:3]
-        return 2.0 * M * N * K * (params[5] if len(params) > 5 else 1)    # [5]: the products batched
+        M, N, K = uniform[:3]
+        return 2.0 * M * N * K * (uniform[5] if len(uniform) > 5 else 1)    # [5]: the products batched
     if e in _ATTN_PER_PAIR:
         if e.startswith("attn_online"):          # online.wgsl: (B, T, C, H, scale)
-            B, T, C, H = params[:4]
+            B, T, C, H = uniform[:4]
             hd, heads = C // H, H
         else:                                    # attention.wgsl: (B, T, C, hd, h0, nh, scale)
-            B, T, _, hd, _, heads = params[:6]
+            B, T, _, hd, _, heads = uniform[:6]
         return 2.0 * hd * _ATTN_PER_PAIR[e] * B * heads * T * (T + 1) / 2
     if e == "attn_online_d":                     # D = rowsum(dO * O)
-        B, T, C, H = params[:4]
+        B, T, C, H = uniform[:4]
         return 2.0 * B * T * C
     return None
 

@@ -3,7 +3,7 @@ loading, pipelines and bind groups, and one-submit execution.
 
 Conventions every shader follows (the only contract between WGSL and Python):
   * binding 0 is a `var<uniform>` Params struct of 4-byte scalars (u32/i32/f32),
-    packed in declaration order by `pack_params`;
+    packed in declaration order by `pack_uniform`;
   * bindings 1.. are storage buffers, inputs first, then outputs;
   * 1-D grids are folded into (x, y) because a dimension holds at most 65535
     workgroups; shaders rebuild the linear id from `num_workgroups`.
@@ -185,7 +185,7 @@ class Dispatch:
     kernel: Kernel
     bind_group: object
     grid: tuple
-    params: object = None  # the uniform buffer, kept alive with its bind group
+    uniform_buffer: object = None  # kept alive with its bind group
     nbytes: int = 0        # bytes of its storage bindings: the least traffic it could have (profile)
     flops: float | None = None   # its matrix products' FLOPs, where it has any (cost.kernel_flops)
     entries: tuple = ()    # (buffer, offset, size) of each binding, the uniform first (device/trace.py)
@@ -200,7 +200,7 @@ class Counters:
     readbacks: int = 0
 
 
-def pack_params(values) -> bytes:
+def pack_uniform(values) -> bytes:
     """Python ints become u32 (i32 if negative), floats f32, padded to 16 bytes."""
     out = bytearray()
     for v in values:
@@ -406,19 +406,19 @@ class GPU:
             k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3], products)
         return k
 
-    def dispatch(self, kernel: Kernel, params, tensors, grid) -> Dispatch:
+    def dispatch(self, kernel: Kernel, uniform, tensors, grid) -> Dispatch:
         """Bind once: the returned Dispatch is replayed every step."""
         assert len(tensors) + 1 == len(kernel.access), (kernel.name, len(tensors), kernel.access)
-        if isinstance(params, (bytes, bytearray)):
-            pbytes = bytes(params)
+        if isinstance(uniform, (bytes, bytearray)):
+            pbytes = bytes(uniform)
         else:
-            pbytes = pack_params(params)
+            pbytes = pack_uniform(uniform)
         ubuf = self.device.create_buffer_with_data(
             data=pbytes, usage=self.wgpu.BufferUsage.UNIFORM | self.wgpu.BufferUsage.COPY_DST)
         self.uniform_bytes[ubuf] = pbytes
         self.counters.buffers += 1
         d = self.dispatch_with(kernel, ubuf, tensors, grid)
-        d.flops = kernel_flops(kernel.name, params)
+        d.flops = kernel_flops(kernel.name, uniform)
         return d
 
     def uniform(self, nbytes: int):

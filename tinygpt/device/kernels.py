@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .gpu import DTYPES, GPU, HALVES, Dispatch, grid1d, pack_params
+from .gpu import DTYPES, GPU, HALVES, Dispatch, grid1d, pack_uniform
 from .plan import KernelPlan, online_tiles
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -24,7 +24,7 @@ VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_t
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
 CHUNK = 4096         # floats per partial sum of the gradient norm (optim.wgsl)
 NO_CLIP = 3.0e38     # a clip threshold no norm reaches
-DECODE_ACCESS = "urrrrwww"     # decode.wgsl's bindings: params | a b c ids_in | o1 o2 ids_out
+DECODE_ACCESS = "urrrrwww"     # decode.wgsl's bindings: uniform | a b c ids_in | o1 o2 ids_out
 DECODE_UNIFORM_BYTES = 80
 
 
@@ -123,7 +123,7 @@ SCALE_GROWTH = 2000        # clean steps in a row before the scale doubles
 def optim_uniform(n: int, lr: float, beta1: float, beta2: float, eps: float = 0.0, first: int = 0) -> bytes:
     """optim(4).wgsl's Params: n, lr, beta1, beta2, eps (AdamW's), and the chunk's first decay
     block in the whole decay table. The step count lives in the gate, on the device."""
-    return pack_params((int(n), float(lr), float(beta1), float(beta2), float(eps), int(first)))
+    return pack_uniform((int(n), float(lr), float(beta1), float(beta2), float(eps), int(first)))
 
 
 def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
@@ -131,7 +131,7 @@ def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, 
     """decode.wgsl's Params, rewritten before each token; v0, vn: the token rows embed_decode's
     table binding holds (all VP by default)."""
     seed = int(seed) & (2 ** 64 - 1)
-    return pack_params((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
+    return pack_uniform((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
                         seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H),
                         v0, VP if vn is None else vn))
 
@@ -193,25 +193,25 @@ class Kernels:
         assert batch == 1 or bias is None, entry
         assert not (accumulate and out.dtype in HALVES), entry
         strides = tuple(batch_stride(n) for n in (M * K, K * N, M * N)) if batch > 1 else (0, 0, 0)
-        params = (M, N, K, bias is not None, accumulate, batch) + strides
+        uniform = (M, N, K, bias is not None, accumulate, batch) + strides
         if variant in ("scalar", "tiled"):
-            return self._mm_template(entry, a, b, bias, out, M, N, K, params, variant, dtype)
+            return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, variant, dtype)
         assert batch == 1 or dtype == "f32", (entry, dtype)
         if dtype == "bf16":
-            return self._mm_bf16_sg(entry, a, b, bias, out, M, N, K, params[:5], nb, tm)
+            return self._mm_bf16_sg(entry, a, b, bias, out, M, N, K, uniform[:5], nb, tm)
         if dtype == "f16":
-            return self._mm_f16(entry, a, b, bias, out, M, N, K, params[:5], variant)
+            return self._mm_f16(entry, a, b, bias, out, M, N, K, uniform[:5], variant)
         gpu, tensors = self.gpu, [a, b, bias, out]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
             k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
-            return gpu.dispatch(k, params, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
+            return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
         assert variant == "vec4", variant
         wx = self.plan.matmul_wx
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
-        return gpu.dispatch(k, params, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
+        return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
 
-    def _mm_template(self, entry, a, b, bias, out, M, N, K, params, variant, dtype) -> Dispatch:
+    def _mm_template(self, entry, a, b, bias, out, M, N, K, uniform, variant, dtype) -> Dispatch:
         """matmul.wgsl (scalar) or matmul_tiled.wgsl (workgroup tiles of BM x BN, TM x 4TV per
         invocation, the plan's tile), completed with the precision's products. A float32 operand
         is bound at A or B, a half one at AH or BH (A_HALF, B_HALF), out at out or OH (OUT_HALF);
@@ -222,18 +222,18 @@ class Kernels:
         pick = lambda t, on: t if on else None
         tensors = [pick(a, not half["A_HALF"]), pick(b, not half["B_HALF"]), pick(a, half["A_HALF"]),
                    pick(b, half["B_HALF"]), bias, pick(out, not half["OUT_HALF"]), pick(out, half["OUT_HALF"])]
-        batch = params[5]
+        batch = uniform[5]
         if variant == "scalar":
             assert not half["OUT_HALF"] or N % 2 == 0, (entry, N)
             k = self.gpu.kernel("matmul.wgsl", entry, "urrrrrww", consts, products)
-            return self.gpu.dispatch(k, params, tensors, (-(-N // MM_TILE), -(-M // MM_TILE), batch))
+            return self.gpu.dispatch(k, uniform, tensors, (-(-N // MM_TILE), -(-M // MM_TILE), batch))
         assert vec4_ok(entry, M, N, K), (entry, M, N, K)
         wx, wy, tm, tv, bk = self.plan.matmul_tile
         k = self.gpu.kernel("matmul_tiled.wgsl", entry + "_tiled", "urrrrrww",
                             {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **consts}, products)
-        return self.gpu.dispatch(k, params, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
+        return self.gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
 
-    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, params, nb, tm) -> Dispatch:
+    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, uniform, nb, tm) -> Dispatch:
         """matmul_bf16_sg.wgsl: 8 bf16 at a time. An "f32" operand is float32 (the backward's
         gradients; any operand but B of A @ B^T); out float32 or bf16."""
         assert half_ok(entry, M, N, K), (entry, M, N, K)
@@ -243,9 +243,9 @@ class Kernels:
         nb = bf16_blocks(N) if nb is None else nb
         tm = tm or bf16_rows(M)
         k = self.gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
-        return self.gpu.dispatch(k, params, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
+        return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
-    def _mm_f16(self, entry, a, b, bias, out, M, N, K, params, variant) -> Dispatch:
+    def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant) -> Dispatch:
         """matmul_f16_sg.wgsl ("sg") or matmul_f16_vec4.wgsl ("vec4"). Each operand f16, or float32
         rounded to f16 as it is read (bound at A32/B32, the f16 binding left to a dummy); out
         float32 or f16."""
@@ -256,7 +256,7 @@ class Kernels:
         k = self.gpu.kernel(f"matmul_f16_{variant}.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts)
         grid = (-(-N // (4 * SG_LANES)), -(-M // 16)) if variant == "sg" else (-(-N // 256), -(-M // 4))
         pick = lambda t, f16: t if f16 else None
-        return self.gpu.dispatch(k, params, [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
+        return self.gpu.dispatch(k, uniform, [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
                                              pick(b, not half["b"]), bias, pick(out, not half["out"]),
                                              pick(out, half["out"])], grid)
 

@@ -24,7 +24,7 @@ import numpy as np
 from ..core.config import Config, param_specs
 from ..core.optim import NS_COEFFICIENTS, NS_EPS, NS_STEPS, STATE_ROWS, OptimizerSettings, is_muon_matrix, \
     muon_ratio, ns_batches
-from ..device.gpu import GPU, Tensor, pack_params
+from ..device.gpu import GPU, Tensor, pack_uniform
 from ..device.kernels import CHUNK, GATE, NO_CLIP, OPTIM_UNIFORM_BYTES, SCALE_GROWTH, Kernels, batch_stride, \
     optim_uniform
 from .layout import flat_view
@@ -189,7 +189,7 @@ class Muon(Optimizer):
 
     def write_step(self, gpu: GPU, lr: float):
         super().write_step(gpu, lr)
-        gpu.write_uniform(self.update_uniform, pack_params((0, float(lr), float(self.s.weight_decay), 0)))
+        gpu.write_uniform(self.update_uniform, pack_uniform((0, float(lr), float(self.s.weight_decay), 0)))
 
 
 def newton_schulz(kn: Kernels, xs: list, bx: Tensor, A: Tensor, AA: Tensor, B: Tensor, K: int, N: int,
