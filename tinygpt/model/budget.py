@@ -72,9 +72,9 @@ def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: i
     its Model over a [1, ctx] window, and the decode step's buffers (decode.wgsl's uniforms are
     not counted)."""
     cache = decode_path(plan, spec.precision) == "cache"
-    planned, _ = buffers.model_rows(spec.with_(head=not cache), plan, max_binding)
+    allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding)
     own, _ = buffers.decode_rows(spec.cfg, 1, capacity, spec.precision, cache, max_binding)
-    return buffers.total_bytes(planned) + buffers.total_bytes(own)
+    return buffers.total_bytes(allocations) + buffers.total_bytes(own)
 
 
 def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, sample: int = 200) -> MemoryBudget:
@@ -86,8 +86,8 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     p = MemoryBudget(spec, sample, limits=limits)
     cfg, batch = spec.cfg, spec.B
     mb, align = limits.get("max_binding"), limits.get("align") or 256
-    planned, size = buffers.model_rows(spec, plan, mb, make_optimizer(spec.optimizer))
-    for e in planned:
+    allocations, size = buffers.model_rows(spec, plan, mb, make_optimizer(spec.optimizer))
+    for e in allocations:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
         p.groups[e.row.group] = p.groups.get(e.row.group, 0) + nbytes
@@ -110,7 +110,7 @@ def described(row: buffers.Buffer) -> str:
     return f"{row.name} [{', '.join(map(str, row.shape))}]"
 
 
-def _bound(e: buffers.Planned, size: dict, max_binding: int | None, align: int) -> int:
+def _bound(e: buffers.Allocation, size: dict, max_binding: int | None, align: int) -> int:
     """The bytes of e bound at once: whole, a flat chunk, or a chunk of rows."""
     if e.row.bound == "flat":                     # a bf16 copy's chunks hold half the bytes of the float32 ones
         n = e.shape[0]                            # floats: F, or a LoRA run's base FB

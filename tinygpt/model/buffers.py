@@ -181,7 +181,7 @@ def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_he
 
 
 @dataclass
-class Planned:
+class Allocation:
     """One buffer of one run: its row, which layer (and head chunk) it serves, its shape in
     elements and its dtype, resolved."""
     row: Buffer
@@ -201,7 +201,7 @@ class Planned:
         return 4 * math.prod(self.words)
 
 
-def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
+def resolve(table, on: set, size: dict, policy: Precision) -> list[Allocation]:
     """Every buffer of the rows whose flag is on, in table order, one a layer where the lifetime says."""
     out = []
     dtype_of = {"stored": policy.stored, "weights": policy.weights}
@@ -213,12 +213,12 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Planned]:
         if row.lifetime == "per layer, per head chunk":
             for l in range(size["L"] // shared):
                 for h0, nh in size["head_chunks"]:
-                    out.append(Planned(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype, shared))
+                    out.append(Allocation(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype, shared))
             continue
         count = {"per layer": size["L"] // shared, "per layer + 1": size["L"] + 1}.get(row.lifetime)
         shape = _shape(row.shape, size)
-        out += [Planned(row, l, None, shape, dtype, shared if row.lifetime == "per layer" else 1)
-                for l in range(count)] if count is not None else [Planned(row, None, None, shape, dtype)]
+        out += [Allocation(row, l, None, shape, dtype, shared if row.lifetime == "per layer" else 1)
+                for l in range(count)] if count is not None else [Allocation(row, None, None, shape, dtype)]
     return out
 
 
@@ -229,7 +229,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     optimizer (training): the model.optim optimizer made from spec.optimizer, whose rows (its state
     and scratch) follow the table's, after the attention path's scratch."""
     cfg, B, T, attention, policy = spec.cfg, spec.B, spec.T, spec.attention, spec.precision
-    training, head, accum, lora = spec.training, spec.head, spec.accum, spec.lora
+    training, head, accum, lora = spec.training, spec.lm_head, spec.accum, spec.lora
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
@@ -254,12 +254,12 @@ def _shape(symbols, size: dict) -> tuple:
     return tuple(int(size[s]) if isinstance(s, str) else int(s) for s in symbols)
 
 
-def allocate(gpu: GPU, planned: list[Planned], size: dict, row_chunks: dict | None = None) -> dict:
-    """The device buffers of `planned`: name -> a Tensor, or a list of them (per layer; per layer
+def allocate(gpu: GPU, allocations: list[Allocation], size: dict, row_chunks: dict | None = None) -> dict:
+    """The device buffers of `allocations`: name -> a Tensor, or a list of them (per layer; per layer
     of per-chunk lists for the score matrices). row_chunks: name -> how many chunks of rows a
     "rows"-bound buffer is bound in (one: bound whole, so its size is checked as a binding)."""
     out = {}
-    for p in planned:
+    for p in allocations:
         label = p.row.label.format(**size) if p.row.label else p.row.name
         if p.row.bound == "whole":
             t = gpu.tensor(p.words, p.dtype, label)
@@ -280,7 +280,7 @@ def allocate(gpu: GPU, planned: list[Planned], size: dict, row_chunks: dict | No
     return out
 
 
-def total_bytes(planned: list[Planned]) -> int:
+def total_bytes(allocations: list[Allocation]) -> int:
     """What allocate asks the device for (GPU.buffer rounds each buffer up to 16 bytes)."""
-    return sum(buffer_bytes(p.nbytes) for p in planned)
+    return sum(buffer_bytes(p.nbytes) for p in allocations)
 

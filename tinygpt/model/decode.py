@@ -57,12 +57,12 @@ class Decoder:
         self.gpu, self.cfg, self.N, self.capacity = gpu, cfg, N, capacity
         self.path = decode_path(plan, precision)
         self.cache = self.path == "cache"
-        self.model = Model(gpu, plan, spec.with_(head=not self.cache))
+        self.model = Model(gpu, plan, spec.with_(lm_head=not self.cache))
         self.kn = self.model.kn
         self.VP = self.model.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
-        self.planned, size = buffers.decode_rows(cfg, N, capacity, precision, self.cache, gpu.max_binding)
-        self.buf = buffers.allocate(gpu, self.planned, size)
+        self.allocations, size = buffers.decode_rows(cfg, N, capacity, precision, self.cache, gpu.max_binding)
+        self.buf = buffers.allocate(gpu, self.allocations, size)
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
         if self.cache:

@@ -29,7 +29,7 @@ class Model:
     precision policy, the attention path, ...), on `gpu` under the kernel plan `plan`. What the
     spec's fields mean here:
 
-    training=False records the forward only (evaluation and sampling); head=False (with it) stops
+    training=False records the forward only (evaluation and sampling); lm_head=False (with it) stops
     the forward at the last block's output: a prefill, which needs each layer's keys and values.
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
     1/(N*B*T), so the sum is the mean's) before one clipped update: the step of a batch N*B.
@@ -55,7 +55,7 @@ class Model:
         self.offsets, self.n_flat = param_layout(cfg, self.specs)
         self.base_offsets = param_layout(cfg)[0] if spec.lora else None               # a LoRA run's frozen model
         record.check_fits(self)
-        self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.head else []
+        self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.lm_head else []
         align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
         self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align)
         self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if spec.lora else []
@@ -69,7 +69,7 @@ class Model:
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read["tok_emb"], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
         self._fwd = record.forward(self)
-        self._reduce, self._loss, self._eval_rows = record.losses(self, spec.head)
+        self._reduce, self._loss, self._eval_rows = record.losses(self, spec.lm_head)
         self._bwd, self._bwd_more, self._opt = [], [], []
         if spec.training:
             self._bwd = record.backward(self, self.G)
@@ -87,9 +87,9 @@ class Model:
 
     # ---- building ----------------------------------------------------------------------------------
     def _allocate(self) -> dict:
-        """This model's rows of the buffer table (self.planned, one entry a buffer), allocated."""
-        self.planned, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer)
-        return buffers.allocate(self.gpu, self.planned, self.size, {"logits": len(self.chunks)})
+        """This model's rows of the buffer table (self.allocations, one entry a buffer), allocated."""
+        self.allocations, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer)
+        return buffers.allocate(self.gpu, self.allocations, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
         """Names for the buffers, and views of every parameter in the flat ones."""

@@ -24,7 +24,7 @@ class RunSpec:
     B: int | None = None             # sequences a step (a training run's micro-batch)
     T: int | None = None             # positions a sequence
     training: bool = True            # gradients, the optimizer's state, the loss scaler
-    head: bool = True                # the LM head and its logits (the cached decoder has its own)
+    lm_head: bool = True             # the LM head and its logits (the cached decoder has its own)
     accum: int = 1                   # micro-batches a step (gradient accumulation)
     precision: Precision = FP32
     loss_scale: float = LOSS_SCALE   # the scaler's first scale, where the precision scales the loss
@@ -33,7 +33,7 @@ class RunSpec:
     optimizer: OptimizerSettings | None = None   # None: AdamW's defaults
 
     def __post_init__(self):
-        assert self.head or not self.training, "training needs the head"
+        assert self.lm_head or not self.training, "training needs the LM head"
         assert self.lora is None or self.training, "an adapted model trains; evaluation and sampling take it merged"
         assert self.accum >= 1 and (self.accum == 1 or self.training), self.accum
         set_ = lambda name, value: object.__setattr__(self, name, value)
