@@ -10,7 +10,7 @@ import pytest
 from test_cli import read_log, run_cli
 from test_format import upstream_problems
 from test_hardening import TINY, in_process, one_line_error
-from tinygpt import adapters as AD
+from tinygpt import lora_files as AD
 from tinygpt import checkpoint as ckpt
 from tinygpt.core import lora as LR
 from tinygpt.core.config import param_specs

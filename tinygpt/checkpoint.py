@@ -312,7 +312,7 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
 
 
 MAX_HEADER = 256 << 20  # bytes of JSON header we read at most (a long loss history is ~50 bytes a step;
-                        # a LoRA run's adapters, tinygpt.adapters, 16 bytes a parameter)
+                        # a LoRA run's adapters, tinygpt.lora_files, 16 bytes a parameter)
 TOKENIZER_VOCAB = {"byte": 256, "gpt2": 50257}
 GPT2_SOURCES = {"r50k_base", "gpt2", "openai-community/gpt2"}
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import adapters as lora_files
+from . import lora_files
 from . import checkpoint as ckpt
 from .core.errors import TinyGPTError, UsageError
 from .hf import export_hf

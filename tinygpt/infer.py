@@ -7,7 +7,7 @@ import math
 import sys
 
 from . import checkpoint as ckpt
-from .adapters import model_params
+from .lora_files import model_params
 from .core.config import Config
 from .core.errors import UsageError
 from .core.precision import FP32, PRECISIONS, Precision

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import adapters as lora_files
+from . import lora_files
 from . import checkpoint as ckpt
 from . import optim_state
 from .core.config import n_params

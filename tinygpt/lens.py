@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import checkpoint as ckpt
-from .adapters import model_params, peft_files
+from .lora_files import model_params, peft_files
 from .core.config import Config
 from .core.errors import UsageError
 from .device.gpu import GPU, Tensor

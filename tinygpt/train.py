@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import adapters as lora_files
+from . import lora_files
 from . import checkpoint as ckpt
 from . import optim_state
 from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, param_specs, preset
