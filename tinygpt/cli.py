@@ -60,6 +60,12 @@ def options(cls, args):
     return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
+def default(cls, name: str):
+    """The default an options class gives a field: the flags take theirs from there, so each
+    default is written once (options.py)."""
+    return next(f.default for f in fields(cls) if f.name == name)
+
+
 def cmd_train(args) -> int:
     o = options(TrainOptions, args)
     if args.profile:
@@ -209,7 +215,7 @@ def add_adapters(p):
 def train_flags(p, small: TrainDefaults, base: Config):
     """Every flag of `tinygpt train`: plan takes them all too, so any training command can be
     planned by changing its verb."""
-    p.add_argument("--preset", default="small", type=preset_name, metavar="NAME",
+    p.add_argument("--preset", default=default(TrainOptions, "preset"), type=preset_name, metavar="NAME",
                    help=f"one of {', '.join(PRESETS)} (default small)")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--d-model", type=positive_int)
@@ -287,21 +293,23 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--momentum", type=unit_float,
                    help=f"muon's momentum on the matrices, with Nesterov "
                         f"(default {OPT_DEFAULTS['muon']['momentum']:g})")
-    p.add_argument("--eval-every", type=nonneg_int, default=100)
-    p.add_argument("--eval-windows", type=positive_int, default=64, help="validation windows per evaluation")
-    p.add_argument("--log-every", type=positive_int, default=10)
+    p.add_argument("--eval-every", type=nonneg_int, default=default(TrainOptions, "eval_every"))
+    p.add_argument("--eval-windows", type=positive_int, default=default(TrainOptions, "eval_windows"),
+                   help="validation windows per evaluation")
+    p.add_argument("--log-every", type=positive_int, default=default(TrainOptions, "log_every"))
     p.add_argument("--log", "--log-file", dest="log",
                    help="append one JSON line per logged step to this JSON Lines file (--log-file: the same, "
                         "as scripts/train_ddp.py spells it)")
     p.add_argument("--out", help="checkpoint path (default: the --resume file, else runs/PRESET.tinygpt)")
     p.add_argument("--force", action="store_true",
                    help="replace --out (and its .loss.png) even if tinygpt did not write them")
-    p.add_argument("--save-every", type=nonneg_int, default=500)
+    p.add_argument("--save-every", type=nonneg_int, default=default(TrainOptions, "save_every"))
     p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--sample-tokens", type=nonneg_int, default=200,
+    p.add_argument("--sample-tokens", type=nonneg_int, default=default(TrainOptions, "sample_tokens"),
                    help="length of the greedy and the sampled text printed at the end (0: none)")
-    p.add_argument("--sample-prompt", default="The ", help="what the samples at the end continue (default 'The ')")
+    p.add_argument("--sample-prompt", default=default(TrainOptions, "sample_prompt"),
+                   help="what the samples at the end continue (default 'The ')")
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
                         "each kernel of one step, and the step's MFU, and exit")
@@ -335,24 +343,25 @@ def build_parser():
     p.add_argument("--json", action="store_true")
     p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
-    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"))
     p.add_argument("--tokenizer-file")
     add_adapters(p)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("sample", parents=[common], help="generate text from a checkpoint")
     p.add_argument("--model", required=True)
-    p.add_argument("--prompt", default="\n")
-    p.add_argument("--tokens", type=positive_int, default=200)
-    p.add_argument("--temperature", type=nonneg_float, default=0.8)
+    p.add_argument("--prompt", default=default(SampleOptions, "prompt"))
+    p.add_argument("--tokens", type=positive_int, default=default(SampleOptions, "tokens"))
+    p.add_argument("--temperature", type=nonneg_float, default=default(SampleOptions, "temperature"))
     p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only")
-    p.add_argument("--top-p", type=float, default=1.0,
+    p.add_argument("--top-p", type=float, default=default(SampleOptions, "top_p"),
                    help="nucleus: draw from the most likely tokens that hold this share of the probability")
-    p.add_argument("--num-samples", type=positive_int, default=1, help="continuations of the prompt, in one batch")
+    p.add_argument("--num-samples", type=positive_int, default=default(SampleOptions, "num_samples"),
+                   help="continuations of the prompt, in one batch")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole window for every token (as --kernels decode=full)")
-    p.add_argument("--seed", type=seed_int, default=0)
-    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+    p.add_argument("--seed", type=seed_int, default=default(SampleOptions, "seed"))
+    p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
                    help="bf16 and f16 sample from a key/value cache kept in their 16 bits")
     p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
     add_kernels(p)
