@@ -197,7 +197,8 @@ class Kernels:
         if variant in ("scalar", "tiled"):
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, variant, dtype)
         assert batch == 1 or dtype == "f32", (entry, dtype)
-        if dtype == "bf16":
+        if dtype == "bf16":         # bf16's one fast kernel: a forced vec4 has no bf16 form
+            assert variant == "sg", (entry, variant)
             return self._mm_bf16_sg(entry, a, b, bias, out, M, N, K, uniform[:5], nb, tm)
         if dtype == "f16":
             return self._mm_f16(entry, a, b, bias, out, M, N, K, uniform[:5], variant)
