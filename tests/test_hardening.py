@@ -148,7 +148,7 @@ def test_bad_flags(tmp_path, args, needle):
 
 def test_sampling_limits(saved):
     rc, err = cli("sample", "--model", saved, "--tokens", 10**7)
-    one_line_error(rc, err, "more than 100,000")
+    one_line_error(rc, err, "--tokens must be 1 to 100,000")
     rc, err = cli("sample", "--model", saved, "--top-k", 0)
     one_line_error(rc, err, "--top-k must be positive")
 

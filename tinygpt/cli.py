@@ -103,19 +103,7 @@ def cmd_eval(args) -> int:
     return 0
 
 
-MAX_SAMPLE_TOKENS = 100_000
-MAX_SAMPLES = 256
-
-
 def cmd_sample(args) -> int:
-    if args.tokens > MAX_SAMPLE_TOKENS:
-        raise UsageError(f"--tokens {args.tokens} is more than {MAX_SAMPLE_TOKENS:,}; ask for fewer")
-    if args.num_samples > MAX_SAMPLES:
-        raise UsageError(f"--num-samples {args.num_samples} is more than {MAX_SAMPLES}; ask for fewer")
-    if args.top_k is not None and args.top_k <= 0:
-        raise UsageError(f"--top-k must be positive, got {args.top_k}")
-    if not 0 < args.top_p <= 1:
-        raise UsageError(f"--top-p must be in (0, 1], got {args.top_p}")
     texts = sample(options(SampleOptions, args))
     for i, text in enumerate(texts):
         if len(texts) > 1:
@@ -315,6 +303,56 @@ def train_flags(p, small: TrainDefaults, base: Config):
                         "each kernel of one step, and the step's MFU, and exit")
     p.add_argument("--json", action="store_true",
                    help="JSON: with --profile, JSON Lines, one row per kernel, then the step; for plan, the budget")
+
+
+class RaisingParser(Parser):
+    """A parser whose errors are UsageErrors: settings given as a mapping (a TOML file, the
+    Python API's keywords) are checked by the very flags that check the command line."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def settings_argv(mapping: dict, source: str, exclude=("profile", "json")) -> list[str]:
+    """A mapping of train's flags by long name ("d_model": 96, "recompute": True) as the command
+    line that says the same: parsed by train's own flags, so each value is checked as the flag
+    would check it, and a command line placed after it overrides it."""
+    p = RaisingParser(prog="tinygpt train", add_help=False)
+    train_flags(p, TRAIN_DEFAULTS["small"], Config())
+    known = p._option_string_actions
+    argv = []
+    for key, value in mapping.items():
+        name = flag(str(key))
+        action = known.get(name) if key not in exclude else None
+        if action is None or not str(key).isidentifier():
+            raise UsageError(f"{source}: {key!r} is not a setting of tinygpt train; its settings are the long names "
+                             "of its flags with _ for - (d_model, steps, lr, ...)")
+        if value is None:
+            continue
+        if isinstance(action, argparse._StoreTrueAction):
+            if not isinstance(value, bool):
+                raise UsageError(f"{source}: {key} is true or false, got {value!r}")
+            argv += [name] if value else []
+            continue
+        if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and key not in ("kernels", "lora_targets"):
+            raise UsageError(f"{source}: {key} takes one value, got {value!r}")
+        if isinstance(value, dict):
+            value = ",".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        argv += [name, str(value)]
+    try:
+        p.parse_args(argv)                  # checked here, so the error names the mapping's source
+    except UsageError as e:
+        raise UsageError(f"{source}: {e.text}") from None
+    return argv
+
+
+def train_options(mapping: dict, source: str) -> TrainOptions:
+    """TrainOptions from a mapping of train's settings, checked as the flags check them."""
+    p = RaisingParser(prog="tinygpt train", add_help=False)
+    train_flags(p, TRAIN_DEFAULTS["small"], Config())
+    return options(TrainOptions, p.parse_args(settings_argv(mapping, source)))
 
 
 def build_parser():

@@ -105,11 +105,32 @@ class Sampler:
         return [self.tok.decode(seq) for seq in self.decoder.generate(ids, n, temperature, top_k, top_p, seed)]
 
 
+MAX_SAMPLE_TOKENS = 100_000
+MAX_SAMPLES = 256
+
+
+def check_sampling(tokens: int, temperature: float, top_k: int | None, top_p: float, num_samples: int,
+                   vocab: int | None = None):
+    """What `tinygpt sample` and the Python API's generate accept, checked before anything is built."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_SAMPLE_TOKENS:
+        raise UsageError(f"{{opt:tokens}} must be 1 to {MAX_SAMPLE_TOKENS:,}, got {tokens!r}")
+    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or not 1 <= num_samples <= MAX_SAMPLES:
+        raise UsageError(f"{{opt:num_samples}} must be 1 to {MAX_SAMPLES}, got {num_samples!r}")
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise UsageError(f"{{opt:temperature}} must be 0 (greedy) or more, got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k <= 0):
+        raise UsageError(f"{{opt:top_k}} must be positive, got {top_k!r}")
+    if top_k is not None and vocab is not None and top_k > vocab:
+        raise UsageError(f"{{opt:top_k}} {top_k} exceeds the vocabulary ({vocab})")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise UsageError(f"{{opt:top_p}} must be in (0, 1], got {top_p!r}")
+
+
 def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     """`tinygpt sample`: o.num_samples texts of prompt + o.tokens generated tokens."""
+    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples)
     ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
-    if o.top_k is not None and o.top_k > ck.cfg.vocab:
-        raise UsageError(f"{{opt:top_k}} {o.top_k} exceeds the vocabulary ({ck.cfg.vocab})")
+    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()
     kernels = dict(o.kernels, **({"decode": "full"} if o.no_cache else {}))

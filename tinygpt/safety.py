@@ -120,6 +120,20 @@ def unhealthy(loss: float, norm: float | None, best: float | None, vocab: int) -
     return None
 
 
+def run_file(run, params: dict) -> ckpt.Checkpoint:
+    """The checkpoint of a run (train.Run) as it stands: `params` (read once by the caller), the
+    optimizer's state, the step, and what resuming needs to continue bit for bit."""
+    model = run.model
+    gate = model.gate_state()
+    extra = dict(run.extra)
+    extra["dataRngState"] = run.rng.bit_generator.state
+    extra["schedule"] = run.schedule.as_dict()
+    extra["momentsFrom"] = model.moments_from
+    if model.scaled:           # the loss scaler's state, so that a resumed run continues bit for bit
+        extra.update(lossScale=gate["scale"], lossScaleClean=int(gate["clean"]), skippedSteps=int(gate["skipped"]))
+    return run.checkpoint(params, model.get_opt_state(), int(gate["taken"]), model.step_count, extra)
+
+
 class Saver:
     """Writes the run's checkpoint to one path, only after the weights pass the health check,
     and remembers which step the file on disk holds (for messages after a refusal). run: the
@@ -152,15 +166,8 @@ class Saver:
 
     def save(self, params: dict, path: Path | None = None):
         run, path = self.run, path or self.path
-        model = run.model
-        step, gate = model.step_count, model.gate_state()
-        extra = dict(run.extra)
-        extra["dataRngState"] = run.rng.bit_generator.state
-        extra["schedule"] = run.schedule.as_dict()
-        extra["momentsFrom"] = model.moments_from
-        if model.scaled:           # the loss scaler's state, so that a resumed run continues bit for bit
-            extra.update(lossScale=gate["scale"], lossScaleClean=int(gate["clean"]), skippedSteps=int(gate["skipped"]))
-        ck = run.checkpoint(params, model.get_opt_state(), int(gate["taken"]), step, extra)
+        ck = run_file(run, params)
+        step = ck.step
         with self.stop.saving():
             ckpt.save(path, ck)
         if path == self.path:

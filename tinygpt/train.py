@@ -7,6 +7,7 @@ safety.py's.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -270,14 +271,20 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
             raise ckpt.CheckpointError(f"{label}: its data-sampling state is malformed") from e
 
 
-def setup(o: TrainOptions, gpu: GPU | None = None) -> tuple[Run, int]:
-    """Config, data, model and state for `tinygpt train`; returns the run and its start step."""
-    label = f"{{opt:resume}} {o.resume}"
-    resume = ckpt.load(o.resume, label) if o.resume else None
+def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None = None,
+          label: str | None = None) -> tuple[Run, int]:
+    """Config, data, model and state for `tinygpt train`; returns the run and its start step.
+    held: the checkpoint to continue, already in memory (the Python API's model; its arrays are
+    not changed), instead of the resume option's file; label names it in errors."""
+    label = label or f"{{opt:resume}} {o.resume}"
+    resume = ckpt.load(o.resume, label) if o.resume and held is None else held
+    if held is not None:            # _start folds a LoRA run's adapters into the file's dicts
+        resume = dataclasses.replace(held, params=dict(held.params), m=held.m and dict(held.m),
+                                     v=held.v and dict(held.v))
     if resume:
         lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
     lora, new_lora = run_lora(o, resume, label)
-    if new_lora and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
+    if new_lora and held is None and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
                          "own file with {opt:out}")
     cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
@@ -373,6 +380,19 @@ def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
     return total
 
 
+def hold_schedule(o: TrainOptions, run: Run, start: int, total: int | None) -> tuple[int | None, str | None]:
+    """(the step a resumed run's decay stays at, the banner's line for steps past it): a resumed
+    run keeps its schedule's past, its decay held at the planned end unless rewarmed."""
+    sched = run.schedule
+    held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
+    extension = sched.extension(start, total, held)
+    if extension and start >= held and (o.lr is not None or o.warmup is not None):
+        raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
+                         f"step {held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
+                         "{opt:rewarm} to start a new warm-up and decay at this step")
+    return held, extension
+
+
 UNPLANNED = 10 ** 9
 MAX_GRAD_ACCUM = 4096
 
@@ -391,13 +411,7 @@ class Loop:
         model, sched = run.model, run.schedule
         total = planned_total(o, run, start)
         self.deadline = Deadline(60 * o.minutes, clock, t0) if total is None else None
-        # a resumed run keeps its schedule's past: its decay stays at the planned end (held) unless rewarmed
-        self.held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
-        self.extension = sched.extension(start, total, self.held)
-        if self.extension and start >= self.held and (o.lr is not None or o.warmup is not None):
-            raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
-                             f"step {self.held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
-                             "{opt:rewarm} to start a new warm-up and decay at this step")
+        self.held, self.extension = hold_schedule(o, run, start, total)
         self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
         self.side = SideWriter(err)
         self.log = self.side.attempt("log", open, outs.log, "a") if outs.log else None

@@ -1,0 +1,155 @@
+"""The Python API (tinygpt.GPT, docs/api.md) as a user meets it: `import tinygpt` and nothing else
+for the model; the float64 reference, the CLI and the file format only to check what it returns."""
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinygpt
+
+pytestmark = pytest.mark.kernel
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    """Some 40 kB of English, written by a test (the project ships no corpus of its own)."""
+    p = tmp_path_factory.mktemp("api") / "text.txt"
+    words = "the king and queen of a small country met at night to speak of war and peace".split()
+    rng = np.random.default_rng(0)
+    p.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(600)))
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return tinygpt.GPT.from_preset("tiny", layers=1, seed=5)
+
+
+def test_names_are_exported():
+    for name in ("GPT", "Trainer", "Config", "PRESETS", "get_tokenizer", "TinyGPTError", "UsageError",
+                 "CheckpointError", "DataError", "OutputError", "TrainingStopped", "__version__"):
+        assert hasattr(tinygpt, name), name
+
+
+def test_logits_of_any_length_and_batch_against_float64(gpt):
+    from tinygpt.reference.gpt import forward
+    cfg = gpt.config
+    rng = np.random.default_rng(1)
+    full = rng.integers(0, cfg.vocab, (cfg.batch + 3, cfg.ctx))      # more windows than the model's batch
+    ref = forward({k: v.astype(np.float64) for k, v in gpt.params().items()}, cfg, full)
+    got = gpt.logits(full)
+    err = np.abs(got - ref).max()
+    print(f"\nlogits [{cfg.batch + 3}, {cfg.ctx}] against float64: max error {err:.2e}")
+    assert got.shape == ref.shape and err < 2e-5
+    for T in (1, 7, cfg.ctx - 1):                   # shorter windows: the prefix of the full ones
+        short = gpt.logits(full[:, :T])
+        e = np.abs(short - ref[:, :T]).max()
+        print(f"T = {T}: max error {e:.2e}")
+        assert short.shape == (len(full), T, cfg.vocab) and e < 2e-5
+    one = gpt.logits(full[3, :9])                   # one window [T] -> [T, V]
+    assert one.shape == (9, cfg.vocab) and np.abs(one - ref[3, :9]).max() < 2e-5
+
+
+def test_loss_against_float64(gpt):
+    cfg = gpt.config
+    rng = np.random.default_rng(2)
+    ids = rng.integers(0, cfg.vocab, (3, 12))
+    logits = gpt.logits(ids[:, :-1]).astype(np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    want = -np.take_along_axis(logp, ids[:, 1:, None], -1).mean()
+    for got in (gpt.loss(ids), gpt.loss(ids[:, :-1], ids[:, 1:])):
+        print(f"\nloss {got:.6f}, from the logits {want:.6f}")
+        assert abs(got - want) < 1e-5
+    assert abs(gpt.loss("To be, or not") - gpt.loss(gpt.encode("To be, or not"))) < 1e-9
+
+
+def test_generate_text_ids_cache_and_seed(gpt):
+    prompt = "ROMEO:"
+    text = gpt.generate(prompt, 20)
+    ids = gpt.generate(gpt.encode(prompt), 20)
+    assert text == gpt.decode(ids) and text.startswith(prompt) and len(ids) == len(gpt.encode(prompt)) + 20
+    assert np.array_equal(gpt.generate(gpt.encode(prompt), 20, cache=False), ids)
+    a = gpt.generate(prompt, 30, temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    assert a == gpt.generate(prompt, 30, temperature=1.0, top_k=20, top_p=0.9, seed=7)
+    two = gpt.generate(prompt, 10, temperature=1.0, num_samples=2, seed=3)
+    assert isinstance(two, list) and len(two) == 2
+    assert len(gpt.generate(prompt, 300)) > 300           # past the first decoder's capacity of 256
+
+
+def test_training_is_the_trainers_bit_for_bit(tmp_path, text):
+    """GPT.train on a new model takes the same steps as `tinygpt train` with the same settings."""
+    g = tinygpt.GPT.from_preset("tiny", layers=1, seed=5)
+    rec = g.train(4, data=text, batch=4, optimizer="adamw", lr=3e-3)
+    assert rec["step"] == 4 and np.isfinite(rec["loss"]) and rec["grad_norm"] > 0
+    out = tmp_path / "cli.tinygpt"
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--preset", "tiny", "--layers", "1", "--seed", "5",
+                        "--steps", "4", "--batch", "4", "--optimizer", "adamw", "--lr", "3e-3", "--data", text,
+                        "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    from tinygpt import checkpoint as ckpt
+    cli = ckpt.load(out)
+    for name, w in cli.params.items():
+        assert np.array_equal(g.checkpoint.params[name], w), name
+    for name, m in cli.m.items():
+        assert np.array_equal(g.checkpoint.m[name], m), name
+    # trained in parts: a trainer of 6 steps run as 2 + 4 is the run of 6
+    a, b = tinygpt.GPT.load(out), tinygpt.GPT.load(out)
+    a.train(6, data=text)
+    t = b.trainer(6, data=text)
+    t.run(2)
+    t.run()
+    assert all(np.array_equal(a.checkpoint.params[n], b.checkpoint.params[n]) for n in cli.params)
+    assert a.step == b.step == 10
+
+
+def test_errors_are_the_clis(gpt, text, tmp_path):
+    with pytest.raises(tinygpt.UsageError, match="--lr: must be a positive"):
+        gpt.train(2, data=text, lr=-1)
+    with pytest.raises(tinygpt.UsageError, match="not a setting of tinygpt train"):
+        gpt.train(2, data=text, learning_rate=1e-3)
+    with pytest.raises(tinygpt.UsageError, match="tokens; this model takes 1 to 32"):
+        gpt.logits(np.zeros(33, np.int64))
+    with pytest.raises(tinygpt.UsageError, match="token ids must be 0 to 255"):
+        gpt.loss([1, 2, 300])
+    with pytest.raises(tinygpt.UsageError, match="top-k"):
+        gpt.generate("a", 5, top_k=0)
+    with pytest.raises(tinygpt.CheckpointError, match="no such file"):
+        tinygpt.GPT.load(tmp_path / "missing.tinygpt")
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(tinygpt.OutputError, match="not a checkpoint written by tinygpt"):
+        gpt.save(tmp_path / "notes.txt")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+    with pytest.raises(tinygpt.UsageError, match="unknown preset"):
+        tinygpt.GPT.from_preset("enormous")
+
+
+def test_the_example_imports_only_tinygpt_and_its_file_evaluates(tmp_path, text):
+    """The issue's test of done: load a checkpoint, score a batch shorter than ctx, generate 50
+    tokens from the cache, train 10 steps, save a file `tinygpt eval` reads."""
+    script = ROOT / "scripts" / "api_example.py"
+    imports = {a.name.split(".")[0] for node in ast.walk(ast.parse(script.read_text()))
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    imports |= {node.module.split(".")[0] for node in ast.walk(ast.parse(script.read_text()))
+                if isinstance(node, ast.ImportFrom) and node.module}
+    assert imports <= {"argparse", "sys", "tinygpt"}, imports
+    start = tmp_path / "start.tinygpt"
+    tinygpt.GPT.from_preset("tiny", layers=1).save(start)
+    out = tmp_path / "more.tinygpt"
+    run = lambda *a: subprocess.run([sys.executable, *map(str, a)], capture_output=True, text=True, timeout=300,
+                                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = run(script, "--model", start, "--data", text, "--out", out)
+    assert r.returncode == 0, r.stderr
+    print("\n" + r.stdout)
+    assert "loss of 2 windows of 16 tokens (context 32)" in r.stdout and "trained steps 1 to 10" in r.stdout
+    r = run("-m", "tinygpt", "eval", "--model", out, "--data", text, "--max-windows", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    assert tinygpt.GPT.load(out).step == 10
+    r = run(script, "--model", tmp_path / "missing.tinygpt", "--out", out)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "api_example: error:" in r.stderr

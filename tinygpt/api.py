@@ -1,0 +1,379 @@
+"""The Python API: a GPT to load or build, run, sample from, train and save, in a few names.
+
+    import tinygpt
+    gpt = tinygpt.GPT.load("runs/small.tinygpt")         # or tinygpt.GPT.from_preset("tiny")
+    gpt.loss("To be, or not to be")                      # any length up to the context
+    print(gpt.generate("ROMEO:", max_new_tokens=50))     # from the key/value cache
+    gpt.train(steps=10, data="tinyshakespeare.txt")      # the trainer's own step, schedule, optimizer
+    gpt.save("runs/more.tinygpt")                        # a .tinygpt file, as `tinygpt train` writes
+
+Nothing here computes on its own: a GPT holds a checkpoint (checkpoint.Checkpoint) and builds, when
+first asked, the layers the CLI runs on: model.gpt.Model for logits and losses, model.decode.Decoder
+for text, train.setup for training. Errors are the CLI's (core.errors.TinyGPTError and its kinds),
+with the CLI's messages; options are named as the CLI's flags name them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import lora_files
+from .core.config import PRESET_TOKENIZER, Config, preset
+from .core.errors import UsageError
+from .core.init import init_params
+from .core.precision import PRECISIONS
+from .data import get_tokenizer
+from .device.gpu import GPU
+from .device.planner import make_plan
+from .infer import check_sampling
+from .model.attention import DEFAULT as ATTENTION, IMPLS
+from .model.decode import Decoder
+from .model.gpt import Model
+from .model.spec import RunSpec, decoder_spec
+from .outputs import Outputs
+from .safety import TrainingStopped, run_file, unhealthy
+
+_GPU: list = []
+
+
+def default_gpu() -> GPU:
+    """One device for the whole process: every GPT and trainer made without one shares it."""
+    if not _GPU:
+        _GPU.append(GPU())
+    return _GPU[0]
+
+
+# What makes a new model, given to GPT.from_preset; a trainer may not change them.
+SHAPE = ("layers", "d_model", "heads", "ctx", "sliding_window", "tokenizer", "tokenizer_file", "seed")
+# What only `tinygpt train`'s run does (files, its clock, its end): not the trainer's.
+CLI_ONLY = ("out", "force", "resume", "log", "quiet", "save_every", "minutes", "sample_tokens", "sample_prompt",
+            "eval_every", "eval_windows", "preset", "steps")
+
+
+class GPT:
+    """A model: its weights, config and tokenizer, with the device objects that run it made
+    when first needed. Make one with GPT.load or GPT.from_preset."""
+
+    def __init__(self, checkpoint: ckpt.Checkpoint, *, source: str = "the model", recipe: dict | None = None,
+                 attention: str = ATTENTION, precision: str = "fp32", kernels: dict | None = None,
+                 tokenizer_file: str | None = None, gpu: GPU | None = None):
+        if attention not in IMPLS:
+            raise UsageError(f"{{opt:attention}} {attention!r}: choose one of {', '.join(IMPLS)}")
+        if precision not in PRECISIONS:
+            raise UsageError(f"{{opt:precision}} {precision!r}: choose one of {', '.join(PRECISIONS)}")
+        self._ck, self.source, self._recipe = checkpoint, source, recipe
+        self.attention, self.precision, self.kernels = attention, precision, dict(kernels or {})
+        self.tokenizer_file = tokenizer_file
+        self.tokenizer = get_tokenizer(ckpt.tokenizer_name(checkpoint.extra, checkpoint.cfg.vocab), tokenizer_file)
+        self._gpu = gpu
+        self._weights = None           # what the model computes with (a LoRA run's adapters folded in)
+        self._evaluator = None         # (B, Model) for logits and losses
+        self._decoder = None           # (key, Decoder) for generate
+
+    # ---- making one ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path, **kw) -> GPT:
+        """A .tinygpt file (ours, or TinyGPT's own). kw: attention, precision, kernels,
+        tokenizer_file, gpu, as the CLI's eval and sample take them."""
+        label = str(path)
+        ck = ckpt.load(path, label)
+        lora_files.finite_weights(ck, label)
+        return cls(ck, source=label, tokenizer_file=kw.pop("tokenizer_file", None), **kw)
+
+    @classmethod
+    def from_preset(cls, name: str = "small", *, layers: int | None = None, d_model: int | None = None,
+                    heads: int | None = None, ctx: int | None = None, sliding_window: int | None = None,
+                    tokenizer: str | None = None, tokenizer_file: str | None = None, seed: int | None = None,
+                    **kw) -> GPT:
+        """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
+        draws them from the seed; the shape options over it, checked as the CLI's flags are."""
+        from .cli import train_options          # the flags' own checks on every value
+        recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
+                                        sliding_window=sliding_window, tokenizer=tokenizer,
+                                        tokenizer_file=tokenizer_file, seed=seed).items() if v is not None}
+        o = train_options(recipe, "GPT.from_preset")
+        cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
+                     window=o.sliding_window)
+        name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, "byte")
+        cfg.vocab = get_tokenizer(name, o.tokenizer_file).vocab
+        cfg.validate()
+        extra = {"tokenizer": name, **({"tokenizerSource": "r50k_base"} if name == "gpt2" else {})}
+        ck = ckpt.Checkpoint(cfg, init_params(cfg), extra=extra)
+        return cls(ck, source=f"the new {o.preset} model", recipe=recipe, tokenizer_file=tokenizer_file, **kw)
+
+    @classmethod
+    def from_config(cls, config: Config, *, tokenizer: str = "byte", **kw) -> GPT:
+        """A new model of this Config's shape (its layers, d_model, heads, ctx, window and seed)."""
+        if not isinstance(config, Config):
+            raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
+        return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
+                               ctx=config.ctx, sliding_window=config.window or None, tokenizer=tokenizer,
+                               seed=config.seed, **kw)
+
+    # ---- what it is -----------------------------------------------------------------------------
+    @property
+    def config(self) -> Config:
+        return dataclasses.replace(self._ck.cfg)
+
+    @property
+    def step(self) -> int:
+        """The training steps its weights have taken."""
+        return self._ck.step
+
+    @property
+    def checkpoint(self) -> ckpt.Checkpoint:
+        """What save writes: weights, optimizer state, the run's records."""
+        return self._ck
+
+    def params(self) -> dict:
+        """The weights it computes with, by .tinygpt name (copies; a LoRA run's adapters folded in)."""
+        return {k: np.array(v) for k, v in self._params().items()}
+
+    @property
+    def gpu(self) -> GPU:
+        if self._gpu is None:
+            self._gpu = default_gpu()
+        return self._gpu
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text), np.int64)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+    def __repr__(self):
+        c = self._ck.cfg
+        return (f"GPT({self.source}: {c.layers} layers, d_model {c.d_model}, {c.heads} heads, ctx {c.ctx}, "
+                f"vocab {c.vocab}, step {self.step})")
+
+    # ---- running it ------------------------------------------------------------------------------
+    def _params(self) -> dict:
+        if self._weights is None:
+            self._weights = lora_files.model_params(self._ck, self.source)
+        return self._weights
+
+    def _adopt(self, ck: ckpt.Checkpoint):
+        """New weights (after training): the device copies are made again when next needed."""
+        self._ck, self._recipe, self._weights = ck, None, None
+        if self._evaluator:
+            self._evaluator[1].set_params(self._params())
+        if self._decoder:
+            self._decoder[1].set_params(self._params())
+
+    def _ids(self, tokens, most: int, what: str) -> tuple[np.ndarray, bool]:
+        """tokens (text, or ids [T] or [N, T]) as uint32 [N, T] with 1 <= T <= most, each id checked."""
+        one = isinstance(tokens, str)
+        a = self.encode(tokens) if one else np.asarray(tokens)
+        one = one or a.ndim == 1
+        if a.ndim == 1:
+            a = a[None, :]
+        if a.ndim != 2 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+            raise UsageError(f"{what}: give text, or token ids as whole numbers shaped [T] or [N, T], got shape "
+                             f"{a.shape} of {a.dtype}")
+        if not 1 <= a.shape[1] <= most:
+            raise UsageError(f"{what}: {a.shape[1]} tokens; this model takes 1 to {most} (its context is "
+                             f"{self._ck.cfg.ctx})")
+        if a.min() < 0 or a.max() >= self._ck.cfg.vocab:
+            raise UsageError(f"{what}: token ids must be 0 to {self._ck.cfg.vocab - 1}, got {int(a.min())} to "
+                             f"{int(a.max())}")
+        return a.astype(np.uint32), one
+
+    def _model(self, n: int) -> Model:
+        """The forward-only model for n windows (at most the config's batch at once)."""
+        b = max(1, min(n, self._ck.cfg.batch))
+        if self._evaluator is None or self._evaluator[0] != b:
+            self._evaluator = None
+            plan = make_plan(self.gpu, self.kernels)
+            spec = RunSpec(self._ck.cfg, self.attention, B=b, training=False, precision=PRECISIONS[self.precision])
+            model = Model(self.gpu, plan, spec)
+            model.set_params(self._params())
+            self._evaluator = (b, model)
+        return self._evaluator[1]
+
+    def _batches(self, x: np.ndarray, y: np.ndarray | None):
+        """(rows, x [B, ctx], y [B, ctx]) of N windows of T tokens: shorter windows are completed with
+        token 0 after their end, which no earlier position attends to (causal attention), and the
+        last batch with copies of its first row; only the given rows and positions are read."""
+        model = self._model(len(x))
+        B, T = model.B, self._ck.cfg.ctx
+        for i in range(0, len(x), B):
+            k = len(x[i:i + B])
+            xb = np.zeros((B, T), np.uint32)
+            yb = np.zeros((B, T), np.uint32)
+            xb[:k, :x.shape[1]] = x[i:i + B]
+            if y is not None:
+                yb[:k, :y.shape[1]] = y[i:i + B]
+            xb[k:], yb[k:] = xb[0], yb[0]
+            yield model, k, xb, yb
+
+    def logits(self, tokens) -> np.ndarray:
+        """Next-token logits, float32 [N, T, vocab] for ids [N, T] ([T, vocab] for text or ids [T]);
+        any N, and T up to the context."""
+        x, one = self._ids(tokens, self._ck.cfg.ctx, "logits")
+        T = x.shape[1]
+        out = [model.logits_of(xb)[:k, :T] for model, k, xb, _ in self._batches(x, None)]
+        out = np.concatenate(out)
+        return out[0] if one else out
+
+    def loss(self, tokens, targets=None) -> float:
+        """Mean next-token cross-entropy in nats: of targets after tokens (both [T] or [N, T]), or,
+        without targets, of each token after the ones before it (text or ids of up to ctx + 1)."""
+        if targets is None:
+            ids, _ = self._ids(tokens, self._ck.cfg.ctx + 1, "loss")
+            if ids.shape[1] < 2:
+                raise UsageError("loss: give at least two tokens (each is scored after those before it)")
+            x, y = ids[:, :-1], ids[:, 1:]
+        else:
+            x, _ = self._ids(tokens, self._ck.cfg.ctx, "loss")
+            y, _ = self._ids(targets, self._ck.cfg.ctx, "loss's targets")
+            if x.shape != y.shape:
+                raise UsageError(f"loss: tokens {x.shape} and targets {y.shape} differ in shape")
+        T, total = x.shape[1], 0.0
+        for model, k, xb, yb in self._batches(x, y):
+            rows = model.row_losses(xb, yb).reshape(model.B, -1)[:k, :T]
+            total += rows.astype(np.float64).sum()
+        return total / x.size
+
+    def generate(self, prompt="\n", max_new_tokens: int = 50, *, temperature: float = 0.0, top_k: int | None = None,
+                 top_p: float = 1.0, seed: int = 0, num_samples: int = 1, cache: bool = True):
+        """The prompt and max_new_tokens tokens after it: text for a text prompt, ids for ids
+        ([T + n] each; a list of them with num_samples > 1). temperature 0 is greedy; top_k and
+        top_p narrow the draw; a seed gives the same tokens again. cache: from the key/value cache
+        (False: the whole window's forward per token, as `tinygpt sample --no-cache`)."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples, self._ck.cfg.vocab)
+        text = isinstance(prompt, str)
+        if text:
+            ids = [int(i) for i in self.tokenizer.encode(prompt)] or [int(self.tokenizer.encode("\n")[0])]
+        else:
+            a = np.asarray(prompt)
+            if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+                raise UsageError(f"generate: give the prompt as text or as token ids [T], got shape {a.shape} "
+                                 f"of {a.dtype}")
+            if a.min() < 0 or a.max() >= self._ck.cfg.vocab:
+                raise UsageError(f"generate: token ids must be 0 to {self._ck.cfg.vocab - 1}")
+            ids = [int(i) for i in a]
+        key = (num_samples, bool(cache))
+        if self._decoder is None or self._decoder[0][:2] != key or self._decoder[0][2] < max_new_tokens:
+            self._decoder = None
+            kernels = dict(self.kernels, **({} if cache else {"decode": "full"}))
+            capacity = max(max_new_tokens, 256)
+            spec = decoder_spec(self._ck.cfg, self.attention, num_samples, PRECISIONS[self.precision])
+            decoder = Decoder(self.gpu, make_plan(self.gpu, kernels), spec, capacity)
+            decoder.set_params(self._params())
+            self._decoder = (key + (capacity,), decoder)
+        seqs = self._decoder[1].generate(ids, max_new_tokens, temperature, top_k, top_p, seed)
+        out = [self.tokenizer.decode(s) for s in seqs] if text else [np.asarray(s, np.int64) for s in seqs]
+        return out[0] if num_samples == 1 else out
+
+    # ---- training and saving ---------------------------------------------------------------------
+    def trainer(self, steps: int, data=None, **options) -> Trainer:
+        """A training run of `steps` more steps (its schedule planned to end there), to run in
+        parts with Trainer.step and Trainer.run. options: `tinygpt train`'s, by long name."""
+        return Trainer(self, steps, data, options)
+
+    def train(self, steps: int, data=None, **options) -> dict:
+        """Train `steps` more steps (the CLI's --steps is the total; this is the number to run)
+        with the trainer's own code: its schedule, accumulation, precision and optimizer, each
+        option as `tinygpt train` takes it (lr=3e-3, batch=8, optimizer="adamw", precision="bf16",
+        grad_accum=2, lora=8, ...). data: a text file, a directory or a token file (None: the
+        built-in corpus). Returns the last step's loss, lr and gradient norm."""
+        return self.trainer(steps, data, **options).run()
+
+    def save(self, path, *, force: bool = False, dtype: str = "fp32"):
+        """Write the model (weights, optimizer state, step) as a .tinygpt file, whole or not at all.
+        An existing file tinygpt did not write is kept unless force. dtype: fp32, or fp16 for
+        weights alone (as export --format tinygpt-fp16)."""
+        if dtype not in ("fp32", "fp16"):
+            raise UsageError(f"save: dtype fp32 or fp16, got {dtype!r}")
+        out = Outputs(force).claim(path, "path", "checkpoint", ckpt.is_tinygpt)
+        ckpt.save(out, self._ck, dtype)
+        return out
+
+
+class Trainer:
+    """One training run of a GPT, as `tinygpt train` runs it (train.setup: the same model, data,
+    schedule, optimizer and resumed state); the model's weights are handed back to the GPT after
+    each run() (and by sync()), so it samples, evaluates and saves what was trained."""
+
+    def __init__(self, gpt: GPT, steps: int, data, options: dict):
+        from .cli import train_options
+        from .train import hold_schedule, setup
+        bad = [k for k in options if k in CLI_ONLY or (gpt._recipe is None and k in SHAPE)]
+        if bad:
+            where = "GPT.from_preset's" if bad[0] in SHAPE else "tinygpt train's own (its files and its run's end)"
+            raise UsageError(f"train: {bad[0]} is {where} setting, not the trainer's")
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 10 ** 9:
+            raise UsageError(f"train: steps must be 1 to 1,000,000,000, got {steps!r}")
+        fresh = gpt._recipe is not None
+        mapping = dict(gpt._recipe or {}, **options, data=None if data is None else str(data),
+                       steps=gpt.step + steps, quiet=True)
+        o = train_options(mapping, "train")
+        if fresh:          # a new model: the run draws the same weights from the same seed, as the CLI
+            o = dataclasses.replace(o, sample_tokens=0)
+            run, start = setup(o, gpt.gpu)
+        else:
+            o = dataclasses.replace(o, resume=gpt.source, sample_tokens=0)
+            run, start = setup(o, gpt.gpu, held=gpt._ck, label=gpt.source)
+        self.gpt, self._run, self.o = gpt, run, o
+        self.end = o.steps
+        self.held, self.extension = hold_schedule(o, run, start, self.end)
+        run.schedule.end_at(self.end, self.held)
+        self.lr, self.best = run.schedule.lr, None
+
+    @property
+    def model(self) -> Model:
+        return self._run.model
+
+    @property
+    def step_count(self) -> int:
+        return self._run.model.step_count
+
+    def step(self) -> float:
+        """One step (on the device, nothing read back) -> the lr it took."""
+        run, model = self._run, self._run.model
+        if model.step_count >= self.end:
+            raise UsageError(f"train: this run planned {self.end:,} steps and has taken them; make another trainer")
+        self.lr = run.schedule.at(model.step_count)
+        model.step(*run.data.sample(run.rng, model.B * model.accum), self.lr)
+        return self.lr
+
+    def run(self, steps: int | None = None, callback=None, every: int = 10) -> dict:
+        """`steps` more steps of the run (all it has left by default), then its weights handed to
+        the GPT. callback(record) every `every` steps and at the last, record as run() returns."""
+        left = self.end - self.step_count
+        n = left if steps is None else steps
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= left:
+            raise UsageError(f"train: run(steps) takes 0 to the {left:,} steps left, got {steps!r}")
+        rec = None
+        for i in range(n):
+            self.step()
+            if callback and ((i + 1) % max(1, every) == 0 or i + 1 == n):
+                callback(rec := self.record())
+        rec = rec if rec and rec["step"] == self.step_count else self.record() if n else None
+        self.sync()
+        return rec
+
+    def record(self) -> dict:
+        """The last step's loss, lr and gradient norm (one read), checked as the CLI checks them."""
+        model = self._run.model
+        loss, norm = model.loss(), model.grad_norm()
+        why = unhealthy(loss, norm, self.best, self._run.cfg.vocab)
+        if why:
+            raise TrainingStopped(f"{why} at step {model.step_count}; lower {{opt:lr}} (it is {self.lr:g}) or "
+                                  "{opt:grad_clip}", 3)
+        self.best = loss if self.best is None else min(self.best, loss)
+        return {"step": model.step_count, "loss": loss, "lr": self.lr, "grad_norm": norm}
+
+    def val_loss(self, windows: int | None = 64) -> float:
+        """Mean loss over the first `windows` windows of the validation split (None: all of it)."""
+        return self._run.model.mean_loss(*self._run.data.val_windows(windows))
+
+    def sync(self):
+        """The run's weights and optimizer state into the GPT (one read of each)."""
+        ck = run_file(self._run, self._run.model.get_params())
+        self.gpt._adopt(ck)
+        if self.gpt.source.startswith("the new "):
+            self.gpt.source = "the model"
