@@ -31,6 +31,7 @@ import numpy as np
 
 from tinygpt import checkpoint as ckpt
 from tinygpt import optim_state
+from tinygpt.runlog import now
 from tinygpt.core.config import param_specs
 from tinygpt.core.optim import make_settings
 from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
@@ -215,8 +216,8 @@ def train(args) -> int:
                     rec["val"] = val_loss()
                 history.append(rec)
                 if log:
-                    log.write(json.dumps({"step": done, "train_loss": mean, "val_loss": rec.get("val"), "lr": lr,
-                                          "tokens_per_s": round(tok_s, 1)}) + "\n")
+                    log.write(json.dumps({"time": now(), "step": done, "train_loss": mean, "val_loss": rec.get("val"),
+                                          "lr": lr, "tokens_per_s": round(tok_s, 1)}) + "\n")
                     log.flush()
                 print(f"step {done}: loss {mean:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
                       + f", {tok_s:,.0f} tokens/s", file=sys.stderr)

@@ -27,8 +27,10 @@ def run_cli(*args):
     return main([str(a) for a in args])
 
 
-def read_log(path):
-    return [json.loads(l) for l in Path(path).read_text().splitlines()]
+def read_log(path, final=False):
+    """A run's JSON Lines log: the logged steps' rows (final: the run's final-loss row too)."""
+    rows = [json.loads(l) for l in Path(path).read_text().splitlines()]
+    return rows if final else [r for r in rows if "train_loss" in r]
 
 
 def test_train_writes_checkpoint_log_plot_and_sample(tmp_path, corpus, capsys):
@@ -37,9 +39,10 @@ def test_train_writes_checkpoint_log_plot_and_sample(tmp_path, corpus, capsys):
                    "--out", out, "--log", log) == 0
     printed = capsys.readouterr().out
     assert "final train loss" in printed and "greedy sample" in printed
-    rows = read_log(log)
+    rows, final = read_log(log), read_log(log, final=True)[-1]
     assert [r["step"] for r in rows] == [5, 10, 15, 20, 25, 30]
-    assert set(rows[0]) == {"step", "train_loss", "val_loss", "lr", "tokens_per_s"}
+    assert set(rows[0]) == {"time", "step", "train_loss", "val_loss", "lr", "grad_norm", "tokens_per_s"}
+    assert set(final) == {"time", "step", "final_train_loss", "final_val_loss", "val_windows"}
     assert rows[2]["val_loss"] is not None and rows[0]["val_loss"] is None
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
     assert out.exists() and (tmp_path / "m.loss.png").exists()

@@ -113,8 +113,9 @@ def test_plan_of_gpt2_with_lora_and_recompute_is_at_most_half(capsys):
     for batch in ([], ["--batch", "8"]):
         totals = []
         for more in ([], ["--lora", "8", "--recompute"]):
-            assert main(["plan", "--preset", "gpt2", *batch, *more, "--json"]) == 0
+            rc = main(["plan", "--preset", "gpt2", *batch, *more, "--json"])
             d = json.loads(capsys.readouterr().out)
+            assert rc == (0 if d["fits"] else 4)
             totals.append(d["total_bytes"])
             assert d["fits"] or batch, d["problems"]
         with capsys.disabled():
@@ -128,9 +129,16 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
     if not gpu.is_cpu:
         pytest.skip("the loop cap is a CPU adapter's")
     args = ["--preset", "tiny", "--ctx", "512", "--batch", "256"]
-    assert main(["plan", *args, "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
+    assert main(["plan", *args, "--json"]) == 4             # does not fit: its own exit code
+    captured = capsys.readouterr()
+    d = json.loads(captured.out)
     assert d["fits"] is False and "loop trips" in d["problems"][0]
+    refusal = captured.err.strip().splitlines()
+    print(f"\nplan's refusal, {len(refusal[-1])} characters: {refusal[-1]}")
+    assert len(refusal) == 1 and refusal[0].startswith("tinygpt: this run does not fit") and len(refusal[0]) < 300
+    assert main(["plan", "--preset", "gpt2", "--batch", "64"]) == 4    # one problem a line, the first few
+    out, err = capsys.readouterr()
+    assert max(map(len, out.splitlines())) < 300 and len(err.strip().splitlines()) == 1 and len(err) < 300
     corpus = tmp_path / "c.txt"
     corpus.write_text("abc " * 50_000)
     monkeypatch.setattr("tinygpt.train.Model", lambda *a, **k: pytest.fail("the model was built"))

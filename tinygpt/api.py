@@ -242,7 +242,7 @@ class GPT:
         """The prompt and max_new_tokens tokens after it: text for a text prompt, ids for ids
         ([T + n] each; a list of them with num_samples > 1). temperature 0 is greedy; top_k and
         top_p narrow the draw; a seed gives the same tokens again. cache: from the key/value cache
-        (False: the whole window's forward per token, as `tinygpt sample --no-cache`)."""
+        (False: the whole window's forward per token, as the sample command without its cache)."""
         check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples, self._ck.cfg.vocab)
         text = isinstance(prompt, str)
         if text:

@@ -11,11 +11,13 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
+from . import __version__
 from . import checkpoint as ckpt
 from .argtypes import bounded_int, flag, lora_targets, loss_scale_float, nonneg_float, nonneg_int, \
     positive_float, positive_int, positive_ints, preset_name, seed_int, unit_float  # noqa: F401 (the scripts')
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
+from .core.fs import read_user_file
 from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from .core.optim import DEFAULTS as OPT_DEFAULTS
 from .core.optim import NAMES as OPT_NAMES
@@ -33,7 +35,7 @@ from .infer import evaluate, sample
 from .lens import inspect
 from .model import budget
 from .model.attention import DEFAULT as ATTENTION, IMPLS
-from .options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
+from .options import RUN_SETTINGS, EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, os_error_text
 from .tables import emit
 from .safety import Interrupted, stops_on_signals
@@ -41,6 +43,8 @@ from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, s
 from .train import MAX_GRAD_ACCUM, profile, run_budget, train
 
 EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPT = 1, 2, 130
+EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
+EXIT_DOES_NOT_FIT = 4          # tinygpt plan: the run it describes would be refused (docs/usage.md)
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -87,9 +91,11 @@ def cmd_plan(args) -> int:
         print(json.dumps(d, indent=2))
     else:
         print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(p))
-        if not p.fits:
-            print(word(budget.refusal(p, plan)))
-    return 0
+    if p.fits:
+        return 0
+    sys.stdout.flush()
+    print(f"tinygpt: {word(budget.refusal(p, plan))}", file=sys.stderr)
+    return EXIT_DOES_NOT_FIT
 
 
 def cmd_eval(args) -> int:
@@ -191,13 +197,34 @@ def kernels_arg(s):
 def add_kernels(p):
     p.add_argument("--kernels", type=kernels_arg, default={}, metavar="FAMILY=VARIANT,...",
                    help="force kernel variants over the plan: " + "; ".join(f"{f}={'|'.join(v)}"
-                                                                      for f, v in FAMILIES.items()))
+                                                                      for f, v in FAMILIES.items())
+                        + " (default: the plan's choice for this adapter, or tinygpt tune's)")
+
+
+def add_model(p):
+    p.add_argument("--model", required=True, help="the .tinygpt file (ours, or TinyGPT's own)")
+
+
+def add_attention(p):
+    p.add_argument("--attention", default=ATTENTION, choices=IMPLS,
+                   help=f"the attention path: online (tiled, any length), naive (the score matrix) or fused_sv "
+                        f"(TinyGPT's kernels); the same numbers within float32 rounding (default {ATTENTION})")
+
+
+def add_tokenizer_file(p):
+    p.add_argument("--tokenizer-file", metavar="PATH",
+                   help="r50k_base.tiktoken, for the gpt2 tokenizer when tiktoken's cache lacks it and cannot "
+                        "download it (default: tiktoken's cache)")
+
+
+def base_shape(name: str) -> tuple:
+    return PRESETS[name]
 
 
 def add_adapters(p):
     p.add_argument("--adapters", metavar="DIR",
                    help="LoRA adapters from tinygpt export --format peft, folded into --model (the base they were "
-                        "trained on, checked by its weights' hash)")
+                        "trained on, checked by its weights' hash; default: none)")
 
 
 def train_flags(p, small: TrainDefaults, base: Config):
@@ -205,39 +232,52 @@ def train_flags(p, small: TrainDefaults, base: Config):
     planned by changing its verb."""
     p.add_argument("--preset", default=default(TrainOptions, "preset"), type=preset_name, metavar="NAME",
                    help=f"one of {', '.join(PRESETS)} (default small)")
-    p.add_argument("--layers", type=positive_int)
-    p.add_argument("--d-model", type=positive_int)
-    p.add_argument("--heads", type=positive_int)
-    p.add_argument("--ctx", type=positive_int)
+    p.add_argument("--config", metavar="FILE.toml",
+                   help="take the settings from a TOML file, keyed by these flags' long names with _ for - "
+                        "(d_model = 96, steps = 2000); flags on the command line win (default: none)")
+    p.add_argument("--layers", type=positive_int,
+                   help=f"transformer blocks (default: the preset's, {base_shape('small')[0]} for small; "
+                        "on --resume, the file's)")
+    p.add_argument("--d-model", type=positive_int,
+                   help=f"the residual stream's width (default: the preset's, {base_shape('small')[1]} for small)")
+    p.add_argument("--heads", type=positive_int,
+                   help=f"attention heads, dividing --d-model (default: the preset's, {base_shape('small')[2]} "
+                        "for small)")
+    p.add_argument("--ctx", type=positive_int,
+                   help=f"context length in tokens (default: the preset's, {base_shape('small')[3]} for small)")
     p.add_argument("--sliding-window", type=positive_int, metavar="N",
                    help="sliding-window attention: each position attends to its last N positions, itself included "
                         "(upstream's slidingWindow; N >= ctx is plain causal attention; default: none, or the "
                         "resumed model's)")
-    p.add_argument("--batch", type=positive_int)
+    p.add_argument("--batch", type=positive_int,
+                   help=f"windows of --ctx tokens a step (a micro-batch with --grad-accum; default: the preset's, "
+                        f"{base_shape('small')[4]} for small, or the resumed run's)")
     p.add_argument("--grad-accum", type=bounded_int(1, MAX_GRAD_ACCUM), metavar="N",
                    help="N micro-batches of --batch windows per step, their gradients summed before one update "
                         "(the step of a batch N x --batch; default 1, or the resumed run's)")
-    p.add_argument("--recompute", action="store_true",
+    p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=False,
                    help="save only each block's input and recompute its forward in the backward: less memory, "
                         "one more forward of the blocks a step, the same gradients bit for bit")
     p.add_argument("--lora", type=bounded_int(1, MAX_RANK), metavar="R",
                    help="fine-tune --resume's model through LoRA adapters of rank R (the base frozen, only the "
-                        "adapters trained; give the fine-tune's file with --out); a LoRA checkpoint resumes its own")
+                        "adapters trained; give the fine-tune's file with --out); a LoRA checkpoint resumes its own "
+                        "(default: no adapters)")
     p.add_argument("--lora-alpha", type=positive_float, metavar="A",
                    help="the adapters' alpha (scale A / R; default 2R)")
     p.add_argument("--lora-targets", type=lora_targets, metavar="T,...",
                    help=f"the matrices that get adapters, of {', '.join(TARGETS)} "
                         f"(default {','.join(DEFAULT_TARGETS)})")
-    p.add_argument("--lora-biases", action="store_true", help="with --lora, also train every bias and LayerNorm")
+    p.add_argument("--lora-biases", action=argparse.BooleanOptionalAction, default=False, help="with --lora, also train every bias and LayerNorm")
     p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
                                   "(default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
-    p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
+    add_tokenizer_file(p)
     p.add_argument("--steps", type=positive_int,
                    help=f"total steps (default: the preset's, {small.steps} for small; on --resume, the run's "
                         "planned end)")
     p.add_argument("--minutes", type=positive_float,
-                   help="a time budget instead of --steps: the step count is fitted so the run ends on time")
+                   help="a time budget instead of --steps: the step count is fitted so the run ends on time "
+                        "(default: none, --steps)")
     p.add_argument("--schedule", choices=["cosine", "constant"],
                    help=f"cosine (default: warm-up, then cosine decay to --min-lr) or constant "
                         f"(TinyGPT's, lr {TINYGPT_LR:g})")
@@ -248,14 +288,14 @@ def train_flags(p, small: TrainDefaults, base: Config):
                         "of the run)")
     p.add_argument("--min-lr", type=nonneg_float,
                    help=f"where the cosine decay ends (default: the preset's, {small.min_lr:g} for small)")
-    p.add_argument("--rewarm", action="store_true",
+    p.add_argument("--rewarm", action=argparse.BooleanOptionalAction, default=False,
                    help="with --resume: restart the schedule at the file's step, a new warm-up to the peak lr and "
                         "a cosine to --min-lr at the new last step (default: steps past the run's planned end "
                         "continue at its final lr)")
     p.add_argument("--grad-clip", type=nonneg_float,
                    help=f"global grad-norm clip (default {base.grad_clip:g}, 0 = off)")
     p.add_argument("--seed", type=seed_int, help=f"init and data sampling seed (default {base.seed})")
-    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
+    add_attention(p)
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS),
                    help="bf16, f16: matmul operands, q/k/v and saved activations stored in 16 bits, sums and "
@@ -281,23 +321,40 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--momentum", type=unit_float,
                    help=f"muon's momentum on the matrices, with Nesterov "
                         f"(default {OPT_DEFAULTS['muon']['momentum']:g})")
-    p.add_argument("--eval-every", type=nonneg_int, default=default(TrainOptions, "eval_every"))
-    p.add_argument("--eval-windows", type=positive_int, default=default(TrainOptions, "eval_windows"),
-                   help="validation windows per evaluation")
-    p.add_argument("--log-every", type=positive_int, default=default(TrainOptions, "log_every"))
+    p.add_argument("--eval-every", type=nonneg_int,
+                   help=f"evaluate --eval-windows validation windows every N steps, and the whole split at the end "
+                        f"(0: never; default {RUN_SETTINGS['eval_every']}, or the resumed run's)")
+    p.add_argument("--eval-windows", type=positive_int,
+                   help=f"validation windows per evaluation (default {RUN_SETTINGS['eval_windows']}, "
+                        "or the resumed run's)")
+    p.add_argument("--log-every", type=positive_int,
+                   help=f"read the loss back and show it every N steps (default {RUN_SETTINGS['log_every']}, "
+                        "or the resumed run's)")
     p.add_argument("--log", "--log-file", dest="log",
-                   help="append one JSON line per logged step to this JSON Lines file (--log-file: the same, "
-                        "as scripts/train_ddp.py spells it)")
+                   help="append one JSON line per logged step (time, step, losses, lr, gradient norm, tokens/s) "
+                        "and one for the final whole-split loss to this JSON Lines file (--log-file: the same, as "
+                        "scripts/train_ddp.py spells it; default: none)")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="write TensorBoard event files into DIR (tensorboard --logdir DIR): the losses, lr, gradient "
+                        "norm, tokens/s and f16's loss scale (default: none)")
+    p.add_argument("--keep-best", action=argparse.BooleanOptionalAction, default=None,
+                   help="also keep the checkpoint of the best validation loss, as OUT.best.tinygpt beside --out "
+                        "(default: off, or the resumed run's)")
     p.add_argument("--out", help="checkpoint path (default: the --resume file, else runs/PRESET.tinygpt)")
-    p.add_argument("--force", action="store_true",
+    p.add_argument("--force", action=argparse.BooleanOptionalAction, default=False,
                    help="replace --out (and its .loss.png) even if tinygpt did not write them")
-    p.add_argument("--save-every", type=nonneg_int, default=default(TrainOptions, "save_every"))
-    p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, AdamW moments, step, data sampling")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--sample-tokens", type=nonneg_int, default=default(TrainOptions, "sample_tokens"),
-                   help="length of the greedy and the sampled text printed at the end (0: none)")
-    p.add_argument("--sample-prompt", default=default(TrainOptions, "sample_prompt"),
-                   help="what the samples at the end continue (default 'The ')")
+    p.add_argument("--save-every", type=nonneg_int,
+                   help=f"save the checkpoint every N steps as well as at the end (0: only at the end; default "
+                        f"{RUN_SETTINGS['save_every']}, or the resumed run's)")
+    p.add_argument("--resume", help="continue a .tinygpt checkpoint: weights, optimizer state, step, data sampling "
+                                    "and the run's settings (default: a new run)")
+    p.add_argument("--quiet", action=argparse.BooleanOptionalAction, default=False, help="no progress bar")
+    p.add_argument("--sample-tokens", type=nonneg_int,
+                   help=f"length of the greedy and the sampled text printed at the end (0: none; default "
+                        f"{RUN_SETTINGS['sample_tokens']}, or the resumed run's)")
+    p.add_argument("--sample-prompt",
+                   help=f"what the samples at the end continue (default {RUN_SETTINGS['sample_prompt']!r}, "
+                        "or the resumed run's)")
     p.add_argument("--profile", action="store_true",
                    help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
                         "each kernel of one step, and the step's MFU, and exit")
@@ -329,10 +386,11 @@ def settings_argv(mapping: dict, source: str, exclude=("profile", "json")) -> li
                              "of its flags with _ for - (d_model, steps, lr, ...)")
         if value is None:
             continue
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
             if not isinstance(value, bool):
                 raise UsageError(f"{source}: {key} is true or false, got {value!r}")
-            argv += [name] if value else []
+            argv += [name] if value else [] if isinstance(action, argparse._StoreTrueAction) else \
+                [flag("no_" + str(key))]
             continue
         if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and key not in ("kernels", "lora_targets"):
             raise UsageError(f"{source}: {key} takes one value, got {value!r}")
@@ -361,6 +419,7 @@ def build_parser():
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    ap.add_argument("--version", action="version", version=version(), help="the version of tinygpt and of wgpu-py")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", parents=[common],
@@ -375,58 +434,66 @@ def build_parser():
     p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
-    p.add_argument("--model", required=True)
-    p.add_argument("--data")
-    p.add_argument("--max-windows", type=positive_int)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
+    add_model(p)
+    p.add_argument("--data", help="a text file, a directory or a token file to take the validation split of "
+                                  "(default: the built-in corpus, where the model was trained on it)")
+    p.add_argument("--max-windows", type=positive_int,
+                   help="evaluate at most N windows of the split (default: all of them)")
+    p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
+    add_attention(p)
     add_kernels(p)
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"))
-    p.add_argument("--tokenizer-file")
+    p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"),
+                   help="the forward's storage: bf16 and f16 store activations and weights in 16 bits (default fp32)")
+    add_tokenizer_file(p)
     add_adapters(p)
     p.set_defaults(fn=cmd_eval)
 
     p = sub.add_parser("sample", parents=[common], help="generate text from a checkpoint")
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompt", default=default(SampleOptions, "prompt"))
-    p.add_argument("--tokens", type=positive_int, default=default(SampleOptions, "tokens"))
-    p.add_argument("--temperature", type=nonneg_float, default=default(SampleOptions, "temperature"))
-    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only")
+    add_model(p)
+    p.add_argument("--prompt", default=default(SampleOptions, "prompt"),
+                   help="the text to continue (default: a newline)")
+    p.add_argument("--tokens", type=positive_int, default=default(SampleOptions, "tokens"),
+                   help=f"tokens to generate (default {default(SampleOptions, 'tokens')})")
+    p.add_argument("--temperature", type=nonneg_float, default=default(SampleOptions, "temperature"),
+                   help=f"0 is greedy; higher draws more freely (default {default(SampleOptions, 'temperature')})")
+    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only (default: all)")
     p.add_argument("--top-p", type=float, default=default(SampleOptions, "top_p"),
-                   help="nucleus: draw from the most likely tokens that hold this share of the probability")
+                   help="nucleus: draw from the most likely tokens that hold this share of the probability "
+                        "(default 1: all)")
     p.add_argument("--num-samples", type=positive_int, default=default(SampleOptions, "num_samples"),
-                   help="continuations of the prompt, in one batch")
+                   help="continuations of the prompt, in one batch (default 1)")
     p.add_argument("--no-cache", action="store_true",
                    help="recompute the whole window for every token (as --kernels decode=full)")
-    p.add_argument("--seed", type=seed_int, default=default(SampleOptions, "seed"))
+    p.add_argument("--seed", type=seed_int, default=default(SampleOptions, "seed"),
+                   help="the same seed draws the same text (default 0)")
     p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
-                   help="bf16 and f16 sample from a key/value cache kept in their 16 bits")
-    p.add_argument("--attention", default=ATTENTION, choices=IMPLS)
+                   help="bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
+    add_attention(p)
     add_kernels(p)
-    p.add_argument("--tokenizer-file")
+    add_tokenizer_file(p)
     add_adapters(p)
     p.set_defaults(fn=cmd_sample)
 
     p = sub.add_parser("inspect", parents=[common],
                        help="attention weights of every layer and head for a prompt, and a logit lens, as a PNG")
-    p.add_argument("--model", required=True)
-    p.add_argument("--prompt", required=True)
+    add_model(p)
+    p.add_argument("--prompt", required=True, help="the text whose attention is drawn")
     p.add_argument("--out", required=True, help="the PNG to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     add_kernels(p)
-    p.add_argument("--tokenizer-file")
+    add_tokenizer_file(p)
     add_adapters(p)
     p.set_defaults(fn=cmd_inspect)
 
     p = sub.add_parser("info", parents=[common],
                        help="adapter, backend, features, limits and kernel plan; or a checkpoint with --model")
-    p.add_argument("--model", help="describe this .tinygpt file instead (no device needed)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--model", help="describe this .tinygpt file instead (no device needed; default: the adapter)")
+    p.add_argument("--json", action="store_true", help="JSON instead of the text")
     p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
     p.set_defaults(fn=cmd_info)
 
     p = sub.add_parser("tune", parents=[common], help="measure kernel variants on this adapter and cache the fastest")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the measurements as JSON Lines")
     p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
     p.add_argument("--reset", action="store_true", help="forget this adapter's cached choices and exit")
     p.set_defaults(fn=cmd_tune)
@@ -437,7 +504,7 @@ def build_parser():
     p.add_argument("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], default="byte",
                    help="byte (vocab 256, uint16 ids; default) or gpt2 (r50k_base)")
-    p.add_argument("--tokenizer-file", help="r50k_base.tiktoken, when tiktoken cannot download it")
+    add_tokenizer_file(p)
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_prepare)
@@ -452,7 +519,7 @@ def build_parser():
 
     p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "
                        "GPT-2 directory, or a compact fp16 .tinygpt")
-    p.add_argument("--model", required=True)
+    add_model(p)
     p.add_argument("--format", required=True, choices=["safetensors", "hf", "tinygpt", "tinygpt-fp16", "peft"],
                    help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them; "
                         "tinygpt: float32 (with --merge, a LoRA run as a plain model TinyGPT's readers compute); "
@@ -471,7 +538,12 @@ def handled(name: str, fn, debug: bool, stopped: str, traceback_hint: str) -> in
     run has said why already)."""
     set_wording(flag)
     try:
-        return fn() or 0
+        code = fn() or 0
+        sys.stdout.flush()          # here, where a reader that left is caught, not at the exit
+        return code
+    except BrokenPipeError:         # `tinygpt info | head`: the reader left; end quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())     # nothing more to flush at exit
+        return EXIT_BROKEN_PIPE
     except KeyboardInterrupt:
         print(f"{name}: {stopped}", file=sys.stderr)
         return EXIT_INTERRUPT
@@ -496,7 +568,49 @@ def run_script(name: str, main) -> None:
     sys.exit(handled(name, main, bool(os.environ.get("TINYGPT_DEBUG")), "stopped", "TINYGPT_DEBUG=1"))
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def read_config(path: str) -> dict:
+    """A --config file: a TOML table of train's settings, read whole once its size is checked."""
+    try:
+        import tomllib
+    except ImportError:                 # Python 3.10: the same parser, before the standard library took it
+        import tomli as tomllib
+    label = f"--config {path}"
+    raw = read_user_file(path, UsageError, label, "a TOML file of train's settings", MAX_CONFIG_BYTES, "1 MiB")
+    try:
+        table = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise UsageError(f"{label}: not TOML ({e}); write one setting a line, such as d_model = 96") from None
+    if "config" in table:
+        raise UsageError(f"{label}: a config does not name another config; copy its settings in")
+    return table
+
+
+def with_config(argv: list, args) -> argparse.Namespace:
+    """train and plan with --config: the file's settings as flags placed before the command
+    line's own, so each is checked as its flag is, and the command line wins."""
+    if getattr(args, "config", None) is None:
+        return args
+    at = argv.index(args.cmd) + 1
+    settings = settings_argv(read_config(args.config), f"--config {args.config}", exclude=("profile", "json",
+                                                                                           "config"))
+    return build_parser().parse_args(argv[:at] + settings + argv[at:])
+
+
+def version() -> str:
+    import platform
+    import wgpu
+    return f"tinygpt {__version__} (wgpu-py {wgpu.__version__}, Python {platform.python_version()})"
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    return handled("tinygpt", lambda: args.fn(args), args.debug,
+    argv = list(sys.argv[1:] if argv is None else argv)
+
+    def run():
+        args = build_parser().parse_args(argv)       # --help too: its reader may leave early
+        settled = with_config(argv, args)
+        return settled.fn(settled)
+    return handled("tinygpt", run, "--debug" in argv,
                    "stopped at once without saving; the last checkpoint on disk is kept", "--debug")

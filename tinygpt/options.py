@@ -48,17 +48,28 @@ class TrainOptions:
     lora_alpha: float | None = None    # None: 2 x rank
     lora_targets: list | None = None   # of core.lora.TARGETS; None: q, k, v, o
     lora_biases: bool = False          # also train every bias and LayerNorm
-    eval_every: int = 100
-    eval_windows: int = 64
-    log_every: int = 10
+    # the run's settings (RUN_SETTINGS): None is the resumed run's, else RUN_SETTINGS'
+    eval_every: int | None = None
+    eval_windows: int | None = None
+    log_every: int | None = None
+    save_every: int | None = None
+    sample_tokens: int | None = None   # the greedy and the sampled text at the end; 0: none
+    sample_prompt: str | None = None
+    keep_best: bool | None = None      # also keep the checkpoint of the best validation loss
     log: str | None = None
+    tensorboard: str | None = None     # a directory for TensorBoard's event files
     out: str | None = None             # None: the resumed file, else runs/PRESET.tinygpt
     force: bool = False
-    save_every: int = 500
     resume: str | None = None
     quiet: bool = False
-    sample_tokens: int = 200           # the greedy and the sampled text at the end; 0: none
-    sample_prompt: str = "The "        # what both continue (a bare newline sends greedy byte models into indentation)
+
+
+# How a run logs, evaluates, saves and ends, where no option says: the checkpoint keeps the values
+# a run used (tinygptPy.settings), and a resumed run takes them again where no option says.
+# (A path, such as the log's, is not kept: tinygpt opens no path read from a file.)
+RUN_SETTINGS = {"eval_every": 100, "eval_windows": 64, "log_every": 10, "save_every": 500, "sample_tokens": 200,
+                "sample_prompt": "The ",       # a bare newline sends greedy byte models into indentation
+                "keep_best": False}
 
 
 @dataclass

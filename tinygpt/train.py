@@ -38,8 +38,9 @@ from .model.attention import path as attention_path
 from .model.budget import device_limits, largest_fitting_batch, memory_budget, refusal
 from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
-from .options import TrainOptions
+from .options import RUN_SETTINGS, TrainOptions
 from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
+from .runlog import RunLog, claim_directory
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
 from .tokenfile import data_files, is_token_file, open_dataset, read_sidecar
@@ -61,6 +62,7 @@ class Run:
     frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
     optimizer: OptimizerSettings = field(default_factory=lambda: make_settings("adamw"))
     notes: list = field(default_factory=list)     # what the banner says of the resume (a fresh optimizer state)
+    o: TrainOptions | None = None                 # the options, each run setting given (run_settings)
 
     def checkpoint(self, params: dict, state: dict, steps: int, step: int, extra: dict) -> ckpt.Checkpoint:
         """The file of this run: its weights and its optimizer's state (optim_state: AdamW's moments in
@@ -108,17 +110,28 @@ class TrainOutputs:
     checkpoint: Path
     plot: Path
     log: Path | None
+    best: Path | None = None            # the keep-best option's checkpoint
+    tensorboard: Path | None = None     # the directory of TensorBoard's event files
 
 
 def output_paths(o: TrainOptions) -> TrainOutputs:
-    """Claims the checkpoint, its loss-curve plot and the log before anything is read or run.
-    The checkpoint may be the resumed file (written back); nothing else may be an input."""
+    """Claims the checkpoint, its loss-curve plot, the best checkpoint and the logs before anything
+    is read or run. The checkpoint may be the resumed file (written back); nothing else may be an
+    input. The best checkpoint is claimed where keep-best is given, or may be the resumed run's."""
     given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
     out = Path(given)
     outs = Outputs(o.force, {"data": data_files(o.data), "tokenizer_file": o.tokenizer_file, "resume": o.resume})
+    keep_best = o.keep_best or (o.keep_best is None and o.resume)
     return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
                         outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
-                        outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None)
+                        outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None,
+                        outs.claim(best_path(out), "out", "best checkpoint", ckpt.is_tinygpt) if keep_best else None,
+                        claim_directory(o.tensorboard) if o.tensorboard else None)
+
+
+def best_path(out: Path) -> Path:
+    """Where keep-best keeps the best checkpoint: beside the run's, as OUT.best.tinygpt."""
+    return derived(out, ".best.tinygpt")
 
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
@@ -271,6 +284,30 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
             raise ckpt.CheckpointError(f"{label}: its data-sampling state is malformed") from e
 
 
+def run_settings(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str) -> TrainOptions:
+    """The options with each run setting (options.RUN_SETTINGS) given: the option's, else the
+    resumed run's (as its file kept them), else the default."""
+    saved = resume.extra.get("settings", {}) if resume else {}
+    if not isinstance(saved, dict):
+        raise ckpt.CheckpointError(f"{label}: its settings {ckpt.show(saved)} are not a table")
+    values = {}
+    for key, default in RUN_SETTINGS.items():
+        v = getattr(o, key)
+        if v is None and key in saved:
+            v = saved[key]
+            ok = isinstance(v, bool) if isinstance(default, bool) else \
+                isinstance(v, str) and len(v) <= 10_000 if isinstance(default, str) else \
+                isinstance(v, int) and not isinstance(v, bool) and (1 if key in POSITIVE else 0) <= v <= 1 << 31
+            if not ok:
+                raise ckpt.CheckpointError(f"{label}: its setting {key} {ckpt.show(v)} is not one {{opt:{key}}} takes; "
+                                           f"give {{opt:{key}}} to replace it")
+        values[key] = default if v is None else v
+    return dataclasses.replace(o, **values)
+
+
+POSITIVE = ("eval_windows", "log_every")        # the run settings that cannot be 0
+
+
 def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None = None,
           label: str | None = None) -> tuple[Run, int]:
     """Config, data, model and state for `tinygpt train`; returns the run and its start step.
@@ -283,6 +320,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
                                      v=held.v and dict(held.v))
     if resume:
         lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
+    o = run_settings(o, resume, label)
     lora, new_lora = run_lora(o, resume, label)
     if new_lora and held is None and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
@@ -320,14 +358,15 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     header = resume.header if resume else {}
     if new_lora:        # the base run's own results are not the fine-tune's
         header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes), start
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes, o), start
 
 
 def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, resume) -> dict:
     """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
     the precision: a bf16 run resumes in fp32 and back."""
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every}
+             "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every,
+             "settings": {k: getattr(o, k) for k in RUN_SETTINGS}}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
     if resume and isinstance(resume.header.get("corpus"), str) and \
@@ -414,7 +453,11 @@ class Loop:
         self.held, self.extension = hold_schedule(o, run, start, total)
         self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
         self.side = SideWriter(err)
-        self.log = self.side.attempt("log", open, outs.log, "a") if outs.log else None
+        self.log = RunLog(self.side, outs.log, outs.tensorboard)
+        # keep-best: the lowest validation loss of the run so far, the resumed run's past included
+        vals = [h["val"] for h in run.history if isinstance(h.get("val"), (int, float))]
+        self.best_val = min(vals) if vals and outs.best and outs.best.exists() else None
+        self.best_step = None
         self.val = run.data.val_windows(o.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
         # the samples at the end: float32 from the key/value cache, whatever the run's precision
@@ -472,8 +515,7 @@ class Loop:
             self._finish()
         finally:
             self.bar.close()
-            if self.log:
-                self.side.attempt("log", self.log.close)
+            self.log.close()
             self.stop.restore()
 
     def _steps(self):
@@ -507,7 +549,8 @@ class Loop:
         """A logged step: the loss read back and checked, the history, the log line, the bar."""
         run, model, saver, lr = self.run, self.run.model, self.saver, self.lr
         loss = model.loss()
-        why = unhealthy(loss, model.grad_norm(), saver.best, run.cfg.vocab)
+        norm = model.grad_norm()
+        why = unhealthy(loss, norm, saver.best, run.cfg.vocab)
         if why:
             raise TrainingStopped(f"{why} at step {done}; lower {{opt:lr}} (it is {lr:g}) or "
                                   f"{{opt:grad_clip}}; {saver.kept_text()}", 3)
@@ -518,18 +561,47 @@ class Loop:
             rec["val"] = self.last["val"] = model.mean_loss(*self.val)
         self.last["train"] = loss
         run.history.append({k: rec[k] for k in ("step", "train", "val") if k in rec})
-        if self.log:
-            row = {"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr,
-                   "tokens_per_s": rec["tokens_per_s"]}
-            if scaler:
-                row.update(loss_scale=scaler["scale"], skipped_steps=int(scaler["skipped"]))
-            line = json.dumps(row) + "\n"
-            if self.side.attempt("log", lambda: (self.log.write(line), self.log.flush())) is None:
-                self.log = None
+        row = {"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr, "grad_norm": norm,
+               "tokens_per_s": rec["tokens_per_s"]}
+        if scaler:
+            row.update(loss_scale=scaler["scale"], skipped_steps=int(scaler["skipped"]))
+        self.log.row(row)
+        if self.outs.best and "val" in rec and (self.best_val is None or rec["val"] < self.best_val):
+            self._save_best(done, rec["val"])
         self.bar.set_postfix_str(f"loss {loss:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
                                  + f" {self.tok_s:,.0f} tok/s"
                                  + (f" scale {scaler['scale']:g} skipped {int(scaler['skipped'])}" if scaler else "")
                                  + (f", {clock_text(self.deadline.left())} left" if self.deadline else ""))
+
+    def progress(self, total: int, what: str, unit: str):
+        """A bar for a phase of the end of the run (the whole-split evaluation), as the steps' bar."""
+        from tqdm import tqdm
+        return tqdm(total=total, desc=what, unit=unit, file=self.err, disable=self.o.quiet, leave=False,
+                    dynamic_ncols=True, mininterval=0.1 if getattr(self.err, "isatty", lambda: False)() else 5.0)
+
+    def files(self) -> list[str]:
+        """What the run wrote, as the report names it."""
+        outs, best = self.outs, self.outs.best
+        files = [f"checkpoint {outs.checkpoint}"]
+        if best and self.best_step is not None:
+            files.append(f"best checkpoint {best} (step {self.best_step:,}, val {self.best_val:.4f})")
+        elif best and best.exists():
+            files.append(f"best checkpoint {best} (kept from before: this run's validation losses were higher)")
+        files += [f"loss curve {self.png}"] if self.png else []
+        files += [f"log {outs.log}"] if outs.log else []
+        files += [f"TensorBoard logs in {outs.tensorboard}"] if outs.tensorboard else []
+        return files
+
+    def _save_best(self, done: int, val: float):
+        """keep-best: this step's weights, whose validation loss is the run's lowest yet."""
+        params = self.saver.checked_params(self.x, self.y, self.lr, done)
+        try:
+            self.saver.save(params, self.outs.best)
+        except OSError as e:      # the run's own checkpoint is what matters: warn, go on
+            print(f"\nwarning: could not save the best checkpoint {self.outs.best} at step {done} "
+                  f"({e.strerror or e}); training goes on", file=self.err)
+            return
+        self.best_val, self.best_step = val, done
 
     def _save_periodic(self, done: int):
         params = self.saver.checked_params(self.x, self.y, self.lr, done)
@@ -554,7 +626,10 @@ class Loop:
                 # the whole split before the save: the file's last point (finalLoss.val, and bestVal
                 # where it is the lowest) holds the loss the run prints and eval computes, not the
                 # 64 windows' estimate
-                self.last["val_full"] = model.mean_loss(*self.final_val)
+                with self.progress(len(self.final_val[0]), "evaluating the validation split", "window") as bar:
+                    self.last["val_full"] = model.mean_loss(*self.final_val, progress=bar)
+                self.log.row({"step": model.step_count, "final_train_loss": self.last["train"],
+                              "final_val_loss": self.last["val_full"], "val_windows": len(self.final_val[0])})
                 last = run.history[-1] if run.history else None
                 if last is not None and last.get("step") == model.step_count:
                     last["val"] = self.last["val_full"]
@@ -580,15 +655,18 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
     out, err = out or sys.stdout, err or sys.stderr
     outs = output_paths(o)                       # every output checked before anything is read
     run, start = setup(o, gpu)
+    o = run.o
+    if not o.keep_best:                 # claimed for a resumed run that turned out not to keep one
+        outs.best = None
     loop = Loop(o, run, start, outs, err, clock, t0)
     loop.banner()
     loop.run_all()
     seconds = clock() - t0
-    report(out, run, o, loop.last, len(loop.final_val[0]), loop.tok_s, seconds, outs.checkpoint, loop.png,
-           loop.samples)
+    report(out, run, o, loop.last, len(loop.final_val[0]), loop.tok_s, seconds, loop.files(), loop.samples)
     return {"final_train_loss": loop.last["train"], "final_val_loss": loop.last.get("val_full"),
             "val_windows": len(loop.final_val[0]), "tokens_per_s": loop.tok_s, "checkpoint": str(outs.checkpoint),
-            "plot": str(loop.png) if loop.png else None, "steps": run.model.step_count, "seconds": seconds,
+            "plot": str(loop.png) if loop.png else None,
+            "best": str(outs.best) if outs.best and loop.best_step is not None else None, "steps": run.model.step_count, "seconds": seconds,
             "samples": loop.samples}
 
 
@@ -612,7 +690,7 @@ def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clo
 
 
 def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: float, seconds: float,
-           out_path: Path, png, samples):
+           files: list, samples):
     """The end of a run: losses (val over the whole split, in bits too for bytes), time, files, samples."""
     val = last.get("val_full")
     if val is None:
@@ -622,8 +700,8 @@ def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: floa
         val_text = f"{val:.4f} nats{unit} (whole validation split, {windows:,} windows)"
     train_text = f"{last['train']:.4f}" if last["train"] is not None else "-"
     print(f"final train loss {train_text}, val loss {val_text}", file=out)
-    print(f"{run.model.step_count:,} steps in {clock_text(seconds)}, {tok_s:,.0f} tokens/s; checkpoint {out_path}"
-          + (f", loss curve {png}" if png else ""), file=out)
+    print(f"{run.model.step_count:,} steps in {clock_text(seconds)}, {tok_s:,.0f} tokens/s; " + ", ".join(files),
+          file=out)
     if samples:
         print("greedy sample (temperature 0):\n" + samples[0], file=out)
         print(f"sample (temperature {SAMPLE_TEMPERATURE}, top-k {SAMPLE_TOP_K}, seed {run.cfg.seed}):\n"
@@ -679,6 +757,7 @@ def run_budget(o: TrainOptions, kernels: dict):
     by the same functions as train's -> (gpu, kernel plan, budget, (batch, grad_accum) that fits
     the same batch where this does not, or (None, None))."""
     resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    o = run_settings(o, resume, f"{{opt:resume}} {o.resume}")
     held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
     lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
         if o.lora is not None else None            # a plan may ask what adapters would take without a base

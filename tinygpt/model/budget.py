@@ -182,6 +182,9 @@ def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     return msg + " (tinygpt plan shows every buffer)"
 
 
+SHOWN_PROBLEMS = 4
+
+
 def human(n: int) -> str:
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
@@ -205,5 +208,10 @@ def text(p: MemoryBudget) -> str:
     shown = {"max_binding": "binding limit", "align": "offset alignment", "max_buffer": "buffer limit",
              "loop_cap": "CPU loop cap (rows)", "memory": "memory available"}
     lines.append("limits: " + ", ".join(f"{shown[k]} {v:,}" for k, v in lim.items() if v is not None and k in shown))
-    lines.append("fits" if p.fits else "does not fit: " + "; ".join(p.problems))
+    if p.fits:
+        lines.append("fits")
+    else:                       # one line a problem, the first few: a big run has one per activation
+        lines += [f"does not fit: {w}" for w in p.problems[:SHOWN_PROBLEMS]]
+        if len(p.problems) > SHOWN_PROBLEMS:
+            lines.append(f"does not fit: {len(p.problems) - SHOWN_PROBLEMS} more buffers as these")
     return "\n".join(lines)

@@ -230,9 +230,10 @@ class Model:
         self.gpu.run(self._fwd + self._eval_rows)
         return self.gpu.read(self.losses, count=rows or self.B * self.T)
 
-    def mean_loss(self, xs: np.ndarray, ys: np.ndarray) -> float:
+    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, progress=None) -> float:
         """Mean next-token loss over N windows [N, T], B at a time (float64 sum); the last batch
-        is padded with copies of its first window, whose rows are not read."""
+        is padded with copies of its first window, whose rows are not read. progress: a bar
+        (tqdm's), updated by the windows of each batch."""
         B, T, n = self.B, self.T, len(xs)
         if n == 0:
             raise ValueError("no windows to evaluate")
@@ -244,6 +245,8 @@ class Model:
                 x = np.concatenate([x, np.repeat(x[:1], B - k, 0)])
                 y = np.concatenate([y, np.repeat(y[:1], B - k, 0)])
             total += self.row_losses(x, y, k * T).astype(np.float64).sum()
+            if progress is not None:
+                progress.update(k)
         return total / (n * T)
 
     def evaluate(self, x, y) -> float:

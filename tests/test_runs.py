@@ -1,0 +1,155 @@
+"""How a run is set up, logged and kept, as the field's trainers do it: --config files, the settings
+a resumed run keeps, the JSON Lines log and TensorBoard's event files (read back with TensorBoard's
+own reader), --keep-best, and the command line's habits (--version, --help, plan's exit code, a
+closed pipe)."""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tinygpt import checkpoint as ckpt
+from tinygpt.cli import build_parser, main, train_options
+
+pytestmark = pytest.mark.kernel
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("It was the best of times, it was the worst of times; it was the age of wisdom. " * 300)
+    return p
+
+
+def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
+    (tmp_path / "run.toml").write_text(f'preset = "tiny"\nlayers = 1\nbatch = 4\nctx = 16\nquiet = true\n'
+                                       f'sample_tokens = 0\nsteps = 5\nlr = 3e-3\neval_every = 0\n'
+                                       f'optimizer = "adamw"\nkernels = {{ matmul = "scalar" }}\n'
+                                       f'data = "{corpus}"\n')
+    a, b = tmp_path / "a.tinygpt", tmp_path / "b.tinygpt"
+    assert main(["train", "--config", str(tmp_path / "run.toml"), "--out", str(a)]) == 0
+    assert main(["train", *TINY, "--steps", "5", "--lr", "3e-3", "--eval-every", "0", "--optimizer", "adamw",
+                 "--kernels", "matmul=scalar", "--data", str(corpus), "--out", str(b)]) == 0
+    ca, cb = ckpt.load(a), ckpt.load(b)
+    assert ca.step == cb.step == 5
+    for name in ca.params:
+        assert np.array_equal(ca.params[name], cb.params[name]), name
+    # the command line wins over the file
+    c = tmp_path / "c.tinygpt"
+    assert main(["train", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--out", str(c)]) == 0
+    assert ckpt.load(c).step == 2
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("lr = -1\n", "--lr: must be a positive finite number"),
+    ("learning_rate = 1e-3\n", "'learning_rate' is not a setting of tinygpt train"),
+    ("steps = \n", "not TOML"),
+    ("quiet = 1\n", "quiet is true or false"),
+    ('config = "other.toml"\n', "does not name another config"),
+])
+def test_a_bad_config_is_one_line(tmp_path, capsys, text, needle):
+    (tmp_path / "bad.toml").write_text(text)
+    assert main(["train", "--config", str(tmp_path / "bad.toml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and f"--config {tmp_path / 'bad.toml'}" in err[0], err
+
+
+def test_the_example_configs_load():
+    names = sorted(p.name for p in (ROOT / "configs").glob("*.toml"))
+    assert names == ["first-run.toml", "lora.toml", "shakespeare.toml"]
+    import tomllib
+    for name in names:
+        o = train_options(tomllib.loads((ROOT / "configs" / name).read_text()), name)
+        print(f"\n{name}: preset {o.preset}, steps {o.steps}, minutes {o.minutes}, lora {o.lora}, out {o.out}")
+        assert o.out and o.out.startswith("runs/")
+    assert train_options(tomllib.loads((ROOT / "configs" / "lora.toml").read_text()), "lora").lora_targets == \
+        ["q", "k", "v", "o"]
+
+
+def test_a_resumed_run_keeps_its_settings(tmp_path, corpus):
+    out, log = tmp_path / "m.tinygpt", tmp_path / "l.jsonl"
+    assert main(["train", *TINY, "--steps", "7", "--log-every", "3", "--eval-every", "0", "--save-every", "0",
+                 "--data", str(corpus), "--out", str(out)]) == 0
+    settings = ckpt.load(out).extra["settings"]
+    assert settings["log_every"] == 3 and settings["eval_every"] == 0 and settings["sample_tokens"] == 0
+    assert main(["train", "--resume", str(out), "--steps", "13", "--quiet", "--data", str(corpus),
+                 "--log", str(log)]) == 0
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps == [9, 12, 13], steps          # every 3rd step and the last, no evaluation
+    assert main(["train", "--resume", str(out), "--steps", "15", "--log-every", "1", "--quiet",
+                 "--data", str(corpus)]) == 0
+    assert ckpt.load(out).extra["settings"]["log_every"] == 1           # an option given replaces it
+
+
+def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out, log, tb = tmp_path / "m.tinygpt", tmp_path / "l.jsonl", tmp_path / "tb"
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", *TINY, "--steps", "12", "--eval-every", "4",
+                        "--eval-windows", "4", "--log-every", "2", "--data", str(corpus), "--out", str(out),
+                        "--log", str(log), "--tensorboard", str(tb), "--keep-best"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r for r in rows if "train_loss" in r]
+    assert [r["step"] for r in steps] == [2, 4, 6, 8, 10, 12]
+    assert all({"time", "lr", "grad_norm", "tokens_per_s"} <= set(r) and r["grad_norm"] > 0 for r in steps)
+    final = rows[-1]
+    assert final["step"] == 12 and final["final_val_loss"] > 0 and final["val_windows"] > 4
+    ea = EventAccumulator(str(tb))
+    ea.Reload()
+    tags = set(ea.Tags()["scalars"])
+    print(f"\nTensorBoard's reader: {sorted(tags)}")
+    assert {"loss/train", "loss/val", "lr", "grad_norm", "tokens_per_s", "loss/val_final"} <= tags
+    assert [e.step for e in ea.Scalars("loss/train")] == [2, 4, 6, 8, 10, 12]
+    assert abs(ea.Scalars("loss/val_final")[0].value - final["final_val_loss"]) < 1e-5
+    # keep-best: the file of the lowest validation loss, said at the end
+    vals = {r["step"]: r["val_loss"] for r in steps if r["val_loss"] is not None}
+    best_step = min(vals, key=vals.get)
+    best = tmp_path / "m.best.tinygpt"
+    assert ckpt.load(best).step == best_step
+    assert f"best checkpoint {best} (step {best_step}" in r.stdout and f"TensorBoard logs in {tb}" in r.stdout
+
+
+def test_f16_logs_its_loss_scale(gpu, tmp_path, corpus):
+    if "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    tb = tmp_path / "tb"
+    assert main(["train", *TINY, "--steps", "2", "--eval-every", "0", "--log-every", "1", "--precision", "f16",
+                 "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt"), "--tensorboard", str(tb)]) == 0
+    ea = EventAccumulator(str(tb))
+    ea.Reload()
+    assert [e.value for e in ea.Scalars("loss_scale")] == [65536.0, 65536.0]
+
+
+def test_version_help_and_a_closed_pipe():
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("tinygpt 0.") and "wgpu-py" in r.stdout
+    # every flag says what it does, and its default where it takes a value
+    missing = []
+
+    def walk(p, name):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for n, sp in a.choices.items():
+                    walk(sp, n)
+            elif a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._VersionAction)):
+                takes_value = not isinstance(a, (argparse._StoreTrueAction, argparse.BooleanOptionalAction))
+                if not a.help or takes_value and not a.required and "default" not in a.help:
+                    missing.append(f"{name} {a.option_strings[0]}")
+    walk(build_parser(), "tinygpt")
+    assert not missing, missing
+    # `tinygpt info | head -1`: the reader leaves; tinygpt ends without a word, as Unix tools do
+    for argv in (["info"], ["train", "--help"]):
+        p = subprocess.Popen([sys.executable, "-m", "tinygpt", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        p.stdout.close()                        # before it writes a line
+        err = [line for line in p.stderr.read().splitlines() if "XDG_RUNTIME_DIR" not in line]
+        p.stderr.close()
+        rc = p.wait(timeout=120)
+        assert not err and rc == (141 if argv == ["info"] else 0), (argv, rc, err)     # --help has said all

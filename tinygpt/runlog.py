@@ -1,0 +1,74 @@
+"""What a training run writes as it goes, besides its checkpoint: the JSON Lines log (--log) and
+TensorBoard's event files (--tensorboard). Both get the same rows; a failure to write either warns
+once (safety.SideWriter) and the run goes on without it.
+
+TensorBoard's files are written with tensorboardX: the standalone writer of TensorBoard's format
+(no PyTorch or TensorFlow needed), kept up with TensorBoard's releases, and the same SummaryWriter
+API as torch.utils.tensorboard, so its files read in `tensorboard --logdir` like any other.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from .core.errors import OutputError
+
+# row key -> TensorBoard tag; the same names a PyTorch run's logs use, grouped as TensorBoard shows them
+TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "lr": "lr", "grad_norm": "grad_norm",
+        "tokens_per_s": "tokens_per_s", "loss_scale": "loss_scale", "final_val_loss": "loss/val_final"}
+
+
+def now() -> str:
+    """The time of a row: UTC, ISO 8601, to the millisecond."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def claim_directory(path) -> Path:
+    """--tensorboard's directory: made if missing; an existing file is refused. TensorBoard's writer
+    adds a file of its own name to it and never replaces one, so nothing there is lost."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{{opt:tensorboard}} {p} is a file; give a directory for TensorBoard's event files")
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"{{opt:tensorboard}} {p}: cannot make it ({e.strerror}); choose another directory") from e
+    return p
+
+
+class RunLog:
+    """One run's log lines and event files. side: safety.SideWriter (a failure warns once)."""
+
+    def __init__(self, side, log_path: Path | None, tensorboard: Path | None):
+        self.side = side
+        self.log = side.attempt("log", open, log_path, "a") if log_path else None
+        self.tb = side.attempt("TensorBoard log", _writer, tensorboard) if tensorboard else None
+
+    def row(self, row: dict):
+        """A logged step (or the run's final loss): its keys those of TAGS, and step."""
+        row = {"time": now(), **row}
+        if self.log is not None:
+            line = json.dumps(row) + "\n"
+            if self.side.attempt("log", lambda: (self.log.write(line), self.log.flush())) is None:
+                self.log = None
+        if self.tb is not None:
+            def add():
+                for key, tag in TAGS.items():
+                    if row.get(key) is not None:
+                        self.tb.add_scalar(tag, float(row[key]), int(row["step"]))
+                self.tb.flush()
+                return True
+            if self.side.attempt("TensorBoard log", add) is None:
+                self.tb = None
+
+    def close(self):
+        if self.log is not None:
+            self.side.attempt("log", self.log.close)
+        if self.tb is not None:
+            self.side.attempt("TensorBoard log", self.tb.close)
+
+
+def _writer(directory: Path):
+    from tensorboardX import SummaryWriter
+    return SummaryWriter(logdir=str(directory), flush_secs=30)
