@@ -31,7 +31,7 @@ import numpy as np
 
 from tinygpt import checkpoint as ckpt
 from tinygpt import optim_state
-from tinygpt.runlog import now
+from tinygpt import runlog
 from tinygpt.core.config import param_specs
 from tinygpt.core.optim import make_settings
 from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
@@ -216,7 +216,7 @@ def train(args) -> int:
                     rec["val"] = val_loss()
                 history.append(rec)
                 if log:
-                    log.write(json.dumps({"time": now(), "step": done, "train_loss": mean, "val_loss": rec.get("val"),
+                    log.write(json.dumps({"time": runlog.now(), "step": done, "train_loss": mean, "val_loss": rec.get("val"),
                                           "lr": lr, "tokens_per_s": round(tok_s, 1)}) + "\n")
                     log.flush()
                 print(f"step {done}: loss {mean:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")

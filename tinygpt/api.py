@@ -275,7 +275,7 @@ class GPT:
         return Trainer(self, steps, data, options)
 
     def train(self, steps: int, data=None, **options) -> dict:
-        """Train `steps` more steps (the CLI's --steps is the total; this is the number to run)
+        """Train `steps` more steps (the CLI's steps option is the total; this is the number to run)
         with the trainer's own code: its schedule, accumulation, precision and optimizer, each
         option as `tinygpt train` takes it (lr=3e-3, batch=8, optimizer="adamw", precision="bf16",
         grad_accum=2, lora=8, ...). data: a text file, a directory or a token file (None: the
@@ -285,7 +285,7 @@ class GPT:
     def save(self, path, *, force: bool = False, dtype: str = "fp32"):
         """Write the model (weights, optimizer state, step) as a .tinygpt file, whole or not at all.
         An existing file tinygpt did not write is kept unless force. dtype: fp32, or fp16 for
-        weights alone (as export --format tinygpt-fp16)."""
+        weights alone (as the export's tinygpt-fp16 format)."""
         if dtype not in ("fp32", "fp16"):
             raise UsageError(f"save: dtype fp32 or fp16, got {dtype!r}")
         out = Outputs(force).claim(path, "path", "checkpoint", ckpt.is_tinygpt)

@@ -1,10 +1,10 @@
-"""What a training run writes as it goes, besides its checkpoint: the JSON Lines log (--log) and
-TensorBoard's event files (--tensorboard). Both get the same rows; a failure to write either warns
+"""What a training run writes as it goes, besides its checkpoint: the JSON Lines log (the log option)
+and TensorBoard's event files (the tensorboard option). Both get the same rows; a failure to write either warns
 once (safety.SideWriter) and the run goes on without it.
 
 TensorBoard's files are written with tensorboardX: the standalone writer of TensorBoard's format
 (no PyTorch or TensorFlow needed), kept up with TensorBoard's releases, and the same SummaryWriter
-API as torch.utils.tensorboard, so its files read in `tensorboard --logdir` like any other.
+API as torch.utils.tensorboard, so TensorBoard reads its files like any other.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def now() -> str:
 
 
 def claim_directory(path) -> Path:
-    """--tensorboard's directory: made if missing; an existing file is refused. TensorBoard's writer
+    """The tensorboard option's directory: made if missing; an existing file is refused. TensorBoard's writer
     adds a file of its own name to it and never replaces one, so nothing there is lost."""
     p = Path(path)
     if p.exists() and not p.is_dir():
