@@ -2,7 +2,11 @@
 model's logits are the reference's; what this architecture cannot hold is refused in one line;
 an imported model fine-tunes from the command line."""
 import json
+import os
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,10 +14,13 @@ import pytest
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import main
 from tinygpt.core.config import preset
-from tinygpt.hf import export_hf, import_hf
+from tinygpt.hf import export_hf, import_hf, model_files, write_directory
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 from tinygpt.model.spec import RunSpec
+
+
+R50K = Path(__file__).resolve().parents[2] / "shared" / "data" / "r50k_base.tiktoken"
 
 
 def model(vocab=256, seed=0):
@@ -36,7 +43,10 @@ def test_export_then_import_is_the_identity(tmp_path, vocab):
     """And a model with GPT-2's tanh GELU stays one: exported as gelu_new, imported as gelu_tanh."""
     ck = model_tanh() if vocab == "tanh" else model(vocab)
     vocab = ck.cfg.vocab
-    export_hf(ck, tmp_path / "hf")
+    if vocab == 50257 and not R50K.exists():    # the weights alone: the tokenizer's files need r50k_base
+        write_directory(tmp_path / "hf", model_files(ck))
+    else:
+        export_hf(ck, tmp_path / "hf", tokenizer_file=R50K if vocab == 50257 else None)
     back = import_hf(tmp_path / "hf")
     assert back.cfg.__dict__ == {**ck.cfg.__dict__, "batch": back.cfg.batch, "lr": back.cfg.lr}
     for name, a in ck.params.items():
@@ -177,3 +187,54 @@ def test_logits_match_transformers_gpt2_with_gelu_new(tmp_path, gpu, plan):
     err = np.abs(m.logits_of(x.astype(np.uint32)) - want).max()
     print(f"logits against transformers' GPT-2 (gelu_new): max error {err:.2e}")
     assert err < 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
+def test_transformers_pipeline_on_the_export_is_tinygpt_sample(tmp_path, tokenizer):
+    """The export as Hugging Face's tools take it: AutoTokenizer encodes as tinygpt does, and
+    pipeline("text-generation") with the export's own generation config gives the greedy text of
+    `tinygpt sample --temperature 0`, to the context's end. A random model: its greedy tokens vary."""
+    pytest.importorskip("torch", reason="transformers' pipeline runs on PyTorch (pip install -e '.[torch]')")
+    transformers = pytest.importorskip("transformers", reason="pip install transformers to run this check")
+    more = []
+    if tokenizer == "gpt2":
+        if not R50K.exists():
+            pytest.skip("no r50k_base.tiktoken beside the checkout (the gpt2 tokenizer's file)")
+        more = ["--tokenizer-file", str(R50K)]
+    import tinygpt
+    m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
+    cfg = preset("tiny", layers=1, ctx=48, vocab=50257 if tokenizer == "gpt2" else 256)
+    r = np.random.default_rng(3)        # weights far off their init: greedy text that does not repeat at once
+    p = {k: (v + r.standard_normal(v.shape) * 0.3).astype(np.float32) for k, v in init_params(cfg).items()}
+    ckpt.save(m, ckpt.Checkpoint(cfg, p, None, None, 0, [], {"tokenizer": tokenizer}))
+    assert main(["export", "--model", str(m), "--format", "hf", str(d), *more]) == 0
+    prompt = "ROMEO: Is it so?"
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    ours = tinygpt.get_tokenizer(tokenizer, more[1] if more else None)
+    assert tok.encode(prompt) == [int(i) for i in ours.encode(prompt)]
+    n = 48 - len(tok.encode(prompt))            # generation_config's max_length: the context
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "sample", "--model", str(m), "--prompt", prompt,
+                        "--temperature", "0", "--tokens", str(n), *more], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    want = r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout        # the CLI ends the text with a newline
+    got = transformers.pipeline("text-generation", model=str(d))(prompt)[0]["generated_text"]
+    print(f"\n{tokenizer}: {n} tokens, pipeline {got[-40:]!r}")
+    assert got == want and len(got) > len(prompt)
+
+
+def test_import_reads_the_exports_tokenizer(tmp_path, capsys):
+    export_hf(model(), tmp_path / "hf")
+    names = sorted(p.name for p in (tmp_path / "hf").iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    gen = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert gen["do_sample"] is False and gen["max_length"] == 12
+    assert import_hf(tmp_path / "hf").extra["tokenizer"] == "byte"
+    t = json.loads((tmp_path / "hf" / "tokenizer.json").read_text())
+    t["model"]["vocab"] = {k: 255 - v for k, v in t["model"]["vocab"].items()}      # another 256-token tokenizer
+    (tmp_path / "hf" / "tokenizer.json").write_text(json.dumps(t))
+    out = tmp_path / "m.tinygpt"
+    assert main(["import-hf", str(tmp_path / "hf"), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot import another tokenizer" in err[0] and not out.exists()

@@ -527,6 +527,7 @@ def build_parser():
     p.add_argument("--merge", action="store_true",
                    help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
+    add_tokenizer_file(p)
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)
     return ap

@@ -36,8 +36,13 @@ def export(o: ExportOptions) -> None:
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d} exists and is not a directory; {{opt:format}} {fmt} writes a directory: "
                              "choose another name")
+        ours_beside = lambda p: is_our_json(Path(p).with_name("tokenizer_config.json"))
         files = {"hf": [("config.json", "Hugging Face config", is_our_json),
-                        ("model.safetensors", "safetensors file", is_our_safetensors)],
+                        ("model.safetensors", "safetensors file", is_our_safetensors),
+                        ("tokenizer_config.json", "tokenizer config", is_our_json),
+                        ("generation_config.json", "generation config", ours_beside),
+                        ("tokenizer.json", "tokenizer", ours_beside), ("vocab.json", "GPT-2 vocabulary", ours_beside),
+                        ("merges.txt", "GPT-2 merges", ours_beside)],
                  "peft": [("adapter_config.json", "PEFT adapter config", is_our_peft_config),
                           ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[fmt]
         for name, label, ours in files:
@@ -62,7 +67,7 @@ def export(o: ExportOptions) -> None:
         elif fmt == "peft":
             lora_files.export_peft(ck, out, what)
         else:
-            export_hf(ck, out, what)
+            export_hf(ck, out, what, o.tokenizer_file)
     except (OSError, TinyGPTError):
         if made and d.is_dir() and not any(d.iterdir()):
             d.rmdir()

@@ -21,6 +21,7 @@ import numpy as np
 from .checkpoint import Checkpoint, CheckpointError, show
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
 from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
+from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .outputs import WRITER
 
 VOCABS = {256: "byte", 50257: "gpt2"}            # the vocabularies there is a tokenizer for
@@ -55,14 +56,25 @@ def check_gpt2(cfg: Config, what: str = "the model"):
                               "Hugging Face's GPT-2 does not compute; export it as tinygpt or safetensors instead")
 
 
-def export_hf(ck: Checkpoint, out_dir, what: str = "the model"):
-    from safetensors.numpy import save
-    cfg = ck.cfg
-    check_gpt2(cfg, what)
+def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: str | None = None):
+    """A GPT2LMHeadModel directory: config.json, model.safetensors, the tokenizer's files and
+    generation_config.json (hf_tokenizer), which transformers' pipelines use as they are."""
+    from .checkpoint import tokenizer_name
+    from .data import get_tokenizer
+    check_gpt2(ck.cfg, what)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")
+    name = tokenizer_name(ck.extra, ck.cfg.vocab)
+    files = tokenizer_files(name, get_tokenizer(name, tokenizer_file), ck.cfg)
     d.parent.mkdir(parents=True, exist_ok=True)
+    write_directory(d, {**files, **model_files(ck)})      # config.json last: it names the rest
+
+
+def model_files(ck: Checkpoint) -> dict:
+    """config.json and model.safetensors of a GPT2LMHeadModel, as bytes."""
+    from safetensors.numpy import save
+    cfg = ck.cfg
     config = {
         "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
         "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
@@ -74,9 +86,8 @@ def export_hf(ck: Checkpoint, out_dir, what: str = "the model"):
         "torch_dtype": "float32",
         "tinygpt_writer": WRITER,   # marks the directory's files as ours to replace
     }
-    files = {"model.safetensors": save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}),
-             "config.json": json.dumps(config, indent=2).encode()}
-    write_directory(d, files)
+    return {"model.safetensors": save(hf_state(ck), metadata={"format": "pt", "writer": WRITER}),
+            "config.json": json.dumps(config, indent=2).encode()}
 
 
 def write_directory(d: Path, files: dict):
@@ -280,7 +291,7 @@ def import_hf(directory) -> Checkpoint:
     if bad:
         raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
     zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_specs(cfg)}
-    tok = VOCABS[V]
+    tok = read_tokenizer(d, V) or VOCABS[V]
     extra = {"tokenizer": tok, "importedFrom": str(d)}
     if tok == "gpt2":
         extra["tokenizerSource"] = "r50k_base"

@@ -79,6 +79,7 @@ class ExportOptions:
     out: str
     merge: bool = False                # a LoRA run's adapters folded into the weights
     force: bool = False
+    tokenizer_file: str | None = None  # r50k_base.tiktoken, for a gpt2 model's hf export
 
 
 @dataclass(kw_only=True)
