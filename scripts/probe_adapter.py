@@ -27,7 +27,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--invocations", type=positive_int, default=64 * 1024)
     ap.add_argument("--iters", type=positive_int, default=4096)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="the rows as JSON Lines")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     gpu = GPU()
     n, it = args.invocations, args.iters
@@ -42,7 +43,10 @@ def main(argv=None):
               ("probe_load_shared", "vec4 loads from workgroup memory", 4)]
     if subgroups_ok(gpu):
         probes.append(("probe_broadcast", "vec4 subgroup broadcasts (+ as many FMA)", 8 * 4))
-    for entry, what, per in probes:
+    from tqdm import tqdm       # each probe takes up to a minute on a CPU adapter: say which one runs
+    bar = tqdm(probes, unit="probe", file=sys.stderr, disable=args.quiet, dynamic_ncols=True)
+    for entry, what, per in bar:
+        bar.set_description(f"{entry} ({n:,} x {it} iterations)")
         sg = entry == "probe_broadcast"
         k = gpu.kernel("probe_sg.wgsl" if sg else "probe.wgsl", entry, "urw")
         d = gpu.dispatch(k, (it, n4), [src, out], (n // 8 if sg else n // 64,))
@@ -58,7 +62,7 @@ def main(argv=None):
         rate = n * it * per / ms / 1e6  # GFLOP/s, or G floats loaded per s
         rows.append({"probe": entry, "what": what, "ms": ms, "max_rel_err": err,
                      "rate": rate, "unit": "GFLOP/s" if entry == "probe_fma" else "Gfloat/s", "timing": method})
-        print(f"{entry}: {rate:.2f}", file=sys.stderr)
+        bar.write(f"{entry}: {rate:.2f} {rows[-1]['unit']}", file=sys.stderr)
     a = np.random.default_rng(1).standard_normal((1024, 1024)).astype(np.float32)
     a @ a
     t0 = time.perf_counter()

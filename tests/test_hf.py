@@ -2,7 +2,6 @@
 model's logits are the reference's; what this architecture cannot hold is refused in one line;
 an imported model fine-tunes from the command line."""
 import json
-import os
 import struct
 import subprocess
 import sys

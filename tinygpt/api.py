@@ -15,7 +15,6 @@ with the CLI's messages; options are named as the CLI's flags name them.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import numpy as np
 

@@ -17,7 +17,7 @@ from .argtypes import bounded_int, flag, lora_targets, loss_scale_float, nonneg_
     positive_float, positive_int, positive_ints, preset_name, seed_int, unit_float  # noqa: F401 (the scripts')
 from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults, n_params
 from .core.errors import TinyGPTError, UsageError, set_wording, word
-from .core.fs import read_user_file
+from .core.fs import read_user_file, writes_shown
 from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from .core.optim import DEFAULTS as OPT_DEFAULTS
 from .core.optim import NAMES as OPT_NAMES
@@ -54,7 +54,8 @@ def cmd_info(args) -> int:
 
 
 def cmd_export(args) -> int:
-    export(options(ExportOptions, args))
+    with writes_shown(not args.quiet):
+        export(options(ExportOptions, args))
     print(f"wrote {args.out} ({args.format})", file=sys.stderr)
     return 0
 
@@ -154,8 +155,9 @@ def cmd_import_hf(args) -> int:
     inputs = {"directory": d, "directory's config.json": d / "config.json",
               "directory's model.safetensors": d / "model.safetensors"}
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
-    ck = import_hf(args.directory)
-    ckpt.save(out, ck)
+    ck = import_hf(args.directory, quiet=args.quiet)
+    with writes_shown(not args.quiet):
+        ckpt.save(out, ck)
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
           f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, "
@@ -440,6 +442,7 @@ def build_parser():
     p.add_argument("--max-windows", type=positive_int,
                    help="evaluate at most N windows of the split (default: all of them)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_attention(p)
     add_kernels(p)
     p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"),
@@ -514,6 +517,7 @@ def build_parser():
     p.add_argument("directory", help="with config.json and model.safetensors")
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")
     # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused
     p.set_defaults(fn=cmd_import_hf)
 
@@ -527,6 +531,7 @@ def build_parser():
     p.add_argument("--merge", action="store_true",
                    help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (shown for files of 64 MiB or more)")
     add_tokenizer_file(p)
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)

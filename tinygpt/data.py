@@ -11,6 +11,7 @@ import hashlib
 import os
 import re
 import socket
+import sys
 import tempfile
 from pathlib import Path
 
@@ -95,10 +96,14 @@ def text_pieces(text: str, size: int):
 _CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")    # before " x" after a non-space; after "x\n" before one
 
 
-def progress(total: int, what: str):
-    """A tqdm bar on stderr (tqdm: rate and time left, well kept)."""
+def progress(total: int, what: str, unit: str = "B", disable: bool = False, shown_from: int = 0):
+    """A tqdm bar on stderr (tqdm: rate and time left, well kept) counting whole units: bytes shown
+    as kB, MB, ... of 1,024; any other unit with k and M. shown_from: below this total, a bar only
+    on a terminal (work that ends at once need not fill a log with it)."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=what, unit="MB", leave=False)
+    small = total < shown_from and not getattr(sys.stderr, "isatty", lambda: False)()
+    return tqdm(total=total, desc=what, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
+                leave=False, disable=disable or small, dynamic_ncols=True, file=sys.stderr)
 
 
 class GPT2Tokenizer:
@@ -124,12 +129,12 @@ class GPT2Tokenizer:
                 raise DataError("the text holds bytes that are not UTF-8; a gpt2 model reads UTF-8 text only "
                                 "(a byte-level model takes any bytes)") from e
         pieces = list(text_pieces(data, PIECE))
-        bar = progress(len(pieces), "tokenizing") if len(pieces) > 8 else None
+        bar = progress(len(data), "tokenizing", "char") if len(pieces) > 8 else None
         out = []
         for piece in pieces:
             out.append(np.asarray(self.enc.encode(piece, disallowed_special=()), np.uint32))
             if bar:
-                bar.update(1)
+                bar.update(len(piece))
         if bar:
             bar.close()
         return np.concatenate(out) if out else np.zeros(0, np.uint32)

@@ -21,6 +21,7 @@ import numpy as np
 from .checkpoint import Checkpoint, CheckpointError, show
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
 from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
+from .data import progress
 from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .outputs import WRITER
 
@@ -214,6 +215,7 @@ class _Tensors:
         self.names = {k[len("transformer."):] if k.startswith("transformer.") else k: k
                       for k in self.header if k != "__metadata__"}
         self.used = set()
+        self.bar = None         # a progress bar, updated by each tensor's bytes
 
     def __call__(self, name: str, shape: tuple) -> np.ndarray:
         path, key = self.path, self.names.get(name)
@@ -240,6 +242,8 @@ class _Tensors:
             raw = f.read(b1 - b0)
         if len(raw) != b1 - b0:
             raise CheckpointError(f"{path}: the file ends inside {key}; it is truncated")
+        if self.bar is not None:
+            self.bar.update(len(raw))
         if dtype is None:   # bfloat16: the top half of a float32
             a = (np.frombuffer(raw, np.uint16).astype(np.uint32) << 16).view(np.float32)
         else:
@@ -266,8 +270,25 @@ def _block_params(read: _Tensors, l: int, C: int, M: int) -> dict:
     return {f"h{l}.{k}": np.ascontiguousarray(v) for k, v in p.items()}
 
 
-def import_hf(directory) -> Checkpoint:
-    """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments)."""
+BAR_FROM_BYTES = 64 << 20      # smaller files read or write in a moment: a bar then only on a terminal
+
+
+def _read_all(read: _Tensors, cfg: Config) -> dict:
+    """Every parameter from the file, each checked as it is read."""
+    C, M, V, T = cfg.d_model, cfg.d_mlp, cfg.vocab, cfg.ctx
+    P = {"tok_emb": read("wte.weight", (V, C)), "pos_emb": read("wpe.weight", (T, C)),
+         "ln_f_g": read("ln_f.weight", (C,)), "ln_f_b": read("ln_f.bias", (C,))}
+    if "lm_head.weight" in read.names and not np.array_equal(read("lm_head.weight", (V, C)), P["tok_emb"]):
+        raise CheckpointError(f"{read.path}: lm_head.weight differs from the token embedding; this architecture "
+                              "ties them")
+    for l in range(cfg.layers):
+        P.update(_block_params(read, l, C, M))
+    return P
+
+
+def import_hf(directory, quiet: bool = True) -> Checkpoint:
+    """A Hugging Face GPT2LMHeadModel directory as a fresh .tinygpt checkpoint (zero moments);
+    quiet=False: a progress bar over the weights' bytes (a large model's)."""
     d = Path(directory)
     if not d.is_dir():
         raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
@@ -275,13 +296,11 @@ def import_hf(directory) -> Checkpoint:
     cfg = _config(d)
     path = d / "model.safetensors"
     read = _Tensors(path, cfg)
-    C, M, V, T = cfg.d_model, cfg.d_mlp, cfg.vocab, cfg.ctx
-    P = {"tok_emb": read("wte.weight", (V, C)), "pos_emb": read("wpe.weight", (T, C)),
-         "ln_f_g": read("ln_f.weight", (C,)), "ln_f_b": read("ln_f.bias", (C,))}
-    if "lm_head.weight" in read.names and not np.array_equal(read("lm_head.weight", (V, C)), P["tok_emb"]):
-        raise CheckpointError(f"{path}: lm_head.weight differs from the token embedding; this architecture ties them")
-    for l in range(cfg.layers):
-        P.update(_block_params(read, l, C, M))
+    read.bar = progress(read.size - read.data0, "reading the weights", disable=quiet, shown_from=BAR_FROM_BYTES)
+    try:
+        P = _read_all(read, cfg)
+    finally:
+        read.bar.close()
     left = read.left()
     if left:
         more = f" and {len(left) - 3} more" if len(left) > 3 else ""
@@ -291,7 +310,7 @@ def import_hf(directory) -> Checkpoint:
     if bad:
         raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
     zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_specs(cfg)}
-    tok = read_tokenizer(d, V) or VOCABS[V]
+    tok = read_tokenizer(d, cfg.vocab) or VOCABS[cfg.vocab]
     extra = {"tokenizer": tok, "importedFrom": str(d)}
     if tok == "gpt2":
         extra["tokenizerSource"] = "r50k_base"

@@ -11,7 +11,7 @@ from .lora_files import model_params
 from .core.config import Config
 from .core.errors import UsageError
 from .core.precision import FP32, PRECISIONS, Precision
-from .data import get_tokenizer
+from .data import get_tokenizer, progress
 from .device.gpu import GPU
 from .device.plan import KernelPlan
 from .device.planner import make_plan
@@ -24,6 +24,7 @@ from .model.spec import RunSpec, decoder_spec
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
 FINAL_EVAL_WINDOWS = 8192
+BAR_FROM_WINDOWS = 512      # fewer take a second or two: a bar then only on a terminal
 
 
 def recorded_corpus(ck: ckpt.Checkpoint | None):
@@ -76,7 +77,8 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     model = Model(gpu, make_plan(gpu, o.kernels), RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
                                                           precision=PRECISIONS[o.precision]))
     model.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
-    loss = model.mean_loss(xs, ys)
+    with progress(len(xs), "evaluating", "window", o.quiet, shown_from=BAR_FROM_WINDOWS) as bar:
+        loss = model.mean_loss(xs, ys, progress=bar)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
     r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx}

@@ -97,6 +97,7 @@ class EvalOptions(ModelUse):
     model: str
     data: str | None = None
     max_windows: int | None = None
+    quiet: bool = False                # no progress bar
 
 
 @dataclass

@@ -166,8 +166,7 @@ def prepare(sources, out, tokenizer: str = "byte", tokenizer_file: str | None = 
     files = text_files(sources, "prepare:")
     dtype = np.dtype(dtype_for(tok.vocab)).newbyteorder("<")
     total = sum(f.stat().st_size for f in files)
-    bar = progress(max(1, -(-total // (1 << 20))), f"tokenizing {len(files)} file{'s' * (len(files) > 1)}") \
-        if show_progress else None
+    bar = progress(total, f"tokenizing {len(files)} file{'s' * (len(files) > 1)}") if show_progress else None
     record, count = [], 0
     with atomic_writer(out) as w:
         for f in files:
@@ -186,7 +185,8 @@ def prepare(sources, out, tokenizer: str = "byte", tokenizer_file: str | None = 
                     count += len(ids)
                     if bar:
                         pos = src.tell()
-                        bar.update((pos - read0) / (1 << 20))
+                        bar.update(pos - read0)
+                        bar.set_postfix_str(f"{count:,} tokens", refresh=False)
                         read0 = pos
             record.append({"path": str(f), "bytes": f.stat().st_size, "sha256": hasher.hexdigest(),
                            "tokens": count - n0})

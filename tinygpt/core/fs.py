@@ -8,6 +8,7 @@ so a crash leaves the old file or the new one, never half of one.
 from __future__ import annotations
 
 import os
+import sys
 import stat
 import tempfile
 from contextlib import contextmanager
@@ -110,9 +111,33 @@ def creation_mode(path, base: int = 0o666) -> int:
 
 def atomic_write(path, data: bytes):
     """Temporary file beside the target (a short name, whatever the target's length), fsync,
-    rename, fsync the directory. A crash at any point leaves the old file or the new one."""
+    rename, fsync the directory. A crash at any point leaves the old file or the new one.
+    Under writes_shown, a large file's writing shows a progress bar."""
     with atomic_writer(path) as f:
-        f.write(data)
+        if not _SHOWN[0] or len(data) < WRITE_BAR_FROM:
+            f.write(data)
+            return
+        from tqdm import tqdm
+        view, step = memoryview(data), 16 << 20
+        with tqdm(total=len(view), desc=f"writing {Path(path).name}", unit="B", unit_scale=True, unit_divisor=1024,
+                  leave=False, file=sys.stderr, dynamic_ncols=True) as bar:
+            for i in range(0, len(view), step):
+                f.write(view[i:i + step])
+                bar.update(len(view[i:i + step]))
+
+
+WRITE_BAR_FROM = 64 << 20       # smaller files are written in a moment
+_SHOWN = [False]
+
+
+@contextmanager
+def writes_shown(show: bool = True):
+    """Within the block, atomic_write shows a bar for each large file (the export's, import-hf's)."""
+    was, _SHOWN[0] = _SHOWN[0], show
+    try:
+        yield
+    finally:
+        _SHOWN[0] = was
 
 
 @contextmanager
