@@ -216,8 +216,9 @@ def train(args) -> int:
                     rec["val"] = val_loss()
                 history.append(rec)
                 if log:
-                    log.write(json.dumps({"time": runlog.now(), "step": done, "train_loss": mean, "val_loss": rec.get("val"),
-                                          "lr": lr, "tokens_per_s": round(tok_s, 1)}) + "\n")
+                    log.write(json.dumps({"time": runlog.now(), "step": done, "train_loss": mean,
+                                          "val_loss": rec.get("val"), "lr": lr,
+                                          "tokens_per_s": round(tok_s, 1)}) + "\n")
                     log.flush()
                 print(f"step {done}: loss {mean:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
                       + f", {tok_s:,.0f} tokens/s", file=sys.stderr)

@@ -3,7 +3,7 @@
 The Python API (docs/api.md): GPT.load / GPT.from_preset, then logits, loss, generate, train and
 save; the tokenizers; the errors every command raises, each one line for the user.
 """
-__version__ = "0.1.0"
+from .version import __version__
 
 from .api import GPT, Trainer
 from .checkpoint import CheckpointError

@@ -24,6 +24,7 @@ from .core.config import PRESET_TOKENIZER, Config, preset
 from .core.errors import UsageError
 from .core.init import init_params
 from .core.precision import PRECISIONS
+from .cli import train_options          # the flags' own checks on every keyword setting
 from .data import get_tokenizer
 from .device.gpu import GPU
 from .device.planner import make_plan
@@ -34,6 +35,7 @@ from .model.gpt import Model
 from .model.spec import RunSpec, decoder_spec
 from .outputs import Outputs
 from .safety import TrainingStopped, run_file, unhealthy
+from .train import hold_schedule, setup
 
 _GPU: list = []
 
@@ -89,7 +91,6 @@ class GPT:
                     **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it, checked as the CLI's flags are."""
-        from .cli import train_options          # the flags' own checks on every value
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
                                         sliding_window=sliding_window, tokenizer=tokenizer,
                                         tokenizer_file=tokenizer_file, seed=seed).items() if v is not None}
@@ -298,8 +299,6 @@ class Trainer:
     each run() (and by sync()), so it samples, evaluates and saves what was trained."""
 
     def __init__(self, gpt: GPT, steps: int, data, options: dict):
-        from .cli import train_options
-        from .train import hold_schedule, setup
         bad = [k for k in options if k in CLI_ONLY or (gpt._recipe is None and k in SHAPE)]
         if bad:
             where = "GPT.from_preset's" if bad[0] in SHAPE else "tinygpt train's own (its files and its run's end)"

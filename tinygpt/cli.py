@@ -11,7 +11,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 from . import checkpoint as ckpt
 from .argtypes import bounded_int, flag, lora_targets, loss_scale_float, nonneg_float, nonneg_int, \
     positive_float, positive_int, positive_ints, preset_name, seed_int, unit_float  # noqa: F401 (the scripts')
@@ -269,7 +269,8 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--lora-targets", type=lora_targets, metavar="T,...",
                    help=f"the matrices that get adapters, of {', '.join(TARGETS)} "
                         f"(default {','.join(DEFAULT_TARGETS)})")
-    p.add_argument("--lora-biases", action=argparse.BooleanOptionalAction, default=False, help="with --lora, also train every bias and LayerNorm")
+    p.add_argument("--lora-biases", action=argparse.BooleanOptionalAction, default=False,
+                   help="with --lora, also train every bias and LayerNorm")
     p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
                                   "(default: the built-in corpus)")
     p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import Checkpoint, CheckpointError, show
+from .checkpoint import Checkpoint, CheckpointError, show, tokenizer_name
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
 from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
-from .data import progress
+from .data import get_tokenizer, progress
 from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .outputs import WRITER
 
@@ -60,8 +60,6 @@ def check_gpt2(cfg: Config, what: str = "the model"):
 def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: str | None = None):
     """A GPT2LMHeadModel directory: config.json, model.safetensors, the tokenizer's files and
     generation_config.json (hf_tokenizer), which transformers' pipelines use as they are."""
-    from .checkpoint import tokenizer_name
-    from .data import get_tokenizer
     check_gpt2(ck.cfg, what)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():

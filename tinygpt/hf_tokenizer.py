@@ -116,7 +116,8 @@ def read_tokenizer(d: Path, vocab: int) -> str | None:
         if (d / "tokenizer.json").exists():
             got = read("tokenizer.json")
             model = got.get("model", {}) if isinstance(got, dict) else {}
-            if vocab == 256 and model.get("vocab") == byte_tokenizer_json()["model"]["vocab"] and not model.get("merges"):
+            bytes_only = model.get("vocab") == byte_tokenizer_json()["model"]["vocab"] and not model.get("merges")
+            if vocab == 256 and bytes_only:
                 return "byte"
             if vocab == 50257 and isinstance(model.get("vocab"), dict) and len(model["vocab"]) == 50257:
                 return "gpt2"

@@ -666,7 +666,8 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
     return {"final_train_loss": loop.last["train"], "final_val_loss": loop.last.get("val_full"),
             "val_windows": len(loop.final_val[0]), "tokens_per_s": loop.tok_s, "checkpoint": str(outs.checkpoint),
             "plot": str(loop.png) if loop.png else None,
-            "best": str(outs.best) if outs.best and loop.best_step is not None else None, "steps": run.model.step_count, "seconds": seconds,
+            "best": str(outs.best) if outs.best and loop.best_step is not None else None,
+            "steps": run.model.step_count, "seconds": seconds,
             "samples": loop.samples}
 
 
