@@ -128,6 +128,18 @@ def test_errors_are_the_clis(gpt, text, tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
     with pytest.raises(tinygpt.UsageError, match="unknown preset"):
         tinygpt.GPT.from_preset("enormous")
+    with pytest.raises(tinygpt.UsageError, match="seed is GPT.from_preset's setting"):
+        gpt.train(2, data=text, seed=9)         # it would draw other weights than the model has
+    with pytest.raises(tinygpt.UsageError, match="vocabulary 256 or 50257"):
+        tinygpt.GPT.from_config(tinygpt.Config(layers=1, d_model=32, heads=2, ctx=16, vocab=300))
+
+
+def test_from_config_is_from_preset_of_its_shape():
+    cfg = tinygpt.Config(layers=1, d_model=32, heads=2, ctx=16, batch=3, seed=11)
+    a, b = tinygpt.GPT.from_config(cfg), tinygpt.GPT.from_preset("tiny", layers=1, d_model=32, heads=2, ctx=16,
+                                                                  batch=3, seed=11)
+    assert a.config == b.config and a.config.batch == 3
+    assert all(np.array_equal(a.params()[n], b.params()[n]) for n in a.params())
 
 
 def test_the_example_imports_only_tinygpt_and_its_file_evaluates(tmp_path, text):

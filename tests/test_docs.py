@@ -5,7 +5,6 @@ sizes change: fewer steps and tokens, so that the whole takes a minute or two. `
 skipped (make test runs this), and so are downloads (their file is made here instead)."""
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,8 @@ def blocks(page: str) -> list[tuple[str, str]]:
 def smaller(line: str) -> str:
     """A command line with fewer steps and tokens: --steps N as 2 + N // 100 (resumed runs still
     go further than the run before them), --minutes as 3 steps, sampling 20 tokens; a training
-    run without a length gets 3 steps (a config's or LoRA's default would take minutes)."""
+    run without a length gets 3 steps (a config's or LoRA's default would take minutes), and no
+    evaluation or samples at its end."""
     code, sep, comment = line.partition(" #")
     code = re.sub(r"--steps (\d+)", lambda m: f"--steps {2 + int(m[1]) // 100}", code)
     code = re.sub(r"--minutes \S+", "--steps 3", code)
@@ -33,7 +33,7 @@ def smaller(line: str) -> str:
     if re.search(r"\btinygpt train\b", code):
         if "--steps" not in code:
             code += " --steps 3"
-        code += " --sample-tokens 8 --eval-windows 4"
+        code += " --eval-every 0 --sample-tokens 0"      # no evaluation or samples at the end: seconds each
     return code + sep + comment
 
 
@@ -78,8 +78,8 @@ def test_every_command_block_runs(checkout, page):
 
 def test_smaller_keeps_the_meaning():
     assert smaller("tinygpt train --resume runs/small.tinygpt --steps 4000      # on to step 4000") == \
-        "tinygpt train --resume runs/small.tinygpt --steps 42      --sample-tokens 8 --eval-windows 4 # on to step 4000"
+        "tinygpt train --resume runs/small.tinygpt --steps 42      --eval-every 0 --sample-tokens 0 # on to step 4000"
     assert smaller("tinygpt train --config configs/shakespeare.toml") == \
-        "tinygpt train --config configs/shakespeare.toml --steps 3 --sample-tokens 8 --eval-windows 4"
+        "tinygpt train --config configs/shakespeare.toml --steps 3 --eval-every 0 --sample-tokens 0"
     assert smaller("tinygpt sample --model m --tokens 200") == "tinygpt sample --model m --tokens 20"
     assert script("sh", "make train\ncurl -Lo x y\ntinygpt eval --model m\n")[1] == "tinygpt eval --model m\n"

@@ -22,6 +22,7 @@ from . import checkpoint as ckpt
 from . import lora_files
 from .core.config import PRESET_TOKENIZER, Config, preset
 from .core.errors import UsageError
+from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
 from .cli import train_options          # the flags' own checks on every keyword setting
@@ -87,16 +88,17 @@ class GPT:
     @classmethod
     def from_preset(cls, name: str = "small", *, layers: int | None = None, d_model: int | None = None,
                     heads: int | None = None, ctx: int | None = None, sliding_window: int | None = None,
-                    tokenizer: str | None = None, tokenizer_file: str | None = None, seed: int | None = None,
-                    **kw) -> GPT:
+                    batch: int | None = None, tokenizer: str | None = None, tokenizer_file: str | None = None,
+                    seed: int | None = None, **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
-        draws them from the seed; the shape options over it, checked as the CLI's flags are."""
+        draws them from the seed; the shape options over it (batch: its training batch, which the
+        trainer may change), checked as the CLI's flags are."""
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
-                                        sliding_window=sliding_window, tokenizer=tokenizer,
+                                        sliding_window=sliding_window, batch=batch, tokenizer=tokenizer,
                                         tokenizer_file=tokenizer_file, seed=seed).items() if v is not None}
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
-                     window=o.sliding_window)
+                     window=o.sliding_window, batch=o.batch)
         name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, "byte")
         cfg.vocab = get_tokenizer(name, o.tokenizer_file).vocab
         cfg.validate()
@@ -105,13 +107,19 @@ class GPT:
         return cls(ck, source=f"the new {o.preset} model", recipe=recipe, tokenizer_file=tokenizer_file, **kw)
 
     @classmethod
-    def from_config(cls, config: Config, *, tokenizer: str = "byte", **kw) -> GPT:
-        """A new model of this Config's shape (its layers, d_model, heads, ctx, window and seed)."""
+    def from_config(cls, config: Config, **kw) -> GPT:
+        """A new model of this Config's shape (its layers, d_model, heads, ctx, window, batch and
+        seed; its vocabulary names the tokenizer: 256 bytes, or GPT-2's 50257)."""
         if not isinstance(config, Config):
             raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
+        tokenizer = {256: "byte", 50257: "gpt2"}.get(config.vocab)
+        if tokenizer is None or config.activation != "gelu" or config.d_mlp != 4 * config.d_model:
+            raise UsageError(f"GPT.from_config makes TinyGPT's models: vocabulary 256 or 50257 (got {config.vocab}), "
+                             f"the exact GELU (got {config.activation}), an MLP of 4 x d_model (got {config.d_mlp}); "
+                             "GPT-2's own weights come in through tinygpt import-hf")
         return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
-                               ctx=config.ctx, sliding_window=config.window or None, tokenizer=tokenizer,
-                               seed=config.seed, **kw)
+                               ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,
+                               tokenizer=tokenizer, seed=config.seed, **kw)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property
@@ -214,6 +222,10 @@ class GPT:
         any N, and T up to the context."""
         x, one = self._ids(tokens, self._ck.cfg.ctx, "logits")
         T = x.shape[1]
+        need = 4 * x.size * self._ck.cfg.vocab
+        if need > available_memory() // 2:
+            raise UsageError(f"logits: {len(x):,} x {T} x {self._ck.cfg.vocab:,} logits take {need:,} bytes, over "
+                             "half the free memory; ask for fewer windows at a time")
         out = [model.logits_of(xb)[:k, :T] for model, k, xb, _ in self._batches(x, None)]
         out = np.concatenate(out)
         return out[0] if one else out
@@ -299,15 +311,16 @@ class Trainer:
     each run() (and by sync()), so it samples, evaluates and saves what was trained."""
 
     def __init__(self, gpt: GPT, steps: int, data, options: dict):
-        bad = [k for k in options if k in CLI_ONLY or (gpt._recipe is None and k in SHAPE)]
-        if bad:
+        bad = [k for k in options if k in CLI_ONLY or k in SHAPE]
+        if bad:     # a new model's seed would draw other weights than the ones it has: refused, as its shape
             where = "GPT.from_preset's" if bad[0] in SHAPE else "tinygpt train's own (its files and its run's end)"
             raise UsageError(f"train: {bad[0]} is {where} setting, not the trainer's")
         if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= 10 ** 9:
             raise UsageError(f"train: steps must be 1 to 1,000,000,000, got {steps!r}")
         fresh = gpt._recipe is not None
-        mapping = dict(gpt._recipe or {}, **options, data=None if data is None else str(data),
-                       steps=gpt.step + steps, quiet=True)
+        mapping = dict(gpt._recipe or {}, attention=gpt.attention, kernels=gpt.kernels or None,
+                       tokenizer_file=gpt.tokenizer_file)
+        mapping.update(options, data=None if data is None else str(data), steps=gpt.step + steps, quiet=True)
         o = train_options(mapping, "train")
         if fresh:          # a new model: the run draws the same weights from the same seed, as the CLI
             o = dataclasses.replace(o, sample_tokens=0)

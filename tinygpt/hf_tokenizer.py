@@ -87,8 +87,8 @@ def tokenizer_files(name: str, tokenizer, cfg: Config) -> dict[str, bytes]:
 
 
 def generation_config(name: str, cfg: Config) -> dict:
-    """What transformers' generate does by default with the export: what `tinygpt sample
-    --temperature 0` does (greedy), up to the context (GPT-2 has no positions past it)."""
+    """What transformers' generate does by default with the export: what `tinygpt sample` does at
+    temperature 0 (greedy), up to the context (GPT-2 has no positions past it)."""
     eos = 50256 if name == "gpt2" else None
     return {"do_sample": False, "max_length": cfg.ctx, "bos_token_id": eos, "eos_token_id": eos,
             "pad_token_id": eos if eos is not None else 0}
