@@ -11,7 +11,6 @@ import pytest
 
 import tinygpt
 
-pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[1]
 
 

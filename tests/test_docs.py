@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", "docs/usage.md", "docs/api.md"]
 BLOCK = re.compile(r"^```(sh|python)\n(.*?)^```", re.M | re.S)

@@ -188,7 +188,6 @@ def test_logits_match_transformers_gpt2_with_gelu_new(tmp_path, gpu, plan):
     assert err < 1e-4 * np.abs(want).max()
 
 
-@pytest.mark.kernel
 @pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
 def test_transformers_pipeline_on_the_export_is_tinygpt_sample(tmp_path, tokenizer):
     """The export as Hugging Face's tools take it: AutoTokenizer encodes as tinygpt does, and

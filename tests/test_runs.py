@@ -14,7 +14,6 @@ import pytest
 from tinygpt import checkpoint as ckpt
 from tinygpt.cli import build_parser, main, train_options
 
-pytestmark = pytest.mark.kernel
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
 
