@@ -152,3 +152,21 @@ def test_version_help_and_a_closed_pipe():
         p.stderr.close()
         rc = p.wait(timeout=120)
         assert not err and rc == (141 if argv == ["info"] else 0), (argv, rc, err)     # --help has said all
+
+
+def test_no_output_lands_on_or_in_an_input(tmp_path, corpus, capsys):
+    """--force replaces files tinygpt did not write, but never the run's own config; TensorBoard's
+    files never go inside a --data directory (the next run would read them as text)."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('preset = "tiny"\nsteps = 1\n')
+    texts = tmp_path / "texts"
+    texts.mkdir()
+    (texts / "a.txt").write_text(corpus.read_text())
+    for argv, needle in ((["--config", str(cfg), "--out", str(cfg), "--force"], "is also this command's --config"),
+                         (["--data", str(texts), "--tensorboard", str(texts / "tb")], "lies inside --data")):
+        assert main(["train", *TINY, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert cfg.read_text() == 'preset = "tiny"\nsteps = 1\n' and not (texts / "tb").exists()
+    with pytest.raises(Exception, match="not a setting of tinygpt train"):
+        train_options({"config": str(cfg)}, "train")          # the API cannot name a file it would not read

@@ -373,7 +373,7 @@ class RaisingParser(Parser):
         raise UsageError(message)
 
 
-def settings_argv(mapping: dict, source: str, exclude=("profile", "json")) -> list[str]:
+def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "config")) -> list[str]:
     """A mapping of train's flags by long name ("d_model": 96, "recompute": True) as the command
     line that says the same: parsed by train's own flags, so each value is checked as the flag
     would check it, and a command line placed after it overrides it."""
@@ -601,8 +601,7 @@ def with_config(argv: list, args) -> argparse.Namespace:
     if getattr(args, "config", None) is None:
         return args
     at = argv.index(args.cmd) + 1
-    settings = settings_argv(read_config(args.config), f"--config {args.config}", exclude=("profile", "json",
-                                                                                           "config"))
+    settings = settings_argv(read_config(args.config), f"--config {args.config}")
     return build_parser().parse_args(argv[:at] + settings + argv[at:])
 
 

@@ -62,6 +62,7 @@ class TrainOptions:
     force: bool = False
     resume: str | None = None
     quiet: bool = False
+    config: str | None = None          # the TOML file the settings came from (an input no output may be)
 
 
 # How a run logs, evaluates, saves and ends, where no option says: the checkpoint keeps the values

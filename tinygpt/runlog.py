@@ -24,10 +24,17 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def claim_directory(path) -> Path:
+def claim_directory(path, data=None) -> Path:
     """The tensorboard option's directory: made if missing; an existing file is refused. TensorBoard's writer
-    adds a file of its own name to it and never replaces one, so nothing there is lost."""
+    adds a file of its own name to it and never replaces one, so nothing there is lost. data: the
+    run's data option; a directory of text there is read whole, at any depth, so the event files may
+    not go inside it (the next run would read them as its text)."""
     p = Path(path)
+    if data is not None and Path(data).is_dir():
+        d, q = Path(data).resolve(), p.resolve()
+        if q == d or d in q.parents:
+            raise OutputError(f"{{opt:tensorboard}} {p} lies inside {{opt:data}} {data}, whose files are read as "
+                              "the run's text; choose a directory outside it")
     if p.exists() and not p.is_dir():
         raise OutputError(f"{{opt:tensorboard}} {p} is a file; give a directory for TensorBoard's event files")
     try:
