@@ -29,6 +29,7 @@ from .cli import train_options          # the flags' own checks on every keyword
 from .data import get_tokenizer
 from .device.gpu import GPU
 from .device.planner import make_plan
+from .model.twincheck import blame, verify
 from .infer import check_sampling
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .model.decode import Decoder
@@ -196,6 +197,7 @@ class GPT:
             self._evaluator = None
             plan = make_plan(self.gpu, self.kernels)
             spec = RunSpec(self._ck.cfg, self.attention, B=b, training=False, precision=PRECISIONS[self.precision])
+            verify(self.gpu, plan, spec)
             model = Model(self.gpu, plan, spec)
             model.set_params(self._params())
             self._evaluator = (b, model)
@@ -273,7 +275,9 @@ class GPT:
             kernels = dict(self.kernels, **({} if cache else {"decode": "full"}))
             capacity = max(max_new_tokens, 256)
             spec = decoder_spec(self._ck.cfg, self.attention, num_samples, PRECISIONS[self.precision])
-            decoder = Decoder(self.gpu, make_plan(self.gpu, kernels), spec, capacity)
+            plan = make_plan(self.gpu, kernels)
+            verify(self.gpu, plan, spec)
+            decoder = Decoder(self.gpu, plan, spec, capacity)
             decoder.set_params(self._params())
             self._decoder = (key + (capacity,), decoder)
         seqs = self._decoder[1].generate(ids, max_new_tokens, temperature, top_k, top_p, seed)
@@ -373,8 +377,7 @@ class Trainer:
         loss, norm = model.loss(), model.grad_norm()
         why = unhealthy(loss, norm, self.best, self._run.cfg.vocab)
         if why:
-            raise TrainingStopped(f"{why} at step {model.step_count}; lower {{opt:lr}} (it is {self.lr:g}) or "
-                                  "{opt:grad_clip}", 3)
+            raise TrainingStopped(f"{why} at step {model.step_count}; {blame(model, self.lr)}", 3)
         self.best = loss if self.best is None else min(self.best, loss)
         return {"step": model.step_count, "loss": loss, "lr": self.lr, "grad_norm": norm}
 

@@ -20,6 +20,7 @@ from .model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from .tokenfile import open_dataset
 from .model.spec import RunSpec, decoder_spec
+from .model.twincheck import verify
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
@@ -74,8 +75,10 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
     gpu = gpu or GPU()
-    model = Model(gpu, make_plan(gpu, o.kernels), RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False,
-                                                          precision=PRECISIONS[o.precision]))
+    plan = make_plan(gpu, o.kernels)
+    spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
+    verify(gpu, plan, spec)
+    model = Model(gpu, plan, spec)
     model.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
     with progress(len(xs), "evaluating", "window", o.quiet, shown_from=BAR_FROM_WINDOWS) as bar:
         loss = model.mean_loss(xs, ys, progress=bar)
@@ -95,7 +98,9 @@ class Sampler:
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
                  capacity: int = 256, precision: Precision = FP32):
         self.tok = tok
-        self.decoder = Decoder(gpu, plan, decoder_spec(cfg, attention, num, precision), capacity)
+        spec = decoder_spec(cfg, attention, num, precision)
+        verify(gpu, plan, spec)
+        self.decoder = Decoder(gpu, plan, spec, capacity)
 
     def set_params(self, params: dict):
         self.decoder.set_params(params)

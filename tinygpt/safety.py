@@ -13,6 +13,7 @@ import numpy as np
 
 from . import checkpoint as ckpt
 from .core.errors import TinyGPTError
+from .model.twincheck import blame
 from .outputs import advice, rescue_paths
 
 
@@ -160,8 +161,7 @@ class Saver:
             bad = [n for n, a in params.items() if not np.all(np.isfinite(a))]
             why = f"parameter {bad[0]} holds nan/inf" if bad else None
         if why:
-            raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; lower {{opt:lr}} "
-                                  f"(it is {lr:g}) or {{opt:grad_clip}}", 3)
+            raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; {blame(model, lr)}", 3)
         return params
 
     def save(self, params: dict, path: Path | None = None):

@@ -45,6 +45,7 @@ from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, u
 from .schedule import Deadline, Schedule, resolve
 from .tokenfile import data_files, is_token_file, open_dataset, read_sidecar
 from .model.spec import RunSpec
+from .model.twincheck import blame, verify
 
 
 @dataclass
@@ -348,6 +349,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     mem = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
+    verify(gpu, plan, spec)                       # every kernel the plan picked, against the reference
     model = Model(gpu, plan, spec)
     extra = _extra(o, tok, data_path, accum, precision, resume)
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
@@ -553,8 +555,7 @@ class Loop:
         norm = model.grad_norm()
         why = unhealthy(loss, norm, saver.best, run.cfg.vocab)
         if why:
-            raise TrainingStopped(f"{why} at step {done}; lower {{opt:lr}} (it is {lr:g}) or "
-                                  f"{{opt:grad_clip}}; {saver.kept_text()}", 3)
+            raise TrainingStopped(f"{why} at step {done}; {blame(model, lr)}; {saver.kept_text()}", 3)
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
         scaler = model.gate_state() if model.scaled else None      # read with the loss, when shown

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..core.errors import TinyGPTError
 from .cost import kernel_flops
+from .driver_cache import separate_shader_caches
 
 MAX_GROUPS = 65535
 # elements of each dtype a 4-byte word holds: bf16 and f16 pack two (element 2i in the low half of
@@ -119,6 +120,7 @@ def pick_adapter(backend: str | None = None, wgpu=None):
     backend = (backend or os.environ.get("TINYGPT_BACKEND") or "").strip().lower()
     if backend and backend not in _BACKENDS:
         raise GPUError(f"unknown backend {backend!r}; TINYGPT_BACKEND takes one of vulkan, metal, d3d12, gl")
+    separate_shader_caches()      # before any driver starts: Mesa reads its cache folder once
     try:
         adapters = list(wgpu.gpu.enumerate_adapters_sync())
     except Exception as e:  # no driver library at all

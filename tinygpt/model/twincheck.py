@@ -1,0 +1,160 @@
+"""The start check: before a run trusts the kernels its plan picked, one step of a one-layer copy
+of its model runs on the device against the float64 reference.
+
+Why: a kernel can compute something other than its WGSL on one machine while every test passes
+on another: a driver's shader cache that hands a process code compiled for other settings (issue
+49: docs/engines.md, "The shader cache"), a driver's miscompile, a pipeline that reads memory it
+never wrote. The result is a NaN many steps later, blamed on the learning rate. The check is
+the f16 gate's idea (device/gate.py) for every precision: the copy has the run's width, heads
+(so head dim), MLP, activation, window, vocabulary, precision, attention path and kernel plan,
+so the pipelines it builds are the run's own, at batch 1, one layer and at most CHECK_T
+positions (fewer where the vocabulary is large: the reference's head is the cost). Its logits,
+loss and every gradient are compared with model.reference.gpt's; a kernel off by O(1) is far past
+the tolerance, a rounding far below it. The optimizer's update is not compared (its kernels are
+elementwise, checked by their own tests); the decoding kernels of `sample` neither.
+
+Where they disagree, the check finds which kernels: it runs again with one kernel family at a
+time on its portable variant (device/plan.py's FAMILIES), then with the score-matrix attention,
+and names the kernels that the first agreeing run did not build. A verdict is kept per device
+and per the copy's shape, once a process.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+from dataclasses import replace
+
+import numpy as np
+
+from ..core.errors import TinyGPTError
+from ..core.init import init_params
+from ..device.driver_cache import separate_shader_caches
+from ..device.gpu import GPU, GPUError
+from ..device.kernels import LOSS_SCALE
+from ..device.plan import FAMILIES, PORTABLE, KernelPlan
+from ..reference import gpt as RG
+from .attention import path
+from .gpt import Model
+from .spec import RunSpec
+
+CHECK_T = 64                 # positions of the copy's one sequence, at most
+REFERENCE_MACS = 2e7         # the reference head's multiply-adds, at most: T * vocab * width
+TOL = {"f32": 1e-3}          # of each tensor's largest magnitude; the 16-bit policies round: HALF_TOL
+HALF_TOL = 3e-2
+_VERDICTS = weakref.WeakKeyDictionary()     # device -> {the copy's key: None or the refusal}
+
+
+class KernelCheckError(GPUError):
+    """A kernel the run would use disagrees with its float64 reference on this device."""
+
+
+def check_spec(spec: RunSpec) -> RunSpec:
+    """The one-layer, batch-1 copy of a run that the check runs: forward and backward where the
+    run trains, the forward where it evaluates or samples."""
+    cfg = replace(spec.cfg, layers=1, batch=1)
+    t_cap = int(REFERENCE_MACS // max(1, cfg.vocab * cfg.d_model))
+    T = max(1, min(spec.T, CHECK_T, max(8, t_cap)))
+    return RunSpec(cfg, spec.attention, B=1, T=T, training=spec.training, precision=spec.precision)
+
+
+def _errors(gpu: GPU, plan: KernelPlan, spec: RunSpec) -> tuple:
+    """({tensor: error / its tolerance}, kernels built): one step of the copy against the reference."""
+    cfg, precision = spec.cfg, spec.precision
+    params = init_params(cfg)
+    x = np.random.default_rng(5).integers(0, cfg.vocab, (1, spec.T + 1))
+    x, y = x[:, :-1], x[:, 1:]
+    f64 = {k: v.astype(np.float64) for k, v in params.items()}
+    logits, loss, cache = RG.forward(f64, cfg, x, y, precision=precision)
+    tol = TOL.get(precision.stored, HALF_TOL)
+    m = Model(gpu, plan, spec)
+    m.set_params(params)
+    got = {"logits": (m.logits_of(x), logits)}
+    if spec.training:
+        scale = LOSS_SCALE if m.scaled else 1.0
+        grads = RG.backward(f64, cfg, cache, loss_scale=scale)
+        m.grads_only(x, y)
+        got["loss"] = (np.float64(m.loss()), np.float64(loss))
+        G = m.get_grads()
+        got.update({f"gradient of {n}": (G[n] / scale, w) for n, w in grads.items()})
+    kernels = lambda ds: {(d.kernel.file, d.kernel.name, d.kernel.constants) for d in ds}
+    forward, every = kernels(m._fwd + m._eval_rows), kernels(m._fwd + m._loss + m._eval_rows + m._bwd + m._copy_weights)
+    out = {}
+    for name, (have, want) in got.items():
+        have, want = np.asarray(have, np.float64), np.asarray(want, np.float64)
+        top = max(float(np.abs(want).max()) if want.size else 0.0, 1e-4)
+        err = np.abs(have - want)
+        out[name] = np.inf if not np.all(np.isfinite(have)) else float(err.max()) / (tol * top)
+    return out, (forward, every)
+
+
+def _worst(errors: dict) -> tuple:
+    name = max(errors, key=lambda n: errors[n])
+    return name, errors[name]
+
+
+def _culprits(gpu: GPU, plan: KernelPlan, spec: RunSpec, built: tuple, forward_wrong: bool) -> tuple:
+    """(what disagreed, how to avoid it): the first plan or path change under which the copy
+    agrees, and the kernels the disagreeing run built that the agreeing one did not (of the
+    forward's alone, where the logits were already wrong)."""
+    tries = [(f"{{opt:kernels}} {fam}={getattr(PORTABLE, fam)}", plan.with_(**{fam: getattr(PORTABLE, fam)}), spec)
+             for fam in FAMILIES if plan.variant(fam) != getattr(PORTABLE, fam)]
+    if spec.attention.name != "naive":
+        tries.append(("{opt:attention} naive", plan, spec.with_(attention=path("naive"))))
+    for how, p, s in tries:
+        try:
+            errors, other = _errors(gpu, p, s)
+        except (GPUError, TinyGPTError):
+            continue
+        if max(errors.values()) <= 1.0:
+            suspects = built[1] - other[1]
+            suspects = (suspects & built[0]) or suspects if forward_wrong else suspects
+            names = sorted({f"{name} ({file}{_consts(c)})" for file, name, c in suspects})
+            return names, how
+    return [], None
+
+
+def _consts(constants) -> str:
+    """The override constants that are set (a false flag says nothing)."""
+    return "".join(f", {n}" + ("" if v is True else f"={v}") for n, v in constants if v is not False)
+
+
+def verify(gpu: GPU, plan: KernelPlan, spec: RunSpec, again: bool = False) -> None:
+    """Refuse the run (KernelCheckError, one line) if a kernel it would use disagrees with the
+    reference on this device; again=True checks anew what an earlier call found right (after a
+    run's loss became NaN). TINYGPT_NO_KERNEL_CHECK=1 skips it (the tests that build hundreds of
+    models check their kernels themselves)."""
+    if os.environ.get("TINYGPT_NO_KERNEL_CHECK"):
+        return
+    copy = check_spec(spec)
+    cfg = copy.cfg
+    key = (plan, cfg.d_model, cfg.heads, cfg.d_mlp, cfg.activation, cfg.window, cfg.vocab, copy.T,
+           copy.training, copy.precision.name, copy.attention.name)
+    seen = _VERDICTS.setdefault(gpu, {})
+    if again or key not in seen:
+        errors, built = _errors(gpu, plan, copy)
+        tensor, worst = _worst(errors)
+        seen[key] = None
+        if worst > 1.0:
+            names, how = _culprits(gpu, plan, copy, built, errors["logits"] > 1.0)
+            listed = "; ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+            what = f"the kernel {listed} disagrees" if len(names) == 1 else \
+                f"one of the kernels {listed} disagrees" if names else "a kernel of this run disagrees"
+            off = "not finite" if worst == np.inf else f"{worst:.3g} times its tolerance off"
+            avoid = f"; {how} avoids it" if how else ""
+            seen[key] = (f"{what} with the float64 reference on {gpu.name} (head dim {cfg.head_dim}, T={copy.T}: "
+                         f"{tensor} {off}); the driver's shader cache may hold code built for other settings: "
+                         f"delete {separate_shader_caches()} or run with MESA_SHADER_CACHE_DISABLE=true{avoid}")
+    if seen[key]:
+        raise KernelCheckError(seen[key])
+
+
+def blame(model: Model, lr: float) -> str:
+    """What to say after a run's loss or gradient norm stopped being finite (or exploded): the
+    kernels are checked again at the run's shapes; a disagreeing one is named, and the learning
+    rate is suggested only when every kernel agreed."""
+    try:
+        verify(model.gpu, model.plan, model.spec, again=True)
+    except KernelCheckError as e:
+        return f"not the learning rate: {e}"
+    return (f"every kernel of this run agrees with its float64 reference (checked again now), so the "
+            f"training diverged: lower {{opt:lr}} (it is {lr:g}) or {{opt:grad_clip}}")
