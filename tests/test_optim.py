@@ -212,28 +212,63 @@ def test_one_step_from_a_file_moves_the_weights_as_defined(tmp_path, opt):
     assert json.loads(json.dumps(b.extra["optimizer"]))["name"] == opt
 
 
+def upstream_read(raw: bytes) -> tuple[dict, dict, dict]:
+    """What upstream's python_ref/load_tinygpt.py does with a file, header checks none: after the
+    step, per manifest entry, the weights and two moment slots, float32 each -> (w, m, v) by
+    upstream name."""
+    n = int.from_bytes(raw[8:12], "little")
+    header, at = json.loads(raw[12:12 + n]), 12 + n + 4
+    out = ({}, {}, {})
+    for e in header["manifest"]:
+        size = int(np.prod(e["shape"]))
+        for d in out:
+            d[e["name"]] = np.frombuffer(raw[at:at + 4 * size], "<f4").reshape(e["shape"])
+            at += 4 * size
+    return out
+
+
 def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
     """6 steps straight, or 3 then a resume to 6, give the same weights and optimizer state bit for
-    bit (constant lr, so that both runs step alike); the file declares upstream's optimizer state
-    absent (its state the step and the weights alone, which TinyGPT's readers load) and keeps its
-    own under tinygptPy.optimizer. Resuming with another optimizer keeps the weights, starts that
-    optimizer's state fresh and says so in one line."""
+    bit (constant lr, so that both runs step alike). The file has upstream's layout (issue 47):
+    weights and two moment slots per tensor, 4 + 12 n bytes of state, which upstream's reader
+    walks to the weights tinygpt itself loads; the slots hold the optimizer's state (optim_state),
+    and the header no tensor. A file of the layout before (weights alone, the state as base64 in
+    the header) resumes to the same. Resuming with another optimizer keeps the weights, starts
+    that optimizer's state fresh and says so in one line."""
     common = ["--preset", "tiny", "--quiet", "--sample-tokens", "0", "--eval-every", "0", "--schedule", "constant",
               "--lr", "2e-3"]
     for opt in ("lion", "muon"):
         run_cli("train", *common, "--optimizer", opt, "--steps", "6", "--out", f"{opt}6.tinygpt", cwd=tmp_path)
         run_cli("train", *common, "--optimizer", opt, "--steps", "3", "--out", f"{opt}3.tinygpt", cwd=tmp_path)
-        run_cli("train", "--resume", f"{opt}3.tinygpt", "--steps", "6", "--quiet", "--sample-tokens", "0",
-                "--eval-every", "0", cwd=tmp_path)
-        a, b = ckpt.load(tmp_path / f"{opt}6.tinygpt"), ckpt.load(tmp_path / f"{opt}3.tinygpt")
-        assert a.step == b.step == 6
-        assert all(np.array_equal(a.params[n], b.params[n]) for n in a.params)
-        assert a.extra["optimizer"] == b.extra["optimizer"] and a.extra["optimizer"]["steps"] == 6
+        three = ckpt.load(tmp_path / f"{opt}3.tinygpt")
+        old_layout(three, optim_state.read(three, make_settings(opt), param_specs(three.cfg), "x")[0],
+                   tmp_path / f"{opt}3old.tinygpt")
+        for name in (f"{opt}3.tinygpt", f"{opt}3old.tinygpt"):
+            run_cli("train", "--resume", name, "--steps", "6", "--quiet", "--sample-tokens", "0",
+                    "--eval-every", "0", cwd=tmp_path)
+            a, b = ckpt.load(tmp_path / f"{opt}6.tinygpt"), ckpt.load(tmp_path / name)
+            assert a.step == b.step == 6
+            assert all(np.array_equal(a.params[n], b.params[n]) for n in a.params), name
+            assert all(np.array_equal(a.m[n], b.m[n]) and np.array_equal(a.v[n], b.v[n]) for n in a.params), name
+            assert a.extra["optimizer"] == b.extra["optimizer"] and a.extra["optimizer"]["steps"] == 6
         raw = (tmp_path / f"{opt}6.tinygpt").read_bytes()
-        header = json.loads(raw[12:12 + int.from_bytes(raw[8:12], "little")])
+        hlen = int.from_bytes(raw[8:12], "little")
+        header = json.loads(raw[12:12 + hlen])
         n = sum(int(np.prod(s)) for _, s, _ in param_specs(a.cfg))
-        assert header["includesOptimizerState"] is False and header["stateByteLength"] == 4 + 4 * n
-        assert len(raw) == 12 + int.from_bytes(raw[8:12], "little") + 4 + 4 * n and a.m is None
+        assert header["includesOptimizerState"] is True and header["stateByteLength"] == 4 + 12 * n
+        assert len(raw) == 12 + hlen + 4 + 12 * n and "tensors" not in header["tinygptPy"]["optimizer"]
+        w, m, v = upstream_read(raw)
+        names = {ckpt.upstream_name(p)[0]: p for p in a.params}
+        assert all(np.array_equal(w[u], ckpt.load(tmp_path / f"{opt}6.tinygpt").params[p].reshape(w[u].shape))
+                   for u, p in names.items())
+        state = optim_state.read(a, make_settings(opt), param_specs(a.cfg), "x")[0]
+        first = state[STATE_ROWS[opt][0]]
+        for u, p in names.items():     # the m slot is the optimizer's mean of the gradient; v is AdamW-sized
+            assert np.array_equal(m[u], first[p].reshape(m[u].shape)), u
+            kept = opt == "muon" and not is_muon_matrix(p)
+            assert kept or np.array_equal(v[u], np.square(m[u])), u
+        print(f"{opt}: {len(raw):,} bytes, header {hlen:,} (was base64 state in the header before)")
+        assert hlen < 20_000
     done = run_cli("train", "--resume", "lion6.tinygpt", "--optimizer", "muon", "--steps", "7", "--out", "x.tinygpt",
                    "--quiet", "--sample-tokens", "0", "--eval-every", "0", cwd=tmp_path)
     said = [line for line in done.stderr.splitlines() if line.startswith("optimizer: the file's state")]
@@ -241,6 +276,20 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
     assert len(said) == 1 and "lion's; muon starts its own fresh at step 6" in said[0]
     x = ckpt.load(tmp_path / "x.tinygpt")
     assert x.extra["optimizer"]["name"] == "muon" and x.extra["optimizer"]["steps"] == 1 and x.extra["momentsFrom"] == 6
+
+
+def old_layout(ck, state: dict, out):
+    """ck written as tinygpt wrote a Lion or Muon file before issue 47: the weights alone, the
+    state as base64 float32 under tinygptPy.optimizer.tensors (Muon's matrices without v)."""
+    import base64
+    name = ck.extra["optimizer"]["name"]
+    b64 = lambda a: base64.b64encode(np.ascontiguousarray(a, "<f4").tobytes()).decode("ascii")
+    tensors = {p: {row.split()[-1]: b64(state[row][p]) for row in STATE_ROWS[name]
+                   if not (name == "muon" and row.endswith(" v") and is_muon_matrix(p))} for p in ck.params}
+    extra = dict(ck.extra, optimizer=dict(ck.extra["optimizer"], tensors=tensors))
+    ckpt.save(out, ckpt.Checkpoint(ck.cfg, ck.params, None, None, ck.step, ck.loss_history, extra, ck.header,
+                                   adam_moments=False))
+    assert ckpt.load(out).m is None
 
 
 @pytest.mark.parametrize("cap", [1, 2 * 48 * 48, 3 * 48 * 48])

@@ -147,3 +147,26 @@ def test_a_run_whose_kernel_disagrees_is_refused_in_one_line(gpu, tmp_path, corp
     shutil.rmtree(tmp_path / "mesa" / "tinygpt-lp-native")
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0 and (tmp_path / "run.tinygpt").exists(), p.stderr[-2000:]
+
+
+def test_a_nan_names_the_kernel_not_the_learning_rate(monkeypatch, tmp_path, corpus, capsys):
+    """After a NaN loss the kernels are checked again (model/twincheck.blame): where one now
+    disagrees with the reference (forced here: every check after the start one sees the logits
+    doubled, as no family switch cures), the error says so and does not suggest --lr; where all
+    agree, it does (tests/test_hardening.py's test_nan_stops_with_the_step_and_a_hint)."""
+    from tinygpt.cli import main
+    from tinygpt.model import twincheck
+    real, calls = twincheck._errors, []
+
+    def later_wrong(gpu, plan, spec):
+        errors, built = real(gpu, plan, spec)
+        calls.append(spec)
+        return (errors if len(calls) == 1 else {**errors, "logits": 4.0}), built
+    monkeypatch.setattr(twincheck, "_errors", later_wrong)
+    rc = main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
+               "--data", str(corpus), "--steps", "20", "--lr", "1e30", "--log-every", "1", "--eval-every", "0",
+               "--out", str(tmp_path / "nan.tinygpt")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    print(err)
+    assert rc == 3 and "the loss became nan at step" in err and "not the learning rate" in err, err
+    assert "a kernel of this run disagrees" in err and "--lr" not in err, err

@@ -50,9 +50,9 @@ class Checkpoint:
     extra: dict = field(default_factory=dict)       # our own fields: tokenizer, data state, ...
     header: dict = field(default_factory=dict)      # the whole header as read (unknown keys kept)
     weight_dtype: str = "fp32"                      # how the file stored the weights
-    adam_moments: bool = True                       # an fp32 file's state holds AdamW moments (zeros where
-                                                    # m is None); False: weights alone (another optimizer's
-                                                    # state lives in tinygptPy.optimizer: optim_state)
+    adam_moments: bool = True                       # an fp32 file's state holds the two moment slots (zeros
+                                                    # where m is None: optim_state says what they hold);
+                                                    # False: weights alone (files before issue 47)
 
 
 # ---- upstream's names: the file's manifest and the safetensors export ---------------------------
@@ -196,7 +196,8 @@ def state_bytes(cfg: Config, dtype: str, with_opt: bool, block: int = INT4_BLOCK
 
 
 LAYOUTS = {   # weightDtype: what the state holds after the step
-    "fp32": "per tensor its weights, AdamW m and v as float32 (or the weights alone without optimizer state)",
+    "fp32": "per tensor its weights and two moment slots (AdamW's m and v: optim_state) as float32, or the "
+            "weights alone without optimizer state",
     "fp16": "every weight as float16, tensors end to end in manifest order (weights only)",
     "int4": "every tensor's float16 block scales, then every tensor's 4-bit values, two a byte (weights only)",
 }

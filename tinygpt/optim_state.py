@@ -1,17 +1,23 @@
 """The optimizer's state in a .tinygpt file, for any optimizer.
 
-AdamW's m and v are upstream TinyGPT's moments: they live in the file's state, where TinyGPT's
-readers look for them (`includesOptimizerState: true`), with the updates they took as
-tinygptPy.adamSteps. Another optimizer's state is no AdamW moment, so such a file declares its
-optimizer state absent in upstream's way (`includesOptimizerState: false`: the state holds the
-weights alone, which upstream reads exactly) and keeps its own under tinygptPy.optimizer, each
-tensor as base64 float32 little-endian:
+Every fp32 file has upstream TinyGPT's layout, whatever the optimizer: per tensor its weights and
+two moment slots (`includesOptimizerState: true`, 4 + 12 n state bytes), which upstream's
+readers take as AdamW's m and v (python_ref/load_tinygpt.py reads the triplets whatever the
+header says; the browser's WebGPU importState refuses any other length, so nothing may follow
+them). What each optimizer keeps there (`slots`):
 
-    {"name", the settings (core.optim: "weightDecay", "beta1", ...), "steps": updates taken,
-     "tensors": {parameter: {"m": b64, "v": b64}}}       (Muon's matrices have no "v": AdamW's, zero there)
+    adamw   m: AdamW's m; v: AdamW's v (the updates they took: tinygptPy.adamSteps)
+    muon    m: the momentum of a block matrix, AdamW's m elsewhere; v: AdamW's v where Muon runs
+            AdamW (embeddings, biases, norms), m^2 for a matrix, which has none
+    lion    m: Lion's momentum; v: m^2
 
-Every file records its optimizer's name and settings under tinygptPy.optimizer (an AdamW file
-with no "tensors"), so a resume knows which optimizer the state belongs to.
+The m slot holds each optimizer's running mean of the gradient, which is what AdamW's m is. A v
+slot of m^2 keeps an AdamW that continues from the file (upstream's) to steps of AdamW's size
+(m / sqrt(v) about 1, where a zero v would make them 30 times larger); our reader drops it, as
+that optimizer keeps no v there. tinygptPy.optimizer records the name, the settings and the
+updates taken ("steps"), so a resume knows whose state the slots hold. No tensor is kept in the
+header. A file written before this (`includesOptimizerState: false`, each tensor's state as
+base64 under tinygptPy.optimizer.tensors) still reads.
 """
 from __future__ import annotations
 
@@ -20,9 +26,9 @@ import math
 
 import numpy as np
 
-from .checkpoint import MAX_HEADER, Checkpoint, CheckpointError, show
+from .checkpoint import Checkpoint, CheckpointError, show
 from .core.optim import STATE_ROWS, OptimizerSettings, is_muon_matrix, settings_from_record
-from .core.errors import TinyGPTError, UsageError
+from .core.errors import TinyGPTError
 
 
 def _short(row: str) -> str:
@@ -34,42 +40,22 @@ def _kept(settings: OptimizerSettings, row: str, name: str) -> bool:
     return not (settings.name == "muon" and _short(row) == "v" and is_muon_matrix(name))
 
 
-def record_bytes(settings: OptimizerSettings, specs) -> int:
-    """The bytes the record's tensors take in the header (base64: 4 characters for 3 bytes)."""
-    if settings.name == "adamw":
-        return 0
-    floats = sum(math.prod(shape) for name, shape, _ in specs for row in STATE_ROWS[settings.name]
-                 if _kept(settings, row, name))
-    return 4 * -(-4 * floats // 3)
-
-
-def check_fits(settings: OptimizerSettings, specs, what: str = "the model"):
-    """Refuse, before a run starts, an optimizer whose state the file's header could not hold."""
-    need = record_bytes(settings, specs)
-    if not fits(settings, specs):     # half the header for the state; the rest for history and the rest
-        raise UsageError(f"{{opt:optimizer}} {settings.name}: its state for {what} would take {need:,} bytes of "
-                         f"the checkpoint's header, over the {MAX_HEADER // 2:,} it may; use {{opt:optimizer}} adamw, "
-                         "whose moments the file's state holds")
-
-
-def fits(settings: OptimizerSettings, specs) -> bool:
-    """Whether the file's header can hold this optimizer's state for these parameters."""
-    return record_bytes(settings, specs) <= MAX_HEADER // 2
-
-
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a, "<f4").tobytes()).decode("ascii")
-
-
-def record(settings: OptimizerSettings, state: dict | None = None, steps: int = 0) -> dict:
-    """tinygptPy.optimizer: the settings, and for an optimizer other than AdamW its state and steps."""
+def record(settings: OptimizerSettings, steps: int = 0) -> dict:
+    """tinygptPy.optimizer: the name and settings, and for an optimizer other than AdamW the
+    updates its state took (AdamW's are tinygptPy.adamSteps, as before)."""
     rec = settings.as_dict()
-    if settings.name != "adamw" and state is not None:
-        names = next(iter(state.values())).keys()
+    if settings.name != "adamw":
         rec["steps"] = int(steps)
-        rec["tensors"] = {n: {_short(row): _b64(state[row][n]) for row in STATE_ROWS[settings.name]
-                              if _kept(settings, row, n)} for n in names}
     return rec
+
+
+def slots(settings: OptimizerSettings, state: dict) -> tuple[dict, dict]:
+    """(m, v): the file's two moment slots of every tensor the state holds (see above)."""
+    rows = STATE_ROWS[settings.name]
+    m = state[rows[0]]
+    v = {n: state[rows[1]][n] if len(rows) > 1 and _kept(settings, rows[1], n) else np.square(a)
+         for n, a in m.items()}
+    return m, v
 
 
 def file_settings(ck: Checkpoint, what: str) -> OptimizerSettings | None:
@@ -92,19 +78,39 @@ def _count(extra: dict, key: str, most: int, what: str, default: int = 0) -> int
 
 def read(ck: Checkpoint, settings: OptimizerSettings, specs, what: str) -> tuple[dict | None, int, int]:
     """(state {row: {parameter: array}} or None for a fresh start, the updates it took, the step
-    its state started from) of the optimizer `settings` names, from a file of that optimizer."""
+    its state started from) of the optimizer `settings` names, from a file of that optimizer:
+    its moment slots, or an older file's base64 tensors. A value that is not finite, or a tensor
+    of the wrong size, is refused by name: a damaged state is never trained on."""
+    bad = lambda why: CheckpointError(f"{what}: its {settings.name} state {why}; the file is damaged or not "
+                                      "tinygpt's")
+    rec = ck.extra.get("optimizer") or {}
     if settings.name == "adamw":
         if ck.m is None:            # a weights-only file: the moments start at zero, here
             return None, 0, ck.step
         start = _count(ck.extra, "momentsFrom", ck.step, what)
         steps = _count(ck.extra, "adamSteps", ck.step - start, what, default=ck.step - start)
-        return {"adam m": ck.m, "adam v": ck.v}, steps, start
-    rec = ck.extra["optimizer"]
-    bad = lambda why: CheckpointError(f"{what}: its {settings.name} state {why}; the file is damaged or not "
-                                      "tinygpt's")
-    tensors = rec.get("tensors")
-    if not isinstance(tensors, dict):
-        raise bad("holds no tensors")
+        state = {"adam m": ck.m, "adam v": ck.v}
+    elif isinstance(rec.get("tensors"), dict):
+        state, steps, start = _read_base64(rec, settings, specs, ck, what, bad)
+    elif ck.m is not None:
+        steps = _count(rec, "steps", ck.step, what)
+        start = _count(ck.extra, "momentsFrom", ck.step, what)
+        rows = STATE_ROWS[settings.name]
+        state = {rows[0]: ck.m}
+        if len(rows) > 1:
+            state[rows[1]] = {n: ck.v[n] if _kept(settings, rows[1], n) else np.zeros_like(ck.v[n]) for n in ck.v}
+    else:
+        raise bad("is missing (the file holds the weights alone)")
+    for row, tensors in state.items():
+        for name, a in tensors.items():
+            if not np.all(np.isfinite(a)):
+                raise bad(f"holds a value that is not finite in {name}.{_short(row)}")
+    return state, steps, start
+
+
+def _read_base64(rec: dict, settings: OptimizerSettings, specs, ck: Checkpoint, what: str, bad):
+    """A file written before the state moved to the moment slots: each tensor's rows as base64."""
+    tensors = rec["tensors"]
     steps = _count(rec, "steps", ck.step, what)
     start = _count(ck.extra, "momentsFrom", ck.step, what)
     state = {row: {} for row in STATE_ROWS[settings.name]}

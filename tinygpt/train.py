@@ -66,17 +66,16 @@ class Run:
     o: TrainOptions | None = None                 # the options, each run setting given (run_settings)
 
     def checkpoint(self, params: dict, state: dict, steps: int, step: int, extra: dict) -> ckpt.Checkpoint:
-        """The file of this run: its weights and its optimizer's state (optim_state: AdamW's moments in
-        the file's state, another optimizer's under tinygptPy.optimizer) after `steps` updates; a LoRA
+        """The file of this run: its weights and its optimizer's state (optim_state: in the moment
+        slots of upstream's layout, whatever the optimizer) after `steps` updates; a LoRA
         run's base in the state (its frozen moments as read), its adapters and their moments in
         tinygptPy.lora."""
         opt = self.optimizer
-        extra = dict(extra, optimizer=optim_state.record(opt, state, steps))
+        extra = dict(extra, optimizer=optim_state.record(opt, steps))
+        m, v = optim_state.slots(opt, state)
         if opt.name != "adamw":          # (LoRA trains with AdamW alone: setup refuses the others)
-            return ckpt.Checkpoint(self.cfg, params, None, None, step, self.history, extra, self.header,
-                                   adam_moments=False)
+            return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
         extra["adamSteps"] = int(steps)
-        m, v = state["adam m"], state["adam v"]
         if self.lora is None:
             return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
         names = [n for n, _, _ in param_specs(self.cfg)]
@@ -242,16 +241,13 @@ def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> in
     return v
 
 
-def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False, specs=None):
+def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False):
     """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else for
     a LoRA run adamw, else the file's (a file that records none was AdamW's), else core.optim's
-    DEFAULT where its state fits a file's header for these parameter specs (adamw past about 25
-    million parameters, whose moments the file's state holds); the file's settings carry over where
-    the optimizer stays and no option changes them."""
+    DEFAULT (every optimizer's state fits the file's moment slots: optim_state); the file's
+    settings carry over where the optimizer stays and no option changes them."""
     held = (optim_state.file_settings(resume, label) or make_settings("adamw")) if resume else None
-    default = DEFAULT_OPTIMIZER if specs is None or optim_state.fits(make_settings(DEFAULT_OPTIMIZER), specs) \
-        else "adamw"
-    name = o.optimizer or ("adamw" if lora else held.name if held else default)
+    name = o.optimizer or ("adamw" if lora else held.name if held else DEFAULT_OPTIMIZER)
     same = held is not None and held.name == name
     pick = lambda key: getattr(o, key) if getattr(o, key) is not None else getattr(held, key) if same else None
     return make_settings(name, pick("weight_decay"), pick("beta1"), pick("beta2"),
@@ -337,12 +333,10 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     data = open_dataset(data_path, tok, cfg.ctx)
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
-    specs = trainable_specs(cfg, lora.lora if lora else None)
-    optimizer, held = run_optimizer(o, resume, label, lora is not None, specs)
+    optimizer, held = run_optimizer(o, resume, label, lora is not None)
     if lora and optimizer.name != "adamw":
         raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with adamw (their "
                          "moments are what its file and PEFT's export carry); drop {opt:optimizer}")
-    optim_state.check_fits(optimizer, specs)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)
@@ -354,9 +348,6 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     extra = _extra(o, tok, data_path, accum, precision, resume)
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     notes = []
-    if o.optimizer is None and resume is None and optimizer.name != DEFAULT_OPTIMIZER:
-        notes.append(f"optimizer: {optimizer.name}, not the default {DEFAULT_OPTIMIZER}, whose state would not fit a "
-                     f"checkpoint's header at {n_params(cfg):,} parameters")
     frozen, start, history = _start(model, rng, resume, lora, new_lora, label, o.loss_scale is not None, held, notes)
     header = resume.header if resume else {}
     if new_lora:        # the base run's own results are not the fine-tune's
@@ -768,8 +759,7 @@ def run_budget(o: TrainOptions, kernels: dict):
     cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
     cfg.validate()
     accum, precision = run_accum(o, resume), run_precision(o, resume)
-    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None,
-                              trainable_specs(cfg, lora))[0]
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]
     gpu = GPU()
     plan = make_plan(gpu, kernels)
     spec = run_spec(o, cfg, accum, precision, lora, optimizer)
