@@ -184,9 +184,10 @@ def train(args) -> int:
         cfg.batch, cfg.lr = GB, sched.lr
         taken = steps + step - ck.step                  # the updates the optimizer's state has taken
         extra = dict(ck.extra, dataRngState=rng.bit_generator.state, schedule=sched.as_dict(), momentsFrom=start)
-        if settings.name == "muon":
-            extra["optimizer"] = optim_state.record(settings, muon_state(opt, module), taken)
-            ck_out = ckpt.Checkpoint(cfg, params, None, None, step, history, extra, ck.header, adam_moments=False)
+        if settings.name == "muon":     # its state in upstream's moment slots, as tinygpt train writes it
+            extra["optimizer"] = optim_state.record(settings, taken)
+            m, v = optim_state.slots(settings, muon_state(opt, module))
+            ck_out = ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header)
         else:
             m, v = moments(opt, module)
             extra.update(optimizer=optim_state.record(settings), adamSteps=taken)

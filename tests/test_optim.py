@@ -278,6 +278,25 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
     assert x.extra["optimizer"]["name"] == "muon" and x.extra["optimizer"]["steps"] == 1 and x.extra["momentsFrom"] == 6
 
 
+@pytest.mark.parametrize("opt", ["adamw", "muon"])
+def test_a_damaged_state_is_refused_before_it_is_trained_on(tmp_path, opt):
+    """A resumed file's optimizer state is checked before the run trusts it (issue 47): a NaN in a
+    moment slot stops the resume in one line naming the tensor, and the file is left as it was."""
+    from test_hardening import in_process, one_line_error
+    f = tmp_path / "a.tinygpt"
+    run_cli("train", "--preset", "tiny", "--quiet", "--sample-tokens", "0", "--eval-every", "0", "--optimizer", opt,
+            "--steps", "2", "--out", str(f), cwd=tmp_path)
+    ck = ckpt.load(f)
+    ck.m["h0.Wq"] = ck.m["h0.Wq"].copy()
+    ck.m["h0.Wq"][1, 2] = np.nan
+    ckpt.save(f, ck)
+    before = f.read_bytes()
+    rc, err = in_process("train", "--resume", f, "--steps", 4, "--quiet", "--sample-tokens", 0, "--eval-every", 0)
+    one_line_error(rc, err, "h0.Wq", "not finite")
+    print(err[-1])
+    assert f.read_bytes() == before
+
+
 def old_layout(ck, state: dict, out):
     """ck written as tinygpt wrote a Lion or Muon file before issue 47: the weights alone, the
     state as base64 float32 under tinygptPy.optimizer.tensors (Muon's matrices without v)."""
