@@ -172,7 +172,8 @@ def test_eval_json_is_deterministic(trained, capsys):
         results.append(json.loads(capsys.readouterr().out))
     r = results[0]
     assert results[0] == results[1]
-    assert set(r) == {"loss", "perplexity", "windows", "tokens", "bits_per_byte"}
+    assert set(r) == {"loss", "perplexity", "windows", "tokens", "bits_per_byte", "data"}
+    assert r["data"] == str(corpus)                  # it names what it scored (issue 47)
     assert abs(r["bits_per_byte"] - r["loss"] / np.log(2)) < 1e-12
     n = len(corpus.read_bytes())
     val = n - int(np.floor(0.9 * n))
@@ -180,6 +181,8 @@ def test_eval_json_is_deterministic(trained, capsys):
     assert abs(r["perplexity"] - np.exp(r["loss"])) < 1e-6 * r["perplexity"]
     assert run_cli("eval", "--model", out, "--data", corpus, "--json", "--max-windows", 3) == 0
     assert json.loads(capsys.readouterr().out)["windows"] == 3
+    assert run_cli("eval", "--model", out, "--data", corpus, "--max-windows", 3) == 0
+    assert capsys.readouterr().out.strip().endswith(f"tokens of {corpus}")
 
 
 def test_eval_matches_the_reference(trained, capsys):

@@ -3,6 +3,7 @@ its file and in the fine-tune's, resume is bit for bit, the file is one TinyGPT'
 the PEFT export holds PEFT's names and shapes and computes the merged model, --adapters folds it
 into its base only, and every refusal is one line."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -121,9 +122,16 @@ def test_refusals_are_one_line(base, tmp_path):
     ft, pd = tmp_path / "ft.tinygpt", tmp_path / "peft"
     assert run_cli("train", *TINY, "--resume", base, "--lora", 2, "--steps", 2, "--eval-every", 0, "--out", ft) == 0
     assert run_cli("export", "--model", ft, "--format", "peft", pd) == 0
+    link, hard = tmp_path / "link", tmp_path / "hard.tinygpt"      # the base's directory through a link; a hard link
+    link.symlink_to(base.parent, target_is_directory=True)
+    os.link(base, hard)
+    before = base.read_bytes()
     cases = [
         (("train", *TINY, "--lora", 4, "--steps", 2), "--lora fine-tunes a trained model"),
         (("train", *TINY, "--resume", base, "--lora", 4, "--steps", 2), "give the fine-tune's own file with --out"),
+        (("train", *TINY, "--resume", base, "--lora", 4, "--steps", 2, "--out", link / base.name),   # issue 47
+         "give the fine-tune's own file with --out"),
+        (("train", *TINY, "--resume", base, "--lora", 4, "--steps", 2, "--out", hard), "give the fine-tune's own"),
         (("train", *TINY, "--resume", ft, "--lora", 8, "--steps", 4), "drop them to continue these adapters"),
         (("train", *TINY, "--resume", base, "--lora-alpha", 4, "--out", tmp_path / "x.tinygpt"), "give their rank"),
         (("train", *TINY, "--resume", base, "--lora", 4, "--precision", "bf16", "--out", tmp_path / "y.tinygpt"),
@@ -138,6 +146,7 @@ def test_refusals_are_one_line(base, tmp_path):
     for args, needle in cases:
         rc, err = in_process(*args)
         one_line_error(rc, err, needle)
+    assert base.read_bytes() == before
     assert not (tmp_path / "hf").exists() and not (tmp_path / "p2").exists()
 
 

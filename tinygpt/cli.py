@@ -106,7 +106,8 @@ def cmd_eval(args) -> int:
     else:
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
         b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
-        print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens")
+        print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens "
+              f"of {r['data']}")
     return 0
 
 

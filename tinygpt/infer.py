@@ -84,7 +84,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
         loss = model.mean_loss(xs, ys, progress=bar)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
-    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx}
+    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx, "data": data.name}
     if tok.name == "byte":
         r["bits_per_byte"] = bits(loss)
     return r

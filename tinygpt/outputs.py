@@ -100,10 +100,15 @@ def is_our_json(path) -> bool:
 
 
 # ---- claiming outputs ------------------------------------------------------------------------
-def _same(a: Path, b: Path) -> bool:
+def same_file(a, b) -> bool:
+    """Whether two paths name one file: by identity where both exist (a hard link, a path through
+    a symbolic link), by the resolved path where one is still to be written (link/base.tinygpt,
+    link a symbolic link to the base's directory, is the base)."""
     try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+        return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    except (OSError, ValueError):
         return False
 
 
@@ -140,7 +145,7 @@ class Outputs:
             raise OutputError(f"{label}: not a file name; give a file name for the {kind}")
         for opt, srcs in self.inputs.items():
             for src in srcs if opt != updates else ():
-                if _same(p, src) or p.resolve() == src.resolve():
+                if same_file(p, src):
                     what = f"{{opt:{opt}}}" if opt.isidentifier() else f"input ({opt})"
                     of = f" (it reads {src})" if len(srcs) > 1 else ""
                     raise OutputError(f"{label} is also this command's {what}{of}; writing the {kind} there would "

@@ -39,7 +39,7 @@ from .model.budget import device_limits, largest_fitting_batch, memory_budget, r
 from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import RUN_SETTINGS, TrainOptions
-from .outputs import Outputs, derived, is_json_lines, is_our_png, save_png
+from .outputs import Outputs, derived, is_json_lines, is_our_png, same_file, save_png
 from .runlog import RunLog, claim_directory
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
@@ -320,7 +320,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
         lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
     o = run_settings(o, resume, label)
     lora, new_lora = run_lora(o, resume, label)
-    if new_lora and held is None and (not o.out or os.path.abspath(o.out) == os.path.abspath(o.resume)):
+    if new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
                          "own file with {opt:out}")
     cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
