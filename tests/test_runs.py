@@ -42,6 +42,14 @@ def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
     c = tmp_path / "c.tinygpt"
     assert main(["train", "--config", str(tmp_path / "run.toml"), "--steps", "2", "--out", str(c)]) == 0
     assert ckpt.load(c).step == 2
+    # and over a file's minutes, where it gives steps (issue 47: "give --steps or --minutes, not both")
+    (tmp_path / "timed.toml").write_text((tmp_path / "run.toml").read_text().replace("steps = 5", "minutes = 3.5")
+                                         + 'sample_prompt = "-- a prompt that begins with a dash"
+')
+    d = tmp_path / "d.tinygpt"
+    assert main(["train", "--config", str(tmp_path / "timed.toml"), "--steps", "3", "--out", str(d)]) == 0
+    assert ckpt.load(d).step == 3
+    assert train_options({"sample_prompt": "-x"}, "a mapping").sample_prompt == "-x"     # as --sample-prompt=-x
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -50,6 +58,8 @@ def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
     ("steps = \n", "not TOML"),
     ("quiet = 1\n", "quiet is true or false"),
     ('config = "other.toml"\n', "does not name another config"),
+    ('steps = "50"\n', "steps takes a number, not the text '50'"),          # typed as the flag is (issue 47)
+    ('lr = "1e-3"\n', "lr takes a number, not the text '1e-3'"),
 ])
 def test_a_bad_config_is_one_line(tmp_path, capsys, text, needle):
     (tmp_path / "bad.toml").write_text(text)
@@ -99,7 +109,9 @@ def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
     assert all({"time", "lr", "grad_norm", "tokens_per_s"} <= set(r) and r["grad_norm"] > 0 for r in steps)
     final = rows[-1]
     assert final["step"] == 12 and final["final_val_loss"] > 0 and final["val_windows"] > 4
-    ea = EventAccumulator(str(tb))
+    (run_dir,) = tb.iterdir()                     # a folder per run inside --tensorboard (issue 47)
+    assert run_dir.name.startswith("m-")
+    ea = EventAccumulator(str(run_dir))
     ea.Reload()
     tags = set(ea.Tags()["scalars"])
     print(f"\nTensorBoard's reader: {sorted(tags)}")
@@ -111,7 +123,30 @@ def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
     best_step = min(vals, key=vals.get)
     best = tmp_path / "m.best.tinygpt"
     assert ckpt.load(best).step == best_step
-    assert f"best checkpoint {best} (step {best_step}" in r.stdout and f"TensorBoard logs in {tb}" in r.stdout
+    assert f"best checkpoint {best} (step {best_step}" in r.stdout and f"TensorBoard logs in {run_dir}" in r.stdout
+
+
+def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, corpus):
+    """Issue 47: a resumed run appends to its JSON Lines log and to its own TensorBoard run (the
+    folder its checkpoint names), after a row that says where it resumed; a second run given the
+    same --tensorboard directory, even in the same second, gets a folder of its own. The command
+    an interrupted run prints names its logs, so that they go on."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    out, log, tb = tmp_path / "m.tinygpt", tmp_path / "l.jsonl", tmp_path / "tb"
+    common = [*TINY, "--eval-every", "0", "--log-every", "2", "--data", str(corpus), "--tensorboard", str(tb)]
+    assert main(["train", *common, "--steps", "4", "--out", str(out), "--log", str(log)]) == 0
+    assert main(["train", *common, "--resume", str(out), "--steps", "8", "--log", str(log)]) == 0
+    assert main(["train", *common, "--steps", "2", "--out", str(tmp_path / "m2.tinygpt")]) == 0
+    assert main(["train", *common, "--steps", "2", "--out", str(tmp_path / "m2.tinygpt"), "--force"]) == 0
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["step"] for r in rows if "train_loss" in r] == [2, 4, 6, 8]
+    assert any(r.get("resumed") and r["step"] == 4 for r in rows)
+    runs = sorted(p.name for p in tb.iterdir())
+    print(f"\nTensorBoard runs: {runs}")
+    assert len(runs) == 3 and ckpt.load(out).extra["tensorboardRun"] in runs
+    ea = EventAccumulator(str(tb / ckpt.load(out).extra["tensorboardRun"]))
+    ea.Reload()
+    assert [e.step for e in ea.Scalars("loss/train")] == [2, 4, 6, 8]
 
 
 def test_f16_logs_its_loss_scale(gpu, tmp_path, corpus):
@@ -121,7 +156,7 @@ def test_f16_logs_its_loss_scale(gpu, tmp_path, corpus):
     tb = tmp_path / "tb"
     assert main(["train", *TINY, "--steps", "2", "--eval-every", "0", "--log-every", "1", "--precision", "f16",
                  "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt"), "--tensorboard", str(tb)]) == 0
-    ea = EventAccumulator(str(tb))
+    ea = EventAccumulator(str(next(tb.iterdir())))
     ea.Reload()
     assert [e.value for e in ea.Scalars("loss_scale")] == [65536.0, 65536.0]
 

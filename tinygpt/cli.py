@@ -374,6 +374,11 @@ class RaisingParser(Parser):
         raise UsageError(message)
 
 
+NUMBER_TYPES = ("_int", "_float")      # the argument types of train's numeric flags (argtypes)
+# settings of which one alone is given: the command line's drops a config file's other (it wins)
+ONE_OF = (("steps", "minutes"),)
+
+
 def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "config")) -> list[str]:
     """A mapping of train's flags by long name ("d_model": 96, "recompute": True) as the command
     line that says the same: parsed by train's own flags, so each value is checked as the flag
@@ -398,11 +403,13 @@ def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "confi
             continue
         if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and key not in ("kernels", "lora_targets"):
             raise UsageError(f"{source}: {key} takes one value, got {value!r}")
+        if isinstance(value, str) and getattr(action.type, "__name__", "").endswith(NUMBER_TYPES):
+            raise UsageError(f"{source}: {key} takes a number, not the text {value!r}")
         if isinstance(value, dict):
             value = ",".join(f"{k}={v}" for k, v in value.items())
         elif isinstance(value, (list, tuple)):
             value = ",".join(map(str, value))
-        argv += [name, str(value)]
+        argv.append(f"{name}={value}")      # one word: a value that begins with - is the value, as --flag=-x says
     try:
         p.parse_args(argv)                  # checked here, so the error names the mapping's source
     except UsageError as e:
@@ -602,7 +609,11 @@ def with_config(argv: list, args) -> argparse.Namespace:
     if getattr(args, "config", None) is None:
         return args
     at = argv.index(args.cmd) + 1
-    settings = settings_argv(read_config(args.config), f"--config {args.config}")
+    table = read_config(args.config)
+    for group in ONE_OF:
+        if any(getattr(args, key, None) is not None for key in group):
+            table = {k: v for k, v in table.items() if k not in group}
+    settings = settings_argv(table, f"--config {args.config}")
     return build_parser().parse_args(argv[:at] + settings + argv[at:])
 
 

@@ -1,6 +1,7 @@
 """What a training run writes as it goes, besides its checkpoint: the JSON Lines log (the log option)
-and TensorBoard's event files (the tensorboard option). Both get the same rows; a failure to write either warns
-once (safety.SideWriter) and the run goes on without it.
+and TensorBoard's event files (the tensorboard option: a folder per run inside it). Both get the same
+rows; a failure to write either warns once (safety.SideWriter) and the run goes on without it. A
+resumed run appends to both, after a row that says where it resumed.
 
 TensorBoard's files are written with tensorboardX: the standalone writer of TensorBoard's format
 (no PyTorch or TensorFlow needed), kept up with TensorBoard's releases, and the same SummaryWriter
@@ -42,6 +43,37 @@ def claim_directory(path, data=None) -> Path:
     except OSError as e:
         raise OutputError(f"{{opt:tensorboard}} {p}: cannot make it ({e.strerror}); choose another directory") from e
     return p
+
+
+RUN_NAME_MAX = 100
+
+
+def run_folder(parent: Path, name, stem: str) -> Path:
+    """This run's folder of event files inside the tensorboard option's directory, so that two
+    runs given one directory show as two runs in TensorBoard: a resumed run's own (name, as its
+    checkpoint recorded it: a plain folder name, never a path), else a new one, STEM-YYYYmmdd-HHMMSS,
+    made here with an exclusive mkdir (a second run in the same second gets -2, -3, ...)."""
+    if isinstance(name, str) and 0 < len(name) <= RUN_NAME_MAX and Path(name).name == name \
+            and name not in (".", ".."):
+        d = parent / name
+        try:
+            d.mkdir(exist_ok=True)
+            return d
+        except OSError as e:
+            raise OutputError(f"{{opt:tensorboard}} {d}: cannot make it ({e.strerror}); choose another "
+                              "directory") from e
+    base = f"{stem[:60]}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    for i in range(1, 1000):
+        d = parent / (base if i == 1 else f"{base}-{i}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise OutputError(f"{{opt:tensorboard}} {d}: cannot make it ({e.strerror}); choose another "
+                              "directory") from e
+    raise OutputError(f"{{opt:tensorboard}} {parent}: 999 runs named {base} already; choose another directory")
 
 
 class RunLog:

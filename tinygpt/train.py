@@ -40,7 +40,7 @@ from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import RUN_SETTINGS, TrainOptions
 from .outputs import Outputs, derived, is_json_lines, is_our_png, same_file, save_png
-from .runlog import RunLog, claim_directory
+from .runlog import RunLog, claim_directory, run_folder
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline, Schedule, resolve
 from .tokenfile import data_files, is_token_file, open_dataset, read_sidecar
@@ -363,6 +363,8 @@ def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, re
              "settings": {k: getattr(o, k) for k in RUN_SETTINGS}}
     if tok.name == "gpt2":
         extra["tokenizerSource"] = "r50k_base"
+    if resume and isinstance(resume.extra.get("tensorboardRun"), str):
+        extra["tensorboardRun"] = resume.extra["tensorboardRun"]      # its folder of event files (runlog)
     if resume and isinstance(resume.header.get("corpus"), str) and \
             ("data" not in resume.extra or resume.extra.get("corpusKept")):
         extra["corpusKept"] = True    # another writer's corpus (upstream's: the training text) stays
@@ -447,7 +449,13 @@ class Loop:
         self.held, self.extension = hold_schedule(o, run, start, total)
         self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
         self.side = SideWriter(err)
-        self.log = RunLog(self.side, outs.log, outs.tensorboard)
+        self.tb_run = None
+        if outs.tensorboard:      # a folder per run; a resumed run's own again
+            self.tb_run = run_folder(outs.tensorboard, run.extra.get("tensorboardRun"), outs.checkpoint.stem)
+            run.extra["tensorboardRun"] = self.tb_run.name
+        self.log = RunLog(self.side, outs.log, self.tb_run)
+        if start > 0 and (outs.log or self.tb_run):
+            self.log.row({"step": start, "resumed": True})
         # keep-best: the lowest validation loss of the run so far, the resumed run's past included
         vals = [h["val"] for h in run.history if isinstance(h.get("val"), (int, float))]
         self.best_val = min(vals) if vals and outs.best and outs.best.exists() else None
@@ -582,7 +590,7 @@ class Loop:
             files.append(f"best checkpoint {best} (kept from before: this run's validation losses were higher)")
         files += [f"loss curve {self.png}"] if self.png else []
         files += [f"log {outs.log}"] if outs.log else []
-        files += [f"TensorBoard logs in {outs.tensorboard}"] if outs.tensorboard else []
+        files += [f"TensorBoard logs in {self.tb_run} (run {self.tb_run.name})"] if self.tb_run else []
         return files
 
     def _save_best(self, done: int, val: float):
@@ -637,6 +645,8 @@ class Loop:
                                                       SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
             data = f" {{opt:data}} {shlex.quote(str(self.o.data))}" if self.o.data else ""   # not read from the file
+            for key, value in (("log", self.outs.log), ("tensorboard", self.outs.tensorboard)):
+                data += f" {{opt:{key}}} {shlex.quote(str(value))}" if value else ""     # the logs go on too
             print(word(f"saved; continue with: tinygpt train {{opt:resume}} {shlex.quote(str(out_path))}{data}"),
                   file=self.err)
             raise Interrupted("interrupted", stop.exit_code)
