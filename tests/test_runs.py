@@ -44,8 +44,7 @@ def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
     assert ckpt.load(c).step == 2
     # and over a file's minutes, where it gives steps (issue 47: "give --steps or --minutes, not both")
     (tmp_path / "timed.toml").write_text((tmp_path / "run.toml").read_text().replace("steps = 5", "minutes = 3.5")
-                                         + 'sample_prompt = "-- a prompt that begins with a dash"
-')
+                                         + 'sample_prompt = "-- a prompt that begins with a dash"\n')
     d = tmp_path / "d.tinygpt"
     assert main(["train", "--config", str(tmp_path / "timed.toml"), "--steps", "3", "--out", str(d)]) == 0
     assert ckpt.load(d).step == 3
@@ -88,7 +87,9 @@ def test_a_resumed_run_keeps_its_settings(tmp_path, corpus):
     assert settings["log_every"] == 3 and settings["eval_every"] == 0 and settings["sample_tokens"] == 0
     assert main(["train", "--resume", str(out), "--steps", "13", "--quiet", "--data", str(corpus),
                  "--log", str(log)]) == 0
-    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows[0]["step"] == 7 and rows[0]["resumed"] is True, rows[0]    # where it resumed, then
+    steps = [r["step"] for r in rows[1:]]
     assert steps == [9, 12, 13], steps          # every 3rd step and the last, no evaluation
     assert main(["train", "--resume", str(out), "--steps", "15", "--log-every", "1", "--quiet",
                  "--data", str(corpus)]) == 0
