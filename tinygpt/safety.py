@@ -161,7 +161,8 @@ class Saver:
             bad = [n for n, a in params.items() if not np.all(np.isfinite(a))]
             why = f"parameter {bad[0]} holds nan/inf" if bad else None
         if why:
-            raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; {blame(model, lr)}", 3)
+            raise TrainingStopped(f"{why} after step {done}; not saved: {self.kept_text()}; {blame(model, lr, (x, y))}",
+                                  3)
         return params
 
     def save(self, params: dict, path: Path | None = None):

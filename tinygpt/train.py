@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import sys
 import time
@@ -554,7 +553,8 @@ class Loop:
         norm = model.grad_norm()
         why = unhealthy(loss, norm, saver.best, run.cfg.vocab)
         if why:
-            raise TrainingStopped(f"{why} at step {done}; {blame(model, lr)}; {saver.kept_text()}", 3)
+            raise TrainingStopped(f"{why} at step {done}; {blame(model, lr, (self.x, self.y))}; "
+                                  f"{saver.kept_text()}", 3)
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
         scaler = model.gate_state() if model.scaled else None      # read with the loss, when shown

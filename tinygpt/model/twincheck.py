@@ -148,13 +148,49 @@ def verify(gpu: GPU, plan: KernelPlan, spec: RunSpec, again: bool = False) -> No
         raise KernelCheckError(seen[key])
 
 
-def blame(model: Model, lr: float) -> str:
+def blame(model: Model, lr: float, batch=None) -> str:
     """What to say after a run's loss or gradient norm stopped being finite (or exploded): the
-    kernels are checked again at the run's shapes; a disagreeing one is named, and the learning
-    rate is suggested only when every kernel agreed."""
+    kernels are checked again at the run's shapes, and a disagreeing one is named. Where all
+    agree, the learning rate is suggested, and, given the step's batch, the forward is replayed
+    on it a dispatch at a time to say which kernel wrote the first value that is not finite, and
+    from what."""
     try:
         verify(model.gpu, model.plan, model.spec, again=True)
     except KernelCheckError as e:
         return f"not the learning rate: {e}"
-    return (f"every kernel of this run agrees with its float64 reference (checked again now), so the "
-            f"training diverged: lower {{opt:lr}} (it is {lr:g}) or {{opt:grad_clip}}")
+    where = first_nonfinite(model, *batch) if batch is not None and batch[0] is not None else None
+    return (f"every kernel of this run agrees with its float64 reference (checked again now){where or ''}, "
+            f"so the training diverged: lower {{opt:lr}} (it is {lr:g}) or {{opt:grad_clip}}")
+
+
+MAX_WALK_BYTES = 1 << 30     # what the replay reads back at most, all dispatches together
+
+
+def first_nonfinite(model: Model, x, y) -> str | None:
+    """'; KERNEL wrote the first value that is not finite, from finite inputs' (or 'from inputs
+    that were not', the weights an update left so), replaying the forward and the loss of one
+    micro-batch one dispatch at a time; None where every value stays finite or the read-backs
+    would pass MAX_WALK_BYTES."""
+    gpu, left = model.gpu, MAX_WALK_BYTES
+
+    def finite(entries) -> bool:
+        nonlocal left
+        for buf, offset, size in entries:
+            left -= size
+            if left < 0:
+                raise OverflowError
+            if not np.all(np.isfinite(np.frombuffer(gpu.queue.read_buffer(buf, offset, size), "<f4"))):
+                return False
+        return True
+    model.write_batch(np.asarray(x)[:model.B], np.asarray(y)[:model.B])
+    try:
+        for d in model._fwd + model._loss[:-1]:
+            binds = list(zip(d.entries[1:], d.kernel.access[1:]))
+            inputs_ok = finite([e for e, a in binds if a == "r"])
+            gpu.run([d])
+            if not finite([e for e, a in binds if a == "w"]):
+                return (f"; {d.kernel.name} ({d.kernel.file}) wrote the step's first value that is not finite, "
+                        f"from {'finite inputs' if inputs_ok else 'inputs that were not (the weights an update left)'}")
+    except OverflowError:
+        return None
+    return None
