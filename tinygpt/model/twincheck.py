@@ -7,8 +7,8 @@ on another: a driver's shader cache that hands a process code compiled for other
 never wrote. The result is a NaN many steps later, blamed on the learning rate. The check is
 the f16 gate's idea (device/gate.py) for every precision: the copy has the run's width, heads
 (so head dim), MLP, activation, window, vocabulary, precision, attention path and kernel plan,
-so the pipelines it builds are the run's own, at batch 1, one layer and at most CHECK_T
-positions (fewer where the vocabulary is large: the reference's head is the cost). Its logits,
+so the pipelines it builds are the run's own, at one layer, and the run's batch and positions
+where the reference's head stays cheap (check_spec: fewer where the vocabulary is large). Its logits,
 loss and every gradient are compared with model.reference.gpt's; a kernel off by O(1) is far past
 the tolerance, a rounding far below it. The optimizer's update is not compared (its kernels are
 elementwise, checked by their own tests); the decoding kernels of `sample` neither.
@@ -37,8 +37,8 @@ from .attention import path
 from .gpt import Model
 from .spec import RunSpec
 
-CHECK_T = 64                 # positions of the copy's one sequence, at most
-REFERENCE_MACS = 2e7         # the reference head's multiply-adds, at most: T * vocab * width
+REFERENCE_MACS = 3e7         # the reference head's multiply-adds, at most: B * T * vocab * width
+MIN_T = 8                    # positions the copy keeps whatever the vocabulary
 TOL = {"f32": 1e-3}          # of each tensor's largest magnitude; the 16-bit policies round: HALF_TOL
 HALF_TOL = 3e-2
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {the copy's key: None or the refusal}
@@ -49,19 +49,23 @@ class KernelCheckError(GPUError):
 
 
 def check_spec(spec: RunSpec) -> RunSpec:
-    """The one-layer, batch-1 copy of a run that the check runs: forward and backward where the
-    run trains, the forward where it evaluates or samples."""
-    cfg = replace(spec.cfg, layers=1, batch=1)
-    t_cap = int(REFERENCE_MACS // max(1, cfg.vocab * cfg.d_model))
-    T = max(1, min(spec.T, CHECK_T, max(8, t_cap)))
-    return RunSpec(cfg, spec.attention, B=1, T=T, training=spec.training, precision=spec.precision)
+    """The one-layer copy of a run that the check runs: forward and backward where the run trains,
+    the forward where it evaluates or samples. Its batch and positions are the run's, so that its
+    kernels are the run's own pipelines (a matmul's constants follow its rows), as far as the
+    reference's head stays under REFERENCE_MACS: the batch halves first, then the positions."""
+    B, T, per_row = spec.B, spec.T, max(1, spec.cfg.vocab * spec.cfg.d_model)
+    while B > 1 and B * T * per_row > REFERENCE_MACS:
+        B = -(-B // 2)
+    T = max(1, min(T, max(MIN_T, int(REFERENCE_MACS // per_row))))
+    cfg = replace(spec.cfg, layers=1, batch=B)
+    return RunSpec(cfg, spec.attention, B=B, T=T, training=spec.training, precision=spec.precision)
 
 
 def _errors(gpu: GPU, plan: KernelPlan, spec: RunSpec) -> tuple:
     """({tensor: error / its tolerance}, kernels built): one step of the copy against the reference."""
     cfg, precision = spec.cfg, spec.precision
     params = init_params(cfg)
-    x = np.random.default_rng(5).integers(0, cfg.vocab, (1, spec.T + 1))
+    x = np.random.default_rng(5).integers(0, cfg.vocab, (spec.B, spec.T + 1))
     x, y = x[:, :-1], x[:, 1:]
     f64 = {k: v.astype(np.float64) for k, v in params.items()}
     logits, loss, cache = RG.forward(f64, cfg, x, y, precision=precision)
@@ -127,7 +131,7 @@ def verify(gpu: GPU, plan: KernelPlan, spec: RunSpec, again: bool = False) -> No
         return
     copy = check_spec(spec)
     cfg = copy.cfg
-    key = (plan, cfg.d_model, cfg.heads, cfg.d_mlp, cfg.activation, cfg.window, cfg.vocab, copy.T,
+    key = (plan, cfg.d_model, cfg.heads, cfg.d_mlp, cfg.activation, cfg.window, cfg.vocab, copy.B, copy.T,
            copy.training, copy.precision.name, copy.attention.name)
     seen = _VERDICTS.setdefault(gpu, {})
     if again or key not in seen:
