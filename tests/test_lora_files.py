@@ -202,10 +202,11 @@ print(float(np.abs(a - b).max()), float(np.abs(c - b).max()))
     assert err < 1e-4 and moved > 100 * err
 
 
-def test_an_adapters_directory_is_checked_before_it_is_trusted(base, tmp_path):
+def test_an_adapters_directory_is_checked_before_it_is_trusted(base, tmp_path, capsys):
     """--adapters reads adapter_config.json (a config PEFT would load with another rank, scale or
-    modules is refused, as are rsLoRA and DoRA), takes only float32 tensors of the shapes the
-    adapters' settings give (an integer tensor is not a weight), and sizes the file from its header
+    modules is refused, as are rsLoRA and DoRA), takes float tensors (F32, or PEFT's F16 and F64,
+    read as float32) of the shapes the adapters' settings give (an integer tensor is not a weight),
+    and sizes the file from its header
     before reading it: a file larger than its tensors is refused unread."""
     import shutil
     from safetensors.numpy import load_file, save_file
@@ -248,6 +249,18 @@ def test_an_adapters_directory_is_checked_before_it_is_trusted(base, tmp_path):
     for d, needle in cases:
         rc, err = in_process("eval", "--model", base, "--adapters", d, "--max-windows", 4)
         one_line_error(rc, err, needle)
+    # PEFT saves a half-precision or double model's adapters in its dtype: read as float32, and said
+    # (issue 47); the F64 copy of our float32 values scores exactly as they do, F16 within its rounding
+    losses, _ = {}, capsys.readouterr()
+    for dtype in ("F32", "F16", "F64"):
+        kind = {"F32": np.float32, "F16": np.float16, "F64": np.float64}[dtype]
+        d = variant(dtype.lower(), tensors=lambda t: t.update({k: v.astype(kind) for k, v in t.items()}))
+        rc, err = in_process("eval", "--model", base, "--adapters", d, "--max-windows", 4, "--json")
+        assert rc == 0, err
+        assert (dtype == "F32") != any(f"stored as {dtype}; read as float32" in line for line in err), err
+        losses[dtype] = json.loads(capsys.readouterr().out)["loss"]
+    print(f"--adapters as F32, F16, F64: {losses}")
+    assert losses["F64"] == losses["F32"] and abs(losses["F16"] - losses["F32"]) < 1e-3
 
 
 def test_the_readmes_lora_line_runs_as_written(base, tmp_path, corpus):

@@ -27,7 +27,7 @@ from .checkpoint import Checkpoint, CheckpointError, show
 from .core.config import Config, n_params
 from .core.fs import check_regular, read_most, read_user_file
 from .core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
-from .core.errors import TinyGPTError
+from .core.errors import TinyGPTError, warn
 from .hf import check_gpt2, write_directory
 from .outputs import WRITER
 
@@ -235,7 +235,7 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
     shapes = {k: v.shape for k, v in peft_tensors(base.cfg, lora, {k: np.zeros(s_, np.float32)
                                                                   for k, s_ in specs.items()})[0].items()}
     _check_peft_header(header, shapes, label)
-    need = 8 + n + sum(4 * int(np.prod(s_)) for s_ in shapes.values())
+    need = 8 + n + sum(PEFT_DTYPES[header[k]["dtype"]] * int(np.prod(s_)) for k, s_ in shapes.items())
     if st.st_size != need:
         raise CheckpointError(f"{label}: {st.st_size:,} bytes where its tensors need {need:,}; the file is damaged")
     _check_peft_config(d, lora, base.cfg, what)
@@ -248,13 +248,25 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
         tensors = load(raw)
     except (ValueError, SafetensorError) as e:
         raise CheckpointError(f"{what}: adapter_model.safetensors is not a safetensors file ({e})") from e
+    other = sorted({header[k]["dtype"] for k in shapes} - {"F32"})
+    if other:       # PEFT saves a half-precision or double model's adapters in its dtype
+        tensors = {k: np.asarray(v).astype(np.float32) for k, v in tensors.items()}
+        bad = sorted(k for k, v in tensors.items() if not np.all(np.isfinite(v)))
+        if bad:
+            raise CheckpointError(f"{label}: {bad[0]} holds values beyond float32's range (or not finite); these "
+                                  "are no trained adapters")
+        warn(f"{what}: its adapters are stored as {', '.join(other)}; read as float32")
     adapters = peft_adapters(base.cfg, lora, tensors, what)
     return merged({**base.params, **adapters}, base.cfg, lora)
 
 
+PEFT_DTYPES = {"F32": 4, "F16": 2, "F64": 8}      # bytes of the dtypes PEFT saves adapters in, read as float32
+
+
 def _check_peft_header(header: dict, shapes: dict, label: str):
-    """Every tensor the adapters need, float32 of its shape, and nothing else (an integer tensor
-    is not a weight)."""
+    """Every tensor the adapters need, of its shape, in a float dtype PEFT writes (float32, or a
+    half-precision or double model's F16 or F64), and nothing else (an integer tensor is not a
+    weight)."""
     missing = sorted(set(shapes) - set(header))
     extra = sorted(set(header) - set(shapes))
     if missing or extra:
@@ -263,10 +275,11 @@ def _check_peft_header(header: dict, shapes: dict, label: str):
                               f"{'' if missing else ' (these adapters have no such module)'}; give the directory "
                               "tinygpt export {opt:format} peft wrote")
     for k, t in header.items():
-        if not isinstance(t, dict) or t.get("dtype") != "F32" or tuple(t.get("shape") or ()) != tuple(shapes[k]):
+        if not isinstance(t, dict) or t.get("dtype") not in PEFT_DTYPES \
+                or tuple(t.get("shape") or ()) != tuple(shapes[k]):
             got = f"{t.get('dtype')} {t.get('shape')}" if isinstance(t, dict) else show(t)
-            raise CheckpointError(f"{label}: {k} is {got}, where the adapters need F32 {list(shapes[k])}; give the "
-                                  "directory tinygpt export {opt:format} peft wrote")
+            raise CheckpointError(f"{label}: {k} is {got}, where the adapters need F32, F16 or F64 "
+                                  f"{list(shapes[k])}; give the directory tinygpt export {{opt:format}} peft wrote")
 
 
 def _check_peft_config(d: Path, lora: LoRA, cfg: Config, what: str):
