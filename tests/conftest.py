@@ -9,6 +9,11 @@ import pytest
 # Tests use the default kernel variants, whatever `tinygpt tune` cached on this machine
 # (subprocesses inherit this too).
 os.environ["TINYGPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="tinygpt-test-cache-")
+# Mesa's compiled shaders, though, are kept between test runs, as a user's are (without it every
+# pytest process compiled every pipeline again): in a folder of the tests' own, where
+# device/driver_cache.py keeps one folder per SIMD width, as it does for every run.
+os.environ.setdefault("MESA_SHADER_CACHE_DIR", os.path.join(
+    os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "tinygpt-tests-mesa"))
 
 
 @pytest.fixture(scope="session")
