@@ -9,6 +9,7 @@ from . import lora_files
 from . import checkpoint as ckpt
 from . import optim_state
 from .core.config import n_params
+from .device.driver_cache import separate_shader_caches
 from .device.gpu import GPU
 from .device.planner import make_plan
 from .infer import recorded_corpus
@@ -72,10 +73,12 @@ def info(model: str | None, as_json: bool = False, brief: bool = False) -> str:
              "features": sorted(gpu.features),
              "limits": {k: gpu.limits[k] for k in sorted(gpu.limits)
                         if any(w in k for w in ("storage", "buffer-size", "workgroup", "invocations", "alignment"))},
-             "kernel_plan": plan.as_dict()}
+             "kernel_plan": plan.as_dict(),
+             "shader_cache": str(separate_shader_caches())}    # Mesa's folder for this SIMD width
     if as_json:
         return json.dumps(about, indent=2)
     return "\n".join([f"adapter   {about['adapter']}\nbackend   {about['backend']} ({about['adapter_type']})",
                       f"engine    {about['engine']} (TINYGPT_WEBGPU={gpu.engine})",
-                      f"features  {', '.join(about['features']) or '-'}", f"kernels   {plan.describe()}"]
+                      f"features  {', '.join(about['features']) or '-'}", f"kernels   {plan.describe()}",
+                      f"shaders   {about['shader_cache']} (Mesa's compiled code, one folder per SIMD width)"]
                      + [f"  {k:48s} {v:,}" for k, v in about["limits"].items()])
