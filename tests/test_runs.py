@@ -88,8 +88,8 @@ def test_a_resumed_run_keeps_its_settings(tmp_path, corpus):
     assert main(["train", "--resume", str(out), "--steps", "13", "--quiet", "--data", str(corpus),
                  "--log", str(log)]) == 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
-    assert rows[0]["step"] == 7 and rows[0]["resumed"] is True, rows[0]    # where it resumed, then
-    steps = [r["step"] for r in rows[1:]]
+    assert rows[0]["resumed_from"] == 7 and all("resumed_from" not in r for r in rows[1:]), rows
+    steps = [r["step"] for r in rows]
     assert steps == [9, 12, 13], steps          # every 3rd step and the last, no evaluation
     assert main(["train", "--resume", str(out), "--steps", "15", "--log-every", "1", "--quiet",
                  "--data", str(corpus)]) == 0
@@ -129,7 +129,7 @@ def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
 
 def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, corpus):
     """Issue 47: a resumed run appends to its JSON Lines log and to its own TensorBoard run (the
-    folder its checkpoint names), after a row that says where it resumed; a second run given the
+    folder its checkpoint names), its first row saying where it resumed; a second run given the
     same --tensorboard directory, even in the same second, gets a folder of its own. The command
     an interrupted run prints names its logs, so that they go on."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -141,7 +141,7 @@ def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, 
     assert main(["train", *common, "--steps", "2", "--out", str(tmp_path / "m2.tinygpt"), "--force"]) == 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["step"] for r in rows if "train_loss" in r] == [2, 4, 6, 8]
-    assert any(r.get("resumed") and r["step"] == 4 for r in rows)
+    assert [r.get("resumed_from") for r in rows if "train_loss" in r] == [None, None, 4, None]
     runs = sorted(p.name for p in tb.iterdir())
     print(f"\nTensorBoard runs: {runs}")
     assert len(runs) == 3 and ckpt.load(out).extra["tensorboardRun"] in runs

@@ -1,7 +1,7 @@
 """What a training run writes as it goes, besides its checkpoint: the JSON Lines log (the log option)
 and TensorBoard's event files (the tensorboard option: a folder per run inside it). Both get the same
 rows; a failure to write either warns once (safety.SideWriter) and the run goes on without it. A
-resumed run appends to both, after a row that says where it resumed.
+resumed run appends to both; its first row says where it resumed (resumed_from).
 
 TensorBoard's files are written with tensorboardX: the standalone writer of TensorBoard's format
 (no PyTorch or TensorFlow needed), kept up with TensorBoard's releases, and the same SummaryWriter
@@ -79,14 +79,17 @@ def run_folder(parent: Path, name, stem: str) -> Path:
 class RunLog:
     """One run's log lines and event files. side: safety.SideWriter (a failure warns once)."""
 
-    def __init__(self, side, log_path: Path | None, tensorboard: Path | None):
+    def __init__(self, side, log_path: Path | None, tensorboard: Path | None, resumed_from: int | None = None):
         self.side = side
+        self.resumed_from = resumed_from      # a resumed run's first row says where it resumed
         self.log = side.attempt("log", open, log_path, "a") if log_path else None
         self.tb = side.attempt("TensorBoard log", _writer, tensorboard) if tensorboard else None
 
     def row(self, row: dict):
         """A logged step (or the run's final loss): its keys those of TAGS, and step."""
         row = {"time": now(), **row}
+        if self.resumed_from is not None:
+            row["resumed_from"], self.resumed_from = self.resumed_from, None
         if self.log is not None:
             line = json.dumps(row) + "\n"
             if self.side.attempt("log", lambda: (self.log.write(line), self.log.flush())) is None:

@@ -452,9 +452,7 @@ class Loop:
         if outs.tensorboard:      # a folder per run; a resumed run's own again
             self.tb_run = run_folder(outs.tensorboard, run.extra.get("tensorboardRun"), outs.checkpoint.stem)
             run.extra["tensorboardRun"] = self.tb_run.name
-        self.log = RunLog(self.side, outs.log, self.tb_run)
-        if start > 0 and (outs.log or self.tb_run):
-            self.log.row({"step": start, "resumed": True})
+        self.log = RunLog(self.side, outs.log, self.tb_run, resumed_from=start or None)
         # keep-best: the lowest validation loss of the run so far, the resumed run's past included
         vals = [h["val"] for h in run.history if isinstance(h.get("val"), (int, float))]
         self.best_val = min(vals) if vals and outs.best and outs.best.exists() else None
