@@ -98,9 +98,7 @@ class Sampler:
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
                  capacity: int = 256, precision: Precision = FP32):
         self.tok = tok
-        spec = decoder_spec(cfg, attention, num, precision)
-        verify(gpu, plan, spec)
-        self.decoder = Decoder(gpu, plan, spec, capacity)
+        self.decoder = Decoder(gpu, plan, decoder_spec(cfg, attention, num, precision), capacity)
 
     def set_params(self, params: dict):
         self.decoder.set_params(params)
@@ -142,7 +140,9 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     gpu = gpu or GPU()
     kernels = dict(o.kernels, **({"decode": "full"} if o.no_cache else {}))
     precision = PRECISIONS[o.precision]
-    s = Sampler(gpu, make_plan(gpu, kernels), ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
+    plan = make_plan(gpu, kernels)
+    verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # the kernels, before they are trusted
+    s = Sampler(gpu, plan, ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
     path = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.path]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
           f"({path}, {precision.name})", file=err or sys.stderr)
