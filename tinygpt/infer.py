@@ -141,7 +141,7 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     kernels = dict(o.kernels, **({"decode": "full"} if o.no_cache else {}))
     precision = PRECISIONS[o.precision]
     plan = make_plan(gpu, kernels)
-    verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # the kernels, before they are trusted
+    verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # before the kernels are trusted
     s = Sampler(gpu, plan, ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
     path = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.path]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
