@@ -169,6 +169,9 @@ def test_subgroups_used_on_lavapipe(gpu):
     (matmul) and 3-15x (online attention)."""
     if not ("llvmpipe" in gpu.name and gpu.backend == "Vulkan"):
         pytest.skip("lavapipe only")
+    if "128 bits" in gpu.name:    # 4-lane subgroups, which the sg kernels' lane indexing cannot take: refused
+        assert not subgroups_ok(gpu)    # (this passed at 4 lanes only while Mesa's cache handed it 8-lane code)
+        pytest.skip("lavapipe at 128 bits has 4-lane subgroups: the planner's check refuses them (asserted)")
     from tinygpt.device.planner import make_plan
     assert "subgroup" in gpu.features and subgroups_ok(gpu)
     plan = make_plan(gpu, tuning={})
