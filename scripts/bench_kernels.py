@@ -4,7 +4,8 @@ at one preset's shapes: GPU ms, max error against the entry point's NumPy twin (
 reference function of the same name), and the speed-up over the scalar variant.
 
 Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise4,
-layernorm4, grad_norm4, optim4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups work) and bf16
+layernorm4, grad_norm4, optim.wgsl read as vec4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups
+work) and bf16
 (elementwise_bf16: GELU with its pre-activation stored as bf16; layernorm_bf16: the LayerNorm
 writing bf16; max_err against the twin's bf16 result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
@@ -14,11 +15,12 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
 LoRA's scale (alpha / rank on a [rows, rank 8] product). The optimizers over the flat parameters
-(adamw, lion; scalar and vec4) and the loss scaler's form of grad_sumsq (variant "scaled", f16's:
-gradients carrying a scale of 1024); Muon's kernels on one [C, 4C] matrix, and its Newton-Schulz over all
-the preset's matrices (the plan's matmuls) one matrix at a time against batched over the matrices
-of one shape, as Muon runs it: wall_ms beside the GPU time, as the batch saves dispatches, which
-cost time between kernels too (scripts/bench_train.py times a whole Muon step).
+(each elementwise one of model.optimizers, its room's WGSL; scalar and vec4) and the loss scaler's
+form of grad_sumsq (variant "scaled", f16's: gradients carrying a scale of 1024); Muon's kernels on
+one [C, 4C] matrix, and its Newton-Schulz over all the preset's matrices (the plan's matmuls) one
+matrix at a time against batched over the matrices of one shape, as Muon runs it: wall_ms beside the
+GPU time, as the batch saves dispatches, which cost time between kernels too (scripts/bench_train.py
+times a whole Muon step).
 Matmuls: scripts/bench_matmul.py; attention: scripts/compare_attention.py.
 
     python scripts/bench_kernels.py                    # the small preset's shapes
@@ -36,8 +38,10 @@ from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
-from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, n_params, param_specs, preset
-from tinygpt.core.optim import muon_ratio, ns_batches
+from tinygpt.core.config import n_params, param_specs, preset
+from tinygpt.model.optimizers import KINDS as OPTIMIZERS
+from tinygpt.model.optimizers.base import ElementwiseOptimizer
+from tinygpt.model.optimizers.muon import muon_ratio, ns_batches
 from tinygpt.device.gpu import GPU
 from tinygpt.cli import positive_int, run_script
 
@@ -133,19 +137,20 @@ def cases(gpu, rows, C, M, V, n, rng):
     words = lambda st: np.array([st[k] for k in sorted(K.GATE, key=K.GATE.get)] + [0.0] * (K.GATE_FLOATS - len(K.GATE)),
                                 np.float32)
     tgate = up(words(gate))
-    for name, b1, b2 in (("adamw", ADAMW_BETA1, ADAMW_BETA2), ("lion", 0.9, 0.99)):
+    for room in OPTIMIZERS.values():       # each elementwise optimizer's entry point, its room's WGSL
+        if not issubclass(room, ElementwiseOptimizer):
+            continue
+        consts = room.constants(room.settings())
+        two = len(room.state_rows) > 1
         u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
-        gpu.write_uniform(u, K.optim_uniform(n, lr, b1, b2, ADAMW_EPS))
+        gpu.write_uniform(u, K.optim_uniform(n, lr, *consts))
         rw, rm_, rv = f64(w0), f64(m0), f64(v0)
-        if name == "adamw":
-            R.adamw(f64(gr), 0.1, gate, rw, rm_, rv, lr, b1, b2, ADAMW_EPS)
-        else:
-            R.lion(f64(gr), 0.1, gate, rw, rm_, lr, b1, b2)
+        room.twin(f64(gr), 0.1, gate, rw, rm_, rv, lr, *consts)
         for v in ("scalar", "vec4"):
             tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
-            d = kn.adamw(tg, up(wd), tgate, tw, up(m0), up(v0), n, u, variant=v) if name == "adamw" else \
-                kn.lion(tg, up(wd), tgate, tw, up(m0), n, u, variant=v)
-            yield name, v, f"n={n}", d, lambda tw=tw, rw=rw: np.abs(gpu.read(tw) - rw).max()
+            d = kn.elementwise_optimizer(room.name, room.wgsl, tg, up(wd), tgate, tw, up(m0), up(v0) if two else None,
+                                         n, u, variant=v)
+            yield room.name, v, f"n={n}", d, lambda tw=tw, rw=rw: np.abs(gpu.read(tw) - rw).max()
     # the loss scaler's form of grad_sumsq (SCALED, f16's): gradients carrying a scale of 1024,
     # unscaled as they are squared (the scale read from the gate, kernels.GATE)
     gs = gr * np.float32(1024.0)
@@ -183,12 +188,13 @@ def muon_cases(gpu, kn, up, tgate, gate, C, M, rng):
 
 def newton_schulz_rows(gpu, kn, cfg, repeats, rng):
     """Newton-Schulz over every matrix Muon orthogonalises in the preset, one matrix at a time
-    (variant "each") and batched over the matrices of one shape (core.optim.ns_batches, as
-    model.optim.Muon runs it): GPU time (timestamps, where the adapter has them) and wall time of
+    (variant "each") and batched over the matrices of one shape (model.optimizers.muon.ns_batches, as
+    model.optimizers.muon.Muon runs it): GPU time (timestamps, where the adapter has them) and wall time of
     all the dispatches, the two timed in turn round after round (a machine's speed drifts),
     and the batched result's largest error against the twin."""
-    from tinygpt.model.optim import newton_schulz
-    from tinygpt.reference.optim import newton_schulz as ns_twin
+    from tinygpt.model.optimizers.muon import newton_schulz
+    from tinygpt.model.optimizers.muon import newton_schulz_twin
+    ns_twin = lambda x: newton_schulz_twin(R, x)
     batches = ns_batches(param_specs(cfg))
     setups = {}
     for variant in ("each", "batched"):

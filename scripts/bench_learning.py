@@ -2,7 +2,7 @@
 """Learning, not just speed: the same model trained by this WebGPU trainer (with each optimizer of
 --optimizers) and by PyTorch on the CPU (AdamW), from the same init, on the same batches; all
 evaluated on the same validation windows every --eval-every steps. Each optimizer runs its own
-default schedule (core.config.train_defaults; --lr overrides every peak). Prints (or --json: JSON Lines) one row per
+default schedule (model.optimizers.schedule; --lr overrides every peak). Prints (or --json: JSON Lines) one row per
 evaluation with keys trainer, step, seconds, val_loss, and plots val loss against steps and
 against training seconds (evaluation time left out) in one PNG.
 
@@ -28,8 +28,8 @@ from tinygpt.outputs import claim_plot, save_png
 from tinygpt.cli import add_kernels, nonneg_int, positive_float, positive_int, run_script
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
-from tinygpt.core.optim import NAMES as OPT_NAMES
-from tinygpt.core.optim import make_settings
+from tinygpt.model.optimizers import NAMES as OPT_NAMES
+from tinygpt.model.optimizers import make_settings
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
 from tinygpt.model.gpt import Model

@@ -39,8 +39,8 @@ from tinygpt.cli import add_kernels, lora_targets, positive_float, positive_int,
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora
-from tinygpt.core.optim import NAMES as OPT_NAMES
-from tinygpt.core.optim import make_settings
+from tinygpt.model.optimizers import NAMES as OPT_NAMES
+from tinygpt.model.optimizers import make_settings
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU
@@ -97,11 +97,11 @@ def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
 
 def run_numpy(cfg, params, data, lr):
     p = {k: v.copy() for k, v in params.items()}
-    opt = RG.new_opt_state(p)
+    opt = RG.new_opt_state(p, make_settings("adamw"))
     t0 = time.perf_counter()
     for x, y in data:
         _, loss, cache = RG.forward(p, cfg, x, y)
-        RG.clip_and_step(p, RG.backward(p, cfg, cache), opt, cfg, lr)
+        RG.clip_and_step(p, RG.backward(p, cfg, cache), opt, cfg, lr, make_settings("adamw"))
     return time.perf_counter() - t0, float(loss), "NumPy reference, float32"
 
 

@@ -21,8 +21,8 @@ import numpy as np
 
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
-from tinygpt.core.optim import NAMES as OPT_NAMES
-from tinygpt.core.optim import make_settings
+from tinygpt.model.optimizers import NAMES as OPT_NAMES
+from tinygpt.model.optimizers import make_settings
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.data import ByteTokenizer, Dataset, read_corpus
 from tinygpt.device.gpu import GPU

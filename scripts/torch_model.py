@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
-from tinygpt.core.optim import OptimizerSettings, is_muon_matrix
+from tinygpt.model.optimizers import Settings as OptimizerSettings
+from tinygpt.model.optimizers.muon import is_muon_matrix
 
 
 def key(name: str) -> str:

@@ -190,7 +190,7 @@ def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16
     from tinygpt.device.planner import make_plan
     from tinygpt.model.gpt import Model
     cfg = preset("tiny", batch=4, ctx=16)
-    from tinygpt.core.optim import make_settings
+    from tinygpt.model.optimizers import make_settings
     m = Model(gpu, make_plan(gpu), RunSpec(cfg, "online", precision=F16, loss_scale=2.0 ** 40,
                                            optimizer=make_settings(opt)))
     params = init_params(cfg)

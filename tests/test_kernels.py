@@ -13,8 +13,14 @@ from tinygpt.device.planner import subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
 from tinygpt.core.init import token_buckets
+from tinygpt.model.optimizers import KINDS as OPTIMIZERS
+from tinygpt.model.optimizers.base import ElementwiseOptimizer
+from tinygpt.model.optimizers.muon import muon_ratio, newton_schulz, newton_schulz_twin
 
 from conftest import check
+
+ELEMENTWISE = [k for k, room in OPTIMIZERS.items() if issubclass(room, ElementwiseOptimizer)]
+ns_twin = lambda x: newton_schulz_twin(R, x)
 
 pytestmark = pytest.mark.kernel
 f64 = lambda a: np.asarray(a, np.float64)
@@ -355,14 +361,16 @@ def gate_words(state: dict) -> np.ndarray:
     return words
 
 
-# multiples of 4 take optim4.wgsl and grad_norm4.wgsl; first: the chunk's place in the partial sums
-# and the decay table, which are bound whole (a model's later flat chunks start past 0 in both)
+# multiples of 4 take optim.wgsl's vec4 form and grad_norm4.wgsl; first: the chunk's place in the
+# partial sums and the decay table, which are bound whole (a model's later flat chunks start past 0)
 @pytest.mark.parametrize("n,first", [(5, 0), (4096, 1), (4096 * 3 + 7, 2), (4096 * 3 + 8, 3)])
-@pytest.mark.parametrize("opt", ["adamw", "lion"])
+@pytest.mark.parametrize("opt", ELEMENTWISE)
 def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
-    """grad_sumsq, grad_clip (the gate: norm, factor, skip 0, one more step taken), then AdamW or
-    Lion, against their twins; a negative decay marks blocks another optimizer updates (Muon's
-    matrices), which must stay as they were."""
+    """grad_sumsq, grad_clip (the gate: norm, factor, skip 0, one more step taken), then every
+    elementwise optimizer (its room's entry point in optim.wgsl's frame) against its twin; a
+    negative decay marks blocks another optimizer updates (Muon's matrices), which must stay as
+    they were."""
+    room = OPTIMIZERS[opt]
     grads = rng.standard_normal(n).astype(np.float32)
     w, m, v = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
     v = np.abs(v)
@@ -377,9 +385,10 @@ def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
     tw, tm, tv = gpu.upload(w), gpu.upload(m), gpu.upload(v)
     u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
     lr, clip = 1e-2, 1.0
-    b1, b2 = (ADAMW_BETA1, ADAMW_BETA2) if opt == "adamw" else (0.9, 0.99)
-    gpu.write_uniform(u, K.optim_uniform(n, lr, b1, b2, ADAMW_EPS, first))
-    step = kn.adamw(tg, table, gate, tw, tm, tv, n, u) if opt == "adamw" else kn.lion(tg, table, gate, tw, tm, n, u)
+    consts = room.constants(room.settings())
+    gpu.write_uniform(u, K.optim_uniform(n, lr, *consts, first=first))
+    two = len(room.state_rows) > 1
+    step = kn.elementwise_optimizer(opt, room.wgsl, tg, table, gate, tw, tm, tv if two else None, n, u)
     run(gpu, kn.grad_sumsq(tg, parts, n, first=first), kn.grad_clip(parts, gate, first + n_part, clip), step)
     assert not gpu.read(parts)[:first].any()
     parts = Tensor(parts.buf, 4 * first, (n_part,))
@@ -393,10 +402,7 @@ def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
     assert state["taken"] == 7 and state["skip"] == 0
     rw, rm, rv = f64(w), f64(m), f64(v)
     per = np.repeat(wd, 256)[:n].astype(np.float64)
-    if opt == "adamw":
-        R.adamw(f64(grads), per, state, rw, rm, rv, lr, b1, b2, ADAMW_EPS)
-    else:
-        R.lion(f64(grads), per, state, rw, rm, lr, b1, b2)
+    room.twin(f64(grads), per, state, rw, rm, rv, lr, *consts)
     theirs = per < 0
     assert np.array_equal(gpu.read(tw)[theirs], w[theirs]) and np.array_equal(gpu.read(tm)[theirs], m[theirs])
     check(f"{opt} w n={n}", gpu.read(tw), rw, 1e-6, 1e-5)
@@ -404,7 +410,7 @@ def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
     check(f"{opt} v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
 
 
-@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # grad_norm.wgsl and grad_norm4.wgsl, optim and optim4
+@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # grad_norm.wgsl and grad_norm4.wgsl, optim.wgsl scalar and vec4
 @pytest.mark.parametrize("case", ["clean", "grows", "inf", "nan"])
 def test_loss_scaler_kernels(gpu, rng, n, case, kn):
     """The loss scaler's forms (SCALED) of the gate against their twins, state and all: gradients
@@ -426,8 +432,12 @@ def test_loss_scaler_kernels(gpu, rng, n, case, kn):
     u = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
     lr, clip = 1e-2, 1.0
     gpu.write_uniform(u, K.optim_uniform(n, lr, ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS))
+    lion = OPTIMIZERS["lion"]
+    lu = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
+    gpu.write_uniform(lu, K.optim_uniform(n, lr, *lion.constants(lion.settings())))
     run(gpu, kn.grad_sumsq(tg, parts, n, gate=gate), kn.grad_clip(parts, gate, parts.size, clip, growth=growth),
-        kn.adamw(tg, gpu.upload(wd), gate, tw, tm, tv, n, u), kn.lion(tg, gpu.upload(wd), gate, lw, lm, n, u))
+        kn.elementwise_optimizer("adamw", OPTIMIZERS["adamw"].wgsl, tg, gpu.upload(wd), gate, tw, tm, tv, n, u),
+        kn.elementwise_optimizer("lion", lion.wgsl, tg, gpu.upload(wd), gate, lw, lm, None, n, lu))
     rparts = R.grad_sumsq(f64(grads), gate=state)
     check(f"grad_sumsq scaled {case} n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
     R.grad_clip(rparts, clip, gate=state, growth=growth)
@@ -437,8 +447,8 @@ def test_loss_scaler_kernels(gpu, rng, n, case, kn):
         assert got[i] == pytest.approx(state[key], rel=1e-5, abs=1e-12), key
     assert state["scale"] == {"clean": S, "grows": 2 * S, "inf": S / 2, "nan": S / 2}[case]
     rw, rm, rv = f64(w), f64(m), f64(v)
-    R.adamw(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), state, rw, rm, rv, lr, ADAMW_BETA1,
-            ADAMW_BETA2, ADAMW_EPS)
+    OPTIMIZERS["adamw"].twin(f64(grads), np.repeat(wd, 256)[:n].astype(np.float64), state, rw, rm, rv, lr,
+                             ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS)
     if case in ("inf", "nan"):
         for t, a in ((tw, w), (tm, m), (tv, v), (lw, w), (lm, m)):
             assert np.array_equal(gpu.read(t), a)
@@ -450,12 +460,9 @@ def test_loss_scaler_kernels(gpu, rng, n, case, kn):
 @pytest.mark.parametrize("K_,N", [(1, 1), (7, 13), (13, 7), (33, 33), (20, 84)])
 @pytest.mark.parametrize("skip", [0, 1])
 def test_muon_kernels(gpu, rng, kn, K_, N, skip):
-    """Muon's kernels and its Newton-Schulz iterations (model.optim.newton_schulz: the plan's
+    """Muon's kernels and its Newton-Schulz iterations (muon.newton_schulz: the plan's
     matmuls, a tall matrix worked on as its transpose) against their twins at odd shapes; a step
     the gate skips leaves the momentum and the weights as they were."""
-    from tinygpt.model.optim import newton_schulz
-    from tinygpt.reference.optim import newton_schulz as ns_twin
-    from tinygpt.core.optim import muon_ratio
     n, r = K_ * N, min(K_, N)
     g, m, w = (rng.standard_normal((K_, N)).astype(np.float32) for _ in range(3))
     state = {"norm": 1.0, "factor": 0.5, "scale": 1.0, "skip": skip, "clean": 0, "skipped": 0, "taken": 3}
@@ -494,8 +501,6 @@ def test_newton_schulz_batched(gpu, rng, kn, K_, N, batch):
     """Newton-Schulz over a batch of matrices of one shape (as Muon runs the blocks' matrices):
     each matrix is orthogonalised as it would be alone (the twin on each), normalised by its own
     norm, and the padding between them (NaN) is never read or written."""
-    from tinygpt.model.optim import newton_schulz
-    from tinygpt.reference.optim import newton_schulz as ns_twin
     r = min(K_, N)
     # matrices far apart in size: a shared norm would show at once
     x = rng.standard_normal((batch, K_, N)).astype(np.float32) * (10.0 ** np.arange(batch))[:, None, None]

@@ -13,8 +13,9 @@ from tinygpt import checkpoint as ckpt
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
 from tinygpt.cli import main
-from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset, train_defaults
-from tinygpt.core.optim import DEFAULT as DEFAULT_OPTIMIZER
+from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
+from tinygpt.model.optimizers import DEFAULT as DEFAULT_OPTIMIZER
+from tinygpt.model.optimizers import schedule as train_defaults
 from tinygpt.data import Dataset, ByteTokenizer, builtin_corpus, read_corpus
 from tinygpt.core.errors import UsageError
 from tinygpt.model.gpt import Model

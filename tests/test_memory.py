@@ -52,7 +52,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     precision, *more = precision.split()
     recompute = "recompute" in more          # one set of block activations, shared by the layers
     lora = make_lora(8, targets=list(TARGETS)) if "lora" in more else None
-    from tinygpt.core.optim import make_settings
+    from tinygpt.model.optimizers import make_settings
     opt = make_settings(next((o for o in ("lion", "muon") if o in more), "adamw"))
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")

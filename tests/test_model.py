@@ -13,6 +13,9 @@ from tinygpt.core.init import init_params
 
 from conftest import check
 from tinygpt.model.spec import RunSpec
+from tinygpt.model.optimizers import make_settings
+
+ADAMW = make_settings("adamw")
 
 pytestmark = pytest.mark.kernel
 
@@ -288,14 +291,14 @@ def test_bf16_learns_as_fp32_does(gpu, plan):
 def test_ten_adamw_steps_match_reference(gpu, plan, tiny):
     params = init_params(tiny)
     ref = f64(params)
-    opt = RG.new_opt_state(ref)
+    opt = RG.new_opt_state(ref, ADAMW)
     m = Model(gpu, plan, RunSpec(tiny, "online"))
     m.set_params(params)
     for step in range(10):
         x, y = batch(tiny, step)
         m.step(x, y, 1e-3)
         _, loss, cache = RG.forward(ref, tiny, x, y)
-        RG.clip_and_step(ref, RG.backward(ref, tiny, cache), opt, tiny, 1e-3)
+        RG.clip_and_step(ref, RG.backward(ref, tiny, cache), opt, tiny, 1e-3, ADAMW)
         check(f"step {step} loss", m.loss(), loss, 1e-4)
     got = m.get_params()
     for name in ("tok_emb", "h1.Wq", "h1.fc_out_W", "ln_f_g"):
@@ -396,7 +399,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
     """The optimizer (and the accumulation) bound a chunk at a time: the same losses, weights and
     optimizer state as one dispatch over the whole flat buffers, bit for bit; Muon's matrices bound
     one at a time wherever they lie among the chunks."""
-    from tinygpt.core.optim import STATE_ROWS, make_settings
+    from tinygpt.model.optimizers import kind
     from tinygpt.model.layout import flat_chunks
     cfg = preset("tiny", batch=2, ctx=16, vocab=vocab, d_model=width, heads=2)
     params = init_params(cfg)
@@ -415,7 +418,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
         for w in xs:
             m.step(w[:, :-1], w[:, 1:], 3e-3)
             losses.append(m.loss())
-        out[limit] = (losses, m.get_params(), m.get_opt_state()[STATE_ROWS[opt][1]])
+        out[limit] = (losses, m.get_params(), m.get_opt_state()[kind(opt).state_rows[-1]])
     (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)

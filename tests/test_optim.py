@@ -13,15 +13,18 @@ from tinygpt import checkpoint as ckpt
 from tinygpt import optim_state
 from tinygpt.core.config import param_specs, preset
 from tinygpt.core.init import init_params
-from tinygpt.core.optim import STATE_ROWS, is_muon_matrix, make_settings, muon_ratio
+from tinygpt.model.optimizers import kind, make_settings
+from tinygpt.model.optimizers.muon import is_muon_matrix, muon_ratio, newton_schulz_twin
 from tinygpt.model.gpt import Model
 from tinygpt.model.spec import RunSpec
 from tinygpt.reference import gpt as RG
-from tinygpt.reference.optim import newton_schulz
+from tinygpt.reference import kernels as R
 
 from conftest import check
 
-LR = {"adamw": 1e-3, "lion": 1e-4, "muon": 1e-3}
+LR = {"adamw": 1e-3, "lion": 1e-4, "muon": 1e-3, "sgd": 0.3}
+STATE_ROWS = {name: kind(name).state_rows for name in LR}
+newton_schulz = lambda x: newton_schulz_twin(R, x)
 
 
 def batch(cfg, seed=0, n=None):
@@ -45,7 +48,7 @@ def close_or_flipped(name, got, want, lr, atol=2e-6):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("opt,accum,recompute", [                  # the slow-marked ones: the first pass only
-    pytest.param("adamw", 1, False, marks=pytest.mark.slow), ("lion", 1, False), ("muon", 1, False),
+    pytest.param("adamw", 1, False, marks=pytest.mark.slow), ("lion", 1, False), ("muon", 1, False), ("sgd", 1, False),
     pytest.param("lion", 2, True, marks=pytest.mark.slow), pytest.param("muon", 2, True, marks=pytest.mark.slow)])
 def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute):
     """Five steps of each optimizer on the tiny preset (its 48 x 192 and 192 x 48 MLP matrices: a
@@ -63,7 +66,7 @@ def test_steps_of_each_optimizer_match_float64(gpu, plan, opt, accum, recompute)
         x, y = batch(cfg, step)
         m.step(x, y, lr)
         _, loss, cache = RG.forward(ref, cfg, x, y)
-        RG.clip_and_step(ref, RG.backward(ref, cfg, cache), state, cfg, lr, settings=s)
+        RG.clip_and_step(ref, RG.backward(ref, cfg, cache), state, cfg, lr, s)
         check(f"{opt} step {step} loss", m.loss(), loss, 1e-4)
     got, held = m.get_params(), m.get_opt_state()
     assert m.opt_steps() == state["t"] == 5
@@ -133,7 +136,7 @@ def test_muon_matches_torch(gpu, kn, tmp_path, K_, N):
     if subprocess.run([sys.executable, "-c", "import torch.optim; torch.optim.Muon"], capture_output=True).returncode:
         pytest.skip("torch with torch.optim.Muon is not installed: pip install torch==2.13.0 runs this check")
     from tinygpt.device import kernels as K
-    from tinygpt.model.optim import newton_schulz as ns_device
+    from tinygpt.model.optimizers.muon import newton_schulz as ns_device
     rng = np.random.default_rng(3)
     w, g, m = (rng.standard_normal((K_, N)).astype(np.float32) * s for s in (0.02, 1.0, 0.5))
     lr, wd, ratio, n, r = 1e-2, 0.1, muon_ratio((K_, N)), K_ * N, min(K_, N)
@@ -165,14 +168,15 @@ def run_cli(*args, cwd):
     return done
 
 
-@pytest.mark.parametrize("opt", ["adamw", "lion", "muon"])
+@pytest.mark.parametrize("opt", ["adamw", "lion", "muon", "sgd"])
 def test_one_step_from_a_file_moves_the_weights_as_defined(tmp_path, opt):
     """From outside, from the files alone: a run of 4 steps is saved, then resumed for one step at
     a constant lr with no weight decay. The gradient of that step is recovered from the state
     before and after it (every optimizer's first moment mixes it in linearly), and the weights
     must have moved exactly as the optimizer is defined to: AdamW by lr m^ / (sqrt(v^) + eps);
     Lion by lr in every coordinate, against the sign of beta1 m + (1 - beta1) g; Muon's matrices
-    by lr 0.2 sqrt(max(shape)) times Newton-Schulz of the Nesterov momentum, the rest by AdamW."""
+    by lr 0.2 sqrt(max(shape)) times Newton-Schulz of the Nesterov momentum, the rest by AdamW;
+    SGD by lr times its momentum, the running mean."""
     common = ["--preset", "tiny", "--quiet", "--sample-tokens", "0", "--eval-every", "0"]
     run_cli("train", *common, "--steps", "4", "--optimizer", opt, "--out", "a.tinygpt", cwd=tmp_path)
     a = ckpt.load(tmp_path / "a.tinygpt")
@@ -198,7 +202,9 @@ def test_one_step_from_a_file_moves_the_weights_as_defined(tmp_path, opt):
             assert np.array_equal(np.sign(w0 - w1)[clear], np.sign(c)[clear]), name
             continue
         rows = STATE_ROWS[opt]
-        if opt == "muon" and is_muon_matrix(name):
+        if opt == "sgd":
+            want = w0 - lr * sb["sgd m"][name].astype(np.float64)
+        elif opt == "muon" and is_muon_matrix(name):
             m0, m1 = sa["muon m"][name].astype(np.float64), sb["muon m"][name].astype(np.float64)
             g = (m1 - s.momentum * m0) / (1 - s.momentum)
             want = w0 - lr * muon_ratio(w0.shape) * newton_schulz((1 - s.momentum) * g + s.momentum * m1)
@@ -313,12 +319,12 @@ def old_layout(ck, state: dict, out):
 
 @pytest.mark.parametrize("cap", [1, 2 * 48 * 48, 3 * 48 * 48])
 def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
-    """The cap that cuts a shape's matrices into batches (core.optim.NS_BATCH_FLOATS, 4 MiB: the
+    """The cap that cuts a shape's matrices into batches (muon.NS_BATCH_FLOATS, 4 MiB: the
     presets up to large run whole) forced low: one matrix a batch (cap 1), and batches of 2 and 3
     of tiny's eight 48 x 48 matrices (the last one short) while the 48 x 192 ones go alone. Three
     Muon steps give bit for bit the weights and momenta of the uncut batches, and the memory
     budget still equals the allocation (the scratch sized from the same batches)."""
-    import tinygpt.core.optim as CO
+    import tinygpt.model.optimizers.muon as CO
     from tinygpt.core.config import param_specs
     from tinygpt.model.budget import device_limits, memory_budget
     cfg = preset("tiny")

@@ -1,4 +1,6 @@
 """The NumPy reference against central finite differences in float64 (no GPU needed)."""
+import sys
+
 import numpy as np
 import pytest
 
@@ -9,6 +11,11 @@ from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 from tinygpt.core.init import token_buckets
 
+from tinygpt.model.optimizers import KINDS as OPTIMIZERS
+from tinygpt.model.optimizers.adamw import adamw
+from tinygpt.model.optimizers.lion import lion
+from tinygpt.model.optimizers.muon import newton_schulz_twin
+from tinygpt.model.optimizers.sgd import sgd
 from conftest import check
 
 
@@ -137,7 +144,7 @@ def test_whole_model_finite_differences():
 def test_adamw_matches_formula():
     w, g = np.array([1.0, -2.0]), np.array([0.5, 0.1])
     m, v = np.zeros(2), np.zeros(2)
-    R.adamw(g, 0.1, {"factor": 1.0, "skip": 0, "taken": 1}, w, m, v, 0.01, 0.9, 0.95, 1e-8)
+    adamw(g, 0.1, {"factor": 1.0, "skip": 0, "taken": 1}, w, m, v, 0.01, 0.9, 0.95, 1e-8)
     # step 1: mhat = g, vhat = g^2, so the update is g / (|g| + eps) + wd * w
     w0 = np.array([1.0, -2.0])
     check("adamw step 1", w, w0 - 0.01 * (g / (np.abs(g) + 1e-8) + 0.1 * w0), 1e-15)
@@ -145,16 +152,32 @@ def test_adamw_matches_formula():
     assert abs(norm - 5.0) < 1e-12 and abs(scale - 1.0 / (5.0 + 1e-6)) < 1e-12
 
 
+def test_sgd_matches_its_definition():
+    """SGD's momentum is the running mean of the gradient times the gate's factor, and the step is
+    lr times it plus the decay; a skipped step and another optimizer's elements (a negative decay)
+    change nothing."""
+    gate = {"factor": 2.0, "skip": 0, "taken": 1}
+    w, g, m = np.array([1.0, -2.0, 0.5]), np.array([0.5, -0.1, 0.0]), np.array([0.1, 0.3, -0.2])
+    w0, m0 = w.copy(), m.copy()
+    sgd(g, np.array([0.1, 0.0, -1.0]), gate, w, m, None, 0.5, 0.9)
+    m1 = 0.9 * m0 + 0.1 * 2.0 * g
+    check("sgd m", m[:2], m1[:2], 1e-15)
+    check("sgd w", w[:2], w0[:2] - 0.5 * (m1[:2] + np.array([0.1, 0.0]) * w0[:2]), 1e-15)
+    assert w[2] == w0[2] and m[2] == m0[2]
+    sgd(g, 0.1, dict(gate, skip=1), w, m, None, 0.5, 0.9)
+    check("sgd w after a skipped step", w[:2], w0[:2] - 0.5 * (m1[:2] + np.array([0.1, 0.0]) * w0[:2]), 1e-15)
+
+
 def test_lion_and_muon_match_their_definitions():
     """Lion's step is lr times a sign (and the moment's decay after it); Muon's Newton-Schulz gives
     a matrix whose singular values lie near 1 (the quintic's fixed band, 0.5 to 1.5 at most) and
     whose singular vectors are the input's, for a wide and a tall matrix alike, and the tall one is
     the transpose's orthogonalisation transposed."""
-    from tinygpt.reference.optim import newton_schulz
+    newton_schulz = lambda x: newton_schulz_twin(R, x)
     gate = {"factor": 2.0, "skip": 0, "taken": 1}
     w, g, m = np.array([1.0, -2.0, 0.5]), np.array([0.5, -0.1, 0.0]), np.array([0.1, 0.3, -0.2])
     w0, m0 = w.copy(), m.copy()
-    R.lion(g, 0.1, gate, w, m, 0.01, 0.9, 0.99)
+    lion(g, 0.1, gate, w, m, None, 0.01, 0.9, 0.99)
     c = 0.9 * m0 + 0.1 * 2.0 * g
     check("lion w", w, w0 - 0.01 * (np.sign(c) + 0.1 * w0), 1e-15)
     check("lion m", m, 0.99 * m0 + 0.01 * 2.0 * g, 1e-15)
@@ -175,9 +198,15 @@ def test_every_wgsl_entry_point_has_a_numpy_twin():
     import re
     from pathlib import Path
     shaders = Path(__file__).resolve().parents[1] / "shaders"
-    names = [n for f in sorted(shaders.glob("*.wgsl")) for n in re.findall(r"@compute[^\n]*\n\s*fn (\w+)", f.read_text())]
+    entries = lambda text: re.findall(r"@compute[^\n]*\n\s*fn (\w+)", text)
+    names = [n for f in sorted(shaders.glob("*.wgsl")) for n in entries(f.read_text())]
     assert len(names) > 30
     missing = [n for n in names if not (hasattr(R, n) or hasattr(RA, n))]
+    # an optimizer's room writes its entry point (completing optim.wgsl) beside its twin
+    rooms = {k: entries(getattr(room, "wgsl", "")) for k, room in OPTIMIZERS.items()}
+    print({k: v for k, v in rooms.items() if v})
+    missing += [n for k, ns in rooms.items() for n in ns
+                if n != k or getattr(OPTIMIZERS[k], "twin", None) is not getattr(sys.modules[OPTIMIZERS[k].__module__], n, 0)]
     assert not missing, f"no NumPy twin for {missing}"
 
 

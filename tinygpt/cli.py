@@ -19,9 +19,6 @@ from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefau
 from .core.errors import TinyGPTError, UsageError, set_wording, word
 from .core.fs import read_user_file, writes_shown
 from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
-from .core.optim import DEFAULTS as OPT_DEFAULTS
-from .core.optim import NAMES as OPT_NAMES
-from .core.optim import WEIGHT_DECAY as OPT_WD
 from .core.precision import PRECISIONS
 from .device.gpu import GPU
 from .device.kernels import LOSS_SCALE, SCALE_GROWTH
@@ -33,7 +30,7 @@ from .hf import import_hf
 from .info import info
 from .infer import evaluate, sample
 from .lens import inspect
-from .model import budget
+from .model import budget, optimizers
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .options import RUN_SETTINGS, EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
 from .outputs import Outputs, os_error_text
@@ -308,23 +305,15 @@ def train_flags(p, small: TrainDefaults, base: Config):
     p.add_argument("--loss-scale", type=loss_scale_float, metavar="INIT",
                    help=f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean "
                         f"steps as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)")
-    p.add_argument("--optimizer", choices=list(OPT_NAMES),
-                   help="muon (the default for a new run: the blocks' matrices orthogonalised by Newton-Schulz, the "
-                        "rest by adamw, one lr), adamw (TinyGPT's; a LoRA run's default, and a resumed file's where "
-                        "it records none) or lion (the sign of a momentum, one moment); a resumed run keeps its own, "
-                        "and resuming with another starts its state fresh")
+    p.add_argument("--optimizer", choices=list(optimizers.NAMES),
+                   help=f"{optimizers.optimizer_help()}. A new run takes {optimizers.DEFAULT}, a LoRA run "
+                        f"{optimizers.LORA}, a resumed run its own ({optimizers.UNRECORDED} where its file records "
+                        "none); resuming with another starts its state fresh")
     p.add_argument("--weight-decay", type=nonneg_float, metavar="WD",
-                   help=f"decoupled weight decay of matrices and embeddings (default {OPT_WD:g}, or the resumed run's)")
-    p.add_argument("--beta1", type=unit_float,
-                   help=f"adamw's (and muon's adamw part's) first-moment decay "
-                        f"(default {OPT_DEFAULTS['adamw']['beta1']:g}); "
-                        f"lion's interpolation (default {OPT_DEFAULTS['lion']['beta1']:g})")
-    p.add_argument("--beta2", type=unit_float,
-                   help=f"adamw's second-moment decay (default {OPT_DEFAULTS['adamw']['beta2']:g}); lion's moment "
-                        f"decay (default {OPT_DEFAULTS['lion']['beta2']:g})")
-    p.add_argument("--momentum", type=unit_float,
-                   help=f"muon's momentum on the matrices, with Nesterov "
-                        f"(default {OPT_DEFAULTS['muon']['momentum']:g})")
+                   help=f"decoupled weight decay of matrices and embeddings (default {optimizers.WEIGHT_DECAY:g}, "
+                        "or the resumed run's)")
+    for key in optimizers.FLAGS:          # each optimizer's hyperparameters, its room's help
+        p.add_argument(f"--{key.replace('_', '-')}", type=unit_float, help=optimizers.flag_help(key))
     p.add_argument("--eval-every", type=nonneg_int,
                    help=f"evaluate --eval-windows validation windows every N steps, and the whole split at the end "
                         f"(0: never; default {RUN_SETTINGS['eval_every']}, or the resumed run's)")

@@ -10,14 +10,16 @@ them). What each optimizer keeps there (`slots`):
     muon    m: the momentum of a block matrix, AdamW's m elsewhere; v: AdamW's v where Muon runs
             AdamW (embeddings, biases, norms), m^2 for a matrix, which has none
     lion    m: Lion's momentum; v: m^2
+    sgd     m: its momentum (a running mean); v: m^2
 
-The m slot holds each optimizer's running mean of the gradient, which is what AdamW's m is. A v
-slot of m^2 keeps an AdamW that continues from the file (upstream's) to steps of AdamW's size
-(m / sqrt(v) about 1, where a zero v would make them 30 times larger); our reader drops it, as
-that optimizer keeps no v there. tinygptPy.optimizer records the name, the settings and the
-updates taken ("steps"), so a resume knows whose state the slots hold. No tensor is kept in the
-header. A file written before this (`includesOptimizerState: false`, each tensor's state as
-base64 under tinygptPy.optimizer.tensors) still reads.
+Each optimizer's room says it (Optimizer.slots, from_slots, kept): the m slot holds its running
+mean of the gradient, which is what AdamW's m is. A v slot of m^2 keeps an AdamW that continues
+from the file (upstream's) to steps of AdamW's size (m / sqrt(v) about 1, where a zero v would
+make them 30 times larger); our reader drops it, as that optimizer keeps no v there.
+tinygptPy.optimizer records the name, the settings and the updates taken ("steps"), so a resume
+knows whose state the slots hold. No tensor is kept in the header. A file written before this
+(`includesOptimizerState: false`, each tensor's state as base64 under tinygptPy.optimizer.tensors)
+still reads.
 """
 from __future__ import annotations
 
@@ -27,38 +29,29 @@ import math
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
-from .core.optim import STATE_ROWS, OptimizerSettings, is_muon_matrix, settings_from_record
 from .core.errors import TinyGPTError
+from .model.optimizers import Settings, settings_from_record
 
 
 def _short(row: str) -> str:
     return row.split()[-1]            # "lion m" -> "m"
 
 
-def _kept(settings: OptimizerSettings, row: str, name: str) -> bool:
-    """Whether the file keeps this row of this tensor (Muon's v of a matrix is always zero)."""
-    return not (settings.name == "muon" and _short(row) == "v" and is_muon_matrix(name))
-
-
-def record(settings: OptimizerSettings, steps: int = 0) -> dict:
-    """tinygptPy.optimizer: the name and settings, and for an optimizer other than AdamW the
-    updates its state took (AdamW's are tinygptPy.adamSteps, as before)."""
+def record(settings: Settings, steps: int = 0) -> dict:
+    """tinygptPy.optimizer: the name and settings, and for an optimizer other than upstream's
+    AdamW the updates its state took (AdamW's are tinygptPy.adamSteps, as before)."""
     rec = settings.as_dict()
-    if settings.name != "adamw":
+    if not settings.kind.upstream_moments:
         rec["steps"] = int(steps)
     return rec
 
 
-def slots(settings: OptimizerSettings, state: dict) -> tuple[dict, dict]:
+def slots(settings: Settings, state: dict) -> tuple[dict, dict]:
     """(m, v): the file's two moment slots of every tensor the state holds (see above)."""
-    rows = STATE_ROWS[settings.name]
-    m = state[rows[0]]
-    v = {n: state[rows[1]][n] if len(rows) > 1 and _kept(settings, rows[1], n) else np.square(a)
-         for n, a in m.items()}
-    return m, v
+    return settings.kind.slots(settings, state)
 
 
-def file_settings(ck: Checkpoint, what: str) -> OptimizerSettings | None:
+def file_settings(ck: Checkpoint, what: str) -> Settings | None:
     """The optimizer a file records (None: a file before optimizers were recorded, AdamW's)."""
     rec = ck.extra.get("optimizer")
     if rec is None:
@@ -76,7 +69,7 @@ def _count(extra: dict, key: str, most: int, what: str, default: int = 0) -> int
     return v
 
 
-def read(ck: Checkpoint, settings: OptimizerSettings, specs, what: str) -> tuple[dict | None, int, int]:
+def read(ck: Checkpoint, settings: Settings, specs, what: str) -> tuple[dict | None, int, int]:
     """(state {row: {parameter: array}} or None for a fresh start, the updates it took, the step
     its state started from) of the optimizer `settings` names, from a file of that optimizer:
     its moment slots, or an older file's base64 tensors. A value that is not finite, or a tensor
@@ -84,21 +77,19 @@ def read(ck: Checkpoint, settings: OptimizerSettings, specs, what: str) -> tuple
     bad = lambda why: CheckpointError(f"{what}: its {settings.name} state {why}; the file is damaged or not "
                                       "tinygpt's")
     rec = ck.extra.get("optimizer") or {}
-    if settings.name == "adamw":
+    kind = settings.kind
+    if kind.upstream_moments:
         if ck.m is None:            # a weights-only file: the moments start at zero, here
             return None, 0, ck.step
         start = _count(ck.extra, "momentsFrom", ck.step, what)
         steps = _count(ck.extra, "adamSteps", ck.step - start, what, default=ck.step - start)
-        state = {"adam m": ck.m, "adam v": ck.v}
+        state = kind.from_slots(settings, ck.m, ck.v)
     elif isinstance(rec.get("tensors"), dict):
         state, steps, start = _read_base64(rec, settings, specs, ck, what, bad)
     elif ck.m is not None:
         steps = _count(rec, "steps", ck.step, what)
         start = _count(ck.extra, "momentsFrom", ck.step, what)
-        rows = STATE_ROWS[settings.name]
-        state = {rows[0]: ck.m}
-        if len(rows) > 1:
-            state[rows[1]] = {n: ck.v[n] if _kept(settings, rows[1], n) else np.zeros_like(ck.v[n]) for n in ck.v}
+        state = kind.from_slots(settings, ck.m, ck.v)
     else:
         raise bad("is missing (the file holds the weights alone)")
     for row, tensors in state.items():
@@ -108,19 +99,20 @@ def read(ck: Checkpoint, settings: OptimizerSettings, specs, what: str) -> tuple
     return state, steps, start
 
 
-def _read_base64(rec: dict, settings: OptimizerSettings, specs, ck: Checkpoint, what: str, bad):
+def _read_base64(rec: dict, settings: Settings, specs, ck: Checkpoint, what: str, bad):
     """A file written before the state moved to the moment slots: each tensor's rows as base64."""
     tensors = rec["tensors"]
     steps = _count(rec, "steps", ck.step, what)
     start = _count(ck.extra, "momentsFrom", ck.step, what)
-    state = {row: {} for row in STATE_ROWS[settings.name]}
+    rows = settings.kind.state_rows
+    state = {row: {} for row in rows}
     for name, shape, _ in specs:
         t = tensors.get(name)
         if not isinstance(t, dict):
             raise bad(f"lacks {name}")
         n = math.prod(shape)
-        for row in STATE_ROWS[settings.name]:
-            if not _kept(settings, row, name):
+        for row in rows:
+            if not settings.kind.kept(settings, row, name):
                 state[row][name] = np.zeros(shape, np.float32)
                 continue
             try:
@@ -135,7 +127,7 @@ def _read_base64(rec: dict, settings: OptimizerSettings, specs, ck: Checkpoint, 
     return state, steps, start
 
 
-def fresh_note(file_name: str, settings: OptimizerSettings, step: int) -> str:
+def fresh_note(file_name: str, settings: Settings, step: int) -> str:
     """The one line a resume with another optimizer than the file's says."""
     return (f"optimizer: the file's state is {file_name}'s; {settings.name} starts its own fresh at step {step:,} "
             "(the weights carry over)")

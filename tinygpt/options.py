@@ -36,12 +36,14 @@ class TrainOptions:
     kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
     precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
     loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
-    optimizer: str | None = None       # adamw | lion | muon; None: core.optim.DEFAULT (adamw for LoRA),
+    optimizer: str | None = None       # model.optimizers.NAMES; None: its DEFAULT (LORA for a LoRA run),
                                        # or the resumed run's
     weight_decay: float | None = None  # None: 0.1, or the resumed run's (its optimizer's)
-    beta1: float | None = None         # None: the optimizer's (core.optim.DEFAULTS), or the resumed run's
+    # the optimizers' flagged hyperparameters (model.optimizers.FLAGS); None: the optimizer's
+    # default (its room's Hyper), or the resumed run's
+    beta1: float | None = None
     beta2: float | None = None
-    momentum: float | None = None      # muon's; None: 0.95, or the resumed run's
+    momentum: float | None = None
     recompute: bool = False            # keep each block's input only, recompute its forward in the backward
     lora: int | None = None            # LoRA's rank: adapters on a frozen base (None: every weight trains,
                                        # or the resumed run's adapters)

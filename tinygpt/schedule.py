@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .core.config import TINYGPT_LR, TRAIN_DEFAULTS, train_defaults
-from .core.optim import DEFAULT as DEFAULT_OPTIMIZER
+from .core.config import TINYGPT_LR, TRAIN_DEFAULTS
 from .core.errors import UsageError
+from .model import optimizers
 
 KINDS = ("cosine", "constant")
 
@@ -94,7 +94,7 @@ def resolve(o, saved: dict | None = None, file_lr: float | None = None) -> Sched
         base = Schedule.from_dict(saved) if saved else None
         base = base or Schedule("constant", file_lr, 0, 0.0)
     else:
-        d = train_defaults(o.preset, o.optimizer or DEFAULT_OPTIMIZER)
+        d = optimizers.schedule(o.preset, o.optimizer or optimizers.DEFAULT)
         base = Schedule("cosine", d.lr, d.warmup, d.min_lr)
     kind = o.schedule or base.kind
     if kind == "constant" and (o.warmup or o.min_lr is not None):

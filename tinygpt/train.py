@@ -24,8 +24,6 @@ from .core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, n_params, par
 from .core.errors import UsageError, word
 from .core.init import init_params
 from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_specs
-from .core.optim import DEFAULT as DEFAULT_OPTIMIZER
-from .core.optim import OptimizerSettings, make_settings
 from .core.precision import PRECISIONS, Precision
 from .data import Dataset, GPT2Tokenizer, get_tokenizer
 from .device.gpu import GPU
@@ -33,6 +31,7 @@ from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
 from .device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
+from .model import optimizers
 from .model.attention import path as attention_path
 from .model.budget import device_limits, largest_fitting_batch, memory_budget, refusal
 from .model.gpt import Model
@@ -60,7 +59,7 @@ class Run:
     header: dict = field(default_factory=dict)    # the resumed file's header: upstream's fields kept
     lora: lora_files.LoraState | None = None      # a LoRA run: its settings, base identity and step
     frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
-    optimizer: OptimizerSettings = field(default_factory=lambda: make_settings("adamw"))
+    optimizer: optimizers.Settings = field(default_factory=lambda: optimizers.make_settings(optimizers.UNRECORDED))
     notes: list = field(default_factory=list)     # what the banner says of the resume (a fresh optimizer state)
     o: TrainOptions | None = None                 # the options, each run setting given (run_settings)
 
@@ -72,7 +71,7 @@ class Run:
         opt = self.optimizer
         extra = dict(extra, optimizer=optim_state.record(opt, steps))
         m, v = optim_state.slots(opt, state)
-        if opt.name != "adamw":          # (LoRA trains with AdamW alone: setup refuses the others)
+        if not opt.kind.upstream_moments:       # (a LoRA run's optimizer has them: setup refuses others)
             return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
         extra["adamSteps"] = int(steps)
         if self.lora is None:
@@ -242,19 +241,22 @@ def _count(extra: dict, key: str, most: int, label: str, default: int = 0) -> in
 
 def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False):
     """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else for
-    a LoRA run adamw, else the file's (a file that records none was AdamW's), else core.optim's
-    DEFAULT (every optimizer's state fits the file's moment slots: optim_state); the file's
-    settings carry over where the optimizer stays and no option changes them."""
-    held = (optim_state.file_settings(resume, label) or make_settings("adamw")) if resume else None
-    name = o.optimizer or ("adamw" if lora else held.name if held else DEFAULT_OPTIMIZER)
-    same = held is not None and held.name == name
-    pick = lambda key: getattr(o, key) if getattr(o, key) is not None else getattr(held, key) if same else None
-    return make_settings(name, pick("weight_decay"), pick("beta1"), pick("beta2"),
-                         pick("momentum") if name == "muon" else o.momentum), held
+    a LoRA run optimizers.LORA, else the file's (optimizers.UNRECORDED where it records none), else
+    optimizers.DEFAULT (every optimizer's state fits the file's moment slots: optim_state); the
+    file's settings carry over where the optimizer stays and no option changes them."""
+    held = (optim_state.file_settings(resume, label) or optimizers.make_settings(optimizers.UNRECORDED)) \
+        if resume else None
+    name = o.optimizer or (optimizers.LORA if lora else held.name if held else optimizers.DEFAULT)
+    kind = optimizers.kind(name)
+    same = held is not None and held.kind is kind
+    given = lambda key: getattr(o, key, None)
+    pick = lambda key: given(key) if given(key) is not None else getattr(held, key) if same else None
+    return kind.settings(pick("weight_decay"), **{k: given(k) for k in optimizers.FLAGS if k not in kind.hypers},
+                         **{k: pick(k) for k in kind.hypers}), held
 
 
 def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str, scale_given: bool,
-             held: OptimizerSettings, notes: list):
+             held: optimizers.Settings, notes: list):
     """The resumed file's weights, optimizer state, step, loss scaler and data-sampling state into
     the model and rng. Another optimizer than the file's starts its state fresh, and says so."""
     model.set_params(resume.params)
@@ -333,9 +335,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     accum = run_accum(o, resume)
     precision = run_precision(o, resume)
     optimizer, held = run_optimizer(o, resume, label, lora is not None)
-    if lora and optimizer.name != "adamw":
-        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with adamw (their "
-                         "moments are what its file and PEFT's export carry); drop {opt:optimizer}")
+    if lora and not optimizer.kind.upstream_moments:
+        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with {optimizers.LORA} "
+                         "(their moments are what its file and PEFT's export carry); drop {opt:optimizer}")
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)

@@ -61,24 +61,6 @@ TRAIN_DEFAULTS = {
 }
 
 
-# Another optimizer's schedule where its sweep found a better one than AdamW's (docs/results.md,
-# "Optimizers"); elsewhere it takes AdamW's. Muon: tiny's best lr was 2e-2 (5e-3 to 4e-2 tried);
-# small's stayed AdamW's 1e-2 (2e-2 scored worse); medium was not swept. Lion: on tiny a constant
-# 1e-4 after the warm-up did best of the seven tried (1e-4 to 3e-3, floors lr/100 and 1e-4), far
-# behind AdamW; small (1.984 with it, AdamW 1.745) and medium take it unswept.
-OPTIMIZER_DEFAULTS: dict = {
-    ("tiny", "muon"): TrainDefaults(2000, 2e-2, 200, 1e-4),
-    ("tiny", "lion"): TrainDefaults(2000, 1e-4, 200, 1e-4),
-    ("small", "lion"): TrainDefaults(2000, 1e-4, 200, 1e-4),
-    ("medium", "lion"): TrainDefaults(1000, 1e-4, 100, 1e-4),
-}
-
-
-def train_defaults(preset_name: str, optimizer: str = "adamw") -> TrainDefaults:
-    """The schedule a new run of `preset_name` with `optimizer` takes where no flag says otherwise."""
-    return OPTIMIZER_DEFAULTS.get((preset_name, optimizer), TRAIN_DEFAULTS[preset_name])
-
-
 class ConfigError(UsageError):
     pass
 

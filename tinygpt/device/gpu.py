@@ -18,6 +18,7 @@ import struct
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -179,7 +180,7 @@ class Kernel:
     layout: object  # bind group layout
     access: str  # one char per binding: u(niform) r(ead) w(rite)
     constants: tuple = ()  # ((override, value), ...) it was built with
-    products: str | None = None  # a matmul template's product type (shaders/products_<it>.wgsl)
+    products: object = None      # a template's completion: "f32"|"f16" (shaders/products_<it>.wgsl) or a Fill
 
 
 @dataclass
@@ -531,19 +532,28 @@ def _split_enables(text: str) -> tuple:
     return lines[:head], lines[head:]
 
 
+class Fill(NamedTuple):
+    """WGSL text that completes a template as products_<it>.wgsl does (with_prelude), from
+    outside shaders/: `shown` names it in compile errors, and it keys the pipeline."""
+    shown: str
+    text: str
+
+
 def with_prelude(src: str, shown: str, products: str | None = None):
     """-> (source with shaders/common.wgsl, and common_f16.wgsl where f16 is enabled, inserted after
     its leading `enable` directives, where(line) -> (file, line) of a line of the combined source).
     products: a matmul template's product type ("f32", "f16"): products_<it>.wgsl goes in after
-    the common files, its `enable` directives joining the source's at the top."""
+    the common files, its `enable` directives joining the source's at the top; or a Fill, WGSL
+    text from elsewhere (an optimizer's room) that completes the template the same way."""
     if shown.endswith((PRELUDE, PRELUDE_F16)):
         return src, lambda n: (shown, n)
     head, body = _split_enables(src)
     fill_head, fill = [], []
     if products:
-        name = f"products_{products}.wgsl"
-        fill_head, fill = _split_enables((shader_dir() / name).read_text() + "\n")
-        fill_head, fill = [(f"shaders/{name}", 1, fill_head)], [(f"shaders/{name}", len(fill_head) + 1, fill)]
+        name, text = (products.shown, products.text) if isinstance(products, Fill) else \
+            (f"shaders/products_{products}.wgsl", (shader_dir() / f"products_{products}.wgsl").read_text())
+        fill_head, fill = _split_enables(text + "\n")
+        fill_head, fill = [(name, 1, fill_head)], [(name, len(fill_head) + 1, fill)]
     enables = head + [l for _, _, ls in fill_head for l in ls]
     f16 = any(re.match(r"\s*enable\s+f16\s*;", l) for l in enables)
     common = [(f"shaders/{name}", 1, ((shader_dir() / name).read_text() + "\n").splitlines(keepends=True))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .gpu import DTYPES, GPU, HALVES, Dispatch, grid1d, pack_uniform
+from .gpu import DTYPES, GPU, HALVES, Dispatch, Fill, grid1d, pack_uniform
 from .plan import KernelPlan, online_tiles
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -109,7 +109,7 @@ def online_variant(plan: KernelPlan, T=0, hd=0) -> str:
     return "sg" if plan.attention == "sg" and fits else "tiles"
 
 
-OPTIM_UNIFORM_BYTES = 32   # optim(4).wgsl's Params: six 4-byte fields, padded to 16 bytes
+OPTIM_UNIFORM_BYTES = 32   # optim.wgsl's Params: six 4-byte fields, padded to 16 bytes
 
 # The gate (grad_norm.wgsl's grad_clip writes it, every optimizer reads it): the slot of each
 # value, all float32 (counts exact to 2^24). The loss scaler's state lives here too; GradScaler's
@@ -120,10 +120,11 @@ LOSS_SCALE = 65536.0       # the initial scale (--loss-scale)
 SCALE_GROWTH = 2000        # clean steps in a row before the scale doubles
 
 
-def optim_uniform(n: int, lr: float, beta1: float, beta2: float, eps: float = 0.0, first: int = 0) -> bytes:
-    """optim(4).wgsl's Params: n, lr, beta1, beta2, eps (AdamW's), and the chunk's first decay
-    block in the whole decay table. The step count lives in the gate, on the device."""
-    return pack_uniform((int(n), float(lr), float(beta1), float(beta2), float(eps), int(first)))
+def optim_uniform(n: int, lr: float, k0: float, k1: float = 0.0, k2: float = 0.0, first: int = 0) -> bytes:
+    """optim.wgsl's Params: n, lr, the optimizer's three constants (its room's `constants`: AdamW's
+    beta1, beta2, eps), and the chunk's first decay block in the whole decay table. The step
+    count lives in the gate, on the device."""
+    return pack_uniform((int(n), float(lr), float(k0), float(k1), float(k2), int(first)))
 
 
 def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
@@ -448,22 +449,19 @@ class Kernels:
         k = self.gpu.kernel("grad_norm.wgsl", "grad_clip", "urrw", {"SCALED": True} if growth else None)
         return self.gpu.dispatch(k, (n_partials, float(clip), 0, int(growth or 0)), [None, partials, gate], (1,))
 
-    # ---- the optimizers (optim.wgsl, optim4.wgsl, muon.wgsl) ------------------------------------------
-    def _optim(self, entry, n, variant):
+    # ---- the optimizers (optim.wgsl completed by each one's room, muon.wgsl) ---------------------------
+    def elementwise_optimizer(self, entry, wgsl, g, wd_table, gate, w, m, v, n, step_uniform,
+                              variant=None) -> Dispatch:
+        """An elementwise optimizer's step: optim.wgsl's frame completed by its room's WGSL, whose
+        entry point `entry` is its arithmetic; vec4 where n is a multiple of 4 and the plan reads
+        vec4. v: None for an optimizer with one state row. step_uniform: optim_uniform(...) in a
+        uniform buffer, rewritten each step; wd_table bound whole, the chunk's first block in the
+        uniform; the step count from the gate."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
-        return self.gpu.kernel("optim4.wgsl", entry + "4", "urrrwww") if variant == "vec4" else \
-            self.gpu.kernel("optim.wgsl", entry, "urrrwww")
-
-    def adamw(self, g, wd_table, gate, w, m, v, n, step_uniform, variant=None) -> Dispatch:
-        """step_uniform: optim_uniform(...) in a uniform buffer, rewritten each step; wd_table bound
-        whole, the chunk's first block in the uniform; the step count from the gate."""
-        return self.gpu.dispatch_with(self._optim("adamw", n, variant), step_uniform,
-                                      [g, wd_table, gate, w, m, v], grid1d(-(-n // 256)))
-
-    def lion(self, g, wd_table, gate, w, m, n, step_uniform, variant=None) -> Dispatch:
-        """As adamw, with one moment."""
-        return self.gpu.dispatch_with(self._optim("lion", n, variant), step_uniform,
-                                      [g, wd_table, gate, w, m, None], grid1d(-(-n // 256)))
+        width = "alias V = vec4<f32>;\nconst W = 4u;\nconst WG = 64u;\n" if variant == "vec4" else \
+            "alias V = f32;\nconst W = 1u;\nconst WG = 256u;\n"
+        k = self.gpu.kernel("optim.wgsl", entry, "urrrwww", products=Fill(f"{entry} (its room's WGSL)", width + wgsl))
+        return self.gpu.dispatch_with(k, step_uniform, [g, wd_table, gate, w, m, v], grid1d(-(-n // 256)))
 
     def muon_momentum(self, g, gate, m, u, n, beta, nesterov=True) -> Dispatch:
         k = self.gpu.kernel("muon.wgsl", "muon_momentum", "urrww")

@@ -19,7 +19,7 @@ from ..device.plan import KernelPlan
 from . import buffers
 from .decode import decode_path
 from .layout import flat_bound, rows_per_binding
-from .optim import make_optimizer
+from .optimizers import make_optimizer
 from .spec import RunSpec, decoder_spec
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one

@@ -20,7 +20,8 @@ from . import record
 from .block import PolicyKernels
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, unpack
-from .optim import Gate, make_optimizer
+from .optim import Gate
+from .optimizers import make_optimizer
 from .spec import RunSpec
 
 
@@ -33,7 +34,7 @@ class Model:
     the forward at the last block's output: a prefill, which needs each layer's keys and values.
     accum=N: a step takes N micro-batches of B windows, whose gradients add up (each scaled by
     1/(N*B*T), so the sum is the mean's) before one clipped update: the step of a batch N*B.
-    optimizer (training): its settings (core.optim), from which model.optim makes
+    optimizer (training): its settings (model.optimizers), from which its room makes
     the optimizer that updates the flat buffers after the gate (the clip, and the loss scaler).
     loss_scale: the first scale of a precision with a loss scaler (core.precision: f16), kept and
     changed on the device from then on (gate_state, set_gate). lora (training only): adapters

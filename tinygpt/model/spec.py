@@ -11,10 +11,10 @@ from dataclasses import dataclass, replace
 
 from ..core.config import Config
 from ..core.lora import LoRA
-from ..core.optim import OptimizerSettings, make_settings
 from ..core.precision import FP32, Precision
 from ..device.kernels import LOSS_SCALE
 from .attention import DEFAULT, Path, path
+from .optimizers import UNRECORDED, Settings, make_settings
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class RunSpec:
     loss_scale: float = LOSS_SCALE   # the scaler's first scale, where the precision scales the loss
     recompute: bool = False          # one set of block activations, rebuilt in the backward
     lora: LoRA | None = None         # adapters trained on a frozen base
-    optimizer: OptimizerSettings | None = None   # None: AdamW's defaults
+    optimizer: Settings | None = None   # None: optimizers.UNRECORDED's defaults (AdamW's)
 
     def __post_init__(self):
         assert self.lm_head or not self.training, "training needs the LM head"
@@ -41,7 +41,7 @@ class RunSpec:
         set_("B", self.B or self.cfg.batch)
         set_("T", self.T or self.cfg.ctx)
         set_("recompute", self.recompute and self.training)
-        set_("optimizer", self.optimizer or make_settings("adamw"))
+        set_("optimizer", self.optimizer or make_settings(UNRECORDED))
 
     def with_(self, **changes) -> RunSpec:
         return replace(self, **changes)

@@ -171,12 +171,12 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     return dx
 
 
-def clip_and_step(params, grads, opt, cfg: Config, lr: float, specs=None, settings=None):
-    """Global-norm clip then the optimizer (AdamW unless `settings` say another: core.optim), in
-    place, of the parameters `specs` names (every one by default; a LoRA run's trainable ones:
+def clip_and_step(params, grads, opt, cfg: Config, lr: float, settings, specs=None):
+    """Global-norm clip then the optimizer `settings` name (model.optimizers' settings), in place,
+    of the parameters `specs` names (every one by default; a LoRA run's trainable ones:
     core.lora.trainable_specs). opt: new_opt_state's. Returns the norm."""
     return optim_step(params, grads, opt, cfg, lr, settings, specs)
 
 
-def new_opt_state(params, settings=None):
+def new_opt_state(params, settings):
     return new_state(params, settings)

@@ -365,44 +365,10 @@ def grad_clip(partials, clip, gate=None, growth=None):   # -> (norm, factor)
     return norm, factor
 
 
-def _ours(wd, shape):
-    """The decay per element, and which elements this optimizer updates (a negative decay marks
-    another optimizer's)."""
-    flat = np.asarray(wd, np.float64).reshape(-1) if np.ndim(wd) else wd
-    wd = np.broadcast_to(flat, (int(np.prod(shape)),)).reshape(shape)
-    return np.maximum(wd, 0.0), wd >= 0
-
-
-def adamw(g, wd, gate, w, m, v, lr, beta1, beta2, eps):
-    """One AdamW step in place on w, m, v (flat); wd per element (or scalar); gate: grad_clip's
-    (factor, skip, taken: t counts from 1)."""
-    if gate["skip"]:
-        return
-    d, mine = _ours(wd, w.shape)
-    t = gate["taken"]
-    g = g * gate["factor"]
-    m1 = beta1 * m + (1 - beta1) * g
-    v1 = beta2 * v + (1 - beta2) * g * g
-    mhat = m1 / (1 - beta1 ** t)
-    vhat = v1 / (1 - beta2 ** t)
-    w1 = w - lr * (mhat / (np.sqrt(vhat) + eps) + d * w)
-    w[mine], m[mine], v[mine] = w1[mine], m1[mine], v1[mine]
-
-
-def lion(g, wd, gate, w, m, lr, beta1, beta2):
-    """One Lion step in place on w, m: w -= lr (sign(beta1 m + (1 - beta1) g) + wd w), then
-    m = beta2 m + (1 - beta2) g."""
-    if gate["skip"]:
-        return
-    d, mine = _ours(wd, w.shape)
-    g = g * gate["factor"]
-    w1 = w - lr * (np.sign(beta1 * m + (1 - beta1) * g) + d * w)
-    m1 = beta2 * m + (1 - beta2) * g
-    w[mine], m[mine] = w1[mine], m1[mine]
-
-
-# optim4.wgsl and grad_norm4.wgsl: the same, read as vec4 (grad_sumsq4 adds each chunk in another order)
-grad_sumsq4, adamw4, lion4 = grad_sumsq, adamw, lion
+# optim.wgsl's elementwise optimizers (adamw, lion, sgd) have their twins in their rooms
+# (model.optimizers), beside the WGSL they write; grad_norm4.wgsl reads grad_norm.wgsl's as vec4
+# (grad_sumsq4 adds each chunk in another order)
+grad_sumsq4 = grad_sumsq
 
 
 def muon_momentum(g, gate, m, u, beta, nesterov=True):
