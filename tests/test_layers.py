@@ -161,3 +161,44 @@ def test_the_checks_fail_on_a_package_that_breaks_each_rule(tmp_path):
     assert any("the reference imports tinygpt.device.d" in b for b in bad)
     assert cycles(pkg) == ["tinygpt.app -> tinygpt.cyc -> tinygpt.app"]
     assert hidden_imports(pkg) == ["tinygpt/app.py:2: tinygpt.cyc"]
+
+
+def name_comparisons(pkg: Path, names, room: str) -> list:
+    """Where a module outside `room` (a folder of the package) compares something with one of
+    `names`: `x == "adamw"`, `x in ("adamw", "muon")`, a match case. Docstrings and help text
+    that mention a name are not comparisons."""
+    found = []
+    lit = lambda n: isinstance(n, ast.Constant) and n.value in names
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg)
+        if rel.parts[:len(Path(room).parts)] == Path(room).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            sides = []
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                sides += [e for s in node.comparators if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+            elif isinstance(node, ast.MatchValue):
+                sides = [node.value]
+            found += [f"tinygpt/{rel}:{node.lineno}: {s.value!r}" for s in sides if lit(s)]
+    return found
+
+
+def test_no_module_outside_the_optimizers_room_compares_their_names():
+    """Issue 48: an optimizer is asked what it is (its room's class and settings), never compared
+    by name outside model/optimizers/."""
+    from tinygpt.model.optimizers import NAMES
+    found = name_comparisons(PKG, set(NAMES), "model/optimizers")
+    print(f"{len(found)} comparisons of {', '.join(NAMES)} outside model/optimizers/")
+    assert not found, "\n".join(found)
+
+
+def test_the_name_check_sees_a_comparison(tmp_path):
+    pkg = tmp_path / "tinygpt"
+    (pkg / "model" / "optimizers").mkdir(parents=True)
+    (pkg / "model" / "optimizers" / "a.py").write_text('ok = name == "adamw"\n')
+    (pkg / "train.py").write_text('"""adamw is named here, compared nowhere"""\nif s.name in ("adamw", "muon"):\n'
+                                  '    pass\nmatch s.name:\n    case "lion":\n        pass\n')
+    found = name_comparisons(pkg, {"adamw", "muon", "lion"}, "model/optimizers")
+    print(found)
+    assert found == ["tinygpt/train.py:2: 'adamw'", "tinygpt/train.py:2: 'muon'", "tinygpt/train.py:5: 'lion'"]
