@@ -354,8 +354,9 @@ def main(argv=None):
     for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
                                              *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
                                              *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
-        if not hasattr(R, d.kernel.name):
-            raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference")
+        room = OPTIMIZERS.get(d.kernel.name)      # an optimizer's entry point: its twin is in its room
+        if not hasattr(R, d.kernel.name) and getattr(room, "twin", None) is None:
+            raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference or its room")
         gpu.run([d])
         err = float(check())
         ms, method = time_dispatches(gpu, [d], args.repeats)

@@ -72,9 +72,9 @@ def test_bench_kernels_json(gpu):
     sg = subgroups_ok(gpu)
     want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
                                     "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw",
-                                    "lion")}
+                                    "lion", "sgd")}
     want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
-                                   "grad_sumsq", "adamw", "lion", "accumulate")}
+                                   "grad_sumsq", "adamw", "lion", "sgd", "accumulate")}
     want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens",
                                      "scale", "muon_momentum", "muon_normalize", "ns_mix", "muon_update")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
