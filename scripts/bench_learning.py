@@ -30,7 +30,8 @@ from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
 from tinygpt.model.optimizers import make_settings
-from tinygpt.data import ByteTokenizer, Dataset, read_corpus
+from tinygpt.data import Dataset, read_corpus
+from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions

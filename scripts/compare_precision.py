@@ -24,7 +24,8 @@ from tinygpt.core.init import init_params
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
 from tinygpt.model.optimizers import make_settings
 from tinygpt.core.precision import PRECISIONS
-from tinygpt.data import ByteTokenizer, Dataset, read_corpus
+from tinygpt.data import Dataset, read_corpus
+from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.gpt import Model

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from tinygpt.core.config import preset
 from tinygpt.core.errors import TinyGPTError
-from tinygpt.data import get_tokenizer
+from tinygpt.tokenizers import get_tokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.budget import device_limits, memory_budget

@@ -12,7 +12,7 @@ import pytest
 from tinygpt import checkpoint as ckpt
 from tinygpt.core.config import Config, param_specs
 from tinygpt.cli import main
-from tinygpt.data import ByteTokenizer
+from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.model.decode import window_start
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params

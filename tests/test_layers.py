@@ -193,6 +193,15 @@ def test_no_module_outside_the_optimizers_room_compares_their_names():
     assert not found, "\n".join(found)
 
 
+def test_no_module_outside_the_tokenizers_room_compares_their_names():
+    """Issue 48: a tokenizer is asked what it is (its vocabulary, its source, whether a token is a
+    byte, its files), never compared by name outside tinygpt/tokenizers/."""
+    from tinygpt.tokenizers import NAMES
+    found = name_comparisons(PKG, set(NAMES), "tokenizers")
+    print(f"{len(found)} comparisons of {', '.join(NAMES)} outside tokenizers/")
+    assert not found, "\n".join(found)
+
+
 def test_the_name_check_sees_a_comparison(tmp_path):
     pkg = tmp_path / "tinygpt"
     (pkg / "model" / "optimizers").mkdir(parents=True)

@@ -16,7 +16,8 @@ from tinygpt.cli import main
 from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
 from tinygpt.model.optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from tinygpt.model.optimizers import schedule as train_defaults
-from tinygpt.data import Dataset, ByteTokenizer, builtin_corpus, read_corpus
+from tinygpt.data import Dataset, builtin_corpus, read_corpus
+from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.core.errors import UsageError
 from tinygpt.model.gpt import Model
 from tinygpt.options import TrainOptions

@@ -57,7 +57,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.infer import Sampler
-    from tinygpt.data import ByteTokenizer
+    from tinygpt.tokenizers import ByteTokenizer
     from tinygpt.model.gpt import Model
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
     if limit:     # logits and score matrices split into chunks

@@ -242,7 +242,8 @@ def test_tokenizing_in_pieces_keeps_gpt2s_pre_tokens():
     pattern cuts anyway gives the whole text's ids: the pre-tokens of the pieces are the text's."""
     import regex
     import tiktoken_ext.openai_public as op
-    from tinygpt.data import builtin_corpus, text_pieces
+    from tinygpt.data import builtin_corpus
+    from tinygpt.tokenizers.gpt2 import text_pieces
     pat = regex.compile(op.r50k_pat_str)
     base = builtin_corpus()[:300_000].decode("utf-8", "ignore")
     for t in (base, base.replace("\n", " "), "a  b\n\nc \n d e\nf " * 3000, "ab" * 50_000):
@@ -256,7 +257,9 @@ def test_tokenizing_in_pieces_keeps_gpt2s_pre_tokens():
 @pytest.mark.skipif(not (SHARED / "r50k_base.tiktoken").exists(), reason="needs ../shared/data/r50k_base.tiktoken")
 def test_tokenizing_is_bounded_in_memory_and_exact(tmp_path):
     """The ids themselves, and 11 MB with no newline under an address-space limit."""
-    from tinygpt.data import builtin_corpus, get_tokenizer, text_pieces
+    from tinygpt.data import builtin_corpus
+    from tinygpt.tokenizers import get_tokenizer
+    from tinygpt.tokenizers.gpt2 import text_pieces
     text = builtin_corpus()[:200_000].decode("utf-8", "ignore")
     tok = get_tokenizer("gpt2", str(SHARED / "r50k_base.tiktoken"))
     for t in (text, text.replace("\n", " ")):
@@ -266,7 +269,7 @@ def test_tokenizing_is_bounded_in_memory_and_exact(tmp_path):
     big = tmp_path / "nonl.txt"
     big.write_text((text.replace("\n", " ") + " ") * (11_000_000 // len(text) + 1))
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30));"
-            "from tinygpt.data import get_tokenizer;"
+            "from tinygpt.tokenizers import get_tokenizer;"
             f"tok = get_tokenizer('gpt2', {str(SHARED / 'r50k_base.tiktoken')!r});"
             f"print(len(tok.encode(open({str(big)!r}, 'rb').read())))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -280,7 +283,7 @@ def test_the_byte_tokenizer_takes_any_bytes(tmp_path):
     ckpt.save(m, ckpt.Checkpoint(cfg, init_params(cfg), step=0, extra={"tokenizer": "byte"}))
     rc, err = in_process("sample", "--model", m, "--prompt", os.fsdecode(b"\xff\xfe bad"), "--tokens", 4)
     assert rc == 0, err                                # (os.fsdecode: how Python hands over such an argv)
-    from tinygpt.data import ByteTokenizer
+    from tinygpt.tokenizers import ByteTokenizer
     assert list(ByteTokenizer().encode(os.fsdecode(b"\xff\xfe x"))) == [255, 254, 32, 120]
 
 

@@ -14,7 +14,8 @@ import pytest
 from tinygpt import data as D
 from tinygpt import tokenfile as TF
 from tinygpt.cli import main
-from tinygpt.data import ByteTokenizer, DataError, Dataset
+from tinygpt.data import DataError, Dataset
+from tinygpt.tokenizers import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 R50K = ROOT.parent / "shared" / "data" / "r50k_base.tiktoken"
@@ -55,11 +56,12 @@ def test_prepare_writes_the_bytes_and_a_sidecar(tmp_path, capsys):
 def test_prepare_gpt2_in_chunks_gives_the_whole_texts_ids(tmp_path, monkeypatch, capsys):
     """Read 4 KB at a time (a UTF-8 character cut between reads, cuts where GPT-2's pre-tokenizer
     cuts): the ids are those of the whole text tokenized at once."""
-    from tinygpt.data import get_tokenizer
+    from tinygpt.tokenizers import get_tokenizer
+    from tinygpt.tokenizers import gpt2
     text = (D.builtin_corpus()[:150_000].decode("utf-8", "ignore") + " naïve café — ünïcödé ") * 2
     (tmp_path / "t.txt").write_text(text, "utf-8")
     monkeypatch.setattr(TF, "CHUNK", 4096 + 1)
-    monkeypatch.setattr(TF, "PIECE", 1000)
+    monkeypatch.setattr(gpt2, "PIECE", 1000)      # the tokenizer's pieces, cut from its decoded chunks
     out = tmp_path / "g.bin"
     assert main(["prepare", str(tmp_path / "t.txt"), "--out", str(out), "--tokenizer", "gpt2",
                  "--tokenizer-file", str(R50K), "--quiet"]) == 0

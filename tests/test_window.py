@@ -250,7 +250,7 @@ def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_pa
     text.write_bytes(bytes(rng.integers(32, 127, 3000).astype(np.uint8)))
     held = ckpt.load(f)
     assert held.cfg.window == 8
-    from tinygpt.data import get_tokenizer
+    from tinygpt.tokenizers import get_tokenizer
     from tinygpt.tokenfile import open_dataset
     xs, ys = open_dataset(str(text), get_tokenizer("byte"), 32).val_windows()
     p16 = {k: v.astype(np.float16).astype(np.float64) for k, v in params.items()}   # as the fp16 file holds them

@@ -9,7 +9,8 @@ from .api import GPT, Trainer
 from .checkpoint import CheckpointError
 from .core.config import PRESETS, Config
 from .core.errors import OutputError, TinyGPTError, UsageError
-from .data import ByteTokenizer, DataError, GPT2Tokenizer, get_tokenizer
+from .data import DataError
+from .tokenizers import ByteTokenizer, GPT2Tokenizer, get_tokenizer
 from .safety import Interrupted, TrainingStopped
 
 __all__ = ["GPT", "Trainer", "Config", "PRESETS", "get_tokenizer", "ByteTokenizer", "GPT2Tokenizer",

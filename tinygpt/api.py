@@ -26,7 +26,8 @@ from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
 from .cli import train_options          # the flags' own checks on every keyword setting
-from .data import get_tokenizer
+from . import tokenizers
+from .tokenizers import get_tokenizer
 from .device.gpu import GPU
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
@@ -100,10 +101,11 @@ class GPT:
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
                      window=o.sliding_window, batch=o.batch)
-        name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, "byte")
-        cfg.vocab = get_tokenizer(name, o.tokenizer_file).vocab
+        name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, (tokenizers.DEFAULT,))[0]
+        tok = get_tokenizer(name, o.tokenizer_file)
+        cfg.vocab = tok.vocab
         cfg.validate()
-        extra = {"tokenizer": name, **({"tokenizerSource": "r50k_base"} if name == "gpt2" else {})}
+        extra = {"tokenizer": name, **({"tokenizerSource": tok.source} if tok.source else {})}
         ck = ckpt.Checkpoint(cfg, init_params(cfg), extra=extra)
         return cls(ck, source=f"the new {o.preset} model", recipe=recipe, tokenizer_file=tokenizer_file, **kw)
 

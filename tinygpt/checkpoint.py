@@ -29,6 +29,7 @@ import numpy as np
 from .core.config import ACTIVATIONS, Config, n_params, param_specs
 from .core.errors import TinyGPTError
 from .core.fs import atomic_write, available_memory, check_regular
+from . import tokenizers
 from .outputs import WRITER
 
 MAGIC = b"TGPT"
@@ -314,27 +315,27 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
 
 MAX_HEADER = 256 << 20  # bytes of JSON header we read at most (a long loss history is ~50 bytes a step;
                         # a LoRA run's adapters, tinygpt.lora_files, 16 bytes a parameter)
-TOKENIZER_VOCAB = {"byte": 256, "gpt2": 50257}
-GPT2_SOURCES = {"r50k_base", "gpt2", "openai-community/gpt2"}
-
-
 def tokenizer_name(extra: dict, vocab: int) -> str:
-    """The tokenizer a file names (ours, under tinygptPy), else TinyGPT's by vocabulary size."""
-    return extra.get("tokenizer", "byte" if vocab == 256 else "gpt2")
+    """The tokenizer a file names (ours, under tinygptPy), else TinyGPT's by vocabulary size (its
+    BPE, tokenizers.UPSTREAM, for any vocabulary that is not another's)."""
+    return extra.get("tokenizer", tokenizers.by_vocab(vocab, tokenizers.UPSTREAM))
 
 
 def _tokenizer_check(header: dict, extra: dict, cfg: Config, what: str):
     """The file's tokenizer must be one we have, producing its vocabulary: upstream names an
-    own BPE by its tokenizerSource, which we name back when we do not have it."""
-    if "tokenizer" not in extra and cfg.vocab != 256:
+    own BPE by its tokenizerSource, which we name back when we do not have it (a tokenizer that
+    lists no sources, the bytes, takes any)."""
+    known = ", ".join(f"{k.name}: {k.vocab:,}" for k in tokenizers.KINDS.values())
+    if "tokenizer" not in extra:
         source = header["config"].get("tokenizerSource")
         tail = source.rstrip("/").rsplit("/", 1)[-1] if isinstance(source, str) else None
-        if cfg.vocab != 50257 or (source is not None and source not in GPT2_SOURCES and tail not in GPT2_SOURCES):
+        k = tokenizers.KINDS.get(tokenizers.by_vocab(cfg.vocab))
+        if k is None or (source is not None and k.sources and source not in k.sources and tail not in k.sources):
             raise CheckpointError(f"{what}: its tokenizer ({show(source) if source is not None else 'unnamed'}, "
-                                  f"{cfg.vocab:,} tokens) is not one this tinygpt has (byte: 256, gpt2: 50,257)")
+                                  f"{cfg.vocab:,} tokens) is not one this tinygpt has ({known})")
     tok = tokenizer_name(extra, cfg.vocab)
-    if TOKENIZER_VOCAB.get(tok) != cfg.vocab:
-        known = ", ".join(f"{k} ({v:,})" for k, v in TOKENIZER_VOCAB.items())
+    if tok not in tokenizers.KINDS or tokenizers.KINDS[tok].vocab != cfg.vocab:
+        known = ", ".join(f"{k.name} ({k.vocab:,})" for k in tokenizers.KINDS.values())
         raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "
                               f"tokens (known: {known}); the file is inconsistent")
 

@@ -30,6 +30,7 @@ from .hf import import_hf
 from .info import info
 from .infer import evaluate, sample
 from .lens import inspect
+from . import tokenizers
 from .model import budget, optimizers
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .options import RUN_SETTINGS, EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
@@ -271,7 +272,9 @@ def train_flags(p, small: TrainDefaults, base: Config):
                    help="with --lora, also train every bias and LayerNorm")
     p.add_argument("--data", help="a UTF-8 text file, a directory of them, or a token file from tinygpt prepare "
                                   "(default: the built-in corpus)")
-    p.add_argument("--tokenizer", choices=["byte", "gpt2"], help="byte (vocab 256, default) or gpt2 (r50k_base)")
+    p.add_argument("--tokenizer", choices=list(tokenizers.NAMES),
+                   help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT}, or the preset's, the token file's "
+                        "or the resumed run's")
     add_tokenizer_file(p)
     p.add_argument("--steps", type=positive_int,
                    help=f"total steps (default: the preset's, {small.steps} for small; on --resume, the run's "
@@ -503,8 +506,9 @@ def build_parser():
                        help="tokenize text files once into a token file that --data memory-maps")
     p.add_argument("text", nargs="+", help="text files, or directories of them (their files in sorted order)")
     p.add_argument("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it")
-    p.add_argument("--tokenizer", choices=["byte", "gpt2"], default="byte",
-                   help="byte (vocab 256, uint16 ids; default) or gpt2 (r50k_base)")
+    p.add_argument("--tokenizer", choices=list(tokenizers.NAMES), default=tokenizers.DEFAULT,
+                   help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
+                        "where the vocabulary fits them)")
     add_tokenizer_file(p)
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -1,4 +1,4 @@
-"""Corpora and tokenizers, the 90/10 split and batch sampling.
+"""Corpora, the 90/10 split and batch sampling (the tokenizers: tinygpt/tokenizers/).
 
 The built-in corpus needs no download: the English text of Python's own
 reference documentation (`pydoc_data.topics`, about 465 KB, shipped with
@@ -6,24 +6,13 @@ CPython), with the standard library's source as a fallback.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
-import os
-import re
-import socket
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .core.config import GPT2_VOCAB
 from .core.errors import TinyGPTError
 from .core.fs import available_memory, read_user_file
-
-R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
-R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
-
 
 class DataError(TinyGPTError, ValueError):
     pass
@@ -61,41 +50,6 @@ def read_corpus(path: str | None) -> tuple[bytes, str]:
     return raw, str(path)
 
 
-# ---- tokenizers ------------------------------------------------------------------------------
-class ByteTokenizer:
-    name = "byte"
-    vocab = 256
-
-    def encode(self, data: bytes | str) -> np.ndarray:
-        if isinstance(data, str):      # a command line's bytes that are not UTF-8 come back as they were
-            data = data.encode("utf-8", "surrogateescape")
-        return np.frombuffer(data, np.uint8).astype(np.uint32)
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-PIECE = 1 << 20      # characters tokenized at once
-
-
-def text_pieces(text: str, size: int):
-    """text in consecutive pieces of at most `size` characters, each cut before a space or after a
-    newline that sits between two non-spaces: GPT-2's pre-tokenizer splits there too, so the
-    pieces' tokens are the whole text's. A text with no such place is cut every `size`."""
-    start = 0
-    while len(text) - start > size:
-        lo, hi = start + size // 2, start + size
-        cuts = [m.start() for m in _CUT.finditer(text, lo, hi)]
-        end = cuts[-1] if cuts and cuts[-1] > start else hi
-        yield text[start:end]
-        start = end
-    if start < len(text):
-        yield text[start:]
-
-
-_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=\S\n)(?=\S)")    # before " x" after a non-space; after "x\n" before one
-
-
 def progress(total: int, what: str, unit: str = "B", disable: bool = False, shown_from: int = 0):
     """A tqdm bar on stderr (tqdm: rate and time left, well kept) counting whole units: bytes shown
     as kB, MB, ... of 1,024; any other unit with k and M. shown_from: below this total, a bar only
@@ -104,85 +58,6 @@ def progress(total: int, what: str, unit: str = "B", disable: bool = False, show
     small = total < shown_from and not getattr(sys.stderr, "isatty", lambda: False)()
     return tqdm(total=total, desc=what, unit=unit, unit_scale=True, unit_divisor=1024 if unit == "B" else 1000,
                 leave=False, disable=disable or small, dynamic_ncols=True, file=sys.stderr)
-
-
-class GPT2Tokenizer:
-    name = "gpt2"
-    vocab = GPT2_VOCAB
-
-    def __init__(self, enc, source: str):
-        self.enc, self.source = enc, source
-
-    def encode(self, data: bytes | str) -> np.ndarray:
-        """Token ids of a text, in pieces of at most PIECE characters cut where GPT-2's
-        pre-tokenizer cuts anyway, so memory stays bounded whatever the text's lines."""
-        if isinstance(data, bytes):
-            try:
-                data = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"the text is not valid UTF-8 (byte {e.start}); the gpt2 tokenizer needs UTF-8: "
-                                "convert the file, or use {opt:tokenizer} byte") from e
-        else:
-            try:
-                data.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise DataError("the text holds bytes that are not UTF-8; a gpt2 model reads UTF-8 text only "
-                                "(a byte-level model takes any bytes)") from e
-        pieces = list(text_pieces(data, PIECE))
-        bar = progress(len(data), "tokenizing", "char") if len(pieces) > 8 else None
-        out = []
-        for piece in pieces:
-            out.append(np.asarray(self.enc.encode(piece, disallowed_special=()), np.uint32))
-            if bar:
-                bar.update(len(piece))
-        if bar:
-            bar.close()
-        return np.concatenate(out) if out else np.zeros(0, np.uint32)
-
-    def decode(self, ids) -> str:
-        return self.enc.decode_bytes([int(i) for i in ids]).decode("utf-8", errors="replace")
-
-
-def _encoding_from_file(path: str):
-    import tiktoken
-    import tiktoken_ext.openai_public as op  # r50k's split pattern
-    raw = read_user_file(path, DataError, f"{{opt:tokenizer_file}} {path}", "tiktoken's r50k_base.tiktoken",
-                         16 << 20, "r50k_base.tiktoken has 1.6 MB")
-    digest = hashlib.sha256(raw).hexdigest()
-    if digest != R50K_SHA256:
-        raise DataError(f"{{opt:tokenizer_file}} {path}: sha256 {digest[:12]}... is not r50k_base.tiktoken's "
-                        f"({R50K_SHA256[:12]}...); give the right file")
-    ranks = {base64.b64decode(tok): int(rank) for tok, rank in (ln.split() for ln in raw.splitlines() if ln)}
-    return tiktoken.Encoding(name="r50k_base", pat_str=op.r50k_pat_str, mergeable_ranks=ranks,
-                             special_tokens={"<|endoftext|>": 50256}, explicit_n_vocab=50257)
-
-
-def tiktoken_cache_path() -> Path:
-    d = os.environ.get("TIKTOKEN_CACHE_DIR") or os.environ.get("DATA_GYM_CACHE_DIR") \
-        or os.path.join(tempfile.gettempdir(), "data-gym-cache")
-    return Path(d) / hashlib.sha1(R50K_URL.encode()).hexdigest()
-
-
-def get_tokenizer(name: str = "byte", tokenizer_file: str | None = None):
-    if name == "byte":
-        return ByteTokenizer()
-    if name != "gpt2":
-        raise DataError(f"unknown tokenizer {name!r}; choose byte or gpt2")
-    if tokenizer_file:
-        return GPT2Tokenizer(_encoding_from_file(tokenizer_file), "r50k_base")
-    import tiktoken
-    cached = tiktoken_cache_path().exists()
-    old = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(15)  # a blocked network should fail fast, not hang
-    try:
-        return GPT2Tokenizer(tiktoken.get_encoding("r50k_base"), "r50k_base")
-    except Exception as e:
-        where = "its cached copy is unusable" if cached else "it is not cached and could not be downloaded"
-        raise DataError(f"the gpt2 tokenizer needs tiktoken's r50k_base.tiktoken, and {where} ({type(e).__name__}); "
-                        "put the file in the directory named by TIKTOKEN_CACHE_DIR (as tiktoken caches it), "
-                        "or pass it with {opt:tokenizer_file} PATH") from e
-    finally:
-        socket.setdefaulttimeout(old)
 
 
 # ---- the token stream ------------------------------------------------------------------------

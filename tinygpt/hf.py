@@ -21,12 +21,14 @@ import numpy as np
 from .checkpoint import Checkpoint, CheckpointError, show, tokenizer_name
 from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
 from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
-from .data import get_tokenizer, progress
+from . import tokenizers
+from .data import progress
+from .tokenizers import get_tokenizer
 from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .outputs import WRITER
 
-VOCABS = {256: "byte", 50257: "gpt2"}            # the vocabularies there is a tokenizer for
 DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
+MODEL_TYPE, ARCHITECTURE = "gpt2", "GPT2LMHeadModel"      # the one Hugging Face architecture (a model, not a tokenizer)
 
 
 def hf_state(ck: Checkpoint) -> dict:
@@ -65,7 +67,7 @@ def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: 
     if d.exists() and not d.is_dir():
         raise CheckpointError(f"{out_dir} exists and is not a directory")
     name = tokenizer_name(ck.extra, ck.cfg.vocab)
-    files = tokenizer_files(name, get_tokenizer(name, tokenizer_file), ck.cfg)
+    files = tokenizer_files(get_tokenizer(name, tokenizer_file), ck.cfg)
     d.parent.mkdir(parents=True, exist_ok=True)
     write_directory(d, {**files, **model_files(ck)})      # config.json last: it names the rest
 
@@ -75,7 +77,7 @@ def model_files(ck: Checkpoint) -> dict:
     from safetensors.numpy import save
     cfg = ck.cfg
     config = {
-        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
+        "architectures": [ARCHITECTURE], "model_type": MODEL_TYPE,
         "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
         "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.d_mlp,
         "activation_function": "gelu_new" if cfg.activation == "gelu_tanh" else "gelu",   # the model's own
@@ -141,8 +143,8 @@ def _config(d: Path) -> Config:
     except (ValueError, AssertionError, RecursionError) as e:
         raise CheckpointError(f"{label} is not a JSON object (or nests too deeply); give a Hugging Face model "
                               "directory") from e
-    arch = c.get("architectures") or ["GPT2LMHeadModel"]
-    if c.get("model_type", "gpt2") != "gpt2" or "GPT2LMHeadModel" not in arch:
+    arch = c.get("architectures") or [ARCHITECTURE]
+    if c.get("model_type", MODEL_TYPE) != MODEL_TYPE or ARCHITECTURE not in arch:
         raise CheckpointError(f"{label}: a {c.get('model_type')} / {', '.join(map(str, arch))} model; "
                               "tinygpt imports GPT2LMHeadModel only")
     act = c.get("activation_function", "gelu_new")           # GPT2Config's default: GPT-2's own
@@ -163,9 +165,9 @@ def _config(d: Path) -> Config:
     cfg = Config(layers=_field(c, "n_layer", None, int, label), d_model=C, heads=_field(c, "n_head", None, int, label),
                  ctx=_field(c, "n_positions", None, int, label), d_mlp=_field(c, "n_inner", 4 * C, int, label),
                  vocab=_field(c, "vocab_size", None, int, label), batch=1, activation=HF_ACTIVATIONS[act])
-    if cfg.vocab not in VOCABS:
-        raise CheckpointError(f"{label}: vocabulary {cfg.vocab:,}; tinygpt has tokenizers for 256 (bytes) and "
-                              "50,257 (GPT-2) only")
+    if tokenizers.by_vocab(cfg.vocab) is None:
+        known = ", ".join(f"{v:,} ({n})" for v, n in tokenizers.BY_VOCAB.items())
+        raise CheckpointError(f"{label}: vocabulary {cfg.vocab:,}; tinygpt has tokenizers for {known} only")
     for name, most in MAX_DIMS.items():
         v = getattr(cfg, name)
         if not 0 < v <= most:
@@ -308,8 +310,8 @@ def import_hf(directory, quiet: bool = True) -> Checkpoint:
     if bad:
         raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
     zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_specs(cfg)}
-    tok = read_tokenizer(d, cfg.vocab) or VOCABS[cfg.vocab]
+    tok = read_tokenizer(d, cfg.vocab) or tokenizers.by_vocab(cfg.vocab)
     extra = {"tokenizer": tok, "importedFrom": str(d)}
-    if tok == "gpt2":
-        extra["tokenizerSource"] = "r50k_base"
+    if tokenizers.kind(tok).source:
+        extra["tokenizerSource"] = tokenizers.kind(tok).source
     return Checkpoint(cfg, P, zeros, {n: z.copy() for n, z in zeros.items()}, 0, [], extra)

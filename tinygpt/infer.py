@@ -11,7 +11,8 @@ from .lora_files import model_params
 from .core.config import Config
 from .core.errors import UsageError
 from .core.precision import FP32, PRECISIONS, Precision
-from .data import get_tokenizer, progress
+from .data import progress
+from .tokenizers import get_tokenizer
 from .device.gpu import GPU
 from .device.plan import KernelPlan
 from .device.planner import make_plan
@@ -85,7 +86,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
     r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx, "data": data.name}
-    if tok.name == "byte":
+    if tok.token_is_byte:
         r["bits_per_byte"] = bits(loss)
     return r
 

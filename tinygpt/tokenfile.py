@@ -13,7 +13,6 @@ where that is decided.
 """
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
@@ -23,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from .core.fs import atomic_write, atomic_writer, check_regular, read_most, read_user_file
-from .data import _CUT, PIECE, DataError, Dataset, get_tokenizer, max_corpus_bytes, progress, read_corpus
+from .data import DataError, Dataset, max_corpus_bytes, progress, read_corpus
+from .tokenizers import DEFAULT as DEFAULT_TOKENIZER
+from .tokenizers import get_tokenizer
 
 FORMAT = "tinygpt-tokens"
 VERSION = 1
@@ -126,39 +127,20 @@ def read_directory(path, max_bytes: int) -> tuple[bytes, int]:
 
 # ---- prepare -----------------------------------------------------------------------------------
 def _pieces(f, tok, label: str, hasher):
-    """Token arrays of one open text file, read CHUNK bytes at a time. GPT-2's text is decoded
-    incrementally and cut only where its pre-tokenizer cuts anyway (data._CUT), so the tokens equal
-    those of the whole text; bytes are their own tokens."""
-    decoder = codecs.getincrementaldecoder("utf-8")("strict") if tok.name == "gpt2" else None
-    pending, done = "", 0
-    while True:
-        raw = f.read(CHUNK)
-        hasher.update(raw)
-        if decoder is None:              # bytes are their own ids
+    """Token arrays of one open text file, read CHUNK bytes at a time (each chunk hashed): the
+    tokenizer's encode_chunks, whose tokens equal the whole text's."""
+    def chunks():
+        while True:
+            raw = f.read(CHUNK)
+            hasher.update(raw)
+            yield raw
             if not raw:
                 return
-            yield np.frombuffer(raw, np.uint8)
-            continue
-        try:
-            pending += decoder.decode(raw, final=not raw)
-        except UnicodeDecodeError as e:
-            raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; the gpt2 tokenizer needs "
-                            "UTF-8: convert the file, or use {opt:tokenizer} byte") from e
-        done += len(raw)
-        if not raw:
-            if pending:
-                yield tok.encode(pending)
-            return
-        if len(pending) > 2 * PIECE:            # keep what follows the last cut for the next read
-            end = None
-            for m in _CUT.finditer(pending, len(pending) - min(len(pending) // 2, 1 << 16)):
-                end = m.start()
-            end = end or len(pending) - 1            # no cut anywhere near the end: cut (text_pieces does too)
-            yield tok.encode(pending[:end])
-            pending = pending[end:]
+    return tok.encode_chunks(chunks(), label)
 
 
-def prepare(sources, out, tokenizer: str = "byte", tokenizer_file: str | None = None, show_progress=True) -> dict:
+def prepare(sources, out, tokenizer: str = DEFAULT_TOKENIZER, tokenizer_file: str | None = None,
+            show_progress=True) -> dict:
     """Tokenize the text files (and directories of them) in `sources`, in order, into the token file
     `out` and its sidecar, both written atomically (the token file first: a sidecar names only a
     whole file). Returns the sidecar."""

@@ -25,12 +25,14 @@ from .core.errors import UsageError, word
 from .core.init import init_params
 from .core.lora import base_hash, init_adapters, make_lora, merged, trainable_specs
 from .core.precision import PRECISIONS, Precision
-from .data import Dataset, GPT2Tokenizer, get_tokenizer
+from .data import Dataset
+from .tokenizers import get_tokenizer
 from .device.gpu import GPU
 from .device.kernels import LOSS_SCALE, SCALE_GROWTH
 from .device.planner import make_plan
 from .device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
+from . import tokenizers
 from .model import optimizers
 from .model.attention import path as attention_path
 from .model.budget import device_limits, largest_fitting_batch, memory_budget, refusal
@@ -175,7 +177,7 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool =
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
                      batch=o.batch, grad_clip=o.grad_clip, seed=o.seed, window=o.sliding_window)
         prepared = read_sidecar(o.data)["tokenizer"] if is_token_file(o.data) else None   # a token file's own
-        return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, "byte"), resolve(o)
+        return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, (tokenizers.DEFAULT,))[0], resolve(o)
     diffs = _differences(resume.cfg, o)
     tok_file = ckpt.tokenizer_name(resume.extra, resume.cfg.vocab)
     if o.tokenizer and o.tokenizer != tok_file:
@@ -362,8 +364,8 @@ def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, re
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
              "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every,
              "settings": {k: getattr(o, k) for k in RUN_SETTINGS}}
-    if tok.name == "gpt2":
-        extra["tokenizerSource"] = "r50k_base"
+    if tok.source:
+        extra["tokenizerSource"] = tok.source
     if resume and isinstance(resume.extra.get("tensorboardRun"), str):
         extra["tensorboardRun"] = resume.extra["tensorboardRun"]      # its folder of event files (runlog)
     if resume and isinstance(resume.header.get("corpus"), str) and \
@@ -700,7 +702,7 @@ def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: floa
     if val is None:
         val_text = word("not evaluated ({opt:eval_every} 0)")
     else:
-        unit = f" = {bits(val):.3f} bits/byte" if run.tokenizer.name == "byte" else ""
+        unit = f" = {bits(val):.3f} bits/byte" if run.tokenizer.token_is_byte else ""
         val_text = f"{val:.4f} nats{unit} (whole validation split, {windows:,} windows)"
     train_text = f"{last['train']:.4f}" if last["train"] is not None else "-"
     print(f"final train loss {train_text}, val loss {val_text}", file=out)
@@ -766,7 +768,7 @@ def run_budget(o: TrainOptions, kernels: dict):
     lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
         if o.lora is not None else None            # a plan may ask what adapters would take without a base
     cfg, tokenizer, _ = run_config(o, resume)
-    cfg.vocab = GPT2Tokenizer.vocab if tokenizer == "gpt2" else 256
+    cfg.vocab = tokenizers.kind(tokenizer).vocab
     cfg.validate()
     accum, precision = run_accum(o, resume), run_precision(o, resume)
     optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]

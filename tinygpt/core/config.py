@@ -18,8 +18,9 @@ PRESETS = {
     "gpt2": (12, 768, 12, 1024, 1),     # GPT-2 small's shape, with its BPE vocabulary (PRESET_TOKENIZER)
 }
 GPT2_VOCAB = 50257
-# Presets that come with a tokenizer other than bytes: the preset names the model, the vocabulary with it.
-PRESET_TOKENIZER = {"gpt2": "gpt2"}
+# Presets that come with a tokenizer other than bytes (the application's tokenizers by name) and its
+# vocabulary: the preset names the model, the vocabulary with it.
+PRESET_TOKENIZER = {"gpt2": ("gpt2", GPT2_VOCAB)}
 
 
 # Largest values a config may hold, checked before anything is sized from them (a crafted
@@ -133,7 +134,7 @@ def preset(name: str, **overrides) -> Config:
         raise ConfigError(f"unknown {{opt:preset}} {name!r}; choose one of {', '.join(PRESETS)}")
     L, C, H, T, B = PRESETS[name]
     cfg = Config(layers=L, d_model=C, heads=H, ctx=T, batch=B,
-                 vocab=GPT2_VOCAB if PRESET_TOKENIZER.get(name) == "gpt2" else 256)
+                 vocab=PRESET_TOKENIZER[name][1] if name in PRESET_TOKENIZER else 256)
     for k, v in overrides.items():
         if v is not None:
             setattr(cfg, k, v)

@@ -1,0 +1,43 @@
+"""The tokenizers, each one in its own module (base.py says what a tokenizer holds), registered
+here once. Nothing outside this package compares a tokenizer's name.
+
+    byte   each byte its token (256)            byte.py
+    gpt2   GPT-2's BPE, tiktoken's r50k_base    gpt2.py
+"""
+from __future__ import annotations
+
+from ..data import DataError
+from .base import Tokenizer
+from .byte import ByteTokenizer
+from .gpt2 import GPT2Tokenizer
+
+KINDS = {k.name: k for k in (ByteTokenizer, GPT2Tokenizer)}
+NAMES = tuple(KINDS)
+DEFAULT = ByteTokenizer.name                    # a preset's unless core.config.PRESET_TOKENIZER names another
+BY_VOCAB = {k.vocab: k.name for k in KINDS.values()}     # the tokenizer a vocabulary's size implies
+# the tokenizer of a TinyGPT file that names none and whose vocabulary is not another's: its BPE
+UPSTREAM = GPT2Tokenizer.name
+
+
+def kind(name: str) -> type[Tokenizer]:
+    if name not in KINDS:
+        raise DataError(f"unknown tokenizer {name!r}; choose {' or '.join(NAMES)}")
+    return KINDS[name]
+
+
+def get_tokenizer(name: str = DEFAULT, tokenizer_file: str | None = None) -> Tokenizer:
+    """The tokenizer `name` names, ready to encode (GPT-2's from tokenizer_file, else tiktoken's cache)."""
+    return kind(name).load(tokenizer_file)
+
+
+def flag_help() -> str:
+    return " or ".join(f"{k.name} ({k.summary})" for k in KINDS.values())
+
+
+def by_vocab(vocab: int, default: str | None = None) -> str | None:
+    """The tokenizer whose vocabulary has this size (TinyGPT's files name theirs only by size)."""
+    return BY_VOCAB.get(vocab, default)
+
+
+__all__ = ["BY_VOCAB", "DEFAULT", "UPSTREAM", "KINDS", "NAMES", "ByteTokenizer", "GPT2Tokenizer", "Tokenizer",
+           "by_vocab", "flag_help", "get_tokenizer", "kind"]

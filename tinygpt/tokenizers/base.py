@@ -1,0 +1,62 @@
+"""What a tokenizer is. Each tokenizer is one class in a module of its own here, registered once
+in __init__; nothing outside this package compares a tokenizer's name: it asks the tokenizer.
+
+A tokenizer holds its name (the .tinygpt file's tinygptPy.tokenizer), its vocabulary, what the
+file's upstream header calls its source, whether a token is a byte (then a loss in nats is also
+shown in bits per byte), its end-of-text id, how it encodes a text read in chunks (`prepare`'s
+token files, never the whole text in memory), and the Hugging Face files that describe it.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's map of the 256 bytes to printable characters (the printable ones stand for
+    themselves, the rest take the characters from U+0100 on), which every byte-level BPE shares."""
+    keep = set(PRINTABLE)
+    chars, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + n)
+            n += 1
+    return chars
+
+
+# the bytes GPT-2's alphabet shows as themselves: r50k_base ranks them first, in byte order
+PRINTABLE = tuple(range(ord("!"), ord("~") + 1)) + tuple(range(0xA1, 0xAD)) + tuple(range(0xAE, 0x100))
+
+
+class Tokenizer:
+    name = ""
+    summary = ""                    # --tokenizer's help
+    vocab = 0
+    source: str | None = None       # the upstream header's tokenizerSource, where it names one
+    sources: tuple = ()             # the tokenizerSource values an upstream file names it by
+    token_is_byte = False           # a loss per token is a loss per byte: bits per byte are shown
+    eos_id: int | None = None       # end of text, which Hugging Face's generate stops at
+
+    @classmethod
+    def load(cls, tokenizer_file: str | None = None) -> Tokenizer:
+        """The tokenizer, ready to encode (tokenizer_file: where its files are, for one that has any)."""
+        return cls()
+
+    def encode(self, data: bytes | str) -> np.ndarray:
+        raise NotImplementedError
+
+    def decode(self, ids) -> str:
+        raise NotImplementedError
+
+    def encode_chunks(self, chunks: Iterator[bytes], label: str) -> Iterator[np.ndarray]:
+        """Token arrays of a text that arrives as consecutive byte chunks (an empty one ends it),
+        equal to the whole text's tokens; label names the text in errors."""
+        raise NotImplementedError
+
+    def hf_files(self, common: dict) -> tuple[dict, dict[str, bytes]]:
+        """(tokenizer_config.json's fields, the tokenizer's own files) of a Hugging Face export;
+        common: the fields every tokenizer's config carries."""
+        raise NotImplementedError
