@@ -211,3 +211,13 @@ def test_the_name_check_sees_a_comparison(tmp_path):
     found = name_comparisons(pkg, {"adamw", "muon", "lion"}, "model/optimizers")
     print(found)
     assert found == ["tinygpt/train.py:2: 'adamw'", "tinygpt/train.py:2: 'muon'", "tinygpt/train.py:5: 'lion'"]
+
+
+def test_every_package_folder_ships():
+    """pyproject.toml lists the packages a wheel holds: a new folder of the package missing there
+    works from this checkout (an editable install finds it) and is absent from an installed copy."""
+    import tomllib
+    listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(PKG, p) for p in PKG.rglob("__init__.py")}
+    print(f"{len(folders)} package folders, {len(listed)} listed")
+    assert folders <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
