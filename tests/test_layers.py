@@ -216,7 +216,10 @@ def test_the_name_check_sees_a_comparison(tmp_path):
 def test_every_package_folder_ships():
     """pyproject.toml lists the packages a wheel holds: a new folder of the package missing there
     works from this checkout (an editable install finds it) and is absent from an installed copy."""
-    import tomllib
+    try:
+        import tomllib
+    except ImportError:             # Python 3.10: the package's own dependency
+        import tomli as tomllib
     listed = set(tomllib.loads((PKG.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {module_name(PKG, p) for p in PKG.rglob("__init__.py")}
     print(f"{len(folders)} package folders, {len(listed)} listed")
