@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 adapter: $(STAMP)
 	bash scripts/ensure_adapter.sh $(BIN)/python
 
-# the second engine (Dawn on SwiftShader) and the browser (Chromium), for make test only
+# the second engine (Dawn on SwiftShader), the browser (Chromium) and the libraries the comparisons
+# run against (PyTorch's CPU build, transformers, peft), for make test only
 engines: $(STAMP)
 	@bash scripts/ensure_engines.sh $(BIN)/python
 
