@@ -260,6 +260,31 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
         gate.check(gpu, plan, used)
 
 
+def test_a_precision_with_a_feature_finds_its_kernels_and_refuses_one_it_cannot_check(gpu, monkeypatch):
+    """Issue 48: the gate finds a precision's kernels by the dtype they bind, not by f16's names,
+    so a new precision that needs a device feature is never trusted unjudged: bf16 as if it needed
+    one, every bf16 kernel a model recorded is found, and the first the gate has no check for is
+    refused in one line (it was a KeyError)."""
+    from tinygpt.core.config import preset
+    from tinygpt.core.precision import BF16
+    from tinygpt.device import gate
+    from tinygpt.device.planner import make_plan
+    from tinygpt.model.gpt import Model
+    plan = make_plan(gpu)
+    m = Model(gpu, plan, RunSpec(preset("tiny", batch=2, ctx=16), "naive", precision=BF16))
+    found = gate.half_kernels(m._fwd + m._bwd + m._opt + m._copy_weights, BF16.stored)
+    names = {e for e, _ in found}
+    print(sorted(names))
+    assert {"layernorm_forward_bf16", "gelu_forward_bf16", "gelu_backward_bf16"} <= names
+    assert any(n.startswith("matmul") for n in names) and any(n.startswith("cast_bf16") for n in names)
+    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
+    with pytest.raises(gate.GateError) as e:
+        gate.check(gpu, plan, {("gelu_forward_bf16", ())}, "bf16")
+    print(e.value)
+    assert "the kernel gelu_forward_bf16 has no check in the precision gate" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
     """Every matmul entry point the gate may meet (the scalar and tiled templates with f16 products,
     the latter with a tile's constants; vec4 and, with working subgroups, sg; each operand mix and

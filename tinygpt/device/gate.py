@@ -29,13 +29,16 @@ class GateError(GPUError):
     """A kernel of the asked precision disagrees with its twin on this device."""
 
 
-def half_kernels(dispatches) -> set:
-    """(entry, constants) of the dispatches that read or write f16: the f16 files' kernels, the
-    matmul templates completed with f16 products (named as their twins are: matmul_atb_f16,
-    matmul_f16_tiled), the attention's and the decode step's with their f16 constants (F16, HALF 2)."""
-    return {(f16_name(d.kernel), d.kernel.constants) for d in dispatches
-            if d.kernel.file in F16_FILES or d.kernel.products == "f16" or ("F16", True) in d.kernel.constants
-            or ("HALF", DTYPES["f16"].half) in d.kernel.constants}
+def half_kernels(dispatches, dtype: str = "f16") -> set:
+    """(entry, constants) of the dispatches that read or write `dtype` (a precision's stored type):
+    every one that binds a tensor of it, and for f16 also the f16 files' kernels, the matmul
+    templates completed with f16 products (named as their twins are: matmul_atb_f16,
+    matmul_f16_tiled; they take f32 gradients rounded to f16 as read) and the attention's and the
+    decode step's with their f16 constants (F16, HALF 2)."""
+    f16 = lambda d: dtype == "f16" and (d.kernel.file in F16_FILES or d.kernel.products == "f16"
+                                        or ("F16", True) in d.kernel.constants
+                                        or ("HALF", DTYPES["f16"].half) in d.kernel.constants)
+    return {(f16_name(d.kernel), d.kernel.constants) for d in dispatches if dtype in d.dtypes or f16(d)}
 
 
 def f16_name(kernel) -> str:
@@ -114,7 +117,11 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         gpu.run([kn.layernorm_forward_f16(gpu.upload(xs), gpu.upload(gb), y, stats, rows, C)])
         want = R.layernorm_forward(xs.astype(np.float64), gb[0], gb[1])[0]
         return R.unpack_f16(gpu.read(y)), want
-    raise KeyError(entry)
+    raise NoCheck(entry)
+
+
+class NoCheck(Exception):
+    """A kernel of the precision that this gate has no check for."""
 
 
 def _attention(gpu: GPU, plan, rng, variant: str):
@@ -160,7 +167,8 @@ def _decode(gpu: GPU, kn: Kernels, rng):
 
 def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     """Run each (entry, constants) of `kernels` against its twin, once per device; GateError names
-    the first that disagrees (or fails to run)."""
+    the first that disagrees (or fails to run, or has no check here: a kernel of a precision that
+    needs a device feature is never trusted unjudged)."""
     seen = _VERDICTS.setdefault(gpu, {})
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
@@ -181,6 +189,10 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
                 seen[key] = None if err is None else f"max error {err:.3g} against {TOL:g} of its scale"
             except GPUError as e:
                 seen[key] = f"it does not run here: {str(e).splitlines()[0][:160]}"
+            except NoCheck:
+                raise GateError(f"{{opt:precision}} {precision}: the kernel {entry} has no check in the precision "
+                                "gate (device/gate.py), so it is not trusted on this device; use {opt:precision} "
+                                "fp32 (or write its check)") from None
         if seen[key]:
             flags = [n for n, v in consts if v is True]
             what = entry + (f" ({', '.join(flags)})" if flags else "")

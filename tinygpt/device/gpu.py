@@ -192,6 +192,7 @@ class Dispatch:
     nbytes: int = 0        # bytes of its storage bindings: the least traffic it could have (profile)
     flops: float | None = None   # its matrix products' FLOPs, where it has any (cost.kernel_flops)
     entries: tuple = ()    # (buffer, offset, size) of each binding, the uniform first (device/trace.py)
+    dtypes: frozenset = frozenset()   # the dtypes of the tensors it binds (the precision gate's question)
 
 
 @dataclass
@@ -449,7 +450,8 @@ class GPU:
         grid = tuple(grid) + (1,) * (3 - len(grid))
         if max(grid) > MAX_GROUPS:
             raise LimitError(f"{kernel.name}: grid {grid} exceeds {MAX_GROUPS} workgroups per dimension")
-        return Dispatch(kernel, bg, grid, ubuf, nbytes, entries=bound)
+        return Dispatch(kernel, bg, grid, ubuf, nbytes, entries=bound,
+                        dtypes=frozenset(t.dtype for t in tensors if not t.name.startswith("dummy")))
 
     # ---- execution -------------------------------------------------------------------
     def run(self, dispatches, timestamps=None):

@@ -68,7 +68,7 @@ class Decoder:
         if self.cache:
             self.steps = self._record_step()
             if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
-                gate.check(gpu, plan, gate.half_kernels(self.steps), precision.name)
+                gate.check(gpu, plan, gate.half_kernels(self.steps, precision.stored), precision.name)
             return
         if len(self.model.chunks) > 1:  # the sampler binds every logits row at once
             raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "

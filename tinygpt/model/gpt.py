@@ -82,7 +82,7 @@ class Model:
         if precision.feature:       # a precision WGSL has as an option: its kernels judged on this device first
             gate.check(gpu, plan, gate.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
                                                     + self._bwd_more + self._opt + self._copy_weights
-                                                    + self._copy_base), precision.name)
+                                                    + self._copy_base, precision.stored), precision.name)
         self.step_count = 0
         self.moments_from = 0       # the step the optimizer's state started from (zero state then)
 
