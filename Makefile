@@ -55,7 +55,7 @@ test: adapter engines
 	$(BIN)/python -m pytest -q $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py tests/test_f16.py \
-			-k "not gate and not absurd" $(ARGS) || exit 1; \
+			-k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_window.py -k "windowed_attention or attn_decode" \
 			$(ARGS) || exit 1; done
 	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \

@@ -223,20 +223,20 @@ def test_an_absurd_loss_scale_halves_down_and_never_writes_a_bad_weight(gpu, f16
     assert m.loss() < np.log(cfg.vocab) + 0.5
 
 
-def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
+def test_the_numerics_check_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     """Building an f16 model (or decoder) runs each f16 kernel it recorded once against its twin
     (passing here); a kernel whose twin disagrees (the twin made wrong, as a broken driver would
     look) is refused in one line naming it, and so is one that fails to run."""
     from tinygpt.core.config import preset
     from tinygpt.core.precision import F16
-    from tinygpt.device import gate
+    from tinygpt.device import numerics
     from tinygpt.device.planner import make_plan
     from tinygpt.model.gpt import Model
     plan = make_plan(gpu)
     cfg = preset("tiny", batch=2, ctx=16)
-    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
+    monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
     m = Model(gpu, plan, RunSpec(cfg, "online", precision=F16))
-    judged = gate._VERDICTS[gpu]
+    judged = numerics._VERDICTS[gpu]
     print("judged:", sorted(judged, key=str))
     assert judged and not any(judged.values())
     names = {e for e, _ in judged}
@@ -245,19 +245,19 @@ def test_the_gate_judges_every_f16_kernel_a_model_uses(gpu, f16, monkeypatch):
     assert ("attention", "sg") in judged or plan.attention != "sg"
     from tinygpt.model.decode import Decoder
     Decoder(gpu, plan.with_(decode="cache"), decoder_spec(cfg, precision=F16), capacity=8)     # its step's kernels too
-    assert ("decode", ()) in gate._VERDICTS[gpu] and not gate._VERDICTS[gpu][("decode", ())]
-    used = gate.half_kernels(m._fwd + m._bwd + m._opt)
-    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
-    monkeypatch.setattr(gate.R, "matmul_atb_f16", lambda a, b, out_f16=False: np.zeros((a.shape[1], b.shape[1])))
-    with pytest.raises(gate.GateError) as e:
-        gate.check(gpu, plan, used)
+    assert ("decode", ()) in numerics._VERDICTS[gpu] and not numerics._VERDICTS[gpu][("decode", ())]
+    used = numerics.half_kernels(m._fwd + m._bwd + m._opt)
+    monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
+    monkeypatch.setattr(numerics.R, "matmul_atb_f16", lambda a, b, out_f16=False: np.zeros((a.shape[1], b.shape[1])))
+    with pytest.raises(numerics.NumericsError) as e:
+        numerics.check(gpu, plan, used)
     print(e.value)
     assert "the kernel matmul_atb_f16" in str(e.value) and "disagrees with its NumPy twin" in str(e.value)
     assert "\n" not in str(e.value) and "bf16 or fp32" in str(e.value)
-    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
-    monkeypatch.setattr(gate, "_elementwise", lambda *a: (_ for _ in ()).throw(gate.GPUError("no pipeline")))
-    with pytest.raises(gate.GateError, match="it does not run here: no pipeline"):
-        gate.check(gpu, plan, used)
+    monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
+    monkeypatch.setattr(numerics, "_elementwise", lambda *a: (_ for _ in ()).throw(numerics.GPUError("no pipeline")))
+    with pytest.raises(numerics.NumericsError, match="it does not run here: no pipeline"):
+        numerics.check(gpu, plan, used)
 
 
 def test_a_precision_with_a_feature_finds_its_kernels_and_refuses_one_it_cannot_check(gpu, monkeypatch):
@@ -267,29 +267,29 @@ def test_a_precision_with_a_feature_finds_its_kernels_and_refuses_one_it_cannot_
     refused in one line (it was a KeyError)."""
     from tinygpt.core.config import preset
     from tinygpt.core.precision import BF16
-    from tinygpt.device import gate
+    from tinygpt.device import numerics
     from tinygpt.device.planner import make_plan
     from tinygpt.model.gpt import Model
     plan = make_plan(gpu)
     m = Model(gpu, plan, RunSpec(preset("tiny", batch=2, ctx=16), "naive", precision=BF16))
-    found = gate.half_kernels(m._fwd + m._bwd + m._opt + m._copy_weights, BF16.stored)
+    found = numerics.half_kernels(m._fwd + m._bwd + m._opt + m._copy_weights, BF16.stored)
     names = {e for e, _ in found}
     print(sorted(names))
     assert {"layernorm_forward_bf16", "gelu_forward_bf16", "gelu_backward_bf16"} <= names
     assert any(n.startswith("matmul") for n in names) and any(n.startswith("cast_bf16") for n in names)
-    monkeypatch.setattr(gate, "_VERDICTS", type(gate._VERDICTS)())
-    with pytest.raises(gate.GateError) as e:
-        gate.check(gpu, plan, {("gelu_forward_bf16", ())}, "bf16")
+    monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
+    with pytest.raises(numerics.NumericsError) as e:
+        numerics.check(gpu, plan, {("gelu_forward_bf16", ())}, "bf16")
     print(e.value)
-    assert "the kernel gelu_forward_bf16 has no check in the precision gate" in str(e.value)
+    assert "the kernel gelu_forward_bf16 has no case in the numerics check" in str(e.value)
     assert "\n" not in str(e.value)
 
 
-def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
+def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
     """Every matmul entry point the gate may meet (the scalar and tiled templates with f16 products,
     the latter with a tile's constants; vec4 and, with working subgroups, sg; each operand mix and
     out f16), judged directly: each passes on this device."""
-    from tinygpt.device import gate
+    from tinygpt.device import numerics
     from tinygpt.device.planner import make_plan, subgroups_ok
     variants = ("_vec4",) + (("_sg",) if subgroups_ok(gpu) else ())
     mixes = [(), (("A_F32", True),), (("B_F32", True),), (("OUT_F16", True),)]
@@ -302,8 +302,8 @@ def test_the_gate_runs_every_f16_matmul_and_mix(gpu, f16):
     kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
                                   "layernorm_forward_f16", "kv_append_half")}
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
-    gate.check(gpu, make_plan(gpu), kernels)
-    judged = gate._VERDICTS[gpu]
+    numerics.check(gpu, make_plan(gpu), kernels)
+    judged = numerics._VERDICTS[gpu]
     print(f"{len(kernels)} kernels judged: every one agrees with its twin")
     assert all(judged[(e, m)] is None for e, m in kernels if (e, m) in judged) and ("decode", ()) in judged
     assert judged[("attention", "tiles")] is None

@@ -2,7 +2,7 @@
 then the device layer, then the model, then the application; the reference beside them, judging.
 
 Rules: no module imports a higher layer; no import cycle between modules; runtime code never
-imports the reference (the tuner, the half-precision gate and the start check excepted: they check kernels against
+imports the reference (the tuner, the numerics check and the start check excepted: they check kernels against
 it before trusting them); the reference imports only core; every import of the package's own
 modules stands at the top of its module, where a reader sees the edge. The last test builds a package that breaks each rule and sees each
 check fail on it."""
@@ -12,7 +12,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "tinygpt"
 LAYERS = {"core": 0, "device": 1, "model": 2}          # anything else in tinygpt/ is the application
 APP = 3
-JUDGE_USERS = {"tinygpt.device.tune", "tinygpt.device.gate", "tinygpt.model.twincheck"}
+JUDGE_USERS = {"tinygpt.device.tune", "tinygpt.device.numerics", "tinygpt.model.twincheck"}
 
 
 def module_name(pkg: Path, path: Path) -> str:

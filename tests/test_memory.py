@@ -66,7 +66,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     precision = PRECISIONS[precision]
     spec = RunSpec(cfg, attention, B=6, accum=accum, precision=precision, recompute=recompute, lora=lora, optimizer=opt)
     p = budget.memory_budget(spec, plan, limits, sample=0)      # the one value both take
-    if precision.feature:    # the f16 gate's small, short-lived tensors, made once per device: not the model's
+    if precision.feature:    # the f16 numerics check's small, short-lived tensors, made once per device: not the model's
         Model(gpu, plan, spec)                                                    # nor the sampler's (its
         Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, spec))

@@ -192,7 +192,7 @@ class Dispatch:
     nbytes: int = 0        # bytes of its storage bindings: the least traffic it could have (profile)
     flops: float | None = None   # its matrix products' FLOPs, where it has any (cost.kernel_flops)
     entries: tuple = ()    # (buffer, offset, size) of each binding, the uniform first (device/trace.py)
-    dtypes: frozenset = frozenset()   # the dtypes of the tensors it binds (the precision gate's question)
+    dtypes: frozenset = frozenset()   # the dtypes of the tensors it binds (the numerics check's question)
 
 
 @dataclass

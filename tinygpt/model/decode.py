@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.precision import Precision
-from ..device import gate
+from ..device import numerics
 from ..device.gpu import GPU, LimitError
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
@@ -68,7 +68,7 @@ class Decoder:
         if self.cache:
             self.steps = self._record_step()
             if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
-                gate.check(gpu, plan, gate.half_kernels(self.steps, precision.stored), precision.name)
+                numerics.check(gpu, plan, numerics.half_kernels(self.steps, precision.stored), precision.name)
             return
         if len(self.model.chunks) > 1:  # the sampler binds every logits row at once
             raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..core.lora import LoRA, trainable_specs
 from ..core.init import token_buckets
-from ..device import gate
+from ..device import numerics
 from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import Kernels
 from ..device.plan import KernelPlan
@@ -80,7 +80,7 @@ class Model:
                 self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.grads, f0, k), k)
                 for f0, k in self.flat_chunks]
         if precision.feature:       # a precision WGSL has as an option: its kernels judged on this device first
-            gate.check(gpu, plan, gate.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
+            numerics.check(gpu, plan, numerics.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
                                                     + self._bwd_more + self._opt + self._copy_weights
                                                     + self._copy_base, precision.stored), precision.name)
         self.step_count = 0

@@ -5,7 +5,7 @@ Why: a kernel can compute something other than its WGSL on one machine while eve
 on another: a driver's shader cache that hands a process code compiled for other settings (issue
 49: docs/engines.md, "The shader cache"), a driver's miscompile, a pipeline that reads memory it
 never wrote. The result is a NaN many steps later, blamed on the learning rate. The check is
-the f16 gate's idea (device/gate.py) for every precision: the copy has the run's width, heads
+the f16 numerics check's idea (device/numerics.py) for every precision: the copy has the run's width, heads
 (so head dim), MLP, activation, window, vocabulary, precision, attention path and kernel plan,
 so the pipelines it builds are the run's own, at one layer, and the run's batch and positions
 where the reference's head stays cheap (check_spec: fewer where the vocabulary is large). Its logits,

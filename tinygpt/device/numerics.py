@@ -1,4 +1,4 @@
-"""The numerics gate of a half precision: before the first step, every kernel a model recorded that
+"""The numerics check of a half precision: before the first step, every kernel a model recorded that
 reads or writes f16 runs once at a ragged shape on this device, against its NumPy twin.
 
 WGSL's f16 is an optional feature, and how a driver rounds it, flushes its subnormals or widens
@@ -25,7 +25,7 @@ TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off b
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
 
-class GateError(GPUError):
+class NumericsError(GPUError):
     """A kernel of the asked precision disagrees with its twin on this device."""
 
 
@@ -121,7 +121,7 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
 
 
 class NoCheck(Exception):
-    """A kernel of the precision that this gate has no check for."""
+    """A kernel of the precision that this check has no case for."""
 
 
 def _attention(gpu: GPU, plan, rng, variant: str):
@@ -166,7 +166,7 @@ def _decode(gpu: GPU, kn: Kernels, rng):
 
 
 def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
-    """Run each (entry, constants) of `kernels` against its twin, once per device; GateError names
+    """Run each (entry, constants) of `kernels` against its twin, once per device; NumericsError names
     the first that disagrees (or fails to run, or has no check here: a kernel of a precision that
     needs a device feature is never trusted unjudged)."""
     seen = _VERDICTS.setdefault(gpu, {})
@@ -190,11 +190,11 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
             except GPUError as e:
                 seen[key] = f"it does not run here: {str(e).splitlines()[0][:160]}"
             except NoCheck:
-                raise GateError(f"{{opt:precision}} {precision}: the kernel {entry} has no check in the precision "
-                                "gate (device/gate.py), so it is not trusted on this device; use {opt:precision} "
-                                "fp32 (or write its check)") from None
+                raise NumericsError(f"{{opt:precision}} {precision}: the kernel {entry} has no case in the numerics "
+                                    "check (device/numerics.py), so it is not trusted on this device; use "
+                                    "{opt:precision} fp32 (or write its case)") from None
         if seen[key]:
             flags = [n for n, v in consts if v is True]
             what = entry + (f" ({', '.join(flags)})" if flags else "")
-            raise GateError(f"{{opt:precision}} {precision}: the kernel {what} disagrees with its NumPy twin on "
+            raise NumericsError(f"{{opt:precision}} {precision}: the kernel {what} disagrees with its NumPy twin on "
                             f"{gpu.name}: {seen[key]}; use {{opt:precision}} bf16 or fp32")
