@@ -46,7 +46,7 @@ train: adapter
 # The kernel tests (and the f16 ones) run again with lavapipe's subgroups at 4 and 16 lanes
 # (LP_NATIVE_VECTOR_WIDTH 128 and 512; the default is 8): GPUs have 8 to 64, and the subgroup
 # kernels must hold at each size or be refused by the plan's check (they are at 4, on lavapipe as
-# on SwiftShader); there the f16 kernels are tested, not the gate and the overflow run, which
+# on SwiftShader); there the f16 kernels are tested, not the numerics check and the overflow run, which
 # only compose them. The OpenGL run has no shader-f16: there tests/test_f16.py checks the refusal.
 # Last, Dawn on SwiftShader: the kernel tests, every attention path (with a sliding window too)
 # and whole training steps (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against
