@@ -43,7 +43,8 @@ from tinygpt.model.optimizers import KINDS as OPTIMIZERS
 from tinygpt.model.optimizers.base import ElementwiseOptimizer
 from tinygpt.model.optimizers.muon import muon_ratio, ns_batches
 from tinygpt.device.gpu import GPU
-from tinygpt.cli import positive_int, run_script
+from tinygpt.argtypes import positive_int
+from tinygpt.cli import run_script
 
 
 def cases(gpu, rows, C, M, V, n, rng):

@@ -25,7 +25,9 @@ import numpy as np
 from tinygpt.tables import emit
 from tinygpt.tokenfile import data_files
 from tinygpt.outputs import claim_plot, save_png
-from tinygpt.cli import add_kernels, nonneg_int, positive_float, positive_int, run_script
+from tinygpt.argtypes import nonneg_int, positive_float, positive_int
+from tinygpt.cli import run_script
+from tinygpt.train_settings import add_kernels
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import NAMES as OPT_NAMES

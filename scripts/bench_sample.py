@@ -13,7 +13,9 @@ import sys
 import time
 
 from tinygpt.tables import emit
-from tinygpt.cli import add_kernels, nonneg_float, positive_int, run_script, seed_int
+from tinygpt.argtypes import nonneg_float, positive_int, seed_int
+from tinygpt.cli import run_script
+from tinygpt.train_settings import add_kernels
 from tinygpt.core.config import PRESETS, preset
 from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU

@@ -35,7 +35,9 @@ import time
 
 import numpy as np
 
-from tinygpt.cli import add_kernels, lora_targets, positive_float, positive_int, run_script
+from tinygpt.argtypes import lora_targets, positive_float, positive_int
+from tinygpt.cli import run_script
+from tinygpt.train_settings import add_kernels
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora

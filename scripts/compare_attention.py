@@ -26,7 +26,9 @@ from tinygpt.reference import attention as RA
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.outputs import claim_plot, save_png
-from tinygpt.cli import add_kernels, positive_int, positive_ints, run_script
+from tinygpt.argtypes import positive_int, positive_ints
+from tinygpt.cli import run_script
+from tinygpt.train_settings import add_kernels
 from tinygpt.device.gpu import GPU, LimitError
 from tinygpt.device.planner import make_plan
 

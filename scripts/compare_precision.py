@@ -34,7 +34,8 @@ from tinygpt.schedule import resolve
 from tinygpt.tables import emit
 from tinygpt.tokenfile import data_files
 from tinygpt.outputs import claim_plot, save_png
-from tinygpt.cli import positive_int, run_script, seed_int
+from tinygpt.argtypes import positive_int, seed_int
+from tinygpt.cli import run_script
 from tinygpt.model.spec import RunSpec
 
 

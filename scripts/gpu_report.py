@@ -39,7 +39,8 @@ from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.budget import device_limits, memory_budget
 from tinygpt.tables import fmt
-from tinygpt.cli import positive_int, run_script
+from tinygpt.argtypes import positive_int
+from tinygpt.cli import run_script
 from tinygpt.model.spec import RunSpec
 
 HERE = Path(__file__).resolve().parent

@@ -20,7 +20,8 @@ from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import subgroups_ok
-from tinygpt.cli import positive_int, run_script
+from tinygpt.argtypes import positive_int
+from tinygpt.cli import run_script
 
 
 def main(argv=None):

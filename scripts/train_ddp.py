@@ -34,7 +34,7 @@ from tinygpt import optim_state
 from tinygpt import runlog
 from tinygpt.core.config import param_specs
 from tinygpt.model.optimizers import make_settings
-from tinygpt.cli import flag, nonneg_int, positive_float, positive_int
+from tinygpt.argtypes import flag, nonneg_int, positive_float, positive_int
 from tinygpt.core.errors import TinyGPTError, UsageError
 from tinygpt.outputs import Outputs, is_json_lines, os_error_text
 from tinygpt.infer import data_path_for, tokenizer_of

@@ -224,3 +224,24 @@ def test_every_package_folder_ships():
     folders = {module_name(PKG, p) for p in PKG.rglob("__init__.py")}
     print(f"{len(folders)} package folders, {len(listed)} listed")
     assert folders <= listed, f"not in pyproject.toml's packages: {sorted(folders - listed)}"
+
+
+LONGEST = 60    # lines a function of the package may take (issue 48): longer ones were split by what they do
+
+
+def long_functions(paths) -> list:
+    out = []
+    for f in paths:
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > LONGEST:
+                out.append(f"{f.relative_to(PKG.parent)}:{n.lineno}: {n.name}, {n.end_lineno - n.lineno + 1} lines")
+    return out
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    files = sorted(PKG.rglob("*.py"))
+    found = long_functions(files)
+    longest = max(n.end_lineno - n.lineno + 1 for f in files for n in ast.walk(ast.parse(f.read_text()))
+                  if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+    print(f"the longest function of the package: {longest} lines")
+    assert not found, "\n".join(found)

@@ -25,7 +25,7 @@ from .core.errors import UsageError
 from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
-from .cli import train_options          # the flags' own checks on every keyword setting
+from .train_settings import train_options      # the flags' own checks on every keyword setting
 from . import tokenizers
 from .tokenizers import get_tokenizer
 from .device.gpu import GPU

@@ -196,6 +196,25 @@ def peft_files(directory) -> list[Path]:
     return [Path(directory) / name for name in PEFT_FILES] if directory else []
 
 
+def _safetensors_header(f: Path, size: int, label: str) -> tuple[dict, dict, int]:
+    """(the tensors' header, its __metadata__, its length) of a safetensors file of `size` bytes,
+    read first: the tensors it declares are checked against the adapters' own settings before
+    the file is read (a 3 GiB file was read whole and then refused)."""
+    with open(f, "rb") as h:
+        pre = h.read(8)
+        n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
+        if not 0 < n <= min(MAX_SAFETENSORS_HEADER, size - 8):
+            raise CheckpointError(f"{label}: not a safetensors file (a header of {n:,} bytes in a file of "
+                                  f"{size:,}); give the directory tinygpt export {{opt:format}} peft wrote")
+        try:
+            header = json.loads(read_most(h, n))
+            meta = header.pop("__metadata__", None) or {}
+            assert isinstance(header, dict) and isinstance(meta, dict)
+        except (ValueError, AssertionError, UnicodeDecodeError, RecursionError) as e:
+            raise CheckpointError(f"{label}: its header is not a safetensors header; the file is damaged") from e
+    return header, meta, n
+
+
 def read_peft(directory, base: Checkpoint, what: str) -> dict:
     """A directory the export's peft format wrote, folded into `base`: its weights merged, after the
     base is checked to be the model the adapters were trained on (by its weights' sha256)."""
@@ -205,20 +224,7 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
     f = d / "adapter_model.safetensors"
     label = f"{what}'s adapter_model.safetensors"
     st = check_regular(f, CheckpointError, label, "the adapters tinygpt export wrote")
-    # the header first: the tensors it declares, sized from the adapters' own settings, before
-    # the file is read (a 3 GiB file was read whole and then refused)
-    with open(f, "rb") as h:
-        pre = h.read(8)
-        n = int.from_bytes(pre, "little") if len(pre) == 8 else -1
-        if not 0 < n <= min(MAX_SAFETENSORS_HEADER, st.st_size - 8):
-            raise CheckpointError(f"{label}: not a safetensors file (a header of {n:,} bytes in a file of "
-                                  f"{st.st_size:,}); give the directory tinygpt export {{opt:format}} peft wrote")
-        try:
-            header = json.loads(read_most(h, n))
-            meta = header.pop("__metadata__", None) or {}
-            assert isinstance(header, dict) and isinstance(meta, dict)
-        except (ValueError, AssertionError, UnicodeDecodeError, RecursionError) as e:
-            raise CheckpointError(f"{label}: its header is not a safetensors header; the file is damaged") from e
+    header, meta, n = _safetensors_header(f, st.st_size, label)
     want = meta.get("tinygpt_base_sha256")
     if not want:
         raise CheckpointError(f"{what}: its adapters do not name the base model they were trained on (not written "
