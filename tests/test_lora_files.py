@@ -267,7 +267,7 @@ def test_the_readmes_lora_line_runs_as_written(base, tmp_path, corpus):
     """train --resume BASE --lora 8 --data my.txt --out ft.tinygpt, no --steps: a new LoRA run
     is its own run of train.LORA_STEPS steps (it failed: "the checkpoint is at step 0, the end of
     its run", the base's planned end taken for the fine-tune's)."""
-    from tinygpt.train import LORA_STEPS
+    from tinygpt.recipe import LORA_STEPS
     ft = tmp_path / "ft.tinygpt"
     assert run_cli("train", "--resume", base, "--lora", 8, "--data", corpus, "--out", ft, "--quiet",
                    "--eval-every", 0, "--sample-tokens", 0) == 0

@@ -32,7 +32,8 @@ from .outputs import Outputs, os_error_text
 from .tables import emit
 from .safety import Interrupted, stops_on_signals
 from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
-from .train import profile, run_budget, train
+from .recipe import run_budget
+from .train import profile, train
 from .train_settings import ONE_OF, Parser, add_attention, add_kernels, add_tokenizer_file, default, \
     options, read_config, settings_argv, train_flags
 

@@ -21,7 +21,7 @@ from .device.plan import FAMILIES, parse_kernels
 from .model import optimizers
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .options import RUN_SETTINGS, TrainOptions
-from .train import MAX_GRAD_ACCUM
+from .recipe import MAX_GRAD_ACCUM
 
 EXIT_USAGE = 2
 

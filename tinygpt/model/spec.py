@@ -1,6 +1,6 @@
 """The run spec: what a model is built for, as one value made once.
 
-A command turns its options into a `RunSpec` (train.run_spec does it for `train` and `plan`); the
+A command turns its options into a `RunSpec` (recipe.run_spec does it for `train` and `plan`); the
 memory budget, `Model` and `Decoder` take it as it is, so that what the budget counted is what
 the model allocates and no layer passes a dozen loose values on. The kernel plan is not in it:
 that is the device's decision, made once beside it.

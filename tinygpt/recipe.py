@@ -1,0 +1,212 @@
+"""The run a train or plan command asks for, resolved once from its options and the resumed file:
+its config, tokenizer and schedule, LoRA adapters, accumulation, precision, loss scale and
+optimizer, and the RunSpec the memory budget and the model take as it is. Each piece is decided
+here, in one function, by the same code for `train` and `plan`; train.py runs what these
+return and decides none of it again.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from . import checkpoint as ckpt
+from . import lora_files
+from . import optim_state
+from . import tokenizers
+from .core.config import PRESET_TOKENIZER, Config, preset
+from .core.errors import UsageError
+from .core.lora import base_hash, init_adapters, make_lora
+from .core.precision import PRECISIONS, Precision
+from .device.gpu import GPU
+from .device.kernels import LOSS_SCALE
+from .device.planner import make_plan
+from .model import optimizers
+from .model.budget import device_limits, largest_fitting_batch, memory_budget
+from .model.spec import RunSpec
+from .options import RUN_SETTINGS, TrainOptions
+from .safety import TrainingStopped
+from .schedule import Schedule, resolve
+from .tokenfile import is_token_file, read_sidecar
+
+LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
+LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")
+MAX_GRAD_ACCUM = 4096
+POSITIVE = ("eval_windows", "log_every")        # the run settings that cannot be 0
+
+
+def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
+    diffs = []
+    for name in ("layers", "d_model", "heads", "ctx"):
+        want = getattr(o, name)
+        if want is not None and want != getattr(fcfg, name):
+            diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, name)})")
+    want = o.sliding_window       # a window of ctx or more is the plain attention the file may have
+    if want is not None and (want if want < fcfg.ctx else 0) != fcfg.attn_window:
+        diffs.append(f"{{opt:sliding_window}} {want} (file: {fcfg.attn_window or 'none'})")
+    return diffs
+
+
+def run_lora(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
+    """(the run's LoRA state or None, whether its adapters are new): the resumed file's adapters
+    (the options may not contradict them), or new ones on the resumed model where the lora option is given."""
+    held = lora_files.read(resume, label) if resume else None
+    given = o.lora is not None or o.lora_alpha is not None or o.lora_targets is not None or o.lora_biases
+    if held is not None:
+        if given:
+            want = make_lora(o.lora if o.lora is not None else held.lora.rank,
+                             o.lora_alpha if o.lora_alpha is not None else held.lora.alpha,
+                             o.lora_targets if o.lora_targets is not None else held.lora.as_dict()["targets"],
+                             o.lora_biases or held.lora.biases)
+            if want != held.lora:
+                raise TrainingStopped(f"{label} holds LoRA adapters {held.lora.as_dict()}; the LoRA options ask for "
+                                      f"{want.as_dict()}: drop them to continue these adapters", 2)
+        return held, False
+    if not given:
+        return None, False
+    if o.lora is None:
+        raise UsageError("{opt:lora_alpha}, {opt:lora_targets} and {opt:lora_biases} shape LoRA adapters: give "
+                         "their rank with {opt:lora}")
+    lora = make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases)
+    if resume is None:
+        raise UsageError("{opt:lora} fine-tunes a trained model: give it with {opt:resume} BASE.tinygpt (and the "
+                         "fine-tune's file with {opt:out})")
+    adapters = init_adapters(resume.cfg, lora)
+    zeros = {n: np.zeros_like(a) for n, a in adapters.items()}
+    return lora_files.LoraState(lora, adapters, zeros, {n: z.copy() for n, z in zeros.items()},
+                                base_hash(resume.params, resume.cfg), resume.step), True
+
+
+def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool = False) -> tuple[Config, str, Schedule]:
+    """(config, tokenizer name, schedule) of the run: the resumed file's, with the options that
+    may change on resume, or the preset's with the options over it. New LoRA adapters on a
+    resumed model are a new run on its shape: the schedule is the options' (peak lr LORA_LR)."""
+    if resume is None:
+        cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
+                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed, window=o.sliding_window)
+        prepared = read_sidecar(o.data)["tokenizer"] if is_token_file(o.data) else None   # a token file's own
+        return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, (tokenizers.DEFAULT,))[0], resolve(o)
+    diffs = _differences(resume.cfg, o)
+    tok_file = ckpt.tokenizer_name(resume.extra, resume.cfg.vocab)
+    if o.tokenizer and o.tokenizer != tok_file:
+        diffs.append(f"{{opt:tokenizer}} {o.tokenizer} (file: {tok_file})")
+    if diffs:
+        raise TrainingStopped(f"{{opt:resume}} {o.resume}: these options contradict the file: "
+                              f"{'; '.join(diffs)}; drop them to continue the saved model", 2)
+    cfg = resume.cfg
+    for k in ("batch", "grad_clip"):
+        if getattr(o, k) is not None:
+            setattr(cfg, k, getattr(o, k))
+    if new_lora:
+        sched = resolve(o)
+        if o.lr is None:
+            sched.lr = LORA_LR
+            sched.min_lr = LORA_LR / 10 if o.min_lr is None else sched.min_lr
+        if sched.kind == "cosine" and sched.min_lr > sched.lr:
+            raise UsageError(f"{{opt:min_lr}} {sched.min_lr:g} is above the peak lr {sched.lr:g}; give a smaller "
+                             "{opt:min_lr}")
+        sched.total = LORA_STEPS          # its own run: the base's planned end is not its end
+        return cfg, tok_file, sched
+    return cfg, tok_file, resolve(o, resume.extra.get("schedule"), cfg.lr)
+
+
+def run_accum(o: TrainOptions, resume: ckpt.Checkpoint | None) -> int:
+    """The option's gradient accumulation, else the resumed run's, else 1; bounded."""
+    accum = o.grad_accum or (resume.extra.get("gradAccum", 1) if resume else 1)
+    if isinstance(accum, bool) or not isinstance(accum, int) or not 1 <= accum <= MAX_GRAD_ACCUM:
+        raise UsageError(f"{{opt:grad_accum}} must be 1 to {MAX_GRAD_ACCUM}, got {accum!r}")
+    return accum
+
+
+def run_precision(o: TrainOptions, resume: ckpt.Checkpoint | None) -> Precision:
+    """The option's precision, else the resumed run's, else fp32."""
+    name = o.precision or (resume.extra.get("precision", "fp32") if resume else "fp32")
+    if name not in PRECISIONS:
+        raise ckpt.CheckpointError(f"{{opt:resume}} {o.resume} records the precision {name!r}, which this tinygpt "
+                                   f"does not know; give {{opt:precision}} {' or '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def run_loss_scale(o: TrainOptions, precision: Precision) -> float:
+    """The first loss scale: the option's (only where the precision has a scaler), else the default."""
+    if o.loss_scale is not None and not precision.loss_scaling:
+        raise UsageError(f"{{opt:loss_scale}} sets the loss scaler of {{opt:precision}} f16; this run trains in "
+                         f"{precision.name}, which has none")
+    return o.loss_scale if o.loss_scale is not None else LOSS_SCALE
+
+
+def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optimizer) -> RunSpec:
+    """The run these options ask for, resolved once: what the memory budget, the model and
+    `tinygpt plan` take as it is."""
+    return RunSpec(cfg, o.attention, accum=accum, precision=precision, loss_scale=run_loss_scale(o, precision),
+                   recompute=o.recompute, lora=lora, optimizer=optimizer)
+
+
+def count(extra: dict, key: str, most: int, label: str, default: int = 0) -> int:
+    v = extra.get(key, default)
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= most:
+        raise ckpt.CheckpointError(f"{label}: its {key} {ckpt.show(v)} is not a count from 0 to {most}")
+    return v
+
+
+def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, lora: bool = False):
+    """(the run's optimizer settings, the resumed file's or None): the option's optimizer, else for
+    a LoRA run optimizers.LORA, else the file's (optimizers.UNRECORDED where it records none), else
+    optimizers.DEFAULT (every optimizer's state fits the file's moment slots: optim_state); the
+    file's settings carry over where the optimizer stays and no option changes them."""
+    held = (optim_state.file_settings(resume, label) or optimizers.make_settings(optimizers.UNRECORDED)) \
+        if resume else None
+    name = o.optimizer or (optimizers.LORA if lora else held.name if held else optimizers.DEFAULT)
+    kind = optimizers.kind(name)
+    same = held is not None and held.kind is kind
+    given = lambda key: getattr(o, key, None)
+    pick = lambda key: given(key) if given(key) is not None else getattr(held, key) if same else None
+    return kind.settings(pick("weight_decay"), **{k: given(k) for k in optimizers.FLAGS if k not in kind.hypers},
+                         **{k: pick(k) for k in kind.hypers}), held
+
+
+def run_settings(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str) -> TrainOptions:
+    """The options with each run setting (options.RUN_SETTINGS) given: the option's, else the
+    resumed run's (as its file kept them), else the default."""
+    saved = resume.extra.get("settings", {}) if resume else {}
+    if not isinstance(saved, dict):
+        raise ckpt.CheckpointError(f"{label}: its settings {ckpt.show(saved)} are not a table")
+    values = {}
+    for key, default in RUN_SETTINGS.items():
+        v = getattr(o, key)
+        if v is None and key in saved:
+            v = saved[key]
+            ok = isinstance(v, bool) if isinstance(default, bool) else \
+                isinstance(v, str) and len(v) <= 10_000 if isinstance(default, str) else \
+                isinstance(v, int) and not isinstance(v, bool) and (1 if key in POSITIVE else 0) <= v <= 1 << 31
+            if not ok:
+                raise ckpt.CheckpointError(f"{label}: its setting {key} {ckpt.show(v)} is not one {{opt:{key}}} takes; "
+                                           f"give {{opt:{key}}} to replace it")
+        values[key] = default if v is None else v
+    return dataclasses.replace(o, **values)
+
+
+def run_budget(o: TrainOptions, kernels: dict):
+    """`tinygpt plan`: the memory budget of the training run these options ask for, before anything
+    is allocated (the resumed file's shape, precision and accumulation, or the preset's), resolved
+    by the same functions as train's -> (gpu, kernel plan, budget, (batch, grad_accum) that fits
+    the same batch where this does not, or (None, None))."""
+    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    o = run_settings(o, resume, f"{{opt:resume}} {o.resume}")
+    held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
+    lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
+        if o.lora is not None else None            # a plan may ask what adapters would take without a base
+    cfg, tokenizer, _ = run_config(o, resume)
+    cfg.vocab = tokenizers.kind(tokenizer).vocab
+    cfg.validate()
+    accum, precision = run_accum(o, resume), run_precision(o, resume)
+    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]
+    gpu = GPU()
+    plan = make_plan(gpu, kernels)
+    spec = run_spec(o, cfg, accum, precision, lora, optimizer)
+    p = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
+    fitting = (None, None)
+    if not p.fits:
+        b = largest_fitting_batch(spec, plan, p.limits, o.sample_tokens)
+        fitting = (b, cfg.batch * accum // b) if b else (None, None)
+    return gpu, plan, p, fitting
