@@ -141,7 +141,7 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
     assert max(map(len, out.splitlines())) < 300 and len(err.strip().splitlines()) == 1 and len(err) < 300
     corpus = tmp_path / "c.txt"
     corpus.write_text("abc " * 50_000)
-    monkeypatch.setattr("tinygpt.train.Model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr("tinygpt.start.Model", lambda *a, **k: pytest.fail("the model was built"))
     rc = main(["train", *args, "--quiet", "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "does not fit" in err and "--batch 64 --grad-accum 4" in err, err

@@ -9,7 +9,7 @@
 
 Nothing here computes on its own: a GPT holds a checkpoint (checkpoint.Checkpoint) and builds, when
 first asked, the layers the CLI runs on: model.gpt.Model for logits and losses, model.decode.Decoder
-for text, train.setup for training. Errors are the CLI's (core.errors.TinyGPTError and its kinds),
+for text, start.setup for training. Errors are the CLI's (core.errors.TinyGPTError and its kinds),
 with the CLI's messages; options are named as the CLI's flags name them.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from .model.gpt import Model
 from .model.spec import RunSpec, decoder_spec
 from .outputs import Outputs
 from .safety import TrainingStopped, run_file, unhealthy
-from .train import hold_schedule, setup
+from .start import hold_schedule, setup
 
 _GPU: list = []
 
@@ -312,7 +312,7 @@ class GPT:
 
 
 class Trainer:
-    """One training run of a GPT, as `tinygpt train` runs it (train.setup: the same model, data,
+    """One training run of a GPT, as `tinygpt train` runs it (start.setup: the same model, data,
     schedule, optimizer and resumed state); the model's weights are handed back to the GPT after
     each run() (and by sync()), so it samples, evaluates and saves what was trained."""
 

@@ -7,6 +7,8 @@ return and decides none of it again.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +29,9 @@ from .model.spec import RunSpec
 from .options import RUN_SETTINGS, TrainOptions
 from .safety import TrainingStopped
 from .schedule import Schedule, resolve
-from .tokenfile import is_token_file, read_sidecar
+from .outputs import Outputs, derived, is_json_lines, is_our_png
+from .runlog import claim_directory
+from .tokenfile import data_files, is_token_file, read_sidecar
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
 LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")
@@ -210,3 +214,34 @@ def run_budget(o: TrainOptions, kernels: dict):
         b = largest_fitting_batch(spec, plan, p.limits, o.sample_tokens)
         fitting = (b, cfg.batch * accum // b) if b else (None, None)
     return gpu, plan, p, fitting
+
+
+@dataclass
+@dataclass
+class TrainOutputs:
+    checkpoint: Path
+    plot: Path
+    log: Path | None
+    best: Path | None = None            # the keep-best option's checkpoint
+    tensorboard: Path | None = None     # the directory of TensorBoard's event files
+
+
+def output_paths(o: TrainOptions) -> TrainOutputs:
+    """Claims the checkpoint, its loss-curve plot, the best checkpoint and the logs before anything
+    is read or run. The checkpoint may be the resumed file (written back); nothing else may be an
+    input. The best checkpoint is claimed where keep-best is given, or may be the resumed run's."""
+    given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
+    out = Path(given)
+    outs = Outputs(o.force, {"data": data_files(o.data), "tokenizer_file": o.tokenizer_file, "resume": o.resume,
+                             "config": o.config})
+    keep_best = o.keep_best or (o.keep_best is None and o.resume)
+    return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
+                        outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
+                        outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None,
+                        outs.claim(best_path(out), "out", "best checkpoint", ckpt.is_tinygpt) if keep_best else None,
+                        claim_directory(o.tensorboard, o.data) if o.tensorboard else None)
+
+
+def best_path(out: Path) -> Path:
+    """Where keep-best keeps the best checkpoint: beside the run's, as OUT.best.tinygpt."""
+    return derived(out, ".best.tinygpt")

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .core.errors import OutputError
+from .outputs import save_png
 
 # row key -> TensorBoard tag; the same names a PyTorch run's logs use, grouped as TensorBoard shows them
 TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "lr": "lr", "grad_norm": "grad_norm",
@@ -114,3 +115,23 @@ class RunLog:
 def _writer(directory: Path):
     from tensorboardX import SummaryWriter
     return SummaryWriter(logdir=str(directory), flush_secs=30)
+
+
+def plot_losses(history, path: Path):
+    pts = [h for h in history if h.get("train") is not None]
+    if not pts:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([h["step"] for h in pts], [h["train"] for h in pts], label="train")
+    val = [h for h in history if h.get("val") is not None]
+    if val:
+        ax.plot([h["step"] for h in val], [h["val"] for h in val], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return save_png(fig, path)

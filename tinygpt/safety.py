@@ -122,7 +122,7 @@ def unhealthy(loss: float, norm: float | None, best: float | None, vocab: int) -
 
 
 def run_file(run, params: dict) -> ckpt.Checkpoint:
-    """The checkpoint of a run (train.Run) as it stands: `params` (read once by the caller), the
+    """The checkpoint of a run (start.Run) as it stands: `params` (read once by the caller), the
     optimizer's state, the step, and what resuming needs to continue bit for bit."""
     model = run.model
     gate = model.gate_state()
@@ -138,7 +138,7 @@ def run_file(run, params: dict) -> ckpt.Checkpoint:
 class Saver:
     """Writes the run's checkpoint to one path, only after the weights pass the health check,
     and remembers which step the file on disk holds (for messages after a refusal). run: the
-    train.Run being trained (its config, model, history, data-sampling state and schedule)."""
+    start.Run being trained (its config, model, history, data-sampling state and schedule)."""
 
     def __init__(self, run, path: Path, stop: StopFlag):
         self.run, self.path, self.stop = run, path, stop

@@ -7,273 +7,33 @@ safety.py's.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from . import lora_files
-from . import checkpoint as ckpt
-from . import optim_state
-from .core.config import TRAIN_DEFAULTS, Config, n_params, param_specs
-from .core.errors import UsageError, word
-from .core.init import init_params
-from .core.lora import merged, trainable_specs
-from .core.precision import Precision
-from .data import Dataset
-from .tokenizers import get_tokenizer
+from .core.config import n_params
+from .core.errors import word
+from .core.lora import trainable_specs
 from .device.gpu import GPU
-from .device.kernels import SCALE_GROWTH
-from .device.planner import make_plan
 from .device.tune import cached_peaks
-from .infer import FINAL_EVAL_WINDOWS, Sampler, bits, data_path_for
-from .model import optimizers
-from .model.attention import path as attention_path
-from .model.budget import device_limits, memory_budget, refusal
+from .infer import FINAL_EVAL_WINDOWS, Sampler, bits
 from .model.gpt import Model
 from .model.profile import format_profile, over_peak, profile_step, with_peaks
-from .options import RUN_SETTINGS, TrainOptions
-from .outputs import Outputs, derived, is_json_lines, is_our_png, same_file, save_png
-from .runlog import RunLog, claim_directory, run_folder
+from .options import TrainOptions
+from .recipe import TrainOutputs, output_paths
+from .runlog import RunLog, plot_losses, run_folder
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
-from .schedule import Deadline, Schedule
-from .tokenfile import data_files, open_dataset
-from .model.twincheck import blame, verify
-from .recipe import count, run_accum, run_config, run_lora, run_optimizer, \
-    run_precision, run_settings, run_spec
-
-
-@dataclass
-class Run:
-    cfg: Config
-    model: Model
-    data: Dataset
-    tokenizer: object
-    rng: np.random.Generator
-    history: list
-    extra: dict
-    schedule: Schedule
-    header: dict = field(default_factory=dict)    # the resumed file's header: upstream's fields kept
-    lora: lora_files.LoraState | None = None      # a LoRA run: its settings, base identity and step
-    frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
-    optimizer: optimizers.Settings = field(default_factory=lambda: optimizers.make_settings(optimizers.UNRECORDED))
-    notes: list = field(default_factory=list)     # what the banner says of the resume (a fresh optimizer state)
-    o: TrainOptions | None = None                 # the options, each run setting given (run_settings)
-
-    def checkpoint(self, params: dict, state: dict, steps: int, step: int, extra: dict) -> ckpt.Checkpoint:
-        """The file of this run: its weights and its optimizer's state (optim_state: in the moment
-        slots of upstream's layout, whatever the optimizer) after `steps` updates; a LoRA
-        run's base in the state (its frozen moments as read), its adapters and their moments in
-        tinygptPy.lora."""
-        opt = self.optimizer
-        extra = dict(extra, optimizer=optim_state.record(opt, steps))
-        m, v = optim_state.slots(opt, state)
-        if not opt.kind.upstream_moments:       # (a LoRA run's optimizer has them: setup refuses others)
-            return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
-        extra["adamSteps"] = int(steps)
-        if self.lora is None:
-            return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
-        names = [n for n, _, _ in param_specs(self.cfg)]
-        fm, fv = self.frozen
-        keep = lambda d, frozen, n: d[n] if n in d else frozen[n] if frozen is not None else np.zeros_like(params[n])
-        adapters = [n for n in params if n not in set(names)]
-        st = lora_files.LoraState(self.lora.lora, {n: params[n] for n in adapters}, {n: m[n] for n in adapters},
-                                  {n: v[n] for n in adapters}, self.lora.base, self.lora.base_step)
-        extra = dict(extra, lora=lora_files.record(st))
-        return ckpt.Checkpoint(self.cfg, {n: params[n] for n in names}, {n: keep(m, fm, n) for n in names},
-                               {n: keep(v, fv, n) for n in names}, step, self.history, extra, self.header)
-
-    def model_params(self, params: dict) -> dict:
-        """What the model computes with: the weights, a LoRA run's with its adapters folded in."""
-        return params if self.lora is None else merged(params, self.cfg, self.lora.lora)
-
-
-@dataclass
-class TrainOutputs:
-    checkpoint: Path
-    plot: Path
-    log: Path | None
-    best: Path | None = None            # the keep-best option's checkpoint
-    tensorboard: Path | None = None     # the directory of TensorBoard's event files
-
-
-def output_paths(o: TrainOptions) -> TrainOutputs:
-    """Claims the checkpoint, its loss-curve plot, the best checkpoint and the logs before anything
-    is read or run. The checkpoint may be the resumed file (written back); nothing else may be an
-    input. The best checkpoint is claimed where keep-best is given, or may be the resumed run's."""
-    given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
-    out = Path(given)
-    outs = Outputs(o.force, {"data": data_files(o.data), "tokenizer_file": o.tokenizer_file, "resume": o.resume,
-                             "config": o.config})
-    keep_best = o.keep_best or (o.keep_best is None and o.resume)
-    return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
-                        outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
-                        outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None,
-                        outs.claim(best_path(out), "out", "best checkpoint", ckpt.is_tinygpt) if keep_best else None,
-                        claim_directory(o.tensorboard, o.data) if o.tensorboard else None)
-
-
-def best_path(out: Path) -> Path:
-    """Where keep-best keeps the best checkpoint: beside the run's, as OUT.best.tinygpt."""
-    return derived(out, ".best.tinygpt")
-
-
-def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, label: str, scale_given: bool,
-             held: optimizers.Settings, notes: list):
-    """The resumed file's weights, optimizer state, step, loss scaler and data-sampling state into
-    the model and rng. Another optimizer than the file's starts its state fresh, and says so."""
-    model.set_params(resume.params)
-    model.step_count = resume.step
-    opt = model.optimizer.s
-    if held.name == opt.name:
-        state, steps, start = optim_state.read(resume, opt, model.specs, label)
-    else:
-        state, steps, start = None, 0, resume.step
-        notes.append(optim_state.fresh_note(held.name, opt, resume.step))
-    model.set_opt_state(state or {}, steps)
-    model.moments_from = start
-    if model.scaled:
-        scale = resume.extra.get("lossScale")
-        if scale is not None and not scale_given:
-            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 2.0 ** -126 <= scale <= 2.0 ** 127:
-                raise ckpt.CheckpointError(f"{label}: its lossScale {ckpt.show(scale)} is not a positive float32")
-            model.set_gate(scale=float(scale), clean=count(resume.extra, "lossScaleClean", SCALE_GROWTH, label))
-        model.set_gate(skipped=count(resume.extra, "skippedSteps", resume.step, label))
-    if "dataRngState" in resume.extra:
-        try:
-            rng.bit_generator.state = resume.extra["dataRngState"]
-        except (TypeError, ValueError, KeyError) as e:
-            raise ckpt.CheckpointError(f"{label}: its data-sampling state is malformed") from e
-
-
-def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None = None,
-          label: str | None = None) -> tuple[Run, int]:
-    """Config, data, model and state for `tinygpt train`; returns the run and its start step.
-    held: the checkpoint to continue, already in memory (the Python API's model; its arrays are
-    not changed), instead of the resume option's file; label names it in errors."""
-    label = label or f"{{opt:resume}} {o.resume}"
-    resume = ckpt.load(o.resume, label) if o.resume and held is None else held
-    if held is not None:            # _start folds a LoRA run's adapters into the file's dicts
-        resume = dataclasses.replace(held, params=dict(held.params), m=held.m and dict(held.m),
-                                     v=held.v and dict(held.v))
-    if resume:
-        lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
-    o = run_settings(o, resume, label)
-    lora, new_lora = run_lora(o, resume, label)
-    if new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
-        raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
-                         "own file with {opt:out}")
-    cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
-    cfg.lr = schedule.lr              # the header's learningRate: the peak
-    tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
-    cfg.vocab = tok.vocab
-    cfg.validate()
-    attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
-    data_path = data_path_for(o.data, resume, label)
-    data = open_dataset(data_path, tok, cfg.ctx)
-    accum = run_accum(o, resume)
-    precision = run_precision(o, resume)
-    optimizer, held = run_optimizer(o, resume, label, lora is not None)
-    if lora and not optimizer.kind.upstream_moments:
-        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with {optimizers.LORA} "
-                         "(their moments are what its file and PEFT's export carry); drop {opt:optimizer}")
-    gpu = gpu or GPU()
-    plan = make_plan(gpu, o.kernels)
-    spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)
-    mem = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
-    if not mem.fits:                              # before anything is allocated: the budget's message
-        raise UsageError(refusal(mem, plan))
-    verify(gpu, plan, spec)                       # every kernel the plan picked, against the reference
-    model = Model(gpu, plan, spec)
-    extra = _extra(o, tok, data_path, accum, precision, resume)
-    rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
-    notes = []
-    frozen, start, history = _start(model, rng, resume, lora, new_lora, label, o.loss_scale is not None, held, notes)
-    header = resume.header if resume else {}
-    if new_lora:        # the base run's own results are not the fine-tune's
-        header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes, o), start
-
-
-def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, resume) -> dict:
-    """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
-    the precision: a bf16 run resumes in fp32 and back."""
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every,
-             "settings": {k: getattr(o, k) for k in RUN_SETTINGS}}
-    if tok.source:
-        extra["tokenizerSource"] = tok.source
-    if resume and isinstance(resume.extra.get("tensorboardRun"), str):
-        extra["tensorboardRun"] = resume.extra["tensorboardRun"]      # its folder of event files (runlog)
-    if resume and isinstance(resume.header.get("corpus"), str) and \
-            ("data" not in resume.extra or resume.extra.get("corpusKept")):
-        extra["corpusKept"] = True    # another writer's corpus (upstream's: the training text) stays
-    return extra
-
-
-def _start(model: Model, rng, resume, lora, new_lora: bool, label: str, scale_given: bool, held, notes: list):
-    """The model's weights and state at the first step -> (the base's moments a LoRA run writes back
-    as the file held them, or None; the start step; the loss history)."""
-    frozen = None
-    if lora:
-        frozen = (resume.m, resume.v)
-        if resume.m is not None:
-            resume.m = {**resume.m, **lora.m}
-            resume.v = {**resume.v, **lora.v}
-        resume.params = {**resume.params, **lora.params}
-    if new_lora:        # a new run on the base: step 0, fresh moments and data sampling, its own history
-        model.set_params(resume.params)
-        return frozen, 0, []
-    if resume:
-        _restore(model, rng, resume, label, scale_given, held, notes)
-        return frozen, resume.step, list(resume.loss_history)
-    model.set_params(init_params(model.cfg))
-    return frozen, 0, []
-
-
-def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
-    """The last step: the steps option, else the resumed run's planned end, else the preset's default;
-    None with minutes (the deadline sets it)."""
-    if o.rewarm and not (o.resume and start > 0):
-        raise UsageError("{opt:rewarm} restarts a resumed run's schedule at its step; a new run warms up anyway: "
-                         "drop {opt:rewarm}")
-    if o.minutes is not None:
-        if o.steps is not None:
-            raise UsageError("give {opt:steps} or {opt:minutes}, not both")
-        return None
-    if o.steps is not None:
-        total = o.steps
-    elif o.resume:
-        total = run.schedule.total
-        if total <= start:
-            raise UsageError(f"the checkpoint is at step {start}, the end of its run; give the new total with "
-                             "{opt:steps}, or a time with {opt:minutes}")
-    else:
-        total = TRAIN_DEFAULTS[o.preset].steps
-    if total <= start:
-        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
-    return total
-
-
-def hold_schedule(o: TrainOptions, run: Run, start: int, total: int | None) -> tuple[int | None, str | None]:
-    """(the step a resumed run's decay stays at, the banner's line for steps past it): a resumed
-    run keeps its schedule's past, its decay held at the planned end unless rewarmed."""
-    sched = run.schedule
-    held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
-    extension = sched.extension(start, total, held)
-    if extension and start >= held and (o.lr is not None or o.warmup is not None):
-        raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
-                         f"step {held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
-                         "{opt:rewarm} to start a new warm-up and decay at this step")
-    return held, extension
+from .schedule import Deadline
+from .start import Run, hold_schedule, planned_total, setup
+from .model.twincheck import blame
 
 
 UNPLANNED = 10 ** 9
+
+
 def clock_text(seconds: float) -> str:
     s = max(0, int(round(seconds)))
     return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{s} s"
@@ -574,24 +334,4 @@ def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
             f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
             f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)\n# kernels: {model.plan.describe()}")
     return head + "\n" + format_profile(rows, summary)
-
-
-def plot_losses(history, path: Path):
-    pts = [h for h in history if h.get("train") is not None]
-    if not pts:
-        return None
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot([h["step"] for h in pts], [h["train"] for h in pts], label="train")
-    val = [h for h in history if h.get("val") is not None]
-    if val:
-        ax.plot([h["step"] for h in val], [h["val"] for h in val], "o-", label="validation")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss (nats/token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    return save_png(fig, path)
 
