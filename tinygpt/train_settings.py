@@ -173,9 +173,9 @@ def _numerics_flags(p):
                    help=f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean "
                         f"steps as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)")
     p.add_argument("--optimizer", choices=list(optimizers.NAMES),
-                   help=f"{optimizers.optimizer_help()}. A new run takes {optimizers.DEFAULT}, a LoRA run "
-                        f"{optimizers.LORA}, a resumed run its own ({optimizers.UNRECORDED} where its file records "
-                        "none); resuming with another starts its state fresh")
+                   help=f"{optimizers.optimizer_help()}; default {optimizers.DEFAULT} for a new run, "
+                        f"{optimizers.LORA} for a LoRA run, a resumed run's own ({optimizers.UNRECORDED} where its "
+                        "file records none); resuming with another starts its state fresh")
     p.add_argument("--weight-decay", type=nonneg_float, metavar="WD",
                    help=f"decoupled weight decay of matrices and embeddings (default {optimizers.WEIGHT_DECAY:g}, "
                         "or the resumed run's)")
