@@ -151,7 +151,8 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=nonneg_int, default=100)
     ap.add_argument("--eval-windows", type=nonneg_int, default=256, help="spread over the validation split; 0 = all")
     ap.add_argument("--trainers", default="webgpu,torch")
-    ap.add_argument("--optimizers", default="adamw", help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)}")
+    ap.add_argument("--optimizers", default="adamw",
+                    help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)}")
     ap.add_argument("--lr", type=positive_float, help="every run's peak learning rate (default: each optimizer's)")
     ap.add_argument("--plot", help="write the two-panel PNG here")
     ap.add_argument("--json", action="store_true")

@@ -136,8 +136,9 @@ def main(argv=None):
                     help="with several precisions: one model each, their steps alternated (see above)")
     ap.add_argument("--lora", type=positive_int, metavar="R", help="also time a LoRA step of rank R (see above)")
     ap.add_argument("--lora-targets", type=lora_targets, default=None, help="q,k,v,o,fc_in,fc_out (default q,k,v,o)")
-    ap.add_argument("--optimizers", default="adamw", help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)} "
-                                                           "(a row each beside AdamW's, over_adamw its ratio)")
+    ap.add_argument("--optimizers", default="adamw",
+                    help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)} (a row each beside AdamW's, "
+                         "over_adamw its ratio)")
     ap.add_argument("--json", action="store_true")
     add_kernels(ap)
     args = ap.parse_args(argv)

@@ -11,7 +11,7 @@ seconds, and f16's loss scale and skipped steps at the end; --plot draws every r
     python scripts/compare_precision.py --presets tiny --steps 10 --json
     python scripts/compare_precision.py --presets small --steps 300 --precisions fp32,bf16,f16 --optimizer muon
 
---optimizer NAME (one of tinygpt's optimizers) trains every run with that optimizer (its default schedule for the preset).
+--optimizer NAME (one of tinygpt's optimizers) trains every run with it (its default schedule for the preset).
 """
 import argparse
 import sys
