@@ -67,5 +67,13 @@ test: adapter engines
 		$(DAWN) $(BIN)/python -m pytest -q $(DAWN_TESTS) $(ARGS); \
 	else echo "== Dawn run skipped: $$($(DAWN) $(BIN)/python -m tinygpt info --brief 2>&1 | grep error: | tail -1) =="; fi
 
+# The inner loop, a few minutes on a 2-core CPU (docs/testing.md): the layering and the reference,
+# every kernel against its twin, the optimizers' steps, the file formats and the online attention,
+# on the preferred adapter only. make test runs all of it and the rest, on every backend.
+FAST := tests/test_layers.py tests/test_reference.py tests/test_kernels.py tests/test_optim.py tests/test_format.py \
+        tests/test_tokenfile.py tests/test_attention.py
+test-fast: adapter
+	$(BIN)/python -m pytest -q -m "not slow" $(FAST) -k "not float64 or online" $(ARGS)
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
