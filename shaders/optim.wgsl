@@ -1,9 +1,11 @@
 // The frame of every elementwise optimizer over the flat parameter buffer: the bindings, the
 // gate's slots and `element`, which finds an invocation's parameters, its gradient (multiplied
 // by the gate's factor: the clip, and the loss scale undone), its block's decay and the updates
-// taken. Each optimizer's own arithmetic is its entry point, which its room writes
-// (tinygpt/model/optimizers/: adamw.py's ADAMW_WGSL, ...), one source for both widths: the
-// launcher (Kernels.elementwise_optimizer) puts in front of it the element type and how many
+// taken, and the entry point that calls `update` on it. Each optimizer's own arithmetic is its
+// `update(i, grad, wd, t)`, which its room writes (tinygpt/model/optimizers/: adamw.py's
+// ADAMW_WGSL, ...), one source for both widths; the entry point takes the optimizer's name
+// ({{NAME}}, so that its twin and its profile rows are named as it is). The launcher
+// (Kernels.elementwise_optimizer) puts in front of the update the element type and how many
 // invocations share a 256-float block:
 //   alias V = f32;       const W = 1u; const WG = 256u;     one float an invocation
 //   alias V = vec4<f32>; const W = 4u; const WG = 64u;      a vec4 (the flat buffers hold
@@ -40,4 +42,11 @@ fn element(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> Element {
   let wd = wd_table[p.first + blk];
   if (i >= p.n / W || wd < 0.0 || gate[SKIP] != 0.0) { return Element(i, V(0.0), wd, 0.0, false); }
   return Element(i, g[i] * gate[FACTOR], wd, gate[TAKEN], true);
+}
+
+@compute @workgroup_size(WG)
+fn {{NAME}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_id) lid: vec3<u32>) {
+  let e = element(wid, nwg, lid);
+  if (e.ok) { update(e.i, e.grad, e.wd, e.t); }
 }

@@ -536,9 +536,11 @@ def _split_enables(text: str) -> tuple:
 
 class Fill(NamedTuple):
     """WGSL text that completes a template as products_<it>.wgsl does (with_prelude), from
-    outside shaders/: `shown` names it in compile errors, and it keys the pipeline."""
+    outside shaders/: `shown` names it in compile errors, and it keys the pipeline. names: the
+    template's {{KEY}} placeholders and what each becomes (an entry point's name), one line each."""
     shown: str
     text: str
+    names: tuple = ()
 
 
 def with_prelude(src: str, shown: str, products: str | None = None):
@@ -549,6 +551,8 @@ def with_prelude(src: str, shown: str, products: str | None = None):
     text from elsewhere (an optimizer's room) that completes the template the same way."""
     if shown.endswith((PRELUDE, PRELUDE_F16)):
         return src, lambda n: (shown, n)
+    for key, value in products.names if isinstance(products, Fill) else ():
+        src = src.replace("{{" + key + "}}", value)
     head, body = _split_enables(src)
     fill_head, fill = [], []
     if products:

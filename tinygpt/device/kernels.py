@@ -452,15 +452,16 @@ class Kernels:
     # ---- the optimizers (optim.wgsl completed by each one's room, muon.wgsl) ---------------------------
     def elementwise_optimizer(self, entry, wgsl, g, wd_table, gate, w, m, v, n, step_uniform,
                               variant=None) -> Dispatch:
-        """An elementwise optimizer's step: optim.wgsl's frame completed by its room's WGSL, whose
-        entry point `entry` is its arithmetic; vec4 where n is a multiple of 4 and the plan reads
+        """An elementwise optimizer's step: optim.wgsl's frame, its entry point named `entry`,
+        completed by its room's WGSL, the `update` of one element; vec4 where n is a multiple of 4 and the plan reads
         vec4. v: None for an optimizer with one state row. step_uniform: optim_uniform(...) in a
         uniform buffer, rewritten each step; wd_table bound whole, the chunk's first block in the
         uniform; the step count from the gate."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
         width = "alias V = vec4<f32>;\nconst W = 4u;\nconst WG = 64u;\n" if variant == "vec4" else \
             "alias V = f32;\nconst W = 1u;\nconst WG = 256u;\n"
-        k = self.gpu.kernel("optim.wgsl", entry, "urrrwww", products=Fill(f"{entry} (its room's WGSL)", width + wgsl))
+        k = self.gpu.kernel("optim.wgsl", entry, "urrrwww",
+                            products=Fill(f"{entry} (its room's WGSL)", width + wgsl, (("NAME", entry),)))
         return self.gpu.dispatch_with(k, step_uniform, [g, wd_table, gate, w, m, v], grid1d(-(-n // 256)))
 
     def muon_momentum(self, g, gate, m, u, n, beta, nesterov=True) -> Dispatch:

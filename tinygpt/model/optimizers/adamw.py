@@ -11,20 +11,15 @@ from .base import ElementwiseOptimizer, Hyper, frame
 
 # p.k0 = beta1, p.k1 = beta2, p.k2 = eps (AdamW.constants)
 ADAMW_WGSL = """
-@compute @workgroup_size(WG)
-fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-         @builtin(local_invocation_id) lid: vec3<u32>) {
-  let e = element(wid, nwg, lid);
-  if (!e.ok) { return; }
-  let i = e.i;
-  let mi = p.k0 * m[i] + (1.0 - p.k0) * e.grad;
-  let vi = p.k1 * v[i] + (1.0 - p.k1) * e.grad * e.grad;
+fn update(i: u32, grad: V, wd: f32, t: f32) {
+  let mi = p.k0 * m[i] + (1.0 - p.k0) * grad;
+  let vi = p.k1 * v[i] + (1.0 - p.k1) * grad * grad;
   m[i] = mi;
   v[i] = vi;
-  let mhat = mi / (1.0 - pow(p.k0, e.t));
-  let vhat = vi / (1.0 - pow(p.k1, e.t));
+  let mhat = mi / (1.0 - pow(p.k0, t));
+  let vhat = vi / (1.0 - pow(p.k1, t));
   let wi = w[i];
-  w[i] = wi - p.lr * (mhat / (sqrt(vhat) + p.k2) + e.wd * wi);
+  w[i] = wi - p.lr * (mhat / (sqrt(vhat) + p.k2) + wd * wi);
 }
 """
 

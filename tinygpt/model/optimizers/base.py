@@ -7,9 +7,10 @@ its state's rows and what the .tinygpt file's two moment slots keep of them, its
 imports the reference), and its device side: its rows in the buffer table, its dispatches and
 its uniforms. The registry (__init__) names each once; nothing else compares an optimizer's name.
 
-An elementwise optimizer (ElementwiseOptimizer) is one WGSL entry point written in its room,
-which completes shaders/optim.wgsl's frame, and its NumPy twin of the same name in the same
-module: adding one touches its module and the registry's line.
+An elementwise optimizer (ElementwiseOptimizer) is its arithmetic on one element, a WGSL
+`update` written in its room that completes shaders/optim.wgsl's frame (whose entry point takes
+the optimizer's name), and its NumPy twin of that name in the same module: adding one touches
+its module and the registry's two lines.
 """
 from __future__ import annotations
 
@@ -198,9 +199,10 @@ class Optimizer:
 
 
 class ElementwiseOptimizer(Optimizer):
-    """One dispatch a chunk of the flat buffers: `wgsl`, its room's entry point named `name` that
-    completes optim.wgsl (its arithmetic on one element, found by the frame's `element`), and
-    the twin of the same name and argument order in the room's module (`twin`)."""
+    """One dispatch a chunk of the flat buffers: `wgsl`, its room's `update(i, grad, wd, t)` of
+    one element (the frame's `element` finds it), which completes optim.wgsl, whose entry point
+    is named `name`; and the entry point's twin of that name and argument order in the room's
+    module (`twin`)."""
     wgsl = ""
 
     @staticmethod

@@ -10,16 +10,11 @@ from .base import ElementwiseOptimizer, Hyper, frame
 
 # p.k0 = beta1 (the interpolation), p.k1 = beta2 (the moment's decay)
 LION_WGSL = """
-@compute @workgroup_size(WG)
-fn lion(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-        @builtin(local_invocation_id) lid: vec3<u32>) {
-  let e = element(wid, nwg, lid);
-  if (!e.ok) { return; }
-  let i = e.i;
+fn update(i: u32, grad: V, wd: f32, t: f32) {
   let mi = m[i];
   let wi = w[i];
-  w[i] = wi - p.lr * (sign(p.k0 * mi + (1.0 - p.k0) * e.grad) + e.wd * wi);
-  m[i] = p.k1 * mi + (1.0 - p.k1) * e.grad;
+  w[i] = wi - p.lr * (sign(p.k0 * mi + (1.0 - p.k0) * grad) + wd * wi);
+  m[i] = p.k1 * mi + (1.0 - p.k1) * grad;
 }
 """
 

@@ -11,16 +11,11 @@ from .base import ElementwiseOptimizer, Hyper, frame
 
 # p.k0 = mu (the momentum)
 SGD_WGSL = """
-@compute @workgroup_size(WG)
-fn sgd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-       @builtin(local_invocation_id) lid: vec3<u32>) {
-  let e = element(wid, nwg, lid);
-  if (!e.ok) { return; }
-  let i = e.i;
-  let mi = p.k0 * m[i] + (1.0 - p.k0) * e.grad;
+fn update(i: u32, grad: V, wd: f32, t: f32) {
+  let mi = p.k0 * m[i] + (1.0 - p.k0) * grad;
   m[i] = mi;
   let wi = w[i];
-  w[i] = wi - p.lr * (mi + e.wd * wi);
+  w[i] = wi - p.lr * (mi + wd * wi);
 }
 """
 
