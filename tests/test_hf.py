@@ -221,6 +221,42 @@ def test_transformers_pipeline_on_the_export_is_tinygpt_sample(tmp_path, tokeniz
     assert got == want and len(got) > len(prompt)
 
 
+@pytest.mark.parametrize("tokenizer", ["byte", "gpt2"])
+def test_transformers_generates_a_padded_batch_within_the_context(tmp_path, tokenizer):
+    """Issue 47: the export's tokenizer has a pad token (byte 0; GPT-2's end of text), on the left,
+    so a padded batch of prompts generates with transformers as each prompt alone does; and
+    max_new_tokens within the context runs. Past the context GPT-2 has no positions: the export's
+    generation_config stops there (max_length), and docs/usage.md says what a longer ask does."""
+    torch = pytest.importorskip("torch", reason="transformers' generate runs on PyTorch")
+    transformers = pytest.importorskip("transformers", reason="pip install transformers to run this check")
+    more = []
+    if tokenizer == "gpt2":
+        if not R50K.exists():
+            pytest.skip("no r50k_base.tiktoken beside the checkout (the gpt2 tokenizer's file)")
+        more = ["--tokenizer-file", str(R50K)]
+    m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
+    cfg = preset("tiny", layers=2, d_model=16, heads=2, ctx=24, vocab=50257 if tokenizer == "gpt2" else 256)
+    r = np.random.default_rng(5)
+    p = {k: (v + r.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in init_params(cfg).items()}
+    ckpt.save(m, ckpt.Checkpoint(cfg, p, None, None, 0, [], {"tokenizer": tokenizer}))
+    assert main(["export", "--model", str(m), "--format", "hf", str(d), *more]) == 0
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(d)
+    assert tok.pad_token is not None and tok.padding_side == "left"
+    prompts = ["ab", "a longer prompt"]
+    batch = tok(prompts, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        together = lm.generate(**batch, max_new_tokens=5)[:, batch["input_ids"].shape[1]:]
+        alone = [lm.generate(**tok([p], return_tensors="pt"), max_new_tokens=5)[0, -5:] for p in prompts]
+    print(f"{tokenizer}: batched {together.tolist()}, alone {[a.tolist() for a in alone]}")
+    assert all(torch.equal(together[i], alone[i]) for i in range(len(prompts)))
+    ids = tok(["ab"], return_tensors="pt")
+    with torch.no_grad():       # to the context's last position, asked as max_new_tokens
+        assert lm.generate(**ids, max_new_tokens=24 - ids["input_ids"].shape[1]).shape[1] == 24
+    out = transformers.pipeline("text-generation", model=str(d))("ab", max_new_tokens=10)
+    assert out[0]["generated_text"].startswith("ab")
+
+
 def test_import_reads_the_exports_tokenizer(tmp_path, capsys):
     export_hf(model(), tmp_path / "hf")
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())

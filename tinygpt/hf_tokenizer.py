@@ -24,7 +24,10 @@ MAX_TOKENIZER_BYTES = 64 << 20       # GPT-2's tokenizer.json is 1.4 MB, its voc
 def tokenizer_files(tokenizer, cfg: Config) -> dict[str, bytes]:
     """The files beside config.json that make the directory a whole text model: the tokenizer's
     own (its hf_files) with their tokenizer_config.json, and generation_config.json."""
-    common = {"model_max_length": cfg.ctx, "clean_up_tokenization_spaces": False, "tinygpt_writer": WRITER}
+    # padding on the left: a batch of prompts generates from each one's last token (a decoder-only
+    # model continues the end of its input)
+    common = {"model_max_length": cfg.ctx, "clean_up_tokenization_spaces": False, "padding_side": "left",
+              "tinygpt_writer": WRITER}
     config, files = tokenizer.hf_files(common)
     files["tokenizer_config.json"] = json.dumps(config, indent=2).encode()
     files["generation_config.json"] = json.dumps(generation_config(tokenizer, cfg), indent=2).encode()
@@ -36,7 +39,7 @@ def generation_config(tokenizer, cfg: Config) -> dict:
     temperature 0 (greedy), up to the context (GPT-2 has no positions past it)."""
     eos = tokenizer.eos_id
     return {"do_sample": False, "max_length": cfg.ctx, "bos_token_id": eos, "eos_token_id": eos,
-            "pad_token_id": eos if eos is not None else 0}
+            "pad_token_id": tokenizer.pad_id}
 
 
 def read_tokenizer(d: Path, vocab: int) -> str | None:

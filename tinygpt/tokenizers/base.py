@@ -39,6 +39,7 @@ class Tokenizer:
     sources: tuple = ()             # the tokenizerSource values an upstream file names it by
     token_is_byte = False           # a loss per token is a loss per byte: bits per byte are shown
     eos_id: int | None = None       # end of text, which Hugging Face's generate stops at
+    pad_id = 0                      # what pads a batch in Hugging Face's tokenizer (masked out)
 
     @classmethod
     def load(cls, tokenizer_file: str | None = None) -> Tokenizer:

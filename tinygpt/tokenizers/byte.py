@@ -41,5 +41,6 @@ class ByteTokenizer(Tokenizer):
             yield np.frombuffer(raw, np.uint8)
 
     def hf_files(self, common):
-        return (dict(common, tokenizer_class="PreTrainedTokenizerFast"),
+        # byte 0 pads a batch (the attention mask hides it): generation_config's pad_token_id 0
+        return (dict(common, tokenizer_class="PreTrainedTokenizerFast", pad_token=byte_alphabet()[0]),
                 {"tokenizer.json": json.dumps(byte_tokenizer_json(), ensure_ascii=False).encode()})

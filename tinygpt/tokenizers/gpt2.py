@@ -74,7 +74,7 @@ class GPT2Tokenizer(Tokenizer):
     vocab = GPT2_VOCAB
     source = "r50k_base"
     sources = ("r50k_base", "gpt2", "openai-community/gpt2")
-    eos_id = 50256
+    eos_id = pad_id = 50256
 
     def __init__(self, enc, source: str = "r50k_base"):
         self.enc, self.source = enc, source
@@ -155,7 +155,7 @@ class GPT2Tokenizer(Tokenizer):
         vocab, merges = gpt2_vocab_merges(self.enc._mergeable_ranks)
         vocab[EOT] = self.eos_id
         config = dict(common, tokenizer_class="GPT2Tokenizer", add_prefix_space=False, bos_token=EOT, eos_token=EOT,
-                      unk_token=EOT)
+                      unk_token=EOT, pad_token=EOT)        # GPT-2 has no pad token: its end of text pads, masked
         return config, {"vocab.json": json.dumps(vocab, ensure_ascii=False).encode(),
                         "merges.txt": ("#version: 0.2\n" + "\n".join(merges) + "\n").encode()}
 
