@@ -257,6 +257,32 @@ def test_transformers_generates_a_padded_batch_within_the_context(tmp_path, toke
     assert out[0]["generated_text"].startswith("ab")
 
 
+def test_an_export_leaves_no_file_of_an_earlier_export(tmp_path, capsys):
+    """Issue 47: exporting into a directory that holds an earlier export (ours) of another format
+    or tokenizer removes that export's files once the new one is whole: a stale
+    adapter_config.json makes transformers load PEFT adapters, a stale vocab.json is another
+    tokenizer. A file of that name that is not ours is refused, as any output is."""
+    from safetensors.numpy import save
+    from tinygpt.outputs import WRITER
+    m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
+    ckpt.save(m, model())
+    assert main(["export", "--model", str(m), "--format", "hf", str(d)]) == 0
+    earlier = {"vocab.json": b"{}", "merges.txt": b"#version: 0.2\n", "adapter_config.json": b"{}",
+               "adapter_model.safetensors": save({"x": np.zeros(2, np.float32)}, metadata={"writer": WRITER})}
+    for name, data in earlier.items():          # what an earlier gpt2 export and a peft export leave
+        (d / name).write_bytes(data)
+    assert main(["export", "--model", str(m), "--format", "hf", str(d)]) == 0
+    names = sorted(p.name for p in d.iterdir())
+    print(names)
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    (d / "adapter_config.json").write_text("{}")       # the user's own, with no adapters of ours beside it
+    capsys.readouterr()
+    assert main(["export", "--model", str(m), "--format", "hf", str(d)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "adapter_config.json" in err[0] and (d / "adapter_config.json").exists()
+
+
 def test_import_reads_the_exports_tokenizer(tmp_path, capsys):
     export_hf(model(), tmp_path / "hf")
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())

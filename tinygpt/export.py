@@ -37,16 +37,19 @@ def export(o: ExportOptions) -> None:
             raise UsageError(f"{d} exists and is not a directory; {{opt:format}} {fmt} writes a directory: "
                              "choose another name")
         ours_beside = lambda p: is_our_json(Path(p).with_name("tokenizer_config.json"))
-        files = {"hf": [("config.json", "Hugging Face config", is_our_json),
+        formats = {"hf": [("config.json", "Hugging Face config", is_our_json),
                         ("model.safetensors", "safetensors file", is_our_safetensors),
                         ("tokenizer_config.json", "tokenizer config", is_our_json),
                         ("generation_config.json", "generation config", ours_beside),
                         ("tokenizer.json", "tokenizer", ours_beside), ("vocab.json", "GPT-2 vocabulary", ours_beside),
                         ("merges.txt", "GPT-2 merges", ours_beside)],
                  "peft": [("adapter_config.json", "PEFT adapter config", is_our_peft_config),
-                          ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}[fmt]
-        for name, label, ours in files:
-            outs.claim(d / name, "out", label, ours)
+                          ("adapter_model.safetensors", "safetensors file", is_our_safetensors)]}
+        # every file either export writes: those this one does not write are an earlier export's,
+        # removed once this one is whole (a stale adapter_config.json makes transformers load PEFT
+        # adapters; GPT-2's vocab.json beside a byte tokenizer.json, another tokenizer)
+        claimed = [name for rows in formats.values() for name, label, ours in rows
+                   if outs.claim(d / name, "out", label, ours)]
     try:
         ck = ckpt.load(model, what)
         held = lora_files.read(ck, what)
@@ -65,10 +68,17 @@ def export(o: ExportOptions) -> None:
         elif fmt == "tinygpt":           # float32 with (zero, for a merged model) moments
             ckpt.save(out, ck)
         elif fmt == "peft":
-            lora_files.export_peft(ck, out, what)
+            _remove_stale(d, claimed, lora_files.export_peft(ck, out, what))
         else:
-            export_hf(ck, out, what, o.tokenizer_file)
+            _remove_stale(d, claimed, export_hf(ck, out, what, o.tokenizer_file))
     except (OSError, TinyGPTError):
         if made and d.is_dir() and not any(d.iterdir()):
             d.rmdir()
         raise
+
+
+def _remove_stale(d: Path, claimed: list, written) -> None:
+    """The claimed files of an earlier export (ours: the claim checked) that this one did not write."""
+    for name in claimed:
+        if name not in written and (d / name).is_file():
+            (d / name).unlink()

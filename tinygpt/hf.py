@@ -59,9 +59,10 @@ def check_gpt2(cfg: Config, what: str = "the model"):
                               "Hugging Face's GPT-2 does not compute; export it as tinygpt or safetensors instead")
 
 
-def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: str | None = None):
+def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: str | None = None) -> list:
     """A GPT2LMHeadModel directory: config.json, model.safetensors, the tokenizer's files and
-    generation_config.json (hf_tokenizer), which transformers' pipelines use as they are."""
+    generation_config.json (hf_tokenizer), which transformers' pipelines use as they are.
+    Returns the names of the files written."""
     check_gpt2(ck.cfg, what)
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
@@ -69,7 +70,9 @@ def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: 
     name = tokenizer_name(ck.extra, ck.cfg.vocab)
     files = tokenizer_files(get_tokenizer(name, tokenizer_file), ck.cfg)
     d.parent.mkdir(parents=True, exist_ok=True)
-    write_directory(d, {**files, **model_files(ck)})      # config.json last: it names the rest
+    files = {**files, **model_files(ck)}
+    write_directory(d, files)      # config.json last: it names the rest
+    return sorted(files)
 
 
 def model_files(ck: Checkpoint) -> dict:

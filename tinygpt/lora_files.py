@@ -147,9 +147,9 @@ def peft_tensors(cfg: Config, lora: LoRA, adapters: dict) -> tuple[dict, dict, d
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}, ranks, alphas
 
 
-def export_peft(ck: Checkpoint, out_dir, what: str):
+def export_peft(ck: Checkpoint, out_dir, what: str) -> list:
     """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the GPT-2
-    model the export's hf format writes of the same file."""
+    model the export's hf format writes of the same file; returns the names written."""
     from safetensors.numpy import save
     check_gpt2(ck.cfg, what)
     st = read(ck, what)
@@ -163,8 +163,10 @@ def export_peft(ck: Checkpoint, out_dir, what: str):
     config = peft_config(st.lora, ranks, alphas)
     meta = {"format": "pt", "writer": WRITER, "tinygpt_base_sha256": st.base,
             "tinygpt_lora": json.dumps(st.lora.as_dict())}
-    write_directory(Path(out_dir), {"adapter_model.safetensors": save(tensors, metadata=meta),
-                                    "adapter_config.json": (json.dumps(config, indent=2) + "\n").encode()})
+    files = {"adapter_model.safetensors": save(tensors, metadata=meta),
+             "adapter_config.json": (json.dumps(config, indent=2) + "\n").encode()}
+    write_directory(Path(out_dir), files)
+    return sorted(files)
 
 
 def peft_config(lora: LoRA, ranks: dict, alphas: dict) -> dict:
