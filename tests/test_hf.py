@@ -283,6 +283,18 @@ def test_an_export_leaves_no_file_of_an_earlier_export(tmp_path, capsys):
     assert len(err) == 1 and "adapter_config.json" in err[0] and (d / "adapter_config.json").exists()
 
 
+def test_import_never_writes_over_a_file_it_reads(tmp_path, capsys):
+    """Issue 47: import-hf's output may be none of the files it reads, the tokenizer's among them."""
+    d = tmp_path / "hf"
+    export_hf(model(), d)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        before = (d / name).read_bytes()
+        assert main(["import-hf", str(d), "--out", str(d / name), "--force"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        print(err[-1])
+        assert len(err) == 1 and name in err[0] and (d / name).read_bytes() == before
+
+
 def test_import_reads_the_exports_tokenizer(tmp_path, capsys):
     export_hf(model(), tmp_path / "hf")
     names = sorted(p.name for p in (tmp_path / "hf").iterdir())

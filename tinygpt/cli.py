@@ -137,8 +137,8 @@ def _prepare(args) -> int:
 
 def cmd_import_hf(args) -> int:
     d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
-    inputs = {"directory": d, "directory's config.json": d / "config.json",
-              "directory's model.safetensors": d / "model.safetensors"}
+    inputs = {"directory": d, **{f"directory's {name}": d / name      # hf.import_hf's and read_tokenizer's
+                                 for name in ("config.json", "model.safetensors", "vocab.json", "tokenizer.json")}}
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet)
     with writes_shown(not args.quiet):
