@@ -513,3 +513,18 @@ def test_eval_of_an_exploded_model_prints_what_it_can(tmp_path, corpus, saved, c
     assert main(["eval", "--model", str(p), "--data", str(corpus), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["perplexity"] is None and r["loss"] > 700 and np.isfinite(r["loss"])
+
+
+def test_a_runs_outputs_are_distinct_from_each_other(tmp_path, corpus):
+    """Issue 47: the checkpoint, its plot, the log, the best checkpoint and the TensorBoard directory
+    are claimed before the first step and none may be another: each pair that collides is refused
+    in one line, and nothing is made (the TensorBoard directory took the checkpoint's name before)."""
+    out = tmp_path / "a.tinygpt"
+    for extra, needle in ((["--log", tmp_path / "a.loss.png"], "loss-curve plot"),
+                          (["--keep-best", "--log", tmp_path / "a.best.tinygpt"], "log is written there"),
+                          (["--tensorboard", out], "checkpoint is written there"),
+                          (["--tensorboard", tmp_path / "a.loss.png"], "loss-curve plot is written there")):
+        rc, err = in_process("train", *TINY, "--data", corpus, "--steps", 1, "--eval-every", 0, "--out", out, *extra)
+        print(err[-1])
+        one_line_error(rc, err, needle)
+        assert not out.exists() and not (tmp_path / "a.loss.png").exists()

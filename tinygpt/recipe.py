@@ -239,7 +239,7 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
                         outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),
                         outs.claim(o.log, "log", "log", is_json_lines, append=True) if o.log else None,
                         outs.claim(best_path(out), "out", "best checkpoint", ckpt.is_tinygpt) if keep_best else None,
-                        claim_directory(o.tensorboard, o.data) if o.tensorboard else None)
+                        claim_directory(o.tensorboard, o.data, outs.claimed) if o.tensorboard else None)
 
 
 def best_path(out: Path) -> Path:

@@ -26,12 +26,16 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def claim_directory(path, data=None) -> Path:
+def claim_directory(path, data=None, claimed=()) -> Path:
     """The tensorboard option's directory: made if missing; an existing file is refused. TensorBoard's writer
     adds a file of its own name to it and never replaces one, so nothing there is lost. data: the
     run's data option; a directory of text there is read whole, at any depth, so the event files may
-    not go inside it (the next run would read them as its text)."""
+    not go inside it (the next run would read them as its text). claimed: the run's other outputs
+    ({resolved path: what}), which it may not be (a directory made there would take its name)."""
     p = Path(path)
+    if p.resolve() in claimed:
+        raise OutputError(f"{{opt:tensorboard}} {p}: the {claimed[p.resolve()]} is written there; give another "
+                          "directory for TensorBoard's event files")
     if data is not None and Path(data).is_dir():
         d, q = Path(data).resolve(), p.resolve()
         if q == d or d in q.parents:
