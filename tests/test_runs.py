@@ -207,3 +207,31 @@ def test_no_output_lands_on_or_in_an_input(tmp_path, corpus, capsys):
     assert cfg.read_text() == 'preset = "tiny"\nsteps = 1\n' and not (texts / "tb").exists()
     with pytest.raises(Exception, match="not a setting of tinygpt train"):
         train_options({"config": str(cfg)}, "train")          # the API cannot name a file it would not read
+
+
+def test_keep_best_compares_like_with_like(tmp_path, corpus, capsys):
+    """Issue 47: keep-best compares a step's loss over the evaluation windows with the best file's
+    loss over as many windows (its keepBest record), never with the end's whole-split loss in the
+    history: a resumed run whose file's last point is a low whole-split loss still keeps a better
+    estimate; and over another number of windows the first evaluation starts the record again."""
+    out, best = tmp_path / "m.tinygpt", tmp_path / "m.best.tinygpt"
+    common = ["--data", str(corpus), "--eval-every", "2", "--eval-windows", "4", "--sample-tokens", "0", "--quiet"]
+    assert main(["train", *TINY, "--steps", "4", "--out", str(out), "--keep-best", *common]) == 0
+    ck = ckpt.load(out)
+    rec = ck.extra["keepBest"]
+    print("keepBest after the first run:", rec)
+    assert rec["windows"] == 4 and rec["step"] == ckpt.load(best).step and rec["val"] > 0
+    ck.loss_history[-1]["val"] = 0.01               # as if the end's whole-split loss were far below
+    ck.extra["keepBest"] = dict(rec, val=99.0)      # and the best file's own estimate far above
+    ckpt.save(out, ck)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "6", *common]) == 0
+    said = capsys.readouterr().out
+    print(said.splitlines()[-1])
+    assert "best checkpoint" in said and "(step 6, val" in said and ckpt.load(best).step == 6
+    ck = ckpt.load(out)
+    ck.extra["keepBest"] = dict(ck.extra["keepBest"], val=0.01)        # unbeatable, but over 4 windows
+    ckpt.save(out, ck)
+    assert main(["train", "--resume", str(out), "--steps", "8", *common[:4], "--eval-windows", "3",
+                 "--sample-tokens", "0", "--quiet"]) == 0
+    assert ckpt.load(best).step == 8 and ckpt.load(out).extra["keepBest"]["windows"] == 3

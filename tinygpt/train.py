@@ -56,9 +56,13 @@ class Loop:
             self.tb_run = run_folder(outs.tensorboard, run.extra.get("tensorboardRun"), outs.checkpoint.stem)
             run.extra["tensorboardRun"] = self.tb_run.name
         self.log = RunLog(self.side, outs.log, self.tb_run, resumed_from=start or None)
-        # keep-best: the lowest validation loss of the run so far, the resumed run's past included
-        vals = [h["val"] for h in run.history if isinstance(h.get("val"), (int, float))]
-        self.best_val = min(vals) if vals and outs.best and outs.best.exists() else None
+        # keep-best: the lowest validation loss of the run so far, the resumed run's past included,
+        # like with like: the best file's loss over the same windows (its record, keepBest), never
+        # the end's whole-split loss nor an estimate over another number of windows
+        held = run.extra.get("keepBest")
+        same = isinstance(held, dict) and held.get("windows") == o.eval_windows \
+            and isinstance(held.get("val"), (int, float)) and not isinstance(held.get("val"), bool)
+        self.best_val = float(held["val"]) if same and outs.best and outs.best.exists() else None
         self.best_step = None
         self.val = run.data.val_windows(o.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
@@ -197,9 +201,12 @@ class Loop:
     def _save_best(self, done: int, val: float):
         """keep-best: this step's weights, whose validation loss is the run's lowest yet."""
         params = self.saver.checked_params(self.x, self.y, self.lr, done)
+        before = self.run.extra.get("keepBest")     # the record goes in the best file and in the run's
+        self.run.extra["keepBest"] = {"val": val, "windows": self.o.eval_windows, "step": done}
         try:
             self.saver.save(params, self.outs.best)
         except OSError as e:      # the run's own checkpoint is what matters: warn, go on
+            self.run.extra.pop("keepBest") if before is None else self.run.extra.update(keepBest=before)
             print(f"\nwarning: could not save the best checkpoint {self.outs.best} at step {done} "
                   f"({e.strerror or e}); training goes on", file=self.err)
             return
