@@ -31,6 +31,15 @@ def model(vocab=256, seed=0):
     return ckpt.Checkpoint(cfg, p, None, None, 7, [], extra)
 
 
+def tokenizer_flags(tokenizer: str) -> list:
+    """The export's flags for a model of this tokenizer: gpt2's needs r50k_base's file (skipped without)."""
+    if tokenizer != "gpt2":
+        return []
+    if not R50K.exists():
+        pytest.skip("no r50k_base.tiktoken beside the checkout (the gpt2 tokenizer's file)")
+    return ["--tokenizer-file", str(R50K)]
+
+
 def model_tanh():
     ck = model()
     ck.cfg.activation = "gelu_tanh"
@@ -195,11 +204,7 @@ def test_transformers_pipeline_on_the_export_is_tinygpt_sample(tmp_path, tokeniz
     `tinygpt sample --temperature 0`, to the context's end. A random model: its greedy tokens vary."""
     pytest.importorskip("torch", reason="transformers' pipeline runs on PyTorch (pip install -e '.[torch]')")
     transformers = pytest.importorskip("transformers", reason="pip install transformers to run this check")
-    more = []
-    if tokenizer == "gpt2":
-        if not R50K.exists():
-            pytest.skip("no r50k_base.tiktoken beside the checkout (the gpt2 tokenizer's file)")
-        more = ["--tokenizer-file", str(R50K)]
+    more = tokenizer_flags(tokenizer)
     import tinygpt
     m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
     cfg = preset("tiny", layers=1, ctx=48, vocab=50257 if tokenizer == "gpt2" else 256)
@@ -229,11 +234,7 @@ def test_transformers_generates_a_padded_batch_within_the_context(tmp_path, toke
     generation_config stops there (max_length), and docs/usage.md says what a longer ask does."""
     torch = pytest.importorskip("torch", reason="transformers' generate runs on PyTorch")
     transformers = pytest.importorskip("transformers", reason="pip install transformers to run this check")
-    more = []
-    if tokenizer == "gpt2":
-        if not R50K.exists():
-            pytest.skip("no r50k_base.tiktoken beside the checkout (the gpt2 tokenizer's file)")
-        more = ["--tokenizer-file", str(R50K)]
+    more = tokenizer_flags(tokenizer)
     m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
     cfg = preset("tiny", layers=2, d_model=16, heads=2, ctx=24, vocab=50257 if tokenizer == "gpt2" else 256)
     r = np.random.default_rng(5)
