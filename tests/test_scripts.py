@@ -190,7 +190,11 @@ def test_train_profile_table_and_json(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(l) for l in r.stdout.splitlines() if l.strip()]
     step, rows = rows[-1], rows[:-1]
-    assert step["kernel"] == "step" and 0 < step["mfu"] < 1 and step["peak_gflops"] == entry["peaks"]["gflops"]
+    # the cached peaks are the second run's; a profile that finds a kernel above them measures them
+    # again and keeps the higher (device/tune.cached_peaks): they never go down, noise only reads low
+    (again,) = json.loads((tmp_path / "tuning.json").read_text()).values()
+    assert step["kernel"] == "step" and 0 < step["mfu"] < 1 and step["peak_gflops"] == again["peaks"]["gflops"]
+    assert again["peaks"]["gflops"] >= entry["peaks"]["gflops"] and again["peaks"]["gbps"] >= entry["peaks"]["gbps"]
     for row in rows:
         assert {"kernel", "calls", "ms", "gflops", "gbps", "pct_peak"} <= set(row)
         assert row["ms"] > 0 and row["gbps"] > 0 and row["pct_peak"] > 0
