@@ -395,7 +395,7 @@ def test_grad_accum_matches_the_whole_batch(gpu, plan):
                                                   # GPT-2's vocabulary: its 12.9 MB embedding still fits
                                                   # one binding, the 13.3 MB flat buffers do not
                                                   (50257, 64, 13_000_000)])
-@pytest.mark.parametrize("opt", ["adamw", "muon"])
+@pytest.mark.parametrize("opt", ["adamw", "muon", "sgd"])     # sgd: one state row, its v binding a dummy
 def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monkeypatch, vocab, width, limit, opt):
     """The optimizer (and the accumulation) bound a chunk at a time: the same losses, weights and
     optimizer state as one dispatch over the whole flat buffers, bit for bit; Muon's matrices bound
