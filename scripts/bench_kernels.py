@@ -3,11 +3,10 @@
 at one preset's shapes: GPU ms, max error against the entry point's NumPy twin (the
 reference function of the same name), and the speed-up over the scalar variant.
 
-Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise4,
-layernorm4, grad_norm4, optim.wgsl read as vec4), sg (elementwise_sg, layernorm_sg, loss_sg; where subgroups
-work) and bf16
-(elementwise_bf16: GELU with its pre-activation stored as bf16; layernorm_bf16: the LayerNorm
-writing bf16; max_err against the twin's bf16 result, in float32 values).
+Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise,
+layernorm, grad_norm, optim .wgsl at the vec4 width), sg (their sg sections' kernels; where
+subgroups work) and bf16 (gelu_*_bf16: GELU with its pre-activation stored as bf16;
+layernorm_forward_bf16: the LayerNorm writing bf16; max_err against the twin's bf16 result, in float32 values).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
 ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
 The bf16 casts (scalar, and x8: eight values an invocation) and the split head's block copy
@@ -66,7 +65,7 @@ def cases(gpu, rows, C, M, V, n, rng):
         for v in ("scalar", "vec4"):
             d = getattr(kn, entry)(*args, tout, rows * M, variant=v, tanh=True)
             yield entry, v + " tanh", f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
-    if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (elementwise_bf16.wgsl)
+    if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (gelu_forward_bf16, elementwise.wgsl)
         n = rows * M
         xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "bf16")
         d = kn.gelu_forward_bf16(up(xh), th, n)
@@ -109,7 +108,7 @@ def cases(gpu, rows, C, M, V, n, rng):
         want = np.stack(R.layernorm_dgb(f64(dy), f64(xl), rm, rr))
         yield "layernorm_dgb", v, shape, d, lambda w=want: np.abs(gpu.read(dgb) - w).max()
 
-    if C % 8 == 0:     # a bf16 model's LayerNorm: its output written as bf16 (layernorm_bf16.wgsl)
+    if C % 8 == 0:     # a bf16 model's LayerNorm: its output written as bf16 (layernorm_forward_bf16)
         yh, st = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))
         d = kn.layernorm_forward_bf16(txl, up(np.stack([g, b])), yh, st, rows, C)
         want_h = R.layernorm_forward_bf16(xl, g, b)[0].reshape(-1)
@@ -242,7 +241,7 @@ def newton_schulz_rows(gpu, kn, cfg, repeats, rng):
 
 
 def storage_cases(gpu, rows, M, V, rng):
-    """The casts between float32 and bf16 (bf16.wgsl) over [rows, M], and the split head's block copy
+    """The casts between float32 and bf16 (cast.wgsl) over [rows, M], and the split head's block copy
     (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
     n = rows * M
     kn = Kernels(gpu, PORTABLE)

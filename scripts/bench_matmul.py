@@ -10,8 +10,8 @@ sg as matmul_bf16_sg.wgsl; tiled and scalar, the templates matmul_tiled.wgsl and
 reading bf16) run again with dtype bf16, validated against the float64 product of the same bf16
 values. dtype mixed is what a bf16 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T)
 and A^T @ B with B float32 (dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels
-(WGSL's f16: products in f16, float32 sums) beside each float32 variant (sg as matmul_f16_sg.wgsl,
-vec4 as matmul_f16_vec4.wgsl, tiled and scalar as the templates with f16 products), judged against
+(WGSL's f16: products in f16, float32 sums) beside each float32 variant (sg and vec4 as matmul_f16.wgsl's
+sections, tiled and scalar as the templates with f16 products), judged against
 the twin that rounds each product to f16; f16mixed is an f16 model's backward, the float32 operand
 rounded to f16 as it is read.
 

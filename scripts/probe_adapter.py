@@ -19,6 +19,7 @@ from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.tables import emit
 from tinygpt.device.gpu import GPU
+from tinygpt.device.kernels import SUBGROUPS
 from tinygpt.device.planner import subgroups_ok
 from tinygpt.argtypes import positive_int
 from tinygpt.cli import run_script
@@ -49,7 +50,7 @@ def main(argv=None):
     for entry, what, per in bar:
         bar.set_description(f"{entry} ({n:,} x {it} iterations)")
         sg = entry == "probe_broadcast"
-        k = gpu.kernel("probe_sg.wgsl" if sg else "probe.wgsl", entry, "urw")
+        k = gpu.kernel("probe.wgsl", entry, "urw", fill=SUBGROUPS if sg else None)
         d = gpu.dispatch(k, (it, n4), [src, out], (n // 8 if sg else n // 64,))
         gpu.run([d])  # validate on the first 256 invocations before timing
         got = gpu.read(out, count=4 * 256).reshape(256, 4)

@@ -110,3 +110,35 @@ fn bf16_round(x: f32) -> u32 {               // the bf16 nearest x (ties to even
 fn bf16_pack(a: f32, b: f32) -> u32 {
   return bf16_round(a) | (bf16_round(b) << 16u);
 }
+
+//#if f16
+// The f16 helpers: kept (the loader's f16 section) for the shaders that `enable f16;` only, since
+// the type f16 is unknown to the others.
+// float32 -> f16, round to nearest even, and +-inf past f16's range (NaN stays NaN). WGSL leaves
+// an out-of-range conversion's result to the implementation; a loss scaler must see the overflow
+// (core.precision), so the infinity is made here: 65504 * 2 in f16 arithmetic.
+fn to_f16(x: f32) -> f16 {
+  if (abs(x) >= 65520.0) { return select(f16(-65504.0), f16(65504.0), x > 0.0) * f16(2.0); }
+  return f16(x);
+}
+
+fn to_f16x4(v: vec4<f32>) -> vec4<f16> {
+  return vec4<f16>(to_f16(v.x), to_f16(v.y), to_f16(v.z), to_f16(v.w));
+}
+//#endif
+
+//#if sg
+// The subgroup helpers: kept (the loader's sg section) for the shaders that `enable subgroups;`.
+
+// rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the 8 lanes that loaded them:
+// lane l holds rows l (x0) and 8+l (x1), 4 k of each, as float32 (the subgroup matmuls,
+// matmul_vec4.wgsl's and matmul_bf16_sg.wgsl's)
+fn rows_of(x0: vec4<f32>, x1: vec4<f32>, q: u32) -> mat4x4<f32> {
+  switch q {
+    case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x0, 2u), subgroupBroadcast(x0, 3u)); }
+    case 1u: { return mat4x4<f32>(subgroupBroadcast(x0, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x0, 6u), subgroupBroadcast(x0, 7u)); }
+    case 2u: { return mat4x4<f32>(subgroupBroadcast(x1, 0u), subgroupBroadcast(x1, 1u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x1, 3u)); }
+    default: { return mat4x4<f32>(subgroupBroadcast(x1, 4u), subgroupBroadcast(x1, 5u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x1, 7u)); }
+  }
+}
+//#endif

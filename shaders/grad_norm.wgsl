@@ -23,23 +23,37 @@
 struct Params { n: u32, clip: f32, first: u32, growth: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> g: array<f32>;           // grads [n] (grad_sumsq)
+@group(0) @binding(1) var<storage, read> g: array<V>;             // grads [n] (grad_sumsq)
 @group(0) @binding(2) var<storage, read> aux: array<f32>;         // the gate (sumsq, SCALED) | partials (clip)
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;   // partials (sumsq) | the gate (clip)
 
 const CHUNK: u32 = 4096u;
-// the workgroup sums: wg_sum256 (common.wgsl)
+// the workgroup sums: wg_sum256, wg_sum64 (common.wgsl)
 
 override SCALED: bool = false;
 const NORM = 0u;  const FACTOR = 1u;  const SCALE = 2u;  const SKIP = 3u;  const CLEAN = 4u;  const SKIPPED = 5u;
 const TAKEN = 6u;   // the slots of the gate: kernels.GATE
 
-fn finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
+// grad_sumsq at the launcher's width (kernels.WIDTHS): V = f32, 256 lanes; or vec4<f32>, 64 lanes
+// (the flat buffers hold whole 256-float blocks, so n is always a multiple of 4), each chunk then
+// summed in another fixed order. Why vec4: lavapipe pays per lane for every load instruction
+// whatever its width.
+//#if vec4
+const WG = 64u;
+fn wg_sum(lid: u32, s: f32) -> f32 { return wg_sum64(lid, s); }
+fn wg_max(lid: u32, s: f32) -> f32 { return wg_max64(lid, s); }
+fn finite(x: V) -> bool { return all((bitcast<vec4<u32>>(x) & vec4<u32>(0x7f800000u)) != vec4<u32>(0x7f800000u)); }
+//#else
+const WG = 256u;
+fn wg_sum(lid: u32, s: f32) -> f32 { return wg_sum256(lid, s); }
+fn wg_max(lid: u32, s: f32) -> f32 { return wg_max256(lid, s); }
+fn finite(x: V) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
+//#endif
 
 // a -1 from any lane's chunk part: the chunk holds an inf or NaN
 fn mark(lid: u32, sum: f32, bad: f32) -> f32 {
   if (!SCALED) { return sum; }
-  return select(sum, -1.0, wg_max256(lid, bad) > 0.0);
+  return select(sum, -1.0, wg_max(lid, bad) > 0.0);
 }
 
 // the skip, the new scale and the counters; factor: the clip factor of the unscaled gradients
@@ -63,22 +77,23 @@ fn update_scaler(found_inf: bool, norm: f32, factor: f32) {
   out[TAKEN] += 1.0;
 }
 
-@compute @workgroup_size(256)
-fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+@compute @workgroup_size(WG)
+fn grad_sumsq{{VEC}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_id) lidv: vec3<u32>) {
   let wg = group_index(wid, nwg);
   let lid = lidv.x;
-  let start = wg * CHUNK;
+  let start = wg * (CHUNK / W);
+  let end = min(start + CHUNK / W, p.n / W);
   var inv = 1.0;
   if (SCALED) { inv = 1.0 / aux[SCALE]; }
-  var s = 0.0;
+  var s = V(0.0);
   var bad = 0.0;
-  for (var i = start + lid; i < min(start + CHUNK, p.n); i += 256u) {
+  for (var i = start + lid; i < end; i += WG) {
     let x = g[i] * inv;
     s += x * x;
     if (SCALED && !finite(g[i])) { bad = 1.0; }
   }
-  let t = mark(lid, wg_sum256(lid, s), bad);
+  let t = mark(lid, wg_sum(lid, hsum(s)), bad);
   if (lid == 0u) { out[p.first + wg] = t; }
 }
 

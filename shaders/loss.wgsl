@@ -1,3 +1,6 @@
+//#if sg
+enable subgroups;
+//#endif
 // Cross-entropy over the vocabulary, fused with its softmax backward, and the
 // deterministic mean of the per-row losses.
 //   cross_entropy  losses[r] = logsumexp(logits[r]) - logits[r, target[r]]
@@ -66,3 +69,61 @@ fn loss_reduce(@builtin(local_invocation_id) lidv: vec3<u32>) {
   s = wg_sum64(lid, s);
   if (lid == 0u) { loss[0] = s * p.scale; }
 }
+//#if sg
+
+// cross_entropy_sg: cross_entropy for adapters with subgroups (the sg section): one 8-lane
+// subgroup per row, reductions by subgroupMax / subgroupAdd, logits read as vec4 (the host pads
+// rows to a stride that is a multiple of 4; columns past V are skipped and their gradient written
+// as 0). Same bindings and results as cross_entropy. Why another algorithm: lavapipe runs
+// cross_entropy's 12 workgroup barriers per row as coroutine switches, and reads one float per
+// load; here there are no barriers and a quarter of the loads (docs/results.md has the time).
+@group(0) @binding(2) var<storage, read_write> logits4: array<vec4<f32>>; // [rows, stride / 4], becomes dlogits
+
+const LANES: u32 = 8u;
+const NEG: f32 = -0x1.fffffep+127f;
+
+// which of the 4 columns from 4j are real (< V)
+fn real(j: u32) -> vec4<bool> {
+  let c = 4u * j;
+  return vec4<bool>(c < p.V, c + 1u < p.V, c + 2u < p.V, c + 3u < p.V);
+}
+
+@compute @workgroup_size(LANES)
+fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(subgroup_invocation_id) lane: u32) {
+  let r = group_index(wid, nwg);       // uniform across the subgroup
+  if (r >= p.rows) { return; }
+  let s4 = p.stride / 4u;
+  let v4 = (p.V + 3u) / 4u;
+  let base = r * s4;
+  let tgt = targets[p.row0 + r];
+  var m4 = vec4<f32>(NEG);
+  var t4 = vec4<f32>();                // the target's logit, in the lane and place that read it
+  for (var j = lane; j < v4; j += LANES) {
+    let x = logits4[base + j];
+    m4 = max(m4, select(vec4<f32>(NEG), x, real(j)));
+    let c = 4u * j;
+    t4 += select(vec4<f32>(), x, vec4<bool>(c == tgt, c + 1u == tgt, c + 2u == tgt, c + 3u == tgt));
+  }
+  let m = subgroupMax(max(max(m4.x, m4.y), max(m4.z, m4.w)));
+  // every lane's writes below depend on this sum of every lane's reads: no lane overwrites
+  // the target's logit before it was read
+  let lt = subgroupAdd((t4.x + t4.y) + (t4.z + t4.w));
+  var s4v = vec4<f32>();
+  for (var j = lane; j < v4; j += LANES) { s4v += select(vec4<f32>(), exp(logits4[base + j] - m), real(j)); }
+  let s = subgroupAdd((s4v.x + s4v.y) + (s4v.z + s4v.w));
+  if (lane == 0u) { losses[p.row0 + r] = m + log(s) - lt; }
+  if (p.write_grad != 0u) {
+    let inv = 1.0 / s;
+    var scale = p.scale;
+    if (SCALED) { scale *= scaler[2]; }
+    for (var j = lane; j < s4; j += LANES) {
+      var g = exp(logits4[base + j] - m) * inv;
+      let c = 4u * j;
+      g -= vec4<f32>(select(0.0, 1.0, c == tgt), select(0.0, 1.0, c + 1u == tgt),
+                     select(0.0, 1.0, c + 2u == tgt), select(0.0, 1.0, c + 3u == tgt));
+      logits4[base + j] = select(vec4<f32>(), g * scale, real(j));
+    }
+  }
+}
+//#endif

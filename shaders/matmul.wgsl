@@ -1,6 +1,6 @@
-// The matmuls for any shape, in every precision: a template that products_f32.wgsl (f32, bf16)
-// or products_f16.wgsl (f16) completes with the type T the products are taken in and how a stored
-// word becomes T (gpu.kernel's products=...). Row-major, weights stored [in, out].
+// The matmuls for any shape, in every precision: a template that products.wgsl (float32 products
+// for f32 and bf16, its f16 section for f16) completes with the type T the products are taken in
+// and how a stored word becomes T (gpu.kernel's fill "f32" | "f16"). Row-major, weights stored [in, out].
 //   matmul      out[M,N] = A[M,K]   @ B[K,N]   (+ bias[N])   forward  x @ W + b
 //   matmul_abt  out[M,N] = A[M,K]   @ B[N,K]^T               backward dX = dY @ W^T, and the tied head
 //   matmul_atb  out[M,N] = A[K,M]^T @ B[K,N]                 backward dW = X^T @ dY

@@ -1,5 +1,5 @@
 enable subgroups;
-// matmul_sg.wgsl with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
+// matmul_vec4.wgsl's sg kernels with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
 // sums in float32, out (and bias) float32.
 //   matmul_bf16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
 //   matmul_abt_bf16_sg  out[M,N] = A[M,K]   @ B[N,K]^T
@@ -12,7 +12,7 @@ enable subgroups;
 // 8(8 wid.x + l) .. +7 as two column blocks of 4. Rows of A reach the other lanes by broadcast,
 // unpacked by the lane that loaded them (one unpack per value, not one per value per lane).
 // Shapes: K and N multiples of 8; any M (rows clamped on load, skipped on store); the same lane
-// assumptions as matmul_sg.wgsl, checked the same way.
+// assumptions as those, checked the same way.
 // A @ B^T reads B's 8 rows (this lane's columns) 8 k at a time and transposes the blocks;
 // A^T @ B has lane l load row k0+l of A (32 output rows = 4 words) and builds the row blocks from
 // the 8 lanes' words, unpacked before the broadcast too. It needs M a multiple of 8.
@@ -49,16 +49,6 @@ struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> 
 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
 
-// rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the lanes that loaded them:
-// lane l holds rows l (x0) and 8+l (x1), 4 k of each, already float32
-fn rows_of(x0: vec4<f32>, x1: vec4<f32>, q: u32) -> mat4x4<f32> {
-  switch q {
-    case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x0, 2u), subgroupBroadcast(x0, 3u)); }
-    case 1u: { return mat4x4<f32>(subgroupBroadcast(x0, 4u), subgroupBroadcast(x0, 5u), subgroupBroadcast(x0, 6u), subgroupBroadcast(x0, 7u)); }
-    case 2u: { return mat4x4<f32>(subgroupBroadcast(x1, 0u), subgroupBroadcast(x1, 1u), subgroupBroadcast(x1, 2u), subgroupBroadcast(x1, 3u)); }
-    default: { return mat4x4<f32>(subgroupBroadcast(x1, 4u), subgroupBroadcast(x1, 5u), subgroupBroadcast(x1, 6u), subgroupBroadcast(x1, 7u)); }
-  }
-}
 
 // B's 4x4 blocks at k..k+7 for this lane's 8 columns: lo (columns 0-3) and hi (4-7), each for
 // k 0-3 (a) and 4-7 (b); matrix columns are B's rows
@@ -177,11 +167,15 @@ fn quarter(acc: Acc, q: u32) -> mat4x4<f32> {
 
 // one 16-row, 4-column block (vec4 column c4) of out, bias added: float32 as two half words
 // (added to what is there where accumulating), or bf16 as one half word (OUT_BF16)
+fn bias_at(c4: u32) -> vec4<f32> {
+  if (p.has_bias != 0u) { return bias[c4]; }
+  return vec4<f32>();
+}
+
 fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
   let n4 = p.N / 4u;
-  var b = vec4<f32>();
-  if (p.has_bias != 0u) { b = bias[c4]; }
+  let b = bias_at(c4);
   for (var q = 0u; q < 4u; q++) {
     let m = quarter(acc, q);
     for (var c = 0u; c < 4u; c++) {

@@ -1,6 +1,6 @@
 // The matmuls in the shape GPUs reward, in every precision: workgroup-memory tiles, a register
-// block per invocation. A template, completed by products_f32.wgsl (f32, bf16) or products_f16.wgsl
-// (f16) with the type T the products are taken in, as matmul.wgsl is.
+// block per invocation. A template, completed by products.wgsl (float32 products for f32 and
+// bf16, its f16 section for f16) with the type T the products are taken in, as matmul.wgsl is.
 //   matmul_tiled      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
 //   matmul_abt_tiled  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_tiled  out[M,N] = A[K,M]^T @ B[K,N]

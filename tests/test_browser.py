@@ -27,7 +27,7 @@ def test_every_pipeline_the_plans_build_compiles_in_the_browser(gpu, page):
     print(f"\nbrowser: {about['userAgent']}\nadapter: {about['info']}, features {about['features']}")
     trace = every_pipeline(gpu, about["limits"], browser_features=about["features"])
     files = {m["name"] for m in trace["modules"]}
-    assert {"matmul_sg.wgsl", "matmul_tiled.wgsl", "online.wgsl", "attention.wgsl", "decode.wgsl",
+    assert {"matmul_vec4.wgsl", "matmul_tiled.wgsl", "online.wgsl", "attention.wgsl", "decode.wgsl",
             "matmul.wgsl"} <= files, files
     built = page.compile(trace)
     problems = compiler_problems(built)

@@ -210,7 +210,7 @@ def test_no_subgroups_switch():
     assert "matmul=sg needs working subgroups" in out.stdout, out.stderr[-500:]
 
 
-@pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take elementwise4.wgsl
+@pytest.mark.parametrize("n", [1, 4, 63, 1000, 4100, 64 * 65535 + 5])  # multiples of 4 take the vec4 width
 def test_elementwise(gpu, rng, n, kn):
     if n > 100000:  # only the folded (x, y) grid matters at this size: test add
         x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
@@ -254,7 +254,7 @@ def test_bias_grad(gpu, rng, rows, cols, kn):
     check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * max(1.0, np.sqrt(rows / 130)))
 
 
-@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4 == 0: layernorm4, _sg
+@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4: vec4, dgb_sg
 def test_layernorm(gpu, rng, rows, C, kn):
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
@@ -336,7 +336,7 @@ def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_c
 @pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304), (3, 2, 4)])
 def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0.
-    default: the device's plan (loss_sg.wgsl where subgroups work and stride % 4 == 0); plain: loss.wgsl."""
+    default: the device's plan (cross_entropy_sg where subgroups work and stride % 4 == 0); plain: loss.wgsl."""
     from tinygpt.device.plan import PORTABLE
     from tinygpt.device.planner import make_plan
     kn = Kernels(gpu, make_plan(gpu, tuning={}) if variant == "default" else PORTABLE)
@@ -361,7 +361,7 @@ def gate_words(state: dict) -> np.ndarray:
     return words
 
 
-# multiples of 4 take optim.wgsl's vec4 form and grad_norm4.wgsl; first: the chunk's place in the
+# multiples of 4 take optim.wgsl's and grad_norm.wgsl's vec4 forms; first: the chunk's place in the
 # partial sums and the decay table, which are bound whole (a model's later flat chunks start past 0)
 @pytest.mark.parametrize("n,first", [(5, 0), (4096, 1), (4096 * 3 + 7, 2), (4096 * 3 + 8, 3)])
 @pytest.mark.parametrize("opt", ELEMENTWISE)
@@ -410,7 +410,7 @@ def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
     check(f"{opt} v n={n}", gpu.read(tv), rv, 1e-7, 1e-5)
 
 
-@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # grad_norm.wgsl and grad_norm4.wgsl, optim.wgsl scalar and vec4
+@pytest.mark.parametrize("n", [5, 4096 * 3 + 8])     # grad_norm.wgsl and optim.wgsl, scalar and vec4
 @pytest.mark.parametrize("case", ["clean", "grows", "inf", "nan"])
 def test_loss_scaler_kernels(gpu, rng, n, case, kn):
     """The loss scaler's forms (SCALED) of the gate against their twins, state and all: gradients
@@ -520,7 +520,7 @@ def test_newton_schulz_batched(gpu, rng, kn, K_, N, batch):
 
 def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):
     """SCALED cross_entropy: dlogits times the scale read from the scaler on the device, in
-    loss.wgsl and, where the plan's check passed the subgroups, loss_sg.wgsl."""
+    loss.wgsl and, where the plan's check passed the subgroups, cross_entropy_sg."""
     from tinygpt.device.planner import make_plan
     rows, V = 3, 37
     logits = rng.standard_normal((rows, 40)).astype(np.float32)
@@ -580,6 +580,33 @@ def test_prelude_helpers_are_defined_once_and_errors_keep_their_lines(gpu, tmp_p
     assert src.startswith("enable subgroups;\n// Helpers") and where(1) == ("shaders/x.wgsl", 1)
     assert where(2) == ("shaders/common.wgsl", 1) and where(n) == ("shaders/x.wgsl", 2)
 
+
+
+def test_a_files_sections_are_kept_only_where_asked(gpu, tmp_path):
+    """One source per op family (docs/kernels.md): a file's `//#if TAG` sections are kept where
+    the launcher's Fill names the tag and become empty lines elsewhere (compile errors keep their
+    lines); a width's Fill names the entry points and types; unbalanced directives are refused."""
+    from tinygpt.device.gpu import Fill, ShaderError, sections
+    from tinygpt.device.kernels import width
+    text = "a\n//#if sg\nb\n//#else\nc\n//#endif\n//#if !f16\nd\n//#endif\n"
+    assert sections(text, {"sg"}, "x") == "a\n\nb\n\n\n\n\nd\n\n"
+    assert sections(text, {"f16"}, "x") == "a\n\n\n\nc\n\n\n\n\n"
+    for bad in ("//#if sg\n", "//#endif\n", "//#if a\n//#if b\n//#endif\n//#endif\n", "//#else\n"):
+        with pytest.raises(ValueError, match=r"x:\d+: "):
+            sections(bad, set(), "x")
+    src = tmp_path / "family.wgsl"
+    src.write_text("@group(0) @binding(0) var<uniform> p: vec4<u32>;\n"
+                   "@group(0) @binding(1) var<storage, read_write> o: array<V>;\n"
+                   "@compute @workgroup_size(1) fn fill{{VEC}}() { o[0] = V(hsum(V(1.0)) * f32(W)); }\n"
+                   "//#if sg\nfn broken() -> f32 { return 1u; }\n//#endif\n")
+    for variant, entry, want in (("scalar", "fill", 1.0), ("vec4", "fill4", 16.0)):
+        out = gpu.tensor((4,))
+        run(gpu, gpu.dispatch(gpu.kernel(str(src), entry, "uw", fill=width(variant)), (0, 0, 0, 0), [out], (1,)))
+        print(variant, entry, gpu.read(out)[0])
+        assert gpu.read(out)[0] == want
+    with pytest.raises(ShaderError, match=r"family.wgsl:5:"):   # the section kept: its line named
+        gpu.kernel(str(src), "fill4", "uw", fill=width("vec4", "sg"))
+    assert Fill("x").tags == frozenset()
 
 def test_lavapipe_subgroup_size_follows_its_vector_width(gpu, tmp_path):
     """make test reruns these tests with LP_NATIVE_VECTOR_WIDTH 128 and 512: that run means
@@ -720,7 +747,7 @@ def test_gelu_bf16(gpu, rng, n, kn, tanh):
 @pytest.mark.parametrize("rows,C", [(1, 8), (65, 48), (130, 96)])
 def test_layernorm_forward_bf16(gpu, rng, rows, C, kn):
     """The output rounded to bf16 as the twin rounds it (a float32 result on a rounding edge may round
-    the other way: almost every word equal), statistics in float32 as layernorm4's."""
+    the other way: almost every word equal), statistics in float32 as layernorm_forward4's."""
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     yh, stats = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))

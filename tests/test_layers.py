@@ -245,3 +245,42 @@ def test_no_function_is_longer_than_sixty_lines():
                   if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
     print(f"the longest function of the package: {longest} lines")
     assert not found, "\n".join(found)
+
+
+SHADERS = PKG.parent / "shaders"
+MOST_SHADER_FILES = 25     # issue 48: one source per op family, not one per dtype or width
+SHARED_RUN = 6             # lines two files may not share
+
+
+def shared_runs(files, run=SHARED_RUN) -> list:
+    """'a ~ b: line' for each pair of files sharing `run` consecutive lines of code, identical but
+    for indentation (blank lines, comments and lone braces do not count, nor break a run)."""
+    def code(f):
+        lines = [(n, l.split("//")[0].strip()) for n, l in enumerate(f.read_text().splitlines(), 1)]
+        return [(n, l) for n, l in lines if l and l not in ("}", "{", "} else {")]
+    seen, out = {}, []
+    for f in files:
+        c = code(f)
+        for i in range(len(c) - run + 1):
+            key = tuple(l for _, l in c[i:i + run])
+            first = seen.setdefault(key, (f, c[i][0]))
+            if first[0] != f and not any(o.startswith(f"{first[0].name} ~ {f.name}") for o in out):
+                out.append(f"{first[0].name} ~ {f.name}: lines {first[1]} and {c[i][0]}")
+    return out
+
+
+def test_one_shader_source_per_op_family():
+    files = sorted(SHADERS.glob("*.wgsl"))
+    print(f"{len(files)} shader files (at most {MOST_SHADER_FILES})")
+    assert len(files) <= MOST_SHADER_FILES, [f.name for f in files]
+    found = shared_runs(files)
+    assert not found, "copies across shader files (a width or dtype is a Fill, not a file): " + "; ".join(found)
+
+
+def test_the_shader_copy_check_sees_a_copy(tmp_path):
+    body = "".join(f"  let x{i} = a[{i}u] * {i}.0;\n" for i in range(SHARED_RUN))
+    (tmp_path / "a.wgsl").write_text(f"fn f() {{\n{body}}}\n")
+    (tmp_path / "b.wgsl").write_text(f"// a copy\nfn g() {{\n\n{body}}}\n")
+    assert shared_runs(sorted(tmp_path.glob("*.wgsl"))) == ["a.wgsl ~ b.wgsl: lines 2 and 4"]
+    (tmp_path / "b.wgsl").write_text(f"fn g() {{\n{body.replace('3.0', '3.5')}}}\n")
+    assert shared_runs(sorted(tmp_path.glob("*.wgsl"))) == []

@@ -238,7 +238,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
     assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
     if which == "a GPU's":   # the GPU shapes in this precision, not float32 copies
-        built = {(d.kernel.file, d.kernel.constants, d.kernel.products) for d in m._fwd + m._bwd}
+        built = {(d.kernel.file, d.kernel.constants, d.kernel.fill) for d in m._fwd + m._bwd}
         assert any(f == "online.wgsl" and (half.upper(), True) in c for f, c, _ in built), built
         products = "f16" if half == "f16" else "f32"
         assert any(f == "matmul_tiled.wgsl" and ("A_HALF", True) in c and p == products for f, c, p in built)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 # the steps of a block whose kernel depends on the stored dtype. The matmuls are not among them:
 # one launcher family serves every precision, reading it from its tensors' dtypes (the templates
-# matmul.wgsl and matmul_tiled.wgsl, completed with shaders/products_<type>.wgsl).
+# matmul.wgsl and matmul_tiled.wgsl, completed with a section of shaders/products.wgsl).
 ROLES = ("layernorm", "gelu_forward", "gelu_backward", "to_f32", "from_f32")
 
 

@@ -180,7 +180,12 @@ class Kernel:
     layout: object  # bind group layout
     access: str  # one char per binding: u(niform) r(ead) w(rite)
     constants: tuple = ()  # ((override, value), ...) it was built with
-    products: object = None      # a template's completion: "f32"|"f16" (shaders/products_<it>.wgsl) or a Fill
+    fill: object = None          # a template's completion: "f32"|"f16" (shaders/products.wgsl's products) or a Fill
+
+    @property
+    def tags(self) -> frozenset:
+        """The sections of its file it was built with (Fill.tags; a product type is its own)."""
+        return frozenset({self.fill}) if isinstance(self.fill, str) else self.fill.tags if self.fill else frozenset()
 
 
 @dataclass
@@ -366,13 +371,13 @@ class GPU:
         return self._dummy[key]
 
     # ---- shaders and pipelines -------------------------------------------------------
-    def module(self, file: str, products: str | None = None):
+    def module(self, file: str, fill=None):
         """A shader module from shaders/ (or an absolute path), with common.wgsl put in front of its
-        declarations (and, for a matmul template, products_<products>.wgsl); compile errors name
-        the file and line they are in."""
-        key = (file, products)
+        declarations, completed by `fill` (with_prelude); compile errors name the file and line
+        they are in."""
+        key = (file, fill)
         if key not in self._modules:
-            src, where, shown = shader_source(file, self.engine, products)
+            src, where, shown = shader_source(file, self.engine, fill)
             try:
                 mod = self.device.create_shader_module(code=src, label=shown)
             except Exception as e:
@@ -392,14 +397,15 @@ class GPU:
         return self._layouts[access]
 
     def kernel(self, file: str, entry: str, access: str, constants: dict | None = None,
-               products: str | None = None) -> Kernel:
-        """A pipeline, made once. products: the product type a matmul template is completed with
-        (shaders/products_<it>.wgsl)."""
-        key = (file, entry, access, tuple(sorted((constants or {}).items())), products)
+               fill=None) -> Kernel:
+        """A pipeline, made once. fill: what completes the file (with_prelude): a matmul template's
+        product type ("f32", "f16": shaders/products.wgsl), or a Fill (a width's or a dtype's
+        prelude, the sections kept, an optimizer's update)."""
+        key = (file, entry, access, tuple(sorted((constants or {}).items())), fill)
         k = self._kernels.get(key)
         if k is None:
             bgl, pl = self.bind_layout(access)
-            stage = {"module": self.module(file, products), "entry_point": entry}
+            stage = {"module": self.module(file, fill), "entry_point": entry}
             if constants:
                 stage["constants"] = {n: float(v) for n, v in constants.items()}
             try:
@@ -407,7 +413,7 @@ class GPU:
             except Exception as e:
                 raise ShaderError(f"cannot build pipeline {entry} from shaders/{file}: {e}") from e
             self.counters.pipelines += 1
-            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3], products)
+            k = self._kernels[key] = Kernel(entry, file, pipe, bgl, access, key[3], fill)
         return k
 
     def dispatch(self, kernel: Kernel, uniform, tensors, grid) -> Dispatch:
@@ -524,7 +530,7 @@ class Timestamps:
 
 
 PRELUDE = "common.wgsl"
-PRELUDE_F16 = "common_f16.wgsl"   # the f16 helpers, for the shaders that `enable f16;` only
+PRODUCTS = "products.wgsl"
 
 
 def _split_enables(text: str) -> tuple:
@@ -535,37 +541,65 @@ def _split_enables(text: str) -> tuple:
 
 
 class Fill(NamedTuple):
-    """WGSL text that completes a template as products_<it>.wgsl does (with_prelude), from
-    outside shaders/: `shown` names it in compile errors, and it keys the pipeline. names: the
-    template's {{KEY}} placeholders and what each becomes (an entry point's name), one line each."""
+    """What completes a shader file, from outside it. text: WGSL put in after common.wgsl (a
+    width's aliases, an optimizer's update; its `enable` directives join the file's at the top);
+    `shown` names it in compile errors, and it keys the pipeline. names: the file's {{KEY}}
+    placeholders and what each becomes (an entry point's name), one line each. tags: the
+    sections (`//#if TAG` .. `//#else` .. `//#endif`) kept: the code a feature the adapter may
+    lack needs (subgroups, f16), in the same file as the rest of its op family."""
     shown: str
-    text: str
+    text: str = ""
     names: tuple = ()
+    tags: frozenset = frozenset()
 
 
-def with_prelude(src: str, shown: str, products: str | None = None):
-    """-> (source with shaders/common.wgsl, and common_f16.wgsl where f16 is enabled, inserted after
-    its leading `enable` directives, where(line) -> (file, line) of a line of the combined source).
-    products: a matmul template's product type ("f32", "f16"): products_<it>.wgsl goes in after
-    the common files, its `enable` directives joining the source's at the top; or a Fill, WGSL
-    text from elsewhere (an optimizer's room) that completes the template the same way."""
-    if shown.endswith((PRELUDE, PRELUDE_F16)):
+def sections(text: str, tags, shown: str) -> str:
+    """text with its `//#if TAG` sections resolved: a section's lines (and the directives) become
+    empty lines where it is not kept, so that compile errors keep their line numbers. One level,
+    `//#else` optional; a TAG that starts with ! is kept where the tag is absent."""
+    out, keep, open_at = [], True, None
+    for n, line in enumerate(text.splitlines(keepends=True), 1):
+        m = re.match(r"\s*//#(if|else|endif)\b\s*(!?\w*)", line)
+        if m and m[1] == "if":
+            if open_at is not None:
+                raise ValueError(f"{shown}:{n}: a //#if inside the //#if of line {open_at}")
+            open_at, keep = n, (m[2].lstrip("!") in tags) != m[2].startswith("!")
+        elif m and open_at is None:
+            raise ValueError(f"{shown}:{n}: //#{m[1]} without its //#if")
+        elif m:
+            keep, open_at = (not keep, open_at) if m[1] == "else" else (True, None)
+        out.append(line if keep and not m else "\n" if line.endswith("\n") else "")
+    if open_at is not None:
+        raise ValueError(f"{shown}:{open_at}: //#if without its //#endif")
+    return "".join(out)
+
+
+def with_prelude(src: str, shown: str, fill=None):
+    """-> (source with shaders/common.wgsl inserted after its leading `enable` directives and
+    completed by `fill`, where(line) -> (file, line) of a line of the combined source).
+    fill: a matmul template's product type ("f32", "f16"): shaders/products.wgsl with that
+    section kept goes in after the common file, its `enable` directives joining the source's at
+    the top; or a Fill (its text goes in the same way, its names and tags apply to the source).
+    common.wgsl's f16 and sg sections are kept where the combined source enables f16, subgroups."""
+    if shown.endswith(PRELUDE):
         return src, lambda n: (shown, n)
-    for key, value in products.names if isinstance(products, Fill) else ():
+    if isinstance(fill, str):
+        fill = Fill(f"shaders/{PRODUCTS}", (shader_dir() / PRODUCTS).read_text(), (), frozenset({fill}))
+    for key, value in fill.names if fill else ():
         src = src.replace("{{" + key + "}}", value)
-    head, body = _split_enables(src)
-    fill_head, fill = [], []
-    if products:
-        name, text = (products.shown, products.text) if isinstance(products, Fill) else \
-            (f"shaders/products_{products}.wgsl", (shader_dir() / f"products_{products}.wgsl").read_text())
-        fill_head, fill = _split_enables(text + "\n")
-        fill_head, fill = [(name, 1, fill_head)], [(name, len(fill_head) + 1, fill)]
+    tags = fill.tags if fill else frozenset()
+    head, body = _split_enables(sections(src, tags, shown))
+    fill_head, fill_body = [], []
+    if fill:
+        fill_head, fill_body = _split_enables(sections(fill.text, tags, fill.shown) + "\n")
+        fill_head, fill_body = [(fill.shown, 1, fill_head)], [(fill.shown, len(fill_head) + 1, fill_body)]
     enables = head + [l for _, _, ls in fill_head for l in ls]
-    f16 = any(re.match(r"\s*enable\s+f16\s*;", l) for l in enables)
-    common = [(f"shaders/{name}", 1, ((shader_dir() / name).read_text() + "\n").splitlines(keepends=True))
-              for name in (PRELUDE,) + ((PRELUDE_F16,) if f16 else ())]
+    enabled = frozenset(t for t, ext in (("f16", "f16"), ("sg", "subgroups"))
+                        if any(re.match(rf"\s*enable\s+{ext}\s*;", l) for l in enables))
+    common = (sections((shader_dir() / PRELUDE).read_text(), enabled, PRELUDE) + "\n").splitlines(keepends=True)
     # each segment: (file shown, its first line's number in that file, its lines)
-    segments = [(shown, 1, head)] + fill_head + common + fill + [(shown, len(head) + 1, body)]
+    segments = [(shown, 1, head)] + fill_head + [(f"shaders/{PRELUDE}", 1, common)] + fill_body + \
+        [(shown, len(head) + 1, body)]
     combined = "".join(l for _, _, ls in segments for l in ls)
 
     def where(n: int):
@@ -577,13 +611,13 @@ def with_prelude(src: str, shown: str, products: str | None = None):
     return combined, where
 
 
-def shader_source(file: str, engine: str, products: str | None = None):
+def shader_source(file: str, engine: str, fill=None):
     """-> (the WGSL an engine compiles for a file of shaders/ or an absolute path: the prelude in,
-    adapted by for_engine; where(line) -> (file, line); the name shown in errors). products: a
-    matmul template's product type (with_prelude)."""
+    adapted by for_engine; where(line) -> (file, line); the name shown in errors). fill: what
+    completes it (with_prelude)."""
     path = Path(file) if Path(file).is_absolute() else shader_dir() / file
     shown = file if Path(file).is_absolute() else f"shaders/{file}"
-    src, where = with_prelude(path.read_text(), shown, products)
+    src, where = with_prelude(path.read_text(), shown, fill)
     return for_engine(src, engine), where, shown
 
 

@@ -22,6 +22,24 @@ from .plan import KernelPlan, online_tiles
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
+# The widths of the shaders written once for both (layernorm.wgsl, elementwise.wgsl, grad_norm.wgsl):
+# the element type V, W floats in it, hsum (the sum of its lanes), the entry points' suffix {{VEC}}.
+WIDTH_WGSL = {"scalar": "alias V = f32;\nconst W = 1u;\nfn hsum(v: f32) -> f32 { return v; }\n",
+              "vec4": "alias V = vec4<f32>;\nconst W = 4u;\n"
+                      "fn hsum(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }\n"}
+
+
+def width(variant: str, *tags: str) -> Fill:
+    """What completes such a shader at a width ("scalar", "vec4"), with its sections of that width
+    and of `tags` kept ("sg": subgroups, "f16": WGSL's f16)."""
+    return Fill(f"the {variant} width", WIDTH_WGSL[variant], (("VEC", "4" if variant == "vec4" else ""),),
+                frozenset((variant,) + tags))
+
+
+SUBGROUPS = Fill("subgroups", tags=frozenset({"sg"}))   # a file's sg section kept: its subgroup kernels
+F16 = Fill("f16", tags=frozenset({"f16"}))               # its f16 section: the kernels of WGSL's f16
+
+
 CHUNK = 4096         # floats per partial sum of the gradient norm (optim.wgsl)
 NO_CLIP = 3.0e38     # a clip threshold no norm reaches
 DECODE_ACCESS = "urrrrwww"     # decode.wgsl's bindings: uniform | a b c ids_in | o1 o2 ids_out
@@ -40,7 +58,7 @@ def half_ok(entry, M, N, K) -> bool:
 
 
 def f16_vec4_ok(entry, M, N, K) -> bool:
-    """matmul_f16_vec4.wgsl and matmul_f16_sg.wgsl read vec4 along K and N of A @ B and A @ B^T,
+    """matmul_f16.wgsl's kernels read vec4 along K and N of A @ B and A @ B^T,
     along M and N of A^T @ B (whose k advances one row at a time: any K)."""
     return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
 
@@ -51,9 +69,9 @@ def matmul_variant(plan: KernelPlan, entry, M, N, K, dtype: str = "f32") -> str:
       f32   scalar, vec4, sg or tiled as the plan says.
       bf16  tiled (the matmul_tiled.wgsl template); sg (matmul_bf16_sg.wgsl: K and N multiples of
             8) for sg, and for vec4 (which has no bf16 form) where subgroups work; scalar otherwise.
-      f16   tiled (the template with f16 products); sg (matmul_f16_sg.wgsl) where the plan's
+      f16   tiled (the template with f16 products); sg (matmul_f16.wgsl's sg section) where the plan's
             matmuls take subgroups (sg, or vec4 with subgroups that passed the check); vec4
-            (matmul_f16_vec4.wgsl) otherwise."""
+            (matmul_f16.wgsl) otherwise."""
     subgroups = plan.matmul in ("sg", "vec4") and plan.subgroups == "ok"
     if dtype == "f32":
         return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
@@ -206,7 +224,7 @@ class Kernels:
         gpu, tensors = self.gpu, [a, b, bias, out]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
-            k = gpu.kernel("matmul_sg.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm})
+            k = gpu.kernel("matmul_vec4.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm}, SUBGROUPS)
             return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), batch))
         assert variant == "vec4", variant
         wx = self.plan.matmul_wx
@@ -248,32 +266,33 @@ class Kernels:
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
     def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant) -> Dispatch:
-        """matmul_f16_sg.wgsl ("sg") or matmul_f16_vec4.wgsl ("vec4"). Each operand f16, or float32
+        """matmul_f16.wgsl's sg section ("sg") or its vec4 kernels ("vec4"). Each operand f16, or float32
         rounded to f16 as it is read (bound at A32/B32, the f16 binding left to a dummy); out
         float32 or f16."""
         assert variant in ("sg", "vec4") and f16_vec4_ok(entry, M, N, K), (entry, variant, M, N, K)
         half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
         consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
                   if on}
-        k = self.gpu.kernel(f"matmul_f16_{variant}.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts)
+        k = self.gpu.kernel("matmul_f16.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts,
+                            SUBGROUPS if variant == "sg" else None)
         grid = (-(-N // (4 * SG_LANES)), -(-M // 16)) if variant == "sg" else (-(-N // 256), -(-M // 4))
         pick = lambda t, f16: t if f16 else None
         return self.gpu.dispatch(k, uniform, [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
                                              pick(b, not half["b"]), bias, pick(out, not half["out"]),
                                              pick(out, half["out"])], grid)
 
-    # ---- bf16 (bf16.wgsl, bf16x8.wgsl, elementwise_bf16.wgsl) ---------------------------------------
+    # ---- bf16 (cast.wgsl, elementwise.wgsl) ------------------------------------------------------------
     def _cast(self, entry, bindings, n, per_group, variant):
-        """bf16x8.wgsl (8 values an invocation) where n is a multiple of 8 (variant "x8"), else bf16.wgsl."""
+        """cast.wgsl's 8 values an invocation where n is a multiple of 8 (variant "x8"), else one word."""
         if (variant or ("x8" if n % 8 == 0 else "scalar")) == "x8":
-            k = self.gpu.kernel("bf16x8.wgsl", entry + "x8", "urrww")
+            k = self.gpu.kernel("cast.wgsl", entry + "x8", "urrww")
             return self.gpu.dispatch(k, (n,), bindings, grid1d(-(-n // (8 * 64))))
-        k = self.gpu.kernel("bf16.wgsl", entry, "urrww")
+        k = self.gpu.kernel("cast.wgsl", entry, "urrww")
         return self.gpu.dispatch(k, (n,), bindings, grid1d(-(-n // per_group)))
 
     def cast_bf16(self, x, out, n, variant=None) -> Dispatch:
         """out (bf16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even. variant: "x8"
-        (bf16x8.wgsl, 8 values an invocation) where n is a multiple of 8, else "scalar"."""
+        (8 values an invocation) where n is a multiple of 8, else "scalar"."""
         return self._cast("cast_bf16", [x, None, out, None], n, 128, variant)
 
     def cast_f32(self, xh, out, n, variant=None) -> Dispatch:
@@ -284,48 +303,49 @@ class Kernels:
         """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides; tanh: GPT-2's
         tanh form (every GELU launcher takes it)."""
         assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_forward_bf16", "urrww", _tanh(tanh))
+        k = self.gpu.kernel("elementwise.wgsl", "gelu_forward_bf16", "urrww", _tanh(tanh), width("vec4"))
         return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
 
     def gelu_backward_bf16(self, xh, dy, out, n, tanh=False) -> Dispatch:
         """out (f32) = dy * gelu'(xh), xh bf16 (the saved pre-activation), n a multiple of 8."""
         assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise_bf16.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh))
+        k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh), width("vec4"))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
 
-    # ---- f16 (f16.wgsl, layernorm_f16.wgsl, elementwise_f16.wgsl) ---------------------------------
+    # ---- f16 (the f16 sections of cast.wgsl, layernorm.wgsl, elementwise.wgsl) ------------------------
     def cast_f16(self, x, out, n) -> Dispatch:
         """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
-        k = self.gpu.kernel("f16.wgsl", "cast_f16", "urrww")
+        k = self.gpu.kernel("cast.wgsl", "cast_f16", "urrww", fill=F16)
         return self.gpu.dispatch(k, (n,), [x, None, out, None], grid1d(-(-(n + n % 2) // 64)))
 
     def cast_f16_to_f32(self, xh, out, n) -> Dispatch:
         """out (f32 [n]) = the f16 values of xh, exactly."""
-        k = self.gpu.kernel("f16.wgsl", "cast_f16_to_f32", "urrww")
+        k = self.gpu.kernel("cast.wgsl", "cast_f16_to_f32", "urrww", fill=F16)
         return self.gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
 
     def gelu_forward_f16(self, xh, outh, n, tanh=False) -> Dispatch:
         """outh = f16(gelu(xh)), n a multiple of 4."""
         assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_forward_f16", "urrww", _tanh(tanh))
+        k = self.gpu.kernel("elementwise.wgsl", "gelu_forward_f16", "urrww", _tanh(tanh), width("vec4", "f16"))
         return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
 
     def gelu_backward_f16(self, xh, dy, out, n, tanh=False) -> Dispatch:
         """out (f32) = dy * gelu'(xh), xh f16 (the saved pre-activation), n a multiple of 4."""
         assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise_f16.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh))
+        k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh), width("vec4", "f16"))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     # ---- elementwise -------------------------------------------------------------------------------
     def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None, consts=None) -> Dispatch:
-        """elementwise4.wgsl (16 floats an invocation as 4 vec4) where the plan says vec4 and n allows."""
+        """elementwise.wgsl at the vec4 width (16 floats an invocation as 4 vec4) where the plan says
+        vec4 and n allows; else one float an invocation."""
         gpu = self.gpu
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 and groups is None
                               else "scalar")
         if variant == "vec4":
-            k = gpu.kernel("elementwise4.wgsl", entry + "4", "urrw", consts)
+            k = gpu.kernel("elementwise.wgsl", entry + "4", "urrw", consts, width("vec4"))
             return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(-(-n // (64 * 16))))
-        k = gpu.kernel("elementwise.wgsl", entry, "urrw", consts)
+        k = gpu.kernel("elementwise.wgsl", entry, "urrw", consts, width("scalar"))
         return gpu.dispatch(k, (n, cols), [x, y, out], grid1d(groups or -(-n // 64)))
 
     def add(self, x, y, out, n, variant=None) -> Dispatch:
@@ -350,43 +370,44 @@ class Kernels:
     def bias_grad(self, dy, out, rows, cols, variant=None) -> Dispatch:
         variant = variant or ("sg" if cols % 4 == 0 and self.plan.reduce == "sg" else "scalar")
         if variant == "sg":  # one 8-lane subgroup per 4 columns
-            k = self.gpu.kernel("elementwise_sg.wgsl", "bias_grad_sg", "urrw")
+            k = self.gpu.kernel("elementwise.wgsl", "bias_grad_sg", "urrw", fill=width("vec4", "sg"))
             return self.gpu.dispatch(k, (rows, cols), [dy, None, out], grid1d(cols // 4))
         return self._ew("bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
 
     # ---- layernorm ---------------------------------------------------------------------------------
-    def _ln_file(self, entry, C, variant=None):
-        """layernorm4.wgsl (rows read as vec4) where C is a multiple of 4."""
+    def _ln(self, entry, C, variant=None, access="urrrww"):
+        """layernorm.wgsl's `entry` at the width the plan reads (vec4 where C is a multiple of 4)."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and C % 4 == 0 else "scalar")
-        return ("layernorm4.wgsl", entry + "4") if variant == "vec4" else ("layernorm.wgsl", entry)
+        return self.gpu.kernel("layernorm.wgsl", entry + ("4" if variant == "vec4" else ""), access,
+                               fill=width(variant))
 
     def layernorm_forward(self, x, gb, y, stats, rows, C, eps=1e-5, variant=None) -> Dispatch:
         """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
-        k = self.gpu.kernel(*self._ln_file("layernorm_forward", C, variant), "urrrww")
+        k = self._ln("layernorm_forward", C, variant)
         return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
 
     def layernorm_forward_bf16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
         """layernorm_forward with y written as bf16 ([rows, C/2] words); C a multiple of 8."""
         assert C % 8 == 0, C
-        k = self.gpu.kernel("layernorm_bf16.wgsl", "layernorm_forward_bf16", "urrww")
+        k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_bf16", "urrww", fill=width("vec4"))
         return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
 
     def layernorm_forward_f16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
         """layernorm_forward with y written as f16 ([rows, C/2] words); C a multiple of 4."""
         assert C % 4 == 0, C
-        k = self.gpu.kernel("layernorm_f16.wgsl", "layernorm_forward_f16", "urrww")
+        k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_f16", "urrww", fill=width("vec4", "f16"))
         return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
 
     def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None) -> Dispatch:
-        k = self.gpu.kernel(*self._ln_file("layernorm_dx", C, variant), "urrrww")
+        k = self._ln("layernorm_dx", C, variant)
         return self.gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
 
     def layernorm_dgb(self, dy, x, stats, dgb, rows, C, variant=None) -> Dispatch:
         variant = variant or ("sg" if C % 4 == 0 and self.plan.reduce == "sg" else "scalar")
         if variant == "sg":  # one 8-lane subgroup per 4 channels
-            k = self.gpu.kernel("layernorm_sg.wgsl", "layernorm_dgb_sg", "urrrww")
+            k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb_sg", "urrrww", fill=width("vec4", "sg"))
             return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
-        k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww")
+        k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar"))
         return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
 
     # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
@@ -417,13 +438,13 @@ class Kernels:
     # ---- loss --------------------------------------------------------------------------------------
     def cross_entropy(self, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
                       variant=None, scaler=None) -> Dispatch:
-        """stride: floats between logit rows (>= V; the padded vocabulary). loss_sg.wgsl (one 8-lane
+        """stride: floats between logit rows (>= V; the padded vocabulary). cross_entropy_sg (one 8-lane
         subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg. scaler: the
         loss scaler's state (GATE), whose scale dlogits then carry too."""
         stride = stride or V
         variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
-        file, entry = ("loss_sg.wgsl", "cross_entropy_sg") if variant == "sg" else ("loss.wgsl", "cross_entropy")
-        k = self.gpu.kernel(file, entry, "urwwr", {"SCALED": True} if scaler is not None else None)
+        entry, sg = ("cross_entropy_sg", SUBGROUPS) if variant == "sg" else ("cross_entropy", None)
+        k = self.gpu.kernel("loss.wgsl", entry, "urwwr", {"SCALED": True} if scaler is not None else None, sg)
         return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride),
                                  [targets, logits, losses, scaler], grid1d(rows))
 
@@ -435,18 +456,19 @@ class Kernels:
     def grad_sumsq(self, g, partials, n, first=0, variant=None, gate=None) -> Dispatch:
         """The partial sums of g's n floats into partials[first:] (partials bound whole); given the
         gate of a loss scaler, of g unscaled, and -1 for a chunk holding an inf or NaN.
-        grad_norm4.wgsl (vec4) where n is a multiple of 4, as the model's flat buffers always are."""
+        vec4 where n is a multiple of 4, as the model's flat buffers always are."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
         consts = {"SCALED": True} if gate is not None else None
-        k = self.gpu.kernel("grad_norm4.wgsl", "grad_sumsq4", "urrw", consts) if variant == "vec4" else \
-            self.gpu.kernel("grad_norm.wgsl", "grad_sumsq", "urrw", consts)
+        k = self.gpu.kernel("grad_norm.wgsl", "grad_sumsq" + ("4" if variant == "vec4" else ""), "urrw", consts,
+                            width(variant))
         return self.gpu.dispatch(k, (n, 0.0, int(first), 0), [g, gate, partials], grid1d(-(-n // CHUNK)))
 
     def grad_clip(self, partials, gate, n_partials, clip, growth=None) -> Dispatch:
         """The gate from the partial sums: [norm, factor, ..., skip, ..., taken] (GATE); growth:
         the loss scaler's clean steps before the scale doubles, which makes this the scaler's
         update too (SCALED)."""
-        k = self.gpu.kernel("grad_norm.wgsl", "grad_clip", "urrw", {"SCALED": True} if growth else None)
+        k = self.gpu.kernel("grad_norm.wgsl", "grad_clip", "urrw", {"SCALED": True} if growth else None,
+                            width("scalar"))
         return self.gpu.dispatch(k, (n_partials, float(clip), 0, int(growth or 0)), [None, partials, gate], (1,))
 
     # ---- the optimizers (optim.wgsl completed by each one's room, muon.wgsl) ---------------------------
@@ -461,7 +483,7 @@ class Kernels:
         width = "alias V = vec4<f32>;\nconst W = 4u;\nconst WG = 64u;\n" if variant == "vec4" else \
             "alias V = f32;\nconst W = 1u;\nconst WG = 256u;\n"
         k = self.gpu.kernel("optim.wgsl", entry, "urrrwww",
-                            products=Fill(f"{entry} (its room's WGSL)", width + wgsl, (("NAME", entry),)))
+                            fill=Fill(f"{entry} (its room's WGSL)", width + wgsl, (("NAME", entry),)))
         return self.gpu.dispatch_with(k, step_uniform, [g, wd_table, gate, w, m, v], grid1d(-(-n // 256)))
 
     def muon_momentum(self, g, gate, m, u, n, beta, nesterov=True) -> Dispatch:

@@ -20,7 +20,7 @@ from .gpu import DTYPES, GPU, GPUError
 from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
-F16_FILES = {"f16.wgsl", "matmul_f16_vec4.wgsl", "matmul_f16_sg.wgsl", "layernorm_f16.wgsl", "elementwise_f16.wgsl"}
+F16_FILES = {"matmul_f16.wgsl"}    # the others' f16 kernels: their f16 section
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
@@ -31,11 +31,12 @@ class NumericsError(GPUError):
 
 def half_kernels(dispatches, dtype: str = "f16") -> set:
     """(entry, constants) of the dispatches that read or write `dtype` (a precision's stored type):
-    every one that binds a tensor of it, and for f16 also the f16 files' kernels, the matmul
+    every one that binds a tensor of it, and for f16 also the f16 files' kernels and those built
+    with a file's f16 section (among them the matmul
     templates completed with f16 products (named as their twins are: matmul_atb_f16,
     matmul_f16_tiled; they take f32 gradients rounded to f16 as read) and the attention's and the
     decode step's with their f16 constants (F16, HALF 2)."""
-    f16 = lambda d: dtype == "f16" and (d.kernel.file in F16_FILES or d.kernel.products == "f16"
+    f16 = lambda d: dtype == "f16" and (d.kernel.file in F16_FILES or "f16" in d.kernel.tags
                                         or ("F16", True) in d.kernel.constants
                                         or ("HALF", DTYPES["f16"].half) in d.kernel.constants)
     return {(f16_name(d.kernel), d.kernel.constants) for d in dispatches if dtype in d.dtypes or f16(d)}
@@ -44,7 +45,7 @@ def half_kernels(dispatches, dtype: str = "f16") -> set:
 def f16_name(kernel) -> str:
     """A template's entry point with its f16 products in the name (matmul_abt_tiled ->
     matmul_abt_f16_tiled, the twin's name); any other kernel's entry point."""
-    if kernel.products != "f16":
+    if kernel.fill != "f16":
         return kernel.name
     base, tiled = kernel.name.removesuffix("_tiled"), kernel.name.endswith("_tiled")
     return base + "_f16" + ("_tiled" if tiled else "")
@@ -63,7 +64,7 @@ def _far(got, want) -> float | None:
 def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
     """matmul(_abt, _atb)_f16(_vec4, _sg, _tiled) with its operand mix (and tile), at a ragged shape its
     variant takes. The templates (scalar, tiled) say a half operand with A_HALF, B_HALF, OUT_HALF;
-    matmul_f16_vec4/_sg.wgsl a float32 one with A_F32, B_F32 and a half out with OUT_F16."""
+    matmul_f16.wgsl a float32 one with A_F32, B_F32 and a half out with OUT_F16."""
     variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg", "_tiled")) else "scalar"
     base = entry.removesuffix("_" + variant).removesuffix("_f16")
     if variant in ("scalar", "tiled"):

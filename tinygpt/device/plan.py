@@ -16,9 +16,9 @@ from ..core.errors import UsageError
 
 # family -> its variants, preferred first
 FAMILIES = {
-    "matmul": ("sg", "tiled", "vec4", "scalar"),   # matmul_sg.wgsl, matmul_tiled.wgsl, matmul_vec4.wgsl, matmul.wgsl
+    "matmul": ("sg", "tiled", "vec4", "scalar"),   # matmul_vec4.wgsl's sg section, matmul_tiled, matmul_vec4, matmul
     "attention": ("sg", "tiles"),              # online attention: online_sg.wgsl, online.wgsl
-    "loss": ("sg", "scalar"),                  # cross-entropy: loss_sg.wgsl, loss.wgsl
+    "loss": ("sg", "scalar"),                  # cross-entropy: loss.wgsl's cross_entropy_sg, cross_entropy
     "reduce": ("sg", "scalar"),                # column sums: bias and LayerNorm gain/bias gradients
     "elementwise": ("vec4", "scalar"),         # GELU, add, LayerNorm rows, gradient norm, AdamW
     "decode": ("cache", "full"),               # sampling: decode.wgsl from a key/value cache, or the whole window

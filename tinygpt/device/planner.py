@@ -18,7 +18,7 @@ _SG_VERDICT = weakref.WeakKeyDictionary()   # device -> "ok" or why not: a check
 
 
 def check_subgroups(gpu: GPU) -> str:
-    """"ok" if matmul_sg.wgsl's lane indexing holds on this device (subgroups of 8 or more lanes
+    """"ok" if matmul_vec4.wgsl's sg kernels' lane indexing holds on this device (subgroups of 8 or more lanes
     holding a workgroup), else why not: all three kernels against NumPy at ragged shapes."""
     M, N, Kd = 60, 60, 12  # 32-row tiles, 2 column blocks, the last of each partly past M and N
     r = np.random.default_rng(7)

@@ -22,10 +22,10 @@ def _b64(data) -> str:
     return base64.b64encode(bytes(data)).decode("ascii")
 
 
-def module_source(file: str, products: str | None = None) -> str:
-    """A shader file as a browser's compiler takes it (what GPU.module gives Dawn); products: a
-    matmul template's product type."""
-    return shader_source(file, "browser", products)[0]
+def module_source(file: str, fill=None) -> str:
+    """A shader file as a browser's compiler takes it (what GPU.module gives Dawn); fill: what
+    completes it (gpu.with_prelude)."""
+    return shader_source(file, "browser", fill)[0]
 
 
 class Recorder:
@@ -45,7 +45,7 @@ class Recorder:
         return self._ids[k]
 
     def pipeline(self, kernel) -> int:
-        src = (kernel.file, kernel.products)
+        src = (kernel.file, kernel.fill)
         m = self._index("m", src, lambda: {"name": kernel.file, "code": module_source(*src)})
         return self._index("p", (src, kernel.name, kernel.access, kernel.constants), lambda: {
             "module": m, "entry": kernel.name, "access": kernel.access,

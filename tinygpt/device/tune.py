@@ -3,7 +3,7 @@
 Variants: the vec4 matmuls' workgroup width (WX lanes x 4 columns), the tiled matmuls' tile
 (WX x WY invocations of TM rows x TV vec4 columns, BK per slice of k; those the device's
 limits allow) and the online attention's tiles (BQ query rows per workgroup, BK keys per tile);
-where subgroups work, also the subgroup kernels (matmul_sg.wgsl, online_sg.wgsl). The fastest
+where subgroups work, also the subgroup kernels (matmul_vec4.wgsl's sg section, online_sg.wgsl). The fastest
 of the matmul variants sets the matmul family, the faster attention the attention family. Each
 candidate is validated against NumPy before it is timed; the winners are written to
 ~/.cache/tinygpt/tuning.json (TINYGPT_CACHE_DIR overrides) under the adapter's name,
@@ -74,7 +74,7 @@ def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
 def measure_peaks(gpu: GPU, quick: bool = False) -> dict:
     """The adapter's peaks, the denominators of the training profile's utilisation (the probes of
     scripts/probe_adapter.py): vec4 FMA GFLOP/s with no memory traffic (probe_fma, checked against
-    its twin), and streaming GB/s: elementwise4's add over buffers larger than any cache, two reads
+    its twin), and streaming GB/s: the vec4 add (elementwise.wgsl) over buffers larger than any cache, two reads
     and a write per float."""
     n = (1 << 16) if gpu.is_cpu or quick else (1 << 20)           # invocations: enough to fill a GPU
     iters = 256 if quick else 4096

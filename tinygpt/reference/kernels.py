@@ -50,13 +50,13 @@ def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
 
 # the vec4 kernels (matmul_vec4.wgsl) compute the same products; only the reads differ
 matmul_vec4, matmul_abt_vec4, matmul_atb_vec4 = matmul, matmul_abt, matmul_atb
-# and so do the subgroup kernels (matmul_sg.wgsl)
+# and so do the subgroup kernels (matmul_vec4.wgsl's sg section)
 matmul_sg, matmul_abt_sg, matmul_atb_sg = matmul, matmul_abt, matmul_atb
 # and the workgroup-tiled ones (matmul_tiled.wgsl), which sum k in slices of BK
 matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul, matmul_abt, matmul_atb
 
 
-# ---- bf16 storage (bf16.wgsl; common.wgsl's bf16_* helpers) -------------------------------
+# ---- bf16 storage (cast.wgsl; common.wgsl's bf16_* helpers) -------------------------------
 def bf16_round(x):                       # float32 -> the nearest bf16 values (ties to even), as float32
     b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
     r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32)
@@ -83,7 +83,7 @@ def unpack_bf16(x):                      # packed u32 [..., n/2] -> float64 [...
     return cast_f32(x, 2 * x.size).reshape(*x.shape[:-1], -1).astype(np.float64)
 
 
-cast_bf16x8, cast_f32x8 = cast_bf16, cast_f32   # bf16x8.wgsl: the same casts, 8 values an invocation
+cast_bf16x8, cast_f32x8 = cast_bf16, cast_f32   # cast.wgsl's x8: the same casts, 8 values an invocation
 
 
 def _operand(x):                         # packed u32 -> its bf16 values; float32 (A_F32, B_F32) as it is
@@ -120,14 +120,14 @@ def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (o
     return _out(matmul_atb(_operand(a), _operand(b)), out_bf16)
 
 
-# the matmul.wgsl template reading bf16 (products_f32.wgsl; A_HALF, B_HALF, OUT_HALF), named with the
+# the matmul.wgsl template reading bf16 (products.wgsl's float32 products; A_HALF, B_HALF, OUT_HALF), named with the
 # dtype it reads: the same products, summed one k at a time
 matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
 # the matmul_tiled.wgsl template takes float32 or bf16 operands alike and may write bf16
 matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
 
 
-# ---- f16 storage and arithmetic (f16.wgsl, the matmul templates, layernorm_f16.wgsl, elementwise_f16.wgsl)
+# ---- f16 storage and arithmetic (the f16 sections of cast, layernorm, elementwise .wgsl; the matmul templates)
 def f16_round(x):                        # float32 -> the nearest f16 values (ties to even, inf past 65504), as float32
     with np.errstate(over="ignore"):
         return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
@@ -170,7 +170,7 @@ def _out16(y, out_f16):                  # OUT_F16: the float32 result rounded t
     return cast_f16(y).reshape(len(y), -1) if out_f16 else y
 
 
-# the matmul.wgsl template completed with f16 products (products_f16.wgsl), named as the gate names it
+# the matmul.wgsl template completed with f16 products (products.wgsl's f16 section), named as the gate names it
 def matmul_f16(a, b, bias=None, out_f16=False):   # a [M,K], b [K,N]: f16 (packed u32) or float32
     y = _f16_products(_half(a), _half(b))
     return _out16(y + (0 if bias is None else np.asarray(bias, np.float64)), out_f16)
@@ -184,7 +184,7 @@ def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
     return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
 
 
-# matmul_f16_vec4.wgsl, matmul_f16_sg.wgsl and the tiled template with f16 products: the same f16
+# matmul_f16.wgsl (vec4, and its sg section) and the tiled template with f16 products: the same f16
 # products, summed in other float32 orders
 matmul_f16_vec4, matmul_abt_f16_vec4, matmul_atb_f16_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
 matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmul_abt_f16, matmul_atb_f16
@@ -238,7 +238,7 @@ def gelu_backward(x, dy, tanh=False):    # x = pre-activation
     return dy * (cdf + x * pdf)
 
 
-# elementwise4.wgsl: the same, read as vec4
+# elementwise.wgsl at the vec4 width: the same, read as vec4
 add4, gelu_forward4, gelu_backward4, accumulate4 = add, gelu_forward, gelu_backward, accumulate
 
 
@@ -246,7 +246,7 @@ def bias_grad(dy):                       # dy [rows, N] -> [N]
     return dy.sum(axis=0)
 
 
-bias_grad_sg = bias_grad                 # elementwise_sg.wgsl: summed by subgroups, in another order
+bias_grad_sg = bias_grad                 # elementwise.wgsl's sg section: summed by subgroups, in another order
 
 
 # ---- layernorm ------------------------------------------------------------------------
@@ -264,7 +264,7 @@ def layernorm_dx(dy, x, g, mean, rstd):
     return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
 
 
-# layernorm4.wgsl: the same, rows read as vec4
+# layernorm.wgsl at the vec4 width: the same, rows read as vec4
 layernorm_forward4, layernorm_dx4 = layernorm_forward, layernorm_dx
 
 
@@ -273,7 +273,7 @@ def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
     return (dy * xhat).sum(0), dy.sum(0)
 
 
-layernorm_dgb_sg = layernorm_dgb         # layernorm_sg.wgsl: summed by subgroups, in another order
+layernorm_dgb_sg = layernorm_dgb         # layernorm.wgsl's sg section: summed by subgroups, in another order
 
 
 # ---- embedding ------------------------------------------------------------------------
@@ -323,7 +323,7 @@ def cross_entropy(targets, logits, scale):  # logits [rows,V] -> losses [rows], 
     return losses, d * scale
 
 
-cross_entropy_sg = cross_entropy         # loss_sg.wgsl: the same, one subgroup per row
+cross_entropy_sg = cross_entropy         # loss.wgsl's sg section: the same, one subgroup per row
 
 
 def loss_reduce(losses, scale):
@@ -366,7 +366,8 @@ def grad_clip(partials, clip, gate=None, growth=None):   # -> (norm, factor)
 
 
 # optim.wgsl's elementwise optimizers (adamw, lion, sgd) have their twins in their rooms
-# (model.optimizers), beside the WGSL they write; grad_norm4.wgsl reads grad_norm.wgsl's as vec4
+# (model.optimizers), beside the WGSL they write; grad_sumsq4 (grad_norm.wgsl at the vec4 width)
+# reads grad_sumsq's as vec4
 # (grad_sumsq4 adds each chunk in another order)
 grad_sumsq4 = grad_sumsq
 

@@ -1,16 +1,30 @@
-enable f16;
+//#if sg
 enable subgroups;
-// matmul_f16_vec4.wgsl with subgroup broadcasts, for adapters whose subgroups pass the plan's
-// check (device/planner.py): the same products (each one f16 multiply, summed in float32), the
-// same bindings, overrides and shapes (N and K multiples of 4; M and N for matmul_atb, any K).
-//   matmul_f16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
-//   matmul_abt_f16_sg  out[M,N] = A[M,K]   @ B[N,K]^T
-//   matmul_atb_f16_sg  out[M,N] = A[K,M]^T @ B[K,N]
-// A workgroup is one subgroup of 8 lanes owning 16 rows x 32 columns of out; lane l owns the
-// 4 columns 4(8 wid.x + l).. of all 16 rows. Why: lavapipe loads one lane at a time whatever the
-// address (matmul_sg.wgsl says how that was measured), so the rows of A are loaded once, by one
-// lane each, and handed to the others by broadcast. Per lane and 4 k (A @ B): 2 loads of A and 4 of
-// B for 256 products; A^T @ B, per 8 k: 4 of A and 8 of B for 512. The broadcasts carry f16.
+//#endif
+enable f16;
+// f16's own matmuls: the f16 products (products.wgsl's f16 section) read as vec4<f16>, for shapes
+// where N and K (M and N for matmul_atb, which takes any K) are multiples of 4
+// (kernels.f16_vec4_ok); the matmul.wgsl template takes the rest.
+//   matmul_f16_vec4      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
+//   matmul_abt_f16_vec4  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_f16_vec4  out[M,N] = A[K,M]^T @ B[K,N]
+//   matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg: the same with subgroup broadcasts (the sg
+//                        section), for adapters whose subgroups pass the plan's check
+//                        (device/planner.py): the same products, bindings, overrides and shapes
+// Every product is one f16 multiply of 4 lanes (the packed rate GPUs double), widened to float32
+// and added: the sums are float32, never f16. Operands and out: f16, or float32 (A32, B32:
+// rounded to f16 as read; A_F32, B_F32), out float32 (out32) or f16 (out16, OUT_F16). Rows past
+// M are clamped on load and skipped on store.
+//
+// vec4: each invocation owns a 4 x 4 block of out: 4 rows, one vec4 of columns. Per 4 steps of K
+// it loads 4 vec4 of A and 4 of B and takes 16 vec4<f16> products. 8 x 8 invocations a
+// workgroup: 32 x 32 of out.
+// sg: a workgroup is one subgroup of 8 lanes owning 16 rows x 32 columns of out; lane l owns the
+// 4 columns 4(8 wid.x + l).. of all 16 rows. Why another algorithm: lavapipe loads one lane at a
+// time whatever the address (matmul_vec4.wgsl says how that was measured), so the rows of A are
+// loaded once, by one lane each, and handed to the others by broadcast. Per lane and 4 k (A @ B):
+// 2 loads of A and 4 of B for 256 products; A^T @ B, per 8 k: 4 of A and 8 of B for 512. The
+// broadcasts carry f16.
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
@@ -26,9 +40,8 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 override A_F32: bool = false;
 override B_F32: bool = false;
 override OUT_F16: bool = false;
-const LANES: u32 = 8u;
 
-fn a4(i: u32) -> vec4<f16> {
+fn a4(i: u32) -> vec4<f16> {          // vec4 i of A, row-major
   if (A_F32) { return to_f16x4(A32[i]); }
   return A16[i];
 }
@@ -40,31 +53,115 @@ fn b4(i: u32) -> vec4<f16> {
 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
 
+// out row i at the 4 columns c4 (v: the products' sums plus the bias)
+fn put(i: u32, c4: u32, v: vec4<f32>) {
+  let o = i * (p.N / 4u) + c4;
+  if (OUT_F16) {
+    out16[o] = to_f16x4(v);
+  } else {
+    var w = v;
+    if (p.accumulate != 0u) { w += out32[o]; }
+    out32[o] = w;
+  }
+}
+
+fn bias4(c4: u32) -> vec4<f32> {
+  if (p.has_bias != 0u) { return bias[c4]; }
+  return vec4<f32>();
+}
+
+// B's rows 4kk .. 4kk + 3 at the 4 columns c4 (k4 = K / 4): A @ B reads them as they lie; for
+// A @ B^T (tb) columns 4c4.. are B's rows, each a vec4 along k, transposed here
+fn b_rows(c4: u32, kk: u32, k4: u32, tb: bool) -> array<vec4<f16>, 4> {
+  var bk: array<vec4<f16>, 4>;
+  if (tb) {
+    let j = 4u * c4;
+    let q0 = b4(j * k4 + kk);
+    let q1 = b4((j + 1u) * k4 + kk);
+    let q2 = b4((j + 2u) * k4 + kk);
+    let q3 = b4((j + 3u) * k4 + kk);
+    bk[0] = vec4<f16>(q0.x, q1.x, q2.x, q3.x);
+    bk[1] = vec4<f16>(q0.y, q1.y, q2.y, q3.y);
+    bk[2] = vec4<f16>(q0.z, q1.z, q2.z, q3.z);
+    bk[3] = vec4<f16>(q0.w, q1.w, q2.w, q3.w);
+  } else {
+    for (var t = 0u; t < 4u; t++) { bk[t] = b4((4u * kk + t) * (p.N / 4u) + c4); }
+  }
+  return bk;
+}
+
+fn store(acc: array<vec4<f32>, 4>, row0: u32, c4: u32) {
+  let b = bias4(c4);
+  for (var r = 0u; r < 4u; r++) {
+    if (row0 + r >= p.M) { return; }
+    put(row0 + r, c4, acc[r] + b);
+  }
+}
+
+// A @ B (tb false) or A @ B^T (tb true)
+fn a_times_b(gid: vec3<u32>, tb: bool) {
+  let n4 = p.N / 4u;
+  let k4 = p.K / 4u;
+  let c4 = gid.x;
+  let row0 = gid.y * 4u;
+  if (c4 >= n4 || row0 >= p.M) { return; }
+  var acc: array<vec4<f32>, 4>;
+  for (var kk = 0u; kk < k4; kk++) {
+    let bk = b_rows(c4, kk, k4, tb);   // bk[t]: B's row 4kk + t at the 4 columns
+    for (var r = 0u; r < 4u; r++) {
+      let a = a4(row(row0 + r) * k4 + kk);
+      acc[r] += vec4<f32>(a.x * bk[0]) + vec4<f32>(a.y * bk[1]) + vec4<f32>(a.z * bk[2]) + vec4<f32>(a.w * bk[3]);
+    }
+  }
+  store(acc, row0, c4);
+}
+
+@compute @workgroup_size(64)
+fn matmul_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, false); }
+
+@compute @workgroup_size(64)
+fn matmul_abt_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, true); }
+
+// A^T @ B: per k, one vec4 of A's row k (out rows row0..) and one of B's (the 4 columns): an
+// outer product of f16 lanes
+@compute @workgroup_size(64)
+fn matmul_atb_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let n4 = p.N / 4u;
+  let m4 = p.M / 4u;
+  let c4 = gid.x;
+  let row0 = gid.y * 4u;
+  if (c4 >= n4 || row0 >= p.M) { return; }
+  var acc: array<vec4<f32>, 4>;
+  for (var k = 0u; k < p.K; k++) {
+    let b = b4(k * n4 + c4);
+    let a = a4(k * m4 + gid.y);
+    acc[0] += vec4<f32>(a.x * b);
+    acc[1] += vec4<f32>(a.y * b);
+    acc[2] += vec4<f32>(a.z * b);
+    acc[3] += vec4<f32>(a.w * b);
+  }
+  store(acc, row0, c4);
+}
+//#if sg
+
+const LANES: u32 = 8u;
+
 // out row r += a . (B's rows k..k+3 at the 4 columns): four f16 products per column, float32 sums
 fn mac(acc: ptr<function, array<vec4<f32>, 16>>, r: u32, h: vec4<f16>, b: array<vec4<f16>, 4>) {
   (*acc)[r] += vec4<f32>(h.x * b[0]) + vec4<f32>(h.y * b[1]) + vec4<f32>(h.z * b[2]) + vec4<f32>(h.w * b[3]);
 }
 
-fn store(acc: array<vec4<f32>, 16>, row0: u32, c4: u32, live: bool) {
+fn store16(acc: array<vec4<f32>, 16>, row0: u32, c4: u32, live: bool) {
   if (!live) { return; }
-  let n4 = p.N / 4u;
-  var b = vec4<f32>();
-  if (p.has_bias != 0u) { b = bias[c4]; }
+  let b = bias4(c4);
   for (var r = 0u; r < 16u; r++) {
-    let i = row0 + r;
-    if (i >= p.M) { return; }
-    var v = acc[r] + b;
-    if (OUT_F16) {
-      out16[i * n4 + c4] = to_f16x4(v);
-    } else {
-      if (p.accumulate != 0u) { v += out32[i * n4 + c4]; }
-      out32[i * n4 + c4] = v;
-    }
+    if (row0 + r >= p.M) { return; }
+    put(row0 + r, c4, acc[r] + b);
   }
 }
 
 // A @ B (tb false) or A @ B^T (tb true). Lane l loads rows l and 8 + l of the workgroup's 16.
-fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
+fn a_times_b_sg(wid: vec3<u32>, lane: u32, tb: bool) {
   let n4 = p.N / 4u;
   let k4 = p.K / 4u;
   let cw = wid.x * LANES + lane;
@@ -74,20 +171,7 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
   let r1 = row(row0 + 8u + lane) * k4;
   var acc: array<vec4<f32>, 16>;
   for (var kk = 0u; kk < k4; kk++) {
-    var b: array<vec4<f16>, 4>;        // b[t]: B's row 4kk + t at the 4 columns
-    if (tb) {
-      let j = 4u * c4;
-      let q0 = b4(j * k4 + kk);
-      let q1 = b4((j + 1u) * k4 + kk);
-      let q2 = b4((j + 2u) * k4 + kk);
-      let q3 = b4((j + 3u) * k4 + kk);
-      b[0] = vec4<f16>(q0.x, q1.x, q2.x, q3.x);
-      b[1] = vec4<f16>(q0.y, q1.y, q2.y, q3.y);
-      b[2] = vec4<f16>(q0.z, q1.z, q2.z, q3.z);
-      b[3] = vec4<f16>(q0.w, q1.w, q2.w, q3.w);
-    } else {
-      for (var t = 0u; t < 4u; t++) { b[t] = b4((4u * kk + t) * n4 + c4); }
-    }
+    let b = b_rows(c4, kk, k4, tb);    // b[t]: B's row 4kk + t at the 4 columns
     let x0 = a4(r0 + kk);
     let x1 = a4(r1 + kk);
     mac(&acc, 0u, subgroupBroadcast(x0, 0u), b);
@@ -107,17 +191,17 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
     mac(&acc, 14u, subgroupBroadcast(x1, 6u), b);
     mac(&acc, 15u, subgroupBroadcast(x1, 7u), b);
   }
-  store(acc, row0, c4, cw < n4);
+  store16(acc, row0, c4, cw < n4);
 }
 
 @compute @workgroup_size(8)
 fn matmul_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-  a_times_b(wid, lane, false);
+  a_times_b_sg(wid, lane, false);
 }
 
 @compute @workgroup_size(8)
 fn matmul_abt_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-  a_times_b(wid, lane, true);
+  a_times_b_sg(wid, lane, true);
 }
 
 // the 16 values (4 vec4) of A's row k0 + t, from the lane t that loaded them
@@ -170,5 +254,6 @@ fn matmul_atb_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
       }
     }
   }
-  store(acc, row0, c4, cw < n4);
+  store16(acc, row0, c4, cw < n4);
 }
+//#endif
