@@ -163,15 +163,15 @@ def test_the_checks_fail_on_a_package_that_breaks_each_rule(tmp_path):
     assert hidden_imports(pkg) == ["tinygpt/app.py:2: tinygpt.cyc"]
 
 
-def name_comparisons(pkg: Path, names, room: str) -> list:
-    """Where a module outside `room` (a folder of the package) compares something with one of
-    `names`: `x == "adamw"`, `x in ("adamw", "muon")`, a match case. Docstrings and help text
-    that mention a name are not comparisons."""
+def name_comparisons(pkg: Path, names, *rooms: str) -> list:
+    """Where a module outside the `rooms` (folders or files of the package) compares something with
+    one of `names`: `x == "adamw"`, `x in ("adamw", "muon")`, a match case. Docstrings and help
+    text that mention a name are not comparisons."""
     found = []
     lit = lambda n: isinstance(n, ast.Constant) and n.value in names
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg)
-        if rel.parts[:len(Path(room).parts)] == Path(room).parts:
+        if any(rel.parts[:len(Path(room).parts)] == Path(room).parts for room in rooms):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             sides = []
@@ -199,6 +199,20 @@ def test_no_module_outside_the_tokenizers_room_compares_their_names():
     from tinygpt.tokenizers import NAMES
     found = name_comparisons(PKG, set(NAMES), "tokenizers")
     print(f"{len(found)} comparisons of {', '.join(NAMES)} outside tokenizers/")
+    assert not found, "\n".join(found)
+
+
+def test_no_module_outside_the_precisions_rooms_compares_their_names():
+    """Issue 48: a precision is asked what it is (core/precision.py's Precision: what it stores, its
+    weight copy, its feature), and a stored type likewise (device/gpu.py's DType: packed, its
+    products, its files; device/kernels.py's MATMULS: its fast matmuls), never compared by name.
+    The float64 reference rounds by name, as its twins are named; checkpoint.py's "fp32" and
+    "fp16" are values of the .tinygpt file's weightDtype field, not precisions."""
+    from tinygpt.core.precision import PRECISIONS
+    from tinygpt.device.gpu import DTYPES
+    names = set(PRECISIONS) | {n for n, d in DTYPES.items() if d.packed} | {"f32"}
+    found = name_comparisons(PKG, names, "core/precision.py", "device/gpu.py", "reference", "checkpoint.py")
+    print(f"{len(found)} comparisons of {', '.join(sorted(names))} outside their rooms")
     assert not found, "\n".join(found)
 
 

@@ -304,8 +304,8 @@ class GPT:
         """Write the model (weights, optimizer state, step) as a .tinygpt file, whole or not at all.
         An existing file tinygpt did not write is kept unless force. dtype: fp32, or fp16 for
         weights alone (as the export's tinygpt-fp16 format)."""
-        if dtype not in ("fp32", "fp16"):
-            raise UsageError(f"save: dtype fp32 or fp16, got {dtype!r}")
+        if dtype not in ckpt.ENCODED:
+            raise UsageError(f"save: dtype {' or '.join(ckpt.ENCODED)}, got {dtype!r}")
         out = Outputs(force).claim(path, "path", "checkpoint", ckpt.is_tinygpt)
         ckpt.save(out, self._ck, dtype)
         return out

@@ -517,6 +517,9 @@ def peek_step(path) -> int | None:
         return None
 
 
+ENCODED = ("fp32", "fp16")   # the weightDtypes encode writes (int4 is the export's: export.py)
+
+
 def save(path, ck: Checkpoint, dtype: str = "fp32"):
     """Write ck whole under path (atomically), stamped with the time of saving."""
     atomic_write(path, encode(ck, dtype, saved_at=now()))

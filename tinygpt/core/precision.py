@@ -40,6 +40,11 @@ class Precision:
         return None
 
     @property
+    def weight_copy(self) -> bool:
+        """Whether the matmuls read a copy of the weights (refreshed after every update), not the master."""
+        return self.weights != "f32"
+
+    @property
     def converts(self) -> bool:
         """Whether what is stored differs from float32, so that some kernels read converted copies."""
         return self.stored != "f32"

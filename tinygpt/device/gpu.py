@@ -27,24 +27,37 @@ from .cost import kernel_flops
 from .driver_cache import separate_shader_caches
 
 MAX_GROUPS = 65535
-# elements of each dtype a 4-byte word holds: bf16 and f16 pack two (element 2i in the low half of
-# word i: WGSL's array<f16> lays them out so, and bf16 follows the same order)
+
+
+# A 16-bit type's element 2i lies in the low half of word i: WGSL's array<f16> lays them out so,
+# and bf16 follows the same order.
 @dataclass(frozen=True)
 class DType:
-    """What a tensor's dtype name means, decided here once for the device, the kernels, the gate
-    and the model: values per 4-byte word, the NumPy type of a word on the host (a 16-bit type's
-    words are packed, element 2i in the low half of word i), and the kernels' constants that say
-    a binding holds it: `flag` for the attention kernels (BF16 / F16), `half` decode.wgsl's HALF
-    code (1 bf16, 2 f16; 0 for a 32-bit type)."""
+    """What a tensor's dtype name means, decided here once for the device, the kernels, the numerics
+    check and the model: values per 4-byte word, the NumPy type of a word on the host (a 16-bit
+    type's words are packed, element 2i in the low half of word i), and the kernels' constants
+    that say a binding holds it: `flag` for the attention kernels (BF16 / F16), `half` decode.wgsl's
+    HALF code (1 bf16, 2 f16; 0 for a 32-bit type). `products`: the section of products.wgsl that
+    completes the matmul templates for it (its products' type); `files`: the shader files that
+    are its own whole (the others keep its kernels in a section tagged with its name). Its own
+    fast matmuls are device/kernels.py's MATMULS[name]."""
     name: str
     per_word: int
     word: type
     flag: str | None = None
     half: int = 0
+    products: str = "f32"
+    files: frozenset = frozenset()
+
+    @property
+    def packed(self) -> bool:
+        """Two values a word: a 16-bit float, stored beside its float32 master values."""
+        return self.per_word == 2
 
 
 DTYPES = {d.name: d for d in (DType("f32", 1, np.float32), DType("u32", 1, np.uint32), DType("i32", 1, np.int32),
-                              DType("bf16", 2, np.uint32, "BF16", 1), DType("f16", 2, np.uint32, "F16", 2))}
+                              DType("bf16", 2, np.uint32, "BF16", 1),
+                              DType("f16", 2, np.uint32, "F16", 2, "f16", frozenset({"matmul_f16.wgsl"})))}
 PER_WORD = {n: d.per_word for n, d in DTYPES.items()}       # the model's tables read this one field
 HALVES = tuple(n for n, d in DTYPES.items() if d.half)
 

@@ -63,25 +63,64 @@ def f16_vec4_ok(entry, M, N, K) -> bool:
     return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
 
 
-def matmul_variant(plan: KernelPlan, entry, M, N, K, dtype: str = "f32") -> str:
-    """The plan's matmul family (plan.matmul) in a precision's form, where the shape allows it;
-    "scalar" (the matmul.wgsl template: any shape, every precision) where it does not.
-      f32   scalar, vec4, sg or tiled as the plan says.
-      bf16  tiled (the matmul_tiled.wgsl template); sg (matmul_bf16_sg.wgsl: K and N multiples of
-            8) for sg, and for vec4 (which has no bf16 form) where subgroups work; scalar otherwise.
-      f16   tiled (the template with f16 products); sg (matmul_f16.wgsl's sg section) where the plan's
-            matmuls take subgroups (sg, or vec4 with subgroups that passed the check); vec4
-            (matmul_f16.wgsl) otherwise."""
-    subgroups = plan.matmul in ("sg", "vec4") and plan.subgroups == "ok"
-    if dtype == "f32":
+class MatmulSet:
+    """A stored type's own fast matmul kernels, beside the templates every type shares (scalar:
+    matmul.wgsl, any shape; tiled: matmul_tiled.wgsl), completed with its DType's products. One
+    per type in MATMULS: `variant` is which kernel a plan and a shape take, `launch` the Kernels
+    method that binds it (given the variant, the shape and the uniform's first five values);
+    `batched`: whether its kernels take a batch of products in one dispatch."""
+    batched = False
+    launch = ""
+
+    def variant(self, plan: KernelPlan, entry, M, N, K) -> str:
+        raise NotImplementedError
+
+
+class F32Matmuls(MatmulSet):
+    """float32: scalar, vec4 (matmul_vec4.wgsl), sg (its sg section) or tiled, as the plan says."""
+    batched, launch = True, "_mm_f32"
+
+    def variant(self, plan, entry, M, N, K):
         return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
-    if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
-        return "tiled"
-    if dtype == "bf16":
-        return "sg" if subgroups and half_ok(entry, M, N, K) else "scalar"
-    if not f16_vec4_ok(entry, M, N, K):
-        return "scalar"
-    return "sg" if subgroups else "vec4"
+
+
+class BF16Matmuls(MatmulSet):
+    """bf16: tiled; sg (matmul_bf16_sg.wgsl: K and N multiples of 8) for sg, and for vec4 (which has
+    no bf16 form) where subgroups work; scalar otherwise."""
+    launch = "_mm_bf16_sg"
+
+    def variant(self, plan, entry, M, N, K):
+        if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
+            return "tiled"
+        return "sg" if subgroups_on(plan) and half_ok(entry, M, N, K) else "scalar"
+
+
+class F16Matmuls(MatmulSet):
+    """f16: tiled (the template with f16 products); sg (matmul_f16.wgsl's sg section) where the plan's
+    matmuls take subgroups (sg, or vec4 with subgroups that passed the check); vec4 (matmul_f16.wgsl)
+    otherwise."""
+    launch = "_mm_f16"
+
+    def variant(self, plan, entry, M, N, K):
+        if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
+            return "tiled"
+        if not f16_vec4_ok(entry, M, N, K):
+            return "scalar"
+        return "sg" if subgroups_on(plan) else "vec4"
+
+
+MATMULS = {"f32": F32Matmuls(), "bf16": BF16Matmuls(), "f16": F16Matmuls()}   # keyed as gpu.DTYPES
+
+
+def subgroups_on(plan: KernelPlan) -> bool:
+    """Whether the plan's matmuls take subgroups: sg, or vec4 with subgroups that passed the check."""
+    return plan.matmul in ("sg", "vec4") and plan.subgroups == "ok"
+
+
+def matmul_variant(plan: KernelPlan, entry, M, N, K, dtype: str = "f32") -> str:
+    """The plan's matmul family (plan.matmul) in a stored type's form, where the shape allows it;
+    "scalar" (the matmul.wgsl template: any shape, every type) where it does not."""
+    return MATMULS[dtype].variant(plan, entry, M, N, K)
 
 
 def sg_blocks(N, most=3) -> int:
@@ -215,13 +254,14 @@ class Kernels:
         uniform = (M, N, K, bias is not None, accumulate, batch) + strides
         if variant in ("scalar", "tiled"):
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, variant, dtype)
-        assert batch == 1 or dtype == "f32", (entry, dtype)
-        if dtype == "bf16":         # bf16's one fast kernel: a forced vec4 has no bf16 form
-            assert variant == "sg", (entry, variant)
-            return self._mm_bf16_sg(entry, a, b, bias, out, M, N, K, uniform[:5], nb, tm)
-        if dtype == "f16":
-            return self._mm_f16(entry, a, b, bias, out, M, N, K, uniform[:5], variant)
-        gpu, tensors = self.gpu, [a, b, bias, out]
+        own = MATMULS[dtype]
+        assert batch == 1 or own.batched, (entry, dtype)
+        return getattr(self, own.launch)(entry, a, b, bias, out, M, N, K, uniform if own.batched else uniform[:5],
+                                         variant, nb, tm)
+
+    def _mm_f32(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
+        """matmul_vec4.wgsl's vec4 kernels, or its sg section's (rows and column blocks: sg_tile)."""
+        gpu, tensors, batch = self.gpu, [a, b, bias, out], uniform[5]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
             k = gpu.kernel("matmul_vec4.wgsl", entry + "_sg", "urrrw", {"NC": nc, "TM": tm}, SUBGROUPS)
@@ -238,7 +278,7 @@ class Kernels:
         the other binding of each pair gets a dummy."""
         half = {"A_HALF": a.dtype in HALVES, "B_HALF": b.dtype in HALVES, "OUT_HALF": out.dtype in HALVES}
         consts = {n: True for n, on in half.items() if on}
-        products = "f16" if dtype == "f16" else "f32"
+        products = DTYPES[dtype].products
         pick = lambda t, on: t if on else None
         tensors = [pick(a, not half["A_HALF"]), pick(b, not half["B_HALF"]), pick(a, half["A_HALF"]),
                    pick(b, half["B_HALF"]), bias, pick(out, not half["OUT_HALF"]), pick(out, half["OUT_HALF"])]
@@ -253,24 +293,26 @@ class Kernels:
                             {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **consts}, products)
         return self.gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
 
-    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, uniform, nb, tm) -> Dispatch:
-        """matmul_bf16_sg.wgsl: 8 bf16 at a time. An "f32" operand is float32 (the backward's
-        gradients; any operand but B of A @ B^T); out float32 or bf16."""
-        assert half_ok(entry, M, N, K), (entry, M, N, K)
-        consts = {n: True for n, on in (("A_F32", a.dtype == "f32"), ("B_F32", b.dtype == "f32"),
-                                        ("OUT_BF16", out.dtype == "bf16")) if on}
+    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
+        """matmul_bf16_sg.wgsl: 8 bf16 at a time (its one fast kernel: a forced vec4 has no bf16
+        form). An operand not packed is float32 (the backward's gradients; any operand but B of
+        A @ B^T); out float32 or bf16."""
+        assert variant == "sg" and half_ok(entry, M, N, K), (entry, variant, M, N, K)
+        packed = [DTYPES[t.dtype].packed for t in (a, b, out)]
+        consts = {n: True for n, on in zip(("A_F32", "B_F32", "OUT_BF16"), (not packed[0], not packed[1], packed[2]))
+                  if on}
         assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
         nb = bf16_blocks(N) if nb is None else nb
         tm = tm or bf16_rows(M)
         k = self.gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
-    def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant) -> Dispatch:
+    def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
         """matmul_f16.wgsl's sg section ("sg") or its vec4 kernels ("vec4"). Each operand f16, or float32
         rounded to f16 as it is read (bound at A32/B32, the f16 binding left to a dummy); out
         float32 or f16."""
         assert variant in ("sg", "vec4") and f16_vec4_ok(entry, M, N, K), (entry, variant, M, N, K)
-        half = {"a": a.dtype == "f16", "b": b.dtype == "f16", "out": out.dtype == "f16"}
+        half = {n: DTYPES[t.dtype].packed for n, t in (("a", a), ("b", b), ("out", out))}
         consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
                   if on}
         k = self.gpu.kernel("matmul_f16.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts,
@@ -563,8 +605,7 @@ class Kernels:
         f16 (their dtype says; B*T*C a multiple of 8)."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
-                  "BF16": DTYPES[ins[0].dtype].flag == "BF16", "F16": DTYPES[ins[0].dtype].flag == "F16",
-                  **windowed(window, T)}
+                  **({DTYPES[ins[0].dtype].flag: True} if DTYPES[ins[0].dtype].flag else {}), **windowed(window, T)}
         k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
@@ -627,7 +668,8 @@ class Kernels:
 
     def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
-        assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and out.dtype == "f32", (q.dtype, out.dtype)
+        assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and not DTYPES[out.dtype].packed, \
+            (q.dtype, out.dtype)
         k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS,
                              {"HALF": DTYPES[q.dtype].half, **windowed(window)})
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))

@@ -20,7 +20,6 @@ from .gpu import DTYPES, GPU, GPUError
 from .kernels import DECODE_UNIFORM_BYTES, Kernels, decode_uniform
 from .plan import PORTABLE
 
-F16_FILES = {"matmul_f16.wgsl"}    # the others' f16 kernels: their f16 section
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
 
@@ -31,24 +30,29 @@ class NumericsError(GPUError):
 
 def half_kernels(dispatches, dtype: str = "f16") -> set:
     """(entry, constants) of the dispatches that read or write `dtype` (a precision's stored type):
-    every one that binds a tensor of it, and for f16 also the f16 files' kernels and those built
-    with a file's f16 section (among them the matmul
-    templates completed with f16 products (named as their twins are: matmul_atb_f16,
-    matmul_f16_tiled; they take f32 gradients rounded to f16 as read) and the attention's and the
-    decode step's with their f16 constants (F16, HALF 2)."""
-    f16 = lambda d: dtype == "f16" and (d.kernel.file in F16_FILES or "f16" in d.kernel.tags
-                                        or ("F16", True) in d.kernel.constants
-                                        or ("HALF", DTYPES["f16"].half) in d.kernel.constants)
-    return {(f16_name(d.kernel), d.kernel.constants) for d in dispatches if dtype in d.dtypes or f16(d)}
+    every one that binds a tensor of it, the kernels of its own files (gpu.DType.files) and those
+    built with a file's section tagged with its name, the matmul templates completed with its
+    products (named as their twins are: matmul_atb_f16, matmul_f16_tiled; they take float32
+    gradients rounded to it as read) and the attention's and the decode step's with its constants
+    (F16, HALF 2)."""
+    dt = DTYPES[dtype]
+    consts = {(dt.flag, True), ("HALF", dt.half)} if dt.packed else set()
+    own = lambda k: k.file in dt.files or dtype in k.tags or bool(consts & set(k.constants)) or _own_products(k, dt)
+    return {(typed_name(d.kernel, dt), d.kernel.constants) for d in dispatches if dtype in d.dtypes or own(d.kernel)}
 
 
-def f16_name(kernel) -> str:
-    """A template's entry point with its f16 products in the name (matmul_abt_tiled ->
-    matmul_abt_f16_tiled, the twin's name); any other kernel's entry point."""
-    if kernel.fill != "f16":
+def _own_products(kernel, dt) -> bool:
+    """Whether a template kernel was completed with `dt`'s products, where those are not float32's."""
+    return dt.products != DTYPES["f32"].products and kernel.fill == dt.products
+
+
+def typed_name(kernel, dt=DTYPES["f16"]) -> str:
+    """A template's entry point with the type of its products in the name (matmul_abt_tiled ->
+    matmul_abt_f16_tiled, the twin's name) where they are `dt`'s; any other kernel's entry point."""
+    if not _own_products(kernel, dt):
         return kernel.name
     base, tiled = kernel.name.removesuffix("_tiled"), kernel.name.endswith("_tiled")
-    return base + "_f16" + ("_tiled" if tiled else "")
+    return base + "_" + dt.name + ("_tiled" if tiled else "")
 
 
 def _far(got, want) -> float | None:

@@ -67,7 +67,7 @@ class Path:
     def reads(self, dtype: str, plan: KernelPlan, B: int, T: int, C: int, H: int) -> bool:
         """Whether its kernels read q, k, v stored in `dtype` (else the model gives them float32
         copies): every kernel reads float32."""
-        return dtype == "f32"
+        return not DTYPES[dtype].packed
 
     def rows(self) -> tuple:
         raise NotImplementedError
@@ -193,7 +193,7 @@ class Online(Path):
     def reads(self, dtype, plan, B, T, C, H):
         """The online kernels also read bf16 and f16 (BF16 and F16 of online.wgsl, by element, and
         of online_sg.wgsl, by whole words: B*T*C a multiple of 8)."""
-        if dtype == "f32":
+        if not DTYPES[dtype].packed:
             return True
         if not DTYPES[dtype].flag:           # a 16-bit type the kernels take through their BF16 / F16 constant
             return False

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.precision import Precision
-from ..device.gpu import Tensor
+from ..device.gpu import DTYPES, Tensor
 from ..device.kernels import Kernels
 
 MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W")
@@ -53,7 +53,7 @@ class PolicyKernels:
         """dst = src in dst's dtype; nothing where they are one tensor."""
         if src is dst:
             return []
-        return [self._k("to_f32" if dst.dtype == "f32" else "from_f32")(src, dst, n)]
+        return [self._k("from_f32" if DTYPES[dst.dtype].packed else "to_f32")(src, dst, n)]
 
 
 @dataclass
@@ -99,7 +99,7 @@ def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W
     stored (a 16-bit out gets the float32 sum in lo.y, then one rounding)."""
     if lo is None or name not in lo.A:
         return [pk.matmul(x, W, bias, out, rows, N, K)]
-    y = out if out.dtype == "f32" else _cols(lo.y, rows, N)
+    y = _cols(lo.y, rows, N) if DTYPES[out.dtype].packed else out
     ds = [pk.matmul(x, W, bias, y, rows, N, K),
           pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
           kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale),

@@ -172,7 +172,7 @@ def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_he
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
     on |= {"split head"} if split_head else set()
-    on |= {"weight copy"} if policy.weights != "f32" else set()
+    on |= {"weight copy"} if policy.weight_copy else set()
     on |= {"converts"} if policy.converts else set()
     on |= {"attention reads f32"} if policy.converts and not attention_reads_stored else set()
     on |= {"cache"} if cache else set()
