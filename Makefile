@@ -5,6 +5,9 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 STEPS   ?=
 ARGS    ?=
+# pytest's workers (pytest-xdist): two, CI's cores; JOBS=0 runs the tests in one process, one after another
+JOBS    ?= 2
+XDIST   := -n $(JOBS) --dist worksteal
 
 .PHONY: train test test-fast adapter engines clean
 
@@ -52,19 +55,19 @@ train: adapter
 # and whole training steps (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against
 # the float64 reference.
 test: adapter engines
-	$(BIN)/python -m pytest -q $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
-		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_kernels.py tests/test_decode.py tests/test_f16.py \
-			-k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
-		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q tests/test_window.py -k "windowed_attention or attn_decode" \
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) \
+			tests/test_kernels.py tests/test_decode.py tests/test_f16.py -k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) tests/test_window.py -k "windowed_attention or attn_decode" \
 			$(ARGS) || exit 1; done
 	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
-		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q -m "kernel and not slow" $(ARGS) || exit 1; \
+		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q $(XDIST) -m "kernel and not slow" $(ARGS) || exit 1; \
 	else echo "== GL kernel run skipped: $$(TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief 2>&1 | grep error: | tail -1) =="; fi
 	@if $(DAWN) $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests and whole training steps on Dawn + SwiftShader =="; \
-		$(DAWN) $(BIN)/python -m pytest -q $(DAWN_TESTS) $(ARGS); \
+		$(DAWN) $(BIN)/python -m pytest -q $(XDIST) $(DAWN_TESTS) $(ARGS); \
 	else echo "== Dawn run skipped: $$($(DAWN) $(BIN)/python -m tinygpt info --brief 2>&1 | grep error: | tail -1) =="; fi
 
 # The inner loop, a few minutes on a 2-core CPU (docs/testing.md): the layering and the reference,
@@ -73,7 +76,7 @@ test: adapter engines
 FAST := tests/test_layers.py tests/test_reference.py tests/test_kernels.py tests/test_optim.py tests/test_format.py \
         tests/test_tokenfile.py tests/test_attention.py
 test-fast: adapter
-	$(BIN)/python -m pytest -q -m "not slow" $(FAST) -k "not float64 or online" $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(FAST) -k "not float64 or online" $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -215,7 +215,9 @@ def test_train_profile_table_and_json(tmp_path):
     step, rows = rows[-1], rows[:-1]
     again = json.loads((tmp_path / "tuning.json").read_text())[key]["peaks"]
     print("peaks measured again:", again, "reliable:", step.get("peaks_reliable"))
-    assert again["gflops"] > 1 and again["gbps"] > 1 and step["peak_gflops"] == again["gflops"]
+    # measured again means far above the absurd 1e-3 (a busy machine, another test beside this one
+    # under make test's workers, has measured under 1 GB/s)
+    assert again["gflops"] > 0.1 and again["gbps"] > 0.1 and step["peak_gflops"] == again["gflops"]
     over = [r["kernel"] for r in rows if r["pct_peak"] > 100] + (["step"] if step["mfu"] > 1 else [])
     assert step["peaks_reliable"] is (not over), over
 
