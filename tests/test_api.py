@@ -108,8 +108,9 @@ def test_training_is_the_trainers_bit_for_bit(tmp_path, text):
     assert a.step == b.step == 10
 
 
-def test_errors_are_the_clis(gpt, text, tmp_path):
-    with pytest.raises(tinygpt.UsageError, match="--lr: must be a positive"):
+def test_errors_are_the_clis_checks_in_the_apis_words(gpt, text, tmp_path):
+    """The flags' own checks, each option named by its keyword (lr, top_k), not its flag."""
+    with pytest.raises(tinygpt.UsageError, match="^train: lr: must be a positive"):
         gpt.train(2, data=text, lr=-1)
     with pytest.raises(tinygpt.UsageError, match="not a setting of tinygpt train"):
         gpt.train(2, data=text, learning_rate=1e-3)
@@ -117,8 +118,10 @@ def test_errors_are_the_clis(gpt, text, tmp_path):
         gpt.logits(np.zeros(33, np.int64))
     with pytest.raises(tinygpt.UsageError, match="token ids must be 0 to 255"):
         gpt.loss([1, 2, 300])
-    with pytest.raises(tinygpt.UsageError, match="top-k"):
+    with pytest.raises(tinygpt.UsageError, match="^top_k must be positive"):
         gpt.generate("a", 5, top_k=0)
+    with pytest.raises(tinygpt.UsageError, match="^max_new_tokens must be 1 to 100,000, got 0"):
+        gpt.generate("a", 0)
     with pytest.raises(tinygpt.CheckpointError, match="no such file"):
         tinygpt.GPT.load(tmp_path / "missing.tinygpt")
     (tmp_path / "notes.txt").write_text("mine")
@@ -131,6 +134,44 @@ def test_errors_are_the_clis(gpt, text, tmp_path):
         gpt.train(2, data=text, seed=9)         # it would draw other weights than the model has
     with pytest.raises(tinygpt.UsageError, match="vocabulary 256 or 50257"):
         tinygpt.GPT.from_config(tinygpt.Config(layers=1, d_model=32, heads=2, ctx=16, vocab=300))
+
+
+HOSTILE = [   # (what, the call on a model g, the start of the error) issue 47: each was a raw Python error or accepted
+    ("a misspelt keyword", lambda g: tinygpt.GPT.from_preset("tiny", n_layer=2), "GPT.from_preset: 'n_layer' is not"),
+    ("a bad shape value", lambda g: tinygpt.GPT.from_preset("tiny", layers=0), "GPT.from_preset: layers: must be "),
+    ("encode of a number", lambda g: g.encode(5), "encode: give text"),
+    ("decode past the vocabulary", lambda g: g.decode([256]), "decode: token ids must be 0 to 255"),
+    ("decode of a negative id", lambda g: g.decode([-1]), "decode: token ids must be 0 to 255"),
+    ("decode of ragged rows", lambda g: g.decode([[1, 2], [3]]), "decode: token ids must be a list"),
+    ("decode of floats", lambda g: g.decode([1.5]), "decode: token ids must be whole numbers"),
+    ("decode of text", lambda g: g.decode("abc"), "decode: token ids must be whole numbers"),
+    ("logits of ragged rows", lambda g: g.logits([[1, 2], [3]]), "logits: token ids must be a list"),
+    ("a seed that is text", lambda g: g.generate("a", 2, seed="x"), "generate: seed must be a whole number"),
+    ("a cache that is not a bool", lambda g: g.generate("a", 2, cache="no"), "generate: cache is True or False"),
+    ("save to None", lambda g: g.save(None), "save: give a file name"),
+    ("load of None", lambda g: tinygpt.GPT.load(None), "GPT.load: give a file name"),
+    ("load with a misspelt keyword", lambda g: tinygpt.GPT.load("x.tinygpt", precison="bf16"), "GPT.load: 'precison'"),
+]
+
+
+@pytest.mark.parametrize("what,call,start", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_arguments_are_refused_at_the_call(gpt, what, call, start):
+    with pytest.raises(tinygpt.UsageError) as e:
+        call(gpt)
+    print(what, "->", e.value)
+    assert str(e.value).startswith(start), str(e.value)
+
+
+def test_a_trainers_own_arguments_are_checked(gpt, text):
+    t = gpt.trainer(2, data=text)
+    for call, start in ((lambda: t.run(1, every=0), "train: run's every must be a whole number 1 or more"),
+                        (lambda: t.run(1, callback=5), "train: run's callback is a function"),
+                        (lambda: t.val_loss(0), "val_loss: windows must be a whole number 1 or more"),
+                        (lambda: t.val_loss("3"), "val_loss: windows must be a whole number")):
+        with pytest.raises(tinygpt.UsageError) as e:
+            call()
+        assert str(e.value).startswith(start), str(e.value)
+    assert t.step_count == 0        # nothing ran
 
 
 def test_from_config_is_from_preset_of_its_shape():

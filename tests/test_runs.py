@@ -53,7 +53,7 @@ def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("lr = -1\n", "--lr: must be a positive finite number"),
+    ("lr = -1\n", ": lr: must be a positive finite number"),           # the key, as the file names it
     ("learning_rate = 1e-3\n", "'learning_rate' is not a setting of tinygpt train"),
     ("steps = \n", "not TOML"),
     ("quiet = 1\n", "quiet is true or false"),

@@ -15,13 +15,15 @@ with the CLI's messages; options are named as the CLI's flags name them.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 
 import numpy as np
 
 from . import checkpoint as ckpt
 from . import lora_files
 from .core.config import PRESET_TOKENIZER, Config, preset
-from .core.errors import UsageError
+from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
@@ -57,6 +59,49 @@ CLI_ONLY = ("out", "force", "resume", "log", "quiet", "save_every", "minutes", "
             "eval_every", "eval_windows", "preset", "steps")
 
 
+# The options whose keyword here is not the option's own name (the rest are named as they are: top_k).
+API_NAMES = {"tokens": "max_new_tokens"}
+# What GPT.load and GPT.from_preset pass on to GPT itself.
+MODEL_KEYWORDS = ("attention", "precision", "kernels", "gpu")
+
+
+def in_api_words(f):
+    """Errors from a call of the API name options by its keywords (max_new_tokens, top_k, d_model),
+    not as the command line's flags (--tokens, --top-k)."""
+    @functools.wraps(f)
+    def call(*args, **kw):
+        try:
+            return f(*args, **kw)
+        except TinyGPTError as e:
+            e.wording = lambda name: API_NAMES.get(name, name)
+            raise
+    return call
+
+
+def whole(value, what: str, low: int, high: int | None = None) -> int:
+    """An int argument (not a bool, not a float or text), low to high."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < low or high is not None and value > high:
+        span = f"{low:,} to {high:,}" if high is not None else f"{low:,} or more"
+        raise UsageError(f"{what} must be a whole number {span}, got {value!r}")
+    return int(value)
+
+
+def file_name(path, what: str) -> str:
+    """A path argument: text or os.PathLike, not None or a number."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        raise UsageError(f"{what}: give a file name (str or pathlib.Path), got {path!r}")
+    return os.fspath(path)
+
+
+def model_keywords(kw: dict, what: str, more=()):
+    """GPT's own keywords, and only those: a misspelt one (n_layer) is named, not a TypeError."""
+    known = MODEL_KEYWORDS + tuple(more)
+    bad = [k for k in kw if k not in known]
+    if bad:
+        raise UsageError(f"{what}: {bad[0]!r} is not one of its keywords ({', '.join(known)})")
+
+
 class GPT:
     """A model: its weights, config and tokenizer, with the device objects that run it made
     when first needed. Make one with GPT.load or GPT.from_preset."""
@@ -79,15 +124,18 @@ class GPT:
 
     # ---- making one ------------------------------------------------------------------------------
     @classmethod
+    @in_api_words
     def load(cls, path, **kw) -> GPT:
         """A .tinygpt file (ours, or TinyGPT's own). kw: attention, precision, kernels,
         tokenizer_file, gpu, as the CLI's eval and sample take them."""
-        label = str(path)
+        model_keywords(kw, "GPT.load", ("tokenizer_file",))
+        label = path = file_name(path, "GPT.load")
         ck = ckpt.load(path, label)
         lora_files.finite_weights(ck, label)
         return cls(ck, source=label, tokenizer_file=kw.pop("tokenizer_file", None), **kw)
 
     @classmethod
+    @in_api_words
     def from_preset(cls, name: str = "small", *, layers: int | None = None, d_model: int | None = None,
                     heads: int | None = None, ctx: int | None = None, sliding_window: int | None = None,
                     batch: int | None = None, tokenizer: str | None = None, tokenizer_file: str | None = None,
@@ -95,6 +143,8 @@ class GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it (batch: its training batch, which the
         trainer may change), checked as the CLI's flags are."""
+        model_keywords(kw, "GPT.from_preset", ("layers", "d_model", "heads", "ctx", "sliding_window", "batch",
+                                               "tokenizer", "tokenizer_file", "seed"))
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
                                         sliding_window=sliding_window, batch=batch, tokenizer=tokenizer,
                                         tokenizer_file=tokenizer_file, seed=seed).items() if v is not None}
@@ -110,6 +160,7 @@ class GPT:
         return cls(ck, source=f"the new {o.preset} model", recipe=recipe, tokenizer_file=tokenizer_file, **kw)
 
     @classmethod
+    @in_api_words
     def from_config(cls, config: Config, **kw) -> GPT:
         """A new model of this Config's shape (its layers, d_model, heads, ctx, window, batch and
         seed; its vocabulary names the tokenizer: 256 bytes, or GPT-2's 50257)."""
@@ -149,11 +200,21 @@ class GPT:
             self._gpu = default_gpu()
         return self._gpu
 
+    @in_api_words
     def encode(self, text: str) -> np.ndarray:
+        """The token ids of text, int64 [T]."""
+        if not isinstance(text, str):
+            raise UsageError(f"encode: give text (a str), got {type(text).__name__}")
         return np.asarray(self.tokenizer.encode(text), np.int64)
 
+    @in_api_words
     def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+        """The text of token ids (any shape, read in order), each 0 to vocab - 1."""
+        a = _int_array(ids, "decode")
+        if a.size and (a.min() < 0 or a.max() >= self._ck.cfg.vocab):
+            raise UsageError(f"decode: token ids must be 0 to {self._ck.cfg.vocab - 1}, got {int(a.min())} to "
+                             f"{int(a.max())}")
+        return self.tokenizer.decode([int(i) for i in a.reshape(-1)])
 
     def __repr__(self):
         c = self._ck.cfg
@@ -177,7 +238,7 @@ class GPT:
     def _ids(self, tokens, most: int, what: str) -> tuple[np.ndarray, bool]:
         """tokens (text, or ids [T] or [N, T]) as uint32 [N, T] with 1 <= T <= most, each id checked."""
         one = isinstance(tokens, str)
-        a = self.encode(tokens) if one else np.asarray(tokens)
+        a = self.encode(tokens) if one else _int_array(tokens, what)
         one = one or a.ndim == 1
         if a.ndim == 1:
             a = a[None, :]
@@ -221,6 +282,7 @@ class GPT:
             xb[k:], yb[k:] = xb[0], yb[0]
             yield model, k, xb, yb
 
+    @in_api_words
     def logits(self, tokens) -> np.ndarray:
         """Next-token logits, float32 [N, T, vocab] for ids [N, T] ([T, vocab] for text or ids [T]);
         any N, and T up to the context."""
@@ -234,6 +296,7 @@ class GPT:
         out = np.concatenate(out)
         return out[0] if one else out
 
+    @in_api_words
     def loss(self, tokens, targets=None) -> float:
         """Mean next-token cross-entropy in nats: of targets after tokens (both [T] or [N, T]), or,
         without targets, of each token after the ones before it (text or ids of up to ctx + 1)."""
@@ -253,6 +316,7 @@ class GPT:
             total += rows.astype(np.float64).sum()
         return total / x.size
 
+    @in_api_words
     def generate(self, prompt="\n", max_new_tokens: int = 50, *, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int = 0, num_samples: int = 1, cache: bool = True):
         """The prompt and max_new_tokens tokens after it: text for a text prompt, ids for ids
@@ -260,11 +324,14 @@ class GPT:
         top_p narrow the draw; a seed gives the same tokens again. cache: from the key/value cache
         (False: the whole window's forward per token, as the sample command without its cache)."""
         check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples, self._ck.cfg.vocab)
+        seed = whole(seed, "generate: seed", 0, 2 ** 64 - 1)
+        if not isinstance(cache, bool):
+            raise UsageError(f"generate: cache is True or False, got {cache!r}")
         text = isinstance(prompt, str)
         if text:
             ids = [int(i) for i in self.tokenizer.encode(prompt)] or [int(self.tokenizer.encode("\n")[0])]
         else:
-            a = np.asarray(prompt)
+            a = _int_array(prompt, "generate")
             if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
                 raise UsageError(f"generate: give the prompt as text or as token ids [T], got shape {a.shape} "
                                  f"of {a.dtype}")
@@ -287,11 +354,13 @@ class GPT:
         return out[0] if num_samples == 1 else out
 
     # ---- training and saving ---------------------------------------------------------------------
+    @in_api_words
     def trainer(self, steps: int, data=None, **options) -> Trainer:
         """A training run of `steps` more steps (its schedule planned to end there), to run in
         parts with Trainer.step and Trainer.run. options: `tinygpt train`'s, by long name."""
         return Trainer(self, steps, data, options)
 
+    @in_api_words
     def train(self, steps: int, data=None, **options) -> dict:
         """Train `steps` more steps (the CLI's steps option is the total; this is the number to run)
         with the trainer's own code: its schedule, accumulation, precision and optimizer, each
@@ -300,12 +369,16 @@ class GPT:
         built-in corpus). Returns the last step's loss, lr and gradient norm."""
         return self.trainer(steps, data, **options).run()
 
+    @in_api_words
     def save(self, path, *, force: bool = False, dtype: str = "fp32"):
         """Write the model (weights, optimizer state, step) as a .tinygpt file, whole or not at all.
         An existing file tinygpt did not write is kept unless force. dtype: fp32, or fp16 for
         weights alone (as the export's tinygpt-fp16 format)."""
+        path = file_name(path, "save")
         if dtype not in ckpt.ENCODED:
             raise UsageError(f"save: dtype {' or '.join(ckpt.ENCODED)}, got {dtype!r}")
+        if not isinstance(force, bool):
+            raise UsageError(f"save: force is True or False, got {force!r}")
         out = Outputs(force).claim(path, "path", "checkpoint", ckpt.is_tinygpt)
         ckpt.save(out, self._ck, dtype)
         return out
@@ -348,6 +421,7 @@ class Trainer:
     def step_count(self) -> int:
         return self._run.model.step_count
 
+    @in_api_words
     def step(self) -> float:
         """One step (on the device, nothing read back) -> the lr it took."""
         run, model = self._run, self._run.model
@@ -357,6 +431,7 @@ class Trainer:
         model.step(*run.data.sample(run.rng, model.B * model.accum), self.lr)
         return self.lr
 
+    @in_api_words
     def run(self, steps: int | None = None, callback=None, every: int = 10) -> dict:
         """`steps` more steps of the run (all it has left by default), then its weights handed to
         the GPT. callback(record) every `every` steps and at the last, record as run() returns."""
@@ -364,15 +439,19 @@ class Trainer:
         n = left if steps is None else steps
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= left:
             raise UsageError(f"train: run(steps) takes 0 to the {left:,} steps left, got {steps!r}")
+        if callback is not None and not callable(callback):
+            raise UsageError(f"train: run's callback is a function of the record, got {type(callback).__name__}")
+        every = whole(every, "train: run's every", 1)
         rec = None
         for i in range(n):
             self.step()
-            if callback and ((i + 1) % max(1, every) == 0 or i + 1 == n):
+            if callback and ((i + 1) % every == 0 or i + 1 == n):
                 callback(rec := self.record())
         rec = rec if rec and rec["step"] == self.step_count else self.record() if n else None
         self.sync()
         return rec
 
+    @in_api_words
     def record(self) -> dict:
         """The last step's loss, lr and gradient norm (one read), checked as the CLI checks them."""
         model = self._run.model
@@ -383,8 +462,10 @@ class Trainer:
         self.best = loss if self.best is None else min(self.best, loss)
         return {"step": model.step_count, "loss": loss, "lr": self.lr, "grad_norm": norm}
 
+    @in_api_words
     def val_loss(self, windows: int | None = 64) -> float:
         """Mean loss over the first `windows` windows of the validation split (None: all of it)."""
+        windows = None if windows is None else whole(windows, "val_loss: windows", 1)
         return self._run.model.mean_loss(*self._run.data.val_windows(windows))
 
     def sync(self):
@@ -393,3 +474,16 @@ class Trainer:
         self.gpt._adopt(ck)
         if self.gpt.source.startswith("the new "):
             self.gpt.source = "the model"
+
+
+def _int_array(ids, what: str) -> np.ndarray:
+    """Token ids as an int64 array: a ragged list or a value that is not a whole number is named, not
+    left to a NumPy error."""
+    try:
+        a = np.asarray(ids)
+    except (ValueError, TypeError):
+        raise UsageError(f"{what}: token ids must be a list (or array) of whole numbers, rows of one "
+                         "length") from None
+    if a.size and not np.issubdtype(a.dtype, np.integer):
+        raise UsageError(f"{what}: token ids must be whole numbers, got {a.dtype} values")
+    return a.astype(np.int64)

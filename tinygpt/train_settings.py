@@ -6,6 +6,7 @@ Python API (api.py) both take train's settings from here; neither reads the othe
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields
 
 from . import tokenizers
@@ -273,8 +274,15 @@ def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "confi
     try:
         p.parse_args(argv)                  # checked here, so the error names the mapping's source
     except UsageError as e:
-        raise UsageError(f"{source}: {e.text}") from None
+        raise UsageError(f"{source}: {by_key(e.text)}") from None
     return argv
+
+
+def by_key(message: str) -> str:
+    """argparse's "argument --d-model: must be positive" as a mapping names it: "d_model: must be
+    positive" (a TOML file's key, the API's keyword), not as the command line's flag."""
+    m = re.match(r"argument --([a-z0-9-]+)(?:/-\w+)?: ", message)
+    return f"{m.group(1).replace('-', '_')}: {message[m.end():]}" if m else message
 
 
 def train_options(mapping: dict, source: str) -> TrainOptions:

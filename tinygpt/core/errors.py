@@ -18,8 +18,10 @@ def plain(name: str) -> str:
 
 
 class TinyGPTError(Exception):
-    """One line of text for the user; exit_code for the CLI."""
+    """One line of text for the user; exit_code for the CLI. `wording` names its options in str():
+    plain by default; the Python API sets its own (its keywords) on what it raises."""
     exit_code = 1
+    wording = None
 
     def __init__(self, text: str, exit_code: int | None = None):
         super().__init__(text)
@@ -31,7 +33,7 @@ class TinyGPTError(Exception):
         return _OPT.sub(lambda m: name_option(m.group(1)), self.text)
 
     def __str__(self) -> str:
-        return self.worded()
+        return self.worded(self.wording or plain)
 
 
 class UsageError(TinyGPTError, ValueError):
