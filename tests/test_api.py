@@ -140,8 +140,8 @@ HOSTILE = [   # (what, the call on a model g, the start of the error) issue 47: 
     ("a misspelt keyword", lambda g: tinygpt.GPT.from_preset("tiny", n_layer=2), "GPT.from_preset: 'n_layer' is not"),
     ("a bad shape value", lambda g: tinygpt.GPT.from_preset("tiny", layers=0), "GPT.from_preset: layers: must be "),
     ("encode of a number", lambda g: g.encode(5), "encode: give text"),
-    ("decode past the vocabulary", lambda g: g.decode([256]), "decode: token ids must be 0 to 255"),
-    ("decode of a negative id", lambda g: g.decode([-1]), "decode: token ids must be 0 to 255"),
+    ("decode past the vocabulary", lambda g: g.decode([256]), "decode: token ids must be whole numbers 0 to 255"),
+    ("decode of a negative id", lambda g: g.decode([-1]), "decode: token ids must be whole numbers 0 to 255"),
     ("decode of ragged rows", lambda g: g.decode([[1, 2], [3]]), "decode: token ids must be a list"),
     ("decode of floats", lambda g: g.decode([1.5]), "decode: token ids must be whole numbers"),
     ("decode of text", lambda g: g.decode("abc"), "decode: token ids must be whole numbers"),
@@ -150,6 +150,12 @@ HOSTILE = [   # (what, the call on a model g, the start of the error) issue 47: 
     ("a cache that is not a bool", lambda g: g.generate("a", 2, cache="no"), "generate: cache is True or False"),
     ("save to None", lambda g: g.save(None), "save: give a file name"),
     ("load of None", lambda g: tinygpt.GPT.load(None), "GPT.load: give a file name"),
+    ("kernels of no family", lambda g: tinygpt.GPT.from_preset("tiny", kernels={"matmul": "warp"}), "matmul has no variant"),
+    ("kernels as a list", lambda g: tinygpt.GPT.from_preset("tiny", kernels=["sg"]), "kernels: a dict"),
+    ("a gpu that is a name", lambda g: tinygpt.GPT.from_preset("tiny", gpu="cuda"), "gpu: a tinygpt GPU"),
+    ("a tokenizer's decode past its vocabulary", lambda g: tinygpt.get_tokenizer("byte").decode([256]),
+     "decode: token ids must be whole numbers 0 to 255"),
+    ("a tokenizer's encode of None", lambda g: tinygpt.get_tokenizer("byte").encode(None), "encode: give text"),
     ("load with a misspelt keyword", lambda g: tinygpt.GPT.load("x.tinygpt", precison="bf16"), "GPT.load: 'precison'"),
 ]
 

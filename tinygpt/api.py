@@ -31,6 +31,7 @@ from .train_settings import train_options      # the flags' own checks on every 
 from . import tokenizers
 from .tokenizers import get_tokenizer
 from .device.gpu import GPU
+from .device.plan import parse_kernels
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
 from .infer import check_sampling
@@ -67,7 +68,7 @@ MODEL_KEYWORDS = ("attention", "precision", "kernels", "gpu")
 
 def in_api_words(f):
     """Errors from a call of the API name options by its keywords (max_new_tokens, top_k, d_model),
-    not as the command line's flags (--tokens, --top-k)."""
+    not as the command line names them (its flags)."""
     @functools.wraps(f)
     def call(*args, **kw):
         try:
@@ -113,6 +114,13 @@ class GPT:
             raise UsageError(f"{{opt:attention}} {attention!r}: choose one of {', '.join(IMPLS)}")
         if precision not in PRECISIONS:
             raise UsageError(f"{{opt:precision}} {precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if kernels is not None and not isinstance(kernels, (dict, str)):
+            raise UsageError(f"kernels: a dict of family and variant (matmul=\"vec4\"), got {type(kernels).__name__}")
+        if isinstance(kernels, dict):
+            kernels = ",".join(f"{k}={v}" for k, v in kernels.items())
+        kernels = parse_kernels(kernels)       # checked as the CLI checks its kernel choices
+        if gpu is not None and not isinstance(gpu, GPU):
+            raise UsageError(f"gpu: a tinygpt GPU (tinygpt.api.default_gpu()), got {type(gpu).__name__}")
         self._ck, self.source, self._recipe = checkpoint, source, recipe
         self.attention, self.precision, self.kernels = attention, precision, dict(kernels or {})
         self.tokenizer_file = tokenizer_file
@@ -209,12 +217,8 @@ class GPT:
 
     @in_api_words
     def decode(self, ids) -> str:
-        """The text of token ids (any shape, read in order), each 0 to vocab - 1."""
-        a = _int_array(ids, "decode")
-        if a.size and (a.min() < 0 or a.max() >= self._ck.cfg.vocab):
-            raise UsageError(f"decode: token ids must be 0 to {self._ck.cfg.vocab - 1}, got {int(a.min())} to "
-                             f"{int(a.max())}")
-        return self.tokenizer.decode([int(i) for i in a.reshape(-1)])
+        """The text of token ids (any shape, read in order), each 0 to vocab - 1 (the tokenizer checks)."""
+        return self.tokenizer.decode(ids)
 
     def __repr__(self):
         c = self._ck.cfg

@@ -12,6 +12,8 @@ from typing import Iterator
 
 import numpy as np
 
+from ..core.errors import UsageError
+
 
 def byte_alphabet() -> dict[int, str]:
     """GPT-2's map of the 256 bytes to printable characters (the printable ones stand for
@@ -51,6 +53,26 @@ class Tokenizer:
 
     def decode(self, ids) -> str:
         raise NotImplementedError
+
+    @staticmethod
+    def text_of(data) -> bytes | str:
+        """encode's argument, checked: text or bytes, not a number or None (a raw TypeError otherwise)."""
+        if not isinstance(data, (str, bytes)):
+            raise UsageError(f"encode: give text (str or bytes), got {type(data).__name__}")
+        return data
+
+    def ids_of(self, ids) -> list[int]:
+        """decode's argument, checked: whole numbers in this vocabulary, in any shape read in order (a
+        NumPy, tiktoken or bytes() error otherwise, or a float silently cut to an int)."""
+        try:
+            a = np.asarray(ids).reshape(-1)
+        except (ValueError, TypeError):
+            raise UsageError("decode: token ids must be a list (or array) of whole numbers, rows of one "
+                             "length") from None
+        if a.size and (not np.issubdtype(a.dtype, np.integer) or a.min() < 0 or a.max() >= self.vocab):
+            what = f"{a.dtype} values" if not np.issubdtype(a.dtype, np.integer) else f"{a.min()} to {a.max()}"
+            raise UsageError(f"decode: token ids must be whole numbers 0 to {self.vocab - 1}, got {what}")
+        return a.tolist()
 
     def encode_chunks(self, chunks: Iterator[bytes], label: str) -> Iterator[np.ndarray]:
         """Token arrays of a text that arrives as consecutive byte chunks (an empty one ends it),

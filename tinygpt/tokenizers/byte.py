@@ -27,12 +27,13 @@ class ByteTokenizer(Tokenizer):
     token_is_byte = True
 
     def encode(self, data: bytes | str) -> np.ndarray:
+        data = self.text_of(data)
         if isinstance(data, str):      # a command line's bytes that are not UTF-8 come back as they were
             data = data.encode("utf-8", "surrogateescape")
         return np.frombuffer(data, np.uint8).astype(np.uint32)
 
     def decode(self, ids) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        return bytes(self.ids_of(ids)).decode("utf-8", errors="replace")
 
     def encode_chunks(self, chunks, label):
         for raw in chunks:              # bytes are their own ids

@@ -102,6 +102,7 @@ class GPT2Tokenizer(Tokenizer):
     def encode(self, data: bytes | str) -> np.ndarray:
         """Token ids of a text, in pieces of at most PIECE characters cut where GPT-2's
         pre-tokenizer cuts anyway, so memory stays bounded whatever the text's lines."""
+        data = self.text_of(data)
         if isinstance(data, bytes):
             try:
                 data = data.decode("utf-8")
@@ -126,7 +127,7 @@ class GPT2Tokenizer(Tokenizer):
         return np.concatenate(out) if out else np.zeros(0, np.uint32)
 
     def decode(self, ids) -> str:
-        return self.enc.decode_bytes([int(i) for i in ids]).decode("utf-8", errors="replace")
+        return self.enc.decode_bytes(self.ids_of(ids)).decode("utf-8", errors="replace")
 
     def encode_chunks(self, chunks, label):
         """Decoded incrementally and cut only where the pre-tokenizer cuts anyway (_CUT)."""
