@@ -180,6 +180,17 @@ def test_a_trainers_own_arguments_are_checked(gpt, text):
     assert t.step_count == 0        # nothing ran
 
 
+def test_steps_past_a_finished_schedule_are_said(text):
+    """Issue 47: a finished run trained on from Python ran at its final lr without a word, and the
+    error for a new lr named the CLI's switch (add rewarm), not the keyword."""
+    g = tinygpt.GPT.from_preset("tiny", seed=3)
+    g.train(2, data=text)
+    with pytest.warns(UserWarning, match=r"steps 3 to 3 run at the schedule's final lr .*rewarm=True starts"):
+        g.train(1, data=text)
+    with pytest.raises(tinygpt.UsageError, match="add rewarm=True to start a new warm-up"):
+        g.train(1, data=text, lr=1e-3)
+
+
 def test_from_config_is_from_preset_of_its_shape():
     cfg = tinygpt.Config(layers=1, d_model=32, heads=2, ctx=16, batch=3, seed=11)
     a, b = tinygpt.GPT.from_config(cfg), tinygpt.GPT.from_preset("tiny", layers=1, d_model=32, heads=2, ctx=16,

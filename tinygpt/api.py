@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
+import warnings
 
 import numpy as np
 
@@ -60,8 +62,9 @@ CLI_ONLY = ("out", "force", "resume", "log", "quiet", "save_every", "minutes", "
             "eval_every", "eval_windows", "preset", "steps")
 
 
-# The options whose keyword here is not the option's own name (the rest are named as they are: top_k).
-API_NAMES = {"tokens": "max_new_tokens"}
+# The options whose keyword here is not the option's own name (the rest are named as they are: top_k),
+# and a switch as it is turned on ("add rewarm=True").
+API_NAMES = {"tokens": "max_new_tokens", "rewarm": "rewarm=True"}
 # What GPT.load and GPT.from_preset pass on to GPT itself.
 MODEL_KEYWORDS = ("attention", "precision", "kernels", "gpu")
 
@@ -74,9 +77,21 @@ def in_api_words(f):
         try:
             return f(*args, **kw)
         except TinyGPTError as e:
-            e.wording = lambda name: API_NAMES.get(name, name)
+            e.wording = api_name
             raise
     return call
+
+
+def api_name(option: str) -> str:
+    return API_NAMES.get(option, option)
+
+
+def _callers_level() -> int:
+    """The stacklevel of the first frame outside tinygpt, for warnings.warn: the user's own line."""
+    frame, level, here = sys._getframe(1), 1, os.path.dirname(os.path.abspath(__file__))
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def whole(value, what: str, low: int, high: int | None = None) -> int:
@@ -414,6 +429,8 @@ class Trainer:
         self.gpt, self._run, self.o = gpt, run, o
         self.end = o.steps
         self.held, self.extension = hold_schedule(o, run, start, self.end)
+        if self.extension:      # the steps past the planned end run at its final lr: said, as the CLI says it
+            warnings.warn(TinyGPTError(self.extension).worded(api_name), stacklevel=_callers_level())
         run.schedule.end_at(self.end, self.held)
         self.lr, self.best = run.schedule.lr, None
 
