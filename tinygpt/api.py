@@ -225,9 +225,7 @@ class GPT:
 
     @in_api_words
     def encode(self, text: str) -> np.ndarray:
-        """The token ids of text, int64 [T]."""
-        if not isinstance(text, str):
-            raise UsageError(f"encode: give text (a str), got {type(text).__name__}")
+        """The token ids of text, int64 [T] (the tokenizer checks that it is text)."""
         return np.asarray(self.tokenizer.encode(text), np.int64)
 
     @in_api_words

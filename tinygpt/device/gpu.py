@@ -59,7 +59,7 @@ DTYPES = {d.name: d for d in (DType("f32", 1, np.float32), DType("u32", 1, np.ui
                               DType("bf16", 2, np.uint32, "BF16", 1),
                               DType("f16", 2, np.uint32, "F16", 2, "f16", frozenset({"matmul_f16.wgsl"})))}
 PER_WORD = {n: d.per_word for n, d in DTYPES.items()}       # the model's tables read this one field
-HALVES = tuple(n for n, d in DTYPES.items() if d.half)
+HALVES = tuple(n for n, d in DTYPES.items() if d.packed)
 
 
 class GPUError(TinyGPTError, RuntimeError):

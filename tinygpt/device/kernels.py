@@ -67,8 +67,9 @@ class MatmulSet:
     """A stored type's own fast matmul kernels, beside the templates every type shares (scalar:
     matmul.wgsl, any shape; tiled: matmul_tiled.wgsl), completed with its DType's products. One
     per type in MATMULS: `variant` is which kernel a plan and a shape take, `launch` the Kernels
-    method that binds it (given the variant, the shape and the uniform's first five values);
-    `batched`: whether its kernels take a batch of products in one dispatch."""
+    method that binds it (given the variant, the shape and the uniform: whole where `batched`,
+    else its first five values); `batched`: whether its kernels take a batch of products in one
+    dispatch."""
     batched = False
     launch = ""
 
