@@ -36,14 +36,14 @@ from tinygpt.device.plan import PORTABLE
 from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
-from tinygpt.tables import emit
+from tinygpt.commands.tables import emit
 from tinygpt.core.config import n_params, param_specs, preset
 from tinygpt.model.optimizers import KINDS as OPTIMIZERS
 from tinygpt.model.optimizers.base import ElementwiseOptimizer
 from tinygpt.model.optimizers.muon import muon_ratio, ns_batches
 from tinygpt.device.gpu import GPU
-from tinygpt.argtypes import positive_int
-from tinygpt.cli import run_script
+from tinygpt.commands.argtypes import positive_int
+from tinygpt.commands.cli import run_script
 
 
 def cases(gpu, rows, C, M, V, n, rng):

@@ -22,24 +22,24 @@ import time
 
 import numpy as np
 
-from tinygpt.tables import emit
-from tinygpt.tokenfile import data_files
-from tinygpt.outputs import claim_plot, save_png
-from tinygpt.argtypes import nonneg_int, positive_float, positive_int
-from tinygpt.cli import run_script
-from tinygpt.train_settings import add_kernels
+from tinygpt.commands.tables import emit
+from tinygpt.files.tokenfile import data_files
+from tinygpt.files.outputs import claim_plot, save_png
+from tinygpt.commands.argtypes import nonneg_int, positive_float, positive_int
+from tinygpt.commands.cli import run_script
+from tinygpt.commands.train_settings import add_kernels
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
 from tinygpt.model.optimizers import make_settings
-from tinygpt.data import Dataset, read_corpus
+from tinygpt.files.data import Dataset, read_corpus
 from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.model.gpt import Model
-from tinygpt.options import TrainOptions
+from tinygpt.run.options import TrainOptions
 from tinygpt.device.planner import make_plan
 from tinygpt.core.init import init_params
-from tinygpt.schedule import resolve
+from tinygpt.run.schedule import resolve
 from tinygpt.model.spec import RunSpec
 
 NANOGPT_CPU = (1.88, 180.0)   # nanoGPT README: val 1.88 after ~3 minutes on a CPU (reported, not measured here)

@@ -31,9 +31,9 @@ from tinygpt.device.plan import tile_problem
 from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.device.timing import time_dispatches
 from tinygpt.reference import kernels as R
-from tinygpt.tables import emit
-from tinygpt.argtypes import positive_int, positive_ints
-from tinygpt.cli import run_script
+from tinygpt.commands.tables import emit
+from tinygpt.commands.argtypes import positive_int, positive_ints
+from tinygpt.commands.cli import run_script
 
 KERNELS = [(e, v) for e in ("matmul", "matmul_abt", "matmul_atb") for v in ("sg", "tiled", "vec4", "scalar")]
 BF16 = ("sg", "tiled", "scalar")              # the float32 variants that have a bf16 form

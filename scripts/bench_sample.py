@@ -12,10 +12,10 @@ import argparse
 import sys
 import time
 
-from tinygpt.tables import emit
-from tinygpt.argtypes import nonneg_float, positive_int, seed_int
-from tinygpt.cli import run_script
-from tinygpt.train_settings import add_kernels
+from tinygpt.commands.tables import emit
+from tinygpt.commands.argtypes import nonneg_float, positive_int, seed_int
+from tinygpt.commands.cli import run_script
+from tinygpt.commands.train_settings import add_kernels
 from tinygpt.core.config import PRESETS, preset
 from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU

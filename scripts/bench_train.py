@@ -35,22 +35,22 @@ import time
 
 import numpy as np
 
-from tinygpt.argtypes import lora_targets, positive_float, positive_int
-from tinygpt.cli import run_script
-from tinygpt.train_settings import add_kernels
+from tinygpt.commands.argtypes import lora_targets, positive_float, positive_int
+from tinygpt.commands.cli import run_script
+from tinygpt.commands.train_settings import add_kernels
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
 from tinygpt.model.optimizers import make_settings
 from tinygpt.core.precision import PRECISIONS
-from tinygpt.data import Dataset, read_corpus
+from tinygpt.files.data import Dataset, read_corpus
 from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
-from tinygpt.tables import emit
+from tinygpt.commands.tables import emit
 from tinygpt.model.spec import RunSpec
 
 

@@ -19,8 +19,8 @@ import json
 import sys
 import time
 
-from tinygpt.argtypes import positive_float
-from tinygpt.cli import run_script
+from tinygpt.commands.argtypes import positive_float
+from tinygpt.commands.cli import run_script
 from tinygpt.core.config import PRESETS
 from tinygpt.core.errors import TinyGPTError
 from tinygpt.device.gpu import GPU

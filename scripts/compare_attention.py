@@ -24,11 +24,11 @@ from tinygpt.device import kernels as K
 from tinygpt.device.kernels import Kernels
 from tinygpt.reference import attention as RA
 from tinygpt.device.timing import time_dispatches
-from tinygpt.tables import emit
-from tinygpt.outputs import claim_plot, save_png
-from tinygpt.argtypes import positive_int, positive_ints
-from tinygpt.cli import run_script
-from tinygpt.train_settings import add_kernels
+from tinygpt.commands.tables import emit
+from tinygpt.files.outputs import claim_plot, save_png
+from tinygpt.commands.argtypes import positive_int, positive_ints
+from tinygpt.commands.cli import run_script
+from tinygpt.commands.train_settings import add_kernels
 from tinygpt.device.gpu import GPU, LimitError
 from tinygpt.device.planner import make_plan
 

@@ -24,18 +24,18 @@ from tinygpt.core.init import init_params
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
 from tinygpt.model.optimizers import make_settings
 from tinygpt.core.precision import PRECISIONS
-from tinygpt.data import Dataset, read_corpus
+from tinygpt.files.data import Dataset, read_corpus
 from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.gpt import Model
-from tinygpt.options import TrainOptions
-from tinygpt.schedule import resolve
-from tinygpt.tables import emit
-from tinygpt.tokenfile import data_files
-from tinygpt.outputs import claim_plot, save_png
-from tinygpt.argtypes import positive_int, seed_int
-from tinygpt.cli import run_script
+from tinygpt.run.options import TrainOptions
+from tinygpt.run.schedule import resolve
+from tinygpt.commands.tables import emit
+from tinygpt.files.tokenfile import data_files
+from tinygpt.files.outputs import claim_plot, save_png
+from tinygpt.commands.argtypes import positive_int, seed_int
+from tinygpt.commands.cli import run_script
 from tinygpt.model.spec import RunSpec
 
 

@@ -38,9 +38,9 @@ from tinygpt.tokenizers import get_tokenizer
 from tinygpt.device.gpu import GPU
 from tinygpt.device.planner import make_plan
 from tinygpt.model.budget import device_limits, memory_budget
-from tinygpt.tables import fmt
-from tinygpt.argtypes import positive_int
-from tinygpt.cli import run_script
+from tinygpt.commands.tables import fmt
+from tinygpt.commands.argtypes import positive_int
+from tinygpt.commands.cli import run_script
 from tinygpt.model.spec import RunSpec
 
 HERE = Path(__file__).resolve().parent

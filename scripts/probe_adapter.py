@@ -17,12 +17,12 @@ import numpy as np
 
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
-from tinygpt.tables import emit
+from tinygpt.commands.tables import emit
 from tinygpt.device.gpu import GPU
 from tinygpt.device.kernels import SUBGROUPS
 from tinygpt.device.planner import subgroups_ok
-from tinygpt.argtypes import positive_int
-from tinygpt.cli import run_script
+from tinygpt.commands.argtypes import positive_int
+from tinygpt.commands.cli import run_script
 
 
 def main(argv=None):

@@ -19,12 +19,12 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
-from tinygpt.tables import emit
+from tinygpt.commands.tables import emit
 from tinygpt.device.gpu import GPU
-from tinygpt.infer import bits, evaluate
-from tinygpt.options import EvalOptions, TrainOptions
-from tinygpt.train import train
-from tinygpt.cli import run_script
+from tinygpt.run.infer import bits, evaluate
+from tinygpt.run.options import EvalOptions, TrainOptions
+from tinygpt.run.train import train
+from tinygpt.commands.cli import run_script
 
 
 def options(spec: str, data: str | None, out: str) -> TrainOptions:

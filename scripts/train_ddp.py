@@ -29,18 +29,18 @@ from pathlib import Path
 
 import numpy as np
 
-from tinygpt import checkpoint as ckpt
-from tinygpt import optim_state
-from tinygpt import runlog
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.files import optim_state
+from tinygpt.run import runlog
 from tinygpt.core.config import param_specs
 from tinygpt.model.optimizers import make_settings
-from tinygpt.argtypes import flag, nonneg_int, positive_float, positive_int
+from tinygpt.commands.argtypes import flag, nonneg_int, positive_float, positive_int
 from tinygpt.core.errors import TinyGPTError, UsageError
-from tinygpt.outputs import Outputs, is_json_lines, os_error_text
-from tinygpt.infer import data_path_for, tokenizer_of
-from tinygpt.options import TrainOptions
-from tinygpt.schedule import resolve
-from tinygpt.tokenfile import data_files, open_dataset
+from tinygpt.files.outputs import Outputs, is_json_lines, os_error_text
+from tinygpt.run.infer import data_path_for, tokenizer_of
+from tinygpt.run.options import TrainOptions
+from tinygpt.run.schedule import resolve
+from tinygpt.files.tokenfile import data_files, open_dataset
 
 
 def parse(argv=None):

@@ -92,7 +92,7 @@ def test_training_is_the_trainers_bit_for_bit(tmp_path, text):
                         "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    from tinygpt import checkpoint as ckpt
+    from tinygpt.files import checkpoint as ckpt
     cli = ckpt.load(out)
     for name, w in cli.params.items():
         assert np.array_equal(g.checkpoint.params[name], w), name

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt import checkpoint as ckpt
-from tinygpt.cli import main
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.commands.cli import main
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the DDP hand-off needs it (an optional extra)")
 

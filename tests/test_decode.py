@@ -298,8 +298,8 @@ def test_prompt_longer_than_the_window_and_ctx_one(gpu, plan):
 
 
 def test_sample_cli_batches_and_matches_without_the_cache(tmp_path, capsys):
-    from tinygpt import checkpoint as ckpt
-    from tinygpt.cli import main
+    from tinygpt.files import checkpoint as ckpt
+    from tinygpt.commands.cli import main
     cfg = preset("tiny", layers=1, d_model=16, heads=2, ctx=16)
     m = tmp_path / "m.tinygpt"
     ckpt.save(m, ckpt.Checkpoint(cfg, spread(cfg, 3), None, None, 0, [], {"tokenizer": "byte"}))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from test_hardening import TINY, in_process as cli, one_line_error
-from tinygpt import checkpoint as ckpt
+from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
 
@@ -197,7 +197,7 @@ def test_every_file_we_write_reads_as_upstreams(tmp_path, corpus):
 def test_an_imported_model_reads_as_upstreams(tmp_path):
     """import-hf's file too: a fresh checkpoint with zero moments, in upstream's layout."""
     from test_hf import model
-    from tinygpt.hf import export_hf
+    from tinygpt.files.hf import export_hf
     export_hf(model(), tmp_path / "hf")
     rc, err = cli("import-hf", tmp_path / "hf", "--out", tmp_path / "m.tinygpt")
     assert rc == 0, err

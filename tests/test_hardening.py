@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tinygpt.model.spec import RunSpec
-from tinygpt import checkpoint as ckpt
-from tinygpt.cli import main
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.commands.cli import main
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
 
@@ -36,7 +36,7 @@ def in_process(*args):
     """The same as cli() without a new process (which costs ~2.5 s of imports and adapter here):
     for commands that cannot hang; stderr captured, (exit code, lines)."""
     from io import StringIO
-    from tinygpt.cli import main
+    from tinygpt.commands.cli import main
     old, sys.stderr = sys.stderr, StringIO()
     try:
         rc = main([str(a) for a in args])
@@ -240,7 +240,7 @@ def test_no_pickle_anywhere():
     """Loading a file never executes code from it: no pickle, no allow_pickle, no eval."""
     import re
     root = Path(__file__).resolve().parents[1] / "tinygpt"
-    for f in root.glob("*.py"):
+    for f in root.rglob("*.py"):
         text = f.read_text()
         for bad in (r"import pickle", r"allow_pickle=True", r"torch\.load\(", r"(?<![\w.])eval\(", r"(?<![\w.])exec\("):
             assert not re.search(bad, text), f"{f.name} uses {bad}"
@@ -254,7 +254,7 @@ def test_kill_9_during_checkpoint_writes_leaves_a_loadable_file(tmp_path):
     ckpt.save(path, ckpt.Checkpoint(cfg, init_params(cfg), step=0))
     code = f"""
 import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from tinygpt import checkpoint as ck
+from tinygpt.files import checkpoint as ck
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
 cfg = Config(layers=4, d_model=128, heads=4, ctx=64, batch=2)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt import checkpoint as ckpt
-from tinygpt.cli import main
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.commands.cli import main
 from tinygpt.core.config import preset
-from tinygpt.hf import export_hf, import_hf, model_files, write_directory
+from tinygpt.files.hf import export_hf, import_hf, model_files, write_directory
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 from tinygpt.model.spec import RunSpec
@@ -264,7 +264,7 @@ def test_an_export_leaves_no_file_of_an_earlier_export(tmp_path, capsys):
     adapter_config.json makes transformers load PEFT adapters, a stale vocab.json is another
     tokenizer. A file of that name that is not ours is refused, as any output is."""
     from safetensors.numpy import save
-    from tinygpt.outputs import WRITER
+    from tinygpt.files.outputs import WRITER
     m, d = tmp_path / "m.tinygpt", tmp_path / "hf"
     ckpt.save(m, model())
     assert main(["export", "--model", str(m), "--format", "hf", str(d)]) == 0

@@ -1,5 +1,7 @@
 """The package's layers, read from every import (function bodies included): core at the bottom,
-then the device layer, then the model, then the application; the reference beside them, judging.
+then the device layer, then the model, then the application's folders by role (the files it reads
+and writes with the tokenizers, then the run, then the commands, then the Python API and the
+package's face); the reference beside them, judging.
 
 Rules: no module imports a higher layer; no import cycle between modules; runtime code never
 imports the reference (the tuner, the numerics check and the start check excepted: they check kernels against
@@ -10,8 +12,9 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "tinygpt"
-LAYERS = {"core": 0, "device": 1, "model": 2}          # anything else in tinygpt/ is the application
-APP = 3
+# the tokenizers beside the files: a file names its tokenizer, a tokenizer reads a vocabulary file
+LAYERS = {"core": 0, "device": 1, "model": 2, "tokenizers": 3, "files": 3, "run": 4, "commands": 5}
+APP = 6                 # anything else in tinygpt/: the API, the package's face, the browser's step
 JUDGE_USERS = {"tinygpt.device.tune", "tinygpt.device.numerics", "tinygpt.model.twincheck"}
 
 
@@ -107,9 +110,10 @@ def test_the_graph_is_read():
     g = graph(PKG)
     edges = sum(len(i) for _, i in g.values())
     print(f"{len(g)} modules, {edges} imports of the package's own modules")
-    assert {"tinygpt.model.gpt", "tinygpt.device.kernels", "tinygpt.cli", "tinygpt.reference.gpt"} <= set(g)
+    assert {"tinygpt.model.gpt", "tinygpt.device.kernels", "tinygpt.commands.cli", "tinygpt.reference.gpt"} <= set(g)
     assert "tinygpt.device.kernels" in {t for t, _, _ in g["tinygpt.model.gpt"][1]}
-    assert layer("tinygpt.core.config") == 0 and layer("tinygpt.model.gpt") == 2 and layer("tinygpt.cli") == APP
+    assert layer("tinygpt.core.config") == 0 and layer("tinygpt.model.gpt") == 2 and layer("tinygpt.commands.cli") == 5 \
+        and layer("tinygpt.run.train") == 4 and layer("tinygpt.files.checkpoint") == 3 and layer("tinygpt.api") == APP
 
 
 def test_no_module_imports_a_higher_layer():
@@ -211,7 +215,7 @@ def test_no_module_outside_the_precisions_rooms_compares_their_names():
     from tinygpt.core.precision import PRECISIONS
     from tinygpt.device.gpu import DTYPES
     names = set(PRECISIONS) | {n for n, d in DTYPES.items() if d.packed} | {"f32"}
-    found = name_comparisons(PKG, names, "core/precision.py", "device/gpu.py", "reference", "checkpoint.py")
+    found = name_comparisons(PKG, names, "core/precision.py", "device/gpu.py", "reference", "files/checkpoint.py")
     print(f"{len(found)} comparisons of {', '.join(sorted(names))} outside their rooms")
     assert not found, "\n".join(found)
 

@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 
 from conftest import check
-from tinygpt import checkpoint as ckpt
+from tinygpt.files import checkpoint as ckpt
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
-from tinygpt.cli import main
+from tinygpt.commands.cli import main
 from tinygpt.core.config import TINYGPT_LR, TRAIN_DEFAULTS, preset
 from tinygpt.model.optimizers import DEFAULT as DEFAULT_OPTIMIZER
 from tinygpt.model.optimizers import schedule as train_defaults
-from tinygpt.data import Dataset, builtin_corpus, read_corpus
+from tinygpt.files.data import Dataset, builtin_corpus, read_corpus
 from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.core.errors import UsageError
 from tinygpt.model.gpt import Model
-from tinygpt.options import TrainOptions
-from tinygpt.schedule import Schedule, resolve
+from tinygpt.run.options import TrainOptions
+from tinygpt.run.schedule import Schedule, resolve
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 
@@ -38,7 +38,7 @@ def test_builtin_corpus_is_text_that_ships_with_python_and_trains(tmp_path, gpu)
     assert got == raw and name.startswith("built-in")
     ds = Dataset(ByteTokenizer().encode(raw), 64)
     assert len(ds.val) == len(raw) - int(0.9 * len(raw))
-    from tinygpt.train import train
+    from tinygpt.run.train import train
     s = train(TrainOptions(**TINY, steps=3, eval_every=0, sample_tokens=0, out=str(tmp_path / "b.tinygpt")), gpu,
               out=io.StringIO(), err=io.StringIO())
     assert s["steps"] == 3 and ckpt.load(tmp_path / "b.tinygpt").extra["data"] is None
@@ -165,7 +165,7 @@ class FakeClock:
 
 
 def test_minutes_ends_on_time_on_a_fake_clock(tmp_path, corpus, gpu, monkeypatch):
-    from tinygpt.train import train
+    from tinygpt.run.train import train
     clock = FakeClock()
     from tinygpt.model.decode import Decoder
     step, rows, generate = Model.step, Model.row_losses, Decoder.generate
@@ -195,9 +195,9 @@ def test_minutes_ends_on_time_on_a_fake_clock(tmp_path, corpus, gpu, monkeypatch
 
 # ---- the end of a run ---------------------------------------------------------------------------
 def test_end_of_run_shows_bits_and_a_reproducible_sample(tmp_path, corpus, gpu):
-    from tinygpt.infer import evaluate
-    from tinygpt.options import EvalOptions
-    from tinygpt.train import train
+    from tinygpt.run.infer import evaluate
+    from tinygpt.run.options import EvalOptions
+    from tinygpt.run.train import train
     outs = []
     for name in ("a", "b"):
         out = io.StringIO()
@@ -241,7 +241,7 @@ def reference_inspection(params, cfg, ids):
 def test_inspect_weights_are_the_reference_softmax(gpu, plan, monkeypatch, T, limit, vocab):
     """Odd T, T = 1, the binding limit forced low so that the heads split into chunks, and GPT-2's
     vocabulary with the limit forced low so that the lens logits [130, 50264] split into 3."""
-    from tinygpt.lens import Inspector
+    from tinygpt.commands.lens import Inspector
     from tinygpt.model.layout import logit_chunks
     cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=256, vocab=vocab)
     params = init_params(cfg)

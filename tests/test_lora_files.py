@@ -11,8 +11,8 @@ import pytest
 from test_cli import read_log, run_cli
 from test_format import upstream_problems
 from test_hardening import TINY, in_process, one_line_error
-from tinygpt import lora_files as AD
-from tinygpt import checkpoint as ckpt
+from tinygpt.files import lora_files as AD
+from tinygpt.files import checkpoint as ckpt
 from tinygpt.core import lora as LR
 from tinygpt.core.config import param_specs
 
@@ -267,7 +267,7 @@ def test_the_readmes_lora_line_runs_as_written(base, tmp_path, corpus):
     """train --resume BASE --lora 8 --data my.txt --out ft.tinygpt, no --steps: a new LoRA run
     is its own run of train.LORA_STEPS steps (it failed: "the checkpoint is at step 0, the end of
     its run", the base's planned end taken for the fine-tune's)."""
-    from tinygpt.recipe import LORA_STEPS
+    from tinygpt.run.recipe import LORA_STEPS
     ft = tmp_path / "ft.tinygpt"
     assert run_cli("train", "--resume", base, "--lora", 8, "--data", corpus, "--out", ft, "--quiet",
                    "--eval-every", 0, "--sample-tokens", 0) == 0

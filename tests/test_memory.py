@@ -7,7 +7,7 @@ import pytest
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.device.gpu import buffer_bytes
 from tinygpt.model import budget, buffers
-from tinygpt.cli import main
+from tinygpt.commands.cli import main
 from tinygpt.core.config import preset
 from tinygpt.model.spec import RunSpec, decoder_spec
 
@@ -56,7 +56,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     opt = make_settings(next((o for o in ("lion", "muon") if o in more), "adamw"))
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
-    from tinygpt.infer import Sampler
+    from tinygpt.run.infer import Sampler
     from tinygpt.tokenizers import ByteTokenizer
     from tinygpt.model.gpt import Model
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
@@ -141,7 +141,7 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
     assert max(map(len, out.splitlines())) < 300 and len(err.strip().splitlines()) == 1 and len(err) < 300
     corpus = tmp_path / "c.txt"
     corpus.write_text("abc " * 50_000)
-    monkeypatch.setattr("tinygpt.start.Model", lambda *a, **k: pytest.fail("the model was built"))
+    monkeypatch.setattr("tinygpt.run.start.Model", lambda *a, **k: pytest.fail("the model was built"))
     rc = main(["train", *args, "--quiet", "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt")])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "does not fit" in err and "--batch 64 --grad-accum 4" in err, err

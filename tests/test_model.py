@@ -261,7 +261,7 @@ def test_bf16_learns_as_fp32_does(gpu, plan):
     AdamW steps in each precision, the loss read every 10. One batch's loss moves with rounding
     (measured: gaps up to 0.059, mean 0.0135), so the bounds are on the curves: mean gap under
     0.03, none over 0.1, the last 50 steps' means within 0.03; and bf16 learns."""
-    from tinygpt.data import Dataset, read_corpus
+    from tinygpt.files.data import Dataset, read_corpus
     from tinygpt.tokenizers import ByteTokenizer
     cfg = preset("tiny")
     raw, _ = read_corpus(None)

@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from tinygpt import checkpoint as ckpt
-from tinygpt import optim_state
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.files import optim_state
 from tinygpt.core.config import param_specs, preset
 from tinygpt.core.init import init_params
 from tinygpt.model.optimizers import kind, make_settings

@@ -16,10 +16,10 @@ import pytest
 from test_hardening import TINY, in_process, one_line_error
 from test_hf import model, rewrite
 from test_reliability import tmpfs  # noqa: F401  (the fixture, by name)
-from tinygpt import checkpoint as ckpt
+from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
-from tinygpt.hf import export_hf
+from tinygpt.files.hf import export_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -65,7 +65,7 @@ def test_every_search_is_bounded(tmp_path, corpus):
             runs.append(["train", *TINY, "--data", corpus, "--steps", 1, "--out", tmp_path / "m.tinygpt",
                          "--sample-tokens", 0, "--force", *flags])
     runs.append(["plan", "--preset", "tiny", "--grad-accum", 10 ** 9])
-    code = ("import json, sys, time\nfrom tinygpt.cli import main\n"
+    code = ("import json, sys, time\nfrom tinygpt.commands.cli import main\n"
             "for argv in json.loads(sys.argv[1]):\n"
             "    t0 = time.monotonic()\n"
             "    try:\n        rc = main(argv)\n    except SystemExit as e:\n        rc = e.code\n"
@@ -242,7 +242,7 @@ def test_tokenizing_in_pieces_keeps_gpt2s_pre_tokens():
     pattern cuts anyway gives the whole text's ids: the pre-tokens of the pieces are the text's."""
     import regex
     import tiktoken_ext.openai_public as op
-    from tinygpt.data import builtin_corpus
+    from tinygpt.files.data import builtin_corpus
     from tinygpt.tokenizers.gpt2 import text_pieces
     pat = regex.compile(op.r50k_pat_str)
     base = builtin_corpus()[:300_000].decode("utf-8", "ignore")
@@ -257,7 +257,7 @@ def test_tokenizing_in_pieces_keeps_gpt2s_pre_tokens():
 @pytest.mark.skipif(not (SHARED / "r50k_base.tiktoken").exists(), reason="needs ../shared/data/r50k_base.tiktoken")
 def test_tokenizing_is_bounded_in_memory_and_exact(tmp_path):
     """The ids themselves, and 11 MB with no newline under an address-space limit."""
-    from tinygpt.data import builtin_corpus
+    from tinygpt.files.data import builtin_corpus
     from tinygpt.tokenizers import get_tokenizer
     from tinygpt.tokenizers.gpt2 import text_pieces
     text = builtin_corpus()[:200_000].decode("utf-8", "ignore")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from test_hardening import TINY, cli, in_process, one_line_error
-from tinygpt import checkpoint as ckpt
-from tinygpt.cli import main
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.commands.cli import main
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
 
@@ -249,7 +249,7 @@ def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, corpus, monkeypatch
     """SIGTERM (or Ctrl-C) in the middle of prepare: its temporary file is removed, the output
     stays as it was, exit 143, and the message speaks of what prepare writes (a token file), not
     of a checkpoint."""
-    from tinygpt import tokenfile
+    from tinygpt.files import tokenfile
     pieces = tokenfile._pieces
 
     def killed_midway(*a, **k):
@@ -279,7 +279,7 @@ def test_prepare_onto_a_full_disk_blames_the_output(tmp_path, corpus, tmpfs):
 
 
 def test_a_failing_plot_never_kills_a_run(tmp_path, corpus, monkeypatch, capsys):
-    import tinygpt.train as T
+    import tinygpt.run.train as T
 
     def broken(*_):
         raise RuntimeError("no fonts")
@@ -327,7 +327,7 @@ def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, corpus, save
 
 
 def test_unhealthy_rules():
-    from tinygpt.safety import unhealthy
+    from tinygpt.run.safety import unhealthy
     assert unhealthy(float("nan"), 1.0, None, 256) and unhealthy(3.0, float("inf"), None, 256)
     assert unhealthy(20.0, 1.0, None, 256)            # > 3 ln 256 = 16.6
     assert unhealthy(6.0, 1.0, 1.5, 256)              # worse than guessing, 4x the best
@@ -347,7 +347,7 @@ def test_data_that_is_not_a_regular_file(tmp_path):
 
 
 def test_data_over_the_memory_bound_is_refused_unread(tmp_path, monkeypatch, capsys):
-    import tinygpt.data as D
+    import tinygpt.files.data as D
     monkeypatch.setattr(D, "max_corpus_bytes", lambda: 1000)
     p = tmp_path / "big.txt"
     p.write_text("x" * 5000)

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt import checkpoint as ckpt
-from tinygpt.cli import build_parser, main
-from tinygpt.train_settings import train_options
+from tinygpt.files import checkpoint as ckpt
+from tinygpt.commands.cli import build_parser, main
+from tinygpt.commands.train_settings import train_options
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]

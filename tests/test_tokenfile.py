@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tinygpt import data as D
-from tinygpt import tokenfile as TF
-from tinygpt.cli import main
-from tinygpt.data import DataError, Dataset
+from tinygpt.files import data as D
+from tinygpt.files import tokenfile as TF
+from tinygpt.commands.cli import main
+from tinygpt.files.data import DataError, Dataset
 from tinygpt.tokenizers import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ def test_nothing_reads_a_token_file_whole(tmp_path):
     TF.sidecar_of(big).write_text(json.dumps({
         "format": TF.FORMAT, "version": TF.VERSION, "writer": "tinygpt", "tokenizer": "byte", "vocab": 256,
         "dtype": "uint16", "tokens": n, "sources": [], "split": {"train": split, "val": n - split}}))
-    code = ("from tinygpt.cli import main\n"
+    code = ("from tinygpt.commands.cli import main\n"
             f"rc = main(['train', '--data', {str(big)!r}, '--preset', 'tiny', '--ctx', '8', '--steps', '2', '--eval-every', '1', "
             f"'--sample-tokens', '0', '--quiet', '--out', {str(tmp_path / 'm.tinygpt')!r}])\n"
             "hwm = [l.split() for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"

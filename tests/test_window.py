@@ -13,7 +13,7 @@ from conftest import check
 from test_format import fp16_state, header_of, upstream_file, with_config
 from test_model import check_step0
 from test_hardening import in_process as cli, one_line_error
-from tinygpt import checkpoint as ckpt
+from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config, preset
 from tinygpt.core.init import init_params
 from tinygpt.core.precision import PRECISIONS
@@ -251,7 +251,7 @@ def test_an_upstream_file_with_a_window_evaluates_as_an_independent_model(tmp_pa
     held = ckpt.load(f)
     assert held.cfg.window == 8
     from tinygpt.tokenizers import get_tokenizer
-    from tinygpt.tokenfile import open_dataset
+    from tinygpt.files.tokenfile import open_dataset
     xs, ys = open_dataset(str(text), get_tokenizer("byte"), 32).val_windows()
     p16 = {k: v.astype(np.float16).astype(np.float64) for k, v in params.items()}   # as the fp16 file holds them
     want = independent_loss(p16, cfg, xs.astype(np.int64), ys.astype(np.int64), 8)

@@ -22,28 +22,28 @@ import warnings
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from . import lora_files
+from .files import checkpoint as ckpt
+from .files import lora_files
 from .core.config import PRESET_TOKENIZER, Config, preset
 from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
-from .train_settings import train_options      # the flags' own checks on every keyword setting
+from .commands.train_settings import train_options      # the flags' own checks on every keyword setting
 from . import tokenizers
 from .tokenizers import get_tokenizer
 from .device.gpu import GPU
 from .device.plan import parse_kernels
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
-from .infer import check_sampling
+from .run.infer import check_sampling
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .model.decode import Decoder
 from .model.gpt import Model
 from .model.spec import RunSpec, decoder_spec
-from .outputs import Outputs
-from .safety import TrainingStopped, run_file, unhealthy
-from .start import hold_schedule, setup
+from .files.outputs import Outputs
+from .run.safety import TrainingStopped, run_file, unhealthy
+from .run.start import hold_schedule, setup
 
 _GPU: list = []
 

@@ -174,7 +174,7 @@ OPTIM_UNIFORM_BYTES = 32   # optim.wgsl's Params: six 4-byte fields, padded to 1
 # defaults: PyTorch's.
 GATE = {"norm": 0, "factor": 1, "scale": 2, "skip": 3, "clean": 4, "skipped": 5, "taken": 6}
 GATE_FLOATS = 8
-LOSS_SCALE = 65536.0       # the initial scale (--loss-scale)
+LOSS_SCALE = 65536.0       # the initial scale (the loss_scale option's default)
 SCALE_GROWTH = 2000        # clean steps in a row before the scale doubles
 
 

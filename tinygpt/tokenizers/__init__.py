@@ -6,7 +6,7 @@ here once. Nothing outside this package compares a tokenizer's name.
 """
 from __future__ import annotations
 
-from ..data import DataError
+from ..files.data import DataError
 from .base import Tokenizer
 from .byte import ByteTokenizer
 from .gpt2 import GPT2Tokenizer

@@ -35,7 +35,7 @@ PRINTABLE = tuple(range(ord("!"), ord("~") + 1)) + tuple(range(0xA1, 0xAD)) + tu
 
 class Tokenizer:
     name = ""
-    summary = ""                    # --tokenizer's help
+    summary = ""                    # the tokenizer option's help
     vocab = 0
     source: str | None = None       # the upstream header's tokenizerSource, where it names one
     sources: tuple = ()             # the tokenizerSource values an upstream file names it by

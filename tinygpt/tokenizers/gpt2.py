@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core.config import GPT2_VOCAB
 from ..core.fs import read_user_file
-from ..data import DataError, progress
+from ..files.data import DataError, progress
 from .base import Tokenizer, byte_alphabet
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"

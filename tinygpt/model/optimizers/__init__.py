@@ -19,7 +19,7 @@ from .sgd import SGD
 
 KINDS = {k.name: k for k in (AdamW, Lion, Muon, SGD)}
 NAMES = tuple(KINDS)
-# the hyperparameters that flags set (--beta1, ...), in the registry's order
+# the hyperparameters that flags set (beta1, ...), in the registry's order
 FLAGS = tuple(dict.fromkeys(h.flag for k in KINDS.values() for h in k.hypers.values() if h.flag))
 # tinygpt train's optimizer for a new run: Muon learned more per minute than AdamW at the first
 # run's budget (docs/results.md, "Optimizers").

@@ -90,7 +90,7 @@ class Optimizer:
     """One optimizer: the class holds what its kind is (settings, file policy, reference step);
     an instance, made from its settings for one model, is its device side."""
     name = ""
-    summary = ""                # --optimizer's help: what it is, in a line
+    summary = ""                # the optimizer option's help: what it is, in a line
     hypers: dict = {}           # {key: Hyper}, beside the weight decay every optimizer has
     state_rows: tuple = ()      # its state's flat buffers (in the parameter layout), by row name
     schedules: dict = {}        # {preset: core.config.TrainDefaults} where its sweep beat the preset's
@@ -132,7 +132,7 @@ class Optimizer:
         except UsageError as e:
             raise TinyGPTError(f"{what}: its optimizer record holds settings this tinygpt refuses ({e})") from e
 
-    # ---- the file's moment slots (tinygpt.optim_state) ---------------------------------------------
+    # ---- the file's moment slots (tinygpt.files.optim_state) -----------------------------------------
     @classmethod
     def kept(cls, s: Settings, row: str, name: str) -> bool:
         """Whether the file keeps this row of this parameter (False: always zero, not stored)."""

@@ -14,21 +14,21 @@ import time
 
 import numpy as np
 
-from .core.config import n_params
-from .core.errors import word
-from .core.lora import trainable_specs
-from .device.gpu import GPU
-from .device.tune import cached_peaks
+from ..core.config import n_params
+from ..core.errors import word
+from ..core.lora import trainable_specs
+from ..device.gpu import GPU
+from ..device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits
-from .model.gpt import Model
-from .model.profile import format_profile, over_peak, profile_step, with_peaks
+from ..model.gpt import Model
+from ..model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import TrainOptions
 from .recipe import TrainOutputs, output_paths
 from .runlog import RunLog, plot_losses, run_folder
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline
 from .start import Run, hold_schedule, planned_total, setup
-from .model.twincheck import blame
+from ..model.twincheck import blame
 
 
 UNPLANNED = 10 ** 9

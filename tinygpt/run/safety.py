@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from .core.errors import TinyGPTError
-from .model.twincheck import blame
-from .outputs import advice, rescue_paths
+from ..files import checkpoint as ckpt
+from ..core.errors import TinyGPTError
+from ..model.twincheck import blame
+from ..files.outputs import advice, rescue_paths
 
 
 class TrainingStopped(TinyGPTError):

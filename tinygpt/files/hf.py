@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show, tokenizer_name
-from .core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
-from .core.fs import atomic_write, check_regular, creation_mode, read_user_file
-from . import tokenizers
+from ..core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
+from ..core.fs import atomic_write, check_regular, creation_mode, read_user_file
+from .. import tokenizers
 from .data import progress
-from .tokenizers import get_tokenizer
+from ..tokenizers import get_tokenizer
 from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .outputs import WRITER
 

@@ -15,8 +15,8 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .core.errors import OutputError
-from .core.fs import atomic_write, name_max, read_most
+from ..core.errors import OutputError
+from ..core.fs import atomic_write, name_max, read_most
 
 
 def derived(path, suffix: str) -> Path:

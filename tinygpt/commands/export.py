@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import lora_files
-from . import checkpoint as ckpt
-from .core.errors import TinyGPTError, UsageError
-from .hf import export_hf
-from .options import ExportOptions
-from .outputs import Outputs, is_our_json, is_our_safetensors
+from ..files import lora_files
+from ..files import checkpoint as ckpt
+from ..core.errors import TinyGPTError, UsageError
+from ..files.hf import export_hf
+from ..run.options import ExportOptions
+from ..files.outputs import Outputs, is_our_json, is_our_safetensors
 
 
 def is_our_peft_config(path) -> bool:

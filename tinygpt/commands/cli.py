@@ -10,30 +10,30 @@ import os
 import sys
 from pathlib import Path
 
-from .version import __version__
-from . import checkpoint as ckpt
+from ..core.version import __version__
+from ..files import checkpoint as ckpt
 from .argtypes import flag, nonneg_float, positive_int, seed_int
-from .core.config import TRAIN_DEFAULTS, Config, n_params
-from .core.errors import TinyGPTError, UsageError, set_wording, word
-from .core.fs import writes_shown
-from .core.precision import PRECISIONS
-from .device.gpu import GPU
-from .device.tune import tune
-from .device.tuning import reset_tuning
+from ..core.config import TRAIN_DEFAULTS, Config, n_params
+from ..core.errors import TinyGPTError, UsageError, set_wording, word
+from ..core.fs import writes_shown
+from ..core.precision import PRECISIONS
+from ..device.gpu import GPU
+from ..device.tune import tune
+from ..device.tuning import reset_tuning
 from .export import export
-from .hf import import_hf
+from ..files.hf import import_hf
 from .info import info
-from .infer import evaluate, sample
+from ..run.infer import evaluate, sample
 from .lens import inspect
-from . import tokenizers
-from .model import budget
-from .options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
-from .outputs import Outputs, os_error_text
+from .. import tokenizers
+from ..model import budget
+from ..run.options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
+from ..files.outputs import Outputs, os_error_text
 from .tables import emit
-from .safety import Interrupted, stops_on_signals
-from .tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
-from .recipe import run_budget
-from .train import profile, train
+from ..run.safety import Interrupted, stops_on_signals
+from ..files.tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
+from ..run.recipe import run_budget
+from ..run.train import profile, train
 from .train_settings import ONE_OF, Parser, add_attention, add_kernels, add_tokenizer_file, default, \
     options, read_config, settings_argv, train_flags
 

@@ -6,22 +6,22 @@ from __future__ import annotations
 import math
 import sys
 
-from . import checkpoint as ckpt
-from .lora_files import model_params
-from .core.config import Config
-from .core.errors import UsageError
-from .core.precision import FP32, PRECISIONS, Precision
-from .data import progress
-from .tokenizers import get_tokenizer
-from .device.gpu import GPU
-from .device.plan import KernelPlan
-from .device.planner import make_plan
-from .model.decode import Decoder
-from .model.gpt import Model
+from ..files import checkpoint as ckpt
+from ..files.lora_files import model_params
+from ..core.config import Config
+from ..core.errors import UsageError
+from ..core.precision import FP32, PRECISIONS, Precision
+from ..files.data import progress
+from ..tokenizers import get_tokenizer
+from ..device.gpu import GPU
+from ..device.plan import KernelPlan
+from ..device.planner import make_plan
+from ..model.decode import Decoder
+from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
-from .tokenfile import open_dataset
-from .model.spec import RunSpec, decoder_spec
-from .model.twincheck import verify
+from ..files.tokenfile import open_dataset
+from ..model.spec import RunSpec, decoder_spec
+from ..model.twincheck import verify
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).

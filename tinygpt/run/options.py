@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .model.attention import DEFAULT as ATTENTION
+from ..model.attention import DEFAULT as ATTENTION
 
 
 @dataclass

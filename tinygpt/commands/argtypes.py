@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .core.config import PRESETS
-from .core.lora import TARGETS
+from ..core.config import PRESETS
+from ..core.lora import TARGETS
 
 
 def flag(name: str) -> str:

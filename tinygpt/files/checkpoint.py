@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .core.config import ACTIVATIONS, Config, n_params, param_specs
-from .core.errors import TinyGPTError
-from .core.fs import atomic_write, available_memory, check_regular
-from . import tokenizers
+from ..core.config import ACTIVATIONS, Config, n_params, param_specs
+from ..core.errors import TinyGPTError
+from ..core.fs import atomic_write, available_memory, check_regular
+from .. import tokenizers
 from .outputs import WRITER
 
 MAGIC = b"TGPT"
@@ -314,7 +314,7 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
 
 
 MAX_HEADER = 256 << 20  # bytes of JSON header we read at most (a long loss history is ~50 bytes a step;
-                        # a LoRA run's adapters, tinygpt.lora_files, 16 bytes a parameter)
+                        # a LoRA run's adapters, tinygpt.files.lora_files, 16 bytes a parameter)
 def tokenizer_name(extra: dict, vocab: int) -> str:
     """The tokenizer a file names (ours, under tinygptPy), else TinyGPT's by vocabulary size (its
     BPE, tokenizers.UPSTREAM, for any vocabulary that is not another's)."""

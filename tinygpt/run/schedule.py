@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from .core.config import TINYGPT_LR, TRAIN_DEFAULTS
-from .core.errors import UsageError
-from .model import optimizers
+from ..core.config import TINYGPT_LR, TRAIN_DEFAULTS
+from ..core.errors import UsageError
+from ..model import optimizers
 
 KINDS = ("cosine", "constant")
 

@@ -13,8 +13,8 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from .core.errors import OutputError
-from .outputs import save_png
+from ..core.errors import OutputError
+from ..files.outputs import save_png
 
 # row key -> TensorBoard tag; the same names a PyTorch run's logs use, grouped as TensorBoard shows them
 TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "lr": "lr", "grad_norm": "grad_norm",

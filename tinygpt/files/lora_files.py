@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
-from .core.config import Config, n_params
-from .core.fs import check_regular, read_most, read_user_file
-from .core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
-from .core.errors import TinyGPTError, warn
+from ..core.config import Config, n_params
+from ..core.fs import check_regular, read_most, read_user_file
+from ..core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
+from ..core.errors import TinyGPTError, warn
 from .hf import check_gpt2, write_directory
 from .outputs import WRITER
 

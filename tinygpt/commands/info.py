@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import os
 
-from . import lora_files
-from . import checkpoint as ckpt
-from . import optim_state
-from .core.config import n_params
-from .device.driver_cache import separate_shader_caches
-from .device.gpu import GPU
-from .device.planner import make_plan
-from .infer import recorded_corpus
+from ..files import lora_files
+from ..files import checkpoint as ckpt
+from ..files import optim_state
+from ..core.config import n_params
+from ..device.driver_cache import separate_shader_caches
+from ..device.gpu import GPU
+from ..device.planner import make_plan
+from ..run.infer import recorded_corpus
 
 
 def describe_checkpoint(path) -> dict:

@@ -11,12 +11,12 @@ import json
 from pathlib import Path
 
 from .checkpoint import CheckpointError
-from .core.config import Config
-from .core.fs import read_user_file
+from ..core.config import Config
+from ..core.fs import read_user_file
 from .outputs import WRITER
-from .tokenizers.base import PRINTABLE, byte_alphabet
-from .tokenizers.byte import byte_tokenizer_json
-from .tokenizers.gpt2 import EOT
+from ..tokenizers.base import PRINTABLE, byte_alphabet
+from ..tokenizers.byte import byte_tokenizer_json
+from ..tokenizers.gpt2 import EOT
 
 MAX_TOKENIZER_BYTES = 64 << 20       # GPT-2's tokenizer.json is 1.4 MB, its vocab.json 1.0 MB
 

@@ -12,26 +12,26 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from . import lora_files
-from . import optim_state
-from . import tokenizers
-from .core.config import PRESET_TOKENIZER, Config, preset
-from .core.errors import UsageError
-from .core.lora import base_hash, init_adapters, make_lora
-from .core.precision import PRECISIONS, Precision
-from .device.gpu import GPU
-from .device.kernels import LOSS_SCALE
-from .device.planner import make_plan
-from .model import optimizers
-from .model.budget import device_limits, largest_fitting_batch, memory_budget
-from .model.spec import RunSpec
+from ..files import checkpoint as ckpt
+from ..files import lora_files
+from ..files import optim_state
+from .. import tokenizers
+from ..core.config import PRESET_TOKENIZER, Config, preset
+from ..core.errors import UsageError
+from ..core.lora import base_hash, init_adapters, make_lora
+from ..core.precision import PRECISIONS, Precision
+from ..device.gpu import GPU
+from ..device.kernels import LOSS_SCALE
+from ..device.planner import make_plan
+from ..model import optimizers
+from ..model.budget import device_limits, largest_fitting_batch, memory_budget
+from ..model.spec import RunSpec
 from .options import RUN_SETTINGS, TrainOptions
 from .safety import TrainingStopped
 from .schedule import Schedule, resolve
-from .outputs import Outputs, derived, is_json_lines, is_our_png
+from ..files.outputs import Outputs, derived, is_json_lines, is_our_png
 from .runlog import claim_directory
-from .tokenfile import data_files, is_token_file, read_sidecar
+from ..files.tokenfile import data_files, is_token_file, read_sidecar
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
 LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")

@@ -9,20 +9,20 @@ import argparse
 import re
 from dataclasses import fields
 
-from . import tokenizers
+from .. import tokenizers
 from .argtypes import bounded_int, flag, lora_targets, loss_scale_float, nonneg_float, nonneg_int, \
     positive_float, positive_int, preset_name, seed_int, unit_float
-from .core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults
-from .core.errors import TinyGPTError, UsageError
-from .core.fs import read_user_file
-from .core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
-from .core.precision import PRECISIONS
-from .device.kernels import LOSS_SCALE, SCALE_GROWTH
-from .device.plan import FAMILIES, parse_kernels
-from .model import optimizers
-from .model.attention import DEFAULT as ATTENTION, IMPLS
-from .options import RUN_SETTINGS, TrainOptions
-from .recipe import MAX_GRAD_ACCUM
+from ..core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config, TrainDefaults
+from ..core.errors import TinyGPTError, UsageError
+from ..core.fs import read_user_file
+from ..core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
+from ..core.precision import PRECISIONS
+from ..device.kernels import LOSS_SCALE, SCALE_GROWTH
+from ..device.plan import FAMILIES, parse_kernels
+from ..model import optimizers
+from ..model.attention import DEFAULT as ATTENTION, IMPLS
+from ..run.options import RUN_SETTINGS, TrainOptions
+from ..run.recipe import MAX_GRAD_ACCUM
 
 EXIT_USAGE = 2
 

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.fs import atomic_write, atomic_writer, check_regular, read_most, read_user_file
+from ..core.fs import atomic_write, atomic_writer, check_regular, read_most, read_user_file
 from .data import DataError, Dataset, max_corpus_bytes, progress, read_corpus
-from .tokenizers import DEFAULT as DEFAULT_TOKENIZER
-from .tokenizers import get_tokenizer
+from ..tokenizers import DEFAULT as DEFAULT_TOKENIZER
+from ..tokenizers import get_tokenizer
 
 FORMAT = "tinygpt-tokens"
 VERSION = 1

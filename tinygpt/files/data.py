@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .core.errors import TinyGPTError
-from .core.fs import available_memory, read_user_file
+from ..core.errors import TinyGPTError
+from ..core.fs import available_memory, read_user_file
 
 class DataError(TinyGPTError, ValueError):
     pass

@@ -10,30 +10,30 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from . import lora_files
-from . import optim_state
-from .core.config import TRAIN_DEFAULTS, Config, param_specs
-from .core.errors import UsageError
-from .core.init import init_params
-from .core.lora import merged
-from .core.precision import Precision
-from .data import Dataset
-from .device.gpu import GPU
-from .device.kernels import SCALE_GROWTH
-from .device.planner import make_plan
+from ..files import checkpoint as ckpt
+from ..files import lora_files
+from ..files import optim_state
+from ..core.config import TRAIN_DEFAULTS, Config, param_specs
+from ..core.errors import UsageError
+from ..core.init import init_params
+from ..core.lora import merged
+from ..core.precision import Precision
+from ..files.data import Dataset
+from ..device.gpu import GPU
+from ..device.kernels import SCALE_GROWTH
+from ..device.planner import make_plan
 from .infer import data_path_for
-from .model import optimizers
-from .model.attention import path as attention_path
-from .model.budget import device_limits, memory_budget, refusal
-from .model.gpt import Model
-from .model.twincheck import verify
+from ..model import optimizers
+from ..model.attention import path as attention_path
+from ..model.budget import device_limits, memory_budget, refusal
+from ..model.gpt import Model
+from ..model.twincheck import verify
 from .options import RUN_SETTINGS, TrainOptions
-from .outputs import same_file
+from ..files.outputs import same_file
 from .recipe import count, run_accum, run_config, run_lora, run_optimizer, run_precision, run_settings, run_spec
 from .schedule import Schedule
-from .tokenfile import open_dataset
-from .tokenizers import get_tokenizer
+from ..files.tokenfile import open_dataset
+from ..tokenizers import get_tokenizer
 
 
 @dataclass

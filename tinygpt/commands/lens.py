@@ -18,19 +18,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import checkpoint as ckpt
-from .lora_files import model_params, peft_files
-from .core.config import Config
-from .core.errors import UsageError
-from .device.gpu import GPU, Tensor
-from .device.plan import KernelPlan
-from .device.planner import make_plan
-from .infer import tokenizer_of
-from .model.attention import inspection
-from .model.gpt import Model
-from .model.layout import logit_chunks, rows
-from .outputs import Outputs, is_our_png, save_png
-from .model.spec import RunSpec
+from ..files import checkpoint as ckpt
+from ..files.lora_files import model_params, peft_files
+from ..core.config import Config
+from ..core.errors import UsageError
+from ..device.gpu import GPU, Tensor
+from ..device.plan import KernelPlan
+from ..device.planner import make_plan
+from ..run.infer import tokenizer_of
+from ..model.attention import inspection
+from ..model.gpt import Model
+from ..model.layout import logit_chunks, rows
+from ..files.outputs import Outputs, is_our_png, save_png
+from ..model.spec import RunSpec
 
 
 @dataclass

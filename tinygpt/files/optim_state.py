@@ -29,8 +29,8 @@ import math
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
-from .core.errors import TinyGPTError
-from .model.optimizers import Settings, settings_from_record
+from ..core.errors import TinyGPTError
+from ..model.optimizers import Settings, settings_from_record
 
 
 def _short(row: str) -> str:
