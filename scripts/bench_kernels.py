@@ -37,7 +37,7 @@ from tinygpt.device.planner import make_plan, subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.commands.tables import emit
-from tinygpt.core.config import n_params, param_specs, preset
+from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.model.optimizers import KINDS as OPTIMIZERS
 from tinygpt.model.optimizers.base import ElementwiseOptimizer
 from tinygpt.model.optimizers.muon import muon_ratio, ns_batches
@@ -195,7 +195,7 @@ def newton_schulz_rows(gpu, kn, cfg, repeats, rng):
     from tinygpt.model.optimizers.muon import newton_schulz
     from tinygpt.model.optimizers.muon import newton_schulz_twin
     ns_twin = lambda x: newton_schulz_twin(R, x)
-    batches = ns_batches(param_specs(cfg))
+    batches = ns_batches(param_shapes(cfg))
     setups = {}
     for variant in ("each", "batched"):
         ds, outs = [], []

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_specs
+from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_shapes
 from tinygpt.model.optimizers import Settings as OptimizerSettings
 from tinygpt.model.optimizers.muon import is_muon_matrix
 
@@ -28,11 +28,11 @@ class GPTModule(torch.nn.Module):
         self.cfg = cfg
         self.p = torch.nn.ParameterDict({key(n): torch.nn.Parameter(torch.tensor(np.asarray(params[n], np.float32),
                                                                                  device=device))
-                                         for n, _, _ in param_specs(cfg)})
+                                         for n, _, _ in param_shapes(cfg)})
 
     def named(self) -> dict:
         """name -> Parameter, in .tinygpt order."""
-        return {n: self.p[key(n)] for n, _, _ in param_specs(self.cfg)}
+        return {n: self.p[key(n)] for n, _, _ in param_shapes(self.cfg)}
 
     def forward(self, x):
         P, cfg = self.named(), self.cfg
@@ -56,8 +56,8 @@ class GPTModule(torch.nn.Module):
 def adamw(module: GPTModule, lr: float, weight_decay: float | None = None) -> torch.optim.AdamW:
     """TinyGPT's AdamW: decay on matrices and embeddings only (the config's, or weight_decay)."""
     P, cfg = module.named(), module.cfg
-    decay = [P[n] for n, _, d in param_specs(cfg) if d]
-    no_decay = [P[n] for n, _, d in param_specs(cfg) if not d]
+    decay = [P[n] for n, _, d in param_shapes(cfg) if d]
+    no_decay = [P[n] for n, _, d in param_shapes(cfg) if not d]
     wd = cfg.weight_decay if weight_decay is None else weight_decay
     return torch.optim.AdamW([{"params": decay, "weight_decay": wd},
                               {"params": no_decay, "weight_decay": 0.0}],
@@ -105,9 +105,9 @@ def muon(module: GPTModule, settings: OptimizerSettings, lr: float) -> list:
     scaling, so one lr serves both) and AdamW on the rest. torch runs the Newton-Schulz iterations
     in bfloat16 where tinygpt runs them in float32: a continuation, not the same bits."""
     P, cfg, s = module.named(), module.cfg, settings
-    mats = [P[n] for n, _, _ in param_specs(cfg) if is_muon_matrix(n)]
-    decay = [P[n] for n, _, d in param_specs(cfg) if d and not is_muon_matrix(n)]
-    no_decay = [P[n] for n, _, d in param_specs(cfg) if not d]
+    mats = [P[n] for n, _, _ in param_shapes(cfg) if is_muon_matrix(n)]
+    decay = [P[n] for n, _, d in param_shapes(cfg) if d and not is_muon_matrix(n)]
+    no_decay = [P[n] for n, _, d in param_shapes(cfg) if not d]
     return [torch.optim.Muon(mats, lr=lr, weight_decay=s.weight_decay, momentum=s.momentum, nesterov=s.nesterov,
                              adjust_lr_fn="match_rms_adamw"),
             torch.optim.AdamW([{"params": decay, "weight_decay": s.weight_decay},

@@ -32,7 +32,7 @@ import numpy as np
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.files import optim_state
 from tinygpt.run import runlog
-from tinygpt.core.config import param_specs
+from tinygpt.core.config import param_shapes
 from tinygpt.model.optimizers import make_settings
 from tinygpt.commands.argtypes import flag, nonneg_int, positive_float, positive_int
 from tinygpt.core.errors import TinyGPTError, UsageError
@@ -156,7 +156,7 @@ def train(args) -> int:
 
     module = GPTModule(cfg, ck.params, device)
     model = DDP(module)
-    state, steps, start = optim_state.read(ck, settings, param_specs(cfg), f"--resume {args.resume}")
+    state, steps, start = optim_state.read(ck, settings, param_shapes(cfg), f"--resume {args.resume}")
     if settings.name == "muon":
         opt = muon(module, settings, sched.lr)
         load_muon_state(opt, module, state, steps)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tinygpt.files import checkpoint as ckpt
-from tinygpt.core.config import Config, param_specs
+from tinygpt.core.config import Config, param_shapes
 from tinygpt.commands.cli import main
 from tinygpt.tokenizers import ByteTokenizer
 from tinygpt.model.decode import window_start
@@ -146,7 +146,7 @@ def test_version_1_file_without_optimizer_state_loads(tmp_path):
     cfg = Config(layers=1, d_model=8, heads=2, ctx=4, batch=2, vocab=256)
     p = init_params(cfg)
     header = {"config": ckpt.config_to_header(cfg), "includesOptimizerState": False}
-    body = b"".join(p[n].astype("<f4").tobytes() for n, _, _ in param_specs(cfg))
+    body = b"".join(p[n].astype("<f4").tobytes() for n, _, _ in param_shapes(cfg))
     hb = json.dumps(header).encode()
     raw = b"TGPT" + (1).to_bytes(4, "little") + len(hb).to_bytes(4, "little") + hb + (3).to_bytes(4, "little") + body
     ck = ckpt.decode(raw)

@@ -221,7 +221,7 @@ def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half
     got = {}
     for cache in (True, False):
         d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, N=2, precision=precision), capacity=n)
-        assert d.path == ("cache" if cache else "full")
+        assert d.mode == ("cache" if cache else "full")
         d.set_params(params)
         got[cache] = d.generate(prompt, n)
     assert got[True] == got[False] and got[True][0] == got[True][1]
@@ -254,7 +254,7 @@ def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monk
     got = {}
     for cache in (True, False):
         d = Decoder(gpu, decoding(plan, cache), decoder_spec(cfg, N=2, precision=precision), capacity=n)
-        assert len(d.model.head.vchunks) == 2 and d.path == ("cache" if cache else "full")
+        assert len(d.model.head.vchunks) == 2 and d.mode == ("cache" if cache else "full")
         edge = d.model.head.vchunks[1][0]
         d.set_params(params)
         prompt = [5, edge + 3, vocab - 1]                           # tokens of both chunks in the prompt

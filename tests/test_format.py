@@ -100,7 +100,7 @@ def header_of(raw: bytes) -> dict:
 
 def stored_weights(cfg: Config, params: dict) -> list[np.ndarray]:
     """Each tensor in manifest order as the bytes hold it ([in, out]), flattened."""
-    return [np.asarray(params[name], np.float32).reshape(-1) for name, _, _ in ckpt.param_specs(cfg)]
+    return [np.asarray(params[name], np.float32).reshape(-1) for name, _, _ in ckpt.param_shapes(cfg)]
 
 
 def upstream_file(cfg: Config, header: dict, state: bytes) -> bytes:
@@ -297,7 +297,7 @@ def test_fp16_and_int4_weights_only_files_load_with_their_weights(tmp_path, weig
         f4.write_bytes(upstream_file(CFG, hdr, state))
         ck = ckpt.load(f4)
         worst = 0.0
-        for (name, shape, _), want in zip(ckpt.param_specs(CFG), back):
+        for (name, shape, _), want in zip(ckpt.param_shapes(CFG), back):
             got = ck.params[name].reshape(-1)
             assert np.array_equal(got, want), name
             worst = max(worst, float(np.abs(got - weights[name].reshape(-1)).max()))

@@ -302,3 +302,45 @@ def test_the_shader_copy_check_sees_a_copy(tmp_path):
     assert shared_runs(sorted(tmp_path.glob("*.wgsl"))) == ["a.wgsl ~ b.wgsl: lines 2 and 4"]
     (tmp_path / "b.wgsl").write_text(f"fn g() {{\n{body.replace('3.0', '3.5')}}}\n")
     assert shared_runs(sorted(tmp_path.glob("*.wgsl"))) == []
+
+
+def two_meanings(pkg: Path) -> list:
+    """Where the package spells a name that issue 48 gave one meaning each: a class named `Path`
+    (pathlib's; attention's is `AttentionPath`), anything called spec(s) but a `RunSpec` (a
+    parameter list is `*_shapes`), a `*_path` that is not a file's (the decoder's is its `mode`),
+    and a module named gate (the numerics check is `numerics`; `Gate` is the clip and scaler)."""
+    found = []
+    for path in sorted(pkg.rglob("*.py")):
+        rel = path.relative_to(pkg.parent)
+        if path.stem == "gate":
+            found.append(f"{rel}: a module named gate")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ClassDef) and node.name == "Path":
+                found.append(f"{rel}:{node.lineno}: class Path")
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, ast.Name):
+                names.append(node.id)
+            elif isinstance(node, ast.Attribute):
+                names.append(node.attr)
+            elif isinstance(node, ast.arg):
+                names.append(node.arg)
+            found += [f"{rel}:{node.lineno}: {n}" for n in names if n == "specs" or n.endswith("_specs")
+                      or n in ("decode_path",)]
+    return found
+
+
+def test_names_keep_one_meaning():
+    found = two_meanings(PKG)
+    print(f"{len(found)} names of two meanings")
+    assert not found, "\n".join(found)
+
+
+def test_the_meaning_check_sees_a_second_meaning(tmp_path):
+    pkg = tmp_path / "tinygpt"
+    pkg.mkdir()
+    (pkg / "gate.py").write_text("class Path:\n    pass\n\ndef f(specs):\n    return decode_path(specs)\n")
+    found = two_meanings(pkg)
+    print(found)
+    assert len(found) == 5

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import check
 from tinygpt.core import lora as LR
-from tinygpt.core.config import param_specs, preset
+from tinygpt.core.config import param_shapes, preset
 from tinygpt.core.init import init_params
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
@@ -30,7 +30,7 @@ def adapted(cfg, lora, seed=3):
     params = init_params(cfg)
     params.update(LR.init_adapters(cfg, lora))
     rng = np.random.default_rng(seed)
-    for name, shape, _ in LR.adapter_specs(cfg, lora):
+    for name, shape, _ in LR.adapter_shapes(cfg, lora):
         if name.endswith("lora_B"):
             params[name] = (0.05 * rng.standard_normal(shape)).astype(np.float32)
     return params
@@ -94,7 +94,7 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
     G = m.get_grads()
     if m.scaled:
         G = {k: v / scale for k, v in G.items()}
-    want_names = {n for n, _, _ in LR.trainable_specs(cfg, lora)}
+    want_names = {n for n, _, _ in LR.trainable_shapes(cfg, lora)}
     assert set(G) == want_names
     floor = 1e-6 if name == "fp32" else 1e-4          # bk's exact gradient is 0: round-off below this
     for n in sorted(want_names):
@@ -121,9 +121,9 @@ def test_step0_equals_the_base_model_and_the_base_stays_bit_for_bit(gpu, plan):
     for i in range(10):
         m.step(*batch(cfg, i + 1), 1e-2)
     after = m.get_params()
-    for n, _, _ in param_specs(cfg):
+    for n, _, _ in param_shapes(cfg):
         assert np.array_equal(after[n].view(np.uint32), base[n].view(np.uint32)), n
-    moved = max(np.abs(after[n]).max() for n, _, _ in LR.adapter_specs(cfg, lora) if n.endswith("lora_B"))
+    moved = max(np.abs(after[n]).max() for n, _, _ in LR.adapter_shapes(cfg, lora) if n.endswith("lora_B"))
     assert moved > 0
     plain.set_params(LR.merged(after, cfg, lora))
     got, want = plain.logits_of(x), m.logits_of(x)

@@ -14,7 +14,7 @@ from test_hardening import TINY, in_process, one_line_error
 from tinygpt.files import lora_files as AD
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.core import lora as LR
-from tinygpt.core.config import param_specs
+from tinygpt.core.config import param_shapes
 
 COMMON = [*TINY, "--log-every", 1]
 
@@ -52,7 +52,7 @@ def test_a_lora_fine_tune_learns_keeps_its_base_and_resumes_bit_for_bit(base, tm
     ft, bk = ckpt.load(tmp_path / "full.tinygpt"), ckpt.load(base)
     first = ckpt.load(tmp_path / "part.tinygpt")
     held = AD.read(ft, "ft")
-    for n, _, _ in param_specs(ft.cfg):                               # the base weights, bit for bit
+    for n, _, _ in param_shapes(ft.cfg):                               # the base weights, bit for bit
         assert np.array_equal(bits(ft.params[n]), bits(bk.params[n])), n
         assert np.array_equal(bits(ft.m[n]), bits(bk.m[n])) and np.array_equal(bits(ft.v[n]), bits(bk.v[n])), n
     for n in held.params:                                             # the resumed adapters, bit for bit

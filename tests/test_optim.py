@@ -11,7 +11,7 @@ import pytest
 
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.files import optim_state
-from tinygpt.core.config import param_specs, preset
+from tinygpt.core.config import param_shapes, preset
 from tinygpt.core.init import init_params
 from tinygpt.model.optimizers import kind, make_settings
 from tinygpt.model.optimizers.muon import is_muon_matrix, muon_ratio, newton_schulz_twin
@@ -186,7 +186,7 @@ def test_one_step_from_a_file_moves_the_weights_as_defined(tmp_path, opt):
     b = ckpt.load(tmp_path / "b.tinygpt")
     assert b.step == 5
     s = make_settings(opt)
-    sa, sb = (optim_state.read(ck, s, param_specs(a.cfg), "the file")[0] for ck in (a, b))
+    sa, sb = (optim_state.read(ck, s, param_shapes(a.cfg), "the file")[0] for ck in (a, b))
     t = b.extra.get("adamSteps", b.extra["optimizer"].get("steps"))
     assert t == 5
     worst = 0.0
@@ -247,7 +247,7 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
         run_cli("train", *common, "--optimizer", opt, "--steps", "6", "--out", f"{opt}6.tinygpt", cwd=tmp_path)
         run_cli("train", *common, "--optimizer", opt, "--steps", "3", "--out", f"{opt}3.tinygpt", cwd=tmp_path)
         three = ckpt.load(tmp_path / f"{opt}3.tinygpt")
-        old_layout(three, optim_state.read(three, make_settings(opt), param_specs(three.cfg), "x")[0],
+        old_layout(three, optim_state.read(three, make_settings(opt), param_shapes(three.cfg), "x")[0],
                    tmp_path / f"{opt}3old.tinygpt")
         for name in (f"{opt}3.tinygpt", f"{opt}3old.tinygpt"):
             run_cli("train", "--resume", name, "--steps", "6", "--quiet", "--sample-tokens", "0",
@@ -260,14 +260,14 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
         raw = (tmp_path / f"{opt}6.tinygpt").read_bytes()
         hlen = int.from_bytes(raw[8:12], "little")
         header = json.loads(raw[12:12 + hlen])
-        n = sum(int(np.prod(s)) for _, s, _ in param_specs(a.cfg))
+        n = sum(int(np.prod(s)) for _, s, _ in param_shapes(a.cfg))
         assert header["includesOptimizerState"] is True and header["stateByteLength"] == 4 + 12 * n
         assert len(raw) == 12 + hlen + 4 + 12 * n and "tensors" not in header["tinygptPy"]["optimizer"]
         w, m, v = upstream_read(raw)
         names = {ckpt.upstream_name(p)[0]: p for p in a.params}
         assert all(np.array_equal(w[u], ckpt.load(tmp_path / f"{opt}6.tinygpt").params[p].reshape(w[u].shape))
                    for u, p in names.items())
-        state = optim_state.read(a, make_settings(opt), param_specs(a.cfg), "x")[0]
+        state = optim_state.read(a, make_settings(opt), param_shapes(a.cfg), "x")[0]
         first = state[STATE_ROWS[opt][0]]
         for u, p in names.items():     # the m slot is the optimizer's mean of the gradient; v is AdamW-sized
             assert np.array_equal(m[u], first[p].reshape(m[u].shape)), u
@@ -325,7 +325,7 @@ def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
     Muon steps give bit for bit the weights and momenta of the uncut batches, and the memory
     budget still equals the allocation (the scratch sized from the same batches)."""
     import tinygpt.model.optimizers.muon as CO
-    from tinygpt.core.config import param_specs
+    from tinygpt.core.config import param_shapes
     from tinygpt.model.budget import device_limits, memory_budget
     cfg = preset("tiny")
     s = make_settings("muon")
@@ -333,7 +333,7 @@ def test_muon_batch_cap_forced_low_steps_alike(gpu, plan, monkeypatch, cap):
     whole = Model(gpu, plan, RunSpec(cfg, "online", optimizer=s))
     monkeypatch.setattr(CO, "NS_BATCH_FLOATS", cap)
     cut = Model(gpu, plan, RunSpec(cfg, "online", optimizer=s))
-    sizes = [len(names) for _, names in CO.ns_batches(param_specs(cfg))]
+    sizes = [len(names) for _, names in CO.ns_batches(param_shapes(cfg))]
     print(f"cap {cap}: batches of {sizes}")
     assert sizes == {1: [1] * 12, 2 * 48 * 48: [2, 2, 2, 2, 1, 1, 1, 1], 3 * 48 * 48: [3, 3, 2, 1, 1, 1, 1]}[cap]
     for m in (whole, cut):

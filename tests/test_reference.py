@@ -6,7 +6,7 @@ import pytest
 
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
-from tinygpt.core.config import Config, param_specs
+from tinygpt.core.config import Config, param_shapes
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 from tinygpt.core.init import token_buckets
@@ -136,7 +136,7 @@ def test_whole_model_finite_differences():
     loss = lambda: RG.forward(params, cfg, x[:, :-1], x[:, 1:])[1]
     _, _, cache = RG.forward(params, cfg, x[:, :-1], x[:, 1:])
     grads = RG.backward(params, cfg, cache)
-    assert list(grads) == [n for n, _, _ in param_specs(cfg)]
+    assert list(grads) == [n for n, _, _ in param_shapes(cfg)]
     for name in grads:
         check(f"model d loss / d {name}", grads[name], numgrad(loss, params[name]), 1e-7)
 

@@ -67,19 +67,19 @@ def cmd_train(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    gpu, plan, p, fitting = run_budget(options(TrainOptions, args), args.kernels)
+    gpu, kernel_plan, mem, fitting = run_budget(options(TrainOptions, args), args.kernels)
     if args.json:
-        d = p.as_dict()
+        d = mem.as_dict()
         d["adapter"] = f"{gpu.name} ({gpu.backend})"
-        if not p.fits:
+        if not mem.fits:
             d["fitting_batch"], d["fitting_grad_accum"] = fitting
         print(json.dumps(d, indent=2))
     else:
-        print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(p))
-    if p.fits:
+        print(f"# {gpu.name} ({gpu.backend})\n" + budget.text(mem))
+    if mem.fits:
         return 0
     sys.stdout.flush()
-    print(f"tinygpt: {word(budget.refusal(p, plan))}", file=sys.stderr)
+    print(f"tinygpt: {word(budget.refusal(mem, kernel_plan))}", file=sys.stderr)
     return EXIT_DOES_NOT_FIT
 
 

@@ -143,13 +143,13 @@ def preset(name: str, **overrides) -> Config:
     return cfg
 
 
-def param_specs(cfg: Config):
+def param_shapes(cfg: Config):
     """[(name, shape, decayed)] in the .tinygpt order; decay on matrices and embeddings."""
     V, C, T, M = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp
-    specs = [("tok_emb", (V, C), True), ("pos_emb", (T, C), True), ("ln_f_g", (C,), False), ("ln_f_b", (C,), False)]
+    shapes = [("tok_emb", (V, C), True), ("pos_emb", (T, C), True), ("ln_f_g", (C,), False), ("ln_f_b", (C,), False)]
     for l in range(cfg.layers):
         p = f"h{l}."
-        specs += [
+        shapes += [
             (p + "ln1_g", (C,), False), (p + "ln1_b", (C,), False),
             (p + "Wq", (C, C), True), (p + "bq", (C,), False),
             (p + "Wk", (C, C), True), (p + "bk", (C,), False),
@@ -159,11 +159,11 @@ def param_specs(cfg: Config):
             (p + "fc_in_W", (C, M), True), (p + "fc_in_b", (M,), False),
             (p + "fc_out_W", (M, C), True), (p + "fc_out_b", (C,), False),
         ]
-    return specs
+    return shapes
 
 
 def n_params(cfg: Config) -> int:
-    """The sum over param_specs, by arithmetic (no table is built, whatever the sizes)."""
+    """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
     V, C, T, M, L = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers
     per_layer = 4 * C * C + 2 * C * M + 9 * C + M   # Wq..Wo, fc_in, fc_out; 4 LN vectors + 5 biases of C; fc_in_b
     return V * C + T * C + 2 * C + L * per_layer

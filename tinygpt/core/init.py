@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from .config import Config, param_specs
+from .config import Config, param_shapes
 
 
 def init_params(cfg: Config, seed: int | None = None, dtype=np.float32):
@@ -19,7 +19,7 @@ def init_params(cfg: Config, seed: int | None = None, dtype=np.float32):
     rng = np.random.default_rng(cfg.seed if seed is None else seed)
     params = {}
     proj_std = 0.02 / math.sqrt(2 * cfg.layers)
-    for name, shape, _ in param_specs(cfg):
+    for name, shape, _ in param_shapes(cfg):
         short = name.split(".")[-1]
         if short in ("Wo", "fc_out_W"):
             a = rng.normal(0.0, proj_std, shape)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import Config, param_specs
+from .config import Config, param_shapes
 from .errors import UsageError
 
 # the option's names for the block's matrices, in the block's order
@@ -72,7 +72,7 @@ def adapter_name(l: int, W: str, which: str) -> str:
     return f"h{l}.{W}.lora_{which}"
 
 
-def adapter_specs(cfg: Config, lora: LoRA) -> list[tuple[str, tuple, bool]]:
+def adapter_shapes(cfg: Config, lora: LoRA) -> list[tuple[str, tuple, bool]]:
     """(name, shape, decayed) of every adapter, layer by layer: A [rank, in] then B [out, rank]."""
     out = []
     for l in range(cfg.layers):
@@ -87,21 +87,21 @@ def is_bias_or_norm(name: str) -> bool:
     return short.startswith(("ln", "b")) or short.endswith("_b") or short.endswith("_g")
 
 
-def trainable_specs(cfg: Config, lora: LoRA | None) -> list[tuple[str, tuple, bool]]:
+def trainable_shapes(cfg: Config, lora: LoRA | None) -> list[tuple[str, tuple, bool]]:
     """What gets gradients and moments, in the flat buffers' order: every parameter without LoRA;
     with it the adapters, after every bias and LayerNorm where `biases` (each LayerNorm's bias
     right after its gain, as the full layout has them)."""
     if lora is None:
-        return param_specs(cfg)
-    extra = [s for s in param_specs(cfg) if lora.biases and is_bias_or_norm(s[0])]
-    return extra + adapter_specs(cfg, lora)
+        return param_shapes(cfg)
+    extra = [s for s in param_shapes(cfg) if lora.biases and is_bias_or_norm(s[0])]
+    return extra + adapter_shapes(cfg, lora)
 
 
 def init_adapters(cfg: Config, lora: LoRA, seed: int | None = None) -> dict:
     """A as PEFT initializes it (uniform in +-1/sqrt(in)), B zero: step 0 computes the base model."""
     rng = np.random.default_rng([cfg.seed if seed is None else seed, 2])
     out = {}
-    for name, shape, _ in adapter_specs(cfg, lora):
+    for name, shape, _ in adapter_shapes(cfg, lora):
         if name.endswith("lora_A"):
             bound = 1.0 / np.sqrt(shape[1])
             out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
@@ -113,7 +113,7 @@ def init_adapters(cfg: Config, lora: LoRA, seed: int | None = None) -> dict:
 def merged(params: dict, cfg: Config, lora: LoRA) -> dict:
     """The base weights with each adapter folded in (W + s (B A)^T, in float64, stored float32),
     the adapters dropped: a plain model that computes what the adapted one does."""
-    out = {name: params[name] for name, _, _ in param_specs(cfg)}
+    out = {name: params[name] for name, _, _ in param_shapes(cfg)}
     for l in range(cfg.layers):
         for W in lora.targets:
             name = f"h{l}.{W}"
@@ -126,6 +126,6 @@ def merged(params: dict, cfg: Config, lora: LoRA) -> dict:
 def base_hash(params: dict, cfg: Config) -> str:
     """The base model's identity: sha256 of its weights, float32 little-endian, in the file's order."""
     h = hashlib.sha256()
-    for name, shape, _ in param_specs(cfg):
+    for name, shape, _ in param_shapes(cfg):
         h.update(np.ascontiguousarray(np.asarray(params[name], "<f4")).tobytes())
     return h.hexdigest()

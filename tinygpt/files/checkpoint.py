@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.config import ACTIVATIONS, Config, n_params, param_specs
+from ..core.config import ACTIVATIONS, Config, n_params, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.fs import atomic_write, available_memory, check_regular
 from .. import tokenizers
@@ -79,7 +79,7 @@ def manifest(cfg: Config) -> list[dict]:
     """Upstream's manifest: names, PyTorch-style shapes, offsets in floats in the weights-only
     view (the weights end to end, the step excluded), in storage order."""
     out, off = [], 0
-    for name, shape, _ in param_specs(cfg):
+    for name, shape, _ in param_shapes(cfg):
         theirs, flip = upstream_name(name)
         out.append({"name": theirs, "shape": list(shape[::-1] if flip else shape), "floatOffset": off})
         off += math.prod(shape)
@@ -91,11 +91,11 @@ def _check_manifest(entries, cfg: Config, what: str):
     or the internal names and [in, out] shapes this port wrote before."""
     if not isinstance(entries, list):
         raise CheckpointError(f"{what}: the header's manifest is not a list")
-    specs = param_specs(cfg)
-    if len(entries) != len(specs):
+    shapes = param_shapes(cfg)
+    if len(entries) != len(shapes):
         raise CheckpointError(f"{what}: the manifest lists {len(entries):,} tensors where its config stores "
-                              f"{len(specs):,}; the file is inconsistent")
-    for i, (e, (name, shape, _)) in enumerate(zip(entries, specs)):
+                              f"{len(shapes):,}; the file is inconsistent")
+    for i, (e, (name, shape, _)) in enumerate(zip(entries, shapes)):
         theirs, flip = upstream_name(name)
         ok = {(theirs, tuple(shape[::-1] if flip else shape)), (name, tuple(shape))}
         got = (e.get("name"), tuple(e.get("shape") or ())) if isinstance(e, dict) else (None, ())
@@ -182,7 +182,7 @@ MAX_INT4_BLOCK = 1 << 16
 
 
 def _int4_blocks(cfg: Config, block: int) -> int:
-    return sum(-(-math.prod(shape) // block) for _, shape, _ in param_specs(cfg))
+    return sum(-(-math.prod(shape) // block) for _, shape, _ in param_shapes(cfg))
 
 
 def state_bytes(cfg: Config, dtype: str, with_opt: bool, block: int = INT4_BLOCK) -> int:
@@ -296,7 +296,7 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
     with_opt = header["includesOptimizerState"]
     hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
     parts = [MAGIC, struct.pack("<II", VERSION, len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
-    for name, shape, _ in param_specs(cfg):
+    for name, shape, _ in param_shapes(cfg):
         for d in ((ck.params, ck.m, ck.v) if with_opt else (ck.params,)):
             a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
             if a.shape != tuple(shape):
@@ -434,14 +434,14 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
 
 def _weights(cfg: Config, lay: Layout, state: bytes):
     """(params, m, v) from the state after its step, as float32 in our [in, out] layout."""
-    specs = param_specs(cfg)
+    shapes = param_shapes(cfg)
     params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
     if lay.dtype == "int4":
         blocks = _int4_blocks(cfg, lay.block)
         scales = np.frombuffer(state, "<f2", offset=4, count=blocks).astype(np.float32)
         packed = np.frombuffer(state, np.uint8, offset=4 + 2 * blocks, count=blocks * lay.block // 2)
         b0 = 0
-        for name, shape, _ in specs:
+        for name, shape, _ in shapes:
             n = math.prod(shape)
             nb = -(-n // lay.block)
             raw = packed[b0 * lay.block // 2:(b0 + nb) * lay.block // 2]
@@ -454,7 +454,7 @@ def _weights(cfg: Config, lay: Layout, state: bytes):
     kind = "<f2" if lay.dtype == "fp16" else "<f4"
     floats = np.frombuffer(state, kind, offset=4, count=n_params(cfg) * (3 if lay.with_opt else 1))
     pos = 0
-    for name, shape, _ in specs:
+    for name, shape, _ in shapes:
         n = math.prod(shape)
         for d in ((params, m, v) if lay.with_opt else (params,)):
             d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32)
@@ -540,7 +540,7 @@ def export_safetensors(ck: Checkpoint, out):
     upstream's python_ref model loads them as they are."""
     from safetensors.numpy import save
     tensors = {}
-    for name, _, _ in param_specs(ck.cfg):
+    for name, _, _ in param_shapes(ck.cfg):
         theirs, flip = upstream_name(name)
         a = np.asarray(ck.params[name], np.float32)
         tensors[theirs] = np.ascontiguousarray(a.T if flip else a)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show, tokenizer_name
-from ..core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_specs
+from ..core.config import MAX_DIMS, MAX_PARAMS, Config, n_params, param_shapes
 from ..core.fs import atomic_write, check_regular, creation_mode, read_user_file
 from .. import tokenizers
 from .data import progress
@@ -312,7 +312,7 @@ def import_hf(directory, quiet: bool = True) -> Checkpoint:
     bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
     if bad:
         raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
-    zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_specs(cfg)}
+    zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_shapes(cfg)}
     tok = read_tokenizer(d, cfg.vocab) or tokenizers.by_vocab(cfg.vocab)
     extra = {"tokenizer": tok, "importedFrom": str(d)}
     if tokenizers.kind(tok).source:

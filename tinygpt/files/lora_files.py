@@ -26,7 +26,7 @@ import numpy as np
 from .checkpoint import Checkpoint, CheckpointError, show
 from ..core.config import Config, n_params
 from ..core.fs import check_regular, read_most, read_user_file
-from ..core.lora import LoRA, adapter_name, adapter_specs, base_hash, make_lora, merged
+from ..core.lora import LoRA, adapter_name, adapter_shapes, base_hash, make_lora, merged
 from ..core.errors import TinyGPTError, warn
 from .hf import check_gpt2, write_directory
 from .outputs import WRITER
@@ -77,7 +77,7 @@ def read(ck: Checkpoint, what: str) -> LoraState | None:
     if not isinstance(tensors, dict):
         raise bad("holds no tensors")
     params, m, v = {}, {}, {}
-    for name, shape, _ in adapter_specs(ck.cfg, lora):
+    for name, shape, _ in adapter_shapes(ck.cfg, lora):
         t = tensors.get(name)
         if not isinstance(t, dict) or t.get("shape") != list(shape):
             raise bad(f"lacks {name} {list(shape)}")
@@ -236,12 +236,12 @@ def read_peft(directory, base: Checkpoint, what: str) -> dict:
         lora = make_lora(lo["rank"], lo["alpha"], lo["targets"], lo.get("biases", False))
     except (ValueError, KeyError, TypeError, TinyGPTError) as e:
         raise CheckpointError(f"{what}: its adapters' LoRA settings are unreadable") from e
-    specs = {n: tuple(shape) for n, shape, _ in adapter_specs(base.cfg, lora)}
-    if sum(int(np.prod(s_)) for s_ in specs.values()) > 4 * n_params(base.cfg):
+    ours = {n: tuple(shape) for n, shape, _ in adapter_shapes(base.cfg, lora)}
+    if sum(int(np.prod(s_)) for s_ in ours.values()) > 4 * n_params(base.cfg):
         raise CheckpointError(f"{what}: its adapters' settings (rank {lora.rank}) are larger than the base model "
                               "could train; the file is not this base's")
     shapes = {k: v.shape for k, v in peft_tensors(base.cfg, lora, {k: np.zeros(s_, np.float32)
-                                                                  for k, s_ in specs.items()})[0].items()}
+                                                                  for k, s_ in ours.items()})[0].items()}
     _check_peft_header(header, shapes, label)
     need = 8 + n + sum(PEFT_DTYPES[header[k]["dtype"]] * int(np.prod(s_)) for k, s_ in shapes.items())
     if st.st_size != need:
@@ -302,7 +302,7 @@ def _check_peft_config(d: Path, lora: LoRA, cfg: Config, what: str):
     except (ValueError, AssertionError, UnicodeDecodeError, RecursionError) as e:
         raise CheckpointError(f"{label} is not a JSON object; give the directory tinygpt export "
                               "{opt:format} peft wrote") from e
-    _, ranks, alphas = peft_tensors(cfg, lora, {n: np.zeros(s, np.float32) for n, s, _ in adapter_specs(cfg, lora)})
+    _, ranks, alphas = peft_tensors(cfg, lora, {n: np.zeros(s, np.float32) for n, s, _ in adapter_shapes(cfg, lora)})
     mine = peft_config(lora, ranks, alphas)
     norm = lambda k, v: sorted(v) if k == "target_modules" and isinstance(v, list) else v
     for k in PEFT_LOADS:
@@ -320,7 +320,7 @@ def peft_adapters(cfg: Config, lora: LoRA, tensors: dict, what: str) -> dict:
     """Our adapters from PEFT's tensors (the inverse of peft_tensors), every shape checked."""
     qkv = [W for W in ("Wq", "Wk", "Wv") if W in lora.targets]
     R, C, out = lora.rank, cfg.d_model, {}
-    shapes = {name: tuple(shape) for name, shape, _ in adapter_specs(cfg, lora)}
+    shapes = {name: tuple(shape) for name, shape, _ in adapter_shapes(cfg, lora)}
     key = lambda l, module, which: f"base_model.model.transformer.h.{l}.{module}.lora_{which}.weight"
     take = lambda k, shape: _tensor(tensors, k, shape, what)
     for l in range(cfg.layers):

@@ -69,7 +69,7 @@ def _count(extra: dict, key: str, most: int, what: str, default: int = 0) -> int
     return v
 
 
-def read(ck: Checkpoint, settings: Settings, specs, what: str) -> tuple[dict | None, int, int]:
+def read(ck: Checkpoint, settings: Settings, shapes, what: str) -> tuple[dict | None, int, int]:
     """(state {row: {parameter: array}} or None for a fresh start, the updates it took, the step
     its state started from) of the optimizer `settings` names, from a file of that optimizer:
     its moment slots, or an older file's base64 tensors. A value that is not finite, or a tensor
@@ -85,7 +85,7 @@ def read(ck: Checkpoint, settings: Settings, specs, what: str) -> tuple[dict | N
         steps = _count(ck.extra, "adamSteps", ck.step - start, what, default=ck.step - start)
         state = kind.from_slots(settings, ck.m, ck.v)
     elif isinstance(rec.get("tensors"), dict):
-        state, steps, start = _read_base64(rec, settings, specs, ck, what, bad)
+        state, steps, start = _read_base64(rec, settings, shapes, ck, what, bad)
     elif ck.m is not None:
         steps = _count(rec, "steps", ck.step, what)
         start = _count(ck.extra, "momentsFrom", ck.step, what)
@@ -99,14 +99,14 @@ def read(ck: Checkpoint, settings: Settings, specs, what: str) -> tuple[dict | N
     return state, steps, start
 
 
-def _read_base64(rec: dict, settings: Settings, specs, ck: Checkpoint, what: str, bad):
+def _read_base64(rec: dict, settings: Settings, shapes, ck: Checkpoint, what: str, bad):
     """A file written before the state moved to the moment slots: each tensor's rows as base64."""
     tensors = rec["tensors"]
     steps = _count(rec, "steps", ck.step, what)
     start = _count(ck.extra, "momentsFrom", ck.step, what)
     rows = settings.kind.state_rows
     state = {row: {} for row in rows}
-    for name, shape, _ in specs:
+    for name, shape, _ in shapes:
         t = tensors.get(name)
         if not isinstance(t, dict):
             raise bad(f"lacks {name}")
@@ -122,8 +122,8 @@ def _read_base64(rec: dict, settings: Settings, specs, ck: Checkpoint, what: str
             if len(raw) != 4 * n:
                 raise bad(f"holds {len(raw):,} bytes for {name}.{_short(row)}, which needs {4 * n:,}")
             state[row][name] = np.frombuffer(raw, "<f4").reshape(shape).astype(np.float32)
-    if len(tensors) != len(specs):
-        raise bad(f"holds {len(tensors)} tensors where the model has {len(specs)}")
+    if len(tensors) != len(shapes):
+        raise bad(f"holds {len(tensors)} tensors where the model has {len(shapes)}")
     return state, steps, start
 
 

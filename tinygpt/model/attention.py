@@ -50,7 +50,7 @@ def check_scores_fit(B: int, T: int, max_binding: int):
                          f"allows {max_binding:,} (max-storage-buffer-binding-size); use {{opt:attention}} online")
 
 
-class Path:
+class AttentionPath:
     """One attention path: what it refuses, its scratch, its dispatches."""
     name = ""
     keeps_weights = False       # whether its forward leaves every head's P [T, T] in its scratch
@@ -100,7 +100,7 @@ class Attention:
     """One path's attention of shape [B, T, C] with H heads, bound to its scratch: the model
     keeps one per layer."""
 
-    def __init__(self, path: Path, kn: Kernels, shape: tuple, scratch: dict, window: int, block=None):
+    def __init__(self, path: AttentionPath, kn: Kernels, shape: tuple, scratch: dict, window: int, block=None):
         self.path, self.kn, self.shape, self.scratch, self.window, self.block = \
             path, kn, shape, scratch, window, block
 
@@ -117,7 +117,7 @@ class Attention:
         return [(h0, nh, P) for (h0, nh), P in zip(self.scratch["chunks"], self.scratch["P"])]
 
 
-class _ScoreMatrix(Path):
+class _ScoreMatrix(AttentionPath):
     """naive and fused_sv: each head's weights P [T, T] kept for the backward, split by heads
     into chunks that fit a binding (layout.head_chunks)."""
     keeps_weights = True
@@ -186,7 +186,7 @@ class FusedSV(_ScoreMatrix):
                 for (h0, nh), P in zip(s["chunks"], s["P"])]
 
 
-class Online(Path):
+class Online(AttentionPath):
     """Tiled online softmax (FlashAttention-2 style) with a recomputing backward: no T x T buffer."""
     name = "online"
 
@@ -229,16 +229,16 @@ IMPLS = tuple(PATHS)
 DEFAULT = "online"          # any length, O(T) scratch: the CLI's and the API's default
 
 
-def path(name) -> Path:
-    """The path of that name (a Path is returned as it is), or a usage error listing them."""
-    if isinstance(name, Path):
+def path(name) -> AttentionPath:
+    """The path of that name (a AttentionPath is returned as it is), or a usage error listing them."""
+    if isinstance(name, AttentionPath):
         return name
     if name not in PATHS:
         raise AttentionError(f"unknown {{opt:attention}} {name!r}; choose one of {', '.join(IMPLS)}")
     return PATHS[name]
 
 
-def inspection() -> Path:
+def inspection() -> AttentionPath:
     """The path `tinygpt inspect` draws weights through: the naive one, whose softmax writes every
     entry of each head's P (a fused path's kernel writes P too, but inspect keeps one path)."""
     return PATHS["naive"]

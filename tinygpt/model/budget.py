@@ -12,12 +12,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..core.config import n_params, param_specs
+from ..core.config import n_params, param_shapes
 from ..core.fs import available_memory
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
 from . import buffers
-from .decode import decode_path
+from .decode import decode_mode
 from .layout import flat_bound, rows_per_binding
 from .optimizers import make_optimizer
 from .spec import RunSpec, decoder_spec
@@ -71,7 +71,7 @@ def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: i
     """The end-of-run sampler (model.decode.Decoder, one sequence; spec: its run, decoder_spec):
     its Model over a [1, ctx] window, and the decode step's buffers (decode.wgsl's uniforms are
     not counted)."""
-    cache = decode_path(plan, spec.precision) == "cache"
+    cache = decode_mode(plan, spec.precision) == "cache"
     allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding)
     own, _ = buffers.decode_rows(spec.cfg, 1, capacity, spec.precision, cache, max_binding)
     return buffers.total_bytes(allocations) + buffers.total_bytes(own)
@@ -96,7 +96,7 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     # views of the parameters: the token table is bound whole, or in chunks of rows through the
     # head's block scratch (model.head); every other parameter (and its gradient) whole
     p.bindings["token embedding"] = 4 * max(64, rows_per_binding(VP, 4 * C, mb)) * C
-    name, shape, _ = max(param_specs(cfg), key=lambda s: math.prod(s[1]))
+    name, shape, _ = max(param_shapes(cfg), key=lambda s: math.prod(s[1]))
     if name != "tok_emb":
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.config import Config
-from ..core.lora import LoRA, trainable_specs
+from ..core.lora import LoRA, trainable_shapes
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK, GATE_FLOATS
@@ -92,7 +92,7 @@ MODEL = (
     Buffer("losses",        ("BT",),                 "f32",     "step",         LG, "head"),
     Buffer("loss slots",    ("slots",),              "f32",     "step",         LG, "head"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       LG, "split head"),
-    # the attention path's scratch: its own rows (model.attention, Path.rows())
+    # the attention path's scratch: its own rows (model.attention, AttentionPath.rows())
     # the backward's gradients of activations, shared by the layers
     Buffer("d residual",    ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("d ln",          ("BT", "C"),             "f32",     "shared",       BW, "training"),
@@ -148,7 +148,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
     V, C, H = cfg.vocab, cfg.d_model, cfg.heads
     VP = padded_vocab(V)
     FB = param_layout(cfg)[1]
-    F = param_layout(cfg, trainable_specs(cfg, lora))[1] if lora else FB
+    F = param_layout(cfg, trainable_shapes(cfg, lora))[1] if lora else FB
     R = lora.rank if lora else 0
     chunks = head_chunks(B, T, H, max_binding)
     return {"B": B, "T": T, "BT": B * T, "C": C, "M": cfg.d_mlp, "H": H, "L": cfg.layers, "V": V, "VP": VP,

@@ -7,12 +7,12 @@ kv_append and attn_decode between the usual LayerNorm, matmul and GELU kernels),
 next token on the device (sample_tokens), which the next step reads: nothing comes back to the
 host until the end, or until the window is full.
 
-Window policy (both paths, so that they give the same text): a token is predicted from the
+Window policy (both modes, so that they give the same text): a token is predicted from the
 tokens since the window's start s. When the sequence would exceed ctx tokens past s, s moves so
 that the last ctx // 2 tokens remain (positions restart at 0 there, as the learned position
 embeddings were trained), and the cache is refilled from them by one prefill.
 
-The full path (the plan's decode=full, or a precision without the cached step: decode_path) runs
+The full mode (the plan's decode=full, or a precision without the cached step: decode_mode) runs
 the whole window's forward for every token and draws with the same kernel: the reference the
 cache is tested against.
 """
@@ -41,7 +41,7 @@ def window_start(s: int, length: int, ctx: int) -> int:
     return s if length - s <= ctx else length - keep_of(ctx)
 
 
-def decode_path(plan: KernelPlan, precision: Precision) -> str:
+def decode_mode(plan: KernelPlan, precision: Precision) -> str:
     """"cache" (one token a submit from the key/value cache) where the plan chooses it and the
     precision's decode step exists, else "full" (the whole window's forward per token)."""
     return "cache" if plan.decode == "cache" and precision.decode_cache else "full"
@@ -49,14 +49,14 @@ def decode_path(plan: KernelPlan, precision: Precision) -> str:
 
 class Decoder:
     """N sequences sampled together, on the device, from the key/value cache or by the whole
-    window per token, as decode_path says."""
+    window per token, as decode_mode says."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, spec: RunSpec, capacity: int = 256):
         """spec: the sampler's run (spec.decoder_spec: its B the N sequences, no training)."""
         cfg, N, precision = spec.cfg, spec.B, spec.precision
         self.gpu, self.cfg, self.N, self.capacity = gpu, cfg, N, capacity
-        self.path = decode_path(plan, precision)
-        self.cache = self.path == "cache"
+        self.mode = decode_mode(plan, precision)
+        self.cache = self.mode == "cache"
         self.model = Model(gpu, plan, spec.with_(lm_head=not self.cache))
         self.kn = self.model.kn
         self.VP = self.model.VP

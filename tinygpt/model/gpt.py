@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.lora import LoRA, trainable_specs
+from ..core.lora import LoRA, trainable_shapes
 from ..core.init import token_buckets
 from ..device import numerics
 from ..device.gpu import GPU, PER_WORD, Tensor
@@ -52,8 +52,8 @@ class Model:
         self.pk = PolicyKernels(self.kn, precision, cfg.activation)
         self.B, self.T = spec.B, spec.T
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
-        self.specs = trainable_specs(cfg, spec.lora)                                  # what the optimizer updates
-        self.offsets, self.n_flat = param_layout(cfg, self.specs)
+        self.trainable = trainable_shapes(cfg, spec.lora)                                  # what the optimizer updates
+        self.offsets, self.n_flat = param_layout(cfg, self.trainable)
         self.base_offsets = param_layout(cfg)[0] if spec.lora else None               # a LoRA run's frozen model
         record.check_fits(self)
         self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.lm_head else []

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..core.config import Config, param_specs
+from ..core.config import Config, param_shapes
 from ..device.gpu import LimitError, Tensor
 from ..device.kernels import CHUNK
 
@@ -27,13 +27,13 @@ def padded_vocab(V: int) -> int:
     return -(-V // 8) * 8
 
 
-def param_layout(cfg: Config, specs=None):
-    """name -> (float offset, shape) in the flat buffers, and the total floats, of `specs` (every
-    parameter by default; a LoRA run's trainable ones, lora.trainable_specs, have a layout of their own).
+def param_layout(cfg: Config, shapes=None):
+    """name -> (float offset, shape) in the flat buffers, and the total floats, of `shapes` (every
+    parameter by default; a LoRA run's trainable ones, lora.trainable_shapes, have a layout of their own).
 
     tok_emb reserves padded_vocab rows; the extra ones stay zero (no gradient reaches them)."""
     offs, pos = {}, 0
-    for name, shape, _ in (param_specs(cfg) if specs is None else specs):
+    for name, shape, _ in (param_shapes(cfg) if shapes is None else shapes):
         packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
         if not packed:
             pos = -(-pos // 256) * 256

@@ -37,7 +37,7 @@ class Flat:
     buf: dict           # the model's buffers by row name (the optimizer's own rows among them)
     chunks: list
     n: int
-    specs: list
+    trainable: list
     offsets: dict
     views: object       # flat Tensor -> {name: Tensor [shape]}
 

@@ -150,7 +150,7 @@ def optimizer_step(m) -> list:
     they exceed one binding; the partial sums and the decay table are bound whole (small: one
     float per 4,096 and per 256), each chunk's place in them passed as an index."""
     flat = Flat(m.gpu, m.kn, m.params, m.grads, m.gate, m.buf, m.flat_chunks, m.n_flat,
-                m.specs, m.offsets, m._param_views)
+                m.trainable, m.offsets, m._param_views)
     gate = Gate(m.cfg.grad_clip, m.scaled)
     return gate.record(flat, m.buf["norm partials"]) + m.optimizer.record(flat) + m._copy_weights
 

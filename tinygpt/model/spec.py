@@ -13,14 +13,14 @@ from ..core.config import Config
 from ..core.lora import LoRA
 from ..core.precision import FP32, Precision
 from ..device.kernels import LOSS_SCALE
-from .attention import DEFAULT, Path, path
+from .attention import DEFAULT, AttentionPath, path
 from .optimizers import UNRECORDED, Settings, make_settings
 
 
 @dataclass(frozen=True)
 class RunSpec:
     cfg: Config                      # the model's shape (cfg.batch, cfg.ctx: B and T unless given)
-    attention: Path | str = DEFAULT  # a path or its name; held as the path (attention.path)
+    attention: AttentionPath | str = DEFAULT  # a path or its name; held as the path (attention.path)
     B: int | None = None             # sequences a step (a training run's micro-batch)
     T: int | None = None             # positions a sequence
     training: bool = True            # gradients, the optimizer's state, the loss scaler
@@ -47,6 +47,7 @@ class RunSpec:
         return replace(self, **changes)
 
 
-def decoder_spec(cfg: Config, attention: Path | str = DEFAULT, N: int = 1, precision: Precision = FP32) -> RunSpec:
+def decoder_spec(cfg: Config, attention: AttentionPath | str = DEFAULT, N: int = 1,
+                 precision: Precision = FP32) -> RunSpec:
     """The run a sampler is (model.decode.Decoder): N sequences over the whole window, no training."""
     return RunSpec(cfg, attention, B=N, T=cfg.ctx, training=False, precision=precision)

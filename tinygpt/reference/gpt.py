@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import Config, param_specs
-from ..core.lora import LoRA, adapter_name, adapter_specs
+from ..core.config import Config, param_shapes
+from ..core.lora import LoRA, adapter_name, adapter_shapes
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
 from . import attention as ra
@@ -112,7 +112,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
     G["pos_emb"] = np.zeros_like(P["pos_emb"])
     G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
-    names = [n for n, _, _ in param_specs(cfg) + (adapter_specs(cfg, lora) if lora is not None else [])]
+    names = [n for n, _, _ in param_shapes(cfg) + (adapter_shapes(cfg, lora) if lora is not None else [])]
     return {name: G[name] / loss_scale for name in names}
 
 
@@ -171,11 +171,11 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     return dx
 
 
-def clip_and_step(params, grads, opt, cfg: Config, lr: float, settings, specs=None):
+def clip_and_step(params, grads, opt, cfg: Config, lr: float, settings, shapes=None):
     """Global-norm clip then the optimizer `settings` name (model.optimizers' settings), in place,
-    of the parameters `specs` names (every one by default; a LoRA run's trainable ones:
-    core.lora.trainable_specs). opt: new_opt_state's. Returns the norm."""
-    return optim_step(params, grads, opt, cfg, lr, settings, specs)
+    of the parameters `shapes` names (every one by default; a LoRA run's trainable ones:
+    core.lora.trainable_shapes). opt: new_opt_state's. Returns the norm."""
+    return optim_step(params, grads, opt, cfg, lr, settings, shapes)
 
 
 def new_opt_state(params, settings):

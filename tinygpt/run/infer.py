@@ -93,7 +93,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
 
 class Sampler:
     """Text from a model on the device: `num` continuations of a prompt at once, from the
-    key/value cache or by the whole window's forward per token (model.decode.decode_path decides).
+    key/value cache or by the whole window's forward per token (model.decode.decode_mode decides).
     Built once, reused for several samples of up to `capacity` tokens."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
@@ -144,8 +144,8 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     plan = make_plan(gpu, kernels)
     verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # before the kernels are trusted
     s = Sampler(gpu, plan, ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
-    path = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.path]
+    how = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.mode]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
-          f"({path}, {precision.name})", file=err or sys.stderr)
+          f"({how}, {precision.name})", file=err or sys.stderr)
     s.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
     return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

@@ -217,7 +217,6 @@ def run_budget(o: TrainOptions, kernels: dict):
 
 
 @dataclass
-@dataclass
 class TrainOutputs:
     checkpoint: Path
     plot: Path

@@ -13,7 +13,7 @@ import numpy as np
 from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
-from ..core.config import TRAIN_DEFAULTS, Config, param_specs
+from ..core.config import TRAIN_DEFAULTS, Config, param_shapes
 from ..core.errors import UsageError
 from ..core.init import init_params
 from ..core.lora import merged
@@ -66,7 +66,7 @@ class Run:
         extra["adamSteps"] = int(steps)
         if self.lora is None:
             return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
-        names = [n for n, _, _ in param_specs(self.cfg)]
+        names = [n for n, _, _ in param_shapes(self.cfg)]
         fm, fv = self.frozen
         keep = lambda d, frozen, n: d[n] if n in d else frozen[n] if frozen is not None else np.zeros_like(params[n])
         adapters = [n for n in params if n not in set(names)]
@@ -89,7 +89,7 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
     model.step_count = resume.step
     opt = model.optimizer.s
     if held.name == opt.name:
-        state, steps, start = optim_state.read(resume, opt, model.specs, label)
+        state, steps, start = optim_state.read(resume, opt, model.trainable, label)
     else:
         state, steps, start = None, 0, resume.step
         notes.append(optim_state.fresh_note(held.name, opt, resume.step))

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..core.config import n_params
 from ..core.errors import word
-from ..core.lora import trainable_specs
+from ..core.lora import trainable_shapes
 from ..device.gpu import GPU
 from ..device.tune import cached_peaks
 from .infer import FINAL_EVAL_WINDOWS, Sampler, bits
@@ -93,7 +93,7 @@ class Loop:
             print(note, file=err)
         if run.lora:
             lo = run.lora.lora
-            n_train = sum(int(np.prod(sh)) for _, sh, _ in trainable_specs(cfg, lo))
+            n_train = sum(int(np.prod(sh)) for _, sh, _ in trainable_shapes(cfg, lo))
             print(f"lora: rank {lo.rank}, alpha {lo.alpha:g} on {','.join(lo.as_dict()['targets'])}"
                   f"{', biases and LayerNorms' if lo.biases else ''}: {n_train:,} trainable parameters, the base's "
                   f"{n_params(cfg):,} frozen", file=err)

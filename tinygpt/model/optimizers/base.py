@@ -186,7 +186,7 @@ class Optimizer:
         """The decay of each 256-float block: the weight decay where the parameter is decayed, 0
         where not, -1 where it is not this kernel's (mine(name) false)."""
         wd = np.zeros(f.n // 256, np.float32)
-        for name, shape, decayed in f.specs:
+        for name, shape, decayed in f.trainable:
             off = f.offsets[name][0]
             wd[off // 256: -(-(off + int(np.prod(shape))) // 256)] = \
                 (self.s.weight_decay if decayed else 0.0) if mine(name) else -1.0

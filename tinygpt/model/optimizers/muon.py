@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ...core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, TrainDefaults, param_specs
+from ...core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, TrainDefaults, param_shapes
 from ...device.gpu import GPU, Tensor, pack_uniform
 from ...device.kernels import Kernels, batch_stride
 from ..buffers import OP, Buffer
@@ -44,12 +44,12 @@ def is_muon_matrix(name: str) -> bool:
     return name.partition(".")[2] in MUON_MATRICES
 
 
-def ns_batches(specs) -> list:
-    """[((K, N), [names])]: Muon's matrices among specs [(name, shape, ...)] grouped by shape in
+def ns_batches(shapes) -> list:
+    """[((K, N), [names])]: Muon's matrices among a parameter list [(name, shape, ...)] grouped by shape in
     the order they come, each group cut into batches of at most NS_BATCH_FLOATS floats (one matrix
     at least): one Newton-Schulz, dispatch by dispatch, for each batch."""
     groups: dict = {}
-    for name, shape, *_ in specs:
+    for name, shape, *_ in shapes:
         if is_muon_matrix(name):
             groups.setdefault(tuple(shape), []).append(name)
     out = []
@@ -103,7 +103,7 @@ class Muon(Optimizer):
         return super().rows() + tuple(Buffer(r, (s,), "f32", "shared", OP, "training") for r, s in self.SCRATCH)
 
     def sizes(self, cfg: Config) -> dict:
-        batches = ns_batches(param_specs(cfg))
+        batches = ns_batches(param_shapes(cfg))
         return {"NSX": max((len(b) * batch_stride(K * N) for (K, N), b in batches), default=0),
                 "NSG": max((len(b) * batch_stride(min(K, N) ** 2) for (K, N), b in batches), default=0)}
 
@@ -115,7 +115,7 @@ class Muon(Optimizer):
         row = lambda name, n: Tensor(f.buf[name].buf, f.buf[name].offset, (n,), "f32", name)
         # the j-th matrix of a batch in a scratch row, bound alone
         slot = lambda t, j, K, N: Tensor(t.buf, t.offset + 4 * j * batch_stride(K * N), (K, N), "f32", t.name)
-        for (K, N), names in ns_batches(f.specs):
+        for (K, N), names in ns_batches(f.trainable):
             b, r = len(names), min(K, N)
             sx, sg = b * batch_stride(K * N), b * batch_stride(r * r)
             xs = [row("ns x", sx), row("ns x next", sx)]
