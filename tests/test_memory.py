@@ -56,8 +56,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     opt = make_settings(next((o for o in ("lion", "muon") if o in more), "adamw"))
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
-    from tinygpt.run.infer import Sampler
-    from tinygpt.tokenizers import ByteTokenizer
+    from tinygpt.model.decode import Decoder
     from tinygpt.model.gpt import Model
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
     if limit:     # logits and score matrices split into chunks
@@ -68,7 +67,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     p = budget.memory_budget(spec, plan, limits, sample=0)      # the one value both take
     if precision.feature:    # the f16 numerics check's small, short-lived tensors, made once per device: not the model's
         Model(gpu, plan, spec)                                                    # nor the sampler's (its
-        Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50, precision=precision)   # decode kernels)
+        Decoder(gpu, plan, decoder_spec(cfg, attention, precision=precision), 50)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, spec))
     print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}"
           f"{' lora' if lora else ''} {opt.name}: budget {p.total:,} bytes, model {got:,}")
@@ -85,8 +84,7 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
         full = budget.memory_budget(spec.with_(lora=None, optimizer=opt), plan, limits, sample=0)
         assert p.groups["gradients"] < full.groups["gradients"] and p.groups["optimizer state"] < full.groups["optimizer state"]
     want = budget.sampler_bytes(decoder_spec(cfg, attention, precision=precision), 50, plan, limits["max_binding"])
-    got = allocated(gpu, monkeypatch, lambda: Sampler(gpu, plan, cfg, ByteTokenizer(), attention, capacity=50,
-                                                      precision=precision))
+    got = allocated(gpu, monkeypatch, lambda: Decoder(gpu, plan, decoder_spec(cfg, attention, precision=precision), 50))
     assert got == want
 
 

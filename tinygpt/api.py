@@ -36,7 +36,7 @@ from .device.gpu import GPU
 from .device.plan import parse_kernels
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
-from .run.infer import check_sampling
+from .run.infer import check_sampling, texts
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .model.decode import Decoder
 from .model.gpt import Model
@@ -345,16 +345,13 @@ class GPT:
         if not isinstance(cache, bool):
             raise UsageError(f"generate: cache is True or False, got {cache!r}")
         text = isinstance(prompt, str)
-        if text:
-            ids = [int(i) for i in self.tokenizer.encode(prompt)] or [int(self.tokenizer.encode("\n")[0])]
-        else:
+        if not text:
             a = _int_array(prompt, "generate")
             if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
                 raise UsageError(f"generate: give the prompt as text or as token ids [T], got shape {a.shape} "
                                  f"of {a.dtype}")
             if a.min() < 0 or a.max() >= self._ck.cfg.vocab:
                 raise UsageError(f"generate: token ids must be 0 to {self._ck.cfg.vocab - 1}")
-            ids = [int(i) for i in a]
         key = (num_samples, bool(cache))
         if self._decoder is None or self._decoder[0][:2] != key or self._decoder[0][2] < max_new_tokens:
             self._decoder = None
@@ -366,8 +363,9 @@ class GPT:
             decoder = Decoder(self.gpu, plan, spec, capacity)
             decoder.set_params(self._params())
             self._decoder = (key + (capacity,), decoder)
-        seqs = self._decoder[1].generate(ids, max_new_tokens, temperature, top_k, top_p, seed)
-        out = [self.tokenizer.decode(s) for s in seqs] if text else [np.asarray(s, np.int64) for s in seqs]
+        how = (max_new_tokens, temperature, top_k, top_p, seed)
+        out = texts(self._decoder[1], self.tokenizer, prompt, *how) if text else \
+            [np.asarray(s, np.int64) for s in self._decoder[1].generate([int(i) for i in a], *how)]
         return out[0] if num_samples == 1 else out
 
     # ---- training and saving ---------------------------------------------------------------------

@@ -91,24 +91,17 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     return r
 
 
-class Sampler:
-    """Text from a model on the device: `num` continuations of a prompt at once, from the
-    key/value cache or by the whole window's forward per token (model.decode.decode_mode decides).
-    Built once, reused for several samples of up to `capacity` tokens."""
+def prompt_ids(tok, prompt: str) -> list[int]:
+    """A text prompt's ids; an empty prompt starts from a newline, as a model needs one token."""
+    return [int(i) for i in tok.encode(prompt)] or [int(tok.encode("\n")[0])]
 
-    def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, tok, attention: str = "online", num: int = 1,
-                 capacity: int = 256, precision: Precision = FP32):
-        self.tok = tok
-        self.decoder = Decoder(gpu, plan, decoder_spec(cfg, attention, num, precision), capacity)
 
-    def set_params(self, params: dict):
-        self.decoder.set_params(params)
-
-    def generate(self, prompt: str, n: int, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float = 1.0, seed: int = 0) -> list[str]:
-        """prompt + n generated tokens, decoded, for each sequence; a seed gives the same texts."""
-        ids = [int(i) for i in self.tok.encode(prompt)] or [int(self.tok.encode("\n")[0])]
-        return [self.tok.decode(seq) for seq in self.decoder.generate(ids, n, temperature, top_k, top_p, seed)]
+def texts(decoder: Decoder, tok, prompt: str, n: int, temperature: float = 0.0, top_k: int | None = None,
+          top_p: float = 1.0, seed: int = 0) -> list[str]:
+    """prompt + n generated tokens, decoded, for each of the decoder's sequences: the one way text
+    is generated (the sample command, the end of a run and the Python API); a seed gives the
+    same texts."""
+    return [tok.decode(seq) for seq in decoder.generate(prompt_ids(tok, prompt), n, temperature, top_k, top_p, seed)]
 
 
 MAX_SAMPLE_TOKENS = 100_000
@@ -143,9 +136,9 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     precision = PRECISIONS[o.precision]
     plan = make_plan(gpu, kernels)
     verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # before the kernels are trusted
-    s = Sampler(gpu, plan, ck.cfg, tok, o.attention, o.num_samples, o.tokens, precision)
-    how = {"cache": "key/value cache", "full": "the whole window per token"}[s.decoder.mode]
+    decoder = Decoder(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision), o.tokens)
+    how = {"cache": "key/value cache", "full": "the whole window per token"}[decoder.mode]
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
           f"({how}, {precision.name})", file=err or sys.stderr)
-    s.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
-    return s.generate(o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)
+    decoder.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
+    return texts(decoder, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)

@@ -19,8 +19,10 @@ from ..core.errors import word
 from ..core.lora import trainable_shapes
 from ..device.gpu import GPU
 from ..device.tune import cached_peaks
-from .infer import FINAL_EVAL_WINDOWS, Sampler, bits
+from .infer import FINAL_EVAL_WINDOWS, bits, texts
+from ..model.decode import Decoder
 from ..model.gpt import Model
+from ..model.spec import decoder_spec
 from ..model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import TrainOptions
 from .recipe import TrainOutputs, output_paths
@@ -67,7 +69,7 @@ class Loop:
         self.val = run.data.val_windows(o.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
         # the samples at the end: float32 from the key/value cache, whatever the run's precision
-        self.sampler = Sampler(model.gpu, model.plan, run.cfg, run.tokenizer, o.attention, 1, o.sample_tokens) \
+        self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, o.attention), o.sample_tokens) \
             if o.sample_tokens else None
         self.stop = StopFlag()
         self.saver = Saver(run, outs.checkpoint, self.stop)
@@ -100,7 +102,7 @@ class Loop:
         print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)",
               file=err)
         if self.deadline:
-            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, o, self.clock)
+            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, o, self.clock, run.tokenizer)
             print(f"schedule: {sched.describe().split(' at step')[0]} at the last step; steps fitted to "
                   f"{o.minutes:g} min", file=err)
         else:
@@ -248,9 +250,10 @@ class Loop:
             self.png = self.side.attempt("loss-curve plot", plot_losses, run.history, self.outs.plot)
             if self.sampler:
                 self.sampler.set_params(run.model_params(params))
-                self.samples = [self.sampler.generate(o.sample_prompt, o.sample_tokens, 0.0)[0],
-                                self.sampler.generate(o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE,
-                                                      SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
+                tok = run.tokenizer
+                self.samples = [texts(self.sampler, tok, o.sample_prompt, o.sample_tokens)[0],
+                                texts(self.sampler, tok, o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE,
+                                      SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
             data = f" {{opt:data}} {shlex.quote(str(self.o.data))}" if self.o.data else ""   # not read from the file
             for key, value in (("log", self.outs.log), ("tensorboard", self.outs.tensorboard)):
@@ -285,7 +288,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
 SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 40      # the sampled text at the end of a run
 
 
-def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clock) -> float:
+def end_cost(model: Model, sampler: Decoder | None, fx, fy, o: TrainOptions, clock, tok) -> float:
     """Seconds the end of a run will take after its last step, measured before the first step:
     one batch of evaluation and one sampled token, times how many the end runs, plus a margin
     for the save and the plot."""
@@ -297,7 +300,7 @@ def end_cost(model: Model, sampler: Sampler | None, fx, fy, o: TrainOptions, clo
     cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if o.eval_every else 0.0
     if sampler:
         probe = min(8, o.sample_tokens)
-        cost += 2 * o.sample_tokens / probe * timed(sampler.generate, o.sample_prompt, probe)
+        cost += 2 * o.sample_tokens / probe * timed(texts, sampler, tok, o.sample_prompt, probe)
     return 1.05 * cost + 0.5
 
 
