@@ -708,6 +708,11 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     # the backward's dX = dY @ W^T: A float32 (A_F32)
     run(gpu, kn.matmul_abt(up(a), up(bth), out, M, N, K_, variant=variant, nb=nb, tm=tm))
     check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} A float32 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_bf16(a, rbt), tol)
+    # A bf16 and B float32 in A @ B^T (a policy of bf16 activations over float32 weights): the 8-wide
+    # kernel reads B packed, so its set declines (MatmulSet.takes) and the template serves them
+    run(gpu, kn.matmul_abt(up(ah), up(b.T.copy()), out, M, N, K_, variant=variant, nb=nb, tm=tm))
+    check(f"matmul_abt_bf16 {variant}{f' nb{nb} tm{tm}' if nb else ''} B float32 {M}x{N}x{K_}", gpu.read(out),
+          R.matmul_abt_bf16(ra, b.T.copy()), tol)
     # the forward's q, k, v and pre-activation: out written as bf16 (OUT_BF16), bias added first.
     # A float32 sum on a rounding edge may round the other way from the float64 twin's: values
     # within the sum's tolerance plus one bf16 rounding, and most words equal.

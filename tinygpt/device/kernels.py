@@ -76,6 +76,10 @@ class MatmulSet:
     def variant(self, plan: KernelPlan, entry, M, N, K) -> str:
         raise NotImplementedError
 
+    def takes(self, entry, a, b, out) -> bool:
+        """Whether its kernels take these operands' types (else the shared templates serve them)."""
+        return True
+
 
 class F32Matmuls(MatmulSet):
     """float32: scalar, vec4 (matmul_vec4.wgsl), sg (its sg section) or tiled, as the plan says."""
@@ -94,6 +98,9 @@ class BF16Matmuls(MatmulSet):
         if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
             return "tiled"
         return "sg" if subgroups_on(plan) and half_ok(entry, M, N, K) else "scalar"
+
+    def takes(self, entry, a, b, out):
+        return entry != "matmul_abt" or DTYPES[b.dtype].packed      # B of A @ B^T is read 8 packed at a time
 
 
 class F16Matmuls(MatmulSet):
@@ -256,6 +263,8 @@ class Kernels:
         if variant in ("scalar", "tiled"):
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, variant, dtype)
         own = MATMULS[dtype]
+        if not own.takes(entry, a, b, out):
+            return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, "scalar", dtype)
         assert batch == 1 or own.batched, (entry, dtype)
         return getattr(self, own.launch)(entry, a, b, bias, out, M, N, K, uniform if own.batched else uniform[:5],
                                          variant, nb, tm)
