@@ -143,6 +143,24 @@ def muon_state(opts: list, module: GPTModule) -> dict:
     return {"muon m": m, "muon v": v}
 
 
+class AdamWMirror:
+    """tinygpt's AdamW as torch.optim.AdamW; its state as optim_state's rows ("adam m", "adam v")."""
+    make = staticmethod(lambda module, settings, lr: adamw(module, lr, settings.weight_decay))
+    load = staticmethod(lambda opt, module, state, steps: load_moments(opt, module, state["adam m"],
+                                                                        state["adam v"], steps))
+    rows = staticmethod(lambda opt, module: dict(zip(("adam m", "adam v"), moments(opt, module))))
+
+
+class MuonMirror:
+    """tinygpt's Muon as torch.optim.Muon and AdamW (muon above)."""
+    make, load, rows = staticmethod(muon), staticmethod(load_muon_state), staticmethod(muon_state)
+
+
+# the optimizers of tinygpt's registry that PyTorch ships, by their rooms' names: each made from the
+# file's settings, its state loaded from and handed back as optim_state's rows (Lion and SGD: none)
+MIRRORS = {"adamw": AdamWMirror, "muon": MuonMirror}
+
+
 class TorchGPT:
     """One process: forward, and a training step that returns the loss before the update."""
 

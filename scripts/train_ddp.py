@@ -98,10 +98,11 @@ def setup(args, rank: int, world: int):
     ck = ckpt.load(args.resume, f"{{opt:resume}} {args.resume}")
     label = f"{{opt:resume}} {args.resume}"
     settings = optim_state.file_settings(ck, label) or make_settings("adamw")
-    if settings.name not in ("adamw", "muon"):     # PyTorch has AdamW and Muon, not Lion
+    from torch_model import MIRRORS
+    if settings.name not in MIRRORS:
         raise UsageError(f"{label} trains with {settings.name}, which PyTorch does not ship; continue it with "
                          "tinygpt train, or resume it there with --optimizer adamw first")
-    if settings.name == "adamw" and ck.m is None:
+    if settings.kind.upstream_moments and ck.m is None:
         raise UsageError(f"{label} holds no optimizer state; continue it with tinygpt train "
                          "first, or start a run there")
     if ck.extra.get("lora") is not None:      # DDP trains every weight: the adapters would be left behind
@@ -132,8 +133,7 @@ def train(args) -> int:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from torch_model import GPTModule, adamw, clip_and_step, load_moments, load_muon_state, loss_of, moments, muon, \
-        muon_state
+    from torch_model import MIRRORS, GPTModule, clip_and_step, loss_of
 
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -157,12 +157,9 @@ def train(args) -> int:
     module = GPTModule(cfg, ck.params, device)
     model = DDP(module)
     state, steps, start = optim_state.read(ck, settings, param_shapes(cfg), f"--resume {args.resume}")
-    if settings.name == "muon":
-        opt = muon(module, settings, sched.lr)
-        load_muon_state(opt, module, state, steps)
-    else:
-        opt = adamw(module, sched.lr, settings.weight_decay)
-        load_moments(opt, module, state["adam m"], state["adam v"], steps)
+    mirror = MIRRORS[settings.name]
+    opt = mirror.make(module, settings, sched.lr)
+    mirror.load(opt, module, state, steps)
     vx, vy = data.val_windows(args.eval_windows)
     history, log = list(ck.loss_history), open(args.log_file, "a") if args.log_file and rank == 0 else None
     T, GB = cfg.ctx, B * world
@@ -184,15 +181,9 @@ def train(args) -> int:
         cfg.batch, cfg.lr = GB, sched.lr
         taken = steps + step - ck.step                  # the updates the optimizer's state has taken
         extra = dict(ck.extra, dataRngState=rng.bit_generator.state, schedule=sched.as_dict(), momentsFrom=start)
-        if settings.name == "muon":     # its state in upstream's moment slots, as tinygpt train writes it
-            extra["optimizer"] = optim_state.record(settings, taken)
-            m, v = optim_state.slots(settings, muon_state(opt, module))
-            ck_out = ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header)
-        else:
-            m, v = moments(opt, module)
-            extra.update(optimizer=optim_state.record(settings), adamSteps=taken)
-            ck_out = ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header)
-        ckpt.save(out, ck_out)
+        fields, m, v = optim_state.written(settings, mirror.rows(opt, module), taken)   # as tinygpt train writes it
+        extra.update(fields)
+        ckpt.save(out, ckpt.Checkpoint(cfg, params, m, v, step, history, extra, ck.header))
 
     t_last, n_since = time.perf_counter(), 0
     for step in range(ck.step, total):

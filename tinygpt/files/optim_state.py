@@ -51,6 +51,15 @@ def slots(settings: Settings, state: dict) -> tuple[dict, dict]:
     return settings.kind.slots(settings, state)
 
 
+def written(settings: Settings, state: dict, steps: int) -> tuple[dict, dict, dict]:
+    """(the header's fields, m, v): what a file holds of this optimizer's state after `steps`
+    updates, for tinygpt train and for any trainer that hands a file back (scripts/train_ddp.py)."""
+    fields = {"optimizer": record(settings, steps)}
+    if settings.kind.upstream_moments:
+        fields["adamSteps"] = int(steps)
+    return (fields,) + slots(settings, state)
+
+
 def file_settings(ck: Checkpoint, what: str) -> Settings | None:
     """The optimizer a file records (None: a file before optimizers were recorded, AdamW's)."""
     rec = ck.extra.get("optimizer")

@@ -58,13 +58,9 @@ class Run:
         slots of upstream's layout, whatever the optimizer) after `steps` updates; a LoRA
         run's base in the state (its frozen moments as read), its adapters and their moments in
         tinygptPy.lora."""
-        opt = self.optimizer
-        extra = dict(extra, optimizer=optim_state.record(opt, steps))
-        m, v = optim_state.slots(opt, state)
-        if not opt.kind.upstream_moments:       # (a LoRA run's optimizer has them: setup refuses others)
-            return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
-        extra["adamSteps"] = int(steps)
-        if self.lora is None:
+        fields, m, v = optim_state.written(self.optimizer, state, steps)
+        extra = dict(extra, **fields)
+        if self.lora is None:       # (a LoRA run's optimizer keeps upstream's moments: setup refuses others)
             return ckpt.Checkpoint(self.cfg, params, m, v, step, self.history, extra, self.header)
         names = [n for n, _, _ in param_shapes(self.cfg)]
         fm, fv = self.frozen
