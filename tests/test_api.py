@@ -182,6 +182,20 @@ def test_a_trainers_own_arguments_are_checked(gpt, text):
     assert t.step_count == 0        # nothing ran
 
 
+def test_a_trainer_takes_the_recipes_tables(gpt, text):
+    """The keywords may come in the recipe's group tables, as a config's do; a table does not let
+    through what the trainer refuses bare (a shape, a file, its own steps)."""
+    t = gpt.trainer(2, data=text, training={"lr": 1e-3}, optimization={"optimizer": "adamw", "beta1": 0.8})
+    assert (t.o.lr, t.o.optimizer, t.o.beta1) == (1e-3, "adamw", 0.8)
+    for tables, start in (({"shape": {"layers": 2}}, "train: layers is GPT.from_preset's setting"),
+                          ({"outputs": {"out": "x.tinygpt"}}, "train: out is tinygpt train's own"),
+                          ({"training": {"steps": 3}}, "train: steps and data are the trainer's own arguments"),
+                          ({"training": {"d_model": 3}}, "train: [training] holds 'd_model', but it belongs in [shape]")):
+        with pytest.raises(tinygpt.UsageError) as e:
+            gpt.trainer(2, data=text, **tables)
+        assert str(e.value).startswith(start), str(e.value)
+
+
 def test_steps_past_a_finished_schedule_are_said(text):
     """Issue 47: a finished run trained on from Python ran at its final lr without a word, and the
     error for a new lr named the CLI's switch (add rewarm), not the keyword."""

@@ -60,12 +60,41 @@ def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
     ('config = "other.toml"\n', "does not name another config"),
     ('steps = "50"\n', "steps takes a number, not the text '50'"),          # typed as the flag is (issue 47)
     ('lr = "1e-3"\n', "lr takes a number, not the text '1e-3'"),
+    ("[training]\nd_model = 96\n", "[training] holds 'd_model', but it belongs in [shape]"),   # the recipe's groups
+    ("[training]\nwarmpu = 5\n", "[training] holds 'warmpu', but it is not a setting of tinygpt train"),
+    ("steps = 5\n[training]\nsteps = 6\n", "steps is given twice, in [training] and outside it"),
+    ("[schedule]\nlr = 1e-3\n", "schedule takes one value"),      # a field's name is no table
 ])
 def test_a_bad_config_is_one_line(tmp_path, capsys, text, needle):
     (tmp_path / "bad.toml").write_text(text)
     assert main(["train", "--config", str(tmp_path / "bad.toml")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and f"--config {tmp_path / 'bad.toml'}" in err[0], err
+
+
+def test_the_recipes_groups_hold_every_setting_once_and_section_the_help(capsys):
+    """run/options.py's GROUPS: every field of TrainOptions in exactly one group, no group named
+    as a field; train's --help shows them as its sections, in that order, each flag in its group's;
+    a config in tables is the same recipe as its bare keys."""
+    import dataclasses
+    import tomllib
+    from tinygpt.run.options import GROUPS, TrainOptions
+    names = [n for _, members in GROUPS.values() for n in members]
+    fields = [f.name for f in dataclasses.fields(TrainOptions)]
+    print(f"{len(GROUPS)} groups, {len(names)} settings, {len(fields)} fields")
+    assert sorted(names) == sorted(fields) and not set(GROUPS) & set(fields)
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    help_text = capsys.readouterr().out
+    at = [help_text.index(f"\n{title}:\n") for title, _ in GROUPS.values()]
+    assert at == sorted(at)
+    for (title, members), start, end in zip(GROUPS.values(), at, at[1:] + [len(help_text)]):
+        for name in members:
+            assert f"  --{name.replace('_', '-')}" in help_text[start:end], (title, name)
+    flat = 'preset = "tiny"\nsteps = 7\nlr = 2e-3\nbeta1 = 0.8\nprecision = "bf16"\neval_every = 0\nout = "x.tinygpt"\n'
+    tables = ('[shape]\npreset = "tiny"\n[training]\nsteps = 7\nlr = 2e-3\n[optimization]\nbeta1 = 0.8\n'
+              '[numerics]\nprecision = "bf16"\n[evaluation]\neval_every = 0\n[outputs]\nout = "x.tinygpt"\n')
+    assert train_options(tomllib.loads(tables), "tables") == train_options(tomllib.loads(flat), "flat")
 
 
 def test_the_example_configs_load():

@@ -29,7 +29,7 @@ from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
-from .commands.train_settings import train_options      # the flags' own checks on every keyword setting
+from .commands.train_settings import flat_config, train_options    # the flags' own checks on every setting
 from . import tokenizers
 from .tokenizers import get_tokenizer
 from .device.gpu import GPU
@@ -405,6 +405,9 @@ class Trainer:
     each run() (and by sync()), so it samples, evaluates and saves what was trained."""
 
     def __init__(self, gpt: GPT, steps: int, data, options: dict):
+        options = flat_config(options, "train")          # the recipe's group tables opened, as a config's
+        if "steps" in options or "data" in options:
+            raise UsageError("train: steps and data are the trainer's own arguments, not settings in a table")
         bad = [k for k in options if k in CLI_ONLY or k in SHAPE]
         if bad:     # a new model's seed would draw other weights than the ones it has: refused, as its shape
             where = "GPT.from_preset's" if bad[0] in SHAPE else "tinygpt train's own (its files and its run's end)"

@@ -21,7 +21,7 @@ from ..device.kernels import LOSS_SCALE, SCALE_GROWTH
 from ..device.plan import FAMILIES, parse_kernels
 from ..model import optimizers
 from ..model.attention import DEFAULT as ATTENTION, IMPLS
-from ..run.options import RUN_SETTINGS, TrainOptions
+from ..run.options import GROUP_OF, GROUPS, RUN_SETTINGS, TrainOptions
 from ..run.recipe import MAX_GRAD_ACCUM
 
 EXIT_USAGE = 2
@@ -77,9 +77,25 @@ def add_tokenizer_file(p):
                         "download it (default: tiktoken's cache)")
 
 
+class Sections:
+    """A parser whose flags of train's settings land in the section of the recipe's group they set
+    (options.GROUPS), so that --help shows the recipe as it is grouped; any other flag stays in
+    the parser's own."""
+
+    def __init__(self, p):
+        self.p = p
+        self.sections = {g: p.add_argument_group(title) for g, (title, _) in GROUPS.items()}
+
+    def add_argument(self, *names, **kw):
+        dest = kw.get("dest") or next(n for n in names if n.startswith("--"))[2:].replace("-", "_")
+        group = GROUP_OF.get(dest)
+        return (self.sections[group] if group else self.p).add_argument(*names, **kw)
+
+
 def train_flags(p, small: TrainDefaults, base: Config):
     """Every flag of `tinygpt train`: plan takes them all too, so any training command can be
     planned by changing its verb."""
+    p = Sections(p)
     _shape_flags(p, base)
     _data_and_schedule_flags(p, small, base)
     _numerics_flags(p)
@@ -240,6 +256,23 @@ NUMBER_TYPES = ("_int", "_float")      # the argument types of train's numeric f
 ONE_OF = (("steps", "minutes"),)
 
 
+def flat_config(table: dict, label: str) -> dict:
+    """Train's settings by name, from a config file's tables or the API's keywords: bare keys as
+    they are, a table named as a group of the recipe ([training], [optimization], ...:
+    options.GROUPS) opened, each key in the table of its group."""
+    flat = {k: v for k, v in table.items() if not (k in GROUPS and isinstance(v, dict))}
+    for group in (k for k, v in table.items() if k in GROUPS and isinstance(v, dict)):
+        for key, value in table[group].items():
+            if GROUP_OF.get(key) != group:
+                where = f"it belongs in [{GROUP_OF[key]}] or outside any table" if key in GROUP_OF else \
+                    "it is not a setting of tinygpt train"
+                raise UsageError(f"{label}: [{group}] holds {key!r}, but {where}")
+            if key in flat:
+                raise UsageError(f"{label}: {key} is given twice, in [{group}] and outside it")
+            flat[key] = value
+    return flat
+
+
 def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "config")) -> list[str]:
     """A mapping of train's flags by long name ("d_model": 96, "recompute": True) as the command
     line that says the same: parsed by train's own flags, so each value is checked as the flag
@@ -248,7 +281,7 @@ def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "confi
     train_flags(p, TRAIN_DEFAULTS["small"], Config())
     known = p._option_string_actions
     argv = []
-    for key, value in mapping.items():
+    for key, value in flat_config(mapping, source).items():
         name = flag(str(key))
         action = known.get(name) if key not in exclude else None
         if action is None or not str(key).isidentifier():

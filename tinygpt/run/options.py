@@ -67,6 +67,24 @@ class TrainOptions:
     config: str | None = None          # the TOML file the settings came from (an input no output may be)
 
 
+# The recipe's groups: every field of TrainOptions in one, in the order train's help shows
+# them (its flags' sections) and a config file may hold them (a TOML table each, or bare keys).
+# No group is named as a field, so a table never reads as a setting.
+GROUPS = {
+    "shape": ("the model's shape", ("preset", "layers", "d_model", "heads", "ctx", "sliding_window")),
+    "input": ("data and tokenizer", ("data", "tokenizer", "tokenizer_file", "seed")),
+    "batching": ("batch and accumulation", ("batch", "grad_accum", "recompute")),
+    "training": ("length and learning rate", ("steps", "minutes", "schedule", "lr", "warmup", "min_lr", "rewarm")),
+    "optimization": ("optimizer", ("optimizer", "weight_decay", "beta1", "beta2", "momentum", "grad_clip")),
+    "numerics": ("precision, attention and kernels", ("precision", "loss_scale", "attention", "kernels")),
+    "adapters": ("LoRA", ("lora", "lora_alpha", "lora_targets", "lora_biases")),
+    "evaluation": ("evaluation, logging and samples", ("eval_every", "eval_windows", "log_every", "save_every",
+                                                        "sample_tokens", "sample_prompt", "keep_best")),
+    "outputs": ("files", ("out", "resume", "log", "tensorboard", "force", "quiet", "config")),
+}
+GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in names}
+
+
 # How a run logs, evaluates, saves and ends, where no option says: the checkpoint keeps the values
 # a run used (tinygptPy.settings), and a resumed run takes them again where no option says.
 # (A path, such as the log's, is not kept: tinygpt opens no path read from a file.)
