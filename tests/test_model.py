@@ -175,8 +175,11 @@ def test_split_token_embedding_trains_as_the_whole_one(gpu, plan, monkeypatch):
 
 def test_step0_gpt2_vocabulary_small_preset(gpu, plan):
     """V = 50257 at the small preset: the logits split by themselves on lavapipe (134 MB bindings)."""
-    n = check_step0(gpu, plan, preset("small", vocab=50257), names=("tok_emb", "pos_emb", "h0.Wq", "h2.fc_out_W"))
-    print(f"logit chunks: {n}")
+    cfg = preset("small", vocab=50257)
+    n = check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h2.fc_out_W"))
+    logit_bytes = 4 * cfg.batch * cfg.ctx * 50264          # the vocabulary padded for the vec4 head
+    print(f"logit chunks: {n} ({logit_bytes:,} bytes of logits, bindings of {gpu.max_binding:,})")
+    assert (n > 1) == (logit_bytes > gpu.max_binding)
 
 
 @pytest.mark.slow
@@ -185,7 +188,8 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     lavapipe's 134 MB binding, so it splits by itself; logits, loss and gradients against the
     float64 reference, then one AdamW step. A quarter of its context: the steps at 1,024 took 70
     of the test's 100 s on lavapipe, and attention past 1,024 has its own test (test_attention's
-    test_online_beyond_the_old_cap)."""
+    test_online_beyond_the_old_cap). Its logits (51 MB) stay whole here; the GPT-2 vocabulary's
+    logits split by themselves in test_step0_gpt2_vocabulary_small_preset."""
     cfg = preset("gpt2", layers=1, ctx=256)
     assert (cfg.d_model, cfg.heads, cfg.ctx, cfg.vocab, cfg.batch) == (768, 12, 256, 50257, 1)
     m_split = 4 * 50264 * 768 > gpu.max_binding

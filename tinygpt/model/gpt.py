@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.lora import LoRA, trainable_shapes
+from ..core.lora import trainable_shapes
 from ..core.init import token_buckets
 from ..device import numerics
 from ..device.gpu import GPU, PER_WORD, Tensor

@@ -8,13 +8,11 @@ import sys
 
 from ..files import checkpoint as ckpt
 from ..files.lora_files import model_params
-from ..core.config import Config
 from ..core.errors import UsageError
-from ..core.precision import FP32, PRECISIONS, Precision
+from ..core.precision import PRECISIONS
 from ..files.data import progress
 from ..tokenizers import get_tokenizer
 from ..device.gpu import GPU
-from ..device.plan import KernelPlan
 from ..device.planner import make_plan
 from ..model.decode import Decoder
 from ..model.gpt import Model
