@@ -97,6 +97,35 @@ def test_the_recipes_groups_hold_every_setting_once_and_section_the_help(capsys)
     assert train_options(tomllib.loads(tables), "tables") == train_options(tomllib.loads(flat), "flat")
 
 
+def test_trains_flags_are_the_recipes_fields():
+    """Each flag of tinygpt train (and plan) is made from its field of TrainOptions: the same name,
+    default, help (its {opt:NAME} as flags) and check; no setting has a flag of its own making, and
+    the flags a mapping may not set (profile, json) are the only others. The Python API's keywords
+    go through the same flags, so a field's check is the keyword's."""
+    import argparse
+    import dataclasses
+    from tinygpt.commands.argtypes import flag
+    from tinygpt.commands.train_settings import cli_words, train_flags
+    from tinygpt.core.errors import UsageError
+    from tinygpt.run.options import TrainOptions
+    p = argparse.ArgumentParser(add_help=False)
+    train_flags(p)
+    actions = {a.dest: a for a in p._actions}
+    fields = {f.name: f for f in dataclasses.fields(TrainOptions)}
+    print(f"{len(fields)} settings, {len(actions)} flags")
+    assert set(actions) == set(fields) | {"profile", "json"}
+    for name, f in fields.items():
+        a, m = actions[name], f.metadata
+        default = f.default_factory() if callable(f.default_factory) else f.default
+        assert a.option_strings[0] == flag(name) and a.default == default and a.help == cli_words(m["help"]), name
+        assert "{opt:" not in a.help and (a.choices == m["choices"] or m["toggle"]), name
+        if m["check"] is not None:            # the flag's type is the field's check, and so the API's
+            assert a.type.__name__ == m["check"].__name__, name
+    assert train_options({"layers": 2}, "k").layers == 2
+    with pytest.raises(UsageError, match="layers: must be positive"):
+        train_options({"layers": 0}, "k")
+
+
 def test_the_example_configs_load():
     names = sorted(p.name for p in (ROOT / "configs").glob("*.toml"))
     assert names == ["first-run.toml", "lora.toml", "shakespeare.toml"]

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..core.version import __version__
 from ..files import checkpoint as ckpt
 from .argtypes import flag, nonneg_float, positive_int, seed_int
-from ..core.config import TRAIN_DEFAULTS, Config, n_params
+from ..core.config import n_params
 from ..core.errors import TinyGPTError, UsageError, set_wording, word
 from ..core.fs import writes_shown
 from ..core.precision import PRECISIONS
@@ -34,8 +34,7 @@ from ..run.safety import Interrupted, stops_on_signals
 from ..files.tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
 from ..run.recipe import run_budget
 from ..run.train import profile, train
-from .train_settings import ONE_OF, Parser, add_attention, add_kernels, add_tokenizer_file, default, \
-    options, read_config, settings_argv, train_flags
+from .train_settings import ONE_OF, Parser, add_setting, default, options, read_config, settings_argv, train_flags
 
 EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
@@ -176,15 +175,14 @@ def add_adapters(p):
 
 
 def build_parser():
-    small, base = TRAIN_DEFAULTS["small"], Config()      # the defaults the help texts name
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
     ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
     ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     ap.add_argument("--version", action="version", version=version(), help="the version of tinygpt and of wgpu-py")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    _train_command(sub, common, small, base)
-    _plan_command(sub, common, small, base)
+    _train_command(sub, common)
+    _plan_command(sub, common)
     _eval_command(sub, common)
     _sample_command(sub, common)
     _inspect_command(sub, common)
@@ -196,18 +194,18 @@ def build_parser():
     return ap
 
 
-def _train_command(sub, common, small, base):
+def _train_command(sub, common):
     p = sub.add_parser("train", parents=[common],
                        help="train a model (default: the small preset on the built-in corpus)")
-    train_flags(p, small, base)
+    train_flags(p)
     p.set_defaults(fn=cmd_train)
 
 
-def _plan_command(sub, common, small, base):
+def _plan_command(sub, common):
     p = sub.add_parser("plan", parents=[common],
                        help="the memory budget of a training run (any train command's flags), buffer group by group, "
                             "against this adapter's limits")
-    train_flags(p, small, base)
+    train_flags(p)
     p.set_defaults(fn=cmd_plan)
 
 
@@ -220,11 +218,11 @@ def _eval_command(sub, common):
                    help="evaluate at most N windows of the split (default: all of them)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_attention(p)
-    add_kernels(p)
+    add_setting(p, "attention")
+    add_setting(p, "kernels")
     p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"),
                    help="the forward's storage: bf16 and f16 store activations and weights in 16 bits (default fp32)")
-    add_tokenizer_file(p)
+    add_setting(p, "tokenizer_file")
     add_adapters(p)
     p.set_defaults(fn=cmd_eval)
 
@@ -250,9 +248,9 @@ def _sample_command(sub, common):
                    help="the same seed draws the same text (default 0)")
     p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
                    help="bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
-    add_attention(p)
-    add_kernels(p)
-    add_tokenizer_file(p)
+    add_setting(p, "attention")
+    add_setting(p, "kernels")
+    add_setting(p, "tokenizer_file")
     add_adapters(p)
     p.set_defaults(fn=cmd_sample)
 
@@ -264,8 +262,8 @@ def _inspect_command(sub, common):
     p.add_argument("--prompt", required=True, help="the text whose attention is drawn")
     p.add_argument("--out", required=True, help="the PNG to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    add_kernels(p)
-    add_tokenizer_file(p)
+    add_setting(p, "kernels")
+    add_setting(p, "tokenizer_file")
     add_adapters(p)
     p.set_defaults(fn=cmd_inspect)
 
@@ -295,7 +293,7 @@ def _prepare_command(sub, common):
     p.add_argument("--tokenizer", choices=list(tokenizers.NAMES), default=tokenizers.DEFAULT,
                    help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
                         "where the vocabulary fits them)")
-    add_tokenizer_file(p)
+    add_setting(p, "tokenizer_file")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_prepare)
@@ -324,7 +322,7 @@ def _export_command(sub, common):
                    help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
     p.add_argument("--quiet", action="store_true", help="no progress bar (shown for files of 64 MiB or more)")
-    add_tokenizer_file(p)
+    add_setting(p, "tokenizer_file")
     p.add_argument("out")
     p.set_defaults(fn=cmd_export)
 

@@ -53,6 +53,11 @@ def set_wording(name_option):
     _wording[0] = name_option
 
 
+def with_names(text: str, name_option=plain) -> str:
+    """Text written with {opt:NAME}, each option named by name_option (a flag, a keyword)."""
+    return _OPT.sub(lambda m: name_option(m.group(1)), text)
+
+
 def word(text: str) -> str:
     """Text for the user with its options named as the CLI names them."""
     return _OPT.sub(lambda m: _wording[0](m.group(1)), text)

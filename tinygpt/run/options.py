@@ -1,89 +1,54 @@
 """What a command asks for, as plain objects: the CLI builds them, the layers below read them.
 
-Field names are the option names that errors write as {opt:NAME}; the CLI turns
-NAME into the flag --NAME (underscores as dashes).
+TrainOptions is the recipe of a training run: each field is a setting, and its metadata says
+which of the recipe's groups it belongs to (GROUPS), what checks its value (core.values) and
+what it does (its help). tinygpt train's flags, their help and defaults, a config file's keys
+and the Python API's keywords are all made from these fields (commands/train_settings.py), so
+each is written once, here. Field names are the option names that errors and help write as
+{opt:NAME}; the CLI turns NAME into the flag --NAME (underscores as dashes), the API keeps NAME.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
-from ..model.attention import DEFAULT as ATTENTION
+from .. import tokenizers
+from ..core import values
+from ..core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config
+from ..core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
+from ..core.precision import PRECISIONS
+from ..device.kernels import LOSS_SCALE, SCALE_GROWTH
+from ..device.plan import FAMILIES, parse_kernels
+from ..model import optimizers
+from ..model.attention import DEFAULT as ATTENTION, IMPLS
 
+MAX_GRAD_ACCUM = 4096
 
-@dataclass
-class TrainOptions:
-    preset: str = "small"
-    layers: int | None = None
-    d_model: int | None = None
-    heads: int | None = None
-    ctx: int | None = None
-    sliding_window: int | None = None  # each query attends to its last N positions; None: all (or the resumed model's)
-    batch: int | None = None
-    grad_accum: int | None = None      # micro-batches per step; None: 1, or the resumed run's
-    data: str | None = None            # None: the built-in corpus
-    tokenizer: str | None = None       # None: byte, or the resumed file's
-    tokenizer_file: str | None = None
-    steps: int | None = None           # None: the preset's default (config.TRAIN_DEFAULTS), or the resumed run's
-    minutes: float | None = None       # a time budget instead of steps
-    schedule: str | None = None        # cosine | constant; None: the preset's (or the resumed file's)
-    lr: float | None = None
-    warmup: int | None = None
-    min_lr: float | None = None
-    rewarm: bool = False               # a resumed run past its planned end: a new warm-up and decay from its step
-    grad_clip: float | None = None
-    seed: int | None = None
-    attention: str = ATTENTION
-    kernels: dict = field(default_factory=dict)   # family -> variant, over the kernel plan
-    precision: str | None = None       # fp32 | bf16 | f16; None: fp32, or the resumed run's
-    loss_scale: float | None = None    # f16's first loss scale; None: 65536, or the resumed run's
-    optimizer: str | None = None       # model.optimizers.NAMES; None: its DEFAULT (LORA for a LoRA run),
-                                       # or the resumed run's
-    weight_decay: float | None = None  # None: 0.1, or the resumed run's (its optimizer's)
-    # the optimizers' flagged hyperparameters (model.optimizers.FLAGS); None: the optimizer's
-    # default (its room's Hyper), or the resumed run's
-    beta1: float | None = None
-    beta2: float | None = None
-    momentum: float | None = None
-    recompute: bool = False            # keep each block's input only, recompute its forward in the backward
-    lora: int | None = None            # LoRA's rank: adapters on a frozen base (None: every weight trains,
-                                       # or the resumed run's adapters)
-    lora_alpha: float | None = None    # None: 2 x rank
-    lora_targets: list | None = None   # of core.lora.TARGETS; None: q, k, v, o
-    lora_biases: bool = False          # also train every bias and LayerNorm
-    # the run's settings (RUN_SETTINGS): None is the resumed run's, else RUN_SETTINGS'
-    eval_every: int | None = None
-    eval_windows: int | None = None
-    log_every: int | None = None
-    save_every: int | None = None
-    sample_tokens: int | None = None   # the greedy and the sampled text at the end; 0: none
-    sample_prompt: str | None = None
-    keep_best: bool | None = None      # also keep the checkpoint of the best validation loss
-    log: str | None = None
-    tensorboard: str | None = None     # a directory for TensorBoard's event files
-    out: str | None = None             # None: the resumed file, else runs/PRESET.tinygpt
-    force: bool = False
-    resume: str | None = None
-    quiet: bool = False
-    config: str | None = None          # the TOML file the settings came from (an input no output may be)
-
-
-# The recipe's groups: every field of TrainOptions in one, in the order train's help shows
-# them (its flags' sections) and a config file may hold them (a TOML table each, or bare keys).
-# No group is named as a field, so a table never reads as a setting.
-GROUPS = {
-    "shape": ("the model's shape", ("preset", "layers", "d_model", "heads", "ctx", "sliding_window")),
-    "input": ("data and tokenizer", ("data", "tokenizer", "tokenizer_file", "seed")),
-    "batching": ("batch and accumulation", ("batch", "grad_accum", "recompute")),
-    "training": ("length and learning rate", ("steps", "minutes", "schedule", "lr", "warmup", "min_lr", "rewarm")),
-    "optimization": ("optimizer", ("optimizer", "weight_decay", "beta1", "beta2", "momentum", "grad_clip")),
-    "numerics": ("precision, attention and kernels", ("precision", "loss_scale", "attention", "kernels")),
-    "adapters": ("LoRA", ("lora", "lora_alpha", "lora_targets", "lora_biases")),
-    "evaluation": ("evaluation, logging and samples", ("eval_every", "eval_windows", "log_every", "save_every",
-                                                        "sample_tokens", "sample_prompt", "keep_best")),
-    "outputs": ("files", ("out", "resume", "log", "tensorboard", "force", "quiet", "config")),
+# The recipe's groups, in the order train's help shows them (its flags' sections) and a config
+# file may hold them (a TOML table each, or bare keys). No group is named as a setting, so a
+# table never reads as one.
+GROUP_TITLES = {
+    "shape": "the model's shape", "input": "data and tokenizer", "batching": "batch and accumulation",
+    "training": "length and learning rate", "optimization": "optimizer",
+    "numerics": "precision, attention and kernels", "adapters": "LoRA",
+    "evaluation": "evaluation, logging and samples", "outputs": "files",
 }
-GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in names}
 
+
+def setting(group: str, help: str, default=None, check=None, choices=None, metavar: str | None = None,
+            toggle: bool = False, aliases: tuple = ()):
+    """A field of the recipe. check: its value's check (core.values, or one that raises a
+    TinyGPTError); choices: the names it takes; toggle: on or off (a flag and its no- form);
+    aliases: other names its flag answers to."""
+    meta = {"group": group, "help": help, "check": check, "choices": choices, "metavar": metavar,
+            "toggle": toggle, "aliases": aliases}
+    assert group in GROUP_TITLES, group
+    if isinstance(default, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_small, _base = TRAIN_DEFAULTS["small"], Config()
+_shape = dict(zip(("layers", "d_model", "heads", "ctx", "batch"), PRESETS["small"]))
 
 # How a run logs, evaluates, saves and ends, where no option says: the checkpoint keeps the values
 # a run used (tinygptPy.settings), and a resumed run takes them again where no option says.
@@ -91,6 +56,167 @@ GROUP_OF = {name: group for group, (_, names) in GROUPS.items() for name in name
 RUN_SETTINGS = {"eval_every": 100, "eval_windows": 64, "log_every": 10, "save_every": 500, "sample_tokens": 200,
                 "sample_prompt": "The ",       # a bare newline sends greedy byte models into indentation
                 "keep_best": False}
+
+
+def _kept(name: str) -> str:
+    """A run setting's default as its help says it."""
+    v = RUN_SETTINGS[name]
+    return f"default {repr(v) if isinstance(v, str) else v}, or the resumed run's"
+
+
+def _preset(name: str) -> str:
+    return f"default: the preset's, {_shape[name]} for small"
+
+
+@dataclass
+class TrainOptions:
+    # -- the model's shape
+    preset: str = setting("shape", f"one of {', '.join(PRESETS)} (default small)", "small", values.preset_name,
+                          metavar="NAME")
+    layers: int | None = setting("shape", f"transformer blocks ({_preset('layers')}; on {{opt:resume}}, the file's)",
+                                 check=values.positive_int)
+    d_model: int | None = setting("shape", f"the residual stream's width ({_preset('d_model')})",
+                                  check=values.positive_int)
+    heads: int | None = setting("shape", f"attention heads, dividing {{opt:d_model}} ({_preset('heads')})",
+                                check=values.positive_int)
+    ctx: int | None = setting("shape", f"context length in tokens ({_preset('ctx')})", check=values.positive_int)
+    sliding_window: int | None = setting(
+        "shape", "sliding-window attention: each position attends to its last N positions, itself included "
+        "(upstream's slidingWindow; N >= ctx is plain causal attention; default: none, or the resumed model's)",
+        check=values.positive_int, metavar="N")
+    # -- data and tokenizer
+    data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
+                                        "prepare (default: the built-in corpus)")
+    tokenizer: str | None = setting(
+        "input", f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT}, or the preset's, the token file's or "
+        "the resumed run's", choices=list(tokenizers.NAMES))
+    tokenizer_file: str | None = setting(
+        "input", "r50k_base.tiktoken, for the gpt2 tokenizer when tiktoken's cache lacks it and cannot download "
+        "it (default: tiktoken's cache)", metavar="PATH")
+    seed: int | None = setting("input", f"init and data sampling seed (default {_base.seed})", check=values.seed_int)
+    # -- batch and accumulation
+    batch: int | None = setting(
+        "batching", f"windows of {{opt:ctx}} tokens a step (a micro-batch with {{opt:grad_accum}}; "
+        f"{_preset('batch')}, or the resumed run's)", check=values.positive_int)
+    grad_accum: int | None = setting(
+        "batching", "N micro-batches of {opt:batch} windows per step, their gradients summed before one update "
+        "(the step of a batch N x {opt:batch}; default 1, or the resumed run's)",
+        check=values.bounded_int(1, MAX_GRAD_ACCUM), metavar="N")
+    recompute: bool = setting(
+        "batching", "save only each block's input and recompute its forward in the backward: less memory, one "
+        "more forward of the blocks a step, the same gradients bit for bit", False, toggle=True)
+    # -- length and learning rate
+    steps: int | None = setting(
+        "training", f"total steps (default: the preset's, {_small.steps} for small; on {{opt:resume}}, the run's "
+        "planned end)", check=values.positive_int)
+    minutes: float | None = setting(
+        "training", "a time budget instead of {opt:steps}: the step count is fitted so the run ends on time "
+        "(default: none, {opt:steps})", check=values.positive_float)
+    schedule: str | None = setting(
+        "training", f"cosine (default: warm-up, then cosine decay to {{opt:min_lr}}) or constant (TinyGPT's, lr "
+        f"{TINYGPT_LR:g})", choices=["cosine", "constant"])
+    lr: float | None = setting("training", f"peak learning rate (default: the preset's, {_small.lr:g} for small)",
+                               check=values.positive_float)
+    warmup: int | None = setting(
+        "training", f"linear warm-up steps (default: the preset's, {_small.warmup} for small; at most a tenth of "
+        "the run)", check=values.nonneg_int)
+    min_lr: float | None = setting(
+        "training", f"where the cosine decay ends (default: the preset's, {_small.min_lr:g} for small)",
+        check=values.nonneg_float)
+    rewarm: bool = setting(
+        "training", "with {opt:resume}: restart the schedule at the file's step, a new warm-up to the peak lr and a "
+        "cosine to {opt:min_lr} at the new last step (default: steps past the run's planned end continue at its "
+        "final lr)", False, toggle=True)
+    # -- optimizer
+    optimizer: str | None = setting(
+        "optimization", f"{optimizers.optimizer_help()}; default {optimizers.DEFAULT} for a new run, "
+        f"{optimizers.LORA} for a LoRA run, a resumed run's own ({optimizers.UNRECORDED} where its file records "
+        "none); resuming with another starts its state fresh", choices=list(optimizers.NAMES))
+    weight_decay: float | None = setting(
+        "optimization", f"decoupled weight decay of matrices and embeddings (default "
+        f"{optimizers.WEIGHT_DECAY:g}, or the resumed run's)", check=values.nonneg_float, metavar="WD")
+    # each optimizer's flagged hyperparameters (optimizers.FLAGS), their help its room's; None: the
+    # optimizer's default (its room's Hyper), or the resumed run's
+    beta1: float | None = setting("optimization", optimizers.flag_help("beta1"), check=values.unit_float)
+    beta2: float | None = setting("optimization", optimizers.flag_help("beta2"), check=values.unit_float)
+    momentum: float | None = setting("optimization", optimizers.flag_help("momentum"), check=values.unit_float)
+    grad_clip: float | None = setting("optimization", f"global grad-norm clip (default {_base.grad_clip:g}, 0 = off)",
+                                      check=values.nonneg_float)
+    # -- precision, attention and kernels
+    precision: str | None = setting(
+        "numerics", "bf16, f16: matmul operands, q/k/v and saved activations stored in 16 bits, sums and weights "
+        "float32 (default fp32, or the resumed run's); f16 needs the adapter's shader-f16 and scales the loss "
+        "({opt:loss_scale}); checkpoints stay float32", choices=list(PRECISIONS))
+    loss_scale: float | None = setting(
+        "numerics", f"f16's first loss scale, then halved on overflow and doubled after {SCALE_GROWTH} clean steps "
+        f"as PyTorch's GradScaler does (default {LOSS_SCALE:g}, or the resumed run's)",
+        check=values.loss_scale_float, metavar="INIT")
+    attention: str = setting(
+        "numerics", f"the attention path: online (tiled, any length), naive (the score matrix) or fused_sv "
+        f"(TinyGPT's kernels); the same numbers within float32 rounding (default {ATTENTION})", ATTENTION,
+        choices=IMPLS)
+    kernels: dict = setting(
+        "numerics", "force kernel variants over the plan: " + "; ".join(f"{f}={'|'.join(v)}" for f, v in
+                                                                       FAMILIES.items())
+        + " (default: the plan's choice for this adapter, or tinygpt tune's)", {}, parse_kernels,
+        metavar="FAMILY=VARIANT,...")
+    # -- LoRA
+    lora: int | None = setting(
+        "adapters", "fine-tune {opt:resume}'s model through LoRA adapters of rank R (the base frozen, only the "
+        "adapters trained; give the fine-tune's file with {opt:out}); a LoRA checkpoint resumes its own "
+        "(default: no adapters)", check=values.bounded_int(1, MAX_RANK), metavar="R")
+    lora_alpha: float | None = setting("adapters", "the adapters' alpha (scale A / R; default 2R)",
+                                       check=values.positive_float, metavar="A")
+    lora_targets: list | None = setting(
+        "adapters", f"the matrices that get adapters, of {', '.join(TARGETS)} (default {','.join(DEFAULT_TARGETS)})",
+        check=values.lora_targets, metavar="T,...")
+    lora_biases: bool = setting("adapters", "with {opt:lora}, also train every bias and LayerNorm", False,
+                                toggle=True)
+    # -- evaluation, logging and samples: the run's settings (RUN_SETTINGS); None is the resumed
+    # run's, else RUN_SETTINGS'
+    eval_every: int | None = setting(
+        "evaluation", "evaluate {opt:eval_windows} validation windows every N steps, and the whole split at the "
+        f"end (0: never; {_kept('eval_every')})", check=values.nonneg_int)
+    eval_windows: int | None = setting(
+        "evaluation", f"validation windows per evaluation ({_kept('eval_windows')})", check=values.positive_int)
+    log_every: int | None = setting(
+        "evaluation", f"read the loss back and show it every N steps ({_kept('log_every')})",
+        check=values.positive_int)
+    save_every: int | None = setting(
+        "evaluation", "save the checkpoint every N steps as well as at the end (0: only at the end; default "
+        f"{_kept('save_every')[8:]})", check=values.nonneg_int)
+    sample_tokens: int | None = setting(
+        "evaluation", "length of the greedy and the sampled text printed at the end (0: none; default "
+        f"{_kept('sample_tokens')[8:]})", check=values.nonneg_int)
+    sample_prompt: str | None = setting(
+        "evaluation", f"what the samples at the end continue ({_kept('sample_prompt')})")
+    keep_best: bool | None = setting(
+        "evaluation", "also keep the checkpoint of the best validation loss, as OUT.best.tinygpt beside {opt:out} "
+        "(default: off, or the resumed run's)", toggle=True)
+    # -- files
+    out: str | None = setting("outputs", "checkpoint path (default: the {opt:resume} file, else runs/PRESET.tinygpt)")
+    resume: str | None = setting(
+        "outputs", "continue a .tinygpt checkpoint: weights, optimizer state, step, data sampling and the run's "
+        "settings (default: a new run)")
+    log: str | None = setting(
+        "outputs", "append one JSON line per logged step (time, step, losses, lr, gradient norm, tokens/s) and one "
+        "for the final whole-split loss to this JSON Lines file ({opt:log_file}: the same, as "
+        "scripts/train_ddp.py spells it; default: none)", aliases=("log_file",))
+    tensorboard: str | None = setting(
+        "outputs", "write TensorBoard event files into DIR (TensorBoard's log directory): the losses, lr, gradient "
+        "norm, tokens/s and f16's loss scale (default: none)", metavar="DIR")
+    force: bool = setting("outputs", "replace {opt:out} (and its .loss.png) even if tinygpt did not write them",
+                          False, toggle=True)
+    quiet: bool = setting("outputs", "no progress bar", False, toggle=True)
+    config: str | None = setting(
+        "outputs", "take the settings from a TOML file, keyed by these settings' names (d_model = 96, steps = "
+        "2000), bare or in a table of their group; the command line wins (default: none)", metavar="FILE.toml")
+
+
+# The groups as train's help and a config file show them: (title, the settings in it).
+GROUPS = {g: (title, tuple(f.name for f in fields(TrainOptions) if f.metadata["group"] == g))
+          for g, title in GROUP_TITLES.items()}
+GROUP_OF = {f.name: f.metadata["group"] for f in fields(TrainOptions)}
 
 
 @dataclass

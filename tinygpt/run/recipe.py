@@ -26,7 +26,7 @@ from ..device.planner import make_plan
 from ..model import optimizers
 from ..model.budget import device_limits, largest_fitting_batch, memory_budget
 from ..model.spec import RunSpec
-from .options import RUN_SETTINGS, TrainOptions
+from .options import MAX_GRAD_ACCUM, RUN_SETTINGS, TrainOptions
 from .safety import TrainingStopped
 from .schedule import Schedule, resolve
 from ..files.outputs import Outputs, derived, is_json_lines, is_our_png
@@ -35,7 +35,6 @@ from ..files.tokenfile import data_files, is_token_file, read_sidecar
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
 LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")
-MAX_GRAD_ACCUM = 4096
 POSITIVE = ("eval_windows", "log_every")        # the run settings that cannot be 0
 
 
