@@ -27,7 +27,7 @@ from tinygpt.files.tokenfile import data_files
 from tinygpt.files.outputs import claim_plot, save_png
 from tinygpt.commands.argtypes import nonneg_int, positive_float, positive_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_kernels
+from tinygpt.commands.train_settings import add_setting
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
@@ -157,7 +157,7 @@ def main(argv=None):
     ap.add_argument("--plot", help="write the two-panel PNG here")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--replot", metavar="FILE.jsonl", help="only draw --plot from the rows a --json run printed")
-    add_kernels(ap)
+    add_setting(ap, "kernels")
     args = ap.parse_args(argv)
     # before any work, as the CLI claims its outputs
     claim_plot(args.plot, inputs={"data": data_files(args.data), "replot": args.replot})

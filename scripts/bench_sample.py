@@ -15,7 +15,7 @@ import time
 from tinygpt.commands.tables import emit
 from tinygpt.commands.argtypes import nonneg_float, positive_int, seed_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_kernels
+from tinygpt.commands.train_settings import add_setting
 from tinygpt.core.config import PRESETS, preset
 from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU
@@ -42,7 +42,7 @@ def main(argv=None):
     ap.add_argument("--temperature", type=nonneg_float, default=0.8)
     ap.add_argument("--seed", type=seed_int, default=0)
     ap.add_argument("--json", action="store_true")
-    add_kernels(ap)
+    add_setting(ap, "kernels")
     args = ap.parse_args(argv)
     gpu = GPU()
     plan = make_plan(gpu, args.kernels)

@@ -37,7 +37,7 @@ import numpy as np
 
 from tinygpt.commands.argtypes import lora_targets, positive_float, positive_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_kernels
+from tinygpt.commands.train_settings import add_setting
 from tinygpt.core.config import preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora
@@ -140,7 +140,7 @@ def main(argv=None):
                     help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)} (a row each beside AdamW's, "
                          "over_adamw its ratio)")
     ap.add_argument("--json", action="store_true")
-    add_kernels(ap)
+    add_setting(ap, "kernels")
     args = ap.parse_args(argv)
     precisions = [p.strip() for p in args.precision.split(",") if p.strip()]
     if not precisions or not set(precisions) <= set(PRECISIONS) or len(set(precisions)) < len(precisions):

@@ -28,7 +28,7 @@ from tinygpt.commands.tables import emit
 from tinygpt.files.outputs import claim_plot, save_png
 from tinygpt.commands.argtypes import positive_int, positive_ints
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_kernels
+from tinygpt.commands.train_settings import add_setting
 from tinygpt.device.gpu import GPU, LimitError
 from tinygpt.device.planner import make_plan
 
@@ -44,7 +44,7 @@ def main(argv=None):
                     help="comma-separated sliding windows: every path again with each one below T")
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
-    add_kernels(ap)
+    add_setting(ap, "kernels")
     args = ap.parse_args(argv)
     claim_plot(args.plot)   # before any work, as the CLI claims its outputs
     Ts = args.T

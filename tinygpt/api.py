@@ -43,7 +43,7 @@ from .model.gpt import Model
 from .model.spec import RunSpec, decoder_spec
 from .files.outputs import Outputs
 from .run.safety import TrainingStopped, run_file, unhealthy
-from .run.start import hold_schedule, setup
+from .run.start import setup
 
 _GPU: list = []
 
@@ -421,16 +421,15 @@ class Trainer:
         o = train_options(mapping, "train")
         if fresh:          # a new model: the run draws the same weights from the same seed, as the CLI
             o = dataclasses.replace(o, sample_tokens=0)
-            run, start = setup(o, gpt.gpu)
+            run, _ = setup(o, gpt.gpu)
         else:
             o = dataclasses.replace(o, resume=gpt.source, sample_tokens=0)
-            run, start = setup(o, gpt.gpu, held=gpt._ck, label=gpt.source)
+            run, _ = setup(o, gpt.gpu, held=gpt._ck, label=gpt.source)
         self.gpt, self._run, self.o = gpt, run, o
-        self.end = o.steps
-        self.held, self.extension = hold_schedule(o, run, start, self.end)
-        if self.extension:      # the steps past the planned end run at its final lr: said, as the CLI says it
-            warnings.warn(TinyGPTError(self.extension).worded(api_name), stacklevel=_callers_level())
-        run.schedule.end_at(self.end, self.held)
+        self.end = run.length.total
+        if run.length.extension:    # the steps past the planned end run at its final lr: said, as the CLI says it
+            warnings.warn(TinyGPTError(run.length.extension).worded(api_name), stacklevel=_callers_level())
+        run.schedule.end_at(self.end, run.length.held)
         self.lr, self.best = run.schedule.lr, None
 
     @property

@@ -16,7 +16,7 @@ from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
 from .. import tokenizers
-from ..core.config import PRESET_TOKENIZER, Config, preset
+from ..core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, preset
 from ..core.errors import UsageError
 from ..core.lora import base_hash, init_adapters, make_lora
 from ..core.precision import PRECISIONS, Precision
@@ -168,9 +168,29 @@ def run_optimizer(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, l
                          **{k: pick(k) for k in kind.hypers}), held
 
 
-def run_settings(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str) -> TrainOptions:
-    """The options with each run setting (options.RUN_SETTINGS) given: the option's, else the
-    resumed run's (as its file kept them), else the default."""
+@dataclass(frozen=True)
+class RunSettings:
+    """How a run evaluates, logs, saves and ends (options.RUN_SETTINGS), each resolved once: the
+    option's, else the resumed run's (as its file kept them), else the default."""
+    eval_every: int
+    eval_windows: int
+    log_every: int
+    save_every: int
+    sample_tokens: int
+    sample_prompt: str
+    keep_best: bool
+
+    def record(self) -> dict:
+        """What the checkpoint keeps (tinygptPy.settings), for a resumed run to take again."""
+        return dataclasses.asdict(self)
+
+
+assert [f.name for f in dataclasses.fields(RunSettings)] == list(RUN_SETTINGS)
+
+
+def run_settings(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str) -> RunSettings:
+    """The run's settings (options.RUN_SETTINGS): each the option's, else the resumed run's, else
+    the default."""
     saved = resume.extra.get("settings", {}) if resume else {}
     if not isinstance(saved, dict):
         raise ckpt.CheckpointError(f"{label}: its settings {ckpt.show(saved)} are not a table")
@@ -186,7 +206,49 @@ def run_settings(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str) ->
                 raise ckpt.CheckpointError(f"{label}: its setting {key} {ckpt.show(v)} is not one {{opt:{key}}} takes; "
                                            f"give {{opt:{key}}} to replace it")
         values[key] = default if v is None else v
-    return dataclasses.replace(o, **values)
+    return RunSettings(**values)
+
+
+@dataclass(frozen=True)
+class Length:
+    """How long a run goes: to step `total`, or for `minutes` (total None: the deadline fits the
+    steps); `held`, the step a resumed run's decay stays at (its planned end, unless rewarmed);
+    `extension`, the banner's line for the steps past it."""
+    total: int | None
+    minutes: float | None
+    held: int | None
+    extension: str | None
+
+
+def run_length(o: TrainOptions, schedule: Schedule, start: int, resumed: bool) -> Length:
+    """The run's last step (the steps option, else the resumed run's planned end, else the preset's
+    default; None with minutes), and how its resumed schedule continues, checked before anything
+    is allocated."""
+    if o.rewarm and not (resumed and start > 0):
+        raise UsageError("{opt:rewarm} restarts a resumed run's schedule at its step; a new run warms up anyway: "
+                         "drop {opt:rewarm}")
+    if o.minutes is not None and o.steps is not None:
+        raise UsageError("give {opt:steps} or {opt:minutes}, not both")
+    if o.minutes is not None:
+        total = None
+    elif o.steps is not None:
+        total = o.steps
+    elif resumed:
+        total = schedule.total
+        if total <= start:
+            raise UsageError(f"the checkpoint is at step {start}, the end of its run; give the new total with "
+                             "{opt:steps}, or a time with {opt:minutes}")
+    else:
+        total = TRAIN_DEFAULTS[o.preset].steps
+    if total is not None and total <= start:
+        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
+    held = schedule.resume_at(start, o.rewarm) if resumed and start > 0 else None
+    extension = schedule.extension(start, total, held)
+    if extension and start >= held and (o.lr is not None or o.warmup is not None):
+        raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
+                         f"step {held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
+                         "{opt:rewarm} to start a new warm-up and decay at this step")
+    return Length(total, o.minutes, held, extension)
 
 
 def run_budget(o: TrainOptions, kernels: dict):
@@ -195,7 +257,7 @@ def run_budget(o: TrainOptions, kernels: dict):
     by the same functions as train's -> (gpu, kernel plan, budget, (batch, grad_accum) that fits
     the same batch where this does not, or (None, None))."""
     resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
-    o = run_settings(o, resume, f"{{opt:resume}} {o.resume}")
+    settings = run_settings(o, resume, f"{{opt:resume}} {o.resume}")
     held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
     lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
         if o.lora is not None else None            # a plan may ask what adapters would take without a base
@@ -207,10 +269,10 @@ def run_budget(o: TrainOptions, kernels: dict):
     gpu = GPU()
     plan = make_plan(gpu, kernels)
     spec = run_spec(o, cfg, accum, precision, lora, optimizer)
-    p = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
+    p = memory_budget(spec, plan, device_limits(gpu), settings.sample_tokens)
     fitting = (None, None)
     if not p.fits:
-        b = largest_fitting_batch(spec, plan, p.limits, o.sample_tokens)
+        b = largest_fitting_batch(spec, plan, p.limits, settings.sample_tokens)
         fitting = (b, cfg.batch * accum // b) if b else (None, None)
     return gpu, plan, p, fitting
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
-from ..core.config import TRAIN_DEFAULTS, Config, param_shapes
+from ..core.config import Config, param_shapes
 from ..core.errors import UsageError
 from ..core.init import init_params
 from ..core.lora import merged
@@ -28,9 +28,10 @@ from ..model.attention import path as attention_path
 from ..model.budget import device_limits, memory_budget, refusal
 from ..model.gpt import Model
 from ..model.twincheck import verify
-from .options import RUN_SETTINGS, TrainOptions
+from .options import TrainOptions
 from ..files.outputs import same_file
-from .recipe import count, run_accum, run_config, run_lora, run_optimizer, run_precision, run_settings, run_spec
+from .recipe import Length, RunSettings, count, run_accum, run_config, run_length, run_lora, run_optimizer, \
+    run_precision, run_settings, run_spec
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
 from ..tokenizers import get_tokenizer
@@ -51,7 +52,9 @@ class Run:
     frozen: tuple | None = None                   # (m, v) of its base as the file held them, written back as read
     optimizer: optimizers.Settings = field(default_factory=lambda: optimizers.make_settings(optimizers.UNRECORDED))
     notes: list = field(default_factory=list)     # what the banner says of the resume (a fresh optimizer state)
-    o: TrainOptions | None = None                 # the options, each run setting given (run_settings)
+    settings: RunSettings | None = None           # how it evaluates, logs, saves and ends
+    length: Length | None = None                  # how long it goes (None: a profile's few steps)
+    data_path: str | None = None                  # the data option (a file's own is never opened)
 
     def checkpoint(self, params: dict, state: dict, steps: int, step: int, extra: dict) -> ckpt.Checkpoint:
         """The file of this run: its weights and its optimizer's state (optim_state: in the moment
@@ -106,10 +109,11 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
 
 
 def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None = None,
-          label: str | None = None) -> tuple[Run, int]:
-    """Config, data, model and state for `tinygpt train`; returns the run and its start step.
-    held: the checkpoint to continue, already in memory (the Python API's model; its arrays are
-    not changed), instead of the resume option's file; label names it in errors."""
+          label: str | None = None, steps: bool = True) -> tuple[Run, int]:
+    """Config, data, model and state for `tinygpt train`, each piece resolved once (recipe.py);
+    returns the run and its start step. held: the checkpoint to continue, already in memory (the
+    Python API's model; its arrays are not changed), instead of the resume option's file; label
+    names it in errors. steps: the run takes its schedule's steps (a profile takes a few of its own)."""
     label = label or f"{{opt:resume}} {o.resume}"
     resume = ckpt.load(o.resume, label) if o.resume and held is None else held
     if held is not None:            # _start folds a LoRA run's adapters into the file's dicts
@@ -117,13 +121,15 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
                                      v=held.v and dict(held.v))
     if resume:
         lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
-    o = run_settings(o, resume, label)
+    settings = run_settings(o, resume, label)
     lora, new_lora = run_lora(o, resume, label)
     if new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
                          "own file with {opt:out}")
     cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
     cfg.lr = schedule.lr              # the header's learningRate: the peak
+    length = run_length(o, schedule, 0 if new_lora or not resume else resume.step, resume is not None) \
+        if steps else None
     tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
     cfg.vocab = tok.vocab
     cfg.validate()
@@ -139,27 +145,29 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)
-    mem = memory_budget(spec, plan, device_limits(gpu), o.sample_tokens)
+    mem = memory_budget(spec, plan, device_limits(gpu), settings.sample_tokens)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
     verify(gpu, plan, spec)                       # every kernel the plan picked, against the reference
     model = Model(gpu, plan, spec)
-    extra = _extra(o, tok, data_path, accum, precision, resume)
+    extra = _extra(o, settings, tok, data_path, accum, precision, resume)
     rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     notes = []
     frozen, start, history = _start(model, rng, resume, lora, new_lora, label, o.loss_scale is not None, held, notes)
     header = resume.header if resume else {}
     if new_lora:        # the base run's own results are not the fine-tune's
         header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes, o), start
+    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes,
+               settings, length, data_path), start
 
 
-def _extra(o: TrainOptions, tok, data_path, accum: int, precision: Precision, resume) -> dict:
+def _extra(o: TrainOptions, settings: RunSettings, tok, data_path, accum: int, precision: Precision,
+           resume) -> dict:
     """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
     the precision: a bf16 run resumes in fp32 and back."""
     extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name, "recompute": o.recompute, "evalEvery": o.eval_every,
-             "settings": {k: getattr(o, k) for k in RUN_SETTINGS}}
+             "precision": precision.name, "recompute": o.recompute, "evalEvery": settings.eval_every,
+             "settings": settings.record()}
     if tok.source:
         extra["tokenizerSource"] = tok.source
     if resume and isinstance(resume.extra.get("tensorboardRun"), str):
@@ -188,40 +196,3 @@ def _start(model: Model, rng, resume, lora, new_lora: bool, label: str, scale_gi
         return frozen, resume.step, list(resume.loss_history)
     model.set_params(init_params(model.cfg))
     return frozen, 0, []
-
-
-def planned_total(o: TrainOptions, run: Run, start: int) -> int | None:
-    """The last step: the steps option, else the resumed run's planned end, else the preset's default;
-    None with minutes (the deadline sets it)."""
-    if o.rewarm and not (o.resume and start > 0):
-        raise UsageError("{opt:rewarm} restarts a resumed run's schedule at its step; a new run warms up anyway: "
-                         "drop {opt:rewarm}")
-    if o.minutes is not None:
-        if o.steps is not None:
-            raise UsageError("give {opt:steps} or {opt:minutes}, not both")
-        return None
-    if o.steps is not None:
-        total = o.steps
-    elif o.resume:
-        total = run.schedule.total
-        if total <= start:
-            raise UsageError(f"the checkpoint is at step {start}, the end of its run; give the new total with "
-                             "{opt:steps}, or a time with {opt:minutes}")
-    else:
-        total = TRAIN_DEFAULTS[o.preset].steps
-    if total <= start:
-        raise UsageError(f"the checkpoint is already at step {start}; ask for more {{opt:steps}} than that")
-    return total
-
-
-def hold_schedule(o: TrainOptions, run: Run, start: int, total: int | None) -> tuple[int | None, str | None]:
-    """(the step a resumed run's decay stays at, the banner's line for steps past it): a resumed
-    run keeps its schedule's past, its decay held at the planned end unless rewarmed."""
-    sched = run.schedule
-    held = sched.resume_at(start, o.rewarm) if o.resume and start > 0 else None
-    extension = sched.extension(start, total, held)
-    if extension and start >= held and (o.lr is not None or o.warmup is not None):
-        raise UsageError(f"{{opt:lr}} and {{opt:warmup}} shape a schedule this run is past (it planned its end at "
-                         f"step {held:,}; the steps after run at its final lr, {{opt:min_lr}}): add "
-                         "{opt:rewarm} to start a new warm-up and decay at this step")
-    return held, extension

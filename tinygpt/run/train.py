@@ -25,11 +25,11 @@ from ..model.gpt import Model
 from ..model.spec import decoder_spec
 from ..model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import TrainOptions
-from .recipe import TrainOutputs, output_paths
+from .recipe import RunSettings, TrainOutputs, output_paths
 from .runlog import RunLog, plot_losses, run_folder
 from .safety import Interrupted, Saver, SideWriter, StopFlag, TrainingStopped, unhealthy
 from .schedule import Deadline
-from .start import Run, hold_schedule, planned_total, setup
+from .start import Run, setup
 from ..model.twincheck import blame
 
 
@@ -45,13 +45,12 @@ class Loop:
     """One `tinygpt train` from its first step to its report: the steps, the logged and evaluated
     ones, the periodic saves, then the final save, evaluation and samples."""
 
-    def __init__(self, o: TrainOptions, run: Run, start: int, outs: TrainOutputs, err, clock, t0: float):
-        self.o, self.run, self.start, self.outs, self.err, self.clock = o, run, start, outs, err, clock
-        model, sched = run.model, run.schedule
-        total = planned_total(o, run, start)
-        self.deadline = Deadline(60 * o.minutes, clock, t0) if total is None else None
-        self.held, self.extension = hold_schedule(o, run, start, total)
-        self._end_at(total if total is not None else start + UNPLANNED)     # until the deadline's first estimate
+    def __init__(self, run: Run, start: int, outs: TrainOutputs, err, clock, t0: float, quiet: bool = False):
+        self.run, self.start, self.outs, self.err, self.clock, self.quiet = run, start, outs, err, clock, quiet
+        model, sched, length = run.model, run.schedule, run.length
+        self.s = s = run.settings          # how it evaluates, logs, saves and ends
+        self.deadline = Deadline(60 * length.minutes, clock, t0) if length.total is None else None
+        self._end_at(length.total if length.total is not None else start + UNPLANNED)   # until the deadline's estimate
         self.side = SideWriter(err)
         self.tb_run = None
         if outs.tensorboard:      # a folder per run; a resumed run's own again
@@ -62,15 +61,15 @@ class Loop:
         # like with like: the best file's loss over the same windows (its record, keepBest), never
         # the end's whole-split loss nor an estimate over another number of windows
         held = run.extra.get("keepBest")
-        same = isinstance(held, dict) and held.get("windows") == o.eval_windows \
+        same = isinstance(held, dict) and held.get("windows") == s.eval_windows \
             and isinstance(held.get("val"), (int, float)) and not isinstance(held.get("val"), bool)
         self.best_val = float(held["val"]) if same and outs.best and outs.best.exists() else None
         self.best_step = None
-        self.val = run.data.val_windows(o.eval_windows)
+        self.val = run.data.val_windows(s.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
         # the samples at the end: float32 from the key/value cache, whatever the run's precision
-        self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, o.attention), o.sample_tokens) \
-            if o.sample_tokens else None
+        self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, model.spec.attention), s.sample_tokens) \
+            if s.sample_tokens else None
         self.stop = StopFlag()
         self.saver = Saver(run, outs.checkpoint, self.stop)
         self.last = {"train": None, "val": None}
@@ -80,15 +79,16 @@ class Loop:
     def _end_at(self, end: int):
         """The run's last step; the decay ends there too unless the resumed schedule holds it."""
         self.end = end
-        self.run.schedule.end_at(end, self.held)
+        self.run.schedule.end_at(end, self.run.length.held)
 
     def banner(self):
-        o, run, err = self.o, self.run, self.err
+        run, err = self.run, self.err
         cfg, model, data, sched = run.cfg, run.model, run.data, run.schedule
         accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
         print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch "
-              f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention {o.attention}, "
-              f"{model.precision.name} on {model.gpu.name} ({model.gpu.backend}, {model.gpu.engine_label})", file=err)
+              f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention "
+              f"{model.spec.attention.name}, {model.precision.name} on {model.gpu.name} ({model.gpu.backend}, "
+              f"{model.gpu.engine_label})", file=err)
         print(f"kernels: {model.plan.describe()}", file=err)
         print(f"optimizer: {run.optimizer.describe()}", file=err)
         for note in run.notes:
@@ -102,20 +102,19 @@ class Loop:
         print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)",
               file=err)
         if self.deadline:
-            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, o, self.clock, run.tokenizer)
+            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, self.s, self.clock, run.tokenizer)
             print(f"schedule: {sched.describe().split(' at step')[0]} at the last step; steps fitted to "
-                  f"{o.minutes:g} min", file=err)
+                  f"{run.length.minutes:g} min", file=err)
         else:
             print(f"schedule: {sched.describe()}", file=err)
-        if self.extension:
-            print(word(self.extension), file=err)
+        if run.length.extension:
+            print(word(run.length.extension), file=err)
 
     def run_all(self):
         """The steps, then the end of the run; Interrupted after a signal, once the model is saved."""
         from tqdm import tqdm
-        o = self.o
         self.bar = tqdm(total=None if self.deadline else self.end, initial=self.start, file=self.err, unit="step",
-                        dynamic_ncols=True, disable=o.quiet,
+                        dynamic_ncols=True, disable=self.quiet,
                         mininterval=0.1 if getattr(self.err, "isatty", lambda: False)() else 5.0)
         try:
             self._steps()
@@ -127,7 +126,7 @@ class Loop:
             self.stop.restore()
 
     def _steps(self):
-        o, run, model, sched = self.o, self.run, self.run.model, self.run.schedule
+        s, run, model, sched = self.s, self.run, self.run.model, self.run.schedule
         n_since, step, t_last = 0, self.start, self.clock()
         if self.deadline:
             self.deadline.start(self.start)
@@ -137,20 +136,20 @@ class Loop:
             model.step(self.x, self.y, self.lr)
             n_since += 1
             step = done = step + 1
-            if self.deadline and (done - self.start < 200 or done % o.log_every == 0):
+            if self.deadline and (done - self.start < 200 or done % s.log_every == 0):
                 fitted = self.deadline.last_step(done)
                 if fitted is not None and fitted != self.end:
                     self._end_at(max(fitted, done))
                     self.bar.total = self.end
             is_last = done == self.end
-            want_eval = o.eval_every and (done % o.eval_every == 0 or is_last)
-            if done % o.log_every == 0 or is_last or want_eval:
+            want_eval = s.eval_every and (done % s.eval_every == 0 or is_last)
+            if done % s.log_every == 0 or is_last or want_eval:
                 now = self.clock()
                 self.tok_s = n_since * model.accum * model.B * model.T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
                 self._record(done, want_eval)
             self.bar.update(1)
-            if o.save_every and done % o.save_every == 0 and not is_last:
+            if s.save_every and done % s.save_every == 0 and not is_last:
                 self._save_periodic(done)
 
     def _record(self, done: int, want_eval: bool):
@@ -184,7 +183,7 @@ class Loop:
     def progress(self, total: int, what: str, unit: str):
         """A bar for a phase of the end of the run (the whole-split evaluation), as the steps' bar."""
         from tqdm import tqdm
-        return tqdm(total=total, desc=what, unit=unit, file=self.err, disable=self.o.quiet, leave=False,
+        return tqdm(total=total, desc=what, unit=unit, file=self.err, disable=self.quiet, leave=False,
                     dynamic_ncols=True, mininterval=0.1 if getattr(self.err, "isatty", lambda: False)() else 5.0)
 
     def files(self) -> list[str]:
@@ -204,7 +203,7 @@ class Loop:
         """keep-best: this step's weights, whose validation loss is the run's lowest yet."""
         params = self.saver.checked_params(self.x, self.y, self.lr, done)
         before = self.run.extra.get("keepBest")     # the record goes in the best file and in the run's
-        self.run.extra["keepBest"] = {"val": val, "windows": self.o.eval_windows, "step": done}
+        self.run.extra["keepBest"] = {"val": val, "windows": self.s.eval_windows, "step": done}
         try:
             self.saver.save(params, self.outs.best)
         except OSError as e:      # the run's own checkpoint is what matters: warn, go on
@@ -225,7 +224,7 @@ class Loop:
     def _finish(self):
         """The final save: after the last step, or after a signal. The handlers stay in place
         until the file is whole, so a signal here is deferred, not fatal."""
-        o, run, model, stop, out_path = self.o, self.run, self.run.model, self.stop, self.outs.checkpoint
+        s, run, model, stop, out_path = self.s, self.run, self.run.model, self.stop, self.outs.checkpoint
         if self.end >= self.start + UNPLANNED:      # stopped before the deadline's first estimate
             self._end_at(model.step_count)
         if stop.requested:
@@ -233,7 +232,7 @@ class Loop:
         params = self.saver.checked_params(self.x, self.y, self.lr, model.step_count) if self.x is not None \
             else model.get_params()
         try:
-            if not stop.requested and o.eval_every:
+            if not stop.requested and s.eval_every:
                 # the whole split before the save: the file's last point (finalLoss.val, and bestVal
                 # where it is the lowest) holds the loss the run prints and eval computes, not the
                 # 64 windows' estimate
@@ -251,11 +250,12 @@ class Loop:
             if self.sampler:
                 self.sampler.set_params(run.model_params(params))
                 tok = run.tokenizer
-                self.samples = [texts(self.sampler, tok, o.sample_prompt, o.sample_tokens)[0],
-                                texts(self.sampler, tok, o.sample_prompt, o.sample_tokens, SAMPLE_TEMPERATURE,
+                self.samples = [texts(self.sampler, tok, s.sample_prompt, s.sample_tokens)[0],
+                                texts(self.sampler, tok, s.sample_prompt, s.sample_tokens, SAMPLE_TEMPERATURE,
                                       SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
         if stop.requested:   # before the save, or during the plot or sample after it
-            data = f" {{opt:data}} {shlex.quote(str(self.o.data))}" if self.o.data else ""   # not read from the file
+            given = run.data_path         # not read from the file: given again
+            data = f" {{opt:data}} {shlex.quote(str(given))}" if given else ""
             for key, value in (("log", self.outs.log), ("tensorboard", self.outs.tensorboard)):
                 data += f" {{opt:{key}}} {shlex.quote(str(value))}" if value else ""     # the logs go on too
             print(word(f"saved; continue with: tinygpt train {{opt:resume}} {shlex.quote(str(out_path))}{data}"),
@@ -269,14 +269,13 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
     out, err = out or sys.stdout, err or sys.stderr
     outs = output_paths(o)                       # every output checked before anything is read
     run, start = setup(o, gpu)
-    o = run.o
-    if not o.keep_best:                 # claimed for a resumed run that turned out not to keep one
+    if not run.settings.keep_best:      # claimed for a resumed run that turned out not to keep one
         outs.best = None
-    loop = Loop(o, run, start, outs, err, clock, t0)
+    loop = Loop(run, start, outs, err, clock, t0, o.quiet)
     loop.banner()
     loop.run_all()
     seconds = clock() - t0
-    report(out, run, o, loop.last, len(loop.final_val[0]), loop.tok_s, seconds, loop.files(), loop.samples)
+    report(out, run, loop.last, len(loop.final_val[0]), loop.tok_s, seconds, loop.files(), loop.samples)
     return {"final_train_loss": loop.last["train"], "final_val_loss": loop.last.get("val_full"),
             "val_windows": len(loop.final_val[0]), "tokens_per_s": loop.tok_s, "checkpoint": str(outs.checkpoint),
             "plot": str(loop.png) if loop.png else None,
@@ -288,7 +287,7 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
 SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 40      # the sampled text at the end of a run
 
 
-def end_cost(model: Model, sampler: Decoder | None, fx, fy, o: TrainOptions, clock, tok) -> float:
+def end_cost(model: Model, sampler: Decoder | None, fx, fy, s: RunSettings, clock, tok) -> float:
     """Seconds the end of a run will take after its last step, measured before the first step:
     one batch of evaluation and one sampled token, times how many the end runs, plus a margin
     for the save and the plot."""
@@ -297,14 +296,14 @@ def end_cost(model: Model, sampler: Decoder | None, fx, fy, o: TrainOptions, clo
         t = clock()
         fn(*a)
         return clock() - t
-    cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if o.eval_every else 0.0
+    cost = timed(model.mean_loss, fx[:model.B], fy[:model.B]) * -(-len(fx) // model.B) if s.eval_every else 0.0
     if sampler:
-        probe = min(8, o.sample_tokens)
-        cost += 2 * o.sample_tokens / probe * timed(texts, sampler, tok, o.sample_prompt, probe)
+        probe = min(8, s.sample_tokens)
+        cost += 2 * s.sample_tokens / probe * timed(texts, sampler, tok, s.sample_prompt, probe)
     return 1.05 * cost + 0.5
 
 
-def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: float, seconds: float,
+def report(out, run: Run, last: dict, windows: int, tok_s: float, seconds: float,
            files: list, samples):
     """The end of a run: losses (val over the whole split, in bits too for bytes), time, files, samples."""
     val = last.get("val_full")
@@ -326,7 +325,7 @@ def report(out, run: Run, o: TrainOptions, last: dict, windows: int, tok_s: floa
 def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
     """`tinygpt train` with the profile option: a few steps, then the per-kernel table of one step
     (as_json: JSON Lines, one per kernel, then one for the whole step)."""
-    run, _ = setup(o)
+    run, _ = setup(o, steps=False)
     model = run.model
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
@@ -341,7 +340,7 @@ def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
         return "\n".join([json.dumps(r) for r in rows] + [json.dumps(dict(summary, kernel="step"))])
     cfg = run.cfg
     head = (f"# one training step: {cfg.layers} layers, d_model {cfg.d_model}, ctx {cfg.ctx}, batch {model.B}, "
-            f"attention {o.attention}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
+            f"attention {model.spec.attention.name}, on {model.gpu.name} ({model.gpu.backend}); GPU ms per kernel "
             f"(timestamp queries, median of 5 steps after {warmup} warm-up steps)\n# kernels: {model.plan.describe()}")
     return head + "\n" + format_profile(rows, summary)
 
