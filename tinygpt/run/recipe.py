@@ -1,8 +1,9 @@
-"""The run a train or plan command asks for, resolved once from its options and the resumed file:
-its config, tokenizer and schedule, LoRA adapters, accumulation, precision, loss scale and
-optimizer, and the RunSpec the memory budget and the model take as it is. Each piece is decided
-here, in one function, by the same code for `train` and `plan`; train.py runs what these
-return and decides none of it again.
+"""The run a train or plan command asks for, resolved once from its options and the resumed file
+into a Recipe: its config, tokenizer and schedule, LoRA adapters, accumulation, precision, loss
+scale and optimizer, its settings and length, and the RunSpec the memory budget and the model
+take as it is. Each piece is decided here, in one function, and make_recipe calls them all, the
+same for `train`, `plan` and the Python API; start.py builds what the recipe says and train.py
+runs it, deciding none of it again.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..device.gpu import GPU
 from ..device.kernels import LOSS_SCALE
 from ..device.planner import make_plan
 from ..model import optimizers
+from ..model.attention import path as attention_path
 from ..model.budget import device_limits, largest_fitting_batch, memory_budget
 from ..model.spec import RunSpec
 from .options import MAX_GRAD_ACCUM, RUN_SETTINGS, TrainOptions
@@ -251,29 +253,68 @@ def run_length(o: TrainOptions, schedule: Schedule, start: int, resumed: bool) -
     return Length(total, o.minutes, held, extension)
 
 
+@dataclass
+class Recipe:
+    """A training run as its options and the resumed file ask for it, every piece resolved once
+    and checked before anything is allocated: what `tinygpt train` (start.setup) builds and runs,
+    the Python API's Trainer too, and what `tinygpt plan` budgets."""
+    cfg: Config
+    tokenizer: str                          # its name (tokenizers.NAMES)
+    schedule: Schedule
+    lora: lora_files.LoraState | None       # a LoRA run's adapters and their state (None: every weight trains)
+    new_lora: bool                          # adapters started on the resumed model, a new run on its shape
+    accum: int
+    precision: Precision
+    optimizer: optimizers.Settings
+    held_optimizer: optimizers.Settings | None   # the resumed file's
+    settings: RunSettings
+    length: Length | None                   # None: a profile's or a plan's, which run no schedule
+    spec: RunSpec                           # what the memory budget and the model take as it is
+
+
+def make_recipe(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, steps: bool = True,
+                planning: bool = False) -> Recipe:
+    """The recipe of the run the options ask for, on the resumed file (or None). steps: the run
+    takes its schedule's steps (a profile and a plan take none); planning: `tinygpt plan`, which
+    may also ask what adapters would take without a base to put them on."""
+    settings = run_settings(o, resume, label)
+    if planning and resume is None and o.lora is not None:
+        lora, new_lora = None, False
+        adapters = make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases)
+    else:
+        lora, new_lora = run_lora(o, resume, label)
+        adapters = lora.lora if lora else None
+    cfg, tokenizer, schedule = run_config(o, resume, new_lora)
+    cfg.lr = schedule.lr              # the header's learningRate: the peak
+    cfg.vocab = tokenizers.kind(tokenizer).vocab
+    cfg.validate()
+    attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
+    length = None if not steps else \
+        run_length(o, schedule, 0 if new_lora or not resume else resume.step, resume is not None)
+    accum, precision = run_accum(o, resume), run_precision(o, resume)
+    optimizer, held = run_optimizer(o, resume, label, adapters is not None)
+    if lora and not optimizer.kind.upstream_moments:
+        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with {optimizers.LORA} "
+                         "(their moments are what its file and PEFT's export carry); drop {opt:optimizer}")
+    spec = run_spec(o, cfg, accum, precision, adapters, optimizer)
+    return Recipe(cfg, tokenizer, schedule, lora, new_lora, accum, precision, optimizer, held, settings, length, spec)
+
+
 def run_budget(o: TrainOptions, kernels: dict):
     """`tinygpt plan`: the memory budget of the training run these options ask for, before anything
     is allocated (the resumed file's shape, precision and accumulation, or the preset's), resolved
-    by the same functions as train's -> (gpu, kernel plan, budget, (batch, grad_accum) that fits
-    the same batch where this does not, or (None, None))."""
+    by train's own recipe -> (gpu, kernel plan, budget, (batch, grad_accum) that fits the same batch
+    where this does not, or (None, None))."""
     resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
-    settings = run_settings(o, resume, f"{{opt:resume}} {o.resume}")
-    held = run_lora(o, resume, f"{{opt:resume}} {o.resume}")[0] if resume else None
-    lora = held.lora if held else make_lora(o.lora, o.lora_alpha, o.lora_targets, o.lora_biases) \
-        if o.lora is not None else None            # a plan may ask what adapters would take without a base
-    cfg, tokenizer, _ = run_config(o, resume)
-    cfg.vocab = tokenizers.kind(tokenizer).vocab
-    cfg.validate()
-    accum, precision = run_accum(o, resume), run_precision(o, resume)
-    optimizer = run_optimizer(o, resume, f"{{opt:resume}} {o.resume}", lora is not None)[0]
+    recipe = make_recipe(o, resume, f"{{opt:resume}} {o.resume}", steps=False, planning=True)
+    spec, sample_tokens, cfg = recipe.spec, recipe.settings.sample_tokens, recipe.cfg
     gpu = GPU()
     plan = make_plan(gpu, kernels)
-    spec = run_spec(o, cfg, accum, precision, lora, optimizer)
-    p = memory_budget(spec, plan, device_limits(gpu), settings.sample_tokens)
+    p = memory_budget(spec, plan, device_limits(gpu), sample_tokens)
     fitting = (None, None)
     if not p.fits:
-        b = largest_fitting_batch(spec, plan, p.limits, settings.sample_tokens)
-        fitting = (b, cfg.batch * accum // b) if b else (None, None)
+        b = largest_fitting_batch(spec, plan, p.limits, sample_tokens)
+        fitting = (b, cfg.batch * recipe.accum // b) if b else (None, None)
     return gpu, plan, p, fitting
 
 

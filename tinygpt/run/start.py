@@ -17,21 +17,18 @@ from ..core.config import Config, param_shapes
 from ..core.errors import UsageError
 from ..core.init import init_params
 from ..core.lora import merged
-from ..core.precision import Precision
 from ..files.data import Dataset
 from ..device.gpu import GPU
 from ..device.kernels import SCALE_GROWTH
 from ..device.planner import make_plan
 from .infer import data_path_for
 from ..model import optimizers
-from ..model.attention import path as attention_path
 from ..model.budget import device_limits, memory_budget, refusal
 from ..model.gpt import Model
 from ..model.twincheck import verify
 from .options import TrainOptions
 from ..files.outputs import same_file
-from .recipe import Length, RunSettings, count, run_accum, run_config, run_length, run_lora, run_optimizer, \
-    run_precision, run_settings, run_spec
+from .recipe import Length, Recipe, RunSettings, count, make_recipe
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
 from ..tokenizers import get_tokenizer
@@ -121,53 +118,39 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
                                      v=held.v and dict(held.v))
     if resume:
         lora_files.finite_weights(resume, label)      # before a step: NaN weights only ever train to NaN
-    settings = run_settings(o, resume, label)
-    lora, new_lora = run_lora(o, resume, label)
-    if new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
+    r = make_recipe(o, resume, label, steps)
+    if r.new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
                          "own file with {opt:out}")
-    cfg, tokenizer_name, schedule = run_config(o, resume, new_lora)
-    cfg.lr = schedule.lr              # the header's learningRate: the peak
-    length = run_length(o, schedule, 0 if new_lora or not resume else resume.step, resume is not None) \
-        if steps else None
-    tok = get_tokenizer(tokenizer_name, o.tokenizer_file)
-    cfg.vocab = tok.vocab
-    cfg.validate()
-    attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
+    tok = get_tokenizer(r.tokenizer, o.tokenizer_file)
+    assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
-    data = open_dataset(data_path, tok, cfg.ctx)
-    accum = run_accum(o, resume)
-    precision = run_precision(o, resume)
-    optimizer, held = run_optimizer(o, resume, label, lora is not None)
-    if lora and not optimizer.kind.upstream_moments:
-        raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with {optimizers.LORA} "
-                         "(their moments are what its file and PEFT's export carry); drop {opt:optimizer}")
+    data = open_dataset(data_path, tok, r.cfg.ctx)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
-    spec = run_spec(o, cfg, accum, precision, lora.lora if lora else None, optimizer)
-    mem = memory_budget(spec, plan, device_limits(gpu), settings.sample_tokens)
+    mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)
     if not mem.fits:                              # before anything is allocated: the budget's message
         raise UsageError(refusal(mem, plan))
-    verify(gpu, plan, spec)                       # every kernel the plan picked, against the reference
-    model = Model(gpu, plan, spec)
-    extra = _extra(o, settings, tok, data_path, accum, precision, resume)
-    rng = np.random.default_rng([cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
+    verify(gpu, plan, r.spec)                     # every kernel the plan picked, against the reference
+    model = Model(gpu, plan, r.spec)
+    extra = _extra(o, r, tok, data_path, resume)
+    rng = np.random.default_rng([r.cfg.seed, 1])  # data sampling; init draws from default_rng(seed)
     notes = []
-    frozen, start, history = _start(model, rng, resume, lora, new_lora, label, o.loss_scale is not None, held, notes)
+    frozen, start, history = _start(model, rng, resume, r.lora, r.new_lora, label, o.loss_scale is not None,
+                                    r.held_optimizer, notes)
     header = resume.header if resume else {}
-    if new_lora:        # the base run's own results are not the fine-tune's
+    if r.new_lora:      # the base run's own results are not the fine-tune's
         header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
-    return Run(cfg, model, data, tok, rng, history, extra, schedule, header, lora, frozen, optimizer, notes,
-               settings, length, data_path), start
+    return Run(r.cfg, model, data, tok, rng, history, extra, r.schedule, header, r.lora, frozen, r.optimizer, notes,
+               r.settings, r.length, data_path), start
 
 
-def _extra(o: TrainOptions, settings: RunSettings, tok, data_path, accum: int, precision: Precision,
-           resume) -> dict:
+def _extra(o: TrainOptions, r: Recipe, tok, data_path, resume) -> dict:
     """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
     the precision: a bf16 run resumes in fp32 and back."""
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": accum,
-             "precision": precision.name, "recompute": o.recompute, "evalEvery": settings.eval_every,
-             "settings": settings.record()}
+    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": r.accum,
+             "precision": r.precision.name, "recompute": o.recompute, "evalEvery": r.settings.eval_every,
+             "settings": r.settings.record()}
     if tok.source:
         extra["tokenizerSource"] = tok.source
     if resume and isinstance(resume.extra.get("tensorboardRun"), str):
