@@ -6,13 +6,15 @@ reference function of the same name), and the speed-up over the scalar variant.
 Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise,
 layernorm, grad_norm, optim .wgsl at the vec4 width), sg (their sg sections' kernels; where
 subgroups work) and bf16 (gelu_*_bf16: GELU with its pre-activation stored as bf16;
-layernorm_forward_bf16: the LayerNorm writing bf16; max_err against the twin's bf16 result, in float32 values).
+layernorm_forward_bf16: the LayerNorm writing bf16; max_err against the twin's bf16 result, in float32 values);
+rms: the LayerNorm kernels as RMSNorm (no centring, no bias).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a
 ctx-row cache; sample_tokens' max_err counts the sequences whose token differs from the twin's.
 The bf16 casts (scalar, and x8: eight values an invocation) and the split head's block copy
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
+RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size.
 LoRA's scale (alpha / rank on a [rows, rank 8] product). The optimizers over the flat parameters
 (each elementwise one of model.optimizers, its room's WGSL; scalar and vec4) and the loss scaler's
 form of grad_sumsq (variant "scaled", f16's: gradients carrying a scale of 1024); Muon's kernels on
@@ -99,7 +101,7 @@ def cases(gpu, rows, C, M, V, n, rng):
         # the forward writes stats too; the twin's own stats are what dx and dgb read below
         st = gpu.tensor((2, rows))
         d = kn.layernorm_forward(txl, up(np.stack([g, b])), ln_y, st, rows, C, variant=v)
-        yield "layernorm_forward", v, shape, d, lambda: np.abs(gpu.read(ln_y) - ry).max()
+        yield "layernorm_forward", v, shape, d, lambda w=ry: np.abs(gpu.read(ln_y) - w).max()
         d = kn.layernorm_dx(tdy, txl, up(g), stats, dx, rows, C, accumulate=False, variant=v)
         want = R.layernorm_dx(f64(dy), f64(xl), f64(g), rm, rr)
         yield "layernorm_dx", v, shape, d, lambda w=want: np.abs(gpu.read(dx) - w).max()
@@ -107,6 +109,16 @@ def cases(gpu, rows, C, M, V, n, rng):
         d = kn.layernorm_dgb(tdy, txl, stats, dgb, rows, C, variant=v)
         want = np.stack(R.layernorm_dgb(f64(dy), f64(xl), rm, rr))
         yield "layernorm_dgb", v, shape, d, lambda w=want: np.abs(gpu.read(dgb) - w).max()
+    # RMSNorm (the same entry points with rms: no centring, no bias); its dg is layernorm_dgb's first row
+    rms_y, rms_mean, rms_rstd = R.layernorm_forward(f64(xl), f64(g), None, rms=True)
+    rms_stats = up(np.stack([rms_mean, rms_rstd]).astype(np.float32))
+    for v in ("scalar", "vec4"):
+        st = gpu.tensor((2, rows))
+        d = kn.layernorm_forward(txl, up(g), ln_y, st, rows, C, variant=v, rms=True)
+        yield "layernorm_forward", v + " rms", shape, d, lambda w=rms_y: np.abs(gpu.read(ln_y) - w).max()
+        d = kn.layernorm_dx(tdy, txl, up(g), rms_stats, dx, rows, C, accumulate=False, variant=v, rms=True)
+        want = R.layernorm_dx(f64(dy), f64(xl), f64(g), rms_mean, rms_rstd, rms=True)
+        yield "layernorm_dx", v + " rms", shape, d, lambda w=want: np.abs(gpu.read(dx) - w).max()
 
     if C % 8 == 0:     # a bf16 model's LayerNorm: its output written as bf16 (layernorm_forward_bf16)
         yh, st = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))
@@ -240,6 +252,26 @@ def newton_schulz_rows(gpu, kn, cfg, repeats, rng):
     return rows
 
 
+def rope_cases(gpu, rows, T, C, H, rng):
+    """RoPE on q as stored: float32 and bf16 (one rounding after the turn: max_err in float32 values
+    against the twin on the bf16 input)."""
+    kn, hd = Kernels(gpu, PORTABLE), C // H
+    if hd % 4:
+        return
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    table = gpu.upload(R.rope_table(T, hd, 10000.0))
+    exact = R.rope_table(T, hd, 10000.0, np.float64)
+    for dtype, stored, seen, back in (("f32", x, x, lambda w: w),
+                                      ("bf16", R.cast_bf16(x), R.cast_f32(R.cast_bf16(x), rows * C).reshape(rows, C),
+                                       lambda w: R.cast_f32(w, rows * C).reshape(rows, C))):
+        t = gpu.tensor(np.shape(stored), dtype, data=stored)
+        d = kn.rope_forward(table, t, rows, T, C, hd)
+        want = R.rope_forward(exact, np.asarray(seen, np.float64), T, hd)
+        # each run turns t again: the check reads the first run's result, before the timing's
+        yield "rope_forward", dtype, f"{rows}x{C} hd {hd}", d, \
+            lambda t=t, w=want, b=back: np.abs(b(gpu.read(t)) - w).max()
+
+
 def storage_cases(gpu, rows, M, V, rng):
     """The casts between float32 and bf16 (cast.wgsl) over [rows, M], and the split head's block copy
     (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
@@ -352,6 +384,7 @@ def main(argv=None):
     out, scalar_ms = [], {}
     rng = np.random.default_rng(0)
     for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
+                                             *rope_cases(gpu, rows, cfg.ctx, C, cfg.heads, rng),
                                              *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
                                              *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
         room = OPTIMIZERS.get(d.kernel.name)      # an optimizer's entry point: its twin is in its room

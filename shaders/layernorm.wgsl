@@ -5,7 +5,11 @@ enable f16;
 enable subgroups;
 //#endif
 // LayerNorm over the last dim C, eps from Params, forward beside backward, one source for every
-// width and stored type:
+// width and stored type; with Params.rms = 1 each entry is RMSNorm's (Llama's, nanochat's): no
+// centring and no bias, y = g * x * rstd with rstd = 1 / sqrt(mean(x^2) + eps). Its mean is stored
+// as 0, so that dgb (dg = sum_rows dy * x * rstd; its db unused) and dx read RMSNorm's statistics
+// as LayerNorm's, dx dropping only the mean(dxhat) term that centring puts there. A norm without
+// weights (nanochat's) is g = 1.
 //   layernorm_forward{{VEC}}  y = g * (x - mean) * rstd + b; caches mean, rstd per row
 //   layernorm_dx{{VEC}}       dx (+)= rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * g
 //   layernorm_dgb           dg = sum_rows dy * xhat, db = sum_rows dy
@@ -26,7 +30,7 @@ enable subgroups;
 // subgroupAdd joining them (a fixed order: the same inputs give the same bits); a quarter of the
 // loads spread over 8x the lanes (one lane per channel left C = 96 to 96 lanes).
 
-struct Params { rows: u32, C: u32, eps: f32, accumulate: u32 }
+struct Params { rows: u32, C: u32, eps: f32, accumulate: u32, rms: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<V>;       // x (forward) or dy (backward)   [rows, C]
@@ -39,14 +43,23 @@ struct Params { rows: u32, C: u32, eps: f32, accumulate: u32 }
 @group(0) @binding(3) var<storage, read_write> yb: array<vec4<u32>>;  // bf16 y [rows, C/8] words of 8
 @group(0) @binding(4) var<storage, read_write> stats: array<f32>;     // mean | rstd [2, rows]
 
-// (mean, rstd) of the n values of V from a[base]
+// (mean, rstd) of the n values of V from a[base]; RMSNorm's mean is 0
 fn row_stats(base: u32, n: u32) -> vec2<f32> {
-  var s = V(0.0);
-  for (var i = 0u; i < n; i++) { s += a[base + i]; }
-  let mean = hsum(s) / f32(p.C);
+  var mean = 0.0;
+  if (p.rms == 0u) {
+    var s = V(0.0);
+    for (var i = 0u; i < n; i++) { s += a[base + i]; }
+    mean = hsum(s) / f32(p.C);
+  }
   var v = V(0.0);
   for (var i = 0u; i < n; i++) { let d = a[base + i] - mean; v += d * d; }
   return vec2<f32>(mean, inverseSqrt(hsum(v) / f32(p.C) + p.eps));
+}
+
+// the bias of channel group j (b holds g | b as [2, n]); RMSNorm has none
+fn shift(j: u32) -> V {
+  if (p.rms != 0u) { return V(0.0); }
+  return b[j];
 }
 
 @compute @workgroup_size(64)
@@ -57,7 +70,7 @@ fn layernorm_forward{{VEC}}(@builtin(global_invocation_id) gid: vec3<u32>) {
   let base = r * n;
   let ms = row_stats(base, n);
   for (var i = 0u; i < n; i++) {
-    o1[base + i] = (a[base + i] - ms.x) * ms.y * b[i] + b[n + i];
+    o1[base + i] = (a[base + i] - ms.x) * ms.y * b[i] + shift(n + i);
   }
   o2[r] = ms.x;
   o2[p.rows + r] = ms.y;
@@ -78,7 +91,7 @@ fn layernorm_dx{{VEC}}(@builtin(global_invocation_id) gid: vec3<u32>) {
     m1 += dxh;
     m2 += dxh * (b[base + i] - mean) * rstd;
   }
-  let n1 = hsum(m1) / f32(p.C);
+  let n1 = select(hsum(m1) / f32(p.C), 0.0, p.rms != 0u);      // RMSNorm: no centring, no mean term
   let n2 = hsum(m2) / f32(p.C);
   for (var i = 0u; i < n; i++) {
     let xh = (b[base + i] - mean) * rstd;
@@ -113,8 +126,8 @@ fn layernorm_forward_bf16(@builtin(global_invocation_id) gid: vec3<u32>) {
   let base = r * n;
   let ms = row_stats(base, n);
   for (var i = 0u; i < n; i += 2u) {
-    let lo = (a[base + i] - ms.x) * ms.y * b[i] + b[n + i];
-    let hi = (a[base + i + 1u] - ms.x) * ms.y * b[i + 1u] + b[n + i + 1u];
+    let lo = (a[base + i] - ms.x) * ms.y * b[i] + shift(n + i);
+    let hi = (a[base + i + 1u] - ms.x) * ms.y * b[i + 1u] + shift(n + i + 1u);
     yb[(base + i) / 2u] = vec4<u32>(bf16_pack(lo.x, lo.y), bf16_pack(lo.z, lo.w), bf16_pack(hi.x, hi.y),
                                     bf16_pack(hi.z, hi.w));
   }
@@ -133,7 +146,7 @@ fn layernorm_forward_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
   let n = p.C / 4u;
   let base = r * n;
   let ms = row_stats(base, n);
-  for (var i = 0u; i < n; i++) { yh[base + i] = to_f16x4((a[base + i] - ms.x) * ms.y * b[i] + b[n + i]); }
+  for (var i = 0u; i < n; i++) { yh[base + i] = to_f16x4((a[base + i] - ms.x) * ms.y * b[i] + shift(n + i)); }
   stats[r] = ms.x;
   stats[p.rows + r] = ms.y;
 }

@@ -136,13 +136,13 @@ def test_matmul_f16_products_are_f16(gpu, kn, f16):
     assert np.isposinf(gpu.read(out)[0, 0])
 
 
-@pytest.mark.parametrize("rows,C", [(1, 4), (7, 12), (67, 64)])
-def test_layernorm_forward_f16(gpu, rng, rows, C, kn, f16):
+@pytest.mark.parametrize("rows,C,rms", [(1, 4, False), (7, 12, False), (67, 64, False), (7, 12, True)])
+def test_layernorm_forward_f16(gpu, rng, rows, C, rms, kn, f16):
     x = (rng.standard_normal((rows, C)) * 3 + 1).astype(np.float32)
     gb = rng.standard_normal((2, C)).astype(np.float32)
     y, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
-    run(gpu, kn.layernorm_forward_f16(gpu.upload(x), gpu.upload(gb), y, stats, rows, C))
-    yw, mean, rstd = R.layernorm_forward(f64(x), f64(gb[0]), f64(gb[1]))
+    run(gpu, kn.layernorm_forward_f16(gpu.upload(x), gpu.upload(gb[:1] if rms else gb), y, stats, rows, C, rms=rms))
+    yw, mean, rstd = R.layernorm_forward(f64(x), f64(gb[0]), f64(gb[1]), rms=rms)
     got = R.unpack_f16(gpu.read(y))
     # f16 rounding of the float32 result: half an ulp of |y|, and the float32 arithmetic before it
     check(f"layernorm_forward_f16 {rows}x{C}", got, yw, 1e-5, rtol=2.0 ** -11 + 1e-6)

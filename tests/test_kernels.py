@@ -254,20 +254,24 @@ def test_bias_grad(gpu, rng, rows, cols, kn):
     check(f"bias_grad {rows}x{cols}", gpu.read(out), R.bias_grad(f64(dy)), 1e-5 * max(1.0, np.sqrt(rows / 130)))
 
 
-@pytest.mark.parametrize("rows,C", [(1, 5), (7, 48), (65, 97), (65, 4), (1, 96), (1030, 8)])  # C % 4: vec4, dgb_sg
-def test_layernorm(gpu, rng, rows, C, kn):
+@pytest.mark.parametrize("rows,C,rms", [(1, 5, False), (7, 48, False), (65, 97, False), (65, 4, False), (1, 96, False),
+                                        (1030, 8, False), (1, 5, True), (7, 48, True), (65, 97, True), (1030, 8, True)])
+def test_layernorm(gpu, rng, rows, C, rms, kn):
+    """LayerNorm, and RMSNorm (rms: no centring, no bias; g alone), at both widths (C % 4) and by
+    subgroups (dgb past 65 rows)."""
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     dy = rng.standard_normal((rows, C)).astype(np.float32)
     prev = rng.standard_normal((rows, C)).astype(np.float32)
     tx, y, stats = gpu.upload(x), gpu.tensor((rows, C)), gpu.tensor((2, rows))
-    run(gpu, kn.layernorm_forward(tx, gpu.upload(np.stack([g, b])), y, stats, rows, C))
-    ry, rm, rr = R.layernorm_forward(f64(x), f64(g), f64(b))
-    check(f"layernorm_forward y {rows}x{C}", gpu.read(y), ry, 1e-5)
-    check(f"layernorm_forward mean|rstd {rows}x{C}", gpu.read(stats), np.stack([rm, rr]), 1e-5, 1e-5)
+    name = f"{'rmsnorm' if rms else 'layernorm'} {rows}x{C}"
+    run(gpu, kn.layernorm_forward(tx, gpu.upload(g if rms else np.stack([g, b])), y, stats, rows, C, rms=rms))
+    ry, rm, rr = R.layernorm_forward(f64(x), f64(g), f64(b), rms=rms)
+    check(f"{name} forward y", gpu.read(y), ry, 1e-5)
+    check(f"{name} forward mean|rstd", gpu.read(stats), np.stack([rm, rr]), 1e-5, 1e-5)
     dx = gpu.upload(prev)
-    run(gpu, kn.layernorm_dx(gpu.upload(dy), tx, gpu.upload(g), stats, dx, rows, C, accumulate=True))
-    check(f"layernorm_dx (+=) {rows}x{C}", gpu.read(dx), prev + R.layernorm_dx(f64(dy), f64(x), f64(g), rm, rr), 2e-5)
+    run(gpu, kn.layernorm_dx(gpu.upload(dy), tx, gpu.upload(g), stats, dx, rows, C, accumulate=True, rms=rms))
+    check(f"{name} dx (+=)", gpu.read(dx), prev + R.layernorm_dx(f64(dy), f64(x), f64(g), rm, rr, rms=rms), 2e-5)
     # dgb sums over rows. Past 65 rows only the sg kernel (8 interleaved partial sums joined by
     # subgroupAdd) is checked, its bound growing as sqrt(rows / 65) from the 2e-5 that holds up to
     # 65 rows; the scalar kernel adds rows in order (error about linear in rows) and keeps to 65.
@@ -275,8 +279,33 @@ def test_layernorm(gpu, rng, rows, C, kn):
         return
     dgb = gpu.tensor((2, C))
     run(gpu, kn.layernorm_dgb(gpu.upload(dy), tx, stats, dgb, rows, C, variant="sg" if rows > 65 else None))
-    check(f"layernorm_dgb {rows}x{C}", gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr)),
-          2e-5 * max(1.0, np.sqrt(rows / 65)))
+    got, want = gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr))
+    check(f"{name} dgb", got[:1] if rms else got, want[:1] if rms else want, 2e-5 * max(1.0, np.sqrt(rows / 65)))
+
+
+@pytest.mark.parametrize("rows,T,H,hd,offset,dtype", [(7, 7, 1, 4, 0, "f32"), (30, 10, 3, 12, 0, "f32"),
+                                                      (5, 1, 2, 20, 37, "f32"), (130, 65, 2, 64, 0, "f32"),
+                                                      (14, 7, 3, 12, 5, "bf16"), (14, 7, 3, 12, 5, "f16")])
+def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
+    """RoPE in place on q or k as stored (float32, or 16-bit two to a word), forward and backward,
+    against the float64 twin on the same float32 table (the float32 angles' own error, about the
+    position times 2^-24 radians, is transformers' too: test_reference's); rows past T repeat
+    positions (a batch), and a decode step's rows start at the cache's length (offset)."""
+    C = H * hd
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    table = R.rope_table(T + offset, hd, 10000.0)
+    exact = f64(table)
+    cast, back, tol = {"f32": (lambda a: a, lambda w: w, 2e-6),
+                       "bf16": (R.cast_bf16, lambda w: R.cast_f32(w, rows * C), 2.0 ** -8),
+                       "f16": (R.cast_f16, R.unpack_f16, 2.0 ** -11)}[dtype]
+    stored = cast(x)
+    seen = back(stored).reshape(rows, C) if dtype != "f32" else x          # what the kernel reads
+    for entry, twin in (("rope_forward", R.rope_forward), ("rope_backward", R.rope_backward)):
+        t = gpu.tensor(np.shape(stored), dtype, data=stored) if dtype != "f32" else gpu.upload(x)
+        run(gpu, getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset))
+        got = back(gpu.read(t)).reshape(rows, C) if dtype != "f32" else gpu.read(t)
+        want = twin(exact, f64(seen), T, hd, offset)
+        check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
 @pytest.mark.parametrize("B,T,C,V", [(1, 1, 3, 5), (2, 7, 65, 256), (3, 33, 8, 70)])
@@ -749,18 +778,20 @@ def test_gelu_bf16(gpu, rng, n, kn, tanh):
     check(f"gelu_backward_bf16 {form}n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy), tanh), 1e-6, 1e-6)
 
 
-@pytest.mark.parametrize("rows,C", [(1, 8), (65, 48), (130, 96)])
-def test_layernorm_forward_bf16(gpu, rng, rows, C, kn):
+@pytest.mark.parametrize("rows,C,rms", [(1, 8, False), (65, 48, False), (130, 96, False), (65, 48, True)])
+def test_layernorm_forward_bf16(gpu, rng, rows, C, rms, kn):
     """The output rounded to bf16 as the twin rounds it (a float32 result on a rounding edge may round
-    the other way: almost every word equal), statistics in float32 as layernorm_forward4's."""
+    the other way: almost every word equal), statistics in float32 as layernorm_forward4's; and RMSNorm's."""
     x = (rng.standard_normal((rows, C)) * 2 + 1).astype(np.float32)
     g, b = rng.standard_normal(C).astype(np.float32), rng.standard_normal(C).astype(np.float32)
     yh, stats = gpu.tensor((rows, C // 2), "bf16"), gpu.tensor((2, rows))
-    run(gpu, kn.layernorm_forward_bf16(gpu.upload(x), gpu.upload(np.stack([g, b])), yh, stats, rows, C))
-    want_h, mean, rstd = R.layernorm_forward_bf16(x, g, b)
+    run(gpu, kn.layernorm_forward_bf16(gpu.upload(x), gpu.upload(g if rms else np.stack([g, b])), yh, stats, rows, C,
+                                       rms=rms))
+    want_h, mean, rstd = R.layernorm_forward_bf16(x, g, b, rms=rms)
     same = np.mean(gpu.read(yh).reshape(-1) == want_h.reshape(-1))
     print(f"layernorm_forward_bf16 {rows}x{C}: {same:.2%} of words equal to the twin's")
     assert same > 0.97
-    got, want = R.cast_f32(gpu.read(yh).reshape(-1), rows * C), R.layernorm_forward(f64(x), f64(g), f64(b))[0].reshape(-1)
+    got = R.cast_f32(gpu.read(yh).reshape(-1), rows * C)
+    want = R.layernorm_forward(f64(x), f64(g), f64(b), rms=rms)[0].reshape(-1)
     check(f"layernorm_forward_bf16 {rows}x{C} (one bf16 rounding)", got, want, 1e-5, 2.0 ** -8)
     check("its mean | rstd", gpu.read(stats), np.stack([mean, rstd]), 2e-5)

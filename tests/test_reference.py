@@ -79,6 +79,37 @@ def test_layernorm(r):
     check("layernorm_dgb db", db, numgrad(f, b), 1e-7)
 
 
+def test_rmsnorm(r):
+    """layernorm_*'s rms form is RMSNorm as Llama and nanochat define it, x / sqrt(mean(x^2) + eps)
+    * g, with no centring and no bias; its gradients are that function's."""
+    x, g, w = r.standard_normal((6, 7)) * 2 + 1, r.standard_normal(7), r.standard_normal((6, 7))
+    y, mean, rstd = R.layernorm_forward(x, g, None, 1e-6, rms=True)
+    check("rmsnorm y", y, x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * g, 1e-14)
+    assert not mean.any()
+    f = lambda: np.sum(R.layernorm_forward(x, g, None, 1e-6, rms=True)[0] * w)
+    check("rmsnorm dx", R.layernorm_dx(w, x, g, mean, rstd, rms=True), numgrad(f, x), 1e-7)
+    check("rmsnorm dg", R.layernorm_dgb(w, x, mean, rstd)[0], numgrad(f, g), 1e-7)
+
+
+def test_rope(r):
+    """rope_* is the rotary embedding as transformers writes it for Llama and Qwen, x cos +
+    rotate_half(x) sin with the angles pos / theta^(2i/hd) repeated over both halves; its backward is
+    the forward's transpose; the float32 table is the float64 one within float32 rounding."""
+    rows, T, hd, H, offset = 10, 5, 8, 3, 2
+    x, y = r.standard_normal((rows, H * hd)), r.standard_normal((rows, H * hd))
+    cs = R.rope_table(T + offset, hd, 500.0, np.float64)
+    pos = np.arange(rows) % T + offset
+    ang = pos[:, None] / 500.0 ** (np.arange(0, hd, 2) / hd)[None, :]
+    cos, sin = np.concatenate([np.cos(ang)] * 2, -1)[:, None], np.concatenate([np.sin(ang)] * 2, -1)[:, None]
+    h = x.reshape(rows, H, hd)
+    rotate_half = np.concatenate([-h[..., hd // 2:], h[..., :hd // 2]], -1)
+    check("rope_forward = x cos + rotate_half(x) sin", R.rope_forward(cs, x, T, hd, offset),
+          (h * cos + rotate_half * sin).reshape(rows, -1), 1e-14)
+    check("rope_backward is the transpose", np.sum(R.rope_forward(cs, x, T, hd, offset) * y),
+          np.sum(x * R.rope_backward(cs, y, T, hd, offset)), 1e-12)
+    check("rope_table float32", R.rope_table(T + offset, hd, 500.0), cs, 1e-6)
+
+
 def test_embedding(r):
     B, T, C, V = 2, 5, 3, 7
     tokens = r.integers(0, V, (B, T))

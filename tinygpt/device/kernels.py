@@ -433,34 +433,52 @@ class Kernels:
         return self.gpu.kernel("layernorm.wgsl", entry + ("4" if variant == "vec4" else ""), access,
                                fill=width(variant))
 
-    def layernorm_forward(self, x, gb, y, stats, rows, C, eps=1e-5, variant=None) -> Dispatch:
-        """gb = [g | b] packed [2, C]; stats = [mean | rstd] packed [2, rows]."""
+    def layernorm_forward(self, x, gb, y, stats, rows, C, eps=1e-5, variant=None, rms=False) -> Dispatch:
+        """gb = [g | b] packed [2, C] (RMSNorm's, rms: g alone, [C]); stats = [mean | rstd] packed
+        [2, rows] (RMSNorm's mean 0)."""
         k = self._ln("layernorm_forward", C, variant)
-        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, None, y, stats], (-(-rows // 64),))
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, None, y, stats], (-(-rows // 64),))
 
-    def layernorm_forward_bf16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
+    def layernorm_forward_bf16(self, x, gb, yh, stats, rows, C, eps=1e-5, rms=False) -> Dispatch:
         """layernorm_forward with y written as bf16 ([rows, C/2] words); C a multiple of 8."""
         assert C % 8 == 0, C
         k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_bf16", "urrww", fill=width("vec4"))
-        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, yh, stats], (-(-rows // 64),))
 
-    def layernorm_forward_f16(self, x, gb, yh, stats, rows, C, eps=1e-5) -> Dispatch:
+    def layernorm_forward_f16(self, x, gb, yh, stats, rows, C, eps=1e-5, rms=False) -> Dispatch:
         """layernorm_forward with y written as f16 ([rows, C/2] words); C a multiple of 4."""
         assert C % 4 == 0, C
         k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_f16", "urrww", fill=width("vec4", "f16"))
-        return self.gpu.dispatch(k, (rows, C, float(eps), 0), [x, gb, yh, stats], (-(-rows // 64),))
+        return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, yh, stats], (-(-rows // 64),))
 
-    def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None) -> Dispatch:
+    def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None, rms=False) -> Dispatch:
         k = self._ln("layernorm_dx", C, variant)
-        return self.gpu.dispatch(k, (rows, C, 0.0, accumulate), [dy, x, g, dx, stats], (-(-rows // 64),))
+        return self.gpu.dispatch(k, (rows, C, 0.0, accumulate, bool(rms)), [dy, x, g, dx, stats], (-(-rows // 64),))
 
     def layernorm_dgb(self, dy, x, stats, dgb, rows, C, variant=None) -> Dispatch:
+        """dgb = [dg | db] [2, C]; RMSNorm's the same from its stats (mean 0), its db unused."""
         variant = variant or ("sg" if C % 4 == 0 and self.plan.reduce == "sg" else "scalar")
         if variant == "sg":  # one 8-lane subgroup per 4 channels
             k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb_sg", "urrrww", fill=width("vec4", "sg"))
-            return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
+            return self.gpu.dispatch(k, (rows, C, 0.0, 0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
         k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar"))
-        return self.gpu.dispatch(k, (rows, C, 0.0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
+        return self.gpu.dispatch(k, (rows, C, 0.0, 0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
+
+    # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------
+    def _rope(self, entry, cs, x, rows, T, C, hd, offset) -> Dispatch:
+        assert hd % 4 == 0 and C % hd == 0, (C, hd)
+        flag = DTYPES[x.dtype].flag                                    # q or k as stored
+        k = self.gpu.kernel("rope.wgsl", entry, "urw", {flag: True} if flag else None)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), [cs, x], grid1d(-(-rows * C // 4 // 64)))
+
+    def rope_forward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
+        """x [rows, C] (q or k, heads of hd channels) turned in place by its rows' positions,
+        r % T + offset; cs = (cos, sin) [positions, hd/2] (reference.kernels.rope_table)."""
+        return self._rope("rope_forward", cs, x, rows, T, C, hd, offset)
+
+    def rope_backward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
+        """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
+        return self._rope("rope_backward", cs, x, rows, T, C, hd, offset)
 
     # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
     def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None) -> Dispatch:

@@ -98,8 +98,8 @@ def matmul_bf16_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] pa
     return _out(matmul(_operand(a), _operand(b), bias), out_bf16)
 
 
-def layernorm_forward_bf16(x, g, b):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
-    y, mean, rstd = layernorm_forward(x, g, b)
+def layernorm_forward_bf16(x, g, b, eps=1e-5, rms=False):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
+    y, mean, rstd = layernorm_forward(x, g, b, eps, rms)
     return cast_bf16(y).reshape(len(x), -1), mean, rstd
 
 
@@ -191,8 +191,8 @@ matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmu
 matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
 
 
-def layernorm_forward_f16(x, g, b):     # float32 x -> packed f16 y [rows, C/2], mean, rstd
-    y, mean, rstd = layernorm_forward(x, g, b)
+def layernorm_forward_f16(x, g, b, eps=1e-5, rms=False):     # float32 x -> packed f16 y [rows, C/2], mean, rstd
+    y, mean, rstd = layernorm_forward(x, g, b, eps, rms)
     return cast_f16(y).reshape(len(x), -1), mean, rstd
 
 
@@ -250,18 +250,20 @@ bias_grad_sg = bias_grad                 # elementwise.wgsl's sg section: summed
 
 
 # ---- layernorm ------------------------------------------------------------------------
-def layernorm_forward(x, g, b, eps=1e-5):  # x [rows,C] -> y [rows,C], mean [rows], rstd [rows]
-    mean = x.mean(axis=-1)
+def layernorm_forward(x, g, b, eps=1e-5, rms=False):  # x [rows,C] -> y [rows,C], mean [rows], rstd [rows]
+    """rms: RMSNorm (no centring, no bias: b unread), its mean 0."""
+    mean = np.zeros(len(x), x.dtype) if rms else x.mean(axis=-1)
     var = ((x - mean[:, None]) ** 2).mean(axis=-1)
     rstd = 1.0 / np.sqrt(var + eps)
-    y = (x - mean[:, None]) * rstd[:, None] * g + b
+    y = (x - mean[:, None]) * rstd[:, None] * g + (0.0 if rms else b)
     return y, mean, rstd
 
 
-def layernorm_dx(dy, x, g, mean, rstd):
+def layernorm_dx(dy, x, g, mean, rstd, rms=False):
     xhat = (x - mean[:, None]) * rstd[:, None]
     dxhat = dy * g
-    return rstd[:, None] * (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True))
+    centre = 0.0 if rms else dxhat.mean(-1, keepdims=True)
+    return rstd[:, None] * (dxhat - centre - xhat * (dxhat * xhat).mean(-1, keepdims=True))
 
 
 # layernorm.wgsl at the vec4 width: the same, rows read as vec4
@@ -274,6 +276,32 @@ def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
 
 
 layernorm_dgb_sg = layernorm_dgb         # layernorm.wgsl's sg section: summed by subgroups, in another order
+
+
+# ---- rotary position embedding (rope.wgsl) ----------------------------------------------
+def rope_table(positions: int, hd: int, theta: float, dtype=np.float32):
+    """(cos, sin) [positions, hd/2, 2] of the angles pos * theta^(-2i/hd): in float32 as
+    transformers computes its table (the kernels read this), or in float64 for the reference."""
+    inv_freq = 1.0 / (dtype(theta) ** (np.arange(0, hd, 2).astype(dtype) / dtype(hd)))
+    angles = np.arange(positions).astype(dtype)[:, None] * inv_freq.astype(dtype)[None, :]
+    return np.stack([np.cos(angles), np.sin(angles)], -1).astype(dtype)
+
+
+def _turn(cs, x, T, hd, offset, sign):
+    rows, C = x.shape
+    pos = np.arange(rows) % T + offset
+    c, s = cs[pos, :, 0][:, None, :], sign * cs[pos, :, 1][:, None, :]
+    h = x.reshape(rows, C // hd, hd)
+    x1, x2 = h[..., :hd // 2], h[..., hd // 2:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1).reshape(rows, C)
+
+
+def rope_forward(cs, x, T, hd, offset=0):     # x [rows, C] -> x turned by its rows' positions, r % T + offset
+    return _turn(cs, x, T, hd, offset, 1.0)
+
+
+def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by minus the angle (the transpose)
+    return _turn(cs, dy, T, hd, offset, -1.0)
 
 
 # ---- embedding ------------------------------------------------------------------------

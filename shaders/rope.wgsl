@@ -1,0 +1,64 @@
+// Rotary position embedding (RoPE, Su et al. 2021) of q or k, in place, in the rotate-half layout
+// that transformers (Llama, Qwen) and nanochat use: in each head of hd channels, channel i < hd/2
+// pairs with channel i + hd/2, and the pair turns by the angle pos * theta^(-2i/hd):
+//   rope_forward   (x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin)
+//   rope_backward  the transpose, a turn by minus the angle: d(out) in place becomes d(in)
+// x: [rows, C] with heads interleaved, bound as words: float32, or with BF16 | F16 16-bit values
+// two to a word as a bf16 or f16 model stores q and k (online.wgsl's layout), rounded once after
+// the turn. Row r is position r % T + offset (a decode step's rows: offset the cache's length).
+// cs: (cos, sin) [positions, hd/2], made on the host in float32 as transformers makes its table:
+// WGSL's sin and cos promise 2^-11 only on [-pi, pi], and a position's angle runs to thousands.
+// One invocation per two neighbouring pairs (i even), so every word it writes is its own (hd a
+// multiple of 4).
+
+struct Params { rows: u32, T: u32, C: u32, hd: u32, offset: u32 }
+
+override BF16: bool = false;         // x holds bf16
+override F16: bool = false;          // x holds f16
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;      // (cos, sin) [positions, hd/2]
+@group(0) @binding(2) var<storage, read_write> x: array<u32>;        // q or k [rows, C], as stored
+
+// elements e and e + 1 (e even) as stored
+fn get2(e: u32) -> vec2<f32> {
+  if (F16) { return unpack2x16float(x[e / 2u]); }
+  if (BF16) { let w = x[e / 2u]; return bitcast<vec2<f32>>(vec2<u32>(w << 16u, w & 0xffff0000u)); }
+  return bitcast<vec2<f32>>(vec2<u32>(x[e], x[e + 1u]));
+}
+
+fn put2(e: u32, v: vec2<f32>) {
+  if (F16) { x[e / 2u] = pack2x16float(v); return; }
+  if (BF16) { x[e / 2u] = bf16_pack(v.x, v.y); return; }
+  x[e] = bitcast<u32>(v.x);
+  x[e + 1u] = bitcast<u32>(v.y);
+}
+
+fn turn(g: u32, sign: f32) {
+  let half = p.hd / 2u;
+  let per_row = p.C / 4u;                  // two pairs an invocation: C / 2 pairs a row
+  if (g >= p.rows * per_row) { return; }
+  let r = g / per_row;
+  let h = (2u * (g % per_row)) / half;
+  let i = (2u * (g % per_row)) % half;     // even, < hd/2
+  let e = r * p.C + h * p.hd + i;
+  let t = (r % p.T + p.offset) * half + i;
+  let c = vec2<f32>(cs[t].x, cs[t + 1u].x);
+  let s = sign * vec2<f32>(cs[t].y, cs[t + 1u].y);
+  let x1 = get2(e);
+  let x2 = get2(e + half);
+  put2(e, x1 * c - x2 * s);
+  put2(e + half, x2 * c + x1 * s);
+}
+
+@compute @workgroup_size(64)
+fn rope_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+  turn(lin(wid, nwg, lid), 1.0);
+}
+
+@compute @workgroup_size(64)
+fn rope_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_id) lid: vec3<u32>) {
+  turn(lin(wid, nwg, lid), -1.0);
+}
