@@ -9,6 +9,7 @@ it before trusting them); the reference imports only core; every import of the p
 modules stands at the top of its module, where a reader sees the edge. The last test builds a package that breaks each rule and sees each
 check fail on it."""
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "tinygpt"
@@ -344,3 +345,46 @@ def test_the_meaning_check_sees_a_second_meaning(tmp_path):
     found = two_meanings(pkg)
     print(found)
     assert len(found) == 5
+
+
+# issue 48's bounds on the house, kept by tests (deliver 7): the command line and the loop stay
+# small, and Model is composed of its parts, not read from outside
+MOST_LINES = {"commands/cli.py": 450, "run/train.py": 450}
+MOST_MODEL_METHODS = 25
+
+
+def test_the_command_line_and_the_loop_stay_small():
+    sizes = {name: len((PKG / name).read_text().splitlines()) for name in MOST_LINES}
+    print(", ".join(f"{name} {n} lines (at most {MOST_LINES[name]})" for name, n in sizes.items()))
+    assert all(n <= MOST_LINES[name] for name, n in sizes.items()), sizes
+
+
+def model_privates(src: str) -> tuple[list, set]:
+    """(the methods of class Model, the private names it gives itself: self._x)."""
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "Model")
+    methods = [n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    private = {n.attr for n in ast.walk(cls) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+               and n.value.id == "self" and n.attr.startswith("_") and not n.attr.startswith("__")}
+    return methods, private
+
+
+def private_reads(files, private: set) -> list:
+    return [f"{f.name}:{n}: .{name}" for f in files
+            for n, line in enumerate(f.read_text().splitlines(), 1) for name in private
+            if re.search(r"\.%s\b" % re.escape(name), line)]
+
+
+def test_model_has_few_methods_and_no_module_outside_reads_its_private_names():
+    methods, private = model_privates((PKG / "model" / "gpt.py").read_text())
+    outside = [f for f in sorted(PKG.rglob("*.py")) if f.parent.name != "model"]
+    found = private_reads(outside, private)
+    print(f"Model: {len(methods)} methods (at most {MOST_MODEL_METHODS}), {len(private)} private names, "
+          f"{len(found)} read outside model/")
+    assert len(methods) <= MOST_MODEL_METHODS and len(private) > 5 and not found, found
+
+
+def test_the_private_read_check_sees_a_read(tmp_path):
+    methods, private = model_privates("class Model:\n    def f(self):\n        self._fwd = 1\n")
+    (tmp_path / "api.py").write_text("x = model._fwd\ny = model.fwd\n")
+    assert methods == ["f"] and private == {"_fwd"}
+    assert [r.endswith(":1: ._fwd") for r in private_reads([tmp_path / "api.py"], private)] == [True]
