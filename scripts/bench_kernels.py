@@ -43,6 +43,7 @@ from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.model.optimizers import KINDS as OPTIMIZERS
 from tinygpt.model.optimizers.base import ElementwiseOptimizer
 from tinygpt.model.optimizers.muon import muon_ratio, ns_batches
+from tinygpt.core.rope import rope_table
 from tinygpt.device.gpu import GPU
 from tinygpt.commands.argtypes import positive_int
 from tinygpt.commands.cli import run_script
@@ -259,8 +260,8 @@ def rope_cases(gpu, rows, T, C, H, rng):
     if hd % 4:
         return
     x = rng.standard_normal((rows, C)).astype(np.float32)
-    table = gpu.upload(R.rope_table(T, hd, 10000.0))
-    exact = R.rope_table(T, hd, 10000.0, np.float64)
+    table = gpu.upload(rope_table(T, hd, 10000.0))
+    exact = rope_table(T, hd, 10000.0, np.float64)
     for dtype, stored, seen, back in (("f32", x, x, lambda w: w),
                                       ("bf16", R.cast_bf16(x), R.cast_f32(R.cast_bf16(x), rows * C).reshape(rows, C),
                                        lambda w: R.cast_f32(w, rows * C).reshape(rows, C))):

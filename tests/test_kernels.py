@@ -13,6 +13,7 @@ from tinygpt.device.planner import subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
 from tinygpt.core.init import token_buckets
+from tinygpt.core.rope import rope_table
 from tinygpt.model.optimizers import KINDS as OPTIMIZERS
 from tinygpt.model.optimizers.base import ElementwiseOptimizer
 from tinygpt.model.optimizers.muon import muon_ratio, newton_schulz, newton_schulz_twin
@@ -293,7 +294,7 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
     positions (a batch), and a decode step's rows start at the cache's length (offset)."""
     C = H * hd
     x = rng.standard_normal((rows, C)).astype(np.float32)
-    table = R.rope_table(T + offset, hd, 10000.0)
+    table = rope_table(T + offset, hd, 10000.0)
     exact = f64(table)
     cast, back, tol = {"f32": (lambda a: a, lambda w: w, 2e-6),
                        "bf16": (R.cast_bf16, lambda w: R.cast_f32(w, rows * C), 2.0 ** -8),

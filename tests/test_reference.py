@@ -7,6 +7,7 @@ import pytest
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
 from tinygpt.core.config import Config, param_shapes
+from tinygpt.core.rope import rope_table
 from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 from tinygpt.core.init import token_buckets
@@ -97,7 +98,7 @@ def test_rope(r):
     the forward's transpose; the float32 table is the float64 one within float32 rounding."""
     rows, T, hd, H, offset = 10, 5, 8, 3, 2
     x, y = r.standard_normal((rows, H * hd)), r.standard_normal((rows, H * hd))
-    cs = R.rope_table(T + offset, hd, 500.0, np.float64)
+    cs = rope_table(T + offset, hd, 500.0, np.float64)
     pos = np.arange(rows) % T + offset
     ang = pos[:, None] / 500.0 ** (np.arange(0, hd, 2) / hd)[None, :]
     cos, sin = np.concatenate([np.cos(ang)] * 2, -1)[:, None], np.concatenate([np.sin(ang)] * 2, -1)[:, None]
@@ -107,7 +108,7 @@ def test_rope(r):
           (h * cos + rotate_half * sin).reshape(rows, -1), 1e-14)
     check("rope_backward is the transpose", np.sum(R.rope_forward(cs, x, T, hd, offset) * y),
           np.sum(x * R.rope_backward(cs, y, T, hd, offset)), 1e-12)
-    check("rope_table float32", R.rope_table(T + offset, hd, 500.0), cs, 1e-6)
+    check("rope_table float32", rope_table(T + offset, hd, 500.0), cs, 1e-6)
 
 
 def test_embedding(r):

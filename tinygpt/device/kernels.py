@@ -473,7 +473,7 @@ class Kernels:
 
     def rope_forward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
         """x [rows, C] (q or k, heads of hd channels) turned in place by its rows' positions,
-        r % T + offset; cs = (cos, sin) [positions, hd/2] (reference.kernels.rope_table)."""
+        r % T + offset; cs = (cos, sin) [positions, hd/2] (core.rope.rope_table)."""
         return self._rope("rope_forward", cs, x, rows, T, C, hd, offset)
 
     def rope_backward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:

@@ -14,7 +14,6 @@ import math
 
 import numpy as np
 
-
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -279,14 +278,6 @@ layernorm_dgb_sg = layernorm_dgb         # layernorm.wgsl's sg section: summed b
 
 
 # ---- rotary position embedding (rope.wgsl) ----------------------------------------------
-def rope_table(positions: int, hd: int, theta: float, dtype=np.float32):
-    """(cos, sin) [positions, hd/2, 2] of the angles pos * theta^(-2i/hd): in float32 as
-    transformers computes its table (the kernels read this), or in float64 for the reference."""
-    inv_freq = 1.0 / (dtype(theta) ** (np.arange(0, hd, 2).astype(dtype) / dtype(hd)))
-    angles = np.arange(positions).astype(dtype)[:, None] * inv_freq.astype(dtype)[None, :]
-    return np.stack([np.cos(angles), np.sin(angles)], -1).astype(dtype)
-
-
 def _turn(cs, x, T, hd, offset, sign):
     rows, C = x.shape
     pos = np.arange(rows) % T + offset
