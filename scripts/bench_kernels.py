@@ -59,7 +59,9 @@ def cases(gpu, rows, C, M, V, n, rng):
     x, y = rng.standard_normal(rows * M).astype(np.float32), rng.standard_normal(rows * M).astype(np.float32)
     tx, ty, tout = up(x), up(y), gpu.tensor((rows * M,))
     for entry, args, want in (("add", (tx, ty), f64(x) + y), ("gelu_forward", (tx,), R.gelu_forward(f64(x))),
-                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y)))):
+                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y))),
+                              ("relu2_forward", (tx,), R.relu2_forward(f64(x))),        # nanochat's activation
+                              ("relu2_backward", (tx, ty), R.relu2_backward(f64(x), f64(y)))):
         for v in ("scalar", "vec4"):
             d = getattr(kn, entry)(*args, tout, rows * M, variant=v)
             yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()

@@ -9,6 +9,8 @@ enable subgroups;
 //   accumulate{{VEC}}     out += x: gradient accumulation adds each micro-batch's gradients in place
 //   gelu_forward{{VEC}}   out = gelu(x): x Phi(x), or GPT-2's tanh form (override TANH)
 //   gelu_backward{{VEC}}  out = dy * gelu'(x), x the pre-activation, y = dy
+//   relu2_forward{{VEC}}  out = relu(x)^2: nanochat's MLP activation (Primer's squared ReLU)
+//   relu2_backward{{VEC}} out = dy * 2 relu(x), x the pre-activation, y = dy
 //   scale                 out = x * SCALE: LoRA's alpha / rank on the [rows, rank] products
 //   bias_grad             out[c] = sum over rows of x[row, c]; n = rows
 //   bias_grad_sg          bias_grad by subgroups
@@ -68,6 +70,8 @@ const ADD: u32 = 0u;
 const GELU_FORWARD: u32 = 1u;
 const GELU_BACKWARD: u32 = 2u;
 const ACCUMULATE: u32 = 3u;
+const RELU2_FORWARD: u32 = 4u;
+const RELU2_BACKWARD: u32 = 5u;
 
 fn apply(op: u32, i: u32) -> V {
   let v = x[i];
@@ -75,6 +79,8 @@ fn apply(op: u32, i: u32) -> V {
     case ADD: { return v + y[i]; }
     case GELU_FORWARD: { return gelu_v(v); }
     case ACCUMULATE: { return out[i] + v; }
+    case RELU2_FORWARD: { let r = max(v, V(0.0)); return r * r; }
+    case RELU2_BACKWARD: { return y[i] * 2.0 * max(v, V(0.0)); }
     default: { return y[i] * gelu_grad_v(v); }
   }
 }
@@ -105,6 +111,18 @@ fn gelu_forward{{VEC}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
 fn gelu_backward{{VEC}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
   each(GELU_BACKWARD, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_forward{{VEC}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+  each(RELU2_FORWARD, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_backward{{VEC}}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+  each(RELU2_BACKWARD, wid, nwg, lid);
 }
 
 @compute @workgroup_size(64)

@@ -231,6 +231,10 @@ def test_elementwise(gpu, rng, n, kn):
         check(f"gelu_forward {form}n={n}", gpu.read(out), R.gelu_forward(f64(xg), tanh), 5e-7, 1e-6)
         run(gpu, kn.gelu_backward(tg, gpu.upload(dy), out, n, tanh=tanh))
         check(f"gelu_backward {form}n={n}", gpu.read(out), R.gelu_backward(f64(xg), f64(dy), tanh), 5e-7, 1e-6)
+    run(gpu, kn.relu2_forward(tx, out, n))                     # nanochat's squared ReLU
+    check(f"relu2_forward n={n}", gpu.read(out), R.relu2_forward(f64(x)), 1e-6, 1e-6)
+    run(gpu, kn.relu2_backward(tx, gpu.upload(dy), out, n))
+    check(f"relu2_backward n={n}", gpu.read(out), R.relu2_backward(f64(x), f64(dy)), 1e-6, 1e-6)
     run(gpu, kn.add(tx, gpu.upload(dy), out, n))
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
     acc = gpu.upload(dy)

@@ -70,6 +70,14 @@ def test_gelu_tanh_is_gpt2s(r):
     assert 1e-5 < gap < 1e-3                     # two different functions, close
 
 
+def test_relu2(r):
+    """nanochat's squared ReLU and its gradient (away from the kink at 0)."""
+    x, w = r.standard_normal(40) * 3, r.standard_normal(40)
+    x[np.abs(x) < 1e-3] = 0.5
+    check("relu2_forward", R.relu2_forward(x), np.where(x > 0, x * x, 0.0), 0)
+    check("relu2_backward", R.relu2_backward(x, w), numgrad(lambda: np.sum(R.relu2_forward(x) * w), x), 1e-7)
+
+
 def test_layernorm(r):
     x, g, b, w = r.standard_normal((6, 7)), r.standard_normal(7), r.standard_normal(7), r.standard_normal((6, 7))
     f = lambda: np.sum(R.layernorm_forward(x, g, b)[0] * w)

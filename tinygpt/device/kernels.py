@@ -419,6 +419,14 @@ class Kernels:
         """out = dy * gelu'(x), x the pre-activation; tanh as gelu_forward."""
         return self._ew("gelu_backward", x, dy, out, n, variant=variant, consts=_tanh(tanh))
 
+    def relu2_forward(self, x, out, n, variant=None) -> Dispatch:
+        """out = relu(x)^2 (nanochat's MLP activation)."""
+        return self._ew("relu2_forward", x, None, out, n, variant=variant)
+
+    def relu2_backward(self, x, dy, out, n, variant=None) -> Dispatch:
+        """out = dy * 2 relu(x), x the pre-activation."""
+        return self._ew("relu2_backward", x, dy, out, n, variant=variant)
+
     def bias_grad(self, dy, out, rows, cols, variant=None) -> Dispatch:
         variant = variant or ("sg" if cols % 4 == 0 and self.plan.reduce == "sg" else "scalar")
         if variant == "sg":  # one 8-lane subgroup per 4 columns

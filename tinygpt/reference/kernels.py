@@ -212,6 +212,14 @@ def scale(x, s):                          # -> x * s (LoRA's alpha / rank), roun
     return x * np.float32(s) if np.asarray(x).dtype == np.float32 else x * s
 
 
+def relu2_forward(x):                     # -> relu(x)^2
+    return np.maximum(x, 0.0) ** 2
+
+
+def relu2_backward(x, dy):                # -> dy * 2 relu(x), x the pre-activation
+    return dy * 2.0 * np.maximum(x, 0.0)
+
+
 def accumulate(x, out):                   # -> out + x (the kernel writes it into out)
     return out + x
 
@@ -239,6 +247,7 @@ def gelu_backward(x, dy, tanh=False):    # x = pre-activation
 
 # elementwise.wgsl at the vec4 width: the same, read as vec4
 add4, gelu_forward4, gelu_backward4, accumulate4 = add, gelu_forward, gelu_backward, accumulate
+relu2_forward4, relu2_backward4 = relu2_forward, relu2_backward
 
 
 def bias_grad(dy):                       # dy [rows, N] -> [N]
