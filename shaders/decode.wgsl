@@ -26,6 +26,7 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> ids_out: array<u32>;   // [N] next tokens, then history [steps, N]
 
 override WINDOW: u32 = 0u;                // sliding window W of the attention; 0: none
+override LEARNED: bool = true;            // embed_decode adds a learned position table (false: RoPE's model)
 
 // the oldest cached row position p.pos attends to
 fn oldest_row() -> u32 { return p.pos + 1u - min(select(p.pos + 1u, WINDOW, WINDOW > 0u), p.pos + 1u); }
@@ -41,7 +42,9 @@ fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let ch = i % p.C;
   let v = ids_in[i / p.C];
   if (v < p.v0 || v - p.v0 >= p.vn) { return; }
-  o1[i] = a[(v - p.v0) * p.C + ch] + b[p.pos * p.C + ch];
+  var x = a[(v - p.v0) * p.C + ch];
+  if (LEARNED) { x += b[p.pos * p.C + ch]; }
+  o1[i] = x;
 }
 
 // a = k [N, C], b = v [N, C] -> o1 = kc [N, T, C], o2 = vc [N, T, C], row pos of each sequence

@@ -16,6 +16,8 @@ enable subgroups;
 //   bias_grad_sg          bias_grad by subgroups
 //   gelu_forward_bf16 | _f16   GELU with its pre-activation stored as bf16 (two to a u32,
 //   gelu_backward_bf16 | _f16  common.wgsl's bf16_* helpers) or f16; dy and d(x) float32
+//   relu2_forward_bf16 | _f16  the squared ReLU, the same way
+//   relu2_backward_bf16 | _f16
 // 1-D grids are folded into (x, y) by the host, so the linear id is rebuilt from num_workgroups.
 //
 // The width is the launcher's (kernels.WIDTHS): V = f32 (one float an invocation) or vec4<f32>
@@ -52,6 +54,17 @@ override TANH: bool = false;   // GPT-2's tanh form of GELU, not the exact one
 //#if vec4
 fn gelu_v(v: V) -> V { return gelu4(v, TANH); }
 fn gelu_grad_v(v: V) -> V { return gelu_grad4(v, TANH); }
+
+// the half forms' activation (relu2 a constant at each call: the branch folds away)
+fn act4(relu2: bool, v: vec4<f32>) -> vec4<f32> {
+  if (relu2) { let r = max(v, vec4<f32>(0.0)); return r * r; }
+  return gelu4(v, TANH);
+}
+
+fn act_grad4(relu2: bool, v: vec4<f32>) -> vec4<f32> {
+  if (relu2) { return 2.0 * max(v, vec4<f32>(0.0)); }
+  return gelu_grad4(v, TANH);
+}
 //#else
 fn gelu_v(v: f32) -> f32 {
   if (TANH) { return gelu4(vec4<f32>(v), true).x; }
@@ -166,31 +179,51 @@ fn x8(w: u32) -> X8 {
   return X8(bf16_lo4(v.xy), bf16_lo4(v.zw));
 }
 
-@compute @workgroup_size(64)
-fn gelu_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_id) lid: vec3<u32>) {
+fn forward_bf16(relu2: bool, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
   for (var j = 0u; j < WORDS; j++) {
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
       let v = x8(w);
-      let a = gelu4(v.a, TANH);
-      let b = gelu4(v.b, TANH);
+      let a = act4(relu2, v.a);
+      let b = act4(relu2, v.b);
       outh[w] = vec4<u32>(bf16_pack(a.x, a.y), bf16_pack(a.z, a.w), bf16_pack(b.x, b.y), bf16_pack(b.z, b.w));
     }
   }
 }
 
-@compute @workgroup_size(64)
-fn gelu_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_id) lid: vec3<u32>) {
+fn backward_bf16(relu2: bool, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
   for (var j = 0u; j < WORDS; j++) {
     let w = word(wid, nwg, lid, j);
     if (w < p.n / 8u) {
       let v = x8(w);
-      outf[2u * w] = dy[2u * w] * gelu_grad4(v.a, TANH);
-      outf[2u * w + 1u] = dy[2u * w + 1u] * gelu_grad4(v.b, TANH);
+      outf[2u * w] = dy[2u * w] * act_grad4(relu2, v.a);
+      outf[2u * w + 1u] = dy[2u * w + 1u] * act_grad4(relu2, v.b);
     }
   }
+}
+
+@compute @workgroup_size(64)
+fn gelu_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_id) lid: vec3<u32>) {
+  forward_bf16(false, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn gelu_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_id) lid: vec3<u32>) {
+  backward_bf16(false, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_forward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_id) lid: vec3<u32>) {
+  forward_bf16(true, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_id) lid: vec3<u32>) {
+  backward_bf16(true, wid, nwg, lid);
 }
 //#endif
 //#if f16
@@ -198,24 +231,44 @@ fn gelu_backward_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 @group(0) @binding(1) var<storage, read> xf16: array<vec4<f16>>;
 @group(0) @binding(3) var<storage, read_write> outf16: array<vec4<f16>>;
 
-@compute @workgroup_size(64)
-fn gelu_forward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_id) lid: vec3<u32>) {
+fn forward_f16(relu2: bool, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
   let i0 = group_index(wid, nwg) * 64u * PER + lid.x;
   for (var j = 0u; j < PER; j++) {
     let q = i0 + 64u * j;
-    if (q < p.n / 4u) { outf16[q] = to_f16x4(gelu4(vec4<f32>(xf16[q]), TANH)); }
+    if (q < p.n / 4u) { outf16[q] = to_f16x4(act4(relu2, vec4<f32>(xf16[q]))); }
   }
+}
+
+fn backward_f16(relu2: bool, wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) {
+  let i0 = group_index(wid, nwg) * 64u * PER + lid.x;
+  for (var j = 0u; j < PER; j++) {
+    let q = i0 + 64u * j;
+    if (q < p.n / 4u) { outf[q] = dy[q] * act_grad4(relu2, vec4<f32>(xf16[q])); }
+  }
+}
+
+@compute @workgroup_size(64)
+fn gelu_forward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_id) lid: vec3<u32>) {
+  forward_f16(false, wid, nwg, lid);
 }
 
 @compute @workgroup_size(64)
 fn gelu_backward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_id) lid: vec3<u32>) {
-  let i0 = group_index(wid, nwg) * 64u * PER + lid.x;
-  for (var j = 0u; j < PER; j++) {
-    let q = i0 + 64u * j;
-    if (q < p.n / 4u) { outf[q] = dy[q] * gelu_grad4(vec4<f32>(xf16[q]), TANH); }
-  }
+  backward_f16(false, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_forward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_id) lid: vec3<u32>) {
+  forward_f16(true, wid, nwg, lid);
+}
+
+@compute @workgroup_size(64)
+fn relu2_backward_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_id) lid: vec3<u32>) {
+  backward_f16(true, wid, nwg, lid);
 }
 //#endif
 //#if sg

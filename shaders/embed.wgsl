@@ -9,6 +9,8 @@
 // The token gradient reads a bucket index built on the host with the batch
 // (positions sorted by token, offsets[v]..offsets[v+1]), so each (v, c) sums
 // its own positions in a fixed order: O(BT*C + V*C) work.
+// A model whose positions are rotary (RoPE turns q and k instead) has no table: LEARNED = false,
+// and embed_forward writes the token's row alone.
 
 struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32, v0: u32, n: u32 }
 
@@ -17,6 +19,8 @@ struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32, v0: u32, n: u32
 @group(0) @binding(2) var<storage, read> src: array<f32>;    // tok rows v0.. [n,C] (forward) | dout [B*T, C]
 @group(0) @binding(3) var<storage, read> src2: array<f32>;   // pos [ctx,C] (forward) | unused
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+override LEARNED: bool = true;     // a learned position table is added (bound at src2)
 
 @compute @workgroup_size(64)
 fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -28,7 +32,9 @@ fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let t = row % p.T;
   let v = idx[row];
   if (v < p.v0 || v - p.v0 >= p.n) { return; }      // another chunk's token
-  out[i] = src[(v - p.v0) * p.C + ch] + src2[t * p.C + ch];
+  var x = src[(v - p.v0) * p.C + ch];
+  if (LEARNED) { x += src2[t * p.C + ch]; }
+  out[i] = x;
 }
 
 @compute @workgroup_size(64)

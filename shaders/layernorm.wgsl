@@ -7,7 +7,7 @@ enable subgroups;
 // LayerNorm over the last dim C, eps from Params, forward beside backward, one source for every
 // width and stored type; with Params.rms = 1 each entry is RMSNorm's (Llama's, nanochat's): no
 // centring and no bias, y = g * x * rstd with rstd = 1 / sqrt(mean(x^2) + eps). Its mean is stored
-// as 0, so that dgb (dg = sum_rows dy * x * rstd; its db unused) and dx read RMSNorm's statistics
+// as 0, so that dgb (dg = sum_rows dy * x * rstd; no db written) and dx read RMSNorm's statistics
 // as LayerNorm's, dx dropping only the mean(dxhat) term that centring puts there. A norm without
 // weights (nanochat's) is g = 1.
 //   layernorm_forward{{VEC}}  y = g * (x - mean) * rstd + b; caches mean, rstd per row
@@ -114,7 +114,7 @@ fn layernorm_dgb(@builtin(global_invocation_id) gid: vec3<u32>) {
     db += dy;
   }
   o1[ch] = dg;
-  o1[p.C + ch] = db;
+  if (p.rms == 0u) { o1[p.C + ch] = db; }         // RMSNorm's gradient is g's alone: [C]
 }
 //#else
 
@@ -170,6 +170,9 @@ fn layernorm_dgb_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   }
   let tg = subgroupAdd(dg);
   let tb = subgroupAdd(db);
-  if (lane == 0u) { o1[c4] = tg; o1[n4 + c4] = tb; }
+  if (lane == 0u) {
+    o1[c4] = tg;
+    if (p.rms == 0u) { o1[n4 + c4] = tb; }
+  }
 }
 //#endif

@@ -200,10 +200,13 @@ def check_greedy(gpu, plan, cfg, attention, prompt, n):
     print(f"greedy: {n} tokens equal; smallest top-2 margin {margins.min():.3e}")
 
 
-@pytest.mark.parametrize("attention", ["online", "naive"])
-def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention):
-    """230 tokens with ctx 16: the window restarts 26 times, 200+ tokens past its first end."""
-    check_greedy(gpu, plan, preset("tiny", layers=2, d_model=24, heads=3, ctx=16), attention, [5, 17, 99], 230)
+@pytest.mark.parametrize("attention, parts", [("online", {}), ("naive", {}),
+                                              ("online", dict(norm="rmsnorm", position="rope", activation="relu2"))])
+def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention, parts):
+    """230 tokens with ctx 16: the window restarts 26 times, 200+ tokens past its first end. And a
+    rotary model's (with RMSNorm and ReLU²), whose step turns q and k at the decoded position."""
+    check_greedy(gpu, plan, preset("tiny", layers=2, d_model=24, heads=3, ctx=16, **parts), attention, [5, 17, 99],
+                 230)
 
 
 @pytest.mark.parametrize("half", ["bf16", "f16"])

@@ -167,6 +167,20 @@ def test_gelu_f16(gpu, rng, n, kn, f16, tanh):
     check(f"gelu_backward_f16 {form}n={n}", gpu.read(dx), R.gelu_backward_f16(xh, f64(dy), tanh), 2e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [4, 64 * 16 + 4])
+def test_relu2_f16(gpu, rng, n, kn, f16):
+    """The squared ReLU reading f16, computing in float32: one f16 rounding of the exact value."""
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    xh = R.cast_f16(x)
+    X = gpu.tensor((n // 2,), "f16", data=xh)
+    out, dx = gpu.tensor((n // 2,), "f16"), gpu.tensor((n,))
+    dy = rng.standard_normal(n).astype(np.float32)
+    run(gpu, kn.relu2_forward_f16(X, out, n), kn.relu2_backward_f16(X, gpu.upload(dy), dx, n))
+    check(f"relu2_forward_f16 n={n}", R.unpack_f16(gpu.read(out)), R.relu2_forward(R.unpack_f16(xh)), 2e-6,
+          rtol=2.0 ** -11 + 1e-6)
+    check(f"relu2_backward_f16 n={n}", gpu.read(dx), R.relu2_backward_f16(xh, f64(dy)), 2e-6, rtol=1e-5)
+
+
 def test_refusal_without_shader_f16(gpu):
     """An adapter without shader-f16 gets one line naming the feature (GL's llvmpipe here)."""
     if "shader-f16" in gpu.features:
@@ -300,8 +314,10 @@ def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
     kernels |= {(f"{e}_f16{v}", tuple(sorted(m + (tile if v else ())))) for e in ("matmul", "matmul_abt", "matmul_atb")
                 for v in ("", "_tiled") for m in template_mixes}
     kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
+                                  "relu2_forward_f16", "relu2_backward_f16",
                                   "layernorm_forward_f16", "kv_append_half")}
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
+    kernels |= {(e, (("F16", True),)) for e in ("rope_forward", "rope_backward")}    # q, k stored f16
     numerics.check(gpu, make_plan(gpu), kernels)
     judged = numerics._VERDICTS[gpu]
     print(f"{len(kernels)} kernels judged: every one agrees with its twin")

@@ -282,10 +282,13 @@ def test_layernorm(gpu, rng, rows, C, rms, kn):
     # 65 rows; the scalar kernel adds rows in order (error about linear in rows) and keeps to 65.
     if rows > 65 and not subgroups_ok(gpu):
         return
-    dgb = gpu.tensor((2, C))
-    run(gpu, kn.layernorm_dgb(gpu.upload(dy), tx, stats, dgb, rows, C, variant="sg" if rows > 65 else None))
-    got, want = gpu.read(dgb), np.stack(R.layernorm_dgb(f64(dy), f64(x), rm, rr))
-    check(f"{name} dgb", got[:1] if rms else got, want[:1] if rms else want, 2e-5 * max(1.0, np.sqrt(rows / 65)))
+    sentinel = np.full((2, C), 7.0, np.float32)           # RMSNorm writes dg alone: the row after it stays
+    dgb = gpu.upload(sentinel)
+    run(gpu, kn.layernorm_dgb(gpu.upload(dy), tx, stats, dgb, rows, C, variant="sg" if rows > 65 else None,
+                              rms=rms))
+    dg, db = R.layernorm_dgb(f64(dy), f64(x), rm, rr, rms=rms)
+    got, want = gpu.read(dgb), np.stack([dg, sentinel[1] if rms else db])
+    check(f"{name} dgb", got, want, 2e-5 * max(1.0, np.sqrt(rows / 65)))
 
 
 @pytest.mark.parametrize("rows,T,H,hd,offset,dtype", [(7, 7, 1, 4, 0, "f32"), (30, 10, 3, 12, 0, "f32"),
@@ -781,6 +784,23 @@ def test_gelu_bf16(gpu, rng, n, kn, tanh):
     print(f"gelu_forward_bf16 {form}: {same:.2%} of words equal to the float64 twin's rounding")
     assert same > 0.98
     check(f"gelu_backward_bf16 {form}n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy), tanh), 1e-6, 1e-6)
+
+
+@pytest.mark.parametrize("n", [8, 64 * 2 * 8 * 3 + 8])
+def test_relu2_bf16(gpu, rng, n, kn):
+    """The squared ReLU with its pre-activation stored as bf16: forward within one bf16 rounding of
+    the float64 value of the same bf16 inputs, backward in float32 against the float64 twin."""
+    x = (rng.standard_normal(n) * 3).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    xh = R.cast_bf16(x)
+    outh, dx = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
+    run(gpu, kn.relu2_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n),
+        kn.relu2_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n))
+    got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
+    check(f"relu2_forward_bf16 n={n} (one bf16 rounding)", got, R.relu2_forward(R.cast_f32(xh, n).astype(np.float64)),
+          1e-6, 2.0 ** -8)
+    assert np.array_equal(gpu.read(outh), R.relu2_forward_bf16(xh))     # one product, one rounding: the same bits
+    check(f"relu2_backward_bf16 n={n}", gpu.read(dx), R.relu2_backward_bf16(xh, f64(dy)), 1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("rows,C,rms", [(1, 8, False), (65, 48, False), (130, 96, False), (65, 48, True)])

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from tinygpt.model.attention import IMPLS
-from tinygpt.core.config import preset
+from tinygpt.core.config import param_shapes, preset
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
@@ -34,17 +34,18 @@ def tiny():
     return preset("tiny")
 
 
-def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None, keep=False):
+def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None, keep=False, attention="online"):
     """Logits, loss and gradients (all, or `names`) of one step against the float64 reference;
     returns the number of logit chunks the model used (and the model, with keep)."""
     if limit:
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     params = init_params(cfg)
     x, y = batch(cfg)
-    m = Model(gpu, plan, RunSpec(cfg, "online"))
+    m = Model(gpu, plan, RunSpec(cfg, attention))
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y)
     grads = RG.backward(f64(params), cfg, cache)
+    assert set(m.get_params()) == set(grads), "the model and the reference have the same parameters"
     # the forward alone for the logits (the backward overwrites them with dlogits), then the step's
     check("logits", m.logits_of(x), logits, 1e-4 * np.abs(logits).max())
     m.grads_only(x, y)
@@ -101,6 +102,26 @@ def test_recompute_gives_the_same_gradients_bit_for_bit(gpu, monkeypatch, case):
 def test_step0_with_gpt2s_gelu(gpu, plan):
     """activation gelu_tanh: the GELU kernels' TANH form through a whole step, and no other."""
     check_step0(gpu, plan, preset("tiny", activation="gelu_tanh"))
+
+
+# the block's parts (core.block) other than GPT-2's: each alone, and the three together
+MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position="rope", rope_theta=500.0),
+          "relu2": dict(activation="relu2"), "all three": dict(norm="rmsnorm", position="rope", activation="relu2")}
+
+
+@pytest.mark.parametrize("parts, attention, window", [("rmsnorm", "online", 0), ("rope", "online", 0),
+                                                      ("relu2", "online", 0), ("all three", "online", 0),
+                                                      ("all three", "naive", 0), ("all three", "fused_sv", 0),
+                                                      ("all three", "online", 5)])
+def test_step0_with_the_blocks_parts(gpu, plan, parts, attention, window):
+    """RMSNorm (no biases: the parameters and gradients of g alone), RoPE (no position table; q and
+    k turned where they are stored, their gradients turned back), ReLU²: logits, loss and every
+    gradient against the float64 reference, on each attention path and with a sliding window."""
+    cfg = preset("tiny", **MODERN[parts], window=window).validate()
+    blk = cfg.block
+    names = {n for n, _, _ in param_shapes(cfg)}
+    assert ("pos_emb" in names) == blk.position.table and ("h0.ln1_b" in names) == blk.norm.bias
+    check_step0(gpu, plan, cfg, attention=attention)
 
 
 def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
@@ -202,7 +223,7 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
-@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh"])
+@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh", "modern"])
 @pytest.mark.parametrize("half", ["bf16", "f16"])
 def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     """precision bf16 or f16: logits, loss and every gradient against the float64 reference rounding
@@ -232,6 +253,8 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000)
     if which == "gelu_tanh":       # GPT-2's GELU in the 16-bit kernels
         cfg = preset("tiny", activation="gelu_tanh")
+    if which == "modern":          # RMSNorm, RoPE on 16-bit q and k, ReLU² in the 16-bit kernels
+        cfg = preset("tiny", **MODERN["all three"])
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)

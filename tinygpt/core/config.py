@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA, Block, block_of
 from .errors import UsageError
 
 # name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C: TinyGPT's table, and GPT-2 small's shape
@@ -28,9 +29,9 @@ PRESET_TOKENIZER = {"gpt2": ("gpt2", GPT2_VOCAB)}
 MAX_DIMS = {"layers": 4096, "d_model": 65536, "heads": 4096, "ctx": 1 << 20, "batch": 1 << 20,
             "d_mlp": 1 << 20, "vocab": 1 << 24}
 MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and moments
-# The MLP's activation: the exact erf GELU (TinyGPT's), or GPT-2's tanh approximation, which
-# GPT-2 was trained with (Hugging Face's "gelu_new"); a checkpoint's config names it.
-ACTIVATIONS = ("gelu", "gelu_tanh")
+# The MLP's activation (core.block's MLPS): the exact erf GELU (TinyGPT's), GPT-2's tanh
+# approximation, which GPT-2 was trained with (Hugging Face's "gelu_new"), or nanochat's squared ReLU.
+ACTIVATIONS = tuple(MLPS)
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8   # TinyGPT's AdamW: the one place they are set
 TINYGPT_LR = 3e-4               # TinyGPT's constant learning rate (the constant schedule's default)
 
@@ -79,8 +80,12 @@ class Config:
     grad_clip: float = 1.0
     weight_decay: float = 0.1
     seed: int = 1337
-    activation: str = "gelu"    # one of ACTIVATIONS
+    activation: str = "gelu"    # the MLP's activation: one of ACTIVATIONS
     window: int = 0             # sliding-window attention: each query sees its last `window` positions; 0: all
+    norm: str = "layernorm"     # the block's parts (core.block): its norm, its position, RoPE's base, the norms' eps
+    position: str = "learned"
+    rope_theta: float = ROPE_THETA
+    norm_eps: float = NORM_EPS
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -89,6 +94,10 @@ class Config:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def block(self) -> Block:
+        return block_of(self)
 
     @property
     def attn_window(self) -> int:
@@ -123,9 +132,17 @@ class Config:
         if not isinstance(self.window, int) or isinstance(self.window, bool) or not 0 <= self.window <= MAX_DIMS["ctx"]:
             raise ConfigError(f"{{opt:sliding_window}} must be a whole number from 1 to {MAX_DIMS['ctx']:,} "
                               f"(0 or absent: none), got {self.window!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation {self.activation!r} is not one this tinygpt computes; "
-                              f"choose one of {', '.join(ACTIVATIONS)}")
+        for name, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS)):
+            if getattr(self, name) not in table:
+                raise ConfigError(f"{{opt:{name}}} {getattr(self, name)!r} is not one this tinygpt computes; "
+                                  f"choose one of {', '.join(table)}")
+        for name in ("rope_theta", "norm_eps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+                raise ConfigError(f"{{opt:{name}}} must be a positive finite number, got {v!r}")
+        if self.block.position.rotary and self.head_dim % 4:
+            raise ConfigError(f"{{opt:position}} rope turns each head's channels in pairs four at a time: the head "
+                              f"dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} must be a multiple of 4")
         return self
 
 
@@ -144,18 +161,19 @@ def preset(name: str, **overrides) -> Config:
 
 
 def param_shapes(cfg: Config):
-    """[(name, shape, decayed)] in the .tinygpt order; decay on matrices and embeddings."""
-    V, C, T, M = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp
-    shapes = [("tok_emb", (V, C), True), ("pos_emb", (T, C), True), ("ln_f_g", (C,), False), ("ln_f_b", (C,), False)]
+    """[(name, shape, decayed)] in the .tinygpt order; decay on matrices and embeddings. The block's
+    parts decide which exist: the position table (learned), the norms' biases (layernorm)."""
+    V, C, T, M, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.block
+    norm = lambda n: [(n + "_g", (C,), False)] + ([(n + "_b", (C,), False)] if blk.norm.bias else [])
+    shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
-        shapes += [
-            (p + "ln1_g", (C,), False), (p + "ln1_b", (C,), False),
+        shapes += norm(p + "ln1") + [
             (p + "Wq", (C, C), True), (p + "bq", (C,), False),
             (p + "Wk", (C, C), True), (p + "bk", (C,), False),
             (p + "Wv", (C, C), True), (p + "bv", (C,), False),
             (p + "Wo", (C, C), True), (p + "bo", (C,), False),
-            (p + "ln2_g", (C,), False), (p + "ln2_b", (C,), False),
+        ] + norm(p + "ln2") + [
             (p + "fc_in_W", (C, M), True), (p + "fc_in_b", (M,), False),
             (p + "fc_out_W", (M, C), True), (p + "fc_out_b", (C,), False),
         ]
@@ -164,6 +182,7 @@ def param_shapes(cfg: Config):
 
 def n_params(cfg: Config) -> int:
     """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
-    V, C, T, M, L = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers
-    per_layer = 4 * C * C + 2 * C * M + 9 * C + M   # Wq..Wo, fc_in, fc_out; 4 LN vectors + 5 biases of C; fc_in_b
-    return V * C + T * C + 2 * C + L * per_layer
+    V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
+    norm = (2 if blk.norm.bias else 1) * C
+    per_layer = 4 * C * C + 2 * C * M + 2 * norm + 5 * C + M   # Wq..Wo, fc_in, fc_out; 2 norms; 5 biases of C; fc_in_b
+    return V * C + (T * C if blk.position.table else 0) + norm + L * per_layer

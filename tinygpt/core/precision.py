@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 # the steps of a block whose kernel depends on the stored dtype. The matmuls are not among them:
 # one launcher family serves every precision, reading it from its tensors' dtypes (the templates
 # matmul.wgsl and matmul_tiled.wgsl, completed with a section of shaders/products.wgsl).
-ROLES = ("layernorm", "gelu_forward", "gelu_backward", "to_f32", "from_f32")
+ROLES = ("layernorm", "gelu_forward", "gelu_backward", "relu2_forward", "relu2_backward", "to_f32", "from_f32")
 
 
 @dataclass(frozen=True)
@@ -52,12 +52,13 @@ class Precision:
 
 FP32 = Precision("fp32", stored="f32", weights="f32", width_multiple=1, decode_cache=True, kernels={
     "layernorm": "layernorm_forward", "gelu_forward": "gelu_forward", "gelu_backward": "gelu_backward",
-    "to_f32": None, "from_f32": None})
+    "relu2_forward": "relu2_forward", "relu2_backward": "relu2_backward", "to_f32": None, "from_f32": None})
 
 # bf16: GELU reads 8 bf16 at a time and the subgroup matmuls 8 per row, hence the multiple of 8.
 BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode_cache=True, kernels={
     "layernorm": "layernorm_forward_bf16", "gelu_forward": "gelu_forward_bf16",
-    "gelu_backward": "gelu_backward_bf16", "to_f32": "cast_f32", "from_f32": "cast_bf16"})
+    "gelu_backward": "gelu_backward_bf16", "relu2_forward": "relu2_forward_bf16",
+    "relu2_backward": "relu2_backward_bf16", "to_f32": "cast_f32", "from_f32": "cast_bf16"})
 
 # f16: WGSL's own half type (the shader-f16 feature). Each matmul product is taken in f16 and the
 # products summed in float32; float32 operands (the backward's gradients) are rounded to f16 as
@@ -66,8 +67,9 @@ BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode
 # read 4 values at a time (vec4<f16>), hence the multiple of 4.
 F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=True, kernels={
     "layernorm": "layernorm_forward_f16", "gelu_forward": "gelu_forward_f16",
-    "gelu_backward": "gelu_backward_f16",
-    "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"}, grad_operands="f16", feature="shader-f16",
+    "gelu_backward": "gelu_backward_f16", "relu2_forward": "relu2_forward_f16",
+    "relu2_backward": "relu2_backward_f16", "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"},
+    grad_operands="f16", feature="shader-f16",
     loss_scaling=True)
 
 PRECISIONS = {p.name: p for p in (FP32, BF16, F16)}

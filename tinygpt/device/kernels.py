@@ -364,6 +364,18 @@ class Kernels:
         k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh), width("vec4"))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
 
+    def relu2_forward_bf16(self, xh, outh, n) -> Dispatch:
+        """outh = bf16(relu(xh)^2), n a multiple of 8 (gelu_forward_bf16's layout)."""
+        assert n % 8 == 0, n
+        k = self.gpu.kernel("elementwise.wgsl", "relu2_forward_bf16", "urrww", fill=width("vec4"))
+        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
+
+    def relu2_backward_bf16(self, xh, dy, out, n) -> Dispatch:
+        """out (f32) = dy * 2 relu(xh), xh bf16, n a multiple of 8."""
+        assert n % 8 == 0, n
+        k = self.gpu.kernel("elementwise.wgsl", "relu2_backward_bf16", "urrww", fill=width("vec4"))
+        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
+
     # ---- f16 (the f16 sections of cast.wgsl, layernorm.wgsl, elementwise.wgsl) ------------------------
     def cast_f16(self, x, out, n) -> Dispatch:
         """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
@@ -385,6 +397,18 @@ class Kernels:
         """out (f32) = dy * gelu'(xh), xh f16 (the saved pre-activation), n a multiple of 4."""
         assert n % 4 == 0, n
         k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh), width("vec4", "f16"))
+        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
+
+    def relu2_forward_f16(self, xh, outh, n) -> Dispatch:
+        """outh = f16(relu(xh)^2), n a multiple of 4."""
+        assert n % 4 == 0, n
+        k = self.gpu.kernel("elementwise.wgsl", "relu2_forward_f16", "urrww", fill=width("vec4", "f16"))
+        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
+
+    def relu2_backward_f16(self, xh, dy, out, n) -> Dispatch:
+        """out (f32) = dy * 2 relu(xh), xh f16, n a multiple of 4."""
+        assert n % 4 == 0, n
+        k = self.gpu.kernel("elementwise.wgsl", "relu2_backward_f16", "urrww", fill=width("vec4", "f16"))
         return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     # ---- elementwise -------------------------------------------------------------------------------
@@ -463,14 +487,15 @@ class Kernels:
         k = self._ln("layernorm_dx", C, variant)
         return self.gpu.dispatch(k, (rows, C, 0.0, accumulate, bool(rms)), [dy, x, g, dx, stats], (-(-rows // 64),))
 
-    def layernorm_dgb(self, dy, x, stats, dgb, rows, C, variant=None) -> Dispatch:
-        """dgb = [dg | db] [2, C]; RMSNorm's the same from its stats (mean 0), its db unused."""
+    def layernorm_dgb(self, dy, x, stats, dgb, rows, C, variant=None, rms=False) -> Dispatch:
+        """dgb = [dg | db] [2, C]; RMSNorm's (rms) dg alone [C], from its stats (mean 0)."""
         variant = variant or ("sg" if C % 4 == 0 and self.plan.reduce == "sg" else "scalar")
+        u = (rows, C, 0.0, 0, bool(rms))
         if variant == "sg":  # one 8-lane subgroup per 4 channels
             k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb_sg", "urrrww", fill=width("vec4", "sg"))
-            return self.gpu.dispatch(k, (rows, C, 0.0, 0, 0), [dy, x, stats, dgb, None], grid1d(C // 4))
+            return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], grid1d(C // 4))
         k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar"))
-        return self.gpu.dispatch(k, (rows, C, 0.0, 0, 0), [dy, x, stats, dgb, None], (-(-C // 64),))
+        return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], (-(-C // 64),))
 
     # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------
     def _rope(self, entry, cs, x, rows, T, C, hd, offset) -> Dispatch:
@@ -491,9 +516,10 @@ class Kernels:
     # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
     def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None) -> Dispatch:
         """tok: the token table's rows v0 .. v0+n-1 (all of it by default); only the positions whose
-        token lies there are written, so one dispatch per chunk of rows writes every position once."""
+        token lies there are written, so one dispatch per chunk of rows writes every position once.
+        pos None: no position table (a rotary model's), the token's row alone."""
         n = tok.shape[0] if n is None else n
-        k = self.gpu.kernel("embed.wgsl", "embed_forward", "urrrw")
+        k = self.gpu.kernel("embed.wgsl", "embed_forward", "urrrw", None if pos is not None else {"LEARNED": False})
         return self.gpu.dispatch(k, (B, T, C, 0, 0, v0, n), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
 
     def embed_tok_grad(self, buckets, dout, dtok, B, T, C, V, accumulate=True, v0=0, n=None) -> Dispatch:
@@ -678,13 +704,15 @@ class Kernels:
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.
-    def _decode(self, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid) -> Dispatch:
-        k = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS)
+    def _decode(self, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid, consts=None) -> Dispatch:
+        k = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, consts)
         return self.gpu.dispatch_with(k, uniform, [a, b, c, ids_in, o1, o2, ids_out], grid)
 
     def embed_decode(self, ids, tok, pos, out, N, C, uniform) -> Dispatch:
-        """out[n] = tok[ids[n]] + pos[p.pos], for the ids within rows p.v0 .. p.v0+p.vn-1 that tok holds"""
-        return self._decode("embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)))
+        """out[n] = tok[ids[n]] + pos[p.pos], for the ids within rows p.v0 .. p.v0+p.vn-1 that tok holds
+        (pos None: the token's row alone, a rotary model's)"""
+        return self._decode("embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)),
+                            None if pos is not None else {"LEARNED": False})
 
     def kv_append(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
         """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, C])"""

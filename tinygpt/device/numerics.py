@@ -14,6 +14,8 @@ import weakref
 
 import numpy as np
 
+from ..core.rope import rope_table
+
 from ..reference import attention as RA
 from ..reference import kernels as R
 from .gpu import DTYPES, GPU, GPUError
@@ -108,14 +110,23 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         out = gpu.tensor((n,))
         gpu.run([kn.cast_f16_to_f32(xh, out, n)])
         return gpu.read(out), R.cast_f16_to_f32(R.cast_f16(x), n)
-    if entry == "gelu_forward_f16":
+    act = {"tanh": tanh} if entry.startswith("gelu") else {}       # the activations: GELU's two forms, relu2
+    if entry in ("gelu_forward_f16", "relu2_forward_f16"):
         out = gpu.tensor((n // 2,), "f16")
-        gpu.run([kn.gelu_forward_f16(xh, out, n, tanh=tanh)])
-        return R.unpack_f16(gpu.read(out)), R.unpack_f16(R.gelu_forward_f16(R.cast_f16(x), tanh))
-    if entry == "gelu_backward_f16":
+        gpu.run([getattr(kn, entry)(xh, out, n, **act)])
+        return R.unpack_f16(gpu.read(out)), R.unpack_f16(getattr(R, entry)(R.cast_f16(x), **act))
+    if entry in ("gelu_backward_f16", "relu2_backward_f16"):
         dy, out = rng.standard_normal(n).astype(np.float32), gpu.tensor((n,))
-        gpu.run([kn.gelu_backward_f16(xh, gpu.upload(dy), out, n, tanh=tanh)])
-        return gpu.read(out), R.gelu_backward_f16(R.cast_f16(x), dy.astype(np.float64), tanh)
+        gpu.run([getattr(kn, entry)(xh, gpu.upload(dy), out, n, **act)])
+        return gpu.read(out), getattr(R, entry)(R.cast_f16(x), dy.astype(np.float64), **act)
+    if entry in ("rope_forward", "rope_backward"):      # q or k stored f16, turned in place (the F16 flag)
+        rows, T, hd, C, offset = 10, 5, 4, 12, 3
+        table = rope_table(T + offset, hd, 10000.0)
+        xh = R.cast_f16(rng.standard_normal((rows, C)).astype(np.float32))
+        t = gpu.tensor(np.shape(xh), "f16", data=xh)
+        gpu.run([getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
+        want = getattr(R, entry)(table.astype(np.float64), R.unpack_f16(xh).reshape(rows, C), T, hd, offset)
+        return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
     if entry == "layernorm_forward_f16":
         xs, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
         y, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))

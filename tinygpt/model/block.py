@@ -1,18 +1,21 @@
 """One transformer block, written once: its forward serves training, the prefill and the decode
 step; its backward serves training.
 
-    x_mid = x + Wo(attention(Wq ln1(x), Wk ln1(x), Wv ln1(x)))
-    x_out = x_mid + W_out(gelu(W_in ln2(x_mid)))
+    x_mid = x + Wo(attention(rot(Wq norm1(x)), rot(Wk norm1(x)), Wv norm1(x)))
+    x_out = x_mid + W_out(act(W_in norm2(x_mid)))
 
 The caller gives the block its weights (as the matmuls read them) and its activations (saved
 per layer in training, one reused set in the decode step), and the attention as a function of
 (q, k, v, out). Precision enters only through the tensors' dtypes and the policy's kernels
 (PolicyKernels): where the attention reads float32 copies of what is stored, `convert` fills them.
+The parts (core.block's Block: norm, activation, position) enter through PolicyKernels too; a
+rotary model's q and k are turned where they are stored (Rotary), before any copy is made.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.block import Block
 from ..core.precision import Precision
 from ..device.gpu import DTYPES, Tensor
 from ..device.kernels import Kernels
@@ -23,16 +26,24 @@ VECTORS = ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")
 
 class PolicyKernels:
     """A precision policy's kernels for each role (core.precision), bound to one device's launchers,
-    with the model's activation (the GELU kernels' form)."""
+    with the model's parts (core.block): its norm's form and eps, its MLP's activation."""
 
-    def __init__(self, kn: Kernels, policy: Precision, activation: str = "gelu"):
-        self.kn, self.policy, self.tanh = kn, policy, activation == "gelu_tanh"
+    def __init__(self, kn: Kernels, policy: Precision, block: Block):
+        self.kn, self.policy, self.block = kn, policy, block
+        self.rms = block.norm.rms
 
     def _k(self, role: str):
         return getattr(self.kn, self.policy.kernels[role])
 
     def layernorm(self, x, gb, y, stats, rows, C):
-        return self._k("layernorm")(x, gb, y, stats, rows, C)
+        """The block's norm: gb its [g | b] (RMSNorm's g alone)."""
+        return self._k("layernorm")(x, gb, y, stats, rows, C, eps=self.block.eps, rms=self.rms)
+
+    def norm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True):
+        return self.kn.layernorm_dx(dy, x, g, stats, dx, rows, C, accumulate=accumulate, rms=self.rms)
+
+    def norm_dgb(self, dy, x, stats, dgb, rows, C):
+        return self.kn.layernorm_dgb(dy, x, stats, dgb, rows, C, rms=self.rms)
 
     def matmul(self, a, b, bias, out, M, N, K, accumulate=False):
         return self.kn.matmul(a, b, bias, out, M, N, K, accumulate, dtype=self.policy.stored)
@@ -43,17 +54,37 @@ class PolicyKernels:
     def matmul_atb(self, a, b, out, M, N, K, accumulate=False):
         return self.kn.matmul_atb(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
 
-    def gelu_forward(self, x, out, n):
-        return self._k("gelu_forward")(x, out, n, tanh=self.tanh)
+    def act_forward(self, x, out, n):
+        """The MLP's activation."""
+        mlp = self.block.mlp
+        return self._k(mlp.forward)(x, out, n, **mlp.options)
 
-    def gelu_backward(self, x, dy, out, n):
-        return self._k("gelu_backward")(x, dy, out, n, tanh=self.tanh)
+    def act_backward(self, x, dy, out, n):
+        mlp = self.block.mlp
+        return self._k(mlp.backward)(x, dy, out, n, **mlp.options)
 
     def convert(self, src: Tensor, dst: Tensor, n: int) -> list:
         """dst = src in dst's dtype; nothing where they are one tensor."""
         if src is dst:
             return []
         return [self._k("from_f32" if DTYPES[dst.dtype].packed else "to_f32")(src, dst, n)]
+
+
+@dataclass
+class Rotary:
+    """RoPE's place in a block: the (cos, sin) table [positions, hd/2, 2] (core.rope), the window of
+    T positions that rows repeat (row r is position r % T + offset) and the head dim. The decode
+    step's is T = 1 with the offset its position, rewritten per token (model.decode)."""
+    cs: Tensor
+    T: int
+    hd: int
+    offset: int = 0
+
+    def forward(self, kn: Kernels, x: Tensor, rows: int, C: int) -> list:
+        return [kn.rope_forward(self.cs, x, rows, self.T, C, self.hd, self.offset)]
+
+    def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
+        return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset)]
 
 
 @dataclass
@@ -148,12 +179,15 @@ class BlockActs:
 
 
 def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, attend, rows: int, C: int,
-                  M: int, lo: BlockLoRA | None = None) -> list:
-    """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any."""
+                  M: int, lo: BlockLoRA | None = None, rot: Rotary | None = None) -> list:
+    """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any;
+    rot: where RoPE turns q and k (a rotary model's)."""
     lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
     for n, t, t_in in zip("qkv", a.qkv, a.att_in):
         ds += lin("W" + n, a.ln1, "b" + n, t, C, C)
+        if rot is not None and n != "v":
+            ds += rot.forward(kn, t, rows, C)
         ds += pk.convert(t, t_in, rows * C)
     ds += attend(*a.att_in, a.att_out)
     ds += pk.convert(a.att_out, a.ctx, rows * C)
@@ -161,7 +195,7 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     ds += [kn.add(a.x, a.tmp, a.x_mid, rows * C),
            pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C)]
     ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
-    ds.append(pk.gelu_forward(a.pre, a.gel, rows * M))
+    ds.append(pk.act_forward(a.pre, a.gel, rows * M))
     ds += lin("fc_out_W", a.gel, "fc_out_b", a.tmp, C, M)
     return ds + [kn.add(a.x_mid, a.tmp, a.x_out, rows * C)]
 
@@ -181,23 +215,26 @@ class BlockGrads:
 
 
 def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, g: BlockGrads, attention,
-                   rows: int, C: int, M: int, lo: BlockLoRA | None = None) -> list:
+                   rows: int, C: int, M: int, lo: BlockLoRA | None = None, rot: Rotary | None = None) -> list:
     """The block's backward; attention: its Attention, which recomputes or reads what it saved.
-    A parameter without a place in g.G is frozen: no gradient is computed for it."""
+    A parameter without a place in g.G is frozen: no gradient is computed for it. rot: as
+    block_forward's (the gradients of the turned q and k turned back)."""
     G = g.G
     lin = lambda name, bias, x, dy, dx, N, K, acc=False: linear_backward(kn, pk, lo, G, name, bias, x, w.W[name], dy,
                                                                          dx, rows, N, K, acc)
-    ln_dgb = lambda x, stats, ln: [kn.layernorm_dgb(g.dln, x, stats, G[ln], rows, C)] if ln in G else []
+    ln_dgb = lambda x, stats, ln: [pk.norm_dgb(g.dln, x, stats, G[ln], rows, C)] if ln in G else []
     ds = pk.convert(a.ctx, a.att_out, rows * C)            # refill what the attention reads in float32
     for t, t_in in zip(a.qkv, a.att_in):
         ds += pk.convert(t, t_in, rows * C)
     ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
-    ds.append(pk.gelu_backward(a.pre, g.dact, g.dpre, rows * M))
+    ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M))
     ds += lin("fc_in_W", "fc_in_b", a.ln2, g.dpre, g.dln, M, C)
     ds += ln_dgb(a.x_mid, a.ln2s, "ln2")
-    ds.append(kn.layernorm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
+    ds.append(pk.norm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
     ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, C)
     ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv)
+    if rot is not None:
+        ds += rot.backward(kn, g.dqkv[0], rows, C) + rot.backward(kn, g.dqkv[1], rows, C)
     for i, (n, d) in enumerate(zip("qkv", g.dqkv)):
         ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, C, C, i > 0)
-    return ds + ln_dgb(a.x, a.ln1s, "ln1") + [kn.layernorm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]
+    return ds + ln_dgb(a.x, a.ln1s, "ln1") + [pk.norm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

@@ -61,6 +61,8 @@ MODEL = (
     Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
     Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
+    # RoPE's (cos, sin) [ctx, hd/2, 2] (core.rope), written once: a rotary model's, and its decode step's
+    Buffer("rope table",    ("ctx", "hd"),           "f32",     "model",        "position table", "rotary"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
     Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
@@ -151,7 +153,8 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
     F = param_layout(cfg, trainable_shapes(cfg, lora))[1] if lora else FB
     R = lora.rank if lora else 0
     chunks = head_chunks(B, T, H, max_binding)
-    return {"B": B, "T": T, "BT": B * T, "C": C, "M": cfg.d_mlp, "H": H, "L": cfg.layers, "V": V, "VP": VP,
+    return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.head_dim, "M": cfg.d_mlp,
+            "H": H, "L": cfg.layers, "V": V, "VP": VP,
             "F": F, "FB": FB, "R": R, "LY": cfg.d_mlp if lora and "fc_in_W" in lora.targets else C,
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
             "batch": batch_layout(B * T, V)[1],
@@ -165,9 +168,11 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 
 
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
-          attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False) -> set:
+          attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
+          rotary: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
+    on |= {"rotary"} if rotary else set()
     on |= {"training"} if training else set()
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
@@ -237,7 +242,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
-               recompute=spec.recompute, lora=lora is not None)
+               recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

@@ -10,7 +10,9 @@ host until the end, or until the window is full.
 Window policy (both modes, so that they give the same text): a token is predicted from the
 tokens since the window's start s. When the sequence would exceed ctx tokens past s, s moves so
 that the last ctx // 2 tokens remain (positions restart at 0 there, as the learned position
-embeddings were trained), and the cache is refilled from them by one prefill.
+embeddings were trained, and as a rotary model's angles were), and the cache is refilled from
+them by one prefill. A rotary model's step turns its new q and k at the decoded position: the
+RoPE dispatches' own uniforms are rewritten with it before each token.
 
 The full mode (the plan's decode=full, or a precision without the cached step: decode_mode) runs
 the whole window's forward for every token and draws with the same kernel: the reference the
@@ -23,6 +25,7 @@ import numpy as np
 from ..core.precision import Precision
 from ..device import numerics
 from ..device.gpu import GPU, LimitError
+from ..device.gpu import pack_uniform
 from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
 from ..device.plan import KernelPlan
 from . import buffers, record
@@ -65,6 +68,7 @@ class Decoder:
         self.buf = buffers.allocate(gpu, self.allocations, size)
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
+        self.rope_uniforms = []                               # the step's RoPE dispatches' (rotary models)
         if self.cache:
             self.steps = self._record_step()
             if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
@@ -85,8 +89,9 @@ class Decoder:
         # the first is every other kernel's
         self.embed_uniforms = [(v0, nv, u if i == 0 else self.gpu.uniform(DECODE_UNIFORM_BYTES))
                                for i, (v0, nv) in enumerate(head.vchunks)]
-        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P["pos_emb"], b["x a"], N, C, ub)
-                 for v0, nv, ub in self.embed_uniforms]
+        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P.get("pos_emb"), b["x a"], N, C,
+                                 ub) for v0, nv, ub in self.embed_uniforms]
+        rot = record.rotary(m, 1)                                 # one row a sequence, at the decoded position
         x, other = b["x a"], b["x b"]
         # a bf16 or f16 cache is read as stored, the attention's output written as float32 and
         # converted by the block, as in training
@@ -100,7 +105,9 @@ class Decoder:
             qkv = (b["q"], b["k"], b["v"])
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]))
-            steps += block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M)
+            block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
+            self.rope_uniforms += [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]
+            steps += block
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
         steps += head.forward(b["ln"], b["logits"], N)
@@ -112,6 +119,8 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
+        for u in self.rope_uniforms:                 # rope.wgsl's Params: rows, T, C, hd, offset
+            self.gpu.write_uniform(u, pack_uniform((self.N, 1, cfg.d_model, cfg.head_dim, pos)))
         for v0, vn, u in self.embed_uniforms:
             self.gpu.write_uniform(u, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..core.lora import trainable_shapes
 from ..core.init import token_buckets
+from ..core.rope import rope_table
 from ..device import numerics
 from ..device.gpu import GPU, PER_WORD, Tensor
 from ..device.kernels import Kernels
@@ -49,7 +50,7 @@ class Model:
         self.scaled = spec.training and precision.loss_scaling
         self.optimizer = make_optimizer(spec.optimizer) if spec.training else None
         self.kn = Kernels(gpu, plan)
-        self.pk = PolicyKernels(self.kn, precision, cfg.activation)
+        self.pk = PolicyKernels(self.kn, precision, cfg.block)
         self.B, self.T = spec.B, spec.T
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
         self.trainable = trainable_shapes(cfg, spec.lora)                                  # what the optimizer updates
@@ -62,6 +63,8 @@ class Model:
         self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if spec.lora else []
         self.buf = self._allocate()
         self._views()
+        if "rope table" in self.buf:          # a rotary model's angles, made once on the host (core.rope)
+            gpu.write(self.buf["rope table"], rope_table(cfg.ctx, cfg.head_dim, cfg.rope_theta).reshape(-1))
         self._copy_weights = record.weight_copy(self)
         self._copy_base = record.weight_copy(self, "base")      # a LoRA run's frozen copy: made once, when set
         if self.scaled:
@@ -113,7 +116,8 @@ class Model:
     def _param_views(self, flat: Tensor, offsets: dict | None = None) -> dict:
         """name -> a view of that parameter in a flat buffer of the layout `offsets` (the
         trainable one by default; tok_emb [VP, C], its padded rows included), and "ln_f",
-        "hL.ln1", "hL.ln2" -> the LayerNorm's [g | b] as one [2, C] where the layout holds it."""
+        "hL.ln1", "hL.ln2" -> the norm's [g | b] as one [2, C] where the layout holds it (an RMSNorm's
+        g alone, [1, C])."""
         per_word = PER_WORD[flat.dtype]                         # a bf16 flat buffer packs two a word
         offsets = self.offsets if offsets is None else offsets
         out = {}
@@ -126,7 +130,8 @@ class Model:
         for ln, gain in [("ln_f", "ln_f_g")] + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
                                                for i in (1, 2)]:
             if gain in offsets:
-                out[ln] = Tensor(flat.buf, 4 * offsets[gain][0] // per_word, (2, C // per_word), flat.dtype, ln)
+                k = 2 if gain[:-1] + "b" in offsets else 1
+                out[ln] = Tensor(flat.buf, 4 * offsets[gain][0] // per_word, (k, C // per_word), flat.dtype, ln)
         return out
 
     # ---- state in and out ------------------------------------------------------------------------

@@ -10,7 +10,8 @@ from ..core.errors import UsageError
 from ..device.gpu import PER_WORD, Tensor
 from . import attention as attn
 from . import buffers
-from .block import MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, block_backward, block_forward
+from .block import (MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, Rotary, block_backward,
+                    block_forward)
 from .layout import LOSS_SLOT, flat_view, rows
 from .optim import Flat, Gate
 
@@ -79,6 +80,12 @@ def block_acts(m, l: int) -> BlockActs:
                      (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx))
 
 
+def rotary(m, T: int) -> Rotary | None:
+    """Where RoPE turns a rotary model's q and k, rows repeating T positions (None: a learned table's)."""
+    table = m.buf.get("rope table")
+    return Rotary(table, T, m.cfg.head_dim) if table is not None else None
+
+
 def batch_view(m, part: str) -> Tensor:
     w0, n = m.batch_parts[part]
     return Tensor(m.batch.buf, 4 * w0, (n,), "u32", part)
@@ -87,10 +94,10 @@ def batch_view(m, part: str) -> Tensor:
 def forward(m) -> list:
     cfg, B, T, BT = m.cfg, m.B, m.T, m.B * m.T
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
-    fwd = m.head.embed(batch_view(m, "tokens"), m.P["pos_emb"], m.residuals[0], B, T)
+    fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), m.residuals[0], B, T)
     for l in range(L):
         fwd += block_forward(m.kn, m.pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
-                             block_adapters(m, l, None))
+                             block_adapters(m, l, None), rotary(m, T))
     if m.chunks:
         lnf = m.buf["lnf"]
         fwd.append(m.pk.layernorm(m.residuals[L], m.P["ln_f"], lnf, m.buf["lnf stats"], BT, C))
@@ -128,19 +135,20 @@ def backward(m, Gd: dict) -> list:
         ds += m.head.backward(rows(m.logits, r0, n), rows(lnf, r0, n), Gd.get("tok_emb"), rows(dln, r0, n),
                                  n, accumulate=i > 0)
     if "ln_f" in Gd:                # a parameter without a gradient view is frozen (LoRA)
-        ds.append(kn.layernorm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
-    ds.append(kn.layernorm_dx(dln, x_last, m.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False))
+        ds.append(pk.norm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
+    ds.append(pk.norm_dx(dln, x_last, m.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False))
     for l in reversed(range(L)):
         G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2") if f"h{l}.{n}" in Gd}
         grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]))
         if m.recompute and l < L - 1:    # the top block's are still those of the forward
             ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
-                                block_adapters(m, l, None))
+                                block_adapters(m, l, None), rotary(m, T))
         ds += block_backward(kn, pk, block_weights(m, l), block_acts(m, l), grads, m.att[l], BT, C, M,
-                             block_adapters(m, l, Gd))
+                             block_adapters(m, l, Gd), rotary(m, T))
     if "tok_emb" in Gd:
         ds += m.head.embed_grad(batch_view(m, "buckets"), dres, Gd["tok_emb"], B, T, V)
-        ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
+        if "pos_emb" in Gd:
+            ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
     return ds
 
 

@@ -12,17 +12,36 @@ from ..core.config import Config, param_shapes
 from ..core.lora import LoRA, adapter_name, adapter_shapes
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
+from ..core.rope import rope_table
 from . import attention as ra
+from . import kernels as RK
 from .optim import new_state
 from .optim import step as optim_step
 from .kernels import (add, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
-                      embed_tok_grad, f16_round, gelu_backward, gelu_forward, layernorm_dgb,
-                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb, scale)
+                      embed_tok_grad, f16_round, layernorm_dgb,
+                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb, rope_backward,
+                      rope_forward, scale)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
 ROUND = {"f32": lambda a: a,
          "bf16": lambda a: bf16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype),
          "f16": lambda a: f16_round(np.asarray(a, np.float32)).astype(np.asarray(a).dtype)}
+
+
+def _parts(cfg: Config, T: int, dtype):
+    """The block's parts as the twins compute them: the norm (x, g, b -> y, mean, rstd), the
+    activation and its gradient (the twins of the part's kernels, by name), and RoPE's turns of
+    q or k [rows, C] (identities for a learned table), on the model's float32 table."""
+    blk = cfg.block
+    eps, rms = blk.eps, blk.norm.rms
+    norm = lambda x, g, b: layernorm_forward(x, g, b, eps, rms)
+    act = lambda x: getattr(RK, blk.mlp.forward)(x, **blk.mlp.options)
+    act_grad = lambda x, dy: getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options)
+    if not blk.position.rotary:
+        return norm, act, act_grad, (lambda x: x), (lambda dx: dx)
+    cs = rope_table(cfg.ctx, cfg.head_dim, blk.rope_theta).astype(dtype)
+    return (norm, act, act_grad, lambda x: rope_forward(cs, x, T, cfg.head_dim, 0),
+            lambda dx: rope_backward(cs, dx, T, cfg.head_dim, 0))
 
 
 def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32,
@@ -45,7 +64,8 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     C, H, L = cfg.d_model, cfg.heads, cfg.layers
     P = params
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
-    x = embed_forward(tokens, P["tok_emb"], P["pos_emb"]).reshape(B * T, C)  # [BT,C]
+    norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
+    x = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, C)  # [BT,C]
     cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
     cache["lora"] = lora
     for l in range(L):
@@ -58,23 +78,24 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
                 hs = c["lora"][W] = scale(matmul_abt(h, rw(P[adapter_name(l, W, "A")])), lora.scale)
                 y = y + matmul_abt(rg(hs), rw(P[adapter_name(l, W, "B")]))
             return y
-        y, mean, rstd = layernorm_forward(x, p("ln1_g"), p("ln1_b"))
+        y, mean, rstd = norm(x, p("ln1_g"), P.get(f"h{l}.ln1_b"))
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
         q, k, v = (r(lin("W" + n, h, "b" + n)) for n in "qkv")
+        q, k = r(rot(q)), r(rot(k))             # turned where they are stored, as the model does
         c["qkv"] = (q, k, v)
         ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
         c["ctx"] = ctx
         x = add(x, lin("Wo", ctx, "bo"))
         c["x_mid"] = x
-        y, mean, rstd = layernorm_forward(x, p("ln2_g"), p("ln2_b"))
+        y, mean, rstd = norm(x, p("ln2_g"), P.get(f"h{l}.ln2_b"))
         c["ln2"] = (r(y), mean, rstd)
         c["pre"] = r(lin("fc_in_W", c["ln2"][0], "fc_in_b"))   # [BT,M]
-        c["act"] = r(gelu_forward(c["pre"], cfg.activation == "gelu_tanh"))
+        c["act"] = r(act(c["pre"]))
         x = add(x, lin("fc_out_W", c["act"], "fc_out_b"))
         cache["layers"].append(c)
     cache["x_final"] = x
-    y, mean, rstd = layernorm_forward(x, P["ln_f_g"], P["ln_f_b"])
+    y, mean, rstd = norm(x, P["ln_f_g"], P.get("ln_f_b"))
     cache["lnf"] = (r(y), mean, rstd)
     logits = matmul_abt(cache["lnf"][0], rw(P["tok_emb"]))                 # [BT,V]
     if targets is None:
@@ -103,15 +124,17 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     rg = ROUND[cache["precision"].grad_operands]                              # the gradients they read
     G["tok_emb"] = matmul_atb(rg(dlogits), lnf_y)                              # [V,C]
     dy = matmul(rg(dlogits), r(P["tok_emb"]))                                  # [BT,C]
-    G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd)
-    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd)   # residual grad
+    rms = cfg.block.norm.rms
+    G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd, rms)
+    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd, rms)   # residual grad
     lora = cache.get("lora")
     for l in reversed(range(cfg.layers)):
         dx = _block_backward(P, G, cfg, l, cache["layers"][l], dx, lora, (r, rg), attend_bwd, (B, T))
     offsets, positions = token_buckets(tokens, cfg.vocab)
     G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
-    G["pos_emb"] = np.zeros_like(P["pos_emb"])
-    G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
+    if "pos_emb" in P:
+        G["pos_emb"] = np.zeros_like(P["pos_emb"])
+        G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))
     names = [n for n, _, _ in param_shapes(cfg) + (adapter_shapes(cfg, lora) if lora is not None else [])]
     return {name: G[name] / loss_scale for name in names}
 
@@ -125,6 +148,8 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     p = lambda n: P[f"h{l}.{n}"]
     g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
+    _, _, act_grad, _, unrot = _parts(cfg, T, dx.dtype)
+    rms = cfg.block.norm.rms
 
     def through(W, x_in, dy):      # d x_in of h W (+ the adapter's path), and the adapter's gradients
         d = matmul_abt(rg(dy), r(p(W)))
@@ -139,15 +164,15 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     g("fc_out_W", matmul_atb(c["act"], rg(dx)))
     g("fc_out_b", bias_grad(dx))
     dact = through("fc_out_W", c["act"], dx)
-    dpre = gelu_backward(c["pre"], dact, cfg.activation == "gelu_tanh")
+    dpre = act_grad(c["pre"], dact)
     g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
     g("fc_in_b", bias_grad(dpre))
     dln2 = through("fc_in_W", c["ln2"][0], dpre)
     _, m2, r2 = c["ln2"]
-    dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2)
+    dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2, rms)
     g("ln2_g", dg)
     g("ln2_b", db)
-    dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2)
+    dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2, rms)
     # attention branch
     g("Wo", matmul_atb(c["ctx"], rg(dx)))
     g("bo", bias_grad(dx))
@@ -157,17 +182,17 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     # as the model's does
     dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
                             dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
-    dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
+    dq, dk, dv = unrot(dq.reshape(B * T, C)), unrot(dk.reshape(B * T, C)), dv.reshape(B * T, C)
     h1 = c["ln1"][0]
     dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
     for n, d in (("q", dq), ("k", dk), ("v", dv)):
         g("W" + n, matmul_atb(h1, rg(d)))
         g("b" + n, bias_grad(d))
     _, m1, r1 = c["ln1"]
-    dg, db = layernorm_dgb(dln1, c["x"], m1, r1)
+    dg, db = layernorm_dgb(dln1, c["x"], m1, r1, rms)
     g("ln1_g", dg)
     g("ln1_b", db)
-    dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1)
+    dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1, rms)
     return dx
 
 

@@ -111,6 +111,14 @@ def gelu_backward_bf16(xh, dy, tanh=False):   # packed bf16 x, dy -> d(x) in dy'
     return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy, tanh)
 
 
+def relu2_forward_bf16(xh):              # packed bf16 x -> packed bf16 relu(x)^2
+    return cast_bf16(relu2_forward(cast_f32(xh, 2 * np.size(xh))))
+
+
+def relu2_backward_bf16(xh, dy):         # packed bf16 x, dy -> d(x) in dy's precision
+    return relu2_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy)
+
+
 def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
     return _out(matmul_abt(_operand(a), _operand(b)), out_bf16)
 
@@ -203,6 +211,14 @@ def gelu_backward_f16(xh, dy, tanh=False):   # packed f16 x, dy -> d(x) in dy's 
     return gelu_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy, tanh)
 
 
+def relu2_forward_f16(xh):               # packed f16 x -> packed f16 relu(x)^2, computed in float64
+    return cast_f16(relu2_forward(unpack_f16(np.ravel(xh))))
+
+
+def relu2_backward_f16(xh, dy):          # packed f16 x, dy -> d(x) in dy's precision
+    return relu2_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy)
+
+
 # ---- elementwise ----------------------------------------------------------------------
 def add(x, y):
     return x + y
@@ -278,9 +294,9 @@ def layernorm_dx(dy, x, g, mean, rstd, rms=False):
 layernorm_forward4, layernorm_dx4 = layernorm_forward, layernorm_dx
 
 
-def layernorm_dgb(dy, x, mean, rstd):    # -> dg [C], db [C]
+def layernorm_dgb(dy, x, mean, rstd, rms=False):    # -> dg [C], db [C] (RMSNorm's: dg, None)
     xhat = (x - mean[:, None]) * rstd[:, None]
-    return (dy * xhat).sum(0), dy.sum(0)
+    return (dy * xhat).sum(0), None if rms else dy.sum(0)
 
 
 layernorm_dgb_sg = layernorm_dgb         # layernorm.wgsl's sg section: summed by subgroups, in another order
@@ -306,13 +322,14 @@ def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by min
 
 # ---- embedding ------------------------------------------------------------------------
 def embed_forward(tokens, tok, pos, v0=0, out=None):  # tokens [B,T] -> [B,T,C]
-    """tok holds rows v0 .. v0+n-1 of the table; positions whose token lies elsewhere keep out's."""
+    """tok holds rows v0 .. v0+n-1 of the table; positions whose token lies elsewhere keep out's.
+    pos None: no position table (a rotary model's)."""
     T = tokens.shape[1]
     if out is None:
         out = np.zeros(tokens.shape + tok.shape[1:], tok.dtype)
     out = out.copy()
     mine = (tokens >= v0) & (tokens < v0 + len(tok))
-    out[mine] = (tok[np.where(mine, tokens - v0, 0)] + pos[None, :T])[mine]
+    out[mine] = (tok[np.where(mine, tokens - v0, 0)] + (0.0 if pos is None else pos[None, :T]))[mine]
     return out
 
 
@@ -431,7 +448,7 @@ def embed_decode(ids, tok, pos, at, v0=0, out=None):  # ids [N] -> x [N,C]: toke
     """tok holds rows v0 .. v0+n-1 of the table; sequences whose token lies elsewhere keep out's."""
     out = np.zeros((len(ids), tok.shape[1]), tok.dtype) if out is None else out.copy()
     mine = (ids >= v0) & (ids < v0 + len(tok))
-    out[mine] = tok[ids[mine] - v0] + pos[at]
+    out[mine] = tok[ids[mine] - v0] + (0.0 if pos is None else pos[at])
     return out
 
 

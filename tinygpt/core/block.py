@@ -1,0 +1,81 @@
+"""The block's parts, each a value registered once by name: the norm, the position and the MLP's
+activation. A config names its parts (Config.norm, .position, .activation) and `block_of` turns the
+names into the one Block value that the parameter table, the device model, the reference, the
+file and the memory plan read; nothing else compares a part's name.
+
+    norm      layernorm: y = g (x - mean) rstd + b (GPT-2's, TinyGPT's)
+              rmsnorm:   y = g x rstd, rstd = 1 / sqrt(mean(x^2) + eps) (Llama's, nanochat's): no
+                         centring and no bias (layernorm.wgsl's kernels with their rms switch)
+    position  learned:   a [ctx, C] table added to the token embedding (GPT-2's)
+              rope:      q and k of each head turned by angles pos * theta^(-2i/hd), in the
+                         rotate-half layout of transformers and nanochat (rope.wgsl), no table
+    mlp       gelu | gelu_tanh: the exact GELU (TinyGPT's), GPT-2's tanh form
+              relu2:     relu(x)^2 (nanochat's; Primer's squared ReLU)
+
+A new part is a new value in one of these tables, its kernels and its twins, and its tests.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Norm:
+    name: str
+    rms: bool            # RMSNorm's: no centring, no bias
+
+    @property
+    def bias(self) -> bool:
+        return not self.rms
+
+
+@dataclass(frozen=True)
+class Position:
+    name: str
+    table: bool          # a learned [ctx, C] table, added where the tokens are embedded
+    rotary: bool         # q and k turned by their positions before the attention
+
+
+@dataclass(frozen=True)
+class Mlp:
+    name: str
+    forward: str         # the precision's kernel role of the activation (core.precision.ROLES)
+    backward: str
+    options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
+
+
+NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True))}
+POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
+                                 Position("rope", table=False, rotary=True))}
+MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
+                            Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}),
+                            Mlp("relu2", "relu2_forward", "relu2_backward"))}
+ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, Llama 2's, nanochat's)
+NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
+
+
+@dataclass(frozen=True)
+class Block:
+    """A model's parts, resolved from its config once."""
+    norm: Norm
+    position: Position
+    mlp: Mlp
+    rope_theta: float = ROPE_THETA
+    eps: float = NORM_EPS
+
+    @property
+    def gpt2(self) -> bool:
+        """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
+        a learned table, a GELU of either form."""
+        return not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
+
+    def describe(self) -> str:
+        """One line for the banner, info and plan."""
+        pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
+        return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}"
+
+
+def block_of(cfg) -> Block:
+    """The Block a config names (Config.validate has checked the names)."""
+    return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], float(cfg.rope_theta),
+                 float(cfg.norm_eps))
