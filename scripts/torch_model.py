@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS, Config, param_shapes
+from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import Settings as OptimizerSettings
 from tinygpt.model.optimizers.muon import is_muon_matrix
 
@@ -24,6 +25,9 @@ class GPTModule(torch.nn.Module):
     """x [B, T] token ids -> logits [B, T, V]; parameters under the .tinygpt names."""
 
     def __init__(self, cfg: Config, params: dict, device=None):
+        if not cfg.block.gpt2:            # the mirror computes GPT-2's block alone (core.block)
+            raise UsageError(f"the PyTorch mirror computes GPT-2's block, not {cfg.block.describe()}; train this "
+                             "model with tinygpt train")
         super().__init__()
         self.cfg = cfg
         self.p = torch.nn.ParameterDict({key(n): torch.nn.Parameter(torch.tensor(np.asarray(params[n], np.float32),
@@ -38,7 +42,7 @@ class GPTModule(torch.nn.Module):
         P, cfg = self.named(), self.cfg
         B, T = x.shape
         C, H = cfg.d_model, cfg.heads
-        gelu = "tanh" if cfg.activation == "gelu_tanh" else "none"     # the checkpoint's GELU
+        gelu = "tanh" if cfg.block.mlp.options.get("tanh") else "none"     # the checkpoint's GELU
         h = P["tok_emb"][x] + P["pos_emb"][:T]
         for l in range(cfg.layers):
             p = lambda n: P[f"h{l}.{n}"]

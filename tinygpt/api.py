@@ -42,6 +42,7 @@ from .model.decode import Decoder
 from .model.gpt import Model
 from .model.spec import RunSpec, decoder_spec
 from .files.outputs import Outputs
+from .run.recipe import PARTS, block_parts
 from .run.safety import TrainingStopped, run_file, unhealthy
 from .run.start import setup
 
@@ -162,18 +163,22 @@ class GPT:
     def from_preset(cls, name: str = "small", *, layers: int | None = None, d_model: int | None = None,
                     heads: int | None = None, ctx: int | None = None, sliding_window: int | None = None,
                     batch: int | None = None, tokenizer: str | None = None, tokenizer_file: str | None = None,
-                    seed: int | None = None, **kw) -> GPT:
+                    seed: int | None = None, norm: str | None = None, norm_eps: float | None = None,
+                    position: str | None = None, rope_theta: float | None = None, mlp: str | None = None,
+                    **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it (batch: its training batch, which the
-        trainer may change), checked as the CLI's flags are."""
+        trainer may change) and the block's parts (norm, norm_eps, position, rope_theta, mlp:
+        core.block), checked as the CLI's flags are."""
         model_keywords(kw, "GPT.from_preset", ("layers", "d_model", "heads", "ctx", "sliding_window", "batch",
-                                               "tokenizer", "tokenizer_file", "seed"))
+                                               "tokenizer", "tokenizer_file", "seed") + tuple(PARTS))
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
                                         sliding_window=sliding_window, batch=batch, tokenizer=tokenizer,
-                                        tokenizer_file=tokenizer_file, seed=seed).items() if v is not None}
+                                        tokenizer_file=tokenizer_file, seed=seed, norm=norm, norm_eps=norm_eps,
+                                        position=position, rope_theta=rope_theta, mlp=mlp).items() if v is not None}
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
-                     window=o.sliding_window, batch=o.batch)
+                     window=o.sliding_window, batch=o.batch, **block_parts(o))
         name = o.tokenizer or PRESET_TOKENIZER.get(o.preset, (tokenizers.DEFAULT,))[0]
         tok = get_tokenizer(name, o.tokenizer_file)
         cfg.vocab = tok.vocab
@@ -185,18 +190,20 @@ class GPT:
     @classmethod
     @in_api_words
     def from_config(cls, config: Config, **kw) -> GPT:
-        """A new model of this Config's shape (its layers, d_model, heads, ctx, window, batch and
-        seed; its vocabulary names the tokenizer: 256 bytes, or GPT-2's 50257)."""
+        """A new model of this Config's shape (its layers, d_model, heads, ctx, window, block, batch
+        and seed; its vocabulary names the tokenizer: 256 bytes, or GPT-2's 50257)."""
         if not isinstance(config, Config):
             raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
         tokenizer = {256: "byte", 50257: "gpt2"}.get(config.vocab)
-        if tokenizer is None or config.activation != "gelu" or config.d_mlp != 4 * config.d_model:
+        if tokenizer is None or config.d_mlp != 4 * config.d_model:
             raise UsageError(f"GPT.from_config makes TinyGPT's models: vocabulary 256 or 50257 (got {config.vocab}), "
-                             f"the exact GELU (got {config.activation}), an MLP of 4 x d_model (got {config.d_mlp}); "
+                             f"an MLP of 4 x d_model (got {config.d_mlp}); "
                              "GPT-2's own weights come in through tinygpt import-hf")
         return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
                                ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,
-                               tokenizer=tokenizer, seed=config.seed, **kw)
+                               tokenizer=tokenizer, seed=config.seed, norm=config.norm, norm_eps=config.norm_eps,
+                               position=config.position, mlp=config.activation,
+                               rope_theta=config.rope_theta if config.block.position.rotary else None, **kw)
 
     # ---- what it is -----------------------------------------------------------------------------
     @property

@@ -23,7 +23,8 @@ def describe_checkpoint(path) -> dict:
     last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
     return {"file": str(path), "bytes": os.path.getsize(path),
             "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
-            "activation": cfg.activation, "sliding_window": cfg.window or None, "batch": cfg.batch,
+            "activation": cfg.activation, "block": cfg.block.describe(), "sliding_window": cfg.window or None,
+            "batch": cfg.batch,
             "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,
             "vocab": cfg.vocab, "tokenizer": ckpt.tokenizer_name(ck.extra, cfg.vocab),
             "params": n_params(cfg), "step": ck.step, "weights": ck.weight_dtype,

@@ -132,9 +132,10 @@ class Config:
         if not isinstance(self.window, int) or isinstance(self.window, bool) or not 0 <= self.window <= MAX_DIMS["ctx"]:
             raise ConfigError(f"{{opt:sliding_window}} must be a whole number from 1 to {MAX_DIMS['ctx']:,} "
                               f"(0 or absent: none), got {self.window!r}")
-        for name, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS)):
+        for name, opt, table in (("activation", "mlp", MLPS), ("norm", "norm", NORMS),
+                                 ("position", "position", POSITIONS)):
             if getattr(self, name) not in table:
-                raise ConfigError(f"{{opt:{name}}} {getattr(self, name)!r} is not one this tinygpt computes; "
+                raise ConfigError(f"{{opt:{opt}}} {getattr(self, name)!r} is not one this tinygpt computes; "
                                   f"choose one of {', '.join(table)}")
         for name in ("rope_theta", "norm_eps"):
             v = getattr(self, name)

@@ -1,7 +1,7 @@
 """The .tinygpt file of TinyGPT's browser app, read and written as upstream's readers expect, and exports.
 
     4 bytes  "TGPT"
-    4 bytes  uint32 LE version (1 or 2; we write 2)
+    4 bytes  uint32 LE version (1 or 2; we write 2, and 3 for a block other than GPT-2's)
     4 bytes  uint32 LE length N of the JSON header
     N bytes  UTF-8 JSON header
     rest     the state: int32 LE step, then the weights in the layout `weightDtype` and
@@ -12,6 +12,11 @@ The header is upstream's: its field names and types (`finalLoss` an object, `bes
 bytes stored [in, out], offsets counted in the weights-only view. Fields this port adds live
 under "tinygptPy", which upstream ignores; upstream fields we do not use are kept through a
 resume. Upstream architecture fields we do not compute are refused, never ignored.
+
+A model whose block is not GPT-2's (core.block: RMSNorm, RoPE, ReLU²) is written as version 3,
+with its parts in the config (norm, position, ropeTheta, normEps, activation). Upstream's readers
+(its playground's decodeModelFile, its python_ref/load_tinygpt.py) refuse any version but 1 and
+2, so neither loads such a file as the GPT-2 block it is not; ours reads all three.
 Nothing here unpickles or evaluates anything from a file, and every size is checked by
 arithmetic before anything is read or allocated. Writes are atomic (core.fs.atomic_write).
 """
@@ -26,7 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.config import ACTIVATIONS, Config, n_params, param_shapes
+from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
+from ..core.config import Config, n_params, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.fs import atomic_write, available_memory, check_regular
 from .. import tokenizers
@@ -34,6 +40,11 @@ from .outputs import WRITER
 
 MAGIC = b"TGPT"
 VERSION = 2
+MODERN_VERSION = 3      # a block upstream does not compute: its readers refuse the version
+
+
+def file_version(cfg: Config) -> int:
+    return VERSION if cfg.block.gpt2 else MODERN_VERSION
 
 
 class CheckpointError(TinyGPTError, ValueError):
@@ -116,7 +127,10 @@ def show(v, most: int = 80) -> str:
 UNSUPPORTED = {"nExperts": "a mixture of experts",
                "useMoD": "mixture of depths", "useDifferentialAttention": "differential attention",
                "useYOCO": "YOCO's cross-decoder layers", "useDeepNorm": "DeepNorm residuals",
-               "useEmbeddingRMSNorm": "an RMSNorm after the embedding"}
+               "useEmbeddingRMSNorm": "an RMSNorm after the embedding",
+               # its Mac app's modern parts: not yet mapped onto ours (norm, position, ...), so refused
+               "useRoPE": "its rotary positions", "useRMSNorm": "its RMSNorm", "useSwiGLU": "a SwiGLU MLP",
+               "useQKNorm": "QK-norm"}
 
 
 def _inactive(key: str, v) -> bool:
@@ -133,6 +147,11 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
         c["activation"] = cfg.activation
     if cfg.window:                    # upstream's field: each query attends to its last N positions
         c["slidingWindow"] = cfg.window
+    blk = cfg.block
+    if not blk.gpt2:                  # the parts of a version-3 file (file_version)
+        c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps})
+        if blk.position.rotary:
+            c["ropeTheta"] = blk.rope_theta
     return c
 
 
@@ -159,16 +178,19 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
     window = _number(c, "slidingWindow", 0, int, what)        # upstream's: each query sees its last N positions
     if window < 0:
         raise CheckpointError(f"{what}: the header's config.slidingWindow is {window}; expected 0 (none) or more")
-    act = c.get("activation", "gelu")
-    if act not in ACTIVATIONS:
-        raise CheckpointError(f"{what}: its config sets activation {show(act)}, which this tinygpt does not "
-                              f"compute ({', '.join(ACTIVATIONS)}); it cannot evaluate, sample or train this model")
+    parts = {}
+    for key, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS)):
+        parts[key] = c.get(key, next(iter(table)))            # GPT-2's where absent
+        if not isinstance(parts[key], str) or parts[key] not in table:
+            raise CheckpointError(f"{what}: its config sets {key} {show(parts[key])}, which this tinygpt does not "
+                                  f"compute ({', '.join(table)}); it cannot evaluate, sample or train this model")
     cfg = Config(layers=_number(c, "layers", None, int, what), d_model=d_model,
                  heads=_number(c, "heads", None, int, what), ctx=_number(c, "ctx", None, int, what),
                  batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
                  grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
-                 activation=act, window=window)
+                 window=window, rope_theta=_number(c, "ropeTheta", ROPE_THETA, float, what),
+                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), **parts)
     try:
         cfg.validate()
     except ValueError as e:
@@ -273,7 +295,7 @@ def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dic
         config["maxSteps"] = total
     history = _history(ck.loss_history)
     final, best = _losses(history, kept)
-    header = {"version": VERSION,
+    header = {"version": file_version(cfg),
               "savedAt": saved_at or kept.get("savedAt") or now(),
               "config": config, "manifest": manifest(cfg), "includesOptimizerState": with_opt,
               "weightDtype": dtype, "stateByteLength": state_bytes(cfg, dtype, with_opt),
@@ -295,7 +317,7 @@ def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> 
     header = build_header(ck, dtype, saved_at)
     with_opt = header["includesOptimizerState"]
     hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    parts = [MAGIC, struct.pack("<II", VERSION, len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
+    parts = [MAGIC, struct.pack("<II", file_version(cfg), len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
     for name, shape, _ in param_shapes(cfg):
         for d in ((ck.params, ck.m, ck.v) if with_opt else (ck.params,)):
             a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
@@ -347,8 +369,8 @@ def _prefix(pre: bytes, size: int, what: str) -> tuple[int, int]:
     if pre[:4] != MAGIC:
         raise CheckpointError(f"{what} is not a .tinygpt file (it starts with {pre[:4]!r}, not b'TGPT')")
     version, hlen = struct.unpack("<II", pre[4:12])
-    if version not in (1, 2):
-        raise CheckpointError(f"{what} has .tinygpt version {version}; this tinygpt reads versions 1 and 2")
+    if version not in (1, 2, MODERN_VERSION):
+        raise CheckpointError(f"{what} has .tinygpt version {version}; this tinygpt reads versions 1 to 3")
     if 12 + hlen > size:
         raise CheckpointError(f"{what}: its header claims {hlen:,} bytes but the file has {size - 12:,} after the "
                               "prefix; the file is truncated or corrupt")

@@ -53,10 +53,14 @@ def hf_state(ck: Checkpoint) -> dict:
 
 def check_gpt2(cfg: Config, what: str = "the model"):
     """What Hugging Face's GPT-2 cannot compute is refused before anything is written: it has no
-    sliding window (a window of ctx or more is plain attention and exports as such)."""
+    sliding window (a window of ctx or more is plain attention and exports as such) and its block
+    is GPT-2's (core.block)."""
     if cfg.attn_window:
         raise CheckpointError(f"{what} attends through a sliding window (slidingWindow {cfg.window}), which "
                               "Hugging Face's GPT-2 does not compute; export it as tinygpt or safetensors instead")
+    if not cfg.block.gpt2:
+        raise CheckpointError(f"{what}'s block ({cfg.block.describe()}) is not GPT-2's, the one architecture this "
+                              "tinygpt exports to Hugging Face so far; export it as tinygpt or safetensors instead")
 
 
 def export_hf(ck: Checkpoint, out_dir, what: str = "the model", tokenizer_file: str | None = None) -> list:

@@ -60,7 +60,7 @@ class MemoryBudget:
         what, largest = self.largest_binding
         return {"params": n_params(self.cfg), "batch": self.batch, "grad_accum": self.accum,
                 "attention": self.attention.name, "precision": self.precision.name, "recompute": self.recompute,
-                "optimizer": self.optimizer.as_dict(),
+                "optimizer": self.optimizer.as_dict(), "block": self.cfg.block.describe(),
                 "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
@@ -199,7 +199,7 @@ def text(p: MemoryBudget) -> str:
              f"{n_params(cfg):,} parameters; batch {p.batch}" + (f" x {p.accum} micro-batches" if p.accum > 1 else "")
              + f", attention {p.attention.name}, {p.precision.name}" + (", recompute" if p.recompute else "")
              + (f", LoRA rank {p.lora.rank} on {','.join(p.lora.as_dict()['targets'])}" if p.lora else ""),
-             f"# optimizer {p.optimizer.describe()}"]
+             f"# block {cfg.block.describe()}", f"# optimizer {p.optimizer.describe()}"]
     for g, nbytes in p.groups.items():
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")

@@ -6,7 +6,7 @@ on another: a driver's shader cache that hands a process code compiled for other
 49: docs/engines.md, "The shader cache"), a driver's miscompile, a pipeline that reads memory it
 never wrote. The result is a NaN many steps later, blamed on the learning rate. The check is
 the f16 numerics check's idea (device/numerics.py) for every precision: the copy has the run's width, heads
-(so head dim), MLP, activation, window, vocabulary, precision, attention path and kernel plan,
+(so head dim), MLP, block (its parts), window, vocabulary, precision, attention path and kernel plan,
 so the pipelines it builds are the run's own, at one layer, and the run's batch and positions
 where the reference's head stays cheap (check_spec: fewer where the vocabulary is large). Its logits,
 loss and every gradient are compared with model.reference.gpt's; a kernel off by O(1) is far past
@@ -131,7 +131,7 @@ def verify(gpu: GPU, plan: KernelPlan, spec: RunSpec, again: bool = False) -> No
         return
     copy = check_spec(spec)
     cfg = copy.cfg
-    key = (plan, cfg.d_model, cfg.heads, cfg.d_mlp, cfg.activation, cfg.window, cfg.vocab, copy.B, copy.T,
+    key = (plan, cfg.d_model, cfg.heads, cfg.d_mlp, cfg.block.describe(), cfg.window, cfg.vocab, copy.B, copy.T,
            copy.training, copy.precision.name, copy.attention.name)
     seen = _VERDICTS.setdefault(gpu, {})
     if again or key not in seen:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from .. import tokenizers
 from ..core import values
+from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
 from ..core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config
 from ..core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from ..core.precision import PRECISIONS
@@ -84,6 +85,22 @@ class TrainOptions:
         "shape", "sliding-window attention: each position attends to its last N positions, itself included "
         "(upstream's slidingWindow; N >= ctx is plain causal attention; default: none, or the resumed model's)",
         check=values.positive_int, metavar="N")
+    # the block's parts (core.block); a resumed model keeps its own
+    norm: str | None = setting(
+        "shape", "the block's norm: layernorm (GPT-2's, with biases) or rmsnorm (Llama's, nanochat's: no centring, "
+        "no bias) (default layernorm, or the resumed model's)", choices=list(NORMS))
+    norm_eps: float | None = setting("shape", f"the norms' eps (default {NORM_EPS:g}, or the resumed model's)",
+                                     check=values.positive_float, metavar="X")
+    position: str | None = setting(
+        "shape", "learned (a position table added to the embedding, GPT-2's) or rope (q and k turned by their "
+        "positions, Llama's and nanochat's: no table) (default learned, or the resumed model's)",
+        choices=list(POSITIONS))
+    rope_theta: float | None = setting(
+        "shape", f"RoPE's base theta, with {{opt:position}} rope (default {ROPE_THETA:g}, or the resumed model's)",
+        check=values.positive_float, metavar="X")
+    mlp: str | None = setting(
+        "shape", "the MLP's activation: gelu (TinyGPT's exact GELU), gelu_tanh (GPT-2's tanh form) or relu2 "
+        "(nanochat's squared ReLU) (default gelu, or the resumed model's)", choices=list(MLPS))
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
                                         "prepare (default: the built-in corpus)")

@@ -17,6 +17,7 @@ from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
 from .. import tokenizers
+from ..core.block import POSITIONS
 from ..core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, preset
 from ..core.errors import UsageError
 from ..core.lora import base_hash, init_adapters, make_lora
@@ -49,7 +50,24 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     want = o.sliding_window       # a window of ctx or more is the plain attention the file may have
     if want is not None and (want if want < fcfg.ctx else 0) != fcfg.attn_window:
         diffs.append(f"{{opt:sliding_window}} {want} (file: {fcfg.attn_window or 'none'})")
+    for name, theirs in PARTS.items():
+        want = getattr(o, name)
+        if want is not None and want != getattr(fcfg, theirs):
+            diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, theirs)})")
     return diffs
+
+
+# the block's options -> the Config fields they set
+PARTS = {"norm": "norm", "norm_eps": "norm_eps", "position": "position", "rope_theta": "rope_theta",
+         "mlp": "activation"}
+
+
+def block_parts(o: TrainOptions) -> dict:
+    """The Config fields the block's options set (None: the preset's)."""
+    parts = {theirs: getattr(o, name) for name, theirs in PARTS.items()}
+    if o.rope_theta is not None and not POSITIONS[o.position or "learned"].rotary:
+        raise UsageError("{opt:rope_theta} is RoPE's base: give it with {opt:position} rope")
+    return parts
 
 
 def run_lora(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str):
@@ -88,7 +106,7 @@ def run_config(o: TrainOptions, resume: ckpt.Checkpoint | None, new_lora: bool =
     resumed model are a new run on its shape: the schedule is the options' (peak lr LORA_LR)."""
     if resume is None:
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx,
-                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed, window=o.sliding_window)
+                     batch=o.batch, grad_clip=o.grad_clip, seed=o.seed, window=o.sliding_window, **block_parts(o))
         prepared = read_sidecar(o.data)["tokenizer"] if is_token_file(o.data) else None   # a token file's own
         return cfg, o.tokenizer or prepared or PRESET_TOKENIZER.get(o.preset, (tokenizers.DEFAULT,))[0], resolve(o)
     diffs = _differences(resume.cfg, o)

@@ -89,6 +89,7 @@ class Loop:
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention "
               f"{model.spec.attention.name}, {model.precision.name} on {model.gpu.name} ({model.gpu.backend}, "
               f"{model.gpu.engine_label})", file=err)
+        print(f"block: {cfg.block.describe()}", file=err)
         print(f"kernels: {model.plan.describe()}", file=err)
         print(f"optimizer: {run.optimizer.describe()}", file=err)
         for note in run.notes:

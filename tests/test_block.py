@@ -1,0 +1,98 @@
+"""The block's parts (core.block) through the whole tool: the flags, the file (version 3, which
+upstream's readers refuse), resume, sampling from the cache, info and the refusals. The kernels and
+the model against the float64 reference: test_kernels.py, test_model.py, test_decode.py."""
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from tinygpt.commands.cli import main
+from tinygpt.core.config import n_params, param_shapes, preset
+from tinygpt.files import checkpoint as ckpt
+
+MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6"]
+TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
+        "--eval-every", "0", "--lr", "3e-3"]
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    p = tmp_path / "c.txt"
+    p.write_text("It was the best of times, it was the worst of times; it was the age of wisdom. " * 300)
+    return p
+
+
+def test_the_parts_table_and_parameter_count_agree():
+    """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
+    no biases, RoPE no table."""
+    for norm in ("layernorm", "rmsnorm"):
+        for position in ("learned", "rope"):
+            for mlp in ("gelu", "gelu_tanh", "relu2"):
+                cfg = preset("small", norm=norm, position=position, activation=mlp).validate()
+                names = {n for n, _, _ in param_shapes(cfg)}
+                assert sum(int(np.prod(s)) for _, s, _ in param_shapes(cfg)) == n_params(cfg), (norm, position, mlp)
+                assert ("pos_emb" in names) == (position == "learned")
+                assert ("ln_f_b" in names) == ("h2.ln2_b" in names) == (norm == "layernorm")
+
+
+def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, corpus, capsys):
+    whole, half = tmp_path / "whole.tinygpt", tmp_path / "half.tinygpt"
+    common = [*TINY, *MODERN, "--data", str(corpus), "--optimizer", "adamw", "--schedule", "constant"]
+    assert main(["train", *common, "--steps", "6", "--out", str(whole)]) == 0
+    assert main(["train", *common, "--steps", "3", "--out", str(half)]) == 0
+    assert main(["train", "--resume", str(half), "--steps", "6", "--quiet", "--data", str(corpus)]) == 0
+    a, b = ckpt.load(whole), ckpt.load(half)
+    assert a.step == b.step == 6
+    for name in a.params:
+        assert np.array_equal(a.params[name].view(np.uint32), b.params[name].view(np.uint32)), name
+    blk = a.cfg.block
+    assert (blk.norm.name, blk.position.name, blk.mlp.name, blk.rope_theta, blk.eps) == \
+        ("rmsnorm", "rope", "relu2", 500.0, 1e-6)
+    raw = whole.read_bytes()
+    version, hlen = struct.unpack("<II", raw[4:12])
+    header = json.loads(raw[12:12 + hlen])
+    # upstream's readers (its playground's decodeModelFile, python_ref/load_tinygpt.py) take versions
+    # 1 and 2 alone: a version-3 file is refused there, never read as GPT-2's block
+    assert version == header["version"] == 3 and version not in (1, 2)
+    assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation")} == \
+        {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2"}
+    assert not any(e["name"].startswith("position_embedding") or e["name"].endswith("ln1.bias")
+                   for e in header["manifest"])
+    capsys.readouterr()
+    assert main(["sample", "--model", str(whole), "--tokens", "20", "--temperature", "0", "--prompt", "It was"]) == 0
+    cached = capsys.readouterr().out
+    assert main(["sample", "--model", str(whole), "--tokens", "20", "--temperature", "0", "--prompt", "It was",
+                 "--no-cache"]) == 0
+    assert capsys.readouterr().out == cached and cached.startswith("It was")
+    assert main(["info", "--model", str(whole), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2", info["block"]
+    # a GPT-2 block's file stays version 2, upstream's
+    gpt2 = tmp_path / "gpt2.tinygpt"
+    assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0
+    assert struct.unpack("<I", gpt2.read_bytes()[4:8])[0] == 2
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--rope-theta", "500"], "--rope-theta is RoPE's base: give it with --position rope"),
+    (["--position", "rope", "--heads", "2", "--d-model", "20"], "must be a multiple of 4"),
+])
+def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, corpus, capsys, extra, needle):
+    assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "x.tinygpt"),
+                 *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1] and "Traceback" not in "\n".join(err), err
+    assert not (tmp_path / "x.tinygpt").exists()
+
+
+def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, capsys):
+    out = tmp_path / "m.tinygpt"
+    assert main(["train", *TINY, *MODERN, "--steps", "1", "--data", str(corpus), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--steps", "2", "--norm", "layernorm", "--quiet",
+                 "--data", str(corpus)]) == 2
+    assert "--norm layernorm (file: rmsnorm)" in capsys.readouterr().err
+    assert main(["export", "--model", str(out), "--format", "hf", str(tmp_path / "hf")]) != 0
+    err = capsys.readouterr().err
+    assert "is not GPT-2's" in err and not (tmp_path / "hf").exists(), err
