@@ -1,6 +1,7 @@
 """The block's parts (core.block) through the whole tool: the flags, the file (version 3, which
 upstream's readers refuse), resume, sampling from the cache, info and the refusals. The kernels and
 the model against the float64 reference: test_kernels.py, test_model.py, test_decode.py."""
+import itertools
 import json
 import struct
 
@@ -8,10 +9,12 @@ import numpy as np
 import pytest
 
 from tinygpt.commands.cli import main
+from tinygpt.core.block import BIASES, MLPS, NORMS, POSITIONS
 from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.files import checkpoint as ckpt
 
-MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6"]
+MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6",
+          "--no-bias", "--untied-head"]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
         "--eval-every", "0", "--lr", "3e-3"]
 
@@ -26,14 +29,14 @@ def corpus(tmp_path):
 def test_the_parts_table_and_parameter_count_agree():
     """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
     no biases, RoPE no table."""
-    for norm in ("layernorm", "rmsnorm"):
-        for position in ("learned", "rope"):
-            for mlp in ("gelu", "gelu_tanh", "relu2"):
-                cfg = preset("small", norm=norm, position=position, activation=mlp).validate()
-                names = {n for n, _, _ in param_shapes(cfg)}
-                assert sum(int(np.prod(s)) for _, s, _ in param_shapes(cfg)) == n_params(cfg), (norm, position, mlp)
-                assert ("pos_emb" in names) == (position == "learned")
-                assert ("ln_f_b" in names) == ("h2.ln2_b" in names) == (norm == "layernorm")
+    for parts in itertools.product(NORMS, POSITIONS, MLPS, BIASES, (True, False)):
+        cfg = preset("small", **dict(zip(("norm", "position", "activation", "bias", "tied"), parts))).validate()
+        names = {n for n, _, _ in param_shapes(cfg)}
+        assert sum(int(np.prod(s)) for _, s, _ in param_shapes(cfg)) == n_params(cfg), parts
+        assert ("pos_emb" in names) == (cfg.position == "learned")
+        assert ("ln_f_b" in names) == ("h2.ln2_b" in names) == (cfg.norm == "layernorm")
+        assert ("h1.bq" in names) == (cfg.bias != "none") and ("h1.bo" in names) == (cfg.bias == "all")
+        assert ("lm_head" in names) == (not cfg.tied)
 
 
 def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, corpus, capsys):
@@ -55,8 +58,10 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     # upstream's readers (its playground's decodeModelFile, python_ref/load_tinygpt.py) take versions
     # 1 and 2 alone: a version-3 file is refused there, never read as GPT-2's block
     assert version == header["version"] == 3 and version not in (1, 2)
-    assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation")} == \
-        {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2"}
+    assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation", "bias",
+                                             "tiedHead")} == \
+        {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2",
+         "bias": "none", "tiedHead": False}
     assert not any(e["name"].startswith("position_embedding") or e["name"].endswith("ln1.bias")
                    for e in header["manifest"])
     capsys.readouterr()
@@ -67,7 +72,7 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     assert capsys.readouterr().out == cached and cached.startswith("It was")
     assert main(["info", "--model", str(whole), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2", info["block"]
+    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head", info["block"]
     # a GPT-2 block's file stays version 2, upstream's
     gpt2 = tmp_path / "gpt2.tinygpt"
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0
@@ -92,7 +97,7 @@ def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, c
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--steps", "2", "--norm", "layernorm", "--quiet",
                  "--data", str(corpus)]) == 2
-    assert "--norm layernorm (file: rmsnorm)" in capsys.readouterr().err
+    assert "--norm layernorm (file: norm rmsnorm)" in capsys.readouterr().err
     assert main(["export", "--model", str(out), "--format", "hf", str(tmp_path / "hf")]) != 0
     err = capsys.readouterr().err
     assert "is not GPT-2's" in err and not (tmp_path / "hf").exists(), err

@@ -106,17 +106,19 @@ def test_step0_with_gpt2s_gelu(gpu, plan):
 
 # the block's parts (core.block) other than GPT-2's: each alone, and the three together
 MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position="rope", rope_theta=500.0),
-          "relu2": dict(activation="relu2"), "all three": dict(norm="rmsnorm", position="rope", activation="relu2")}
+          "relu2": dict(activation="relu2"), "no bias": dict(bias="none"), "qkv bias": dict(bias="qkv"),
+          "untied": dict(tied=False),
+          "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False)}
 
 
-@pytest.mark.parametrize("parts, attention, window", [("rmsnorm", "online", 0), ("rope", "online", 0),
-                                                      ("relu2", "online", 0), ("all three", "online", 0),
-                                                      ("all three", "naive", 0), ("all three", "fused_sv", 0),
-                                                      ("all three", "online", 5)])
+@pytest.mark.parametrize("parts, attention, window", [(p, "online", 0) for p in MODERN] + [
+    ("all", "naive", 0), ("all", "fused_sv", 0), ("all", "online", 5)])
 def test_step0_with_the_blocks_parts(gpu, plan, parts, attention, window):
     """RMSNorm (no biases: the parameters and gradients of g alone), RoPE (no position table; q and
-    k turned where they are stored, their gradients turned back), ReLU²: logits, loss and every
-    gradient against the float64 reference, on each attention path and with a sliding window."""
+    k turned where they are stored, their gradients turned back), ReLU², projections without
+    biases (or q, k, v's alone: Qwen2's) and an untied head (lm_head's gradient the head's alone,
+    tok_emb's the embedding's): logits, loss and every gradient against the float64 reference, on
+    each attention path and with a sliding window."""
     cfg = preset("tiny", **MODERN[parts], window=window).validate()
     blk = cfg.block
     names = {n for n, _, _ in param_shapes(cfg)}
@@ -254,7 +256,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     if which == "gelu_tanh":       # GPT-2's GELU in the 16-bit kernels
         cfg = preset("tiny", activation="gelu_tanh")
     if which == "modern":          # RMSNorm, RoPE on 16-bit q and k, ReLU² in the 16-bit kernels
-        cfg = preset("tiny", **MODERN["all three"])
+        cfg = preset("tiny", **MODERN["all"])
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)

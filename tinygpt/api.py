@@ -165,17 +165,18 @@ class GPT:
                     batch: int | None = None, tokenizer: str | None = None, tokenizer_file: str | None = None,
                     seed: int | None = None, norm: str | None = None, norm_eps: float | None = None,
                     position: str | None = None, rope_theta: float | None = None, mlp: str | None = None,
-                    **kw) -> GPT:
+                    bias: bool | None = None, untied_head: bool | None = None, **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it (batch: its training batch, which the
-        trainer may change) and the block's parts (norm, norm_eps, position, rope_theta, mlp:
-        core.block), checked as the CLI's flags are."""
+        trainer may change) and the block's parts (norm, norm_eps, position, rope_theta, mlp, bias,
+        untied_head: core.block), checked as the CLI's flags are."""
         model_keywords(kw, "GPT.from_preset", ("layers", "d_model", "heads", "ctx", "sliding_window", "batch",
                                                "tokenizer", "tokenizer_file", "seed") + tuple(PARTS))
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
                                         sliding_window=sliding_window, batch=batch, tokenizer=tokenizer,
                                         tokenizer_file=tokenizer_file, seed=seed, norm=norm, norm_eps=norm_eps,
-                                        position=position, rope_theta=rope_theta, mlp=mlp).items() if v is not None}
+                                        position=position, rope_theta=rope_theta, mlp=mlp, bias=bias,
+                                        untied_head=untied_head).items() if v is not None}
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
                      window=o.sliding_window, batch=o.batch, **block_parts(o))
@@ -195,14 +196,15 @@ class GPT:
         if not isinstance(config, Config):
             raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
         tokenizer = {256: "byte", 50257: "gpt2"}.get(config.vocab)
-        if tokenizer is None or config.d_mlp != 4 * config.d_model:
+        if tokenizer is None or config.d_mlp != 4 * config.d_model or config.bias == "qkv":
             raise UsageError(f"GPT.from_config makes TinyGPT's models: vocabulary 256 or 50257 (got {config.vocab}), "
-                             f"an MLP of 4 x d_model (got {config.d_mlp}); "
-                             "GPT-2's own weights come in through tinygpt import-hf")
+                             f"an MLP of 4 x d_model (got {config.d_mlp}), biases on every projection or none (got "
+                             f"{config.bias}); GPT-2's own weights come in through tinygpt import-hf")
         return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
                                ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,
                                tokenizer=tokenizer, seed=config.seed, norm=config.norm, norm_eps=config.norm_eps,
-                               position=config.position, mlp=config.activation,
+                               position=config.position, mlp=config.activation, bias=config.bias == "all",
+                               untied_head=not config.tied,
                                rope_theta=config.rope_theta if config.block.position.rotary else None, **kw)
 
     # ---- what it is -----------------------------------------------------------------------------

@@ -11,6 +11,10 @@ file and the memory plan read; nothing else compares a part's name.
                          rotate-half layout of transformers and nanochat (rope.wgsl), no table
     mlp       gelu | gelu_tanh: the exact GELU (TinyGPT's), GPT-2's tanh form
               relu2:     relu(x)^2 (nanochat's; Primer's squared ReLU)
+    bias      all:  every projection has a bias (GPT-2's); qkv: q, k and v alone (Qwen2's);
+              none: no projection has one (Llama's, nanochat's)
+    head      tied: the logits are the token table's product (GPT-2's); untied: a table of their
+              own, lm_head [V, C] (Llama's, nanochat's)
 
 A new part is a new value in one of these tables, its kernels and its twins, and its tests.
 """
@@ -50,6 +54,15 @@ POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
 MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
                             Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}),
                             Mlp("relu2", "relu2_forward", "relu2_backward"))}
+@dataclass(frozen=True)
+class Bias:
+    name: str
+    vectors: tuple       # the block's bias vectors that exist (model.block.VECTORS' names)
+
+
+BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")),
+                              Bias("qkv", ("bq", "bk", "bv")), Bias("none", ()))}
+HEAD_TABLES = ("tok_emb", "lm_head")     # the [V, C] tables: the embedding's, and an untied head's
 ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, Llama 2's, nanochat's)
 NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
 
@@ -60,22 +73,32 @@ class Block:
     norm: Norm
     position: Position
     mlp: Mlp
+    bias: Bias = BIASES["all"]
+    tied: bool = True
     rope_theta: float = ROPE_THETA
     eps: float = NORM_EPS
+
+    @property
+    def head(self) -> str:
+        """The table the logits are the product of."""
+        return "tok_emb" if self.tied else "lm_head"
 
     @property
     def gpt2(self) -> bool:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form."""
-        return not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
+        return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
+                and self.bias.name == "all" and self.tied)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
         pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
-        return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}"
+        bias = {"all": "biases", "qkv": "q/k/v biases", "none": "no biases"}[self.bias.name]
+        return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {bias}, " + \
+            ("tied head" if self.tied else "untied head")
 
 
 def block_of(cfg) -> Block:
     """The Block a config names (Config.validate has checked the names)."""
-    return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], float(cfg.rope_theta),
-                 float(cfg.norm_eps))
+    return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], BIASES[cfg.bias], bool(cfg.tied),
+                 float(cfg.rope_theta), float(cfg.norm_eps))

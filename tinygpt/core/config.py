@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA, Block, block_of
+from .block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA, Block, block_of
 from .errors import UsageError
 
 # name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C: TinyGPT's table, and GPT-2 small's shape
@@ -86,6 +86,8 @@ class Config:
     position: str = "learned"
     rope_theta: float = ROPE_THETA
     norm_eps: float = NORM_EPS
+    bias: str = "all"           # which projections have biases: all, qkv, none
+    tied: bool = True           # the head is the token table's product (False: lm_head of its own)
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -133,7 +135,7 @@ class Config:
             raise ConfigError(f"{{opt:sliding_window}} must be a whole number from 1 to {MAX_DIMS['ctx']:,} "
                               f"(0 or absent: none), got {self.window!r}")
         for name, opt, table in (("activation", "mlp", MLPS), ("norm", "norm", NORMS),
-                                 ("position", "position", POSITIONS)):
+                                 ("position", "position", POSITIONS), ("bias", "bias", BIASES)):
             if getattr(self, name) not in table:
                 raise ConfigError(f"{{opt:{opt}}} {getattr(self, name)!r} is not one this tinygpt computes; "
                                   f"choose one of {', '.join(table)}")
@@ -141,6 +143,8 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 raise ConfigError(f"{{opt:{name}}} must be a positive finite number, got {v!r}")
+        if not isinstance(self.tied, bool):
+            raise ConfigError(f"tied is true or false, got {self.tied!r}")
         if self.block.position.rotary and self.head_dim % 4:
             raise ConfigError(f"{{opt:position}} rope turns each head's channels in pairs four at a time: the head "
                               f"dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} must be a multiple of 4")
@@ -166,24 +170,20 @@ def param_shapes(cfg: Config):
     parts decide which exist: the position table (learned), the norms' biases (layernorm)."""
     V, C, T, M, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.block
     norm = lambda n: [(n + "_g", (C,), False)] + ([(n + "_b", (C,), False)] if blk.norm.bias else [])
+    lin = lambda p, W, b, shape: [(p + W, shape, True)] + ([(p + b, shape[1:], False)] if b in blk.bias.vectors else [])
     shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
-        shapes += norm(p + "ln1") + [
-            (p + "Wq", (C, C), True), (p + "bq", (C,), False),
-            (p + "Wk", (C, C), True), (p + "bk", (C,), False),
-            (p + "Wv", (C, C), True), (p + "bv", (C,), False),
-            (p + "Wo", (C, C), True), (p + "bo", (C,), False),
-        ] + norm(p + "ln2") + [
-            (p + "fc_in_W", (C, M), True), (p + "fc_in_b", (M,), False),
-            (p + "fc_out_W", (M, C), True), (p + "fc_out_b", (C,), False),
-        ]
-    return shapes
+        shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, C))
+                   + lin(p, "Wv", "bv", (C, C)) + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
+                   + lin(p, "fc_in_W", "fc_in_b", (C, M)) + lin(p, "fc_out_W", "fc_out_b", (M, C)))
+    return shapes + ([] if blk.tied else [("lm_head", (V, C), True)])     # an untied head's table last
 
 
 def n_params(cfg: Config) -> int:
     """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
     norm = (2 if blk.norm.bias else 1) * C
-    per_layer = 4 * C * C + 2 * C * M + 2 * norm + 5 * C + M   # Wq..Wo, fc_in, fc_out; 2 norms; 5 biases of C; fc_in_b
-    return V * C + (T * C if blk.position.table else 0) + norm + L * per_layer
+    biases = sum(M if b == "fc_in_b" else C for b in blk.bias.vectors)
+    per_layer = 4 * C * C + 2 * C * M + 2 * norm + biases       # Wq..Wo, fc_in, fc_out; 2 norms; the biases
+    return V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm + L * per_layer

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
+from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
 from ..core.config import Config, n_params, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.fs import atomic_write, available_memory, check_regular
@@ -73,7 +73,7 @@ _BLOCK_NAMES = {"ln1_g": "ln1.weight", "ln1_b": "ln1.bias", "Wq": "attn.q_proj.w
                 "bv": "attn.v_proj.bias", "Wo": "attn.o_proj.weight", "bo": "attn.o_proj.bias",
                 "ln2_g": "ln2.weight", "ln2_b": "ln2.bias", "fc_in_W": "mlp.fc_in.weight",
                 "fc_in_b": "mlp.fc_in.bias", "fc_out_W": "mlp.fc_out.weight", "fc_out_b": "mlp.fc_out.bias"}
-_TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight",
+_TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight", "lm_head": "lm_head.weight",
               "ln_f_g": "ln_final.weight", "ln_f_b": "ln_final.bias"}
 _LINEAR = {"Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W"}   # stored [in, out]; PyTorch names them [out, in]
 
@@ -149,7 +149,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
         c["slidingWindow"] = cfg.window
     blk = cfg.block
     if not blk.gpt2:                  # the parts of a version-3 file (file_version)
-        c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps})
+        c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps, "bias": blk.bias.name,
+                  "tiedHead": blk.tied})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
     return c
@@ -179,18 +180,21 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
     if window < 0:
         raise CheckpointError(f"{what}: the header's config.slidingWindow is {window}; expected 0 (none) or more")
     parts = {}
-    for key, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS)):
+    for key, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS), ("bias", BIASES)):
         parts[key] = c.get(key, next(iter(table)))            # GPT-2's where absent
         if not isinstance(parts[key], str) or parts[key] not in table:
             raise CheckpointError(f"{what}: its config sets {key} {show(parts[key])}, which this tinygpt does not "
                                   f"compute ({', '.join(table)}); it cannot evaluate, sample or train this model")
+    tied = c.get("tiedHead", True)
+    if not isinstance(tied, bool):
+        raise CheckpointError(f"{what}: the header's config.tiedHead is {show(tied)}; expected true or false")
     cfg = Config(layers=_number(c, "layers", None, int, what), d_model=d_model,
                  heads=_number(c, "heads", None, int, what), ctx=_number(c, "ctx", None, int, what),
                  batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
                  grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
                  window=window, rope_theta=_number(c, "ropeTheta", ROPE_THETA, float, what),
-                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), **parts)
+                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=tied, **parts)
     try:
         cfg.validate()
     except ValueError as e:

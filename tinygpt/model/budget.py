@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..core.block import HEAD_TABLES
 from ..core.config import n_params, param_shapes
 from ..core.fs import available_memory
 from ..device.gpu import GPU, buffer_bytes
@@ -97,7 +98,7 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     # head's block scratch (model.head); every other parameter (and its gradient) whole
     p.bindings["token embedding"] = 4 * max(64, rows_per_binding(VP, 4 * C, mb)) * C
     name, shape, _ = max(param_shapes(cfg), key=lambda s: math.prod(s[1]))
-    if name != "tok_emb":
+    if name not in HEAD_TABLES:
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision
         p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention), sample, plan, mb)

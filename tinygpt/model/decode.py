@@ -84,7 +84,7 @@ class Decoder:
         final LayerNorm, the head and the draw."""
         cfg, kn, m, b, u, N = self.cfg, self.kn, self.model, self.buf, self.uniform, self.N
         C, H, M = cfg.d_model, cfg.heads, cfg.d_mlp
-        head = Head(kn, m.pk, m.P["tok_emb"], m.read["tok_emb"], C, N, b.get("head block"))
+        head = Head(kn, m.pk, m.P["tok_emb"], m.read[cfg.block.head], C, N, b.get("head block"))
         # one uniform per chunk of the token table (embed_decode reads which rows it holds there);
         # the first is every other kernel's
         self.embed_uniforms = [(v0, nv, u if i == 0 else self.gpu.uniform(DECODE_UNIFORM_BYTES))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.lora import trainable_shapes
+from ..core.block import HEAD_TABLES
 from ..core.init import token_buckets
 from ..core.rope import rope_table
 from ..device import numerics
@@ -70,7 +71,7 @@ class Model:
         if self.scaled:
             self.set_gate(scale=spec.loss_scale, clean=0, skipped=0, taken=0)
         self.att = [record.layer_attention(self, l) for l in range(cfg.layers)]
-        self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read["tok_emb"], cfg.d_model,
+        self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read[cfg.block.head], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
         self._fwd = record.forward(self)
         self._reduce, self._loss, self._eval_rows = record.losses(self, spec.lm_head)
@@ -122,7 +123,7 @@ class Model:
         offsets = self.offsets if offsets is None else offsets
         out = {}
         for name, (off, shape) in offsets.items():
-            if name == "tok_emb":
+            if name in HEAD_TABLES:
                 shape = (self.VP, shape[1])
             words = shape[:-1] + (shape[-1] // per_word,)
             out[name] = Tensor(flat.buf, 4 * off // per_word, words, flat.dtype, name)

@@ -78,8 +78,10 @@ class Head:
         return [self.kn.embed_forward(tokens, table_rows(self.tok, v0, nv), pos, out, B, T, self.C, v0, nv)
                 for v0, nv in self.vchunks]
 
-    def embed_grad(self, buckets: Tensor, dout: Tensor, dtok: Tensor, B: int, T: int, V: int) -> list:
-        """dtok [VP, C] += the embedding's gradient, rows of the first V tokens, chunk by chunk."""
-        return [self.kn.embed_tok_grad(buckets, dout, table_rows(dtok, v0, min(nv, V - v0)), B, T, self.C, V, True,
-                                       v0, min(nv, V - v0))
+    def embed_grad(self, buckets: Tensor, dout: Tensor, dtok: Tensor, B: int, T: int, V: int,
+                   accumulate: bool = True) -> list:
+        """dtok [VP, C] (+)= the embedding's gradient, rows of the first V tokens, chunk by chunk
+        (added to the tied head's; written where the head has a table of its own)."""
+        return [self.kn.embed_tok_grad(buckets, dout, table_rows(dtok, v0, min(nv, V - v0)), B, T, self.C, V,
+                                       accumulate, v0, min(nv, V - v0))
                 for v0, nv in self.vchunks if v0 < V]

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ..core.block import HEAD_TABLES
 from ..core.config import Config, param_shapes
 from ..device.gpu import LimitError, Tensor
 from ..device.kernels import CHUNK
@@ -31,7 +32,8 @@ def param_layout(cfg: Config, shapes=None):
     """name -> (float offset, shape) in the flat buffers, and the total floats, of `shapes` (every
     parameter by default; a LoRA run's trainable ones, lora.trainable_shapes, have a layout of their own).
 
-    tok_emb reserves padded_vocab rows; the extra ones stay zero (no gradient reaches them)."""
+    tok_emb (and an untied head's lm_head) reserves padded_vocab rows; the extra ones stay zero (no
+    gradient reaches them)."""
     offs, pos = {}, 0
     for name, shape, _ in (param_shapes(cfg) if shapes is None else shapes):
         packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
@@ -39,7 +41,7 @@ def param_layout(cfg: Config, shapes=None):
             pos = -(-pos // 256) * 256
         offs[name] = (pos, shape)
         pos += int(np.prod(shape))
-        if name == "tok_emb":
+        if name in HEAD_TABLES:
             pos += (padded_vocab(cfg.vocab) - cfg.vocab) * cfg.d_model
     return offs, -(-pos // 256) * 256
 

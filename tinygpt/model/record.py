@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..core.block import HEAD_TABLES
 from ..core.errors import UsageError
 from ..device.gpu import PER_WORD, Tensor
 from . import attention as attn
@@ -38,7 +39,7 @@ def check_fits(m):
         raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {m.precision.name} needs a rank that is a "
                          f"multiple of {m.precision.width_multiple} (its kernels' width)")
     for name, (_, shape) in {**(m.base_offsets or {}), **m.offsets}.items():   # each parameter is bound
-        if name != "tok_emb":                        # whole by its kernels, except tok_emb: Head binds it in chunks
+        if name not in HEAD_TABLES:                  # whole by its kernels, except the [V, C] tables: Head binds them in chunks
             g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
 
 
@@ -51,7 +52,7 @@ def layer_attention(m, l: int) -> attn.Attention:
 def block_weights(m, l: int) -> BlockWeights:
     """Block l's weights as its kernels read them."""
     p = lambda n: f"h{l}.{n}"
-    return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P[p(n)] for n in VECTORS},
+    return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
                         m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")])
 
 
@@ -132,7 +133,7 @@ def backward(m, Gd: dict) -> list:
     dres, dln = b["d residual"], b["d ln"]
     ds = []
     for i, (r0, n) in enumerate(m.chunks):                    # logits hold dlogits after cross_entropy
-        ds += m.head.backward(rows(m.logits, r0, n), rows(lnf, r0, n), Gd.get("tok_emb"), rows(dln, r0, n),
+        ds += m.head.backward(rows(m.logits, r0, n), rows(lnf, r0, n), Gd.get(cfg.block.head), rows(dln, r0, n),
                                  n, accumulate=i > 0)
     if "ln_f" in Gd:                # a parameter without a gradient view is frozen (LoRA)
         ds.append(pk.norm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
@@ -146,7 +147,8 @@ def backward(m, Gd: dict) -> list:
         ds += block_backward(kn, pk, block_weights(m, l), block_acts(m, l), grads, m.att[l], BT, C, M,
                              block_adapters(m, l, Gd), rotary(m, T))
     if "tok_emb" in Gd:
-        ds += m.head.embed_grad(batch_view(m, "buckets"), dres, Gd["tok_emb"], B, T, V)
+        ds += m.head.embed_grad(batch_view(m, "buckets"), dres, Gd["tok_emb"], B, T, V,
+                                accumulate=cfg.block.tied and cfg.block.head in Gd)     # onto the head's
         if "pos_emb" in Gd:
             ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
     return ds

@@ -73,7 +73,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         c = {"x": x, "lora": {}}
 
         def lin(W, h, bias):           # h W + bias, and the adapter's s (h A^T) B^T where W has one
-            y = matmul(h, rw(p(W)), p(bias))
+            y = matmul(h, rw(p(W)), P.get(f"h{l}.{bias}"))
             if lora is not None and W in lora.targets:
                 hs = c["lora"][W] = scale(matmul_abt(h, rw(P[adapter_name(l, W, "A")])), lora.scale)
                 y = y + matmul_abt(rg(hs), rw(P[adapter_name(l, W, "B")]))
@@ -97,7 +97,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     cache["x_final"] = x
     y, mean, rstd = norm(x, P["ln_f_g"], P.get("ln_f_b"))
     cache["lnf"] = (r(y), mean, rstd)
-    logits = matmul_abt(cache["lnf"][0], rw(P["tok_emb"]))                 # [BT,V]
+    logits = matmul_abt(cache["lnf"][0], rw(P[cfg.block.head]))            # [BT,V]
     if targets is None:
         return logits.reshape(B, T, -1)
     losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
@@ -122,8 +122,9 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     lnf_y, lnf_mean, lnf_rstd = cache["lnf"]
     r = ROUND[cache["precision"].weights]                                     # the weights the matmuls read
     rg = ROUND[cache["precision"].grad_operands]                              # the gradients they read
-    G["tok_emb"] = matmul_atb(rg(dlogits), lnf_y)                              # [V,C]
-    dy = matmul(rg(dlogits), r(P["tok_emb"]))                                  # [BT,C]
+    head = cfg.block.head                                                     # tok_emb, or an untied lm_head
+    G[head] = matmul_atb(rg(dlogits), lnf_y)                                   # [V,C]
+    dy = matmul(rg(dlogits), r(P[head]))                                       # [BT,C]
     rms = cfg.block.norm.rms
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd, rms)
     dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd, rms)   # residual grad
@@ -131,7 +132,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     for l in reversed(range(cfg.layers)):
         dx = _block_backward(P, G, cfg, l, cache["layers"][l], dx, lora, (r, rg), attend_bwd, (B, T))
     offsets, positions = token_buckets(tokens, cfg.vocab)
-    G["tok_emb"] = G["tok_emb"] + embed_tok_grad(offsets, positions, dx)
+    G["tok_emb"] = G.get("tok_emb", 0.0) + embed_tok_grad(offsets, positions, dx)
     if "pos_emb" in P:
         G["pos_emb"] = np.zeros_like(P["pos_emb"])
         G["pos_emb"][:T] = embed_pos_grad(dx.reshape(B, T, C))

@@ -101,6 +101,12 @@ class TrainOptions:
     mlp: str | None = setting(
         "shape", "the MLP's activation: gelu (TinyGPT's exact GELU), gelu_tanh (GPT-2's tanh form) or relu2 "
         "(nanochat's squared ReLU) (default gelu, or the resumed model's)", choices=list(MLPS))
+    bias: bool | None = setting(
+        "shape", "biases on every projection, q, k, v, o and the MLP's (GPT-2's), or on none (Llama's, nanochat's) "
+        "(default: on, or the resumed model's)", toggle=True)
+    untied_head: bool | None = setting(
+        "shape", "the logits from a table of their own, lm_head [V, C] (Llama's, nanochat's), not from the token "
+        "embedding (GPT-2's tied head) (default: tied, or the resumed model's)", toggle=True)
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
                                         "prepare (default: the built-in corpus)")

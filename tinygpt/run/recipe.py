@@ -50,21 +50,24 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     want = o.sliding_window       # a window of ctx or more is the plain attention the file may have
     if want is not None and (want if want < fcfg.ctx else 0) != fcfg.attn_window:
         diffs.append(f"{{opt:sliding_window}} {want} (file: {fcfg.attn_window or 'none'})")
-    for name, theirs in PARTS.items():
+    for name, (theirs, value) in PARTS.items():
         want = getattr(o, name)
-        if want is not None and want != getattr(fcfg, theirs):
-            diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, theirs)})")
+        if want is not None and value(want) != getattr(fcfg, theirs):
+            diffs.append(f"{{opt:{name}}} {want} (file: {theirs} {getattr(fcfg, theirs)})")
     return diffs
 
 
-# the block's options -> the Config fields they set
-PARTS = {"norm": "norm", "norm_eps": "norm_eps", "position": "position", "rope_theta": "rope_theta",
-         "mlp": "activation"}
+same = lambda v: v
+# the block's options -> (the Config field each sets, its value there)
+PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
+         "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
+         "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied)}
 
 
 def block_parts(o: TrainOptions) -> dict:
     """The Config fields the block's options set (None: the preset's)."""
-    parts = {theirs: getattr(o, name) for name, theirs in PARTS.items()}
+    parts = {theirs: None if getattr(o, name) is None else value(getattr(o, name))
+             for name, (theirs, value) in PARTS.items()}
     if o.rope_theta is not None and not POSITIONS[o.position or "learned"].rotary:
         raise UsageError("{opt:rope_theta} is RoPE's base: give it with {opt:position} rope")
     return parts
