@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from tinygpt.commands.cli import main
-from tinygpt.core.block import BIASES, MLPS, NORMS, POSITIONS
+from tinygpt.core.block import BIASES, MLPS, NORMS, POSITIONS, QK_NORMS
 from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.files import checkpoint as ckpt
 
 MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6",
-          "--no-bias", "--untied-head"]
+          "--no-bias", "--untied-head", "--qk-norm", "weighted"]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
         "--eval-every", "0", "--lr", "3e-3"]
 
@@ -29,14 +29,15 @@ def corpus(tmp_path):
 def test_the_parts_table_and_parameter_count_agree():
     """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
     no biases, RoPE no table."""
-    for parts in itertools.product(NORMS, POSITIONS, MLPS, BIASES, (True, False)):
-        cfg = preset("small", **dict(zip(("norm", "position", "activation", "bias", "tied"), parts))).validate()
+    for parts in itertools.product(NORMS, POSITIONS, MLPS, BIASES, (True, False), QK_NORMS):
+        cfg = preset("small", **dict(zip(("norm", "position", "activation", "bias", "tied", "qk_norm"),
+                                         parts))).validate()
         names = {n for n, _, _ in param_shapes(cfg)}
         assert sum(int(np.prod(s)) for _, s, _ in param_shapes(cfg)) == n_params(cfg), parts
         assert ("pos_emb" in names) == (cfg.position == "learned")
         assert ("ln_f_b" in names) == ("h2.ln2_b" in names) == (cfg.norm == "layernorm")
         assert ("h1.bq" in names) == (cfg.bias != "none") and ("h1.bo" in names) == (cfg.bias == "all")
-        assert ("lm_head" in names) == (not cfg.tied)
+        assert ("lm_head" in names) == (not cfg.tied) and ("h0.k_norm_g" in names) == (cfg.qk_norm == "weighted")
 
 
 def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, corpus, capsys):
@@ -59,9 +60,9 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     # 1 and 2 alone: a version-3 file is refused there, never read as GPT-2's block
     assert version == header["version"] == 3 and version not in (1, 2)
     assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation", "bias",
-                                             "tiedHead")} == \
+                                             "tiedHead", "qkNorm")} == \
         {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2",
-         "bias": "none", "tiedHead": False}
+         "bias": "none", "tiedHead": False, "qkNorm": "weighted"}
     assert not any(e["name"].startswith("position_embedding") or e["name"].endswith("ln1.bias")
                    for e in header["manifest"])
     capsys.readouterr()
@@ -72,7 +73,8 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     assert capsys.readouterr().out == cached and cached.startswith("It was")
     assert main(["info", "--model", str(whole), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head", info["block"]
+    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head, qk-norm weighted", \
+        info["block"]
     # a GPT-2 block's file stays version 2, upstream's
     gpt2 = tmp_path / "gpt2.tinygpt"
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0

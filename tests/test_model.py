@@ -107,8 +107,10 @@ def test_step0_with_gpt2s_gelu(gpu, plan):
 # the block's parts (core.block) other than GPT-2's: each alone, and the three together
 MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position="rope", rope_theta=500.0),
           "relu2": dict(activation="relu2"), "no bias": dict(bias="none"), "qkv bias": dict(bias="qkv"),
-          "untied": dict(tied=False),
-          "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False)}
+          "untied": dict(tied=False), "qk-norm": dict(qk_norm="weighted"),
+          "qk-norm free, rope": dict(qk_norm="free", position="rope"),
+          "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False,
+                      qk_norm="weighted")}
 
 
 @pytest.mark.parametrize("parts, attention, window", [(p, "online", 0) for p in MODERN] + [

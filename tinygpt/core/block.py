@@ -15,6 +15,9 @@ file and the memory plan read; nothing else compares a part's name.
               none: no projection has one (Llama's, nanochat's)
     head      tied: the logits are the token table's product (GPT-2's); untied: a table of their
               own, lm_head [V, C] (Llama's, nanochat's)
+    qk_norm   none (GPT-2's, Llama's); weighted: an RMSNorm over each head's q and each head's k,
+              with a gain [hd] each (Qwen3's q_norm, k_norm); free: the same without gains
+              (nanochat's). Applied where q and k are written, before RoPE turns them
 
 A new part is a new value in one of these tables, its kernels and its twins, and its tests.
 """
@@ -62,6 +65,15 @@ class Bias:
 
 BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")),
                               Bias("qkv", ("bq", "bk", "bv")), Bias("none", ()))}
+@dataclass(frozen=True)
+class QKNorm:
+    name: str
+    on: bool
+    weights: bool        # a gain [hd] for q and one for k, each layer: q_norm_g, k_norm_g
+
+
+QK_NORMS = {q.name: q for q in (QKNorm("none", False, False), QKNorm("weighted", True, True),
+                                QKNorm("free", True, False))}
 HEAD_TABLES = ("tok_emb", "lm_head")     # the [V, C] tables: the embedding's, and an untied head's
 ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, Llama 2's, nanochat's)
 NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
@@ -75,6 +87,7 @@ class Block:
     mlp: Mlp
     bias: Bias = BIASES["all"]
     tied: bool = True
+    qk_norm: QKNorm = QK_NORMS["none"]
     rope_theta: float = ROPE_THETA
     eps: float = NORM_EPS
 
@@ -88,17 +101,18 @@ class Block:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form."""
         return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
-                and self.bias.name == "all" and self.tied)
+                and self.bias.name == "all" and self.tied and not self.qk_norm.on)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
         pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
         bias = {"all": "biases", "qkv": "q/k/v biases", "none": "no biases"}[self.bias.name]
+        qk = f", qk-norm {self.qk_norm.name}" if self.qk_norm.on else ""
         return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {bias}, " + \
-            ("tied head" if self.tied else "untied head")
+            ("tied head" if self.tied else "untied head") + qk
 
 
 def block_of(cfg) -> Block:
     """The Block a config names (Config.validate has checked the names)."""
     return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], BIASES[cfg.bias], bool(cfg.tied),
-                 float(cfg.rope_theta), float(cfg.norm_eps))
+                 QK_NORMS[cfg.qk_norm], float(cfg.rope_theta), float(cfg.norm_eps))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA, Block, block_of
+from .block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA, Block, block_of
 from .errors import UsageError
 
 # name: (layers, d_model, heads, ctx, batch), vocab 256, M = 4C: TinyGPT's table, and GPT-2 small's shape
@@ -88,6 +88,7 @@ class Config:
     norm_eps: float = NORM_EPS
     bias: str = "all"           # which projections have biases: all, qkv, none
     tied: bool = True           # the head is the token table's product (False: lm_head of its own)
+    qk_norm: str = "none"       # an RMSNorm over each head's q and k: none, weighted, free
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -135,7 +136,8 @@ class Config:
             raise ConfigError(f"{{opt:sliding_window}} must be a whole number from 1 to {MAX_DIMS['ctx']:,} "
                               f"(0 or absent: none), got {self.window!r}")
         for name, opt, table in (("activation", "mlp", MLPS), ("norm", "norm", NORMS),
-                                 ("position", "position", POSITIONS), ("bias", "bias", BIASES)):
+                                 ("position", "position", POSITIONS), ("bias", "bias", BIASES),
+                                 ("qk_norm", "qk_norm", QK_NORMS)):
             if getattr(self, name) not in table:
                 raise ConfigError(f"{{opt:{opt}}} {getattr(self, name)!r} is not one this tinygpt computes; "
                                   f"choose one of {', '.join(table)}")
@@ -174,8 +176,10 @@ def param_shapes(cfg: Config):
     shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
+        qk = [(p + "q_norm_g", (cfg.head_dim,), False), (p + "k_norm_g", (cfg.head_dim,), False)] \
+            if blk.qk_norm.weights else []
         shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, C))
-                   + lin(p, "Wv", "bv", (C, C)) + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
+                   + lin(p, "Wv", "bv", (C, C)) + qk + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
                    + lin(p, "fc_in_W", "fc_in_b", (C, M)) + lin(p, "fc_out_W", "fc_out_b", (M, C)))
     return shapes + ([] if blk.tied else [("lm_head", (V, C), True)])     # an untied head's table last
 
@@ -185,5 +189,6 @@ def n_params(cfg: Config) -> int:
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
     norm = (2 if blk.norm.bias else 1) * C
     biases = sum(M if b == "fc_in_b" else C for b in blk.bias.vectors)
-    per_layer = 4 * C * C + 2 * C * M + 2 * norm + biases       # Wq..Wo, fc_in, fc_out; 2 norms; the biases
+    qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0
+    per_layer = 4 * C * C + 2 * C * M + 2 * norm + biases + qk  # Wq..Wo, fc_in, fc_out; 2 norms; biases; q/k gains
     return V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm + L * per_layer

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
+from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
 from ..core.config import Config, n_params, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.fs import atomic_write, available_memory, check_regular
@@ -71,6 +71,7 @@ class Checkpoint:
 _BLOCK_NAMES = {"ln1_g": "ln1.weight", "ln1_b": "ln1.bias", "Wq": "attn.q_proj.weight", "bq": "attn.q_proj.bias",
                 "Wk": "attn.k_proj.weight", "bk": "attn.k_proj.bias", "Wv": "attn.v_proj.weight",
                 "bv": "attn.v_proj.bias", "Wo": "attn.o_proj.weight", "bo": "attn.o_proj.bias",
+                "q_norm_g": "attn.q_norm.weight", "k_norm_g": "attn.k_norm.weight",
                 "ln2_g": "ln2.weight", "ln2_b": "ln2.bias", "fc_in_W": "mlp.fc_in.weight",
                 "fc_in_b": "mlp.fc_in.bias", "fc_out_W": "mlp.fc_out.weight", "fc_out_b": "mlp.fc_out.bias"}
 _TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight", "lm_head": "lm_head.weight",
@@ -150,7 +151,7 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     blk = cfg.block
     if not blk.gpt2:                  # the parts of a version-3 file (file_version)
         c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps, "bias": blk.bias.name,
-                  "tiedHead": blk.tied})
+                  "tiedHead": blk.tied, "qkNorm": blk.qk_norm.name})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
     return c
@@ -180,10 +181,12 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
     if window < 0:
         raise CheckpointError(f"{what}: the header's config.slidingWindow is {window}; expected 0 (none) or more")
     parts = {}
-    for key, table in (("activation", MLPS), ("norm", NORMS), ("position", POSITIONS), ("bias", BIASES)):
-        parts[key] = c.get(key, next(iter(table)))            # GPT-2's where absent
-        if not isinstance(parts[key], str) or parts[key] not in table:
-            raise CheckpointError(f"{what}: its config sets {key} {show(parts[key])}, which this tinygpt does not "
+    for key, name, table in (("activation", "activation", MLPS), ("norm", "norm", NORMS),
+                             ("position", "position", POSITIONS), ("bias", "bias", BIASES),
+                             ("qkNorm", "qk_norm", QK_NORMS)):
+        parts[name] = c.get(key, next(iter(table)))           # GPT-2's where absent
+        if not isinstance(parts[name], str) or parts[name] not in table:
+            raise CheckpointError(f"{what}: its config sets {key} {show(parts[name])}, which this tinygpt does not "
                                   f"compute ({', '.join(table)}); it cannot evaluate, sample or train this model")
     tied = c.get("tiedHead", True)
     if not isinstance(tied, bool):

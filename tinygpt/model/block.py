@@ -1,7 +1,7 @@
 """One transformer block, written once: its forward serves training, the prefill and the decode
 step; its backward serves training.
 
-    x_mid = x + Wo(attention(rot(Wq norm1(x)), rot(Wk norm1(x)), Wv norm1(x)))
+    x_mid = x + Wo(attention(rot(qkn(Wq norm1(x))), rot(qkn(Wk norm1(x))), Wv norm1(x)))
     x_out = x_mid + W_out(act(W_in norm2(x_mid)))
 
 The caller gives the block its weights (as the matmuls read them) and its activations (saved
@@ -9,7 +9,9 @@ per layer in training, one reused set in the decode step), and the attention as 
 (q, k, v, out). Precision enters only through the tensors' dtypes and the policy's kernels
 (PolicyKernels): where the attention reads float32 copies of what is stored, `convert` fills them.
 The parts (core.block's Block: norm, activation, position) enter through PolicyKernels too; a
-rotary model's q and k are turned where they are stored (Rotary), before any copy is made.
+rotary model's q and k are turned where they are stored (Rotary), before any copy is made; with
+QK-norm (qkn, each head's RMSNorm) the projections write float32 q and k, which the norm reads and
+stores as the policy stores q and k, before RoPE turns them.
 """
 from __future__ import annotations
 
@@ -44,6 +46,16 @@ class PolicyKernels:
 
     def norm_dgb(self, dy, x, stats, dgb, rows, C):
         return self.kn.layernorm_dgb(dy, x, stats, dgb, rows, C, rms=self.rms)
+
+    def qk_norm(self, x, g, y, stats, rows, hd):
+        """QK-norm: RMSNorm over each head's hd channels (x [rows, hd]), whatever the block's norm."""
+        return self._k("layernorm")(x, g, y, stats, rows, hd, eps=self.block.eps, rms=True)
+
+    def qk_norm_dx(self, dy, x, g, stats, dx, rows, hd):
+        return self.kn.layernorm_dx(dy, x, g, stats, dx, rows, hd, accumulate=False, rms=True)
+
+    def qk_norm_dg(self, dy, x, stats, dg, rows, hd):
+        return self.kn.layernorm_dgb(dy, x, stats, dg, rows, hd, rms=True)
 
     def matmul(self, a, b, bias, out, M, N, K, accumulate=False):
         return self.kn.matmul(a, b, bias, out, M, N, K, accumulate, dtype=self.policy.stored)
@@ -89,14 +101,16 @@ class Rotary:
 
 @dataclass
 class BlockWeights:
-    """One block's weights: each matrix as the matmuls read it, float32 biases, [g | b] of each
-    LayerNorm as one [2, C] tensor and the gains alone (layernorm_dx reads them)."""
+    """One block's weights: each matrix as the matmuls read it, float32 biases (None where the
+    block has none), [g | b] of each LayerNorm as one [2, C] tensor and the gains alone
+    (layernorm_dx reads them); with QK-norm the gains [hd] of q's and k's (ones where it has none)."""
     W: dict
     b: dict
     ln1: Tensor
     ln2: Tensor
     g1: Tensor
     g2: Tensor
+    qk_g: tuple = ()
 
 
 @dataclass
@@ -176,6 +190,8 @@ class BlockActs:
     tmp: Tensor
     att_in: tuple
     att_out: Tensor
+    qk_raw: tuple = ()       # with QK-norm: the projections' float32 q, k, and their rows' stats [2, rows * H]
+    qk_stats: tuple = ()
 
 
 def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, attend, rows: int, C: int,
@@ -184,8 +200,13 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     rot: where RoPE turns q and k (a rotary model's)."""
     lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
-    for n, t, t_in in zip("qkv", a.qkv, a.att_in):
-        ds += lin("W" + n, a.ln1, "b" + n, t, C, C)
+    for i, (n, t, t_in) in enumerate(zip("qkv", a.qkv, a.att_in)):
+        if a.qk_raw and n != "v":                      # QK-norm: float32 q (k), each head normed into t
+            hd = w.qk_g[i].shape[-1]
+            ds += lin("W" + n, a.ln1, "b" + n, a.qk_raw[i], C, C)
+            ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], t, a.qk_stats[i], rows * C // hd, hd))
+        else:
+            ds += lin("W" + n, a.ln1, "b" + n, t, C, C)
         if rot is not None and n != "v":
             ds += rot.forward(kn, t, rows, C)
         ds += pk.convert(t, t_in, rows * C)
@@ -212,6 +233,7 @@ class BlockGrads:
     dpre: Tensor
     dctx: Tensor
     dqkv: tuple
+    dqk_raw: Tensor | None = None      # with QK-norm: the gradient of the float32 q or k, one at a time
 
 
 def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, g: BlockGrads, attention,
@@ -236,5 +258,12 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     if rot is not None:
         ds += rot.backward(kn, g.dqkv[0], rows, C) + rot.backward(kn, g.dqkv[1], rows, C)
     for i, (n, d) in enumerate(zip("qkv", g.dqkv)):
+        if a.qk_raw and n != "v":                   # back through QK-norm, into the float32 q (k)'s gradient
+            hd = w.qk_g[i].shape[-1]
+            gain = n + "_norm_g"
+            if gain in G:
+                ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], rows * C // hd, hd))
+            ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, rows * C // hd, hd))
+            d = g.dqk_raw
         ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, C, C, i > 0)
     return ds + ln_dgb(a.x, a.ln1s, "ln1") + [pk.norm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

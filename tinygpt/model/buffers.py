@@ -61,8 +61,10 @@ MODEL = (
     Buffer("grads",         ("F",),                  "f32",     "model",        "gradients", "training", "flat"),
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
     Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
-    # RoPE's (cos, sin) [ctx, hd/2, 2] (core.rope), written once: a rotary model's, and its decode step's
-    Buffer("rope table",    ("ctx", "hd"),           "f32",     "model",        "position table", "rotary"),
+    # RoPE's (cos, sin) [ctx, hd/2, 2] (core.rope), written once: a rotary model's, and its decode step's;
+    # the gains of a QK-norm without weights (ones)
+    Buffer("rope table",    ("ctx", "hd"),           "f32",     "model",        "constants", "rotary"),
+    Buffer("ones",          ("hd",),                 "f32",     "model",        "constants", "qk free"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
     Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
@@ -76,6 +78,11 @@ MODEL = (
     Buffer("ln2 stats",     (2, "BT"),               "f32",     "per layer",    A),
     Buffer("pre",           ("BT", "M"),             "stored",  "per layer",    A),
     Buffer("gel",           ("BT", "M"),             "stored",  "per layer",    A),
+    # QK-norm's input: the projections' float32 q and k, and each head's row statistics
+    Buffer("q raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
+    Buffer("k raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
+    Buffer("q norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
+    Buffer("k norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
     # float32 copies for the attention kernels that do not read what is stored
     Buffer("q f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
     Buffer("k f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
@@ -104,6 +111,7 @@ MODEL = (
     Buffer("dq",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
+    Buffer("d qk raw",      ("BT", "C"),             "f32",     "shared",       BW, "training, qk norm"),
     Buffer("lora gs",       ("BT", "R"),             "f32",     "shared",       BW, "lora"),
     # the gate that wraps every optimizer (model.optim.Gate), and the elementwise optimizers'
     # decay per 256-float block; each optimizer's state and scratch: its own rows (optimizer.rows())
@@ -131,6 +139,10 @@ DECODE = (
     Buffer("att f32",       ("N", "C"),              "f32",     "shared",       S, "cache, converts"),
     Buffer("pre",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("gel",           ("N", "M"),              "stored",  "shared",       S, "cache"),
+    Buffer("q raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("k raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("q norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("k norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
     Buffer("scores",        ("N", "H", "T"),         "f32",     "shared",       S, "cache"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       S, "cache, split head"),
     Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache",
@@ -164,15 +176,17 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "wd": F // 256,                                      # one decay value a 256-float block
             "partials": -(-F // CHUNK),                          # the norm's partial sums
             "gate": GATE_FLOATS,                                 # the norm, the clip factor, the loss scaler
-            "N": N, "ids": N + N * capacity}
+            "BTH": B * T * H, "NH": N * H, "N": N, "ids": N + N * capacity}
 
 
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
-          rotary: bool = False) -> set:
+          rotary: bool = False, qk_norm=None) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
+    on |= {"qk norm"} if qk_norm is not None and qk_norm.on else set()
+    on |= {"qk free"} if qk_norm is not None and qk_norm.on and not qk_norm.weights else set()
     on |= {"training"} if training else set()
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
@@ -242,7 +256,8 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
-               recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary)
+               recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
+               qk_norm=cfg.block.qk_norm)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 
@@ -251,7 +266,7 @@ def decode_rows(cfg: Config, N: int, capacity: int, policy: Precision, cache: bo
     """(resolved rows, sizes) of a Decoder's own buffers (its Model's are model_rows')."""
     size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
     on = flags(policy, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
-               attention_reads_stored=True, cache=cache)           # the step's attention is decode.wgsl's
+               attention_reads_stored=True, cache=cache, qk_norm=cfg.block.qk_norm)   # the attention: decode.wgsl's
     return resolve(DECODE, on, size, policy), size
 
 

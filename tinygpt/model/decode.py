@@ -103,8 +103,9 @@ class Decoder:
             attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, C, u),
                                                         attn(q, kc, vc, out, b["scores"], N, H, u, window)]
             qkv = (b["q"], b["k"], b["v"])
+            qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
-                             b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]))
+                             b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk)
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
             self.rope_uniforms += [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]
             steps += block

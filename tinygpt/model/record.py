@@ -32,6 +32,12 @@ def check_fits(m):
     if problem:                                      # a usage error: the width or precision option
         raise UsageError(problem)
     g.check_loop(m.B * m.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
+    if cfg.block.qk_norm.on:
+        g.check_loop(m.B * m.T * cfg.heads, "batch x ctx x heads (rows reduced by QK-norm's gain gradients)")
+        wm = m.precision.width_multiple
+        if cfg.head_dim % wm:
+            raise UsageError(f"{{opt:precision}} {m.precision.name} with {{opt:qk_norm}} needs a head dim that is a "
+                             f"multiple of {wm} (its norm's kernels' width), got {cfg.head_dim}")
     m.attention.check(m.T, cfg.d_model, cfg.heads)
     m.attention.check_fits(m.B, m.T, g.max_binding)
     lo = m.lora
@@ -52,8 +58,10 @@ def layer_attention(m, l: int) -> attn.Attention:
 def block_weights(m, l: int) -> BlockWeights:
     """Block l's weights as its kernels read them."""
     p = lambda n: f"h{l}.{n}"
+    qk = m.cfg.block.qk_norm
+    gains = (m.P[p("q_norm_g")], m.P[p("k_norm_g")]) if qk.weights else (m.buf["ones"],) * 2 if qk.on else ()
     return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
-                        m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")])
+                        m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")], gains)
 
 
 def block_adapters(m, l: int, G: dict | None) -> BlockLoRA | None:
@@ -76,9 +84,10 @@ def block_acts(m, l: int) -> BlockActs:
     """Block l's saved activations; q, k, v and ctx as the attention reads and writes them."""
     b = m.buf
     q, k, v, ctx = b["q"][l], b["k"][l], b["v"][l], b["ctx"][l]
+    qk = ((b["q raw"][l], b["k raw"][l]), (b["q norm stats"][l], b["k norm stats"][l])) if "q raw" in b else ((), ())
     return BlockActs(b["x"][l], b["x mid"][l], b["x"][l + 1], b["ln1"][l], b["ln1 stats"][l], (q, k, v), ctx,
                      b["ln2"][l], b["ln2 stats"][l], b["pre"][l], b["gel"][l], b["branch out"],
-                     (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx))
+                     (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx), *qk)
 
 
 def rotary(m, T: int) -> Rotary | None:
@@ -139,8 +148,10 @@ def backward(m, Gd: dict) -> list:
         ds.append(pk.norm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
     ds.append(pk.norm_dx(dln, x_last, m.P["ln_f_g"], b["lnf stats"], dres, BT, C, accumulate=False))
     for l in reversed(range(L)):
-        G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2") if f"h{l}.{n}" in Gd}
-        grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]))
+        G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2", "q_norm_g", "k_norm_g")
+             if f"h{l}.{n}" in Gd}
+        grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]),
+                           b.get("d qk raw"))
         if m.recompute and l < L - 1:    # the top block's are still those of the forward
             ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                                 block_adapters(m, l, None), rotary(m, T))

@@ -44,6 +44,11 @@ def _parts(cfg: Config, T: int, dtype):
             lambda dx: rope_backward(cs, dx, T, cfg.head_dim, 0))
 
 
+def _qk_gain(P, cfg: Config, l: int, which: str, dtype):
+    """QK-norm's gain of q or k [hd]: the layer's, or ones without weights."""
+    return P[f"h{l}.{which}_norm_g"] if cfg.block.qk_norm.weights else np.ones(cfg.head_dim, dtype)
+
+
 def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32,
             lora: LoRA | None = None):
     """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
@@ -65,6 +70,12 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     P = params
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
+    qk_on, hd = cfg.block.qk_norm.on, cfg.head_dim
+
+    def qk_norm(x, l, which):                   # -> (normed [BT, C], (mean, rstd) of each head's row)
+        y, mean, rstd = layernorm_forward(x.reshape(-1, hd), _qk_gain(P, cfg, l, which, x.dtype), None,
+                                          cfg.block.eps, rms=True)
+        return y.reshape(x.shape), (mean, rstd)
     x = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, C)  # [BT,C]
     cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
     cache["lora"] = lora
@@ -81,7 +92,11 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         y, mean, rstd = norm(x, p("ln1_g"), P.get(f"h{l}.ln1_b"))
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
-        q, k, v = (r(lin("W" + n, h, "b" + n)) for n in "qkv")
+        q, k, v = (lin("W" + n, h, "b" + n) for n in "qkv")
+        if qk_on:                               # QK-norm: each head's float32 q (k) normed, then stored
+            c["qk_raw"] = (q, k)
+            (q, c["q_stats"]), (k, c["k_stats"]) = qk_norm(q, l, "q"), qk_norm(k, l, "k")
+        q, k, v = r(q), r(k), r(v)
         q, k = r(rot(q)), r(rot(k))             # turned where they are stored, as the model does
         c["qkv"] = (q, k, v)
         ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
@@ -185,6 +200,14 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
                             dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
     dq, dk, dv = unrot(dq.reshape(B * T, C)), unrot(dk.reshape(B * T, C)), dv.reshape(B * T, C)
     h1 = c["ln1"][0]
+    if cfg.block.qk_norm.on:                 # back through each head's RMSNorm, into the float32 q and k
+        hd = cfg.head_dim
+        for which, d, raw, (mean, rstd) in (("q", dq, c["qk_raw"][0], c["q_stats"]),
+                                            ("k", dk, c["qk_raw"][1], c["k_stats"])):
+            x, dy = raw.reshape(-1, hd), d.reshape(-1, hd)
+            g(which + "_norm_g", layernorm_dgb(dy, x, mean, rstd, True)[0])
+            dx_ = layernorm_dx(dy, x, _qk_gain(P, cfg, l, which, dy.dtype), mean, rstd, True).reshape(d.shape)
+            dq, dk = (dx_, dk) if which == "q" else (dq, dx_)
     dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
     for n, d in (("q", dq), ("k", dk), ("v", dv)):
         g("W" + n, matmul_atb(h1, rg(d)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from .. import tokenizers
 from ..core import values
-from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, ROPE_THETA
+from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
 from ..core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config
 from ..core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from ..core.precision import PRECISIONS
@@ -107,6 +107,9 @@ class TrainOptions:
     untied_head: bool | None = setting(
         "shape", "the logits from a table of their own, lm_head [V, C] (Llama's, nanochat's), not from the token "
         "embedding (GPT-2's tied head) (default: tied, or the resumed model's)", toggle=True)
+    qk_norm: str | None = setting(
+        "shape", "an RMSNorm over each head's q and k before RoPE: weighted (a gain each, Qwen3's), free (no gains, "
+        "nanochat's) or none (default none, or the resumed model's)", choices=list(QK_NORMS))
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
                                         "prepare (default: the built-in corpus)")

@@ -61,7 +61,8 @@ same = lambda v: v
 # the block's options -> (the Config field each sets, its value there)
 PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
          "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
-         "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied)}
+         "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied),
+         "qk_norm": ("qk_norm", same)}
 
 
 def block_parts(o: TrainOptions) -> dict:
