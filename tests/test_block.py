@@ -14,7 +14,7 @@ from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.files import checkpoint as ckpt
 
 MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6",
-          "--no-bias", "--untied-head", "--qk-norm", "weighted"]
+          "--no-bias", "--untied-head", "--qk-norm", "weighted", "--kv-heads", "1"]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
         "--eval-every", "0", "--lr", "3e-3"]
 
@@ -60,9 +60,9 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     # 1 and 2 alone: a version-3 file is refused there, never read as GPT-2's block
     assert version == header["version"] == 3 and version not in (1, 2)
     assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation", "bias",
-                                             "tiedHead", "qkNorm")} == \
+                                             "tiedHead", "qkNorm", "kvHeads")} == \
         {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2",
-         "bias": "none", "tiedHead": False, "qkNorm": "weighted"}
+         "bias": "none", "tiedHead": False, "qkNorm": "weighted", "kvHeads": 1}
     assert not any(e["name"].startswith("position_embedding") or e["name"].endswith("ln1.bias")
                    for e in header["manifest"])
     capsys.readouterr()
@@ -73,8 +73,8 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     assert capsys.readouterr().out == cached and cached.startswith("It was")
     assert main(["info", "--model", str(whole), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["block"] == "rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head, qk-norm weighted", \
-        info["block"]
+    assert info["block"] == ("rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head, qk-norm weighted, "
+                             "1 kv heads"), info["block"]
     # a GPT-2 block's file stays version 2, upstream's
     gpt2 = tmp_path / "gpt2.tinygpt"
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0
@@ -84,6 +84,7 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
 @pytest.mark.parametrize("extra, needle", [
     (["--rope-theta", "500"], "--rope-theta is RoPE's base: give it with --position rope"),
     (["--position", "rope", "--heads", "2", "--d-model", "20"], "must be a multiple of 4"),
+    (["--kv-heads", "2"], "--kv-heads must divide --heads (3)"),
 ])
 def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, corpus, capsys, extra, needle):
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "x.tinygpt"),

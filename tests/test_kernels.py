@@ -316,6 +316,25 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
+@pytest.mark.parametrize("rows,H,KV,hd,dtype", [(1, 1, 1, 4, "f32"), (7, 6, 2, 12, "f32"), (65, 9, 3, 20, "f32"),
+                                                (13, 4, 1, 8, "bf16"), (13, 6, 3, 4, "f16")])
+def test_kv_expand_and_reduce(gpu, rng, rows, H, KV, hd, dtype, kn):
+    """Grouped-query attention's moves: kv_expand copies each kv head to its H/KV query heads bit for
+    bit, as stored (16-bit values moved as words); kv_reduce sums them back in float32."""
+    x = rng.standard_normal((rows, KV * hd)).astype(np.float32)
+    packed = np.reshape({"f32": x, "bf16": R.cast_bf16(x), "f16": R.cast_f16(x)}[dtype], (rows, -1))
+    src = gpu.tensor(np.shape(packed), dtype, data=packed) if dtype != "f32" else gpu.upload(x)
+    words = H * hd // (1 if dtype == "f32" else 2)
+    out = gpu.tensor((rows, words), dtype)
+    run(gpu, kn.kv_expand(src, out, rows, H, KV, hd))
+    got, want = gpu.read(out), R.kv_expand(np.asarray(packed), H, KV)
+    assert np.array_equal(got.view(np.uint32), np.ascontiguousarray(want).view(np.uint32)), "kv_expand, bit for bit"
+    dy = rng.standard_normal((rows, H * hd)).astype(np.float32)
+    dx = gpu.tensor((rows, KV * hd))
+    run(gpu, kn.kv_reduce(gpu.upload(dy), dx, rows, H, KV, hd))
+    check(f"kv_reduce {rows}x{H}/{KV} heads of {hd}", gpu.read(dx), R.kv_reduce(f64(dy), H, KV), 1e-6)
+
+
 @pytest.mark.parametrize("B,T,C,V", [(1, 1, 3, 5), (2, 7, 65, 256), (3, 33, 8, 70)])
 def test_embedding(gpu, rng, B, T, C, V, kn):
     tokens = rng.integers(0, V, (B, T)).astype(np.uint32)

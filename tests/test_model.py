@@ -109,8 +109,10 @@ MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position=
           "relu2": dict(activation="relu2"), "no bias": dict(bias="none"), "qkv bias": dict(bias="qkv"),
           "untied": dict(tied=False), "qk-norm": dict(qk_norm="weighted"),
           "qk-norm free, rope": dict(qk_norm="free", position="rope"),
+          "multi-query": dict(kv_heads=1), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
+                                                                      position="rope"),
           "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False,
-                      qk_norm="weighted")}
+                      qk_norm="weighted", heads=6, kv_heads=2)}
 
 
 @pytest.mark.parametrize("parts, attention, window", [(p, "online", 0) for p in MODERN] + [

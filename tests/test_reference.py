@@ -102,6 +102,16 @@ def test_rmsnorm(r):
     assert db is None
 
 
+def test_kv_reduce_is_kv_expands_transpose(r):
+    """kv_expand is transformers' repeat_kv (kv head i serves query heads i*G .. i*G+G-1) and
+    kv_reduce its transpose: <expand(x), y> = <x, reduce(y)>."""
+    rows, H, KV, hd = 5, 6, 2, 3
+    x, y = r.standard_normal((rows, KV * hd)), r.standard_normal((rows, H * hd))
+    rep = np.repeat(x.reshape(rows, KV, 1, hd), H // KV, axis=2).reshape(rows, H * hd)   # repeat_kv's layout
+    check("kv_expand", R.kv_expand(x, H, KV), rep, 0)
+    check("<expand x, y> = <x, reduce y>", np.sum(R.kv_expand(x, H, KV) * y), np.sum(x * R.kv_reduce(y, H, KV)), 1e-12)
+
+
 def test_rope(r):
     """rope_* is the rotary embedding as transformers writes it for Llama and Qwen, x cos +
     rotate_half(x) sin with the angles pos / theta^(2i/hd) repeated over both halves; its backward is

@@ -166,18 +166,19 @@ class GPT:
                     seed: int | None = None, norm: str | None = None, norm_eps: float | None = None,
                     position: str | None = None, rope_theta: float | None = None, mlp: str | None = None,
                     bias: bool | None = None, untied_head: bool | None = None, qk_norm: str | None = None,
-                    **kw) -> GPT:
+                    kv_heads: int | None = None, **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it (batch: its training batch, which the
         trainer may change) and the block's parts (norm, norm_eps, position, rope_theta, mlp, bias,
-        untied_head, qk_norm: core.block), checked as the CLI's flags are."""
+        untied_head, qk_norm, kv_heads: core.block), checked as the CLI's flags are."""
         model_keywords(kw, "GPT.from_preset", ("layers", "d_model", "heads", "ctx", "sliding_window", "batch",
                                                "tokenizer", "tokenizer_file", "seed") + tuple(PARTS))
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
                                         sliding_window=sliding_window, batch=batch, tokenizer=tokenizer,
                                         tokenizer_file=tokenizer_file, seed=seed, norm=norm, norm_eps=norm_eps,
                                         position=position, rope_theta=rope_theta, mlp=mlp, bias=bias,
-                                        untied_head=untied_head, qk_norm=qk_norm).items() if v is not None}
+                                        untied_head=untied_head, qk_norm=qk_norm,
+                                        kv_heads=kv_heads).items() if v is not None}
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
                      window=o.sliding_window, batch=o.batch, **block_parts(o))
@@ -205,7 +206,7 @@ class GPT:
                                ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,
                                tokenizer=tokenizer, seed=config.seed, norm=config.norm, norm_eps=config.norm_eps,
                                position=config.position, mlp=config.activation, bias=config.bias == "all",
-                               untied_head=not config.tied, qk_norm=config.qk_norm,
+                               untied_head=not config.tied, qk_norm=config.qk_norm, kv_heads=config.kv_heads or None,
                                rope_theta=config.rope_theta if config.block.position.rotary else None, **kw)
 
     # ---- what it is -----------------------------------------------------------------------------

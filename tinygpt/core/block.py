@@ -15,6 +15,8 @@ file and the memory plan read; nothing else compares a part's name.
               none: no projection has one (Llama's, nanochat's)
     head      tied: the logits are the token table's product (GPT-2's); untied: a table of their
               own, lm_head [V, C] (Llama's, nanochat's)
+    heads     H query heads and KV key/value heads, KV dividing H: each kv head serves H / KV query
+              heads (grouped-query attention; KV = 1 is multi-query, KV = H GPT-2's own)
     qk_norm   none (GPT-2's, Llama's); weighted: an RMSNorm over each head's q and each head's k,
               with a gain [hd] each (Qwen3's q_norm, k_norm); free: the same without gains
               (nanochat's). Applied where q and k are written, before RoPE turns them
@@ -74,6 +76,22 @@ class QKNorm:
 
 QK_NORMS = {q.name: q for q in (QKNorm("none", False, False), QKNorm("weighted", True, True),
                                 QKNorm("free", True, False))}
+@dataclass(frozen=True)
+class Heads:
+    q: int               # query heads
+    kv: int              # key/value heads, dividing q
+    hd: int              # channels a head
+
+    @property
+    def grouped(self) -> bool:
+        return self.kv < self.q
+
+    @property
+    def kv_width(self) -> int:
+        """Channels of k and v: kv * hd."""
+        return self.kv * self.hd
+
+
 HEAD_TABLES = ("tok_emb", "lm_head")     # the [V, C] tables: the embedding's, and an untied head's
 ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, Llama 2's, nanochat's)
 NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
@@ -88,6 +106,7 @@ class Block:
     bias: Bias = BIASES["all"]
     tied: bool = True
     qk_norm: QKNorm = QK_NORMS["none"]
+    heads: Heads = Heads(1, 1, 1)
     rope_theta: float = ROPE_THETA
     eps: float = NORM_EPS
 
@@ -101,13 +120,14 @@ class Block:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form."""
         return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
-                and self.bias.name == "all" and self.tied and not self.qk_norm.on)
+                and self.bias.name == "all" and self.tied and not self.qk_norm.on and not self.heads.grouped)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
         pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
         bias = {"all": "biases", "qkv": "q/k/v biases", "none": "no biases"}[self.bias.name]
         qk = f", qk-norm {self.qk_norm.name}" if self.qk_norm.on else ""
+        qk += f", {self.heads.kv} kv heads" if self.heads.grouped else ""
         return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {bias}, " + \
             ("tied head" if self.tied else "untied head") + qk
 
@@ -115,4 +135,5 @@ class Block:
 def block_of(cfg) -> Block:
     """The Block a config names (Config.validate has checked the names)."""
     return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], BIASES[cfg.bias], bool(cfg.tied),
-                 QK_NORMS[cfg.qk_norm], float(cfg.rope_theta), float(cfg.norm_eps))
+                 QK_NORMS[cfg.qk_norm], Heads(cfg.heads, cfg.n_kv, cfg.head_dim), float(cfg.rope_theta),
+                 float(cfg.norm_eps))

@@ -89,6 +89,7 @@ class Config:
     bias: str = "all"           # which projections have biases: all, qkv, none
     tied: bool = True           # the head is the token table's product (False: lm_head of its own)
     qk_norm: str = "none"       # an RMSNorm over each head's q and k: none, weighted, free
+    kv_heads: int = 0           # key/value heads, dividing heads (grouped-query attention); 0: heads
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -97,6 +98,11 @@ class Config:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def n_kv(self) -> int:
+        """Key/value heads: kv_heads, or one a query head."""
+        return self.kv_heads or self.heads
 
     @property
     def block(self) -> Block:
@@ -145,6 +151,10 @@ class Config:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
                 raise ConfigError(f"{{opt:{name}}} must be a positive finite number, got {v!r}")
+        kv = self.kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0 or (kv and self.heads % kv):
+            raise ConfigError(f"{{opt:kv_heads}} must divide {{opt:heads}} ({self.heads}): each key/value head "
+                              f"serves heads / kv_heads query heads; got {kv!r}")
         if not isinstance(self.tied, bool):
             raise ConfigError(f"tied is true or false, got {self.tied!r}")
         if self.block.position.rotary and self.head_dim % 4:
@@ -173,13 +183,14 @@ def param_shapes(cfg: Config):
     V, C, T, M, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.block
     norm = lambda n: [(n + "_g", (C,), False)] + ([(n + "_b", (C,), False)] if blk.norm.bias else [])
     lin = lambda p, W, b, shape: [(p + W, shape, True)] + ([(p + b, shape[1:], False)] if b in blk.bias.vectors else [])
+    KVC = blk.heads.kv_width                                        # k's and v's width (grouped-query attention)
     shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
         qk = [(p + "q_norm_g", (cfg.head_dim,), False), (p + "k_norm_g", (cfg.head_dim,), False)] \
             if blk.qk_norm.weights else []
-        shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, C))
-                   + lin(p, "Wv", "bv", (C, C)) + qk + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
+        shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, KVC))
+                   + lin(p, "Wv", "bv", (C, KVC)) + qk + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
                    + lin(p, "fc_in_W", "fc_in_b", (C, M)) + lin(p, "fc_out_W", "fc_out_b", (M, C)))
     return shapes + ([] if blk.tied else [("lm_head", (V, C), True)])     # an untied head's table last
 
@@ -188,7 +199,8 @@ def n_params(cfg: Config) -> int:
     """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
     norm = (2 if blk.norm.bias else 1) * C
-    biases = sum(M if b == "fc_in_b" else C for b in blk.bias.vectors)
+    KVC = blk.heads.kv_width
+    biases = sum({"fc_in_b": M, "bk": KVC, "bv": KVC}.get(b, C) for b in blk.bias.vectors)
     qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0
-    per_layer = 4 * C * C + 2 * C * M + 2 * norm + biases + qk  # Wq..Wo, fc_in, fc_out; 2 norms; biases; q/k gains
+    per_layer = 2 * C * C + 2 * C * KVC + 2 * C * M + 2 * norm + biases + qk   # Wq..Wo, fc_in, fc_out; norms; biases
     return V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm + L * per_layer

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .gpu import DTYPES, GPU, HALVES, Dispatch, Fill, grid1d, pack_uniform
+from .gpu import DTYPES, GPU, HALVES, PER_WORD, Dispatch, Fill, grid1d, pack_uniform
 from .plan import KernelPlan, online_tiles
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -512,6 +512,19 @@ class Kernels:
     def rope_backward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
         """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
         return self._rope("rope_backward", cs, x, rows, T, C, hd, offset)
+
+    # ---- grouped-query attention (heads.wgsl) ------------------------------------------------------
+    def kv_expand(self, src, dst, rows, H, KV, hd) -> Dispatch:
+        """dst [rows, H*hd] <- src [rows, KV*hd]: query head h takes kv head h // (H/KV), as stored
+        (any dtype: moved as words)."""
+        w = hd // PER_WORD[src.dtype]
+        k = self.gpu.kernel("heads.wgsl", "kv_expand", "urw")
+        return self.gpu.dispatch(k, (rows, H, KV, w), [src, dst], grid1d(-(-rows * H * w // 64)))
+
+    def kv_reduce(self, src, dst, rows, H, KV, hd) -> Dispatch:
+        """dst [rows, KV*hd] = the sum of src [rows, H*hd] over each kv head's query heads (float32)."""
+        k = self.gpu.kernel("heads.wgsl", "kv_reduce", "urw")
+        return self.gpu.dispatch(k, (rows, H, KV, hd), [src, dst], grid1d(-(-rows * KV * hd // 64)))
 
     # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
     def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None) -> Dispatch:

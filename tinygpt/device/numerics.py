@@ -127,6 +127,11 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         gpu.run([getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
         want = getattr(R, entry)(table.astype(np.float64), R.unpack_f16(xh).reshape(rows, C), T, hd, offset)
         return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
+    if entry == "kv_expand":                        # f16 k or v copied to their query heads: word for word
+        src = gpu.tensor((rows, 2), "f16", data=R.cast_f16(rng.standard_normal((rows, 4)).astype(np.float32)))
+        out = gpu.tensor((rows, 6), "f16")
+        gpu.run([kn.kv_expand(src, out, rows, 6, 2, 2)])
+        return R.unpack_f16(gpu.read(out)), R.unpack_f16(R.kv_expand(gpu.read(src), 6, 2))
     if entry == "layernorm_forward_f16":
         xs, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
         y, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))

@@ -151,7 +151,7 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     blk = cfg.block
     if not blk.gpt2:                  # the parts of a version-3 file (file_version)
         c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps, "bias": blk.bias.name,
-                  "tiedHead": blk.tied, "qkNorm": blk.qk_norm.name})
+                  "tiedHead": blk.tied, "qkNorm": blk.qk_norm.name, "kvHeads": blk.heads.kv})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
     return c
@@ -188,6 +188,11 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
         if not isinstance(parts[name], str) or parts[name] not in table:
             raise CheckpointError(f"{what}: its config sets {key} {show(parts[name])}, which this tinygpt does not "
                                   f"compute ({', '.join(table)}); it cannot evaluate, sample or train this model")
+    their_kv = c.get("nKvHeads")          # its Mac app's grouped-query attention: refused until mapped onto ours
+    if not _inactive("nKvHeads", their_kv) and their_kv != c.get("heads"):
+        raise CheckpointError(f"{what}: its config sets nKvHeads {show(their_kv)} (grouped-query attention as its "
+                              "Mac app computes it), which this tinygpt does not read yet; it cannot evaluate, "
+                              "sample or train this model")
     tied = c.get("tiedHead", True)
     if not isinstance(tied, bool):
         raise CheckpointError(f"{what}: the header's config.tiedHead is {show(tied)}; expected true or false")
@@ -197,7 +202,8 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
                  grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
                  window=window, rope_theta=_number(c, "ropeTheta", ROPE_THETA, float, what),
-                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=tied, **parts)
+                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=tied,
+                 kv_heads=_number(c, "kvHeads", 0, int, what), **parts)
     try:
         cfg.validate()
     except ValueError as e:

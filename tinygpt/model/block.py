@@ -192,6 +192,7 @@ class BlockActs:
     att_out: Tensor
     qk_raw: tuple = ()       # with QK-norm: the projections' float32 q, k, and their rows' stats [2, rows * H]
     qk_stats: tuple = ()
+    kv: tuple = ()           # grouped-query attention: k and v [rows, KV * hd] as stored, before kv_expand
 
 
 def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, attend, rows: int, C: int,
@@ -199,16 +200,20 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any;
     rot: where RoPE turns q and k (a rotary model's)."""
     lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
+    hs = pk.block.heads
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
     for i, (n, t, t_in) in enumerate(zip("qkv", a.qkv, a.att_in)):
-        if a.qk_raw and n != "v":                      # QK-norm: float32 q (k), each head normed into t
-            hd = w.qk_g[i].shape[-1]
-            ds += lin("W" + n, a.ln1, "b" + n, a.qk_raw[i], C, C)
-            ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], t, a.qk_stats[i], rows * C // hd, hd))
+        width = C if n == "q" else hs.kv_width         # k, v: KV heads (grouped-query attention)
+        own = a.kv[i - 1] if a.kv and n != "q" else t   # where the projection's heads are stored
+        if a.qk_raw and n != "v":                      # QK-norm: float32 q (k), each head normed into own
+            ds += lin("W" + n, a.ln1, "b" + n, a.qk_raw[i], width, C)
+            ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows * width // hs.hd, hs.hd))
         else:
-            ds += lin("W" + n, a.ln1, "b" + n, t, C, C)
+            ds += lin("W" + n, a.ln1, "b" + n, own, width, C)
         if rot is not None and n != "v":
-            ds += rot.forward(kn, t, rows, C)
+            ds += rot.forward(kn, own, rows, width)
+        if own is not t:                                # each kv head copied to its query heads
+            ds.append(kn.kv_expand(own, t, rows, hs.q, hs.kv, hs.hd))
         ds += pk.convert(t, t_in, rows * C)
     ds += attend(*a.att_in, a.att_out)
     ds += pk.convert(a.att_out, a.ctx, rows * C)
@@ -234,6 +239,7 @@ class BlockGrads:
     dctx: Tensor
     dqkv: tuple
     dqk_raw: Tensor | None = None      # with QK-norm: the gradient of the float32 q or k, one at a time
+    dkv: tuple = ()                    # grouped-query attention: the gradients of k and v [rows, KV * hd]
 
 
 def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, g: BlockGrads, attention,
@@ -255,15 +261,20 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     ds.append(pk.norm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
     ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, C)
     ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv)
+    hs = pk.block.heads
+    dqkv = g.dqkv
+    if a.kv:                                      # each kv head's gradient: the sum over its query heads
+        ds += [kn.kv_reduce(d, dkv, rows, hs.q, hs.kv, hs.hd) for d, dkv in zip(g.dqkv[1:], g.dkv)]
+        dqkv = (g.dqkv[0],) + tuple(g.dkv)
+    widths = (C, hs.kv_width, hs.kv_width)
     if rot is not None:
-        ds += rot.backward(kn, g.dqkv[0], rows, C) + rot.backward(kn, g.dqkv[1], rows, C)
-    for i, (n, d) in enumerate(zip("qkv", g.dqkv)):
+        ds += rot.backward(kn, dqkv[0], rows, C) + rot.backward(kn, dqkv[1], rows, widths[1])
+    for i, (n, d, width) in enumerate(zip("qkv", dqkv, widths)):
         if a.qk_raw and n != "v":                   # back through QK-norm, into the float32 q (k)'s gradient
-            hd = w.qk_g[i].shape[-1]
-            gain = n + "_norm_g"
+            heads, gain = rows * width // hs.hd, n + "_norm_g"
             if gain in G:
-                ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], rows * C // hd, hd))
-            ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, rows * C // hd, hd))
+                ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], heads, hs.hd))
+            ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, heads, hs.hd))
             d = g.dqk_raw
-        ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, C, C, i > 0)
+        ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, width, C, i > 0)
     return ds + ln_dgb(a.x, a.ln1s, "ln1") + [pk.norm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

@@ -80,9 +80,12 @@ MODEL = (
     Buffer("gel",           ("BT", "M"),             "stored",  "per layer",    A),
     # QK-norm's input: the projections' float32 q and k, and each head's row statistics
     Buffer("q raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
-    Buffer("k raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
+    Buffer("k raw",         ("BT", "KVC"),           "f32",     "per layer",    A, "qk norm"),
     Buffer("q norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
-    Buffer("k norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
+    Buffer("k norm stats",  (2, "BTKV"),             "f32",     "per layer",    A, "qk norm"),
+    # grouped-query attention: k and v of the KV heads as stored, before each is copied to its query heads
+    Buffer("k kv",          ("BT", "KVC"),           "stored",  "shared",       A, "grouped"),
+    Buffer("v kv",          ("BT", "KVC"),           "stored",  "shared",       A, "grouped"),
     # float32 copies for the attention kernels that do not read what is stored
     Buffer("q f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
     Buffer("k f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
@@ -112,6 +115,8 @@ MODEL = (
     Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("d qk raw",      ("BT", "C"),             "f32",     "shared",       BW, "training, qk norm"),
+    Buffer("dk kv",         ("BT", "KVC"),           "f32",     "shared",       BW, "training, grouped"),
+    Buffer("dv kv",         ("BT", "KVC"),           "f32",     "shared",       BW, "training, grouped"),
     Buffer("lora gs",       ("BT", "R"),             "f32",     "shared",       BW, "lora"),
     # the gate that wraps every optimizer (model.optim.Gate), and the elementwise optimizers'
     # decay per 256-float block; each optimizer's state and scratch: its own rows (optimizer.rows())
@@ -140,9 +145,11 @@ DECODE = (
     Buffer("pre",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("gel",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("q raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
-    Buffer("k raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("k raw",         ("N", "KVC"),            "f32",     "shared",       S, "cache, qk norm"),
     Buffer("q norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
-    Buffer("k norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("k norm stats",  (2, "NKV"),              "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("k kv",          ("N", "KVC"),            "stored",  "shared",       S, "cache, grouped"),
+    Buffer("v kv",          ("N", "KVC"),            "stored",  "shared",       S, "cache, grouped"),
     Buffer("scores",        ("N", "H", "T"),         "f32",     "shared",       S, "cache"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       S, "cache, split head"),
     Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache",
@@ -176,15 +183,17 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "wd": F // 256,                                      # one decay value a 256-float block
             "partials": -(-F // CHUNK),                          # the norm's partial sums
             "gate": GATE_FLOATS,                                 # the norm, the clip factor, the loss scaler
-            "BTH": B * T * H, "NH": N * H, "N": N, "ids": N + N * capacity}
+            "BTH": B * T * H, "NH": N * H, "N": N, "ids": N + N * capacity,
+            "KVC": cfg.block.heads.kv_width, "BTKV": B * T * cfg.n_kv, "NKV": N * cfg.n_kv}
 
 
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
-          rotary: bool = False, qk_norm=None) -> set:
+          rotary: bool = False, qk_norm=None, grouped: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
+    on |= {"grouped"} if grouped else set()
     on |= {"qk norm"} if qk_norm is not None and qk_norm.on else set()
     on |= {"qk free"} if qk_norm is not None and qk_norm.on and not qk_norm.weights else set()
     on |= {"training"} if training else set()
@@ -257,7 +266,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
-               qk_norm=cfg.block.qk_norm)
+               qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 
@@ -266,7 +275,8 @@ def decode_rows(cfg: Config, N: int, capacity: int, policy: Precision, cache: bo
     """(resolved rows, sizes) of a Decoder's own buffers (its Model's are model_rows')."""
     size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
     on = flags(policy, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
-               attention_reads_stored=True, cache=cache, qk_norm=cfg.block.qk_norm)   # the attention: decode.wgsl's
+               attention_reads_stored=True, cache=cache, qk_norm=cfg.block.qk_norm,   # the attention: decode.wgsl's
+               grouped=cfg.block.heads.grouped)
     return resolve(DECODE, on, size, policy), size
 
 

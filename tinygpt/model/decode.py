@@ -105,9 +105,11 @@ class Decoder:
             qkv = (b["q"], b["k"], b["v"])
             qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
-                             b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk)
+                             b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
+                             (b["k kv"], b["v kv"]) if "k kv" in b else ())
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
-            self.rope_uniforms += [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]
+            turns = [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]      # q's, then k's
+            self.rope_uniforms += list(zip(turns, (C, cfg.block.heads.kv_width)))
             steps += block
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
@@ -120,8 +122,8 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
-        for u in self.rope_uniforms:                 # rope.wgsl's Params: rows, T, C, hd, offset
-            self.gpu.write_uniform(u, pack_uniform((self.N, 1, cfg.d_model, cfg.head_dim, pos)))
+        for u, width in self.rope_uniforms:          # rope.wgsl's Params: rows, T, C, hd, offset
+            self.gpu.write_uniform(u, pack_uniform((self.N, 1, width, cfg.head_dim, pos)))
         for v0, vn, u in self.embed_uniforms:
             self.gpu.write_uniform(u, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,

@@ -87,7 +87,8 @@ def block_acts(m, l: int) -> BlockActs:
     qk = ((b["q raw"][l], b["k raw"][l]), (b["q norm stats"][l], b["k norm stats"][l])) if "q raw" in b else ((), ())
     return BlockActs(b["x"][l], b["x mid"][l], b["x"][l + 1], b["ln1"][l], b["ln1 stats"][l], (q, k, v), ctx,
                      b["ln2"][l], b["ln2 stats"][l], b["pre"][l], b["gel"][l], b["branch out"],
-                     (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx), *qk)
+                     (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx), *qk,
+                     (b["k kv"], b["v kv"]) if "k kv" in b else ())
 
 
 def rotary(m, T: int) -> Rotary | None:
@@ -151,7 +152,7 @@ def backward(m, Gd: dict) -> list:
         G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2", "q_norm_g", "k_norm_g")
              if f"h{l}.{n}" in Gd}
         grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]),
-                           b.get("d qk raw"))
+                           b.get("d qk raw"), (b["dk kv"], b["dv kv"]) if "dk kv" in b else ())
         if m.recompute and l < L - 1:    # the top block's are still those of the forward
             ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                                 block_adapters(m, l, None), rotary(m, T))

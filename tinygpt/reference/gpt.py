@@ -17,10 +17,9 @@ from . import attention as ra
 from . import kernels as RK
 from .optim import new_state
 from .optim import step as optim_step
-from .kernels import (add, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad,
-                      embed_tok_grad, f16_round, layernorm_dgb,
-                      layernorm_dx, layernorm_forward, loss_reduce, matmul, matmul_abt, matmul_atb, rope_backward,
-                      rope_forward, scale)
+from .kernels import (add, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad, embed_tok_grad,
+                      f16_round, kv_expand, kv_reduce, layernorm_dgb, layernorm_dx, layernorm_forward, loss_reduce,
+                      matmul, matmul_abt, matmul_atb, rope_backward, rope_forward, scale)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
 ROUND = {"f32": lambda a: a,
@@ -98,6 +97,9 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
             (q, c["q_stats"]), (k, c["k_stats"]) = qk_norm(q, l, "q"), qk_norm(k, l, "k")
         q, k, v = r(q), r(k), r(v)
         q, k = r(rot(q)), r(rot(k))             # turned where they are stored, as the model does
+        hs = cfg.block.heads
+        if hs.grouped:                          # each kv head copied to its query heads
+            k, v = kv_expand(k, hs.q, hs.kv), kv_expand(v, hs.q, hs.kv)
         c["qkv"] = (q, k, v)
         ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
         c["ctx"] = ctx
@@ -198,7 +200,11 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     # as the model's does
     dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
                             dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
-    dq, dk, dv = unrot(dq.reshape(B * T, C)), unrot(dk.reshape(B * T, C)), dv.reshape(B * T, C)
+    dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
+    hs = cfg.block.heads
+    if hs.grouped:                           # each kv head's gradient: the sum over its query heads
+        dk, dv = kv_reduce(dk, hs.q, hs.kv), kv_reduce(dv, hs.q, hs.kv)
+    dq, dk = unrot(dq), unrot(dk)
     h1 = c["ln1"][0]
     if cfg.block.qk_norm.on:                 # back through each head's RMSNorm, into the float32 q and k
         hd = cfg.head_dim

@@ -320,6 +320,17 @@ def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by min
     return _turn(cs, dy, T, hd, offset, -1.0)
 
 
+# ---- grouped-query attention (heads.wgsl) -----------------------------------------------
+def kv_expand(x, H, KV):                 # x [rows, KV*hd] -> [rows, H*hd]: query head h takes kv head h // (H/KV)
+    rows, hd = len(x), x.shape[1] // KV
+    return np.repeat(x.reshape(rows, KV, hd), H // KV, axis=1).reshape(rows, H * hd)
+
+
+def kv_reduce(dx, H, KV):                # dx [rows, H*hd] -> [rows, KV*hd]: kv_expand's gradient
+    rows, hd = len(dx), dx.shape[1] // H
+    return dx.reshape(rows, KV, H // KV, hd).sum(2).reshape(rows, KV * hd)
+
+
 # ---- embedding ------------------------------------------------------------------------
 def embed_forward(tokens, tok, pos, v0=0, out=None):  # tokens [B,T] -> [B,T,C]
     """tok holds rows v0 .. v0+n-1 of the table; positions whose token lies elsewhere keep out's.

@@ -110,6 +110,10 @@ class TrainOptions:
     qk_norm: str | None = setting(
         "shape", "an RMSNorm over each head's q and k before RoPE: weighted (a gain each, Qwen3's), free (no gains, "
         "nanochat's) or none (default none, or the resumed model's)", choices=list(QK_NORMS))
+    kv_heads: int | None = setting(
+        "shape", "key/value heads, dividing {opt:heads}: each serves heads / N query heads (grouped-query "
+        "attention; 1: multi-query) (default: one a query head, or the resumed model's)", check=values.positive_int,
+        metavar="N")
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
                                         "prepare (default: the built-in corpus)")

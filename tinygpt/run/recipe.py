@@ -62,12 +62,15 @@ same = lambda v: v
 PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
          "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
          "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied),
-         "qk_norm": ("qk_norm", same)}
+         "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same)}
+
+
+FIELD = {"n_kv": "kv_heads"}       # a part compared as the config resolves it (kv heads), set as its field
 
 
 def block_parts(o: TrainOptions) -> dict:
     """The Config fields the block's options set (None: the preset's)."""
-    parts = {theirs: None if getattr(o, name) is None else value(getattr(o, name))
+    parts = {FIELD.get(theirs, theirs): None if getattr(o, name) is None else value(getattr(o, name))
              for name, (theirs, value) in PARTS.items()}
     if o.rope_theta is not None and not POSITIONS[o.position or "learned"].rotary:
         raise UsageError("{opt:rope_theta} is RoPE's base: give it with {opt:position} rope")
