@@ -45,7 +45,7 @@ def check_fits(m):
         raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {m.precision.name} needs a rank that is a "
                          f"multiple of {m.precision.width_multiple} (its kernels' width)")
     for name, (_, shape) in {**(m.base_offsets or {}), **m.offsets}.items():   # each parameter is bound
-        if name not in HEAD_TABLES:                  # whole by its kernels, except the [V, C] tables: Head binds them in chunks
+        if name not in HEAD_TABLES:                  # whole by its kernels, except the [V, C] tables (Head: chunks)
             g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
 
 

@@ -48,6 +48,46 @@ def _qk_gain(P, cfg: Config, l: int, which: str, dtype):
     return P[f"h{l}.{which}_norm_g"] if cfg.block.qk_norm.weights else np.ones(cfg.head_dim, dtype)
 
 
+def _qkv(P, cfg: Config, l: int, c: dict, qkv, r, rot) -> tuple:
+    """The projections' q, k, v as the attention reads them: QK-norm over each head of the
+    float32 q and k (its input and statistics kept in c), then stored (r), turned by RoPE where
+    they are stored, and each kv head copied to its query heads."""
+    q, k, v = qkv
+    if cfg.block.qk_norm.on:
+        c["qk_raw"] = (q, k)
+        hd = cfg.head_dim
+        for which, x in (("q", q), ("k", k)):
+            y, mean, rstd = layernorm_forward(x.reshape(-1, hd), _qk_gain(P, cfg, l, which, x.dtype), None,
+                                              cfg.block.eps, rms=True)
+            c[which + "_stats"] = (mean, rstd)
+            q, k = (y.reshape(x.shape), k) if which == "q" else (q, y.reshape(x.shape))
+    q, k, v = r(q), r(k), r(v)
+    q, k = r(rot(q)), r(rot(k))
+    hs = cfg.block.heads
+    if hs.grouped:
+        k, v = kv_expand(k, hs.q, hs.kv), kv_expand(v, hs.q, hs.kv)
+    return q, k, v
+
+
+def _qkv_backward(P, G, cfg: Config, l: int, c: dict, dqkv, unrot) -> tuple:
+    """_qkv's transpose: the attention's dq, dk, dv [BT, C] -> the projections' (kv heads summed,
+    turned back by RoPE, back through QK-norm, whose gains' gradients go into G)."""
+    dq, dk, dv = dqkv
+    hs = cfg.block.heads
+    if hs.grouped:
+        dk, dv = kv_reduce(dk, hs.q, hs.kv), kv_reduce(dv, hs.q, hs.kv)
+    dq, dk = unrot(dq), unrot(dk)
+    if cfg.block.qk_norm.on:
+        hd = cfg.head_dim
+        for which, raw in (("q", c["qk_raw"][0]), ("k", c["qk_raw"][1])):
+            d = dq if which == "q" else dk
+            x, dy, (mean, rstd) = raw.reshape(-1, hd), d.reshape(-1, hd), c[which + "_stats"]
+            G[f"h{l}.{which}_norm_g"] = layernorm_dgb(dy, x, mean, rstd, True)[0]
+            d = layernorm_dx(dy, x, _qk_gain(P, cfg, l, which, dy.dtype), mean, rstd, True).reshape(d.shape)
+            dq, dk = (d, dk) if which == "q" else (dq, d)
+    return dq, dk, dv
+
+
 def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32,
             lora: LoRA | None = None):
     """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
@@ -69,12 +109,6 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     P = params
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
-    qk_on, hd = cfg.block.qk_norm.on, cfg.head_dim
-
-    def qk_norm(x, l, which):                   # -> (normed [BT, C], (mean, rstd) of each head's row)
-        y, mean, rstd = layernorm_forward(x.reshape(-1, hd), _qk_gain(P, cfg, l, which, x.dtype), None,
-                                          cfg.block.eps, rms=True)
-        return y.reshape(x.shape), (mean, rstd)
     x = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, C)  # [BT,C]
     cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
     cache["lora"] = lora
@@ -91,16 +125,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         y, mean, rstd = norm(x, p("ln1_g"), P.get(f"h{l}.ln1_b"))
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
-        q, k, v = (lin("W" + n, h, "b" + n) for n in "qkv")
-        if qk_on:                               # QK-norm: each head's float32 q (k) normed, then stored
-            c["qk_raw"] = (q, k)
-            (q, c["q_stats"]), (k, c["k_stats"]) = qk_norm(q, l, "q"), qk_norm(k, l, "k")
-        q, k, v = r(q), r(k), r(v)
-        q, k = r(rot(q)), r(rot(k))             # turned where they are stored, as the model does
-        hs = cfg.block.heads
-        if hs.grouped:                          # each kv head copied to its query heads
-            k, v = kv_expand(k, hs.q, hs.kv), kv_expand(v, hs.q, hs.kv)
-        c["qkv"] = (q, k, v)
+        q, k, v = c["qkv"] = _qkv(P, cfg, l, c, [lin("W" + n, h, "b" + n) for n in "qkv"], r, rot)
         ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
         c["ctx"] = ctx
         x = add(x, lin("Wo", ctx, "bo"))
@@ -200,20 +225,8 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     # as the model's does
     dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
                             dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
-    dq, dk, dv = dq.reshape(B * T, C), dk.reshape(B * T, C), dv.reshape(B * T, C)
-    hs = cfg.block.heads
-    if hs.grouped:                           # each kv head's gradient: the sum over its query heads
-        dk, dv = kv_reduce(dk, hs.q, hs.kv), kv_reduce(dv, hs.q, hs.kv)
-    dq, dk = unrot(dq), unrot(dk)
+    dq, dk, dv = _qkv_backward(P, G, cfg, l, c, (d.reshape(B * T, C) for d in (dq, dk, dv)), unrot)
     h1 = c["ln1"][0]
-    if cfg.block.qk_norm.on:                 # back through each head's RMSNorm, into the float32 q and k
-        hd = cfg.head_dim
-        for which, d, raw, (mean, rstd) in (("q", dq, c["qk_raw"][0], c["q_stats"]),
-                                            ("k", dk, c["qk_raw"][1], c["k_stats"])):
-            x, dy = raw.reshape(-1, hd), d.reshape(-1, hd)
-            g(which + "_norm_g", layernorm_dgb(dy, x, mean, rstd, True)[0])
-            dx_ = layernorm_dx(dy, x, _qk_gain(P, cfg, l, which, dy.dtype), mean, rstd, True).reshape(d.shape)
-            dq, dk = (dx_, dk) if which == "q" else (dq, dx_)
     dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
     for n, d in (("q", dq), ("k", dk), ("v", dv)):
         g("W" + n, matmul_atb(h1, rg(d)))
