@@ -201,7 +201,7 @@ def check_greedy(gpu, plan, cfg, attention, prompt, n):
 
 
 @pytest.mark.parametrize("attention, parts", [("online", {}), ("naive", {}),
-                                              ("online", dict(norm="rmsnorm", position="rope", activation="relu2",
+                                              ("online", dict(norm="rmsnorm_free", position="rope", activation="relu2",
                                                               bias="none", tied=False, qk_norm="free",
                                                               kv_heads=1))])
 def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention, parts):

@@ -4,8 +4,9 @@ names into the one Block value that the parameter table, the device model, the r
 file and the memory plan read; nothing else compares a part's name.
 
     norm      layernorm: y = g (x - mean) rstd + b (GPT-2's, TinyGPT's)
-              rmsnorm:   y = g x rstd, rstd = 1 / sqrt(mean(x^2) + eps) (Llama's, nanochat's): no
-                         centring and no bias (layernorm.wgsl's kernels with their rms switch)
+              rmsnorm:   y = g x rstd, rstd = 1 / sqrt(mean(x^2) + eps) (Llama's): no centring and
+                         no bias (layernorm.wgsl's kernels with their rms switch)
+              rmsnorm_free: the same without the gain (nanochat's: g = 1, no parameter)
     position  learned:   a [ctx, C] table added to the token embedding (GPT-2's)
               rope:      q and k of each head turned by angles pos * theta^(-2i/hd), in the
                          rotate-half layout of transformers and nanochat (rope.wgsl), no table
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 class Norm:
     name: str
     rms: bool            # RMSNorm's: no centring, no bias
+    weights: bool = True     # a gain g [C] (without: g = 1)
 
     @property
     def bias(self) -> bool:
@@ -53,7 +55,8 @@ class Mlp:
     options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
 
 
-NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True))}
+NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),
+                             Norm("rmsnorm_free", rms=True, weights=False))}
 POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
 MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),

@@ -181,7 +181,8 @@ def param_shapes(cfg: Config):
     """[(name, shape, decayed)] in the .tinygpt order; decay on matrices and embeddings. The block's
     parts decide which exist: the position table (learned), the norms' biases (layernorm)."""
     V, C, T, M, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.block
-    norm = lambda n: [(n + "_g", (C,), False)] + ([(n + "_b", (C,), False)] if blk.norm.bias else [])
+    norm = lambda n: ([(n + "_g", (C,), False)] if blk.norm.weights else []) + \
+        ([(n + "_b", (C,), False)] if blk.norm.bias else [])
     lin = lambda p, W, b, shape: [(p + W, shape, True)] + ([(p + b, shape[1:], False)] if b in blk.bias.vectors else [])
     KVC = blk.heads.kv_width                                        # k's and v's width (grouped-query attention)
     shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
@@ -198,7 +199,7 @@ def param_shapes(cfg: Config):
 def n_params(cfg: Config) -> int:
     """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
-    norm = (2 if blk.norm.bias else 1) * C
+    norm = (int(blk.norm.bias) + int(blk.norm.weights)) * C
     KVC = blk.heads.kv_width
     biases = sum({"fc_in_b": M, "bk": KVC, "bv": KVC}.get(b, C) for b in blk.bias.vectors)
     qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0

@@ -62,9 +62,9 @@ MODEL = (
     Buffer("grads micro",   ("F",),                  "f32",     "model",        "gradients", "accumulating", "flat"),
     Buffer("batch",         ("batch",),              "u32",     "step",         "batch"),
     # RoPE's (cos, sin) [ctx, hd/2, 2] (core.rope), written once: a rotary model's, and its decode step's;
-    # the gains of a QK-norm without weights (ones)
+    # the gains of a norm without weights (ones: nanochat's norms, its QK-norm)
     Buffer("rope table",    ("ctx", "hd"),           "f32",     "model",        "constants", "rotary"),
-    Buffer("ones",          ("hd",),                 "f32",     "model",        "constants", "qk free"),
+    Buffer("ones",          ("C",),                  "f32",     "model",        "constants", "ones"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
     Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
@@ -189,13 +189,13 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
-          rotary: bool = False, qk_norm=None, grouped: bool = False) -> set:
+          rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
     on |= {"grouped"} if grouped else set()
     on |= {"qk norm"} if qk_norm is not None and qk_norm.on else set()
-    on |= {"qk free"} if qk_norm is not None and qk_norm.on and not qk_norm.weights else set()
+    on |= {"ones"} if qk_norm is not None and qk_norm.on and not qk_norm.weights or norm_free else set()
     on |= {"training"} if training else set()
     on |= {"head"} if head else set()
     on |= {"accumulating"} if accum > 1 else set()
@@ -266,7 +266,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
-               qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped)
+               qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

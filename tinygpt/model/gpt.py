@@ -66,8 +66,8 @@ class Model:
         self._views()
         if "rope table" in self.buf:          # a rotary model's angles, made once on the host (core.rope)
             gpu.write(self.buf["rope table"], rope_table(cfg.ctx, cfg.head_dim, cfg.rope_theta).reshape(-1))
-        if "ones" in self.buf:                # the gains of a QK-norm without weights
-            gpu.write(self.buf["ones"], np.ones(cfg.head_dim, np.float32))
+        if "ones" in self.buf:                # the gains of norms without weights
+            gpu.write(self.buf["ones"], np.ones(cfg.d_model, np.float32))
         self._copy_weights = record.weight_copy(self)
         self._copy_base = record.weight_copy(self, "base")      # a LoRA run's frozen copy: made once, when set
         if self.scaled:
@@ -114,6 +114,12 @@ class Model:
         copy = "params copy" in b
         self.read = {**frozen("base copy"), **self._param_views(b["params copy"])} if copy else self.P
         self.G = self._param_views(self.grads) if self.grads is not None else None
+        if "ones" in b:             # the norms without weights read ones where a gain would be (no gradient)
+            blk, L = self.cfg.block, self.cfg.layers
+            free = ([] if blk.norm.weights else ["ln_f", "ln_f_g"] + [f"h{l}.ln{i}{g}" for l in range(L)
+                                                                     for i in (1, 2) for g in ("", "_g")])
+            free += [] if blk.qk_norm.weights else [f"h{l}.{w}_norm_g" for l in range(L) for w in "qk"]
+            self.P.update({n: b["ones"] for n in free})
         self.G_micro = self._param_views(b["grads micro"]) if "grads micro" in b else None
 
     def _param_views(self, flat: Tensor, offsets: dict | None = None) -> dict:

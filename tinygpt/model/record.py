@@ -58,8 +58,7 @@ def layer_attention(m, l: int) -> attn.Attention:
 def block_weights(m, l: int) -> BlockWeights:
     """Block l's weights as its kernels read them."""
     p = lambda n: f"h{l}.{n}"
-    qk = m.cfg.block.qk_norm
-    gains = (m.P[p("q_norm_g")], m.P[p("k_norm_g")]) if qk.weights else (m.buf["ones"],) * 2 if qk.on else ()
+    gains = (m.P[p("q_norm_g")], m.P[p("k_norm_g")]) if m.cfg.block.qk_norm.on else ()
     return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
                         m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")], gains)
 

@@ -33,7 +33,7 @@ def _parts(cfg: Config, T: int, dtype):
     q or k [rows, C] (identities for a learned table), on the model's float32 table."""
     blk = cfg.block
     eps, rms = blk.eps, blk.norm.rms
-    norm = lambda x, g, b: layernorm_forward(x, g, b, eps, rms)
+    norm = lambda x, g, b: layernorm_forward(x, 1.0 if g is None else g, b, eps, rms)    # g None: no gain
     act = lambda x: getattr(RK, blk.mlp.forward)(x, **blk.mlp.options)
     act_grad = lambda x, dy: getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options)
     if not blk.position.rotary:
@@ -122,7 +122,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
                 hs = c["lora"][W] = scale(matmul_abt(h, rw(P[adapter_name(l, W, "A")])), lora.scale)
                 y = y + matmul_abt(rg(hs), rw(P[adapter_name(l, W, "B")]))
             return y
-        y, mean, rstd = norm(x, p("ln1_g"), P.get(f"h{l}.ln1_b"))
+        y, mean, rstd = norm(x, P.get(f"h{l}.ln1_g"), P.get(f"h{l}.ln1_b"))
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
         q, k, v = c["qkv"] = _qkv(P, cfg, l, c, [lin("W" + n, h, "b" + n) for n in "qkv"], r, rot)
@@ -130,14 +130,14 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         c["ctx"] = ctx
         x = add(x, lin("Wo", ctx, "bo"))
         c["x_mid"] = x
-        y, mean, rstd = norm(x, p("ln2_g"), P.get(f"h{l}.ln2_b"))
+        y, mean, rstd = norm(x, P.get(f"h{l}.ln2_g"), P.get(f"h{l}.ln2_b"))
         c["ln2"] = (r(y), mean, rstd)
         c["pre"] = r(lin("fc_in_W", c["ln2"][0], "fc_in_b"))   # [BT,M]
         c["act"] = r(act(c["pre"]))
         x = add(x, lin("fc_out_W", c["act"], "fc_out_b"))
         cache["layers"].append(c)
     cache["x_final"] = x
-    y, mean, rstd = norm(x, P["ln_f_g"], P.get("ln_f_b"))
+    y, mean, rstd = norm(x, P.get("ln_f_g"), P.get("ln_f_b"))
     cache["lnf"] = (r(y), mean, rstd)
     logits = matmul_abt(cache["lnf"][0], rw(P[cfg.block.head]))            # [BT,V]
     if targets is None:
@@ -169,7 +169,7 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     dy = matmul(rg(dlogits), r(P[head]))                                       # [BT,C]
     rms = cfg.block.norm.rms
     G["ln_f_g"], G["ln_f_b"] = layernorm_dgb(dy, cache["x_final"], lnf_mean, lnf_rstd, rms)
-    dx = layernorm_dx(dy, cache["x_final"], P["ln_f_g"], lnf_mean, lnf_rstd, rms)   # residual grad
+    dx = layernorm_dx(dy, cache["x_final"], P.get("ln_f_g", 1.0), lnf_mean, lnf_rstd, rms)   # residual grad
     lora = cache.get("lora")
     for l in reversed(range(cfg.layers)):
         dx = _block_backward(P, G, cfg, l, cache["layers"][l], dx, lora, (r, rg), attend_bwd, (B, T))
@@ -215,7 +215,7 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2, rms)
     g("ln2_g", dg)
     g("ln2_b", db)
-    dx = dx + layernorm_dx(dln2, c["x_mid"], p("ln2_g"), m2, r2, rms)
+    dx = dx + layernorm_dx(dln2, c["x_mid"], P.get(f"h{l}.ln2_g", 1.0), m2, r2, rms)
     # attention branch
     g("Wo", matmul_atb(c["ctx"], rg(dx)))
     g("bo", bias_grad(dx))
@@ -235,7 +235,7 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     dg, db = layernorm_dgb(dln1, c["x"], m1, r1, rms)
     g("ln1_g", dg)
     g("ln1_b", db)
-    dx = dx + layernorm_dx(dln1, c["x"], p("ln1_g"), m1, r1, rms)
+    dx = dx + layernorm_dx(dln1, c["x"], P.get(f"h{l}.ln1_g", 1.0), m1, r1, rms)
     return dx
 
 
