@@ -7,6 +7,10 @@ enable subgroups;
 //                  logits[r] <- (softmax(logits[r]) - onehot(target)) * scale   when write_grad
 //                  (* the loss scale where SCALED)
 //   loss_reduce    loss[0] = sum(losses) * scale  (loss: binding 2, where cross_entropy has logits)
+//   softcap        logits[r] <- SOFTCAP * tanh(logits[r] / SOFTCAP) in place (nanochat's logit soft-cap),
+//                  and with SOFTCAP > 0 cross_entropy's gradient is the uncapped logits': the capped
+//                  one times 1 - (y / SOFTCAP)^2, y the capped logit it reads, so that nothing more
+//                  is kept for the backward
 // One workgroup of 64 per row; the row max and sum go through workgroup
 // memory so that large vocabularies (50257) stay parallel. Rows are split
 // into chunks by the host when the logits exceed a binding (row0 offsets).
@@ -26,6 +30,13 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 // on the device, where the optimizer changes it without the host knowing
 @group(0) @binding(4) var<storage, read> scaler: array<f32>;
 override SCALED: bool = false;
+override SOFTCAP: f32 = 0.0;       // the logits were capped at +-SOFTCAP (softcap); 0: not capped
+
+// d(capped)/d(uncapped) at the capped logit y
+fn cap_grad(y: f32) -> f32 {
+  let t = y / SOFTCAP;
+  return 1.0 - t * t;
+}
 
 fn grad_scale() -> f32 {
   if (SCALED) { return p.scale * scaler[2]; }
@@ -54,8 +65,10 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let inv = 1.0 / s;
     let scale = grad_scale();
     for (var j = lid; j < p.stride; j += 64u) {
-      var g = exp(logits[base + j] - m) * inv;
+      let y = logits[base + j];
+      var g = exp(y - m) * inv;
       if (j == tgt) { g -= 1.0; }
+      if (SOFTCAP > 0.0) { g *= cap_grad(y); }
       logits[base + j] = select(0.0, g * scale, j < p.V);
     }
   }
@@ -68,6 +81,17 @@ fn loss_reduce(@builtin(local_invocation_id) lidv: vec3<u32>) {
   for (var j = lid; j < p.rows; j += 64u) { s += losses[j]; }
   s = wg_sum64(lid, s);
   if (lid == 0u) { loss[0] = s * p.scale; }
+}
+
+// logits [rows, stride] capped in place (the padding columns' 0 stays 0); one invocation a logit.
+// tanh's argument clamped to +-9, where tanh is 1 within float32's rounding, so that no
+// implementation's exp overflows inside it
+@compute @workgroup_size(64)
+fn softcap(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= p.rows * p.stride) { return; }
+  logits[i] = SOFTCAP * tanh(clamp(logits[i] / SOFTCAP, -9.0, 9.0));
 }
 //#if sg
 
@@ -118,10 +142,12 @@ fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var scale = p.scale;
     if (SCALED) { scale *= scaler[2]; }
     for (var j = lane; j < s4; j += LANES) {
-      var g = exp(logits4[base + j] - m) * inv;
+      let y = logits4[base + j];
+      var g = exp(y - m) * inv;
       let c = 4u * j;
       g -= vec4<f32>(select(0.0, 1.0, c == tgt), select(0.0, 1.0, c + 1u == tgt),
                      select(0.0, 1.0, c + 2u == tgt), select(0.0, 1.0, c + 3u == tgt));
+      if (SOFTCAP > 0.0) { g *= vec4<f32>(cap_grad(y.x), cap_grad(y.y), cap_grad(y.z), cap_grad(y.w)); }
       logits4[base + j] = select(vec4<f32>(), g * scale, real(j));
     }
   }

@@ -14,7 +14,8 @@ from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.files import checkpoint as ckpt
 
 MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6",
-          "--no-bias", "--untied-head", "--qk-norm", "weighted", "--kv-heads", "1"]
+          "--no-bias", "--untied-head", "--qk-norm", "weighted", "--kv-heads", "1", "--logit-softcap", "15",
+          "--embed-norm"]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
         "--eval-every", "0", "--lr", "3e-3"]
 
@@ -60,9 +61,10 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     # 1 and 2 alone: a version-3 file is refused there, never read as GPT-2's block
     assert version == header["version"] == 3 and version not in (1, 2)
     assert {k: header["config"][k] for k in ("norm", "position", "ropeTheta", "normEps", "activation", "bias",
-                                             "tiedHead", "qkNorm", "kvHeads")} == \
+                                             "tiedHead", "qkNorm", "kvHeads", "logitSoftcap", "embedNorm")} == \
         {"norm": "rmsnorm", "position": "rope", "ropeTheta": 500.0, "normEps": 1e-6, "activation": "relu2",
-         "bias": "none", "tiedHead": False, "qkNorm": "weighted", "kvHeads": 1}
+         "bias": "none", "tiedHead": False, "qkNorm": "weighted", "kvHeads": 1, "logitSoftcap": 15.0,
+         "embedNorm": True}
     assert not any(e["name"].startswith("position_embedding") or e["name"].endswith("ln1.bias")
                    for e in header["manifest"])
     capsys.readouterr()
@@ -74,7 +76,7 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     assert main(["info", "--model", str(whole), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["block"] == ("rmsnorm (eps 1e-06), rope (theta 500), relu2, no biases, untied head, qk-norm weighted, "
-                             "1 kv heads"), info["block"]
+                             "1 kv heads, logits capped at 15, normed embedding"), info["block"]
     # a GPT-2 block's file stays version 2, upstream's
     gpt2 = tmp_path / "gpt2.tinygpt"
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0

@@ -203,7 +203,7 @@ def check_greedy(gpu, plan, cfg, attention, prompt, n):
 @pytest.mark.parametrize("attention, parts", [("online", {}), ("naive", {}),
                                               ("online", dict(norm="rmsnorm_free", position="rope", activation="relu2",
                                                               bias="none", tied=False, qk_norm="free",
-                                                              kv_heads=1))])
+                                                              kv_heads=1, softcap=3.0, embed_norm=True))])
 def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention, parts):
     """230 tokens with ctx 16: the window restarts 26 times, 200+ tokens past its first end. And a
     rotary model's (with RMSNorm and ReLU²), whose step turns q and k at the decoded position."""

@@ -410,6 +410,32 @@ def test_cross_entropy(gpu, rng, rows, V, stride, variant):
     check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
 
 
+@pytest.mark.parametrize("variant", ["scalar", "sg"])
+@pytest.mark.parametrize("rows,V,stride,cap", [(1, 5, 8, 2.0), (9, 301, 304, 15.0), (4, 50, 52, 0.3)])
+def test_softcap_and_the_capped_cross_entropy(gpu, rng, rows, V, stride, cap, variant):
+    """softcap caps the logits in place (the padding's 0 stays 0); cross_entropy with SOFTCAP
+    writes the gradient of the uncapped logits: the capped one times 1 - (y / cap)^2."""
+    from tinygpt.device.planner import make_plan
+    from tinygpt.device.plan import PORTABLE
+    if variant == "sg" and make_plan(gpu, tuning={}).loss != "sg":
+        pytest.skip(f"{gpu.name}: no subgroups for cross_entropy_sg")
+    kn = Kernels(gpu, make_plan(gpu, tuning={}) if variant == "sg" else PORTABLE)
+    padded = np.zeros((rows, stride), np.float32)
+    padded[:, :V] = rng.standard_normal((rows, V)) * 3 * cap          # well into tanh's flat part
+    tgt = rng.integers(0, V, rows).astype(np.uint32)
+    tl, losses = gpu.upload(padded), gpu.tensor((rows,))
+    run(gpu, kn.softcap(tl, rows, stride, cap))
+    capped = R.softcap(f64(padded), cap)
+    check(f"softcap {rows}x{stride} at {cap:g}", gpu.read(tl), capped, 1e-6, 1e-6)
+    run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride, variant=variant,
+                              softcap=cap))
+    rl, rd = R.cross_entropy(tgt, capped[:, :V], 1.0 / rows, cap)
+    want = np.zeros((rows, stride))
+    want[:, :V] = rd
+    check(f"cross_entropy {variant} capped at {cap:g}: losses", gpu.read(losses), rl, 5e-6, 1e-6)
+    check(f"cross_entropy {variant} capped at {cap:g}: the uncapped logits' gradient", gpu.read(tl), want, 1e-7, 1e-5)
+
+
 def gate_words(state: dict) -> np.ndarray:
     words = np.zeros(K.GATE_FLOATS, np.float32)
     for key, i in K.GATE.items():

@@ -109,10 +109,11 @@ MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position=
           "relu2": dict(activation="relu2"), "no bias": dict(bias="none"), "qkv bias": dict(bias="qkv"),
           "untied": dict(tied=False), "qk-norm": dict(qk_norm="weighted"),
           "qk-norm free, rope": dict(qk_norm="free", position="rope"),
-          "multi-query": dict(kv_heads=1), "rmsnorm free": dict(norm="rmsnorm_free"), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
+          "multi-query": dict(kv_heads=1), "rmsnorm free": dict(norm="rmsnorm_free"), "softcap": dict(softcap=0.5),
+          "embed norm": dict(embed_norm=True), "embed rmsnorm free": dict(embed_norm=True, norm="rmsnorm_free"), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
                                                                       position="rope"),
           "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False,
-                      qk_norm="weighted", heads=6, kv_heads=2)}
+                      qk_norm="weighted", heads=6, kv_heads=2, softcap=15.0, embed_norm=True)}
 
 
 @pytest.mark.parametrize("parts, attention, window", [(p, "online", 0) for p in MODERN] + [

@@ -102,6 +102,13 @@ def test_rmsnorm(r):
     assert db is None
 
 
+def test_the_capped_cross_entropys_gradient_is_the_uncapped_logits(r):
+    """cross_entropy(softcap) of capped logits gives the gradient of the loss of softcap(z) in z."""
+    z, tgt, cap = r.standard_normal((3, 7)) * 4, np.array([1, 6, 0]), 2.5
+    f = lambda: R.cross_entropy(tgt, R.softcap(z, cap), 1.0)[0].sum()
+    check("softcap cross_entropy dz", R.cross_entropy(tgt, R.softcap(z, cap), 1.0, cap)[1], numgrad(f, z), 1e-7)
+
+
 def test_kv_reduce_is_kv_expands_transpose(r):
     """kv_expand is transformers' repeat_kv (kv head i serves query heads i*G .. i*G+G-1) and
     kv_reduce its transpose: <expand(x), y> = <x, reduce(y)>."""

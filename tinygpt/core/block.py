@@ -18,6 +18,8 @@ file and the memory plan read; nothing else compares a part's name.
               own, lm_head [V, C] (Llama's, nanochat's)
     heads     H query heads and KV key/value heads, KV dividing H: each kv head serves H / KV query
               heads (grouped-query attention; KV = 1 is multi-query, KV = H GPT-2's own)
+    softcap   0 (none), or the logits capped at +-cap: cap tanh(z / cap) (nanochat's, at 15)
+    embed_norm the block's norm also right after the token embedding (nanochat's; ln_e)
     qk_norm   none (GPT-2's, Llama's); weighted: an RMSNorm over each head's q and each head's k,
               with a gain [hd] each (Qwen3's q_norm, k_norm); free: the same without gains
               (nanochat's). Applied where q and k are written, before RoPE turns them
@@ -110,6 +112,8 @@ class Block:
     tied: bool = True
     qk_norm: QKNorm = QK_NORMS["none"]
     heads: Heads = Heads(1, 1, 1)
+    softcap: float = 0.0
+    embed_norm: bool = False
     rope_theta: float = ROPE_THETA
     eps: float = NORM_EPS
 
@@ -123,7 +127,8 @@ class Block:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form."""
         return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
-                and self.bias.name == "all" and self.tied and not self.qk_norm.on and not self.heads.grouped)
+                and self.bias.name == "all" and self.tied and not self.qk_norm.on and not self.heads.grouped
+                and not self.softcap and not self.embed_norm)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
@@ -131,6 +136,8 @@ class Block:
         bias = {"all": "biases", "qkv": "q/k/v biases", "none": "no biases"}[self.bias.name]
         qk = f", qk-norm {self.qk_norm.name}" if self.qk_norm.on else ""
         qk += f", {self.heads.kv} kv heads" if self.heads.grouped else ""
+        qk += f", logits capped at {self.softcap:g}" if self.softcap else ""
+        qk += ", normed embedding" if self.embed_norm else ""
         return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {bias}, " + \
             ("tied head" if self.tied else "untied head") + qk
 
@@ -138,5 +145,5 @@ class Block:
 def block_of(cfg) -> Block:
     """The Block a config names (Config.validate has checked the names)."""
     return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], BIASES[cfg.bias], bool(cfg.tied),
-                 QK_NORMS[cfg.qk_norm], Heads(cfg.heads, cfg.n_kv, cfg.head_dim), float(cfg.rope_theta),
-                 float(cfg.norm_eps))
+                 QK_NORMS[cfg.qk_norm], Heads(cfg.heads, cfg.n_kv, cfg.head_dim), float(cfg.softcap),
+                 bool(cfg.embed_norm), float(cfg.rope_theta), float(cfg.norm_eps))

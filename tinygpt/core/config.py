@@ -90,6 +90,8 @@ class Config:
     tied: bool = True           # the head is the token table's product (False: lm_head of its own)
     qk_norm: str = "none"       # an RMSNorm over each head's q and k: none, weighted, free
     kv_heads: int = 0           # key/value heads, dividing heads (grouped-query attention); 0: heads
+    softcap: float = 0.0        # the logits capped at +-softcap (cap tanh(z / cap)); 0: not capped
+    embed_norm: bool = False    # the block's norm right after the token embedding (nanochat's)
 
     def __post_init__(self):
         if not self.d_mlp:
@@ -147,16 +149,18 @@ class Config:
             if getattr(self, name) not in table:
                 raise ConfigError(f"{{opt:{opt}}} {getattr(self, name)!r} is not one this tinygpt computes; "
                                   f"choose one of {', '.join(table)}")
-        for name in ("rope_theta", "norm_eps"):
+        for name in ("rope_theta", "norm_eps", "softcap"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < v < float("inf") or
+                                                                               (name == "softcap" and v == 0)):
                 raise ConfigError(f"{{opt:{name}}} must be a positive finite number, got {v!r}")
         kv = self.kv_heads
         if isinstance(kv, bool) or not isinstance(kv, int) or kv < 0 or (kv and self.heads % kv):
             raise ConfigError(f"{{opt:kv_heads}} must divide {{opt:heads}} ({self.heads}): each key/value head "
                               f"serves heads / kv_heads query heads; got {kv!r}")
-        if not isinstance(self.tied, bool):
-            raise ConfigError(f"tied is true or false, got {self.tied!r}")
+        for name in ("tied", "embed_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} is true or false, got {getattr(self, name)!r}")
         if self.block.position.rotary and self.head_dim % 4:
             raise ConfigError(f"{{opt:position}} rope turns each head's channels in pairs four at a time: the head "
                               f"dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} must be a multiple of 4")
@@ -185,7 +189,8 @@ def param_shapes(cfg: Config):
         ([(n + "_b", (C,), False)] if blk.norm.bias else [])
     lin = lambda p, W, b, shape: [(p + W, shape, True)] + ([(p + b, shape[1:], False)] if b in blk.bias.vectors else [])
     KVC = blk.heads.kv_width                                        # k's and v's width (grouped-query attention)
-    shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else []) + norm("ln_f")
+    shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else [])
+    shapes += (norm("ln_e") if blk.embed_norm else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
         qk = [(p + "q_norm_g", (cfg.head_dim,), False), (p + "k_norm_g", (cfg.head_dim,), False)] \
@@ -204,4 +209,5 @@ def n_params(cfg: Config) -> int:
     biases = sum({"fc_in_b": M, "bk": KVC, "bv": KVC}.get(b, C) for b in blk.bias.vectors)
     qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0
     per_layer = 2 * C * C + 2 * C * KVC + 2 * C * M + 2 * norm + biases + qk   # Wq..Wo, fc_in, fc_out; norms; biases
-    return V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm + L * per_layer
+    return (V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm * (2 if blk.embed_norm else 1)
+            + L * per_layer)

@@ -554,16 +554,24 @@ class Kernels:
 
     # ---- loss --------------------------------------------------------------------------------------
     def cross_entropy(self, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
-                      variant=None, scaler=None) -> Dispatch:
+                      variant=None, scaler=None, softcap=0.0) -> Dispatch:
         """stride: floats between logit rows (>= V; the padded vocabulary). cross_entropy_sg (one 8-lane
         subgroup per row, no barriers) where rows are whole vec4 and the plan chose sg. scaler: the
-        loss scaler's state (GATE), whose scale dlogits then carry too."""
+        loss scaler's state (GATE), whose scale dlogits then carry too. softcap: the cap the logits
+        were capped at (softcap), whose gradient dlogits then carry too."""
         stride = stride or V
         variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
         entry, sg = ("cross_entropy_sg", SUBGROUPS) if variant == "sg" else ("cross_entropy", None)
-        k = self.gpu.kernel("loss.wgsl", entry, "urwwr", {"SCALED": True} if scaler is not None else None, sg)
+        consts = {**({"SCALED": True} if scaler is not None else {}), **({"SOFTCAP": float(softcap)} if softcap else {})}
+        k = self.gpu.kernel("loss.wgsl", entry, "urwwr", consts or None, sg)
         return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride),
                                  [targets, logits, losses, scaler], grid1d(rows))
+
+    def softcap(self, logits, rows, stride, cap) -> Dispatch:
+        """logits [rows, stride] <- cap * tanh(logits / cap), in place."""
+        k = self.gpu.kernel("loss.wgsl", "softcap", "urwwr", {"SOFTCAP": float(cap)})
+        return self.gpu.dispatch(k, (rows, stride, 0.0, 0, 0, stride), [None, logits, None, None],
+                                 grid1d(-(-rows * stride // 64)))
 
     def loss_reduce(self, losses, loss, rows, scale) -> Dispatch:
         k = self.gpu.kernel("loss.wgsl", "loss_reduce", "urww")

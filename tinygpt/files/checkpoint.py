@@ -75,6 +75,7 @@ _BLOCK_NAMES = {"ln1_g": "ln1.weight", "ln1_b": "ln1.bias", "Wq": "attn.q_proj.w
                 "ln2_g": "ln2.weight", "ln2_b": "ln2.bias", "fc_in_W": "mlp.fc_in.weight",
                 "fc_in_b": "mlp.fc_in.bias", "fc_out_W": "mlp.fc_out.weight", "fc_out_b": "mlp.fc_out.bias"}
 _TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight", "lm_head": "lm_head.weight",
+              "ln_e_g": "ln_embed.weight", "ln_e_b": "ln_embed.bias",
               "ln_f_g": "ln_final.weight", "ln_f_b": "ln_final.bias"}
 _LINEAR = {"Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W"}   # stored [in, out]; PyTorch names them [out, in]
 
@@ -151,7 +152,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     blk = cfg.block
     if not blk.gpt2:                  # the parts of a version-3 file (file_version)
         c.update({"norm": blk.norm.name, "position": blk.position.name, "normEps": blk.eps, "bias": blk.bias.name,
-                  "tiedHead": blk.tied, "qkNorm": blk.qk_norm.name, "kvHeads": blk.heads.kv})
+                  "tiedHead": blk.tied, "qkNorm": blk.qk_norm.name, "kvHeads": blk.heads.kv,
+                  "logitSoftcap": blk.softcap, "embedNorm": blk.embed_norm})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
     return c
@@ -193,16 +195,18 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
         raise CheckpointError(f"{what}: its config sets nKvHeads {show(their_kv)} (grouped-query attention as its "
                               "Mac app computes it), which this tinygpt does not read yet; it cannot evaluate, "
                               "sample or train this model")
-    tied = c.get("tiedHead", True)
-    if not isinstance(tied, bool):
-        raise CheckpointError(f"{what}: the header's config.tiedHead is {show(tied)}; expected true or false")
+    flags = {key: c.get(key, default) for key, default in (("tiedHead", True), ("embedNorm", False))}
+    for key, v in flags.items():
+        if not isinstance(v, bool):
+            raise CheckpointError(f"{what}: the header's config.{key} is {show(v)}; expected true or false")
     cfg = Config(layers=_number(c, "layers", None, int, what), d_model=d_model,
                  heads=_number(c, "heads", None, int, what), ctx=_number(c, "ctx", None, int, what),
                  batch=_number(c, "batchSize", 16, int, what), d_mlp=_number(c, "dMlp", 4 * d_model, int, what),
                  vocab=_number(c, "vocabSize", 256, int, what), lr=_number(c, "learningRate", 3e-4, float, what),
                  grad_clip=_number(c, "gradClip", 1.0, float, what), seed=_number(c, "seed", 0, int, what),
                  window=window, rope_theta=_number(c, "ropeTheta", ROPE_THETA, float, what),
-                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=tied,
+                 norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=flags["tiedHead"],
+                 embed_norm=flags["embedNorm"], softcap=_number(c, "logitSoftcap", 0.0, float, what),
                  kv_heads=_number(c, "kvHeads", 0, int, what), **parts)
     try:
         cfg.validate()

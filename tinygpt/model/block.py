@@ -41,6 +41,10 @@ class PolicyKernels:
         """The block's norm: gb its [g | b] (RMSNorm's g alone)."""
         return self._k("layernorm")(x, gb, y, stats, rows, C, eps=self.block.eps, rms=self.rms)
 
+    def norm_f32(self, x, gb, y, stats, rows, C):
+        """The block's norm writing float32 (the embedding's norm, into the residual stream)."""
+        return self.kn.layernorm_forward(x, gb, y, stats, rows, C, eps=self.block.eps, rms=self.rms)
+
     def norm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True):
         return self.kn.layernorm_dx(dy, x, g, stats, dx, rows, C, accumulate=accumulate, rms=self.rms)
 

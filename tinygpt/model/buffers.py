@@ -67,6 +67,8 @@ MODEL = (
     Buffer("ones",          ("C",),                  "f32",     "model",        "constants", "ones"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
+    Buffer("x emb",         ("BT", "C"),             "f32",     "step",         A, "embed norm"),   # before its norm
+    Buffer("x emb stats",   (2, "BT"),               "f32",     "step",         A, "embed norm"),
     Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
     Buffer("ln1",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln1 stats",     (2, "BT"),               "f32",     "per layer",    A),
@@ -189,11 +191,13 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
-          rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False) -> set:
+          rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False,
+          embed_norm: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
     on |= {"grouped"} if grouped else set()
+    on |= {"embed norm"} if embed_norm else set()
     on |= {"qk norm"} if qk_norm is not None and qk_norm.on else set()
     on |= {"ones"} if qk_norm is not None and qk_norm.on and not qk_norm.weights or norm_free else set()
     on |= {"training"} if training else set()
@@ -266,7 +270,8 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
-               qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights)
+               qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights,
+               embed_norm=cfg.block.embed_norm)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

@@ -89,8 +89,11 @@ class Decoder:
         # the first is every other kernel's
         self.embed_uniforms = [(v0, nv, u if i == 0 else self.gpu.uniform(DECODE_UNIFORM_BYTES))
                                for i, (v0, nv) in enumerate(head.vchunks)]
-        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P.get("pos_emb"), b["x a"], N, C,
+        emb = b["x mid"] if cfg.block.embed_norm else b["x a"]     # x mid: free until the first block
+        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P.get("pos_emb"), emb, N, C,
                                  ub) for v0, nv, ub in self.embed_uniforms]
+        if emb is not b["x a"]:
+            steps.append(m.pk.norm_f32(emb, m.P["ln_e"], b["x a"], b["ln stats"], N, C))
         rot = record.rotary(m, 1)                                 # one row a sequence, at the decoded position
         x, other = b["x a"], b["x b"]
         # a bf16 or f16 cache is read as stored, the attention's output written as float32 and

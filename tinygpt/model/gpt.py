@@ -116,8 +116,8 @@ class Model:
         self.G = self._param_views(self.grads) if self.grads is not None else None
         if "ones" in b:             # the norms without weights read ones where a gain would be (no gradient)
             blk, L = self.cfg.block, self.cfg.layers
-            free = ([] if blk.norm.weights else ["ln_f", "ln_f_g"] + [f"h{l}.ln{i}{g}" for l in range(L)
-                                                                     for i in (1, 2) for g in ("", "_g")])
+            free = ([] if blk.norm.weights else ["ln_f", "ln_f_g", "ln_e", "ln_e_g"]
+                    + [f"h{l}.ln{i}{g}" for l in range(L) for i in (1, 2) for g in ("", "_g")])
             free += [] if blk.qk_norm.weights else [f"h{l}.{w}_norm_g" for l in range(L) for w in "qk"]
             self.P.update({n: b["ones"] for n in free})
         self.G_micro = self._param_views(b["grads micro"]) if "grads micro" in b else None
@@ -136,7 +136,7 @@ class Model:
             words = shape[:-1] + (shape[-1] // per_word,)
             out[name] = Tensor(flat.buf, 4 * off // per_word, words, flat.dtype, name)
         C = self.cfg.d_model
-        for ln, gain in [("ln_f", "ln_f_g")] + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
+        for ln, gain in [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")] + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
                                                for i in (1, 2)]:
             if gain in offsets:
                 k = 2 if gain[:-1] + "b" in offsets else 1

@@ -48,14 +48,16 @@ class Head:
         return out
 
     def forward(self, x: Tensor, logits: Tensor, n: int) -> list:
+        """logits [n, VP] of x [n, C], capped where the block soft-caps them (core.block)."""
         kn, pk, VP, C, tok = self.kn, self.pk, self.VP, self.C, self.tok_read
+        cap = [kn.softcap(logits, n, VP, pk.block.softcap)] if pk.block.softcap else []
         if not self.split:
-            return [pk.matmul_abt(x, tok, logits, n, VP, C)]
+            return [pk.matmul_abt(x, tok, logits, n, VP, C)] + cap
         ds = []
         for _, s, nb, _, v0, nv, blk in self._blocks(n):
             ds += [pk.matmul_abt(rows(x, s, nb), table_rows(tok, v0, nv), blk, nb, nv, C),
                    kn.copy_block(blk, rows(logits, s, nb), nb, nv, nv, 0, VP, v0)]
-        return ds
+        return ds + cap
 
     def backward(self, dl: Tensor, x: Tensor, dtok: Tensor, dx: Tensor, n: int, accumulate: bool) -> list:
         """dl [n, VP] dlogits, x [n, C] the head's input -> dtok [VP, C] (added to where

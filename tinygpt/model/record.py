@@ -104,7 +104,10 @@ def batch_view(m, part: str) -> Tensor:
 def forward(m) -> list:
     cfg, B, T, BT = m.cfg, m.B, m.T, m.B * m.T
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
-    fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), m.residuals[0], B, T)
+    emb = m.buf.get("x emb", m.residuals[0])          # where the embedding is normed, it is kept before
+    fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), emb, B, T)
+    if emb is not m.residuals[0]:
+        fwd.append(m.pk.norm_f32(emb, m.P["ln_e"], m.residuals[0], m.buf["x emb stats"], BT, C))
     for l in range(L):
         fwd += block_forward(m.kn, m.pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                              block_adapters(m, l, None), rotary(m, T))
@@ -128,7 +131,8 @@ def losses(m, head: bool) -> tuple:
     # and, under a loss scaler, its scale (from the device: the gate changes it there)
     scaler = m.gate if m.scaled else None
     ce = lambda grad: [kn.cross_entropy(targets, rows(m.logits, r0, n), m.losses, n, V, 1.0 / (accum * BT),
-                                        grad, r0, m.VP, scaler=scaler if grad else None) for r0, n in m.chunks]
+                                        grad, r0, m.VP, scaler=scaler if grad else None, softcap=m.cfg.block.softcap)
+                 for r0, n in m.chunks]
     slot = lambda i: Tensor(m.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
     reduce = [kn.loss_reduce(m.losses, slot(i), BT, 1.0 / BT) for i in range(accum)] if head else []
     return reduce, ce(m.training) + reduce[:1] if head else [], ce(False)
@@ -157,11 +161,17 @@ def backward(m, Gd: dict) -> list:
                                 block_adapters(m, l, None), rotary(m, T))
         ds += block_backward(kn, pk, block_weights(m, l), block_acts(m, l), grads, m.att[l], BT, C, M,
                              block_adapters(m, l, Gd), rotary(m, T))
+    demb = dres                                              # the embedding's gradient
+    if "x emb" in b:                                         # back through the embedding's norm
+        if "ln_e" in Gd:
+            ds.append(pk.norm_dgb(dres, b["x emb"], b["x emb stats"], Gd["ln_e"], BT, C))
+        ds.append(pk.norm_dx(dres, b["x emb"], m.P["ln_e_g"], b["x emb stats"], dln, BT, C, accumulate=False))
+        demb = dln
     if "tok_emb" in Gd:
-        ds += m.head.embed_grad(batch_view(m, "buckets"), dres, Gd["tok_emb"], B, T, V,
+        ds += m.head.embed_grad(batch_view(m, "buckets"), demb, Gd["tok_emb"], B, T, V,
                                 accumulate=cfg.block.tied and cfg.block.head in Gd)     # onto the head's
         if "pos_emb" in Gd:
-            ds.append(kn.embed_pos_grad(dres, Gd["pos_emb"], B, T, C))
+            ds.append(kn.embed_pos_grad(demb, Gd["pos_emb"], B, T, C))
     return ds
 
 

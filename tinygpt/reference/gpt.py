@@ -19,7 +19,7 @@ from .optim import new_state
 from .optim import step as optim_step
 from .kernels import (add, bf16_round, bias_grad, cross_entropy, embed_forward, embed_pos_grad, embed_tok_grad,
                       f16_round, kv_expand, kv_reduce, layernorm_dgb, layernorm_dx, layernorm_forward, loss_reduce,
-                      matmul, matmul_abt, matmul_atb, rope_backward, rope_forward, scale)
+                      matmul, matmul_abt, matmul_atb, rope_backward, rope_forward, scale, softcap)
 
 # how a value is rounded where a policy stores a dtype (in the dtype it is computed in)
 ROUND = {"f32": lambda a: a,
@@ -110,7 +110,10 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
     x = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, C)  # [BT,C]
-    cache = {"tokens": tokens, "x0": x, "layers": [], "precision": precision}
+    cache = {"tokens": tokens, "emb": x, "layers": [], "precision": precision}
+    if cfg.block.embed_norm:                   # the block's norm on the embedding, float32 as the stream
+        x, *cache["emb_stats"] = norm(x, P.get("ln_e_g"), P.get("ln_e_b"))
+    cache["x0"] = x
     cache["lora"] = lora
     for l in range(L):
         p = lambda n: P[f"h{l}.{n}"]
@@ -140,9 +143,11 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     y, mean, rstd = norm(x, P.get("ln_f_g"), P.get("ln_f_b"))
     cache["lnf"] = (r(y), mean, rstd)
     logits = matmul_abt(cache["lnf"][0], rw(P[cfg.block.head]))            # [BT,V]
+    cap = cfg.block.softcap
+    logits = softcap(logits, cap) if cap else logits
     if targets is None:
         return logits.reshape(B, T, -1)
-    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T))
+    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T), cap)
     cache["dlogits"] = dlogits
     return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
 
@@ -173,6 +178,10 @@ def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: fl
     lora = cache.get("lora")
     for l in reversed(range(cfg.layers)):
         dx = _block_backward(P, G, cfg, l, cache["layers"][l], dx, lora, (r, rg), attend_bwd, (B, T))
+    if cfg.block.embed_norm:
+        mean, rstd = cache["emb_stats"]
+        G["ln_e_g"], G["ln_e_b"] = layernorm_dgb(dx, cache["emb"], mean, rstd, rms)
+        dx = layernorm_dx(dx, cache["emb"], P.get("ln_e_g", 1.0), mean, rstd, rms)
     offsets, positions = token_buckets(tokens, cfg.vocab)
     G["tok_emb"] = G.get("tok_emb", 0.0) + embed_tok_grad(offsets, positions, dx)
     if "pos_emb" in P:

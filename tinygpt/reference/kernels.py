@@ -368,7 +368,8 @@ def copy_block(src, out, rows, cols, src_stride, src_col, out_stride, out_col): 
 
 
 # ---- loss -----------------------------------------------------------------------------
-def cross_entropy(targets, logits, scale):  # logits [rows,V] -> losses [rows], dlogits [rows,V]
+def cross_entropy(targets, logits, scale, softcap=0.0):  # logits [rows,V] -> losses [rows], dlogits [rows,V]
+    """softcap: the logits were capped at it (softcap): dlogits are the uncapped logits'."""
     m = logits.max(-1, keepdims=True)
     e = np.exp(logits - m)
     s = e.sum(-1, keepdims=True)
@@ -376,7 +377,13 @@ def cross_entropy(targets, logits, scale):  # logits [rows,V] -> losses [rows], 
     losses = (m[:, 0] + np.log(s[:, 0])) - logits[rows, targets]
     d = e / s
     d[rows, targets] -= 1.0
+    if softcap:
+        d = d * (1.0 - (logits / softcap) ** 2)
     return losses, d * scale
+
+
+def softcap(logits, cap):               # -> cap * tanh(logits / cap): nanochat's logit soft-cap
+    return cap * np.tanh(logits / cap)
 
 
 cross_entropy_sg = cross_entropy         # loss.wgsl's sg section: the same, one subgroup per row

@@ -114,6 +114,12 @@ class TrainOptions:
         "shape", "key/value heads, dividing {opt:heads}: each serves heads / N query heads (grouped-query "
         "attention; 1: multi-query) (default: one a query head, or the resumed model's)", check=values.positive_int,
         metavar="N")
+    logit_softcap: float | None = setting(
+        "shape", "cap the logits at +-X, X tanh(z / X) (nanochat's 15; 0: none) (default none, or the resumed "
+        "model's)", check=values.nonneg_float, metavar="X")
+    embed_norm: bool | None = setting(
+        "shape", "the block's norm also right after the token embedding (nanochat's) (default: off, or the resumed "
+        "model's)", toggle=True)
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
                                         "prepare (default: the built-in corpus)")

@@ -62,7 +62,8 @@ same = lambda v: v
 PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
          "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
          "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied),
-         "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same)}
+         "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same), "logit_softcap": ("softcap", float),
+         "embed_norm": ("embed_norm", same)}
 
 
 FIELD = {"n_kv": "kv_heads"}       # a part compared as the config resolves it (kv heads), set as its field
