@@ -27,6 +27,22 @@ def corpus(tmp_path):
     return p
 
 
+def test_the_nanochat_block_is_its_parts_and_each_part_option_wins(tmp_path, corpus):
+    out = tmp_path / "n.tinygpt"
+    assert main(["train", *TINY, "--block", "nanochat", "--kv-heads", "1", "--logit-softcap", "10", "--steps", "2",
+                 "--data", str(corpus), "--out", str(out)]) == 0
+    cfg = ckpt.load(out).cfg
+    assert (cfg.norm, cfg.position, cfg.activation, cfg.bias, cfg.tied, cfg.qk_norm, cfg.embed_norm) == \
+        ("rmsnorm_free", "rope", "relu2", "none", False, "free", True)
+    assert (cfg.softcap, cfg.n_kv) == (10.0, 1)
+    # resumed with the same options: no contradiction; the block's name alone says a cap of 15: one
+    assert main(["train", "--resume", str(out), "--block", "nanochat", "--logit-softcap", "10", "--steps", "3",
+                 "--quiet", "--data", str(corpus)]) == 0
+    assert main(["train", "--resume", str(out), "--block", "nanochat", "--steps", "4", "--quiet",
+                 "--data", str(corpus)]) == 2
+    assert ckpt.load(out).step == 3
+
+
 def test_the_parts_table_and_parameter_count_agree():
     """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
     no biases, RoPE no table."""
@@ -103,6 +119,9 @@ def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, c
     assert main(["train", "--resume", str(out), "--steps", "2", "--norm", "layernorm", "--quiet",
                  "--data", str(corpus)]) == 2
     assert "--norm layernorm (file: norm rmsnorm)" in capsys.readouterr().err
+    assert main(["train", "--resume", str(out), "--steps", "2", "--block", "gpt2", "--quiet",
+                 "--data", str(corpus)]) == 2
+    assert "--block gpt2 (file: rmsnorm" in capsys.readouterr().err
     assert main(["export", "--model", str(out), "--format", "hf", str(tmp_path / "hf")]) != 0
     err = capsys.readouterr().err
     assert "is not GPT-2's" in err and not (tmp_path / "hf").exists(), err

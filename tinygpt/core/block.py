@@ -25,6 +25,7 @@ file and the memory plan read; nothing else compares a part's name.
               (nanochat's). Applied where q and k are written, before RoPE turns them
 
 A new part is a new value in one of these tables, its kernels and its twins, and its tests.
+BLOCKS names sets of parts (the blocks of the models people train), as Config fields.
 """
 from __future__ import annotations
 
@@ -99,6 +100,15 @@ class Heads:
 
 HEAD_TABLES = ("tok_emb", "lm_head")     # the [V, C] tables: the embedding's, and an untied head's
 ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, Llama 2's, nanochat's)
+
+# Config fields a block sets (its parts; the shape's other fields stay the preset's): GPT-2's is every
+# default; nanochat's (karpathy/nanochat's GPT) is RoPE, QK-norm, ReLU², parameter-free RMSNorm also
+# after the embedding, no biases, an untied head and the logits capped at 15. Its grouped-query
+# attention is an option there too (--kv-heads here); its initialisation is not a part (the
+# trainer's own is used).
+BLOCKS = {"gpt2": {},
+          "nanochat": {"norm": "rmsnorm_free", "position": "rope", "activation": "relu2", "bias": "none",
+                       "tied": False, "qk_norm": "free", "softcap": 15.0, "embed_norm": True}}
 NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
 
 

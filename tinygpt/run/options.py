@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 
 from .. import tokenizers
 from ..core import values
-from ..core.block import MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
+from ..core.block import BLOCKS, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
 from ..core.config import PRESETS, TINYGPT_LR, TRAIN_DEFAULTS, Config
 from ..core.lora import DEFAULT_TARGETS, MAX_RANK, TARGETS
 from ..core.precision import PRECISIONS
@@ -86,6 +86,10 @@ class TrainOptions:
         "(upstream's slidingWindow; N >= ctx is plain causal attention; default: none, or the resumed model's)",
         check=values.positive_int, metavar="N")
     # the block's parts (core.block); a resumed model keeps its own
+    block: str | None = setting(
+        "shape", "a set of the parts below: gpt2 (TinyGPT's, GPT-2's), nanochat (rmsnorm_free also after the "
+        "embedding, rope, relu2, no biases, an untied head, qk-norm free, logits capped at 15); each part's own "
+        "option over it (default gpt2, or the resumed model's)", choices=list(BLOCKS))
     norm: str | None = setting(
         "shape", "the block's norm: layernorm (GPT-2's, with biases) or rmsnorm (Llama's, nanochat's: no centring, "
         "no bias) (default layernorm, or the resumed model's)", choices=list(NORMS))

@@ -17,7 +17,7 @@ from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
 from .. import tokenizers
-from ..core.block import POSITIONS
+from ..core.block import BLOCKS, POSITIONS
 from ..core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, preset
 from ..core.errors import UsageError
 from ..core.lora import base_hash, init_adapters, make_lora
@@ -54,6 +54,11 @@ def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
         want = getattr(o, name)
         if want is not None and value(want) != getattr(fcfg, theirs):
             diffs.append(f"{{opt:{name}}} {want} (file: {theirs} {getattr(fcfg, theirs)})")
+    if o.block is not None:         # the set's parts, where no option of their own replaces them
+        given = {FIELD.get(theirs, theirs) for n, (theirs, _) in PARTS.items() if getattr(o, n) is not None}
+        fields = {f for parts in BLOCKS.values() for f in parts} - given
+        if any(BLOCKS[o.block].get(f, getattr(Config(), f)) != getattr(fcfg, f) for f in fields):
+            diffs.append(f"{{opt:block}} {o.block} (file: {fcfg.block.describe()})")
     return diffs
 
 
@@ -70,10 +75,12 @@ FIELD = {"n_kv": "kv_heads"}       # a part compared as the config resolves it (
 
 
 def block_parts(o: TrainOptions) -> dict:
-    """The Config fields the block's options set (None: the preset's)."""
-    parts = {FIELD.get(theirs, theirs): None if getattr(o, name) is None else value(getattr(o, name))
-             for name, (theirs, value) in PARTS.items()}
-    if o.rope_theta is not None and not POSITIONS[o.position or "learned"].rotary:
+    """The Config fields the block's options set (None: the preset's): the block's set (core.block's
+    BLOCKS), each part's own option over it."""
+    parts = dict(BLOCKS[o.block or "gpt2"])
+    parts.update({FIELD.get(theirs, theirs): value(getattr(o, name))
+                  for name, (theirs, value) in PARTS.items() if getattr(o, name) is not None})
+    if o.rope_theta is not None and not POSITIONS[parts.get("position", "learned")].rotary:
         raise UsageError("{opt:rope_theta} is RoPE's base: give it with {opt:position} rope")
     return parts
 
