@@ -43,6 +43,17 @@ def test_the_nanochat_block_is_its_parts_and_each_part_option_wins(tmp_path, cor
     assert ckpt.load(out).step == 3
 
 
+def test_the_llama_block_trains_from_the_api_and_keeps_its_mlp_width(tmp_path, corpus):
+    from tinygpt import GPT
+    gpt = GPT.from_preset("tiny", block="llama", kv_heads=1, layers=1, ctx=16, batch=4)
+    cfg = gpt.config
+    assert (cfg.norm, cfg.position, cfg.activation, cfg.bias, cfg.tied, cfg.rope_theta, cfg.n_kv) == \
+        ("rmsnorm", "rope", "swiglu", "none", False, 500000.0, 1)
+    assert cfg.d_mlp == 128        # 8/3 of 4 x 48, rounded up to 8: three matrices of 48 x 128 where GELU has two of 192
+    again = GPT.from_config(cfg)
+    assert again.config == cfg
+
+
 def test_the_parts_table_and_parameter_count_agree():
     """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
     no biases, RoPE no table."""

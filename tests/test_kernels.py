@@ -316,6 +316,28 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
+@pytest.mark.parametrize("n,dtype", [(2, "f32"), (1030, "f32"), (64 * 2 * 3 + 2, "bf16"), (130, "f16")])
+def test_swiglu(gpu, rng, n, dtype, kn):
+    """SwiGLU, silu(gate) * up, reading gate and up as stored (float32, or 16-bit two to a word):
+    forward within one rounding of the float64 twin on the same stored values, backward in float32."""
+    if dtype == "f16" and "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16")
+    g, u = (rng.standard_normal(n) * 3).astype(np.float32), (rng.standard_normal(n) * 3).astype(np.float32)
+    dy = rng.standard_normal(n).astype(np.float32)
+    cast, back, tol = {"f32": (lambda a: a, lambda w: w, 0.0), "bf16": (R.cast_bf16, lambda w: R.cast_f32(w, n), 2.0 ** -8),
+                       "f16": (R.cast_f16, R.unpack_f16, 2.0 ** -11)}[dtype]
+    stored = lambda a: gpu.tensor(np.shape(cast(a)), dtype, data=cast(a)) if dtype != "f32" else gpu.upload(a)
+    gs, us = stored(g), stored(u)
+    out = gpu.tensor((n // 2,), dtype) if dtype != "f32" else gpu.tensor((n,))
+    dg, du = gpu.tensor((n,)), gpu.tensor((n,))
+    run(gpu, kn.swiglu_forward(gs, us, out, n), kn.swiglu_backward(gs, us, gpu.upload(dy), dg, du, n))
+    gv, uv = (f64(back(cast(a))) for a in (g, u))
+    check(f"swiglu_forward {dtype} n={n}", f64(back(gpu.read(out))), R.swiglu_forward(gv, uv), 2e-6, tol + 1e-6)
+    want_g, want_u = R.swiglu_backward(gv, uv, f64(dy))
+    check(f"swiglu_backward {dtype} n={n} dgate", gpu.read(dg), want_g, 2e-6, 1e-5)
+    check(f"swiglu_backward {dtype} n={n} dup", gpu.read(du), want_u, 2e-6, 1e-5)
+
+
 @pytest.mark.parametrize("rows,H,KV,hd,dtype", [(1, 1, 1, 4, "f32"), (7, 6, 2, 12, "f32"), (65, 9, 3, 20, "f32"),
                                                 (13, 4, 1, 8, "bf16"), (13, 6, 3, 4, "f16")])
 def test_kv_expand_and_reduce(gpu, rng, rows, H, KV, hd, dtype, kn):

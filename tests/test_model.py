@@ -110,7 +110,8 @@ MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position=
           "untied": dict(tied=False), "qk-norm": dict(qk_norm="weighted"),
           "qk-norm free, rope": dict(qk_norm="free", position="rope"),
           "multi-query": dict(kv_heads=1), "rmsnorm free": dict(norm="rmsnorm_free"), "softcap": dict(softcap=0.5),
-          "embed norm": dict(embed_norm=True), "embed rmsnorm free": dict(embed_norm=True, norm="rmsnorm_free"), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
+          "embed norm": dict(embed_norm=True), "swiglu": dict(activation="swiglu"),
+          "swiglu, no bias": dict(activation="swiglu", bias="none"), "embed rmsnorm free": dict(embed_norm=True, norm="rmsnorm_free"), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
                                                                       position="rope"),
           "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False,
                       qk_norm="weighted", heads=6, kv_heads=2, softcap=15.0, embed_norm=True)}
@@ -230,7 +231,7 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
-@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh", "modern"])
+@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh", "modern", "llama"])
 @pytest.mark.parametrize("half", ["bf16", "f16"])
 def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     """precision bf16 or f16: logits, loss and every gradient against the float64 reference rounding
@@ -262,6 +263,9 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
         cfg = preset("tiny", activation="gelu_tanh")
     if which == "modern":          # RMSNorm, RoPE on 16-bit q and k, ReLU² in the 16-bit kernels
         cfg = preset("tiny", **MODERN["all"])
+    if which == "llama":           # SwiGLU reading 16-bit gate and up, grouped-query attention, RMSNorm's gains
+        cfg = preset("tiny", norm="rmsnorm", position="rope", activation="swiglu", bias="none", tied=False,
+                     heads=6, kv_heads=3)
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
         cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 13_000_000)

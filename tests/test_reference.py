@@ -102,6 +102,15 @@ def test_rmsnorm(r):
     assert db is None
 
 
+def test_swiglu(r):
+    """swiglu_* is silu(gate) * up and its gradients."""
+    g, u, w = r.standard_normal(9) * 3, r.standard_normal(9), r.standard_normal(9)
+    check("swiglu", R.swiglu_forward(g, u), g / (1 + np.exp(-g)) * u, 1e-15)
+    dg, du = R.swiglu_backward(g, u, w)
+    check("swiglu dgate", dg, numgrad(lambda: np.sum(R.swiglu_forward(g, u) * w), g), 1e-7)
+    check("swiglu dup", du, numgrad(lambda: np.sum(R.swiglu_forward(g, u) * w), u), 1e-7)
+
+
 def test_the_capped_cross_entropys_gradient_is_the_uncapped_logits(r):
     """cross_entropy(softcap) of capped logits gives the gradient of the loss of softcap(z) in z."""
     z, tgt, cap = r.standard_normal((3, 7)) * 4, np.array([1, 6, 0]), 2.5

@@ -24,7 +24,7 @@ import numpy as np
 
 from .files import checkpoint as ckpt
 from .files import lora_files
-from .core.config import PRESET_TOKENIZER, Config, preset
+from .core.config import PRESET_TOKENIZER, Config, mlp_width, preset
 from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
@@ -201,9 +201,11 @@ class GPT:
         if not isinstance(config, Config):
             raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
         tokenizer = {256: "byte", 50257: "gpt2"}.get(config.vocab)
-        if tokenizer is None or config.d_mlp != 4 * config.d_model or config.bias == "qkv":
+        width = mlp_width(config.d_model, config.activation)
+        if tokenizer is None or config.d_mlp != width or config.bias == "qkv":
             raise UsageError(f"GPT.from_config makes TinyGPT's models: vocabulary 256 or 50257 (got {config.vocab}), "
-                             f"an MLP of 4 x d_model (got {config.d_mlp}), biases on every projection or none (got "
+                             f"an MLP of {width} for d_model {config.d_model} (got {config.d_mlp}), biases on every "
+                             f"projection or none (got "
                              f"{config.bias}); GPT-2's own weights come in through tinygpt import-hf")
         return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
                                ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,

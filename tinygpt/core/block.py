@@ -12,6 +12,7 @@ file and the memory plan read; nothing else compares a part's name.
                          rotate-half layout of transformers and nanochat (rope.wgsl), no table
     mlp       gelu | gelu_tanh: the exact GELU (TinyGPT's), GPT-2's tanh form
               relu2:     relu(x)^2 (nanochat's; Primer's squared ReLU)
+              swiglu:    silu(gate) * up, gate a third projection fc_gate_W (Llama's, Qwen's; glu.wgsl)
     bias      all:  every projection has a bias (GPT-2's); qkv: q, k and v alone (Qwen2's);
               none: no projection has one (Llama's, nanochat's)
     head      tied: the logits are the token table's product (GPT-2's); untied: a table of their
@@ -53,9 +54,10 @@ class Position:
 @dataclass(frozen=True)
 class Mlp:
     name: str
-    forward: str         # the precision's kernel role of the activation (core.precision.ROLES)
-    backward: str
+    forward: str         # the precision's kernel role of the activation (core.precision.ROLES); a gated
+    backward: str        # one's launchers, which read gate and up as stored whatever the precision
     options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
+    gated: bool = False  # a gate projection beside the input one (fc_gate_W, fc_gate_b)
 
 
 NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),
@@ -64,14 +66,15 @@ POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
 MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
                             Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}),
-                            Mlp("relu2", "relu2_forward", "relu2_backward"))}
+                            Mlp("relu2", "relu2_forward", "relu2_backward"),
+                            Mlp("swiglu", "swiglu_forward", "swiglu_backward", gated=True))}
 @dataclass(frozen=True)
 class Bias:
     name: str
     vectors: tuple       # the block's bias vectors that exist (model.block.VECTORS' names)
 
 
-BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")),
+BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b")),
                               Bias("qkv", ("bq", "bk", "bv")), Bias("none", ()))}
 @dataclass(frozen=True)
 class QKNorm:
@@ -103,12 +106,15 @@ ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, 
 
 # Config fields a block sets (its parts; the shape's other fields stay the preset's): GPT-2's is every
 # default; nanochat's (karpathy/nanochat's GPT) is RoPE, QK-norm, ReLU², parameter-free RMSNorm also
-# after the embedding, no biases, an untied head and the logits capped at 15. Its grouped-query
-# attention is an option there too (--kv-heads here); its initialisation is not a part (the
-# trainer's own is used).
+# after the embedding, no biases, an untied head and the logits capped at 15; Llama's (Llama 3's) is
+# RMSNorm with gains, RoPE at base 500,000, SwiGLU (its width 8/3 of 4 C: config.mlp_width), no
+# biases and an untied head. Grouped-query attention is an option of both (--kv-heads here);
+# their initialisations are not parts (the trainer's own is used).
 BLOCKS = {"gpt2": {},
           "nanochat": {"norm": "rmsnorm_free", "position": "rope", "activation": "relu2", "bias": "none",
-                       "tied": False, "qk_norm": "free", "softcap": 15.0, "embed_norm": True}}
+                       "tied": False, "qk_norm": "free", "softcap": 15.0, "embed_norm": True},
+          "llama": {"norm": "rmsnorm", "position": "rope", "rope_theta": 500000.0, "activation": "swiglu",
+                    "bias": "none", "tied": False}}
 NORM_EPS = 1e-5            # TinyGPT's LayerNorm eps, and every norm's where a config gives none
 
 

@@ -176,9 +176,15 @@ def preset(name: str, **overrides) -> Config:
     for k, v in overrides.items():
         if v is not None:
             setattr(cfg, k, v)
-    if overrides.get("d_model") is not None and overrides.get("d_mlp") is None:
-        cfg.d_mlp = 4 * cfg.d_model
+    if overrides.get("d_mlp") is None:
+        cfg.d_mlp = mlp_width(cfg.d_model, cfg.activation)
     return cfg
+
+
+def mlp_width(C: int, activation: str) -> int:
+    """The MLP's width where none is given: 4 C, or for a gated MLP (three matrices, not two) 8 C / 3
+    rounded up to a multiple of 8, Llama's rule, so that the MLP keeps its parameter count."""
+    return -(-8 * C // 24) * 8 if MLPS.get(activation, MLPS["gelu"]).gated else 4 * C
 
 
 def param_shapes(cfg: Config):
@@ -197,6 +203,7 @@ def param_shapes(cfg: Config):
             if blk.qk_norm.weights else []
         shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, KVC))
                    + lin(p, "Wv", "bv", (C, KVC)) + qk + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
+                   + (lin(p, "fc_gate_W", "fc_gate_b", (C, M)) if blk.mlp.gated else [])
                    + lin(p, "fc_in_W", "fc_in_b", (C, M)) + lin(p, "fc_out_W", "fc_out_b", (M, C)))
     return shapes + ([] if blk.tied else [("lm_head", (V, C), True)])     # an untied head's table last
 
@@ -206,8 +213,10 @@ def n_params(cfg: Config) -> int:
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
     norm = (int(blk.norm.bias) + int(blk.norm.weights)) * C
     KVC = blk.heads.kv_width
-    biases = sum({"fc_in_b": M, "bk": KVC, "bv": KVC}.get(b, C) for b in blk.bias.vectors)
+    biases = sum({"fc_in_b": M, "fc_gate_b": M * blk.mlp.gated, "bk": KVC, "bv": KVC}.get(b, C)
+                 for b in blk.bias.vectors)
     qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0
-    per_layer = 2 * C * C + 2 * C * KVC + 2 * C * M + 2 * norm + biases + qk   # Wq..Wo, fc_in, fc_out; norms; biases
+    mlp = (3 if blk.mlp.gated else 2) * C * M
+    per_layer = 2 * C * C + 2 * C * KVC + mlp + 2 * norm + biases + qk   # Wq..Wo, the MLP's; norms; biases; gains
     return (V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm * (2 if blk.embed_norm else 1)
             + L * per_layer)

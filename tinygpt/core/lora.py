@@ -23,7 +23,7 @@ from .config import Config, param_shapes
 from .errors import UsageError
 
 # the option's names for the block's matrices, in the block's order
-TARGETS = {"q": "Wq", "k": "Wk", "v": "Wv", "o": "Wo", "fc_in": "fc_in_W", "fc_out": "fc_out_W"}
+TARGETS = {"q": "Wq", "k": "Wk", "v": "Wv", "o": "Wo", "gate": "fc_gate_W", "fc_in": "fc_in_W", "fc_out": "fc_out_W"}
 DEFAULT_TARGETS = ("q", "k", "v", "o")
 MAX_RANK = 4096
 
@@ -65,7 +65,7 @@ def make_lora(rank: int, alpha: float | None = None, targets=None, biases: bool 
 def shapes(cfg: Config, W: str) -> tuple[int, int]:
     """(in, out) of one of the block's matrices."""
     C, M, KVC = cfg.d_model, cfg.d_mlp, cfg.block.heads.kv_width
-    return {"fc_in_W": (C, M), "fc_out_W": (M, C), "Wk": (C, KVC), "Wv": (C, KVC)}.get(W, (C, C))
+    return {"fc_gate_W": (C, M), "fc_in_W": (C, M), "fc_out_W": (M, C), "Wk": (C, KVC), "Wv": (C, KVC)}.get(W, (C, C))
 
 
 def adapter_name(l: int, W: str, which: str) -> str:

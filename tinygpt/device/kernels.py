@@ -513,6 +513,21 @@ class Kernels:
         """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
         return self._rope("rope_backward", cs, x, rows, T, C, hd, offset)
 
+    # ---- the gated MLP's activation (glu.wgsl) -------------------------------------------------------
+    def _glu(self, entry, access, tensors, n, dtype) -> Dispatch:
+        assert n % 2 == 0, n
+        flag = DTYPES[dtype].flag                                     # gate and up as stored
+        k = self.gpu.kernel("glu.wgsl", entry, access, {flag: True} if flag else None)
+        return self.gpu.dispatch(k, (n,), tensors, grid1d(-(-n // 2 // 64)))
+
+    def swiglu_forward(self, gate, up, out, n) -> Dispatch:
+        """out = silu(gate) * up, n values (even), all three as stored."""
+        return self._glu("swiglu_forward", "urrw", [gate, up, out], n, gate.dtype)
+
+    def swiglu_backward(self, gate, up, dy, dgate, dup, n) -> Dispatch:
+        """dgate = dy * up * silu'(gate), dup = dy * silu(gate); dy, dgate, dup float32."""
+        return self._glu("swiglu_backward", "urrrww", [gate, up, dy, dgate, dup], n, gate.dtype)
+
     # ---- grouped-query attention (heads.wgsl) ------------------------------------------------------
     def kv_expand(self, src, dst, rows, H, KV, hd) -> Dispatch:
         """dst [rows, H*hd] <- src [rows, KV*hd]: query head h takes kv head h // (H/KV), as stored

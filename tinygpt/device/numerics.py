@@ -127,6 +127,18 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         gpu.run([getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
         want = getattr(R, entry)(table.astype(np.float64), R.unpack_f16(xh).reshape(rows, C), T, hd, offset)
         return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
+    if entry in ("swiglu_forward", "swiglu_backward"):      # gate and up stored f16 (the F16 flag)
+        g, u = (rng.standard_normal(n).astype(np.float32) * 3 for _ in range(2))
+        gh, uh = gpu.tensor((n // 2,), "f16", data=R.cast_f16(g)), gpu.tensor((n // 2,), "f16", data=R.cast_f16(u))
+        gv, uv = R.unpack_f16(R.cast_f16(g)), R.unpack_f16(R.cast_f16(u))
+        if entry == "swiglu_forward":
+            out = gpu.tensor((n // 2,), "f16")
+            gpu.run([kn.swiglu_forward(gh, uh, out, n)])
+            return R.unpack_f16(gpu.read(out)), R.swiglu_forward(gv, uv)
+        dy = rng.standard_normal(n).astype(np.float32)
+        dg, du = gpu.tensor((n,)), gpu.tensor((n,))
+        gpu.run([kn.swiglu_backward(gh, uh, gpu.upload(dy), dg, du, n)])
+        return np.concatenate([gpu.read(dg), gpu.read(du)]), np.concatenate(R.swiglu_backward(gv, uv, dy))
     if entry == "kv_expand":                        # f16 k or v copied to their query heads: word for word
         src = gpu.tensor((rows, 2), "f16", data=R.cast_f16(rng.standard_normal((rows, 4)).astype(np.float32)))
         out = gpu.tensor((rows, 6), "f16")

@@ -22,8 +22,8 @@ from ..core.precision import Precision
 from ..device.gpu import DTYPES, Tensor
 from ..device.kernels import Kernels
 
-MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W")
-VECTORS = ("bq", "bk", "bv", "bo", "fc_in_b", "fc_out_b")
+MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_gate_W", "fc_in_W", "fc_out_W")
+VECTORS = ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b")
 
 
 class PolicyKernels:
@@ -70,13 +70,18 @@ class PolicyKernels:
     def matmul_atb(self, a, b, out, M, N, K, accumulate=False):
         return self.kn.matmul_atb(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
 
-    def act_forward(self, x, out, n):
-        """The MLP's activation."""
+    def act_forward(self, x, out, n, gate=None):
+        """The MLP's activation (a gated one's of gate and x, its up projection)."""
         mlp = self.block.mlp
+        if mlp.gated:
+            return getattr(self.kn, mlp.forward)(gate, x, out, n)
         return self._k(mlp.forward)(x, out, n, **mlp.options)
 
-    def act_backward(self, x, dy, out, n):
+    def act_backward(self, x, dy, out, n, gate=None, dgate=None):
+        """out: d(x); a gated activation's d(gate) into dgate."""
         mlp = self.block.mlp
+        if mlp.gated:
+            return getattr(self.kn, mlp.backward)(gate, x, dy, dgate, out, n)
         return self._k(mlp.backward)(x, dy, out, n, **mlp.options)
 
     def convert(self, src: Tensor, dst: Tensor, n: int) -> list:
@@ -197,6 +202,7 @@ class BlockActs:
     qk_raw: tuple = ()       # with QK-norm: the projections' float32 q, k, and their rows' stats [2, rows * H]
     qk_stats: tuple = ()
     kv: tuple = ()           # grouped-query attention: k and v [rows, KV * hd] as stored, before kv_expand
+    gate: Tensor | None = None   # a gated MLP's gate projection [rows, M], as stored
 
 
 def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, attend, rows: int, C: int,
@@ -225,7 +231,9 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     ds += [kn.add(a.x, a.tmp, a.x_mid, rows * C),
            pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C)]
     ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
-    ds.append(pk.act_forward(a.pre, a.gel, rows * M))
+    if a.gate is not None:
+        ds += lin("fc_gate_W", a.ln2, "fc_gate_b", a.gate, M, C)
+    ds.append(pk.act_forward(a.pre, a.gel, rows * M, a.gate))
     ds += lin("fc_out_W", a.gel, "fc_out_b", a.tmp, C, M)
     return ds + [kn.add(a.x_mid, a.tmp, a.x_out, rows * C)]
 
@@ -244,6 +252,7 @@ class BlockGrads:
     dqkv: tuple
     dqk_raw: Tensor | None = None      # with QK-norm: the gradient of the float32 q or k, one at a time
     dkv: tuple = ()                    # grouped-query attention: the gradients of k and v [rows, KV * hd]
+    dgate: Tensor | None = None        # a gated MLP's: the gradient of its gate projection
 
 
 def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs, g: BlockGrads, attention,
@@ -259,8 +268,10 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     for t, t_in in zip(a.qkv, a.att_in):
         ds += pk.convert(t, t_in, rows * C)
     ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
-    ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M))
+    ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M, a.gate, g.dgate))
     ds += lin("fc_in_W", "fc_in_b", a.ln2, g.dpre, g.dln, M, C)
+    if a.gate is not None:
+        ds += lin("fc_gate_W", "fc_gate_b", a.ln2, g.dgate, g.dln, M, C, True)
     ds += ln_dgb(a.x_mid, a.ln2s, "ln2")
     ds.append(pk.norm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
     ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, C)

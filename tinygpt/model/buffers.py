@@ -80,6 +80,7 @@ MODEL = (
     Buffer("ln2 stats",     (2, "BT"),               "f32",     "per layer",    A),
     Buffer("pre",           ("BT", "M"),             "stored",  "per layer",    A),
     Buffer("gel",           ("BT", "M"),             "stored",  "per layer",    A),
+    Buffer("mlp gate",      ("BT", "M"),             "stored",  "per layer",    A, "gated"),   # a gated MLP's
     # QK-norm's input: the projections' float32 q and k, and each head's row statistics
     Buffer("q raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
     Buffer("k raw",         ("BT", "KVC"),           "f32",     "per layer",    A, "qk norm"),
@@ -112,6 +113,7 @@ MODEL = (
     Buffer("d ln",          ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("d act",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
     Buffer("d pre",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
+    Buffer("d mlp gate",    ("BT", "M"),             "f32",     "shared",       BW, "training, gated"),
     Buffer("d ctx",         ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dq",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
     Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
@@ -146,6 +148,7 @@ DECODE = (
     Buffer("att f32",       ("N", "C"),              "f32",     "shared",       S, "cache, converts"),
     Buffer("pre",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("gel",           ("N", "M"),              "stored",  "shared",       S, "cache"),
+    Buffer("mlp gate",      ("N", "M"),              "stored",  "shared",       S, "cache, gated"),
     Buffer("q raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
     Buffer("k raw",         ("N", "KVC"),            "f32",     "shared",       S, "cache, qk norm"),
     Buffer("q norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
@@ -176,7 +179,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
     chunks = head_chunks(B, T, H, max_binding)
     return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.head_dim, "M": cfg.d_mlp,
             "H": H, "L": cfg.layers, "V": V, "VP": VP,
-            "F": F, "FB": FB, "R": R, "LY": cfg.d_mlp if lora and "fc_in_W" in lora.targets else C,
+            "F": F, "FB": FB, "R": R, "LY": cfg.d_mlp if lora and {"fc_in_W", "fc_gate_W"} & set(lora.targets) else C,
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
             "batch": batch_layout(B * T, V)[1],
             "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch
@@ -192,12 +195,13 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
           rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False,
-          embed_norm: bool = False) -> set:
+          embed_norm: bool = False, gated_mlp: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
     on |= {"grouped"} if grouped else set()
     on |= {"embed norm"} if embed_norm else set()
+    on |= {"gated"} if gated_mlp else set()
     on |= {"qk norm"} if qk_norm is not None and qk_norm.on else set()
     on |= {"ones"} if qk_norm is not None and qk_norm.on and not qk_norm.weights or norm_free else set()
     on |= {"training"} if training else set()
@@ -271,7 +275,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
                qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights,
-               embed_norm=cfg.block.embed_norm)
+               embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 
@@ -281,7 +285,7 @@ def decode_rows(cfg: Config, N: int, capacity: int, policy: Precision, cache: bo
     size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
     on = flags(policy, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
                attention_reads_stored=True, cache=cache, qk_norm=cfg.block.qk_norm,   # the attention: decode.wgsl's
-               grouped=cfg.block.heads.grouped)
+               grouped=cfg.block.heads.grouped, gated_mlp=cfg.block.mlp.gated)
     return resolve(DECODE, on, size, policy), size
 
 

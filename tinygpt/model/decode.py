@@ -109,7 +109,7 @@ class Decoder:
             qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
-                             (b["k kv"], b["v kv"]) if "k kv" in b else ())
+                             (b["k kv"], b["v kv"]) if "k kv" in b else (), b.get("mlp gate"))
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
             turns = [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]      # q's, then k's
             self.rope_uniforms += list(zip(turns, (C, cfg.block.heads.kv_width)))

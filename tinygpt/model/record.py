@@ -59,7 +59,7 @@ def block_weights(m, l: int) -> BlockWeights:
     """Block l's weights as its kernels read them."""
     p = lambda n: f"h{l}.{n}"
     gains = (m.P[p("q_norm_g")], m.P[p("k_norm_g")]) if m.cfg.block.qk_norm.on else ()
-    return BlockWeights({n: m.read[p(n)] for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
+    return BlockWeights({n: m.read.get(p(n)) for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
                         m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")], gains)
 
 
@@ -87,7 +87,7 @@ def block_acts(m, l: int) -> BlockActs:
     return BlockActs(b["x"][l], b["x mid"][l], b["x"][l + 1], b["ln1"][l], b["ln1 stats"][l], (q, k, v), ctx,
                      b["ln2"][l], b["ln2 stats"][l], b["pre"][l], b["gel"][l], b["branch out"],
                      (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx), *qk,
-                     (b["k kv"], b["v kv"]) if "k kv" in b else ())
+                     (b["k kv"], b["v kv"]) if "k kv" in b else (), b["mlp gate"][l] if "mlp gate" in b else None)
 
 
 def rotary(m, T: int) -> Rotary | None:
@@ -155,7 +155,7 @@ def backward(m, Gd: dict) -> list:
         G = {n: Gd[f"h{l}.{n}"] for n in MATRICES + VECTORS + ("ln1", "ln2", "q_norm_g", "k_norm_g")
              if f"h{l}.{n}" in Gd}
         grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]),
-                           b.get("d qk raw"), (b["dk kv"], b["dv kv"]) if "dk kv" in b else ())
+                           b.get("d qk raw"), (b["dk kv"], b["dv kv"]) if "dk kv" in b else (), b.get("d mlp gate"))
         if m.recompute and l < L - 1:    # the top block's are still those of the forward
             ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                                 block_adapters(m, l, None), rotary(m, T))

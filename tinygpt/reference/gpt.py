@@ -34,8 +34,12 @@ def _parts(cfg: Config, T: int, dtype):
     blk = cfg.block
     eps, rms = blk.eps, blk.norm.rms
     norm = lambda x, g, b: layernorm_forward(x, 1.0 if g is None else g, b, eps, rms)    # g None: no gain
-    act = lambda x: getattr(RK, blk.mlp.forward)(x, **blk.mlp.options)
-    act_grad = lambda x, dy: getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options)
+    if blk.mlp.gated:                          # of (up, gate): glu.wgsl's twins take (gate, up)
+        act = lambda x, gate: getattr(RK, blk.mlp.forward)(gate, x)
+        act_grad = lambda x, dy, gate: getattr(RK, blk.mlp.backward)(gate, x, dy)[::-1]     # (dx, dgate)
+    else:
+        act = lambda x, gate: getattr(RK, blk.mlp.forward)(x, **blk.mlp.options)
+        act_grad = lambda x, dy, gate: (getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options), None)
     if not blk.position.rotary:
         return norm, act, act_grad, (lambda x: x), (lambda dx: dx)
     cs = rope_table(cfg.ctx, cfg.head_dim, blk.rope_theta).astype(dtype)
@@ -136,7 +140,8 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         y, mean, rstd = norm(x, P.get(f"h{l}.ln2_g"), P.get(f"h{l}.ln2_b"))
         c["ln2"] = (r(y), mean, rstd)
         c["pre"] = r(lin("fc_in_W", c["ln2"][0], "fc_in_b"))   # [BT,M]
-        c["act"] = r(act(c["pre"]))
+        c["gate"] = r(lin("fc_gate_W", c["ln2"][0], "fc_gate_b")) if cfg.block.mlp.gated else None
+        c["act"] = r(act(c["pre"], c["gate"]))
         x = add(x, lin("fc_out_W", c["act"], "fc_out_b"))
         cache["layers"].append(c)
     cache["x_final"] = x
@@ -216,10 +221,14 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     g("fc_out_W", matmul_atb(c["act"], rg(dx)))
     g("fc_out_b", bias_grad(dx))
     dact = through("fc_out_W", c["act"], dx)
-    dpre = act_grad(c["pre"], dact)
+    dpre, dgate = act_grad(c["pre"], dact, c["gate"])
     g("fc_in_W", matmul_atb(c["ln2"][0], rg(dpre)))
     g("fc_in_b", bias_grad(dpre))
     dln2 = through("fc_in_W", c["ln2"][0], dpre)
+    if dgate is not None:                       # a gated MLP's gate projection
+        g("fc_gate_W", matmul_atb(c["ln2"][0], rg(dgate)))
+        g("fc_gate_b", bias_grad(dgate))
+        dln2 = dln2 + through("fc_gate_W", c["ln2"][0], dgate)
     _, m2, r2 = c["ln2"]
     dg, db = layernorm_dgb(dln2, c["x_mid"], m2, r2, rms)
     g("ln2_g", dg)

@@ -320,6 +320,16 @@ def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by min
     return _turn(cs, dy, T, hd, offset, -1.0)
 
 
+# ---- the gated MLP's activation (glu.wgsl) ----------------------------------------------
+def swiglu_forward(gate, up):            # -> silu(gate) * up
+    return gate / (1.0 + np.exp(-gate)) * up
+
+
+def swiglu_backward(gate, up, dy):       # -> (dgate, dup)
+    s = 1.0 / (1.0 + np.exp(-gate))
+    return dy * up * s * (1.0 + gate * (1.0 - s)), dy * gate * s
+
+
 # ---- grouped-query attention (heads.wgsl) -----------------------------------------------
 def kv_expand(x, H, KV):                 # x [rows, KV*hd] -> [rows, H*hd]: query head h takes kv head h // (H/KV)
     rows, hd = len(x), x.shape[1] // KV

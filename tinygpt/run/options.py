@@ -88,8 +88,9 @@ class TrainOptions:
     # the block's parts (core.block); a resumed model keeps its own
     block: str | None = setting(
         "shape", "a set of the parts below: gpt2 (TinyGPT's, GPT-2's), nanochat (rmsnorm_free also after the "
-        "embedding, rope, relu2, no biases, an untied head, qk-norm free, logits capped at 15); each part's own "
-        "option over it (default gpt2, or the resumed model's)", choices=list(BLOCKS))
+        "embedding, rope, relu2, no biases, an untied head, qk-norm free, logits capped at 15), llama (rmsnorm, "
+        "rope at theta 500000, swiglu, no biases, an untied head); each part's own option over it (default gpt2, "
+        "or the resumed model's)", choices=list(BLOCKS))
     norm: str | None = setting(
         "shape", "the block's norm: layernorm (GPT-2's, with biases) or rmsnorm (Llama's, nanochat's: no centring, "
         "no bias) (default layernorm, or the resumed model's)", choices=list(NORMS))
@@ -103,8 +104,9 @@ class TrainOptions:
         "shape", f"RoPE's base theta, with {{opt:position}} rope (default {ROPE_THETA:g}, or the resumed model's)",
         check=values.positive_float, metavar="X")
     mlp: str | None = setting(
-        "shape", "the MLP's activation: gelu (TinyGPT's exact GELU), gelu_tanh (GPT-2's tanh form) or relu2 "
-        "(nanochat's squared ReLU) (default gelu, or the resumed model's)", choices=list(MLPS))
+        "shape", "the MLP's activation: gelu (TinyGPT's exact GELU), gelu_tanh (GPT-2's tanh form), relu2 "
+        "(nanochat's squared ReLU) or swiglu (Llama's gated MLP, 8/3 as wide) (default gelu, or the resumed "
+        "model's)", choices=list(MLPS))
     bias: bool | None = setting(
         "shape", "biases on every projection, q, k, v, o and the MLP's (GPT-2's), or on none (Llama's, nanochat's) "
         "(default: on, or the resumed model's)", toggle=True)

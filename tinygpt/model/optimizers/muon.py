@@ -28,7 +28,7 @@ from ..buffers import OP, Buffer
 from .adamw import AdamW
 from .base import Hyper, Optimizer
 
-MUON_MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W")   # the blocks' matrices
+MUON_MATRICES = ("Wq", "Wk", "Wv", "Wo", "fc_gate_W", "fc_in_W", "fc_out_W")   # the blocks' matrices
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)      # a, b, c of X <- a X + (b A + c A^2) X, A = X X^T
 NS_STEPS = 5
 NS_EPS = 1e-7                                    # the Frobenius norm's floor before the iterations
