@@ -14,7 +14,11 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
-RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size.
+RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size. The other parts of
+the modern block: SwiGLU (glu.wgsl; float32 and bf16 gate and up, [rows, 4C]; the bf16 row's
+max_err is what lies past one bf16 rounding of the float64 value), grouped-query
+attention's kv_expand (bf16, as stored) and kv_reduce over the preset's heads sharing one key/value
+head, and the logit soft-cap (loss.wgsl's softcap, in place over [rows, vocab]).
 LoRA's scale (alpha / rank on a [rows, rank 8] product). The optimizers over the flat parameters
 (each elementwise one of model.optimizers, its room's WGSL; scalar and vec4) and the loss scaler's
 form of grad_sumsq (variant "scaled", f16's: gradients carrying a scale of 1024); Muon's kernels on
@@ -276,6 +280,41 @@ def rope_cases(gpu, rows, T, C, H, rng):
             lambda t=t, w=want, b=back: np.abs(b(gpu.read(t)) - w).max()
 
 
+def block_cases(gpu, rows, C, M, V, H, rng):
+    """The modern block's other kernels: SwiGLU (float32, bf16), kv_expand (bf16 words) and
+    kv_reduce with every query head on one key/value head, and the soft-cap, at the preset's shapes."""
+    kn, n, hd = Kernels(gpu, PORTABLE), rows * M, C // H
+    g, u, dy = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    for dtype, cast, back in (("f32", lambda a: a, lambda w: w),
+                              ("bf16", R.cast_bf16, lambda w: R.cast_f32(w, n))):
+        gs, us = (gpu.tensor(np.shape(cast(a)), dtype, data=cast(a)) for a in (g, u))
+        out = gpu.tensor(np.shape(cast(g)), dtype)
+        gv, uv = (back(cast(a)).astype(np.float64) for a in (g, u))
+        want = R.swiglu_forward(gv, uv)
+        # bf16: the error past one bf16 rounding of the float64 value (float32 arithmetic rounds
+        # some values to the other side of a rounding edge, one bf16 step away)
+        step = 2.0 ** -8 * np.abs(want) if dtype == "bf16" else 0.0
+        yield "swiglu_forward", dtype, f"{rows}x{M}", kn.swiglu_forward(gs, us, out, n), \
+            lambda o=out, w=want, b=back, s=step: np.maximum(np.abs(b(gpu.read(o)) - w) - s, 0.0).max()
+        dg, du = gpu.tensor((n,)), gpu.tensor((n,))
+        wg, wu = R.swiglu_backward(gv, uv, dy.astype(np.float64))
+        yield "swiglu_backward", dtype, f"{rows}x{M}", kn.swiglu_backward(gs, us, gpu.upload(dy), dg, du, n), \
+            lambda dg=dg, du=du, wg=wg, wu=wu: max(np.abs(gpu.read(dg) - wg).max(), np.abs(gpu.read(du) - wu).max())
+    kv = R.cast_bf16(rng.standard_normal((rows, hd)).astype(np.float32)).reshape(rows, -1)
+    src, dst = gpu.tensor(kv.shape, "bf16", data=kv), gpu.tensor((rows, C // 2), "bf16")
+    yield "kv_expand", "bf16", f"{rows}x{H} heads from 1", kn.kv_expand(src, dst, rows, H, 1, hd), \
+        lambda: float(np.sum(gpu.read(dst).view(np.uint32) != R.kv_expand(kv, H, 1).view(np.uint32)))
+    dx = rng.standard_normal((rows, C)).astype(np.float32)
+    red = gpu.tensor((rows, hd))
+    yield "kv_reduce", "scalar", f"{rows}x{H} heads into 1", kn.kv_reduce(gpu.upload(dx), red, rows, H, 1, hd), \
+        lambda: np.abs(gpu.read(red) - R.kv_reduce(dx.astype(np.float64), H, 1)).max()
+    z = (rng.standard_normal((rows, V)) * 30).astype(np.float32)
+    logits = gpu.upload(z)
+    # each run caps the capped logits again: the check reads the first run's result, before the timing's
+    yield "softcap", "scalar", f"{rows}x{V} at 15", kn.softcap(logits, rows, V, 15.0), \
+        lambda: np.abs(gpu.read(logits) - R.softcap(z.astype(np.float64), 15.0)).max()
+
+
 def storage_cases(gpu, rows, M, V, rng):
     """The casts between float32 and bf16 (cast.wgsl) over [rows, M], and the split head's block copy
     (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
@@ -389,6 +428,7 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
                                              *rope_cases(gpu, rows, cfg.ctx, C, cfg.heads, rng),
+                                             *block_cases(gpu, rows, C, M, V, cfg.heads, rng),
                                              *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
                                              *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
         room = OPTIMIZERS.get(d.kernel.name)      # an optimizer's entry point: its twin is in its room

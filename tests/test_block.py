@@ -54,6 +54,23 @@ def test_the_llama_block_trains_from_the_api_and_keeps_its_mlp_width(tmp_path, c
     assert again.config == cfg
 
 
+@pytest.mark.parametrize("parts", [dict(activation="swiglu", bias="all", norm="layernorm", kv_heads=1),
+                                   dict(activation="swiglu", bias="qkv", norm="rmsnorm", tied=False, embed_norm=True,
+                                        qk_norm="weighted", position="rope", softcap=5.0)])
+def test_every_part_goes_through_the_file_and_back(tmp_path, parts):
+    """A model of the parts, saved and loaded: the same config, the same tensors under upstream-style
+    names, and its export as safetensors names each."""
+    from tinygpt.core.init import init_params
+    cfg = preset("tiny", **parts).validate()
+    params = init_params(cfg)
+    ckpt.save(tmp_path / "m.tinygpt", ckpt.Checkpoint(cfg, params, extra={"tokenizer": "byte"}))
+    back = ckpt.load(tmp_path / "m.tinygpt")
+    assert back.cfg == cfg and set(back.params) == set(params)
+    assert all(np.array_equal(back.params[n], params[n]) for n in params)
+    names = [e["name"] for e in ckpt.manifest(cfg)]
+    assert len(set(names)) == len(names) and "blocks.0.mlp.fc_gate.weight" in names
+
+
 def test_the_parts_table_and_parameter_count_agree():
     """param_shapes and n_params (arithmetic) agree for every combination of the parts; RMSNorm has
     no biases, RoPE no table."""
@@ -121,6 +138,17 @@ def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, corpus, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert needle in err[-1] and "Traceback" not in "\n".join(err), err
     assert not (tmp_path / "x.tinygpt").exists()
+
+
+@pytest.mark.parametrize("key, value", [("useRoPE", True), ("useRMSNorm", True), ("useSwiGLU", True),
+                                        ("useQKNorm", True), ("nKvHeads", 1), ("attnBias", False),
+                                        ("tieEmbeddings", False)])
+def test_the_mac_apps_parts_are_refused_until_mapped(key, value):
+    c = {"layers": 1, "dModel": 48, "heads": 3, "ctx": 16, key: value}
+    with pytest.raises(ckpt.CheckpointError, match=f"sets {key}"):
+        ckpt.config_from_header(c, "the file")
+    assert ckpt.config_from_header({**c, key: {"nKvHeads": 3, "attnBias": True, "tieEmbeddings": True}.get(key, False)},
+                                   "the file").block.gpt2          # their GPT-2 values read as GPT-2's block
 
 
 def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, capsys):

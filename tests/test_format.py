@@ -355,7 +355,7 @@ def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path,
     ({"vocabSize": 512, "tokenizerSource": "tokenizers/my-bpe"}, "'tokenizers/my-bpe'"),
     ({"layers": 1.5}, "config.layers"),
     ({"learningRate": "abc"}, "config.learningRate"),
-    ({"activation": "swiglu"}, "activation 'swiglu'"),
+    ({"activation": "geglu"}, "activation 'geglu'"),
     ({"activation": {"name": "gelu"}}, 'activation {"name": "gelu"}'),
 ])
 def test_what_we_cannot_compute_is_refused_naming_the_field(tmp_path, weights, config, needle):

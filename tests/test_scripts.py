@@ -83,6 +83,8 @@ def test_bench_kernels_json(gpu):
     want |= {(k, v) for k in ("relu2_forward", "relu2_backward") for v in ("scalar", "vec4")}
     want |= {(k, v + " rms") for k in ("layernorm_forward", "layernorm_dx") for v in ("scalar", "vec4")}
     want |= {("rope_forward", "f32"), ("rope_forward", "bf16")}
+    want |= {(k, v) for k in ("swiglu_forward", "swiglu_backward") for v in ("f32", "bf16")}
+    want |= {("kv_expand", "bf16"), ("kv_reduce", "scalar"), ("softcap", "scalar")}
     want |= {("grad_sumsq", v + " scaled") for v in ("scalar", "vec4")}
     want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
     half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache

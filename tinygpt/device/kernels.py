@@ -577,7 +577,8 @@ class Kernels:
         stride = stride or V
         variant = variant or ("sg" if stride % 4 == 0 and self.plan.loss == "sg" else "scalar")
         entry, sg = ("cross_entropy_sg", SUBGROUPS) if variant == "sg" else ("cross_entropy", None)
-        consts = {**({"SCALED": True} if scaler is not None else {}), **({"SOFTCAP": float(softcap)} if softcap else {})}
+        consts = {**({"SCALED": True} if scaler is not None else {}),
+                  **({"SOFTCAP": float(softcap)} if softcap else {})}
         k = self.gpu.kernel("loss.wgsl", entry, "urwwr", consts or None, sg)
         return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride),
                                  [targets, logits, losses, scaler], grid1d(rows))

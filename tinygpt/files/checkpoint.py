@@ -73,11 +73,13 @@ _BLOCK_NAMES = {"ln1_g": "ln1.weight", "ln1_b": "ln1.bias", "Wq": "attn.q_proj.w
                 "bv": "attn.v_proj.bias", "Wo": "attn.o_proj.weight", "bo": "attn.o_proj.bias",
                 "q_norm_g": "attn.q_norm.weight", "k_norm_g": "attn.k_norm.weight",
                 "ln2_g": "ln2.weight", "ln2_b": "ln2.bias", "fc_in_W": "mlp.fc_in.weight",
+                "fc_gate_W": "mlp.fc_gate.weight", "fc_gate_b": "mlp.fc_gate.bias",
                 "fc_in_b": "mlp.fc_in.bias", "fc_out_W": "mlp.fc_out.weight", "fc_out_b": "mlp.fc_out.bias"}
 _TOP_NAMES = {"tok_emb": "token_embedding.weight", "pos_emb": "position_embedding.weight", "lm_head": "lm_head.weight",
               "ln_e_g": "ln_embed.weight", "ln_e_b": "ln_embed.bias",
               "ln_f_g": "ln_final.weight", "ln_f_b": "ln_final.bias"}
-_LINEAR = {"Wq", "Wk", "Wv", "Wo", "fc_in_W", "fc_out_W"}   # stored [in, out]; PyTorch names them [out, in]
+# stored [in, out]; PyTorch names them [out, in]
+_LINEAR = {"Wq", "Wk", "Wv", "Wo", "fc_gate_W", "fc_in_W", "fc_out_W"}
 
 
 def upstream_name(name: str) -> tuple[str, bool]:
@@ -190,6 +192,11 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
         if not isinstance(parts[name], str) or parts[name] not in table:
             raise CheckpointError(f"{what}: its config sets {key} {show(parts[name])}, which this tinygpt does not "
                                   f"compute ({', '.join(table)}); it cannot evaluate, sample or train this model")
+    for key, meaning in (("attnBias", "attention projections without biases"), ("tieEmbeddings", "an untied head")):
+        if c.get(key, True) is not True:             # its Mac app's GPT-2 values are true
+            raise CheckpointError(f"{what}: its config sets {key} {show(c.get(key))} ({meaning} as its Mac app "
+                                  "computes them), which this tinygpt does not read yet; it cannot evaluate, sample "
+                                  "or train this model")
     their_kv = c.get("nKvHeads")          # its Mac app's grouped-query attention: refused until mapped onto ours
     if not _inactive("nKvHeads", their_kv) and their_kv != c.get("heads"):
         raise CheckpointError(f"{what}: its config sets nKvHeads {show(their_kv)} (grouped-query attention as its "
@@ -208,6 +215,8 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=flags["tiedHead"],
                  embed_norm=flags["embedNorm"], softcap=_number(c, "logitSoftcap", 0.0, float, what),
                  kv_heads=_number(c, "kvHeads", 0, int, what), **parts)
+    if cfg.kv_heads == cfg.heads:       # one a query head: the default's value
+        cfg.kv_heads = 0
     try:
         cfg.validate()
     except ValueError as e:

@@ -136,7 +136,8 @@ class Model:
             words = shape[:-1] + (shape[-1] // per_word,)
             out[name] = Tensor(flat.buf, 4 * off // per_word, words, flat.dtype, name)
         C = self.cfg.d_model
-        for ln, gain in [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")] + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
+        norms = [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")]
+        for ln, gain in norms + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
                                                for i in (1, 2)]:
             if gain in offsets:
                 k = 2 if gain[:-1] + "b" in offsets else 1

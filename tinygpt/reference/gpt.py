@@ -92,6 +92,17 @@ def _qkv_backward(P, G, cfg: Config, l: int, c: dict, dqkv, unrot) -> tuple:
     return dq, dk, dv
 
 
+def _embed(P, cfg: Config, tokens, norm, cache: dict):
+    """The residual stream's start [B*T, C]: the token (and learned position) embedding, and the
+    block's norm over it where the block has one there (its input and statistics kept in cache)."""
+    B, T = tokens.shape
+    x = cache["emb"] = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, cfg.d_model)
+    if cfg.block.embed_norm:                   # float32, as the stream
+        x, *cache["emb_stats"] = norm(x, P.get("ln_e_g"), P.get("ln_e_b"))
+    cache["x0"] = x
+    return x
+
+
 def forward(params, cfg: Config, tokens, targets=None, attention=None, precision: Precision = FP32,
             lora: LoRA | None = None):
     """tokens [B,T] -> logits [B,T,V] and, with targets, the mean loss and a cache for backward.
@@ -113,12 +124,8 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     P = params
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
-    x = embed_forward(tokens, P["tok_emb"], P.get("pos_emb")).reshape(B * T, C)  # [BT,C]
-    cache = {"tokens": tokens, "emb": x, "layers": [], "precision": precision}
-    if cfg.block.embed_norm:                   # the block's norm on the embedding, float32 as the stream
-        x, *cache["emb_stats"] = norm(x, P.get("ln_e_g"), P.get("ln_e_b"))
-    cache["x0"] = x
-    cache["lora"] = lora
+    cache = {"tokens": tokens, "layers": [], "precision": precision, "lora": lora}
+    x = _embed(P, cfg, tokens, norm, cache)
     for l in range(L):
         p = lambda n: P[f"h{l}.{n}"]
         c = {"x": x, "lora": {}}
