@@ -28,6 +28,12 @@ over the full step (lora_over_full); --rounds interleaves the two.
 tokens/s over AdamW's step (over_adamw); --rounds interleaves them.
 
     python scripts/bench_train.py --preset small --steps 40 --trainers webgpu --optimizers adamw,lion,muon --rounds 3
+
+--blocks gpt2,nanochat,llama adds a WebGPU row per block (core.block's BLOCKS: webgpu-nanochat,
+webgpu-llama) of the preset's shape, with its parameter count and its tokens/s over GPT-2's block
+(over_gpt2); --rounds interleaves them.
+
+    python scripts/bench_train.py --preset small --steps 40 --trainers webgpu --blocks gpt2,nanochat,llama --rounds 3
 """
 import argparse
 import sys
@@ -38,7 +44,8 @@ import numpy as np
 from tinygpt.commands.argtypes import lora_targets, positive_float, positive_int
 from tinygpt.commands.cli import run_script
 from tinygpt.commands.train_settings import add_setting
-from tinygpt.core.config import preset
+from tinygpt.core.block import BLOCKS
+from tinygpt.core.config import n_params, preset
 from tinygpt.core.init import init_params
 from tinygpt.core.lora import init_adapters, make_lora
 from tinygpt.model.optimizers import NAMES as OPT_NAMES
@@ -139,6 +146,9 @@ def main(argv=None):
     ap.add_argument("--optimizers", default="adamw",
                     help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)} (a row each beside AdamW's, "
                          "over_adamw its ratio)")
+    ap.add_argument("--blocks", default="gpt2",
+                    help=f"the WebGPU trainer's blocks, comma-separated: {', '.join(BLOCKS)} (a row each beside GPT-2's, "
+                         "over_gpt2 its ratio)")
     ap.add_argument("--json", action="store_true")
     add_setting(ap, "kernels")
     args = ap.parse_args(argv)
@@ -149,8 +159,12 @@ def main(argv=None):
     if not opts or not set(opts) <= set(OPT_NAMES):
         raise SystemExit(f"error: --optimizers takes {', '.join(OPT_NAMES)} or several of them, "
                          f"got {args.optimizers!r}")
+    blocks = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    if not blocks or not set(blocks) <= set(BLOCKS):
+        raise SystemExit(f"error: --blocks takes {', '.join(BLOCKS)} or several of them, got {args.blocks!r}")
     cfg = preset(args.preset).validate()
     params = init_params(cfg)
+    block_cfgs = {b: preset(args.preset, **BLOCKS[b]).validate() for b in blocks if b != "gpt2"}
     data = batches(cfg, args.steps, args.data, cfg.seed)
     tokens = args.steps * cfg.batch * cfg.ctx
     runners = {"numpy": lambda: run_numpy(cfg, params, data, args.lr),
@@ -163,6 +177,9 @@ def main(argv=None):
         for o in opts:
             runners[f"webgpu-{o}", p] = (lambda p=p, o=o: run_webgpu(cfg, params, data, args.lr, args.attention,
                                                                      args.kernels, p, optimizer=o))
+        for b, bc in block_cfgs.items():
+            runners[f"webgpu-{b}", p] = (lambda p=p, bc=bc: run_webgpu(bc, init_params(bc), data, args.lr,
+                                                                       args.attention, args.kernels, p))
     order = []
     for name in args.trainers.split(","):
         if name == "torch":
@@ -171,7 +188,8 @@ def main(argv=None):
                 print("torch is not importable: its row is skipped (pip install torch)", file=sys.stderr)
                 continue
         order += [(w, p) for p in precisions for w in ("webgpu", "webgpu-lora")[:2 if lora else 1]
-                  + tuple(f"webgpu-{o}" for o in opts if o != "adamw")] if name == "webgpu" else [name]
+                  + tuple(f"webgpu-{o}" for o in opts if o != "adamw")
+                  + tuple(f"webgpu-{b}" for b in block_cfgs)] if name == "webgpu" else [name]
     best = {}
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if len(precisions) < 2 or args.rounds > 1:
@@ -194,10 +212,12 @@ def main(argv=None):
             name, prec = key if isinstance(key, tuple) else (key, "fp32")
             print(f"{name} {prec}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
             if key not in best or secs < best[key]["seconds"]:
+                bc = block_cfgs.get(name[7:], cfg)
                 best[key] = {"trainer": name, "preset": args.preset, "precision": prec, "steps": args.steps,
+                             "params": n_params(bc), "block": bc.block.describe(),
                              "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
     rows = [best[k] for k in order]
-    ours = ("webgpu", "webgpu-lora") + tuple(f"webgpu-{o}" for o in opts)
+    ours = ("webgpu", "webgpu-lora") + tuple(f"webgpu-{o}" for o in opts) + tuple(f"webgpu-{b}" for b in block_cfgs)
     base = {r["trainer"]: r["tokens_per_s"] for r in rows
             if r["precision"] == precisions[0] or r["trainer"] not in ours}
     for r in rows:
@@ -205,6 +225,8 @@ def main(argv=None):
             r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
         if r["trainer"].startswith("webgpu-") and r["trainer"][7:] in OPT_NAMES:
             r["over_adamw"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
+        if r["trainer"][7:] in block_cfgs:
+            r["over_gpt2"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu-lora":
             r["lora_over_full"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu" and r["precision"] != "fp32" and ("webgpu", "fp32") in best:
@@ -213,8 +235,8 @@ def main(argv=None):
     if not args.json:
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"
               + (f"; fastest of {args.rounds} interleaved rounds" if args.rounds > 1 else ""))
-    emit(rows, args.json, ["trainer", "preset", "precision", "steps", "tokens_per_s", "final_loss", "over_fp32",
-                           "lora_over_full", "over_adamw", "webgpu_over_this", "what"])
+    emit(rows, args.json, ["trainer", "preset", "precision", "steps", "params", "tokens_per_s", "final_loss",
+                           "over_fp32", "lora_over_full", "over_adamw", "over_gpt2", "webgpu_over_this", "what"])
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from tinygpt.core.block import BLOCKS
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.device.gpu import buffer_bytes
 from tinygpt.model import budget, buffers
@@ -46,19 +47,25 @@ def allocated(gpu, monkeypatch, build):
     ("online", 1, 256, None, 24, "f16 lora"), ("online", 1, 50257, 13_000_000, 24, "fp32 lora recompute"),
     # each optimizer's state and scratch (Muon's Newton-Schulz matrices), in every precision
     ("online", 2, 301, None, 24, "fp32 lion"), ("naive", 1, 2000, 600_000, 128, "bf16 muon"),
-    ("online", 1, 256, None, 24, "f16 muon recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 muon")])
+    ("online", 1, 256, None, 24, "f16 muon recompute"), ("online", 1, 50257, 13_000_000, 24, "fp32 muon"),
+    # the blocks' parts (core.block): RoPE's table, QK-norm's and the embedding norm's saved inputs, the
+    # ones, k and v of fewer heads, the gate, an untied head's table
+    ("online", 2, 256, None, 24, "fp32 nanochat"), ("naive", 1, 2000, 600_000, 128, "bf16 llama lora"),
+    ("online", 1, 256, None, 24, "f16 nanochat recompute"), ("fused_sv", 1, 301, None, 24, "fp32 llama muon")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.core.lora import TARGETS, make_lora
     precision, *more = precision.split()
     recompute = "recompute" in more          # one set of block activations, shared by the layers
-    lora = make_lora(8, targets=list(TARGETS)) if "lora" in more else None
+    parts = {**BLOCKS.get(next((b for b in more if b in BLOCKS), "gpt2")), **({"kv_heads": 1} if "llama" in more else {})}
+    gated = "llama" in more
+    lora = make_lora(8, targets=[t for t in TARGETS if gated or t != "gate"]) if "lora" in more else None
     from tinygpt.model.optimizers import make_settings
     opt = make_settings(next((o for o in ("lion", "muon") if o in more), "adamw"))
     if precision == "f16" and "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tinygpt.model.decode import Decoder
     from tinygpt.model.gpt import Model
-    cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab)
+    cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab, **parts)
     if limit:     # logits and score matrices split into chunks
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     limits = budget.device_limits(gpu)

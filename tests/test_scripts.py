@@ -118,6 +118,19 @@ def test_bench_train_json():
     assert abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-3
 
 
+def test_bench_train_blocks_json():
+    """--blocks adds a row per block, with its parameters and its speed over GPT-2's block."""
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu",
+                    "--blocks", "gpt2,nanochat,llama")
+    by = {r["trainer"]: r for r in rows}
+    assert set(by) == {"webgpu", "webgpu-nanochat", "webgpu-llama"}
+    for b in ("nanochat", "llama"):
+        r = by["webgpu-" + b]
+        assert abs(r["over_gpt2"] * by["webgpu"]["tokens_per_s"] - r["tokens_per_s"]) < 1e-6 * r["tokens_per_s"]
+        assert r["params"] > 0 and "rope" in r["block"] and r["final_loss"] < 10
+    assert by["webgpu"]["block"].startswith("layernorm")
+
+
 def test_bench_train_bf16_and_compare_precision_json(gpu):
     """bench_train --precision bf16 trains as the fp32 NumPy reference does, within bf16's
     rounding; interleaved, fp32, bf16 and (with shader-f16) f16 train alike; compare_precision

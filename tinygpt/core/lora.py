@@ -73,7 +73,13 @@ def adapter_name(l: int, W: str, which: str) -> str:
 
 
 def adapter_shapes(cfg: Config, lora: LoRA) -> list[tuple[str, tuple, bool]]:
-    """(name, shape, decayed) of every adapter, layer by layer: A [rank, in] then B [out, rank]."""
+    """(name, shape, decayed) of every adapter, layer by layer: A [rank, in] then B [out, rank]; a
+    target the model does not have (gate, without a gated MLP) is refused."""
+    have = {n.partition(".")[2] for n, _, _ in param_shapes(cfg) if n.startswith("h0.")}
+    missing = [short for short, W in TARGETS.items() if W in lora.targets and W not in have]
+    if missing:
+        raise UsageError(f"{{opt:lora_targets}} {','.join(missing)}: this model has no such projection (its block: "
+                         f"{cfg.block.describe()})")
     out = []
     for l in range(cfg.layers):
         for W in lora.targets:
