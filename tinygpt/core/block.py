@@ -108,7 +108,7 @@ ROPE_THETA = 10000.0       # RoPE's base where a config gives none (GPT-NeoX's, 
 # default; nanochat's (karpathy/nanochat's GPT) is RoPE, QK-norm, ReLU², parameter-free RMSNorm also
 # after the embedding, no biases, an untied head and the logits capped at 15; Llama's (Llama 3's) is
 # RMSNorm with gains, RoPE at base 500,000, SwiGLU (its width 8/3 of 4 C: config.mlp_width), no
-# biases and an untied head. Grouped-query attention is an option of both (--kv-heads here);
+# biases and an untied head. Grouped-query attention is an option of both (the kv_heads option here);
 # their initialisations are not parts (the trainer's own is used).
 BLOCKS = {"gpt2": {},
           "nanochat": {"norm": "rmsnorm_free", "position": "rope", "activation": "relu2", "bias": "none",
