@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tinygpt.model.attention import IMPLS
+from tinygpt.core.block import BLOCKS
 from tinygpt.core.config import param_shapes, preset
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
@@ -66,23 +67,25 @@ def test_step0_logits_loss_and_every_gradient(gpu, plan, vocab):
     check_step0(gpu, plan, preset("tiny", vocab=vocab))
 
 
-@pytest.mark.parametrize("case", ["online", "naive", "accum 2", "bf16", "f16", "a GPU's"])
+@pytest.mark.parametrize("case", ["online", "naive", "accum 2", "bf16", "f16", "a GPU's", "nanochat bf16"])
 def test_recompute_gives_the_same_gradients_bit_for_bit(gpu, monkeypatch, case):
     """--recompute: one set of block activations, each block's forward run again from its saved
     input in the backward, by the same kernels in the same order: every gradient equal to the
     saving path's bit for bit, and so is the AdamW step after it (online and naive attention,
     accumulation, both 16-bit precisions, a GPU's plan)."""
     from tinygpt.device.planner import make_plan
-    precision = PRECISIONS[case] if case in PRECISIONS else PRECISIONS["fp32"]
+    precision = PRECISIONS[case.split()[-1]] if case.split()[-1] in PRECISIONS else PRECISIONS["fp32"]
     if precision.feature and precision.feature not in gpu.features:
         pytest.skip(f"{gpu.name} has no {precision.feature}")
     if case == "a GPU's":
         monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
     plan = make_plan(gpu, tuning={} if case == "a GPU's" else None)
-    cfg = preset("tiny", layers=3, batch=4)
+    # nanochat's block: QK-norm's and the embedding norm's saved inputs, RoPE, k and v of one head
+    parts = {**BLOCKS["nanochat"], "kv_heads": 1, "heads": 6} if "nanochat" in case else {}
+    cfg = preset("tiny", layers=3, batch=4, **parts)
     attention, accum = ("naive" if case == "naive" else "online"), (2 if case == "accum 2" else 1)
     params = init_params(cfg)
-    x, y = batch(preset("tiny", layers=3, batch=4 * accum), 2)       # accum micro-batches of 4
+    x, y = batch(preset("tiny", layers=3, batch=4 * accum, **parts), 2)       # accum micro-batches of 4
     got = {}
     for recompute in (False, True):
         m = Model(gpu, plan, RunSpec(cfg, attention, accum=accum, precision=precision, recompute=recompute))
