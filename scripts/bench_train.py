@@ -147,8 +147,8 @@ def main(argv=None):
                     help=f"the WebGPU trainer's, comma-separated: {', '.join(OPT_NAMES)} (a row each beside AdamW's, "
                          "over_adamw its ratio)")
     ap.add_argument("--blocks", default="gpt2",
-                    help=f"the WebGPU trainer's blocks, comma-separated: {', '.join(BLOCKS)} (a row each beside GPT-2's, "
-                         "over_gpt2 its ratio)")
+                    help=f"the WebGPU trainer's blocks, comma-separated: {', '.join(BLOCKS)} (a row each beside "
+                         "GPT-2's, over_gpt2 its ratio)")
     ap.add_argument("--json", action="store_true")
     add_setting(ap, "kernels")
     args = ap.parse_args(argv)
