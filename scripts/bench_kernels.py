@@ -83,6 +83,11 @@ def cases(gpu, rows, C, M, V, n, rng):
         d = kn.gelu_backward_bf16(up(xh), ty, tout, n)
         yield "gelu_backward", "bf16", f"n={n}", d, \
             lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
+        rh = gpu.tensor((n // 2,), "bf16")         # nanochat's activation, the same way
+        yield "relu2_forward", "bf16", f"n={n}", kn.relu2_forward_bf16(up(xh), rh, n), lambda: np.abs(
+            R.cast_f32(gpu.read(rh), n) - R.cast_f32(R.relu2_forward_bf16(xh), n)).max()
+        yield "relu2_backward", "bf16", f"n={n}", kn.relu2_backward_bf16(up(xh), ty, tout, n), \
+            lambda: np.abs(gpu.read(tout) - R.relu2_backward_bf16(xh, f64(y))).max()
     acc0 = rng.standard_normal(rows * M).astype(np.float32)
     for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
         tacc = up(acc0)

@@ -205,6 +205,17 @@ def test_split_token_embedding_trains_as_the_whole_one(gpu, plan, monkeypatch):
     check("losses of 5 steps, split vs whole", s1, s0, 1e-5)
 
 
+@pytest.mark.parametrize("vocab, limit, width", [(2000, 600_000, 128), (50257, 13_000_000, 128)])
+def test_step0_untied_head_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, width):
+    """An untied head's lm_head bound in chunks of rows, as the token table is, where the binding
+    limit is forced low (and at GPT-2's vocabulary): the head's gradient its own, the embedding's
+    written (not added) chunk by chunk, every gradient against the float64 reference."""
+    cfg = preset("tiny", layers=1, d_model=width, heads=2, vocab=vocab, batch=2, ctx=16, tied=False,
+                 norm="rmsnorm", position="rope", activation="swiglu", bias="none")
+    chunks, m = check_step0(gpu, plan, cfg, limit=limit, monkeypatch=monkeypatch, keep=True)
+    assert len(m.head.vchunks) > 1 and chunks >= 1, (m.head.vchunks, chunks)
+
+
 def test_step0_gpt2_vocabulary_small_preset(gpu, plan):
     """V = 50257 at the small preset: the logits split by themselves on lavapipe (134 MB bindings)."""
     cfg = preset("small", vocab=50257)

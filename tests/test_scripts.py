@@ -80,7 +80,7 @@ def test_bench_kernels_json(gpu):
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
     want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
     want |= {(k, v + " tanh") for k in ("gelu_forward", "gelu_backward") for v in ("scalar", "vec4")}
-    want |= {(k, v) for k in ("relu2_forward", "relu2_backward") for v in ("scalar", "vec4")}
+    want |= {(k, v) for k in ("relu2_forward", "relu2_backward") for v in ("scalar", "vec4", "bf16")}
     want |= {(k, v + " rms") for k in ("layernorm_forward", "layernorm_dx") for v in ("scalar", "vec4")}
     want |= {("rope_forward", "f32"), ("rope_forward", "bf16")}
     want |= {(k, v) for k in ("swiglu_forward", "swiglu_backward") for v in ("f32", "bf16")}

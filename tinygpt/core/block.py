@@ -72,10 +72,11 @@ MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
 class Bias:
     name: str
     vectors: tuple       # the block's bias vectors that exist (model.block.VECTORS' names)
+    label: str           # what the banner says of it
 
 
-BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b")),
-                              Bias("qkv", ("bq", "bk", "bv")), Bias("none", ()))}
+BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b"), "biases"),
+                              Bias("qkv", ("bq", "bk", "bv"), "q/k/v biases"), Bias("none", (), "no biases"))}
 @dataclass(frozen=True)
 class QKNorm:
     name: str
@@ -143,18 +144,17 @@ class Block:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form."""
         return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
-                and self.bias.name == "all" and self.tied and not self.qk_norm.on and not self.heads.grouped
+                and self.bias is BIASES["all"] and self.tied and not self.qk_norm.on and not self.heads.grouped
                 and not self.softcap and not self.embed_norm)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
         pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
-        bias = {"all": "biases", "qkv": "q/k/v biases", "none": "no biases"}[self.bias.name]
         qk = f", qk-norm {self.qk_norm.name}" if self.qk_norm.on else ""
         qk += f", {self.heads.kv} kv heads" if self.heads.grouped else ""
         qk += f", logits capped at {self.softcap:g}" if self.softcap else ""
         qk += ", normed embedding" if self.embed_norm else ""
-        return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {bias}, " + \
+        return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {self.bias.label}, " + \
             ("tied head" if self.tied else "untied head") + qk
 
 
