@@ -30,8 +30,8 @@ tokens/s over AdamW's step (over_adamw); --rounds interleaves them.
     python scripts/bench_train.py --preset small --steps 40 --trainers webgpu --optimizers adamw,lion,muon --rounds 3
 
 --blocks gpt2,nanochat,llama adds a WebGPU row per block (core.block's BLOCKS: webgpu-nanochat,
-webgpu-llama) of the preset's shape, with its parameter count and its tokens/s over GPT-2's block
-(over_gpt2); --rounds interleaves them.
+webgpu-llama), and with the torch trainer a PyTorch row (torch-nanochat, ...), of the preset's shape,
+with its parameter count and its tokens/s over GPT-2's block (over_gpt2); --rounds interleaves them.
 
     python scripts/bench_train.py --preset small --steps 40 --trainers webgpu --blocks gpt2,nanochat,llama --rounds 3
 """
@@ -180,6 +180,8 @@ def main(argv=None):
         for b, bc in block_cfgs.items():
             runners[f"webgpu-{b}", p] = (lambda p=p, bc=bc: run_webgpu(bc, init_params(bc), data, args.lr,
                                                                        args.attention, args.kernels, p))
+    for b, bc in block_cfgs.items():         # the PyTorch mirror of each block (torch_model's parts)
+        runners[f"torch-{b}"] = (lambda bc=bc: run_torch(bc, init_params(bc), data, args.lr))
     order = []
     for name in args.trainers.split(","):
         if name == "torch":
@@ -189,7 +191,8 @@ def main(argv=None):
                 continue
         order += [(w, p) for p in precisions for w in ("webgpu", "webgpu-lora")[:2 if lora else 1]
                   + tuple(f"webgpu-{o}" for o in opts if o != "adamw")
-                  + tuple(f"webgpu-{b}" for b in block_cfgs)] if name == "webgpu" else [name]
+                  + tuple(f"webgpu-{b}" for b in block_cfgs)] if name == "webgpu" else \
+            [name] + ([f"torch-{b}" for b in block_cfgs] if name == "torch" else [])
     best = {}
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if len(precisions) < 2 or args.rounds > 1:
@@ -212,7 +215,7 @@ def main(argv=None):
             name, prec = key if isinstance(key, tuple) else (key, "fp32")
             print(f"{name} {prec}: {tokens / secs:,.0f} tokens/s, loss {loss:.4f} ({what})", file=sys.stderr)
             if key not in best or secs < best[key]["seconds"]:
-                bc = block_cfgs.get(name[7:], cfg)
+                bc = block_cfgs.get(name.partition("-")[2], cfg)
                 best[key] = {"trainer": name, "preset": args.preset, "precision": prec, "steps": args.steps,
                              "params": n_params(bc), "block": bc.block.describe(),
                              "tokens_per_s": tokens / secs, "final_loss": loss, "seconds": secs, "what": what}
@@ -221,8 +224,9 @@ def main(argv=None):
     base = {r["trainer"]: r["tokens_per_s"] for r in rows
             if r["precision"] == precisions[0] or r["trainer"] not in ours}
     for r in rows:
-        if "webgpu" in base and r["trainer"] not in ours:
-            r["webgpu_over_this"] = base["webgpu"] / r["tokens_per_s"]
+        if "webgpu" in base and r["trainer"] not in ours:      # a block's PyTorch row: over WebGPU's of it
+            mine = base.get("webgpu-" + r["trainer"].partition("-")[2], base["webgpu"])
+            r["webgpu_over_this"] = mine / r["tokens_per_s"]
         if r["trainer"].startswith("webgpu-") and r["trainer"][7:] in OPT_NAMES:
             r["over_adamw"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"][7:] in block_cfgs:

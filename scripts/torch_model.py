@@ -1,9 +1,12 @@
 """The same GPT in PyTorch, for bench_train.py, bench_learning.py and train_ddp.py beside it.
 Imported only where torch is (an optional extra: pip install 'tinygpt[torch]').
 
-Same parameters ([in, out] weights), exact GELU, LayerNorm eps 1e-5, tied head, AdamW with
-TinyGPT's decay split and betas, global-norm clipping: from the same weights and batches it
-trains as the WebGPU trainer does (bench_train.py shows the losses side by side).
+Same parameters ([in, out] weights), AdamW with TinyGPT's decay split and betas, global-norm
+clipping: from the same weights and batches it trains as the WebGPU trainer does (bench_train.py
+shows the losses side by side). Every part of core.block has its PyTorch form here: LayerNorm or
+RMSNorm (with gains or without), a learned table or RoPE (rotate-half), GELU (either form), ReLU²
+or SwiGLU, the biases a block has, grouped-query attention, QK-norm, an untied head, the logit
+soft-cap and the embedding's norm; a sliding window is a mask.
 """
 from __future__ import annotations
 
@@ -21,13 +24,31 @@ def key(name: str) -> str:
     return name.replace(".", "/")            # ParameterDict keys may not hold dots
 
 
+# each MLP part's activation of (up, gate): the twins of core.block's MLPS, by the part's name
+ACTIVATIONS = {"gelu": lambda u, g: F.gelu(u), "gelu_tanh": lambda u, g: F.gelu(u, approximate="tanh"),
+               "relu2": lambda u, g: F.relu(u).square(), "swiglu": lambda u, g: F.silu(g) * u}
+
+
+def rotary(T: int, hd: int, theta: float, device=None):
+    """RoPE's cos and sin [T, 1, hd] (q and k are [B, T, heads, hd]) in the rotate-half layout:
+    channel i and i + hd/2 turn together."""
+    inv = theta ** (-torch.arange(0, hd, 2, dtype=torch.float64, device=device) / hd)
+    ang = torch.arange(T, dtype=torch.float64, device=device)[:, None] * inv[None]
+    ang = torch.cat([ang, ang], dim=1)[:, None]
+    return ang.cos().float(), ang.sin().float()
+
+
+def turn(t, cos, sin):
+    half = t.shape[-1] // 2
+    return t * cos + torch.cat([-t[..., half:], t[..., :half]], dim=-1) * sin
+
+
 class GPTModule(torch.nn.Module):
     """x [B, T] token ids -> logits [B, T, V]; parameters under the .tinygpt names."""
 
     def __init__(self, cfg: Config, params: dict, device=None):
-        if not cfg.block.gpt2:            # the mirror computes GPT-2's block alone (core.block)
-            raise UsageError(f"the PyTorch mirror computes GPT-2's block, not {cfg.block.describe()}; train this "
-                             "model with tinygpt train")
+        if cfg.block.mlp.name not in ACTIVATIONS:
+            raise UsageError(f"the PyTorch mirror has no {cfg.block.mlp.name} MLP; train this model with tinygpt train")
         super().__init__()
         self.cfg = cfg
         self.p = torch.nn.ParameterDict({key(n): torch.nn.Parameter(torch.tensor(np.asarray(params[n], np.float32),
@@ -38,23 +59,51 @@ class GPTModule(torch.nn.Module):
         """name -> Parameter, in .tinygpt order."""
         return {n: self.p[key(n)] for n, _, _ in param_shapes(self.cfg)}
 
+    def norm(self, x, name: str, width: int | None = None):
+        """The block's norm over the last dim (width: QK-norm's per-head RMSNorm)."""
+        P, blk = self.named(), self.cfg.block
+        if width or blk.norm.rms:
+            return F.rms_norm(x, (width or x.shape[-1],), P.get(name + "_g"), blk.eps)
+        return F.layer_norm(x, (x.shape[-1],), P[name + "_g"], P[name + "_b"], blk.eps)
+
+    def attention(self, a, l: int, rope):
+        P, cfg, blk = self.named(), self.cfg, self.cfg.block
+        B, T, C = a.shape
+        H, KV, hd = blk.heads.q, blk.heads.kv, blk.heads.hd
+        lin = lambda x, W, b: x @ P[f"h{l}.{W}"] + (P[f"h{l}.{b}"] if b in blk.bias.vectors else 0)
+        q = lin(a, "Wq", "bq").view(B, T, H, hd)
+        k, v = lin(a, "Wk", "bk").view(B, T, KV, hd), lin(a, "Wv", "bv").view(B, T, KV, hd)
+        if blk.qk_norm.on:
+            q, k = self.norm(q, f"h{l}.q_norm", hd), self.norm(k, f"h{l}.k_norm", hd)
+        if rope is not None:
+            q, k = turn(q, *rope), turn(k, *rope)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if KV < H:           # each kv head serves H / KV consecutive query heads (heads.wgsl's kv_expand)
+            k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+        if cfg.attn_window:
+            i = torch.arange(T, device=a.device)
+            mask = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < cfg.window)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return lin(y.transpose(1, 2).reshape(B, T, C), "Wo", "bo")
+
     def forward(self, x):
-        P, cfg = self.named(), self.cfg
-        B, T = x.shape
-        C, H = cfg.d_model, cfg.heads
-        gelu = "tanh" if cfg.block.mlp.options.get("tanh") else "none"     # the checkpoint's GELU
-        h = P["tok_emb"][x] + P["pos_emb"][:T]
+        P, cfg, blk = self.named(), self.cfg, self.cfg.block
+        T = x.shape[1]
+        lin = lambda a, l, W, b: a @ P[f"h{l}.{W}"] + (P[f"h{l}.{b}"] if b in blk.bias.vectors else 0)
+        rope = rotary(T, cfg.head_dim, blk.rope_theta, x.device) if blk.position.rotary else None
+        h = P["tok_emb"][x] + (P["pos_emb"][:T] if blk.position.table else 0)
+        if blk.embed_norm:
+            h = self.norm(h, "ln_e")
+        act = ACTIVATIONS[blk.mlp.name]
         for l in range(cfg.layers):
-            p = lambda n: P[f"h{l}.{n}"]
-            a = F.layer_norm(h, (C,), p("ln1_g"), p("ln1_b"), 1e-5)
-            q, k, v = (a @ p("W" + n) + p("b" + n) for n in "qkv")
-            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
-            h = h + y @ p("Wo") + p("bo")
-            a = F.layer_norm(h, (C,), p("ln2_g"), p("ln2_b"), 1e-5)
-            h = h + F.gelu(a @ p("fc_in_W") + p("fc_in_b"), approximate=gelu) @ p("fc_out_W") + p("fc_out_b")
-        h = F.layer_norm(h, (C,), P["ln_f_g"], P["ln_f_b"], 1e-5)
-        return h @ P["tok_emb"].T
+            h = h + self.attention(self.norm(h, f"h{l}.ln1"), l, rope)
+            a = self.norm(h, f"h{l}.ln2")
+            gate = lin(a, l, "fc_gate_W", "fc_gate_b") if blk.mlp.gated else None
+            h = h + lin(act(lin(a, l, "fc_in_W", "fc_in_b"), gate), l, "fc_out_W", "fc_out_b")
+        logits = self.norm(h, "ln_f") @ P[blk.head].T
+        return blk.softcap * torch.tanh(logits / blk.softcap) if blk.softcap else logits
 
 
 def adamw(module: GPTModule, lr: float, weight_decay: float | None = None) -> torch.optim.AdamW:

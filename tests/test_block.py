@@ -157,4 +157,4 @@ def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, c
     assert "--block gpt2 (file: rmsnorm" in capsys.readouterr().err
     assert main(["export", "--model", str(out), "--format", "hf", str(tmp_path / "hf")]) != 0
     err = capsys.readouterr().err
-    assert "is not GPT-2's" in err and not (tmp_path / "hf").exists(), err
+    assert "computed by none of the Hugging Face architectures" in err and not (tmp_path / "hf").exists(), err

@@ -150,3 +150,32 @@ def test_a_token_file_trains_as_its_text(start, tmp_path):
     print("text:", got["text"], "tokens:", got["tokens"])
     assert sorted(got["text"]) == list(range(6, 9))
     assert got["tokens"] == got["text"]
+
+
+@pytest.mark.parametrize("block", ["nanochat", "llama"])
+def test_the_modern_blocks_go_webgpu_to_ddp_and_back(tmp_path, block):
+    """Each part in PyTorch's form (the mirror): nanochat's block (RoPE, QK-norm, ReLU², free RMSNorm
+    also on the embedding, no biases, an untied head, the soft-cap) and Llama's (RMSNorm with gains,
+    SwiGLU) with one kv head step under DDP as on WebGPU, and come back with their block."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("To be, or not to be, that is the question. " * 2500)
+    f = tmp_path / "a.tinygpt"
+    common = ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
+    assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--steps", "4", "--out", str(f),
+                 "--schedule", "constant", "--lr", "3e-3", "--optimizer", "adamw", "--block", block,
+                 "--kv-heads", "1", *common]) == 0
+    assert main(["train", "--resume", str(f), "--steps", "7", "--out", str(tmp_path / "w.tinygpt"),
+                 "--log", str(tmp_path / "w.jsonl"), *common]) == 0
+    web = losses(tmp_path / "w.jsonl")
+    d = tmp_path / "d.tinygpt"
+    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 6, "--out", d, "--log-every", 1,
+                  "--log-file", tmp_path / "d.jsonl")
+    assert rc == 0, err[-3000:]
+    dd = losses(tmp_path / "d.jsonl")
+    diff = max(abs(dd[s] - web[s]) for s in (5, 6))
+    print(f"{block}: DDP's losses against WebGPU's for the same batches: max difference {diff:.2e}")
+    assert diff < 1e-5
+    back = ckpt.load(d)
+    assert back.cfg.block == ckpt.load(f).cfg.block and back.step == 6
+    assert main(["train", "--resume", str(d), "--steps", "7", "--log", str(tmp_path / "b.jsonl"), *common]) == 0
+    assert abs(losses(tmp_path / "b.jsonl")[7] - web[7]) < 1e-4

@@ -126,7 +126,7 @@ def test_imported_logits_match_the_reference_and_gpt2_naming(tmp_path, gpu, plan
     (dict(config={"tie_word_embeddings": False}), "not tied"),
     (dict(config={"vocab_size": 1000}), "vocabulary 1,000"),
     (dict(config={"layer_norm_epsilon": 1e-6}), "epsilon"),
-    (dict(config={"model_type": "llama"}), "GPT2LMHeadModel only"),
+    (dict(config={"model_type": "llama"}), "tinygpt imports GPT2LMHeadModel, LlamaForCausalLM"),
     (dict(drop="transformer.h.1.mlp.c_fc.bias"), "no tensor h.1.mlp.c_fc.bias"),
     (dict(tensors={"transformer.h.0.ln_1.weight": np.ones(15, np.float32)}), "has shape [15]"),
     (dict(tensors={"lm_head.weight": np.zeros((256, 16), np.float32)}), "lm_head.weight differs"),

@@ -119,15 +119,23 @@ def test_bench_train_json():
 
 
 def test_bench_train_blocks_json():
-    """--blocks adds a row per block, with its parameters and its speed over GPT-2's block."""
-    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu",
-                    "--blocks", "gpt2,nanochat,llama")
+    """--blocks adds a row per block, with its parameters and its speed over GPT-2's block, and
+    (torch where importable) the PyTorch mirror's row of each block, training alike."""
+    import importlib.util
+    torch = importlib.util.find_spec("torch") is not None
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu,torch" if torch
+                    else "webgpu", "--blocks", "gpt2,nanochat,llama")
     by = {r["trainer"]: r for r in rows}
-    assert set(by) == {"webgpu", "webgpu-nanochat", "webgpu-llama"}
+    assert set(by) == {"webgpu", "webgpu-nanochat", "webgpu-llama"} | \
+        ({"torch", "torch-nanochat", "torch-llama"} if torch else set())
     for b in ("nanochat", "llama"):
         r = by["webgpu-" + b]
         assert abs(r["over_gpt2"] * by["webgpu"]["tokens_per_s"] - r["tokens_per_s"]) < 1e-6 * r["tokens_per_s"]
         assert r["params"] > 0 and "rope" in r["block"] and r["final_loss"] < 10
+        if torch:
+            t = by["torch-" + b]
+            print(f"{b}: WebGPU's loss after 3 steps {r['final_loss']:.6f}, PyTorch's {t['final_loss']:.6f}")
+            assert abs(t["final_loss"] - r["final_loss"]) < 1e-4 and t["params"] == r["params"]
     assert by["webgpu"]["block"].startswith("layernorm")
 
 

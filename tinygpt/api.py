@@ -140,7 +140,7 @@ class GPT:
         self._ck, self.source, self._recipe = checkpoint, source, recipe
         self.attention, self.precision, self.kernels = attention, precision, dict(kernels or {})
         self.tokenizer_file = tokenizer_file
-        self.tokenizer = get_tokenizer(ckpt.tokenizer_name(checkpoint.extra, checkpoint.cfg.vocab), tokenizer_file)
+        self.tokenizer = tokenizers.of_record(checkpoint.extra, checkpoint.cfg.vocab, tokenizer_file)
         self._gpu = gpu
         self._weights = None           # what the model computes with (a LoRA run's adapters folded in)
         self._evaluator = None         # (B, Model) for logits and losses
@@ -189,8 +189,7 @@ class GPT:
         tok = get_tokenizer(name, o.tokenizer_file)
         cfg.vocab = tok.vocab
         cfg.validate()
-        extra = {"tokenizer": name, **({"tokenizerSource": tok.source} if tok.source else {})}
-        ck = ckpt.Checkpoint(cfg, init_params(cfg), extra=extra)
+        ck = ckpt.Checkpoint(cfg, init_params(cfg), extra=tok.record())
         return cls(ck, source=f"the new {o.preset} model", recipe=recipe, tokenizer_file=tokenizer_file, **kw)
 
     @classmethod

@@ -122,10 +122,14 @@ def cmd_prepare(args) -> int:
 
 def _prepare(args) -> int:
     inputs = {f"text {i + 1}": data_files(t) for i, t in enumerate(args.text)}
-    out = Outputs(args.force, {**inputs, "tokenizer_file": args.tokenizer_file})
+    out = Outputs(args.force, {**inputs, "tokenizer_file": args.tokenizer_file, "model": args.model})
     out.claim(args.out, "out", "token file", is_our_token_file)
     out.claim(sidecar_of(args.out), "out", "token file's sidecar", is_our_sidecar)
-    side = prepare(args.text, args.out, args.tokenizer, args.tokenizer_file, show_progress=not args.quiet)
+    if args.model and args.tokenizer:
+        raise UsageError("{opt:model} tokenizes with that model's own tokenizer: drop {opt:tokenizer}")
+    tok = ckpt.tokenizer_of_file(args.model, f"{{opt:model}} {args.model}") if args.model else \
+        (args.tokenizer or tokenizers.DEFAULT)
+    side = prepare(args.text, args.out, tok, args.tokenizer_file, show_progress=not args.quiet)
     n = side["tokens"]
     print(f"wrote {args.out}: {n:,} {side['tokenizer']} tokens ({side['dtype']}, {Path(args.out).stat().st_size:,} "
           f"bytes) from {len(side['sources'])} file{'s' * (len(side['sources']) > 1)}, "
@@ -136,17 +140,17 @@ def _prepare(args) -> int:
 
 def cmd_import_hf(args) -> int:
     d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
-    inputs = {"directory": d, **{f"directory's {name}": d / name      # hf.import_hf's and read_tokenizer's
-                                 for name in ("config.json", "model.safetensors", "vocab.json", "tokenizer.json")}}
+    names = ("config.json", "model.safetensors", "model.safetensors.index.json", "vocab.json", "tokenizer.json",
+             "generation_config.json") + tuple(p.name for p in d.glob("model-*.safetensors"))    # shards
+    inputs = {"directory": d, **{f"directory's {name}": d / name for name in names}}   # what import_hf reads
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
-    ck = import_hf(args.directory, quiet=args.quiet)
+    ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)
     with writes_shown(not args.quiet):
         ckpt.save(out, ck)
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
           f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, "
-          f"tokenizer {ck.extra['tokenizer']}, "
-          f"fresh optimizer state; "
+          f"tokenizer {ck.extra['tokenizer']}, fresh optimizer state; block {cfg.block.describe()}; "
           f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
 
@@ -290,9 +294,11 @@ def _prepare_command(sub, common):
                        help="tokenize text files once into a token file that --data memory-maps")
     p.add_argument("text", nargs="+", help="text files, or directories of them (their files in sorted order)")
     p.add_argument("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it")
-    p.add_argument("--tokenizer", choices=list(tokenizers.NAMES), default=tokenizers.DEFAULT,
+    p.add_argument("--tokenizer", choices=list(tokenizers.NAMES),
                    help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
                         "where the vocabulary fits them)")
+    p.add_argument("--model", help="a .tinygpt model whose own tokenizer tokenizes the text (an imported model's "
+                                   "tokenizer.json travels in its file)")
     add_setting(p, "tokenizer_file")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -301,8 +307,12 @@ def _prepare_command(sub, common):
 
 def _import_hf_command(sub, common):
     p = sub.add_parser("import-hf", parents=[common],
-                       help="a Hugging Face GPT2LMHeadModel directory as a .tinygpt to fine-tune")
-    p.add_argument("directory", help="with config.json and model.safetensors")
+                       help="a Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3) as a .tinygpt to "
+                            "fine-tune")
+    p.add_argument("directory", help="with config.json, model.safetensors (or its shards and their index) and the "
+                                     "tokenizer's files")
+    p.add_argument("--ctx", type=int, help="the context of a rotary model (Llama, Qwen): its config's "
+                                           "max_position_embeddings by default; a shorter one needs less memory")
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")

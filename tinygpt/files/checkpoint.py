@@ -373,7 +373,7 @@ def _tokenizer_check(header: dict, extra: dict, cfg: Config, what: str):
     """The file's tokenizer must be one we have, producing its vocabulary: upstream names an
     own BPE by its tokenizerSource, which we name back when we do not have it (a tokenizer that
     lists no sources, the bytes, takes any)."""
-    known = ", ".join(f"{k.name}: {k.vocab:,}" for k in tokenizers.KINDS.values())
+    known = ", ".join(f"{n}: {tokenizers.KINDS[n].vocab:,}" for n in tokenizers.NAMES)
     if "tokenizer" not in extra:
         source = header["config"].get("tokenizerSource")
         tail = source.rstrip("/").rsplit("/", 1)[-1] if isinstance(source, str) else None
@@ -382,9 +382,14 @@ def _tokenizer_check(header: dict, extra: dict, cfg: Config, what: str):
             raise CheckpointError(f"{what}: its tokenizer ({show(source) if source is not None else 'unnamed'}, "
                                   f"{cfg.vocab:,} tokens) is not one this tinygpt has ({known})")
     tok = tokenizer_name(extra, cfg.vocab)
-    if tok not in tokenizers.KINDS or tokenizers.KINDS[tok].vocab != cfg.vocab:
-        known = ", ".join(f"{k.name} ({k.vocab:,})" for k in tokenizers.KINDS.values())
-        raise CheckpointError(f"{what}: its tokenizer {tok!r} cannot produce its vocabulary of {cfg.vocab:,} "
+    k = tokenizers.KINDS.get(tok) if isinstance(tok, str) else None
+    if k is not None and not k.choosable:       # one the file carries (an imported model's tokenizer.json)
+        if not isinstance(extra.get("tokenizerJson"), str):
+            raise CheckpointError(f"{what}: it names a Hugging Face tokenizer but holds no tokenizer.json; the "
+                                  "file is inconsistent (import the model again)")
+    elif k is None or k.vocab != cfg.vocab:
+        known = ", ".join(f"{n} ({tokenizers.KINDS[n].vocab:,})" for n in tokenizers.NAMES)
+        raise CheckpointError(f"{what}: its tokenizer {show(tok)} cannot produce its vocabulary of {cfg.vocab:,} "
                               f"tokens (known: {known}); the file is inconsistent")
 
 
@@ -550,6 +555,21 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
     if len(state) != state_len:
         raise CheckpointError(f"{what} changed while being read; try again")
     return _build(header, cfg, lay, state, what)
+
+
+def tokenizer_of_file(path, label: str | None = None):
+    """The tokenizer a .tinygpt file records, reading only its prefix and header (checked as load
+    checks them); an imported model's tokenizer.json travels there."""
+    what = label or str(path)
+    check_regular(path, CheckpointError, what, "a .tinygpt file")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            version, hlen = _prefix(f.read(12), size, what)
+            header, cfg, _ = _header(version, f.read(hlen), size - 12 - hlen, what)
+    except OSError as e:
+        raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
+    return tokenizers.of_record(header.get("tinygptPy") or {}, cfg.vocab)
 
 
 def peek_step(path) -> int | None:

@@ -8,10 +8,12 @@ and the base's identity live under tinygptPy.lora, each tensor as base64 float32
      "tensors": {name: {"shape": [...], "w": b64, "m": b64, "v": b64}}}
 
 The export's peft format writes Hugging Face PEFT's adapter_config.json and adapter_model.safetensors
-for the GPT-2 model its hf format writes: q, k and v adapters become one LoRA on GPT-2's
-fused c_attn (A stacked, B block-diagonal, its rank and alpha given by rank_pattern and
-alpha_pattern so that alpha / rank stays ours). The adapters option of eval and sample folds such a
-directory into a base model, after checking the base is the one the adapters were trained on.
+for the model its hf format writes (files.hf's architecture of the block). On GPT-2, q, k and v
+adapters become one LoRA on its fused c_attn (A stacked, B block-diagonal, its rank and alpha given
+by rank_pattern and alpha_pattern so that alpha / rank stays ours); on the Llama family each
+matrix is its own module (q_proj ... down_proj), A and B as they are. The adapters option of eval and
+sample folds such a directory into a base model, after checking the base is the one the adapters
+were trained on.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..core.config import Config, n_params
 from ..core.fs import check_regular, read_most, read_user_file
 from ..core.lora import LoRA, adapter_name, adapter_shapes, base_hash, make_lora, merged
 from ..core.errors import TinyGPTError, warn
-from .hf import check_gpt2, write_directory
+from .hf import architecture_of, write_directory
 from .outputs import WRITER
 
 PEFT_MODULES = {"Wo": "attn.c_proj", "fc_in_W": "mlp.c_fc", "fc_out_W": "mlp.c_proj"}   # c_attn: q | k | v
@@ -125,7 +127,11 @@ def finite_weights(ck: Checkpoint, what: str):
 
 # ---- PEFT -----------------------------------------------------------------------------------------
 def peft_tensors(cfg: Config, lora: LoRA, adapters: dict) -> tuple[dict, dict, dict]:
-    """(tensors under PEFT's keys for GPT2LMHeadModel, rank_pattern, alpha_pattern)."""
+    """(tensors under PEFT's keys for the model's architecture, rank_pattern, alpha_pattern)."""
+    modules = architecture_of(cfg).peft_modules
+    if modules is not None:           # a module per matrix
+        return {_module_key(l, modules[W], w): np.ascontiguousarray(adapters[adapter_name(l, W, w)], np.float32)
+                for l in range(cfg.layers) for W in lora.targets for w in "AB"}, {}, {}
     R, out, ranks, alphas = lora.rank, {}, {}, {}
     qkv = [W for W in ("Wq", "Wk", "Wv") if W in lora.targets]
     key = lambda l, module, which: f"base_model.model.transformer.h.{l}.{module}.lora_{which}.weight"
@@ -147,11 +153,16 @@ def peft_tensors(cfg: Config, lora: LoRA, adapters: dict) -> tuple[dict, dict, d
     return {k: np.ascontiguousarray(v, np.float32) for k, v in out.items()}, ranks, alphas
 
 
+def _module_key(l: int, module: str, which: str) -> str:
+    """PEFT's key of a Llama-family layer's module's A or B."""
+    return f"base_model.model.model.layers.{l}.{module}.lora_{which}.weight"
+
+
 def export_peft(ck: Checkpoint, out_dir, what: str) -> list:
-    """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the GPT-2
-    model the export's hf format writes of the same file; returns the names written."""
+    """adapter_config.json and adapter_model.safetensors of a LoRA checkpoint, for the model the
+    export's hf format writes of the same file; returns the names written."""
     from safetensors.numpy import save
-    check_gpt2(ck.cfg, what)
+    architecture_of(ck.cfg, what)
     st = read(ck, what)
     if st is None:
         raise CheckpointError(f"{what} holds no LoRA adapters (it was not trained with {{opt:lora}}); export the "
@@ -160,7 +171,7 @@ def export_peft(ck: Checkpoint, out_dir, what: str) -> list:
         raise CheckpointError(f"{what} trained its biases and LayerNorms beside the adapters, which PEFT's LoRA "
                               "files cannot hold; export the model with {opt:merge} instead")
     tensors, ranks, alphas = peft_tensors(ck.cfg, st.lora, st.params)
-    config = peft_config(st.lora, ranks, alphas)
+    config = peft_config(ck.cfg, st.lora, ranks, alphas)
     meta = {"format": "pt", "writer": WRITER, "tinygpt_base_sha256": st.base,
             "tinygpt_lora": json.dumps(st.lora.as_dict())}
     files = {"adapter_model.safetensors": save(tensors, metadata=meta),
@@ -169,15 +180,19 @@ def export_peft(ck: Checkpoint, out_dir, what: str) -> list:
     return sorted(files)
 
 
-def peft_config(lora: LoRA, ranks: dict, alphas: dict) -> dict:
+def peft_config(cfg: Config, lora: LoRA, ranks: dict, alphas: dict) -> dict:
     """adapter_config.json for these adapters. Only fields PEFT has had since rank_pattern came
     (0.6): an older PEFT refuses a field it does not know, and every field left out is at its
-    default."""
-    modules = (["c_attn"] if any(W in lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
-        [PEFT_MODULES[W] for W in PEFT_MODULES if W in lora.targets]
+    default. GPT-2's Conv1D stores its weights [in, out] (fan_in_fan_out), a Linear [out, in]."""
+    own = architecture_of(cfg).peft_modules
+    if own is not None:
+        modules = [own[W].rpartition(".")[2] for W in lora.targets]
+    else:
+        modules = (["c_attn"] if any(W in lora.targets for W in ("Wq", "Wk", "Wv")) else []) + \
+            [PEFT_MODULES[W] for W in PEFT_MODULES if W in lora.targets]
     return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
             "target_modules": modules, "rank_pattern": ranks, "alpha_pattern": alphas, "lora_dropout": 0.0,
-            "fan_in_fan_out": True, "bias": "none", "modules_to_save": None, "inference_mode": True,
+            "fan_in_fan_out": own is None, "bias": "none", "modules_to_save": None, "inference_mode": True,
             "base_model_name_or_path": None}
 
 
@@ -303,7 +318,7 @@ def _check_peft_config(d: Path, lora: LoRA, cfg: Config, what: str):
         raise CheckpointError(f"{label} is not a JSON object; give the directory tinygpt export "
                               "{opt:format} peft wrote") from e
     _, ranks, alphas = peft_tensors(cfg, lora, {n: np.zeros(s, np.float32) for n, s, _ in adapter_shapes(cfg, lora)})
-    mine = peft_config(lora, ranks, alphas)
+    mine = peft_config(cfg, lora, ranks, alphas)
     norm = lambda k, v: sorted(v) if k == "target_modules" and isinstance(v, list) else v
     for k in PEFT_LOADS:
         if norm(k, got.get(k, PEFT_DEFAULTS.get(k))) != norm(k, mine[k]):
@@ -318,9 +333,14 @@ def _check_peft_config(d: Path, lora: LoRA, cfg: Config, what: str):
 
 def peft_adapters(cfg: Config, lora: LoRA, tensors: dict, what: str) -> dict:
     """Our adapters from PEFT's tensors (the inverse of peft_tensors), every shape checked."""
+    shapes = {name: tuple(shape) for name, shape, _ in adapter_shapes(cfg, lora)}
+    modules = architecture_of(cfg).peft_modules
+    if modules is not None:
+        return {adapter_name(l, W, w): _tensor(tensors, _module_key(l, modules[W], w), shapes[adapter_name(l, W, w)],
+                                               what)
+                for l in range(cfg.layers) for W in lora.targets for w in "AB"}
     qkv = [W for W in ("Wq", "Wk", "Wv") if W in lora.targets]
     R, C, out = lora.rank, cfg.d_model, {}
-    shapes = {name: tuple(shape) for name, shape, _ in adapter_shapes(cfg, lora)}
     key = lambda l, module, which: f"base_model.model.transformer.h.{l}.{module}.lora_{which}.weight"
     take = lambda k, shape: _tensor(tensors, k, shape, what)
     for l in range(cfg.layers):

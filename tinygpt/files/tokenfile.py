@@ -24,7 +24,7 @@ import numpy as np
 from ..core.fs import atomic_write, atomic_writer, check_regular, read_most, read_user_file
 from .data import DataError, Dataset, max_corpus_bytes, progress, read_corpus
 from ..tokenizers import DEFAULT as DEFAULT_TOKENIZER
-from ..tokenizers import get_tokenizer
+from ..tokenizers import Tokenizer, get_tokenizer
 
 FORMAT = "tinygpt-tokens"
 VERSION = 1
@@ -139,12 +139,12 @@ def _pieces(f, tok, label: str, hasher):
     return tok.encode_chunks(chunks(), label)
 
 
-def prepare(sources, out, tokenizer: str = DEFAULT_TOKENIZER, tokenizer_file: str | None = None,
+def prepare(sources, out, tokenizer=DEFAULT_TOKENIZER, tokenizer_file: str | None = None,
             show_progress=True) -> dict:
     """Tokenize the text files (and directories of them) in `sources`, in order, into the token file
     `out` and its sidecar, both written atomically (the token file first: a sidecar names only a
-    whole file). Returns the sidecar."""
-    tok = get_tokenizer(tokenizer, tokenizer_file)
+    whole file). tokenizer: a name, or a Tokenizer (a model's own). Returns the sidecar."""
+    tok = tokenizer if isinstance(tokenizer, Tokenizer) else get_tokenizer(tokenizer, tokenizer_file)
     files = text_files(sources, "prepare:")
     dtype = np.dtype(dtype_for(tok.vocab)).newbyteorder("<")
     total = sum(f.stat().st_size for f in files)
@@ -175,7 +175,7 @@ def prepare(sources, out, tokenizer: str = DEFAULT_TOKENIZER, tokenizer_file: st
     if bar:
         bar.close()
     split = int(np.floor(0.9 * count))
-    side = {"format": FORMAT, "version": VERSION, "writer": WRITER, "tokenizer": tok.name, "vocab": tok.vocab,
+    side = {"format": FORMAT, "version": VERSION, "writer": WRITER, "tokenizer": tok.key, "vocab": tok.vocab,
             "dtype": dtype.name, "tokens": count, "sources": record,
             "split": {"train": split, "val": count - split, "rule": "validation from floor(0.9 n) on"}}
     atomic_write(sidecar_of(out), (json.dumps(side, indent=1) + "\n").encode())
@@ -213,10 +213,10 @@ def open_tokens(path, tok) -> tuple[np.memmap, dict]:
     are checked, and its tokenizer against the run's."""
     side = read_sidecar(path)
     label = f"{{opt:data}} {path}"
-    if side["tokenizer"] != tok.name or side["vocab"] != tok.vocab:
+    if side["tokenizer"] != tok.key or side["vocab"] != tok.vocab:
+        how = f"{{opt:tokenizer}} {tok.name}" if tok.choosable else "{opt:model} set to this model's file"
         raise DataError(f"{label}: tokenized with {side['tokenizer']} ({side['vocab']:,} ids), but this model reads "
-                        f"{tok.name} ({tok.vocab:,}); prepare it with {{opt:tokenizer}} {tok.name}, or train a "
-                        f"{side['tokenizer']} model")
+                        f"{tok.key} ({tok.vocab:,}); prepare it with {how}, or train a {side['tokenizer']} model")
     st = check_regular(path, DataError, label, "the token file that tinygpt prepare wrote")
     size = np.dtype(side["dtype"]).itemsize
     if st.st_size != side["tokens"] * size:

@@ -11,7 +11,7 @@ from ..files.lora_files import model_params
 from ..core.errors import UsageError
 from ..core.precision import PRECISIONS
 from ..files.data import progress
-from ..tokenizers import get_tokenizer
+from .. import tokenizers
 from ..device.gpu import GPU
 from ..device.planner import make_plan
 from ..model.decode import Decoder
@@ -57,7 +57,7 @@ def data_path_for(given: str | None, ck: ckpt.Checkpoint | None, source: str) ->
 
 def tokenizer_of(ck: ckpt.Checkpoint, tokenizer_file=None):
     """The checkpoint's tokenizer (load() has checked that it produces the file's vocabulary)."""
-    return get_tokenizer(ckpt.tokenizer_name(ck.extra, ck.cfg.vocab), tokenizer_file)
+    return tokenizers.of_record(ck.extra, ck.cfg.vocab, tokenizer_file)
 
 
 def bits(loss_nats: float) -> float:

@@ -319,7 +319,8 @@ def make_recipe(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, ste
         adapters = lora.lora if lora else None
     cfg, tokenizer, schedule = run_config(o, resume, new_lora)
     cfg.lr = schedule.lr              # the header's learningRate: the peak
-    cfg.vocab = tokenizers.kind(tokenizer).vocab
+    if resume is None:                # a resumed model's own: its tokenizer may be one it carries (vocab per model)
+        cfg.vocab = tokenizers.kind(tokenizer).vocab
     cfg.validate()
     attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
     length = None if not steps else \

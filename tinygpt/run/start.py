@@ -31,6 +31,7 @@ from ..files.outputs import same_file
 from .recipe import Length, Recipe, RunSettings, count, make_recipe
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
+from .. import tokenizers
 from ..tokenizers import get_tokenizer
 
 
@@ -122,7 +123,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     if r.new_lora and held is None and (not o.out or same_file(o.out, o.resume)):
         raise UsageError(f"{{opt:lora}} starts adapters on {o.resume}, which stays as it is: give the fine-tune's "
                          "own file with {opt:out}")
-    tok = get_tokenizer(r.tokenizer, o.tokenizer_file)
+    # a resumed model's own (an imported model's tokenizer.json travels in its file), else the recipe's
+    tok = tokenizers.of_record(resume.extra, resume.cfg.vocab, o.tokenizer_file) if resume else \
+        get_tokenizer(r.tokenizer, o.tokenizer_file)
     assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
     data = open_dataset(data_path, tok, r.cfg.ctx)
@@ -148,11 +151,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
 def _extra(o: TrainOptions, r: Recipe, tok, data_path, resume) -> dict:
     """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
     the precision: a bf16 run resumes in fp32 and back."""
-    extra = {"tokenizer": tok.name, "data": data_path, "attention": o.attention, "gradAccum": r.accum,
+    extra = {**tok.record(), "data": data_path, "attention": o.attention, "gradAccum": r.accum,
              "precision": r.precision.name, "recompute": o.recompute, "evalEvery": r.settings.eval_every,
              "settings": r.settings.record()}
-    if tok.source:
-        extra["tokenizerSource"] = tok.source
     if resume and isinstance(resume.extra.get("tensorboardRun"), str):
         extra["tensorboardRun"] = resume.extra["tensorboardRun"]      # its folder of event files (runlog)
     if resume and isinstance(resume.header.get("corpus"), str) and \

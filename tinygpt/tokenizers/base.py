@@ -42,11 +42,26 @@ class Tokenizer:
     token_is_byte = False           # a loss per token is a loss per byte: bits per byte are shown
     eos_id: int | None = None       # end of text, which Hugging Face's generate stops at
     pad_id = 0                      # what pads a batch in Hugging Face's tokenizer (masked out)
+    choosable = True                # an option may name it (the one an imported model brings is not)
 
     @classmethod
     def load(cls, tokenizer_file: str | None = None) -> Tokenizer:
         """The tokenizer, ready to encode (tokenizer_file: where its files are, for one that has any)."""
         return cls()
+
+    @classmethod
+    def from_record(cls, record: dict, vocab: int, tokenizer_file: str | None = None) -> Tokenizer:
+        """The tokenizer a model's file records (`record`'s fields), for a vocabulary of `vocab`."""
+        return cls.load(tokenizer_file)
+
+    def record(self) -> dict:
+        """What a model's file records of its tokenizer (the header's tinygptPy fields)."""
+        return {"tokenizer": self.name} | ({"tokenizerSource": self.source} if self.source else {})
+
+    @property
+    def key(self) -> str:
+        """What a token file names its tokenizer by: tokens of another key are not this one's."""
+        return self.name
 
     def encode(self, data: bytes | str) -> np.ndarray:
         raise NotImplementedError

@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""A real small model's shape end to end on this machine: a random model of SmolLM2-135M's shape
+(30 layers, width 576, 9 heads, 3 kv heads, MLP 1536, vocabulary 49,152, a tied head), built by
+transformers and stored in bfloat16 as the hub stores it, then through tinygpt's commands:
+import-hf, plan (the budget before anything is allocated), eval, sample from the key/value cache
+and a LoRA fine-tune. Each command runs in a process of its own, timed, with its peak memory.
+
+    python scripts/hf_scale.py [--ctx 256] [--lora-steps 10] [--data FILE] [--keep DIR]
+
+Needs torch and transformers (make engines installs them). The weights are random (none can be
+downloaded), so the losses say nothing of SmolLM2; the times, memory and budget are its shape's.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SMOLLM2_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                    num_key_value_heads=3, vocab_size=49152, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                    tie_word_embeddings=True, rope_theta=100000.0)
+
+BUILD = """
+import sys, torch, transformers
+sys.path.insert(0, {tests!r})
+from hf_reference import tokenizer
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{shape!r})).to(torch.bfloat16)
+model.save_pretrained({out!r}, safe_serialization=True)
+tokenizer(2000).save({out!r} + "/tokenizer.json")
+"""
+
+
+def run(label: str, args: list, rows: list) -> str:
+    """A command in its own process: its wall time and peak resident memory (os.wait4's)."""
+    t0 = time.perf_counter()
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    seconds = time.perf_counter() - t0
+    if p.returncode:
+        sys.exit(f"hf_scale: {label} failed ({p.returncode}): {out.strip().splitlines()[-1] if out.strip() else ''}")
+    rows.append((label, seconds, usage.ru_maxrss / 1024))
+    print(f"{label}: {seconds:.1f} s, peak memory {usage.ru_maxrss / 1024:,.0f} MiB", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ctx", type=int, default=256, help="the context imported (SmolLM2's is 8,192)")
+    ap.add_argument("--lora-steps", type=int, default=10)
+    ap.add_argument("--data", help="a text file to evaluate and fine-tune on (default: tinygpt's built-in corpus)")
+    ap.add_argument("--keep", help="a directory to keep the files in (default: a temporary one)")
+    a = ap.parse_args(argv)
+    if not 1 <= a.ctx <= 8192 or not 1 <= a.lora_steps <= 1000:
+        sys.exit("hf_scale: --ctx is 1 to 8,192 and --lora-steps 1 to 1,000")
+    d = Path(a.keep or tempfile.mkdtemp(prefix="hf_scale-"))
+    d.mkdir(parents=True, exist_ok=True)
+    tg = [sys.executable, "-m", "tinygpt"]
+    data = ["--data", a.data] if a.data else []
+    rows = []
+    hf, m, ft = d / "smollm2-135m", d / "smollm2.tinygpt", d / "smollm2-lora.tinygpt"
+    code = BUILD.format(tests=str(Path(__file__).resolve().parents[1] / "tests"), shape=SMOLLM2_135M, out=str(hf))
+    run("build (transformers, bf16)", [sys.executable, "-c", code], rows)
+    run("import-hf", tg + ["import-hf", str(hf), "--out", str(m), "--ctx", str(a.ctx), "--force", "--quiet"], rows)
+    budget = json.loads(run("plan", tg + ["plan", "--resume", str(m), "--lora", "8", "--batch", "1", "--json"],
+                            rows).strip().splitlines()[-1])
+    run("eval (8 windows)", tg + ["eval", "--model", str(m), "--max-windows", "8"] + data, rows)
+    run("sample (20 tokens, cache)", tg + ["sample", "--model", str(m), "--tokens", "20", "--temperature", "0"], rows)
+    train = ["train", "--resume", str(m), "--lora", "8", "--batch", "1", "--steps", str(a.lora_steps),
+             "--eval-every", "0", "--sample-tokens", "0", "--out", str(ft), "--force"]
+    out = run(f"LoRA ({a.lora_steps} steps)", tg + train + data, rows)
+    print("\n| command | seconds | peak memory (MiB) |\n|---|---|---|")
+    for label, s, mib in rows:
+        print(f"| {label} | {s:.1f} | {mib:,.0f} |")
+    print(f"\nsafetensors: {sum(f.stat().st_size for f in hf.glob('*.safetensors')):,} bytes; .tinygpt "
+          f"{m.stat().st_size:,} bytes")
+    print("plan:", json.dumps(budget)[:2000])
+    print("train's last lines:", *out.strip().splitlines()[-3:], sep="\n  ")
+
+
+if __name__ == "__main__":
+    main()
