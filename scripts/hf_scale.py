@@ -37,16 +37,18 @@ tokenizer(2000).save({out!r} + "/tokenizer.json")
 def run(label: str, args: list, rows: list) -> str:
     """A command in its own process: its wall time and peak resident memory (os.wait4's)."""
     t0 = time.perf_counter()
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = p.stdout.read()
-    _, status, usage = os.wait4(p.pid, 0)
-    p.returncode = os.waitstatus_to_exitcode(status)
+    with tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = p.stdout.read()
+        _, status, usage = os.wait4(p.pid, 0)
+        err.seek(0)
+        lines = [ln for ln in err.read().splitlines() if ln.strip() and "XDG_RUNTIME_DIR" not in ln]
     seconds = time.perf_counter() - t0
-    if p.returncode:
-        sys.exit(f"hf_scale: {label} failed ({p.returncode}): {out.strip().splitlines()[-1] if out.strip() else ''}")
+    if os.waitstatus_to_exitcode(status):
+        sys.exit(f"hf_scale: {label} failed: {lines[-1] if lines else ''}")
     rows.append((label, seconds, usage.ru_maxrss / 1024))
     print(f"{label}: {seconds:.1f} s, peak memory {usage.ru_maxrss / 1024:,.0f} MiB", flush=True)
-    return out
+    return out, lines
 
 
 def main(argv=None):
@@ -68,19 +70,19 @@ def main(argv=None):
     run("build (transformers, bf16)", [sys.executable, "-c", code], rows)
     run("import-hf", tg + ["import-hf", str(hf), "--out", str(m), "--ctx", str(a.ctx), "--force", "--quiet"], rows)
     budget = json.loads(run("plan", tg + ["plan", "--resume", str(m), "--lora", "8", "--batch", "1", "--json"],
-                            rows).strip().splitlines()[-1])
+                            rows)[0])
     run("eval (8 windows)", tg + ["eval", "--model", str(m), "--max-windows", "8"] + data, rows)
     run("sample (20 tokens, cache)", tg + ["sample", "--model", str(m), "--tokens", "20", "--temperature", "0"], rows)
     train = ["train", "--resume", str(m), "--lora", "8", "--batch", "1", "--steps", str(a.lora_steps),
              "--eval-every", "0", "--sample-tokens", "0", "--out", str(ft), "--force"]
-    out = run(f"LoRA ({a.lora_steps} steps)", tg + train + data, rows)
+    _, lines = run(f"LoRA ({a.lora_steps} steps)", tg + train + data, rows)
     print("\n| command | seconds | peak memory (MiB) |\n|---|---|---|")
     for label, s, mib in rows:
         print(f"| {label} | {s:.1f} | {mib:,.0f} |")
     print(f"\nsafetensors: {sum(f.stat().st_size for f in hf.glob('*.safetensors')):,} bytes; .tinygpt "
           f"{m.stat().st_size:,} bytes")
     print("plan:", json.dumps(budget)[:2000])
-    print("train's last lines:", *out.strip().splitlines()[-3:], sep="\n  ")
+    print("train's last lines:", *lines[-3:], sep="\n  ")
 
 
 if __name__ == "__main__":

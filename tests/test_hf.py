@@ -59,7 +59,7 @@ def test_export_then_import_is_the_identity(tmp_path, vocab):
     assert back.cfg.__dict__ == {**ck.cfg.__dict__, "batch": back.cfg.batch, "lr": back.cfg.lr}
     for name, a in ck.params.items():
         assert back.params[name].dtype == np.float32 and np.array_equal(back.params[name], a), name
-    assert back.step == 0 and all(not m.any() for m in back.m.values())        # fresh optimizer state
+    assert back.step == 0 and back.m is None and back.v is None and back.adam_moments     # zeros when saved
     assert back.extra["tokenizer"] == ("gpt2" if vocab == 50257 else "byte")
     written = json.loads((tmp_path / "hf" / "config.json").read_text())["activation_function"]
     assert written == {"gelu": "gelu", "gelu_tanh": "gelu_new"}[ck.cfg.activation]

@@ -201,7 +201,7 @@ class GPT:
             raise UsageError(f"GPT.from_config takes a tinygpt.Config, got {type(config).__name__}")
         tokenizer = {256: "byte", 50257: "gpt2"}.get(config.vocab)
         width = mlp_width(config.d_model, config.activation)
-        if tokenizer is None or config.d_mlp != width or config.bias == "qkv":
+        if tokenizer is None or config.d_mlp != width or config.block.bias.toggle is None:
             raise UsageError(f"GPT.from_config makes TinyGPT's models: vocabulary 256 or 50257 (got {config.vocab}), "
                              f"an MLP of {width} for d_model {config.d_model} (got {config.d_mlp}), biases on every "
                              f"projection or none (got "
@@ -209,7 +209,7 @@ class GPT:
         return cls.from_preset("small", layers=config.layers, d_model=config.d_model, heads=config.heads,
                                ctx=config.ctx, sliding_window=config.window or None, batch=config.batch,
                                tokenizer=tokenizer, seed=config.seed, norm=config.norm, norm_eps=config.norm_eps,
-                               position=config.position, mlp=config.activation, bias=config.bias == "all",
+                               position=config.position, mlp=config.activation, bias=config.block.bias.toggle,
                                untied_head=not config.tied, qk_norm=config.qk_norm, kv_heads=config.kv_heads or None,
                                logit_softcap=config.softcap, embed_norm=config.embed_norm,
                                rope_theta=config.rope_theta if config.block.position.rotary else None, **kw)

@@ -73,10 +73,12 @@ class Bias:
     name: str
     vectors: tuple       # the block's bias vectors that exist (model.block.VECTORS' names)
     label: str           # what the banner says of it
+    toggle: bool | None = None    # the on/off option's value that chooses it (qkv's: none, it comes from a file)
 
 
-BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b"), "biases"),
-                              Bias("qkv", ("bq", "bk", "bv"), "q/k/v biases"), Bias("none", (), "no biases"))}
+BIASES = {b.name: b for b in (Bias("all", ("bq", "bk", "bv", "bo", "fc_gate_b", "fc_in_b", "fc_out_b"), "biases", True),
+                              Bias("qkv", ("bq", "bk", "bv"), "q/k/v biases"), Bias("none", (), "no biases", False))}
+BIAS_OF_TOGGLE = {b.toggle: b.name for b in BIASES.values() if b.toggle is not None}
 @dataclass(frozen=True)
 class QKNorm:
     name: str

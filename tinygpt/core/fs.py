@@ -113,17 +113,24 @@ def atomic_write(path, data: bytes):
     """Temporary file beside the target (a short name, whatever the target's length), fsync,
     rename, fsync the directory. A crash at any point leaves the old file or the new one.
     Under writes_shown, a large file's writing shows a progress bar."""
+    view, step = memoryview(data), 16 << 20
+    atomic_write_pieces(path, (view[i:i + step] for i in range(0, len(view), step)), len(view))
+
+
+def atomic_write_pieces(path, pieces, total: int):
+    """atomic_write of a file made in pieces (a checkpoint, tensor by tensor: never whole in
+    memory) of `total` bytes in all."""
     with atomic_writer(path) as f:
-        if not _SHOWN[0] or len(data) < WRITE_BAR_FROM:
-            f.write(data)
+        if not _SHOWN[0] or total < WRITE_BAR_FROM:
+            for piece in pieces:
+                f.write(piece)
             return
         from tqdm import tqdm
-        view, step = memoryview(data), 16 << 20
-        with tqdm(total=len(view), desc=f"writing {Path(path).name}", unit="B", unit_scale=True, unit_divisor=1024,
+        with tqdm(total=total, desc=f"writing {Path(path).name}", unit="B", unit_scale=True, unit_divisor=1024,
                   leave=False, file=sys.stderr, dynamic_ncols=True) as bar:
-            for i in range(0, len(view), step):
-                f.write(view[i:i + step])
-                bar.update(len(view[i:i + step]))
+            for piece in pieces:
+                f.write(piece)
+                bar.update(len(piece))
 
 
 WRITE_BAR_FROM = 64 << 20       # smaller files are written in a moment

@@ -34,7 +34,7 @@ import numpy as np
 from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
 from ..core.config import Config, n_params, param_shapes
 from ..core.errors import TinyGPTError
-from ..core.fs import atomic_write, available_memory, check_regular
+from ..core.fs import atomic_write, atomic_write_pieces, available_memory, check_regular
 from .. import tokenizers
 from .outputs import WRITER
 
@@ -339,26 +339,39 @@ def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dic
 def encode(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None) -> bytes:
     """The file's bytes: fp32 with optimizer state (what training writes), or fp16 weights only
     (the compact form upstream's playground loads)."""
+    return b"".join(encode_pieces(ck, dtype, saved_at)[0])
+
+
+def encode_pieces(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = None):
+    """(the file's bytes as pieces, a tensor at a time, made as they are read; their total length):
+    a large model is written without its whole file in memory."""
     cfg = ck.cfg
     header = build_header(ck, dtype, saved_at)
     with_opt = header["includesOptimizerState"]
     hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    parts = [MAGIC, struct.pack("<II", file_version(cfg), len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
-    for name, shape, _ in param_shapes(cfg):
-        for d in ((ck.params, ck.m, ck.v) if with_opt else (ck.params,)):
-            a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
-            if a.shape != tuple(shape):
-                raise CheckpointError(f"{name} has shape {a.shape}, the config says {tuple(shape)}")
-            if dtype == "fp16":
-                h = a.astype("<f2")
-                if not np.all(np.isfinite(h)) and np.all(np.isfinite(a)):
-                    raise CheckpointError(f"{upstream_name(name)[0]} holds values beyond float16's range "
-                                          f"(largest {float(np.abs(a).max()):g}, float16 holds 65,504); "
-                                          "export it as fp32 instead")
-                parts.append(h.tobytes())
-            else:
-                parts.append(a.astype("<f4").tobytes())
-    return b"".join(parts)
+    head = [MAGIC, struct.pack("<II", file_version(cfg), len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
+    for name, shape, _ in param_shapes(cfg):         # shapes first: nothing is written of a wrong one
+        a = ck.params[name]
+        if tuple(np.shape(a)) != tuple(shape):
+            raise CheckpointError(f"{name} has shape {np.shape(a)}, the config says {tuple(shape)}")
+
+    def tensors():
+        yield from head
+        for name, shape, _ in param_shapes(cfg):
+            for d in ((ck.params, ck.m, ck.v) if with_opt else (ck.params,)):
+                a = np.zeros(shape, np.float32) if d is None else np.asarray(d[name], np.float32)
+                if a.shape != tuple(shape):
+                    raise CheckpointError(f"{name} has shape {a.shape}, the config says {tuple(shape)}")
+                if dtype == "fp16":
+                    h = a.astype("<f2")
+                    if not np.all(np.isfinite(h)) and np.all(np.isfinite(a)):
+                        raise CheckpointError(f"{upstream_name(name)[0]} holds values beyond float16's range "
+                                              f"(largest {float(np.abs(a).max()):g}, float16 holds 65,504); "
+                                              "export it as fp32 instead")
+                    yield h.tobytes()
+                else:
+                    yield a.astype("<f4").tobytes()
+    return tensors(), sum(map(len, head)) - 4 + state_bytes(cfg, dtype, with_opt)
 
 
 MAX_HEADER = 256 << 20  # bytes of JSON header we read at most (a long loss history is ~50 bytes a step;
@@ -589,8 +602,8 @@ ENCODED = ("fp32", "fp16")   # the weightDtypes encode writes (int4 is the expor
 
 
 def save(path, ck: Checkpoint, dtype: str = "fp32"):
-    """Write ck whole under path (atomically), stamped with the time of saving."""
-    atomic_write(path, encode(ck, dtype, saved_at=now()))
+    """Write ck whole under path (atomically, a tensor at a time), stamped with the time of saving."""
+    atomic_write_pieces(path, *encode_pieces(ck, dtype, saved_at=now()))
 
 
 def is_tinygpt(path) -> bool:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
-from ..core.config import Config, param_shapes
+from ..core.config import Config
 from ..core.fs import atomic_write, creation_mode
 from .. import tokenizers
 from .data import progress
@@ -207,7 +207,7 @@ def architecture_named(c: dict, label: str) -> Architecture:
 
 
 def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoint:
-    """A Hugging Face model directory as a fresh .tinygpt checkpoint (zero moments); quiet=False:
+    """A Hugging Face model directory as a fresh .tinygpt checkpoint (its moments zero when saved); quiet=False:
     a progress bar over the weights' bytes (a large model's). ctx: the context of a rotary model
     (its config's by default; a learned table's cannot change)."""
     d = Path(directory)
@@ -231,8 +231,8 @@ def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoi
     bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
     if bad:
         raise CheckpointError(f"{d}: {bad[0]} holds nan or inf")
-    zeros = {n: np.zeros(shape, np.float32) for n, shape, _ in param_shapes(cfg)}
     tok = hf_llama.Named(read_tokenizer(d, cfg.vocab) or tokenizers.by_vocab(cfg.vocab)) if arch is GPT2 else \
         hf_llama.tokenizer(d, cfg, c)
     extra = {**tok.record(), "importedFrom": str(d)}
-    return Checkpoint(cfg, P, zeros, {n: z.copy() for n, z in zeros.items()}, 0, [], extra)
+    # no moments held: the file's slots are written as zeros, a tensor at a time (checkpoint.encode_pieces)
+    return Checkpoint(cfg, P, None, None, 0, [], extra)

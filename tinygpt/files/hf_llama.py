@@ -83,7 +83,9 @@ def _rope(c: dict, label: str) -> float:
         v = c.get(key)
         if v is None:
             continue
-        kind = v.get("rope_type", v.get("type", "default")) if isinstance(v, dict) else v
+        if not isinstance(v, dict) or any(isinstance(x, dict) for x in v.values()):
+            raise CheckpointError(f"{label}: {key} is {show(v)}; tinygpt reads one RoPE for every layer, as an object")
+        kind = v.get("rope_type", v.get("type", "default"))
         if kind != "default":
             raise CheckpointError(f"{label}: {key} has rope_type {show(kind)}, a scaled RoPE, which tinygpt does not "
                                   "compute (it turns q and k by the base alone)")
@@ -185,12 +187,15 @@ def _config_json(family: Family, cfg: Config, tok) -> dict:
 
 def _eos(d: Path, c: dict, vocab: int) -> int | None:
     """The end-of-text id: generation_config.json's, else config.json's (the first of a list)."""
-    for f in ("generation_config.json", "config.json"):
+    found = [c.get("eos_token_id")]
+    gen = d / "generation_config.json"
+    if gen.exists():
+        raw = read_user_file(gen, CheckpointError, str(gen), "a generation config", 1 << 20)
         try:
-            got = json.loads((d / f).read_bytes()[:1 << 20]).get("eos_token_id") if f != "config.json" else \
-                c.get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
+            found.insert(0, json.loads(raw).get("eos_token_id"))
+        except (ValueError, AttributeError, RecursionError):
+            pass                    # not one transformers would read either: config.json's then
+    for got in found:
         got = got[0] if isinstance(got, list) and got else got
         if isinstance(got, int) and not isinstance(got, bool) and 0 <= got < vocab:
             return got
@@ -201,7 +206,7 @@ def tokenizer(d: Path, cfg: Config, c: dict):
     """The tokenizer a directory holds: its tokenizer.json (run by Hugging Face's tokenizers
     library; the byte vocabulary's is ours), else GPT-2's vocab.json; one must be there."""
     if (d / "tokenizer.json").exists():
-        if cfg.vocab == tokenizers.ByteTokenizer.vocab and read_tokenizer(d, cfg.vocab) == "byte":
+        if cfg.vocab == tokenizers.ByteTokenizer.vocab and _ours(d, cfg.vocab) == "byte":
             return Named("byte")
         label = str(d / "tokenizer.json")
         raw = read_user_file(d / "tokenizer.json", CheckpointError, label, "a tokenizer file", MAX_TOKENIZER_BYTES,
@@ -215,6 +220,14 @@ def tokenizer(d: Path, cfg: Config, c: dict):
         raise CheckpointError(f"{d}: no tokenizer.json (nor GPT-2's vocab.json); tinygpt needs the model's tokenizer "
                               "beside its config.json")
     return Named(name)
+
+
+def _ours(d: Path, vocab: int) -> str | None:
+    """The byte or GPT-2 tokenizer where the directory's files are theirs, else None."""
+    try:
+        return read_tokenizer(d, vocab)
+    except CheckpointError:
+        return None
 
 
 class Named:

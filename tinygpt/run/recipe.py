@@ -17,7 +17,7 @@ from ..files import checkpoint as ckpt
 from ..files import lora_files
 from ..files import optim_state
 from .. import tokenizers
-from ..core.block import BLOCKS, POSITIONS
+from ..core.block import BIAS_OF_TOGGLE, BLOCKS, POSITIONS
 from ..core.config import PRESET_TOKENIZER, TRAIN_DEFAULTS, Config, preset
 from ..core.errors import UsageError
 from ..core.lora import base_hash, init_adapters, make_lora
@@ -66,7 +66,7 @@ same = lambda v: v
 # the block's options -> (the Config field each sets, its value there)
 PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
          "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
-         "bias": ("bias", lambda on: "all" if on else "none"), "untied_head": ("tied", lambda untied: not untied),
+         "bias": ("bias", lambda on: BIAS_OF_TOGGLE[bool(on)]), "untied_head": ("tied", lambda untied: not untied),
          "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same), "logit_softcap": ("softcap", float),
          "embed_norm": ("embed_norm", same)}
 
