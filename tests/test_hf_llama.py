@@ -190,3 +190,39 @@ def test_a_rotary_models_context_is_chosen_on_import(tmp_path, capsys):
     assert ckpt.load(tmp_path / "m.tinygpt").cfg.ctx == 8
     assert run_cli("import-hf", tmp_path / "hf", "--out", tmp_path / "n.tinygpt", "--ctx", 13) == 1
     assert "1 to its max_position_embeddings, 12" in capsys.readouterr().err
+
+
+def small_bpe(pre_tokenizer: str = "byte_level") -> str:
+    """A tokenizer.json trained here: byte-level BPE (Llama 3's, Qwen's kind), or a Metaspace one
+    (SentencePiece's kind, which marks each piece's first word)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+    tok = tokenizers.Tokenizer(models.BPE())
+    if pre_tokenizer == "byte_level":
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    else:
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+        alphabet = []
+    text = "To be, or not to be: that is the question.\nWhether 'tis nobler in the mind to suffer\n" * 30
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=200, initial_alphabet=alphabet))
+    return tok.to_str()
+
+
+@pytest.mark.parametrize("kind", ["byte_level", "metaspace"])
+def test_a_long_text_is_tokenized_in_pieces_as_whole(monkeypatch, kind):
+    """With the piece size forced down to 64 characters: the pieces' tokens (encode's and a token
+    file's, from chunks of odd sizes) are the tokenizers library's for the whole text; a
+    tokenizer whose pieces would differ (Metaspace marks each piece's first word) is found so on
+    load and encodes the text whole."""
+    from tinygpt.tokenizers import hf
+    text = "".join(f"line {i}: to be, or not to be.\n{'  ' if i % 7 == 0 else ''}" for i in range(400))
+    tok = hf.HFTokenizer(small_bpe(kind), 256)
+    assert tok.cuts == (kind == "byte_level")
+    want = tok.lib.encode(text, add_special_tokens=False).ids
+    monkeypatch.setattr(hf, "PIECE", 64)
+    raw = text.encode()
+    chunks = [raw[i:i + 97] for i in range(0, len(raw), 97)] + [b""]
+    got = np.concatenate(list(tok.encode_chunks(iter(chunks), "text")))
+    assert tok.encode(text).tolist() == want and got.tolist() == want
+    assert tok.decode(want) == text if kind == "byte_level" else tok.decode(want).strip()

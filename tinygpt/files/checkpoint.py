@@ -545,6 +545,15 @@ def decode(raw: bytes, what: str = "the file") -> Checkpoint:
     return _build(header, cfg, lay, raw[12 + hlen:], what)
 
 
+def _head(f, what: str):
+    """(header, cfg, layout, the state's length) of an open .tinygpt file, read up to its state."""
+    size = os.fstat(f.fileno()).st_size
+    version, hlen = _prefix(f.read(12), size, what)
+    state_len = size - 12 - hlen
+    header, cfg, lay = _header(version, f.read(hlen), state_len, what)
+    return header, cfg, lay, state_len
+
+
 def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
     """Read a .tinygpt file through one open file (one version of it, whatever replaces its name
     meanwhile): a regular file, its prefix and header checked against its size (and the
@@ -553,11 +562,7 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
     check_regular(path, CheckpointError, what, "a .tinygpt file")
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            version, hlen = _prefix(f.read(12), size, what)
-            hbytes = f.read(hlen)
-            state_len = size - 12 - hlen
-            header, cfg, lay = _header(version, hbytes, state_len, what)
+            header, cfg, lay, state_len = _head(f, what)
             need = state_len + 12 * n_params(cfg)      # the state, then float32 weights and two moments
             if need > available_memory():
                 raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
@@ -577,9 +582,7 @@ def tokenizer_of_file(path, label: str | None = None):
     check_regular(path, CheckpointError, what, "a .tinygpt file")
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            version, hlen = _prefix(f.read(12), size, what)
-            header, cfg, _ = _header(version, f.read(hlen), size - 12 - hlen, what)
+            header, cfg, _, _ = _head(f, what)
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
     return tokenizers.of_record(header.get("tinygptPy") or {}, cfg.vocab)

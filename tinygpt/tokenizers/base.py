@@ -8,11 +8,14 @@ token files, never the whole text in memory), and the Hugging Face files that de
 """
 from __future__ import annotations
 
+import codecs
+import re
 from typing import Iterator
 
 import numpy as np
 
 from ..core.errors import UsageError
+from ..files.data import DataError
 
 
 def byte_alphabet() -> dict[int, str]:
@@ -27,6 +30,33 @@ def byte_alphabet() -> dict[int, str]:
             chars[b] = chr(256 + n)
             n += 1
     return chars
+
+
+def utf8_pieces(chunks: Iterator[bytes], label: str, cut: re.Pattern, piece: int, force: bool, needs: str):
+    """The text of consecutive byte chunks (an empty one ends it), decoded incrementally, in pieces
+    cut only where `cut` matches in the later part of what is pending once it holds 2 x piece
+    characters (force: cut anyway where nothing matches there), so that their tokens are the whole
+    text's; needs: what the error says of bad UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    pending, done = "", 0
+    for raw in chunks:
+        try:
+            pending += decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; {needs}") from e
+        done += len(raw)
+        if not raw:
+            break
+        if len(pending) > 2 * piece:            # keep what follows the last cut for the next read
+            end = None
+            for m in cut.finditer(pending, len(pending) - min(len(pending) // 2, 1 << 16)):
+                end = m.start()
+            end = end or (len(pending) - 1 if force else None)
+            if end:
+                yield pending[:end]
+                pending = pending[end:]
+    if pending:
+        yield pending
 
 
 # the bytes GPT-2's alphabet shows as themselves: r50k_base ranks them first, in byte order
@@ -75,6 +105,19 @@ class Tokenizer:
         if not isinstance(data, (str, bytes)):
             raise UsageError(f"encode: give text (str or bytes), got {type(data).__name__}")
         return data
+
+    def utf8_of(self, data, needs: str) -> str:
+        """encode's argument as text: bytes decoded as UTF-8 (needs: what the error says of bad bytes)."""
+        data = self.text_of(data)
+        try:
+            if isinstance(data, bytes):
+                return data.decode("utf-8")
+            data.encode("utf-8")          # a command line's bytes that are not UTF-8 come as lone surrogates
+            return data
+        except UnicodeDecodeError as e:
+            raise DataError(f"the text is not valid UTF-8 (byte {e.start}); {needs}") from e
+        except UnicodeEncodeError as e:
+            raise DataError(f"the text holds bytes that are not UTF-8 (character {e.start}); {needs}") from e
 
     def ids_of(self, ids) -> list[int]:
         """decode's argument, checked: whole numbers in this vocabulary, in any shape read in order (a

@@ -9,7 +9,6 @@ ranks below r leaves it as).
 from __future__ import annotations
 
 import base64
-import codecs
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ import numpy as np
 from ..core.config import GPT2_VOCAB
 from ..core.fs import read_user_file
 from ..files.data import DataError, progress
-from .base import Tokenizer, byte_alphabet
+from .base import Tokenizer, byte_alphabet, utf8_pieces
 
 R50K_URL = "https://openaipublic.blob.core.windows.net/encodings/r50k_base.tiktoken"
 R50K_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
@@ -102,19 +101,7 @@ class GPT2Tokenizer(Tokenizer):
     def encode(self, data: bytes | str) -> np.ndarray:
         """Token ids of a text, in pieces of at most PIECE characters cut where GPT-2's
         pre-tokenizer cuts anyway, so memory stays bounded whatever the text's lines."""
-        data = self.text_of(data)
-        if isinstance(data, bytes):
-            try:
-                data = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"the text is not valid UTF-8 (byte {e.start}); the gpt2 tokenizer needs UTF-8: "
-                                "convert the file, or use {opt:tokenizer} byte") from e
-        else:
-            try:
-                data.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise DataError("the text holds bytes that are not UTF-8; a gpt2 model reads UTF-8 text only "
-                                "(a byte-level model takes any bytes)") from e
+        data = self.utf8_of(data, "the gpt2 tokenizer needs UTF-8: convert the file, or use {opt:tokenizer} byte")
         pieces = list(text_pieces(data, PIECE))
         bar = progress(len(data), "tokenizing", "char") if len(pieces) > 8 else None
         out = []
@@ -130,27 +117,11 @@ class GPT2Tokenizer(Tokenizer):
         return self.enc.decode_bytes(self.ids_of(ids)).decode("utf-8", errors="replace")
 
     def encode_chunks(self, chunks, label):
-        """Decoded incrementally and cut only where the pre-tokenizer cuts anyway (_CUT)."""
-        decoder = codecs.getincrementaldecoder("utf-8")("strict")
-        pending, done = "", 0
-        for raw in chunks:
-            try:
-                pending += decoder.decode(raw, final=not raw)
-            except UnicodeDecodeError as e:
-                raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; the gpt2 tokenizer needs "
-                                "UTF-8: convert the file, or use {opt:tokenizer} byte") from e
-            done += len(raw)
-            if not raw:
-                if pending:
-                    yield self.encode(pending)
-                return
-            if len(pending) > 2 * PIECE:            # keep what follows the last cut for the next read
-                end = None
-                for m in _CUT.finditer(pending, len(pending) - min(len(pending) // 2, 1 << 16)):
-                    end = m.start()
-                end = end or len(pending) - 1            # no cut anywhere near the end: cut (text_pieces does too)
-                yield self.encode(pending[:end])
-                pending = pending[end:]
+        """Decoded incrementally and cut only where the pre-tokenizer cuts anyway (_CUT); with no cut
+        anywhere near the end, cut there (text_pieces does too)."""
+        needs = "the gpt2 tokenizer needs UTF-8: convert the file, or use {opt:tokenizer} byte"
+        for text in utf8_pieces(chunks, label, _CUT, PIECE, True, needs):
+            yield self.encode(text)
 
     def hf_files(self, common):
         vocab, merges = gpt2_vocab_merges(self.enc._mergeable_ranks)

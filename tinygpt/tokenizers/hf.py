@@ -13,18 +13,18 @@ one that marks each piece's first word) encodes its text whole, up to WHOLE_TEXT
 """
 from __future__ import annotations
 
-import codecs
 import hashlib
 import re
 
 import numpy as np
 
 from ..files.data import DataError
-from .base import Tokenizer
+from .base import Tokenizer, utf8_pieces
 
 PIECE = 1 << 20                  # characters encoded at once
 WHOLE_TEXT = 256 << 20           # the most a tokenizer that cannot cut its text encodes at once
 _CUT = re.compile(r"(?<=\n)(?=\S)")
+_NEVER = re.compile(r"(?!)")
 _PROBES = ("a b\nc d", "The cat\n\nsat.\nOn  the\nmat", "x\ny \n z\n1\n2")
 
 
@@ -84,13 +84,7 @@ class HFTokenizer(Tokenizer):
         return self.lib.encode(text, add_special_tokens=False).ids
 
     def encode(self, data: bytes | str) -> np.ndarray:
-        data = self.text_of(data)
-        if isinstance(data, bytes):
-            try:
-                data = data.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"the text is not valid UTF-8 (byte {e.start}); this model's tokenizer reads UTF-8 "
-                                "text") from e
+        data = self.utf8_of(data, "this model's tokenizer reads UTF-8 text")
         return np.concatenate([np.zeros(0, np.uint32)] + [np.asarray(self._ids(p), np.uint32)
                                                           for p in self._pieces(data)])
 
@@ -115,26 +109,9 @@ class HFTokenizer(Tokenizer):
 
     def encode_chunks(self, chunks, label):
         """Decoded incrementally; cut where encode cuts (a tokenizer that cannot: the whole text)."""
-        decoder = codecs.getincrementaldecoder("utf-8")("strict")
-        pending, done = "", 0
-        for raw in chunks:
-            try:
-                pending += decoder.decode(raw, final=not raw)
-            except UnicodeDecodeError as e:
-                raise DataError(f"{label}: not valid UTF-8 near byte {done + e.start:,}; this model's tokenizer "
-                                "reads UTF-8 text") from e
-            done += len(raw)
-            if not raw:
-                break
-            if self.cuts and len(pending) > 2 * PIECE:     # keep what follows the last cut for the next read
-                cut = None
-                for m in _CUT.finditer(pending, len(pending) // 2):
-                    cut = m.start()
-                if cut:
-                    yield self.encode(pending[:cut])
-                    pending = pending[cut:]
-        if pending:
-            yield self.encode(pending)
+        cut = _CUT if self.cuts else _NEVER
+        for text in utf8_pieces(chunks, label, cut, PIECE, False, "this model's tokenizer reads UTF-8 text"):
+            yield self.encode(text)
 
     def hf_files(self, common):
         eos = self.lib.id_to_token(self.eos_id) if self.eos_id is not None else None
