@@ -98,7 +98,7 @@ def test_export_loads_back_in_transformers_with_its_pipeline(hf, imported, tmp_p
         assert str(back["text"]) == ours, (str(back["text"]), ours)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_a_lora_fine_tune_trains_and_its_peft_export_loads_in_peft(hf, imported, tmp_path, family):
     """Every projection the family has (q, k, v, o, gate, up, down); the text is tokenized by the
     model's own tokenizer, from its file alone (prepare, then train)."""

@@ -298,7 +298,7 @@ def _prepare_command(sub, common):
                    help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
                         "where the vocabulary fits them)")
     p.add_argument("--model", help="a .tinygpt model whose own tokenizer tokenizes the text (an imported model's "
-                                   "tokenizer.json travels in its file)")
+                                   "tokenizer.json travels in its file); default none: --tokenizer's")
     add_setting(p, "tokenizer_file")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

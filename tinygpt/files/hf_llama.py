@@ -206,8 +206,9 @@ def tokenizer(d: Path, cfg: Config, c: dict):
     """The tokenizer a directory holds: its tokenizer.json (run by Hugging Face's tokenizers
     library; the byte vocabulary's is ours), else GPT-2's vocab.json; one must be there."""
     if (d / "tokenizer.json").exists():
-        if cfg.vocab == tokenizers.ByteTokenizer.vocab and _ours(d, cfg.vocab) == "byte":
-            return Named("byte")
+        own = _ours(d, cfg.vocab) if cfg.vocab == tokenizers.ByteTokenizer.vocab else None
+        if own is not None and tokenizers.kind(own).token_is_byte:      # our byte vocabulary's export
+            return Named(own)
         label = str(d / "tokenizer.json")
         raw = read_user_file(d / "tokenizer.json", CheckpointError, label, "a tokenizer file", MAX_TOKENIZER_BYTES,
                              "64 MiB")
