@@ -64,18 +64,26 @@ def test_two_ranks_step_as_one_process_at_twice_the_batch(start, tmp_path):
         np.testing.assert_allclose(two.m[name], one.m[name], atol=1e-6)
 
 
-def test_webgpu_to_ddp_to_webgpu_keeps_the_run(start, tmp_path):
-    f, corpus = start
-    common = ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
-    # the same file continued on WebGPU: the losses DDP must reproduce
-    assert main(["train", "--resume", str(f), "--steps", "9", "--out", str(tmp_path / "w.tinygpt"),
-                 "--log", str(tmp_path / "w.jsonl"), *common]) == 0
-    web = losses(tmp_path / "w.jsonl")
+def common_flags(corpus):
+    return ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
+
+
+def hand_off(f, corpus, tmp_path, web_steps: int, ddp_steps: int):
+    """The file continued on WebGPU to web_steps (the losses DDP must reproduce) and under 2 DDP
+    ranks to ddp_steps: (WebGPU's losses, DDP's, DDP's file)."""
+    assert main(["train", "--resume", str(f), "--steps", str(web_steps), "--out", str(tmp_path / "w.tinygpt"),
+                 "--log", str(tmp_path / "w.jsonl"), *common_flags(corpus)]) == 0
     d = tmp_path / "d.tinygpt"
-    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 7, "--out", d, "--log-every", 1,
+    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", ddp_steps, "--out", d, "--log-every", 1,
                   "--log-file", tmp_path / "d.jsonl")
     assert rc == 0, err[-3000:]
-    dd = losses(tmp_path / "d.jsonl")
+    return losses(tmp_path / "w.jsonl"), losses(tmp_path / "d.jsonl"), d
+
+
+def test_webgpu_to_ddp_to_webgpu_keeps_the_run(start, tmp_path):
+    f, corpus = start
+    common = common_flags(corpus)
+    web, dd, d = hand_off(f, corpus, tmp_path, 9, 7)
     print(f"first DDP step's loss {dd[6]:.7f}, WebGPU's for the same batch {web[6]:.7f}")
     assert abs(dd[6] - web[6]) < 1e-5 and abs(dd[7] - web[7]) < 1e-5
     back = ckpt.load(d)
@@ -160,18 +168,11 @@ def test_the_modern_blocks_go_webgpu_to_ddp_and_back(tmp_path, block):
     corpus = tmp_path / "c.txt"
     corpus.write_text("To be, or not to be, that is the question. " * 2500)
     f = tmp_path / "a.tinygpt"
-    common = ["--data", str(corpus), "--eval-every", "0", "--sample-tokens", "0", "--quiet", "--log-every", "1"]
+    common = common_flags(corpus)
     assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--steps", "4", "--out", str(f),
                  "--schedule", "constant", "--lr", "3e-3", "--optimizer", "adamw", "--block", block,
                  "--kv-heads", "1", *common]) == 0
-    assert main(["train", "--resume", str(f), "--steps", "7", "--out", str(tmp_path / "w.tinygpt"),
-                 "--log", str(tmp_path / "w.jsonl"), *common]) == 0
-    web = losses(tmp_path / "w.jsonl")
-    d = tmp_path / "d.tinygpt"
-    rc, err = ddp(2, "--resume", f, "--data", corpus, "--steps", 6, "--out", d, "--log-every", 1,
-                  "--log-file", tmp_path / "d.jsonl")
-    assert rc == 0, err[-3000:]
-    dd = losses(tmp_path / "d.jsonl")
+    web, dd, d = hand_off(f, corpus, tmp_path, 7, 6)
     diff = max(abs(dd[s] - web[s]) for s in (5, 6))
     print(f"{block}: DDP's losses against WebGPU's for the same batches: max difference {diff:.2e}")
     assert diff < 1e-5

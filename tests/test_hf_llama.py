@@ -146,7 +146,7 @@ def test_export_then_import_is_the_identity(tmp_path, parts, arch):
     assert json.loads((tmp_path / "hf" / "config.json").read_text())["architectures"] == [arch]
     sd = load_file(tmp_path / "hf" / "model.safetensors")
     names = sorted(sd)
-    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    halves = {"part-a.safetensors": names[::2], "part-b.safetensors": names[1::2]}     # any names the index gives
     for f, keys in halves.items():
         save_file({k: sd[k] for k in keys}, tmp_path / "hf" / f)
     (tmp_path / "hf" / "model.safetensors").unlink()
@@ -156,6 +156,9 @@ def test_export_then_import_is_the_identity(tmp_path, parts, arch):
     assert back.cfg.block == ck.cfg.block and back.extra["tokenizer"] == "byte"
     for name, a in ck.params.items():
         assert np.array_equal(back.params[name], a), name
+    shard = (tmp_path / "hf" / "part-b.safetensors").read_bytes()       # a file it reads is never its output
+    assert run_cli("import-hf", tmp_path / "hf", "--out", tmp_path / "hf" / "part-b.safetensors", "--force") != 0
+    assert (tmp_path / "hf" / "part-b.safetensors").read_bytes() == shard
 
 
 @pytest.mark.parametrize("edit, says", [

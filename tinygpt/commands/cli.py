@@ -22,6 +22,7 @@ from ..device.tune import tune
 from ..device.tuning import reset_tuning
 from .export import export
 from ..files.hf import import_hf
+from ..files.hf_read import shard_files
 from .info import info
 from ..run.infer import evaluate, sample
 from .lens import inspect
@@ -141,7 +142,7 @@ def _prepare(args) -> int:
 def cmd_import_hf(args) -> int:
     d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
     names = ("config.json", "model.safetensors", "model.safetensors.index.json", "vocab.json", "tokenizer.json",
-             "generation_config.json") + tuple(p.name for p in d.glob("model-*.safetensors"))    # shards
+             "generation_config.json") + tuple(p.name for p in shard_files(d) if d.is_dir())    # the index's shards
     inputs = {"directory": d, **{f"directory's {name}": d / name for name in names}}   # what import_hf reads
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError, show
-from ..core.block import ROPE_THETA
+from ..core.block import BIASES, QK_NORMS, ROPE_THETA, QKNorm
 from ..core.config import Config, param_shapes
 from ..core.fs import read_user_file
 from .. import tokenizers
@@ -63,18 +63,19 @@ def _names(cfg: Config) -> dict:
 class Family:
     name: str
     model_type: str
-    biases: tuple          # our bias parts it computes, the first its own
-    qk_norm: str           # our QK-norm part
+    biases: tuple          # the bias parts (core.block's values) it computes: its own, then attention_bias
+                           # with mlp_bias's where it has them
+    qk_norm: QKNorm        # its QK-norm part
 
     def computes(self, block) -> bool:
         return (block.norm.rms and block.norm.weights and block.position.rotary and block.mlp.gated
-                and not block.softcap and not block.embed_norm and block.bias.name in self.biases
-                and block.qk_norm.name == self.qk_norm)
+                and not block.softcap and not block.embed_norm and block.bias in self.biases
+                and block.qk_norm == self.qk_norm)
 
 
-LLAMA = Family("LlamaForCausalLM", "llama", ("none", "all"), "none")
-QWEN2 = Family("Qwen2ForCausalLM", "qwen2", ("qkv",), "none")
-QWEN3 = Family("Qwen3ForCausalLM", "qwen3", ("none",), "weighted")
+LLAMA = Family("LlamaForCausalLM", "llama", (BIASES["none"], BIASES["all"]), QK_NORMS["none"])
+QWEN2 = Family("Qwen2ForCausalLM", "qwen2", (BIASES["qkv"],), QK_NORMS["none"])
+QWEN3 = Family("Qwen3ForCausalLM", "qwen3", (BIASES["none"],), QK_NORMS["weighted"])
 
 
 def _rope(c: dict, label: str) -> float:
@@ -103,13 +104,13 @@ def _rope(c: dict, label: str) -> float:
 def _bias(family: Family, c: dict, label: str) -> str:
     """Our bias part: the family's own, or Llama's every-projection biases."""
     attn, mlp = bool(c.get("attention_bias", False)), bool(c.get("mlp_bias", False))
-    if family is LLAMA and attn and mlp:
-        return "all"
+    if attn and mlp and len(family.biases) > 1:
+        return family.biases[1].name
     if attn or mlp:
         what = "attention_bias" if attn else "mlp_bias"
         raise CheckpointError(f"{label}: {what} is set without its partner; tinygpt's biases are on every projection, "
                               "on q, k and v alone, or on none")
-    return family.biases[0]
+    return family.biases[0].name
 
 
 def _check_fields(c: dict, label: str, C: int, H: int):
@@ -146,7 +147,7 @@ def _config(family: Family, c: dict, label: str, ctx: int | None = None) -> Conf
     cfg = Config(layers=num("num_hidden_layers"), d_model=C, heads=H, ctx=ctx or n_ctx, d_mlp=num("intermediate_size"),
                  vocab=num("vocab_size"), batch=1, activation="swiglu", norm="rmsnorm", position="rope",
                  rope_theta=_rope(c, label), norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
-                 bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm,
+                 bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm.name,
                  kv_heads=0 if kv == H else kv)
     check_size(cfg, label, _DIMS)
     return cfg
@@ -177,7 +178,8 @@ def _config_json(family: Family, cfg: Config, tok) -> dict:
            "tie_word_embeddings": blk.tied, "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
            "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
     if family is LLAMA:
-        out.update(attention_bias=blk.bias.name == "all", mlp_bias=blk.bias.name == "all", pretraining_tp=1)
+        every = bool(blk.bias.vectors)      # Llama's biases are on every projection or on none
+        out.update(attention_bias=every, mlp_bias=every, pretraining_tp=1)
     else:
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.layers)
         if family is QWEN3:
