@@ -21,6 +21,7 @@ JSON Lines of `tinygpt train --log` (torchrun would take a --log after the scrip
 --log-dir, so the name differs).
 """
 import argparse
+import gc
 import json
 import os
 import sys
@@ -224,9 +225,16 @@ def train(args) -> int:
         print(f"wrote {out} at step {total}; continue on WebGPU with: tinygpt train --resume {out} "
               f"--steps N" + (f" --data {args.data}" if args.data else ""), file=sys.stderr)
     dist.barrier()
+    del model, opt                  # DDP's reducer holds the group: let it go while every rank is still here
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Leave without the interpreter's teardown: gloo's worker threads, destroyed there, have now and then
+    # aborted a rank (SIGABRT, "terminate called without an active exception") after its file was written.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
