@@ -1,12 +1,15 @@
 // Decoding one token per sequence from a key/value cache, and choosing it on the device.
 //   embed_decode   x[n, :] = tok[ids[n], :] + pos[p.pos, :]
 //   kv_append      kc[n, p.pos, :] = k[n, :];  vc[n, p.pos, :] = v[n, :]
-//   attn_decode    out[n, h*hd + d] = sum_{t <= pos} softmax_t(q[n,h,:] . kc[n,t,h,:] * scale) vc[n,t,h*hd + d]
+//   attn_decode    out[n, h*hd + d] = sum_{t <= pos} softmax_t(q[n,h,:] . kc[n,t,j,:] * scale) vc[n,t,j*hd + d],
+//                  j = h / (H / KV) the key/value head of query head h (j = h without grouped-query attention)
 //                  (with a sliding window W, over the last W positions alone: pos - W < t <= pos)
 //   sample_tokens  ids[n] = the next token of sequence n, from its row of logits (see there)
-// The caches are [N, T, C] per layer: the prefill's own key and value activations, so a prefill
-// fills them without a copy. p.pos and p.step change with every token: these kernels read one
-// uniform buffer that the host rewrites before each submit, so the bind groups are built once.
+// The caches are [N, T, KV * hd] per layer (KV = H, width C, without grouped-query attention): the
+// prefill's own key and value activations as projected, before any head is copied to the query heads
+// it serves, so a prefill fills them without a copy and a grouped model's cache is H / KV times smaller.
+// p.pos and p.step change with every token: these kernels read one uniform buffer that the host
+// rewrites before each submit, so the bind groups are built once.
 
 struct Params {
   N: u32, T: u32, C: u32, H: u32,              // sequences, cache rows per sequence (ctx), width, heads
@@ -14,6 +17,7 @@ struct Params {
   top_k: u32, row0: u32, row_stride: u32, seed_lo: u32,   // logits row of sequence n: row0 + n * row_stride
   seed_hi: u32, temperature: f32, top_p: f32, scale: f32, // scale = 1 / sqrt(head dim)
   v0: u32, vn: u32,                            // embed_decode: a bound at token rows v0 .. v0+vn-1
+  KV: u32,                                     // key/value heads (H without grouped-query attention)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,6 +31,12 @@ struct Params {
 
 override WINDOW: u32 = 0u;                // sliding window W of the attention; 0: none
 override LEARNED: bool = true;            // embed_decode adds a learned position table (false: RoPE's model)
+
+// channels of a cache row: the key/value heads'
+fn kv_width() -> u32 { return p.C / p.H * p.KV; }
+
+// the first channel of query head h's key/value head in a cache row
+fn kv_col(h: u32) -> u32 { return h / (p.H / p.KV) * (p.C / p.H); }
 
 // the oldest cached row position p.pos attends to
 fn oldest_row() -> u32 { return p.pos + 1u - min(select(p.pos + 1u, WINDOW, WINDOW > 0u), p.pos + 1u); }
@@ -47,18 +57,19 @@ fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   o1[i] = x;
 }
 
-// a = k [N, C], b = v [N, C] -> o1 = kc [N, T, C], o2 = vc [N, T, C], row pos of each sequence
+// a = k [N, W], b = v [N, W] -> o1 = kc [N, T, W], o2 = vc [N, T, W] (W = kv_width()), row pos of each sequence
 @compute @workgroup_size(64)
 fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
-  if (i >= p.N * p.C) { return; }
-  let dst = ((i / p.C) * p.T + p.pos) * p.C + i % p.C;
+  let w = kv_width();
+  if (i >= p.N * w) { return; }
+  let dst = ((i / w) * p.T + p.pos) * w + i % w;
   o1[dst] = a[i];
   o2[dst] = b[i];
 }
 
-// One workgroup per (n, h): a = q [N, C], b = kc [N, T, C], c = vc [N, T, C]
+// One workgroup per (n, h): a = q [N, C], b = kc [N, T, W], c = vc [N, T, W] (W = kv_width())
 // -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
 // Three passes over the cached rows it sees (pos + 1, or the window's last W): scores and their
 // max, exp and sum, weighted values.
@@ -70,14 +81,16 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   let live = g < p.N * p.H;               // a folded grid may hold a few spare workgroups
   let n = g / p.H;
   let hd = p.C / p.H;
-  let col = (g % p.H) * hd;               // the head's first channel
+  let col = (g % p.H) * hd;               // the head's first channel in q and out
+  let w = kv_width();
+  let kcol = kv_col(g % p.H);             // its key/value head's in the caches
   let rows = p.pos + 1u;
   let lo = oldest_row();
   let srow = g * p.T;                     // this head's scratch row
   var m = -3.0e38;
   if (live) {
     for (var t = lo + lid; t < rows; t += 64u) {
-      let kb = (n * p.T + t) * p.C + col;
+      let kb = (n * p.T + t) * w + kcol;
       var s = 0.0;
       for (var d = 0u; d < hd; d++) { s += a[n * p.C + col + d] * b[kb + d]; }
       s *= p.scale;
@@ -99,7 +112,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   if (live) {
     for (var d = lid; d < hd; d += 64u) {
       var acc = 0.0;
-      for (var t = lo; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * p.C + col + d]; }
+      for (var t = lo; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * w + kcol + d]; }
       o1[n * p.C + col + d] = acc / z;
     }
   }
@@ -123,12 +136,12 @@ fn half_at(w: u32, e: u32) -> f32 {
   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u));
 }
 
-// kv_append on words: ah = k, bh = v [N, C/2] -> o1h = kc, o2h = vc [N, T, C/2] (C even)
+// kv_append on words: ah = k, bh = v [N, W/2] -> o1h = kc, o2h = vc [N, T, W/2] (W = kv_width(), even)
 @compute @workgroup_size(64)
 fn kv_append_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
-  let c2 = p.C / 2u;
+  let c2 = kv_width() / 2u;
   if (i >= p.N * c2) { return; }
   let dst = ((i / c2) * p.T + p.pos) * c2 + i % c2;
   o1h[dst] = ah[i];
@@ -146,13 +159,15 @@ fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   let n = g / p.H;
   let hd = p.C / p.H;
   let col = (g % p.H) * hd;
+  let w = kv_width();
+  let kcol = kv_col(g % p.H);
   let rows = p.pos + 1u;
   let lo = oldest_row();
   let srow = g * p.T;
   var m = -3.0e38;
   if (live) {
     for (var t = lo + lid; t < rows; t += 64u) {
-      let kb = (n * p.T + t) * p.C + col;
+      let kb = (n * p.T + t) * w + kcol;
       let qb = n * p.C + col;
       var s = 0.0;
       for (var d = 0u; d < hd; d++) { s += half_at(ah[(qb + d) / 2u], qb + d) * half_at(bh[(kb + d) / 2u], kb + d); }
@@ -176,7 +191,7 @@ fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     for (var d = lid; d < hd; d += 64u) {
       var acc = 0.0;
       for (var t = lo; t < rows; t++) {
-        let e = (n * p.T + t) * p.C + col + d;
+        let e = (n * p.T + t) * w + kcol + d;
         acc += o2[srow + t] * half_at(ch[e / 2u], e);
       }
       o1[n * p.C + col + d] = acc / z;

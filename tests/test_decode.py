@@ -25,28 +25,30 @@ def uniform(gpu, **kw):
     return u
 
 
-@pytest.mark.parametrize("N, T, C, H, pos", [(1, 1, 4, 1, 0), (3, 13, 20, 4, 7), (2, 13, 20, 4, 12),
-                                              (2, 70, 96, 3, 69)])
-def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, pos):
-    V = 37
+# KV: the caches' key/value heads (grouped-query attention's caches hold those alone: 2 of 6 heads of
+# 5 channels, and one of 8 heads, multi-query)
+@pytest.mark.parametrize("N, T, C, H, KV, pos", [(1, 1, 4, 1, 1, 0), (3, 13, 20, 4, 4, 7), (2, 13, 20, 4, 4, 12),
+                                                  (2, 70, 96, 3, 3, 69), (2, 13, 30, 6, 2, 9), (3, 11, 24, 8, 1, 10)])
+def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos):
+    V, W = 37, C // H * KV
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
-    tok, pos_emb, k, v, q = f(V, C), f(T, C), f(N, C), f(N, C), f(N, C)
-    kc0, vc0 = f(N, T, C), f(N, T, C)
+    tok, pos_emb, k, v, q = f(V, C), f(T, C), f(N, W), f(N, W), f(N, C)
+    kc0, vc0 = f(N, T, W), f(N, T, W)
     ids = rng.integers(0, V, N).astype(np.uint32)
-    u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=V, VP=V)
+    u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=V, VP=V, KV=KV)
     up = gpu.upload
     t_ids = gpu.tensor((N,), "u32", data=ids)
     x = gpu.tensor((N, C))
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
     gpu.run([kn.embed_decode(t_ids, up(tok), up(pos_emb), x, N, C, u),
-             kn.kv_append(up(k), up(v), kc, vc, N, C, u),
+             kn.kv_append(up(k), up(v), kc, vc, N, W, u),
              kn.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     check(f"embed_decode N={N} C={C}", gpu.read(x), R.embed_decode(ids, tok, pos_emb, pos), atol=0)
     check("kv_append k", gpu.read(kc), want_kc, atol=0)
     check("kv_append v", gpu.read(vc), want_vc, atol=0)
     want = R.attn_decode(q.astype(np.float64), want_kc.astype(np.float64), want_vc.astype(np.float64), pos, H)
-    check(f"attn_decode T={T} hd={C // H} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
+    check(f"attn_decode T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
 
 
 def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, kn, rng):
@@ -141,25 +143,28 @@ def decoding(plan, cache: bool):
 
 
 @pytest.mark.parametrize("half", ["bf16", "f16"])
-@pytest.mark.parametrize("N, T, C, H, pos", [(1, 1, 4, 1, 0), (3, 13, 20, 4, 7), (2, 70, 96, 3, 69), (2, 9, 24, 8, 5)])
-def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, pos, half):
+@pytest.mark.parametrize("N, T, C, H, KV, pos", [(1, 1, 4, 1, 1, 0), (3, 13, 20, 4, 4, 7), (2, 70, 96, 3, 3, 69),
+                                                  (2, 9, 24, 8, 8, 5), (2, 13, 40, 8, 2, 9), (2, 9, 24, 8, 2, 8)])
+def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos, half):
     """A bf16 or f16 model's cache: kv_append_half copies the step's k, v words bit for bit, and
-    attn_decode_half (head dims 4, 5, 32 and 3) reads q and the caches as stored, against the
-    float64 attention of the same 16-bit values."""
+    attn_decode_half (head dims 4, 5, 32 and 3; grouped caches of 2 key/value heads) reads q and the
+    caches as stored, against the float64 attention of the same 16-bit values."""
     if half == "f16" and "shader-f16" not in gpu.features:   # the kernels need no f16 type, but no
         pytest.skip(f"{gpu.name} has no shader-f16, so no f16 model")   # f16 model runs without it
     cast = R.cast_bf16 if half == "bf16" else R.cast_f16
     f = lambda *s: cast(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
-    k, v, q, kc0, vc0 = f(N, C), f(N, C), f(N, C), f(N, T, C), f(N, T, C)
-    u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=1, VP=1)
+    W = C // H * KV
+    k, v, q, kc0, vc0 = f(N, W), f(N, W), f(N, C), f(N, T, W), f(N, T, W)
+    u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=1, VP=1, KV=KV)
     up = lambda x: gpu.tensor(x.shape, half, data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u),
+    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, W, u),
              kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
     assert np.array_equal(gpu.read(kc), want_kc) and np.array_equal(gpu.read(vc), want_vc), "kv_append_half"
     want = R.attn_decode_half(q, want_kc, want_vc, pos, H, half)
-    check(f"attn_decode_half {half} T={T} hd={C // H} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
+    check(f"attn_decode_half {half} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
+          atol=2e-6, rtol=1e-5)
 
 
 def spread(cfg, seed=0, scale=0.3):
@@ -211,16 +216,38 @@ def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention, pa
                  230)
 
 
+def test_a_grouped_models_cache_holds_its_kv_heads_alone(gpu, plan):
+    """2 key/value heads of 4: each layer's cache is the prefill's k and v as projected, [N * ctx, 2 * hd],
+    half of [N * ctx, C]; the copies for the query heads are one scratch that every layer reuses
+    (test_memory: the budget counts what the decoder allocates)."""
+    from tinygpt.model import buffers
+    cfg = preset("tiny", layers=3, d_model=24, heads=4, kv_heads=2, ctx=16)
+    spec = decoder_spec(cfg, N=2)
+    d = Decoder(gpu, decoding(plan, True), spec, capacity=4)
+    b = d.model.buf
+    assert all(t.shape == (2 * 16, 12) for t in b["k kv"] + b["v kv"])
+    assert len({id(t.buf) for t in b["k kv"] + b["v kv"]}) == 6 and len({id(t.buf) for t in b["k"]}) == 1
+    kv_bytes = lambda spec: sum(a.nbytes for a in buffers.model_rows(spec.with_(lm_head=False), plan, None)[0]
+                                if a.row.name in ("k", "v", "k kv", "v kv"))
+    full = decoder_spec(preset("tiny", layers=3, d_model=24, heads=4, ctx=16), N=2)
+    print(f"the prefill's k and v: {kv_bytes(full):,} bytes with 4 key/value heads, {kv_bytes(spec):,} with 2")
+    assert kv_bytes(full) == 4 * 2 * 3 * 32 * 24                   # [N * ctx, C] a layer, k and v
+    assert kv_bytes(spec) == 4 * 2 * (3 * 32 * 12 + 32 * 24)       # [N * ctx, 2 * hd] a layer, one [N * ctx, C]
+
+
+
 @pytest.mark.parametrize("half", ["bf16", "f16"])
-def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half):
-    """A bf16 or f16 model samples from its own cache (k, v as stored): 100 greedy tokens with ctx 16
-    (the window restarts 11 times) equal the whole window's, token for token, and the float64
-    reference that rounds where the precision stores, but at a near-tie of its logits."""
+@pytest.mark.parametrize("parts", [{}, dict(heads=6, kv_heads=2, position="rope")])
+def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half, parts):
+    """A bf16 or f16 model samples from its own cache (k, v as stored; a grouped model's holding its
+    key/value heads alone): 100 greedy tokens with ctx 16 (the window restarts 11 times) equal the
+    whole window's, token for token, and the float64 reference that rounds where the precision
+    stores, but at a near-tie of its logits."""
     from tinygpt.core.precision import PRECISIONS
     precision = PRECISIONS[half]
     if precision.feature and precision.feature not in gpu.features:
         pytest.skip(f"{gpu.name} has no {precision.feature}")
-    cfg = preset("tiny", layers=2, d_model=24, heads=3, ctx=16)
+    cfg = preset("tiny", layers=2, d_model=24, ctx=16, **{"heads": 3, **parts})
     params = spread(cfg)
     prompt, n = [5, 17, 99], 100
     got = {}

@@ -193,13 +193,13 @@ def optim_uniform(n: int, lr: float, k0: float, k1: float = 0.0, k2: float = 0.0
 
 
 def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, seed=0, temperature=0.0,
-                   top_p=1.0, v0=0, vn=None) -> bytes:
+                   top_p=1.0, v0=0, vn=None, KV=None) -> bytes:
     """decode.wgsl's Params, rewritten before each token; v0, vn: the token rows embed_decode's
-    table binding holds (all VP by default)."""
+    table binding holds (all VP by default); KV: the key/value heads of the caches (H by default)."""
     seed = int(seed) & (2 ** 64 - 1)
     return pack_uniform((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
                         seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H),
-                        v0, VP if vn is None else vn))
+                        v0, VP if vn is None else vn, H if KV is None else KV))
 
 
 def _tanh(tanh: bool) -> dict | None:
@@ -751,21 +751,22 @@ class Kernels:
         return self._decode("embed_decode", uniform, tok, pos, None, ids, out, None, None, grid1d(-(-N * C // 64)),
                             None if pos is not None else {"LEARNED": False})
 
-    def kv_append(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
-        """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, C])"""
-        return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * C // 64)))
+    def kv_append(self, k, v, kc, vc, N, W, uniform) -> Dispatch:
+        """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, W], W the key/value heads' width)"""
+        return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * W // 64)))
 
     def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
         """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
-        window > 0), per head; scratch [N, H, T]."""
+        window > 0), per head, each query head reading its key/value head's channels of the caches
+        (the uniform's KV heads); scratch [N, H, T]."""
         k_ = self.gpu.kernel("decode.wgsl", "attn_decode", DECODE_ACCESS, windowed(window) or None)
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
-    def kv_append_half(self, k, v, kc, vc, N, C, uniform) -> Dispatch:
+    def kv_append_half(self, k, v, kc, vc, N, W, uniform) -> Dispatch:
         """kv_append for a bf16 or f16 model's k, v and caches (their dtype), two values a word."""
-        assert k.dtype == kc.dtype and k.dtype in HALVES and C % 2 == 0, (k.dtype, kc.dtype, C)
+        assert k.dtype == kc.dtype and k.dtype in HALVES and W % 2 == 0, (k.dtype, kc.dtype, W)
         k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": DTYPES[k.dtype].half})
-        return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * C // 128)))
+        return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * W // 128)))
 
     def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""

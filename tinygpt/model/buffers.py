@@ -13,8 +13,9 @@ sequences and the cache's T = ctx.
 dtype: "f32" or "u32", or the policy's: "stored" (what the matmuls read: core.precision) and
 "weights" (the weights' copy the matmuls read). Lifetimes: "model" lives across steps (weights,
 optimizer state); "step" is written and read within a step; "per layer" (and "per layer + 1") is one
-buffer a layer, saved for the backward; "shared" is one scratch that every layer reuses;
-"per layer, per head chunk" are the score matrices, split by heads to fit a binding. Under the
+buffer a layer, saved for the backward; "shared" is one scratch that every layer reuses; "layers'
+scratch" is that too, named by every layer as its own (where another flag makes the same name per
+layer); "per layer, per head chunk" are the score matrices, split by heads to fit a binding. Under the
 "recompute" flag the "per layer" rows (not the residual stream's "per layer + 1") are one buffer
 that every layer shares: the backward recomputes each block's forward into it from the block's
 input, which stays saved.
@@ -73,8 +74,12 @@ MODEL = (
     Buffer("ln1",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln1 stats",     (2, "BT"),               "f32",     "per layer",    A),
     Buffer("q",             ("BT", "C"),             "stored",  "per layer",    A),
-    Buffer("k",             ("BT", "C"),             "stored",  "per layer",    A),
-    Buffer("v",             ("BT", "C"),             "stored",  "per layer",    A),
+    # k and v as the attention reads them (each kv head copied to its query heads); a grouped model's
+    # sampler keeps the projections' own instead, its key/value cache ("kv cache", below)
+    Buffer("k",             ("BT", "C"),             "stored",  "per layer",    A, "expanded kept"),
+    Buffer("v",             ("BT", "C"),             "stored",  "per layer",    A, "expanded kept"),
+    Buffer("k",             ("BT", "C"),             "stored",  "layers' scratch", A, "kv cache"),
+    Buffer("v",             ("BT", "C"),             "stored",  "layers' scratch", A, "kv cache"),
     Buffer("ctx",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln2",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln2 stats",     (2, "BT"),               "f32",     "per layer",    A),
@@ -87,8 +92,10 @@ MODEL = (
     Buffer("q norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
     Buffer("k norm stats",  (2, "BTKV"),             "f32",     "per layer",    A, "qk norm"),
     # grouped-query attention: k and v of the KV heads as stored, before each is copied to its query heads
-    Buffer("k kv",          ("BT", "KVC"),           "stored",  "shared",       A, "grouped"),
-    Buffer("v kv",          ("BT", "KVC"),           "stored",  "shared",       A, "grouped"),
+    Buffer("k kv",          ("BT", "KVC"),           "stored",  "layers' scratch", A, "grouped, expanded kept"),
+    Buffer("v kv",          ("BT", "KVC"),           "stored",  "layers' scratch", A, "grouped, expanded kept"),
+    Buffer("k kv",          ("BT", "KVC"),           "stored",  "per layer",    A, "kv cache"),
+    Buffer("v kv",          ("BT", "KVC"),           "stored",  "per layer",    A, "kv cache"),
     # float32 copies for the attention kernels that do not read what is stored
     Buffer("q f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
     Buffer("k f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
@@ -195,7 +202,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
           rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False,
-          embed_norm: bool = False, gated_mlp: bool = False) -> set:
+          embed_norm: bool = False, gated_mlp: bool = False, prefill: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
     on |= {"rotary"} if rotary else set()
@@ -213,6 +220,8 @@ def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_he
     on |= {"attention reads f32"} if policy.converts and not attention_reads_stored else set()
     on |= {"cache"} if cache else set()
     on |= {"recompute"} if recompute and training else set()
+    # the cached sampler's prefill keeps each layer's k and v as projected: a grouped model's cache
+    on |= {"kv cache"} if prefill and grouped else {"expanded kept"}
     return on
 
 
@@ -225,7 +234,7 @@ class Allocation:
     chunk: tuple | None      # (first head, heads) of a score matrix
     shape: tuple
     dtype: str
-    layers: int = 1          # how many layers share it (recompute: every layer's, one buffer)
+    layers: int = 1          # how many layers name it as theirs (recompute, layers' scratch: one buffer)
 
     @property
     def words(self) -> tuple:
@@ -251,9 +260,11 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Allocation]:
                 for h0, nh in size["head_chunks"]:
                     out.append(Allocation(row, l, (h0, nh), _shape(row.shape, dict(size, NH=nh)), dtype, shared))
             continue
-        count = {"per layer": size["L"] // shared, "per layer + 1": size["L"] + 1}.get(row.lifetime)
+        count = {"per layer": size["L"] // shared, "per layer + 1": size["L"] + 1,
+                 "layers' scratch": 1}.get(row.lifetime)
+        views = {"per layer": shared, "layers' scratch": size["L"]}.get(row.lifetime, 1)
         shape = _shape(row.shape, size)
-        out += [Allocation(row, l, None, shape, dtype, shared if row.lifetime == "per layer" else 1)
+        out += [Allocation(row, l, None, shape, dtype, views)
                 for l in range(count)] if count is not None else [Allocation(row, None, None, shape, dtype)]
     return out
 
@@ -275,7 +286,7 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
                qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights,
-               embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated)
+               embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated, prefill=not head)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

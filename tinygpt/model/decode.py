@@ -1,7 +1,8 @@
 """Sampling at the speed of the model: prefill once, then one token per submit from a key/value cache.
 
 N sequences continue one prompt together. The prefill is the model's own forward over a [N, ctx]
-window (without its head): each layer's key and value activations [N, ctx, C] are the caches.
+window (without its head): each layer's key and value activations as projected, [N, ctx, KV * hd],
+are the caches (a grouped-query model's hold its KV heads alone, H / KV times less than [N, ctx, C]).
 A decode step runs one row per sequence through every layer (decode.wgsl's embed_decode,
 kv_append and attn_decode between the usual LayerNorm, matmul and GELU kernels), then draws the
 next token on the device (sample_tokens), which the next step reads: nothing comes back to the
@@ -101,9 +102,13 @@ class Decoder:
         append, attn = (kn.kv_append_half, kn.attn_decode_half) if m.precision.converts else \
             (kn.kv_append, kn.attn_decode)
         window = cfg.attn_window                                  # the cache's rows each query sees
+        own = "k kv" in b                  # grouped-query attention: the cache holds the kv heads alone
+        W = cfg.block.heads.kv_width
         for l in range(cfg.layers):
-            kc, vc = m.buf["k"][l], m.buf["v"][l]                  # the prefill's k, v [N, T, C]: the cache
-            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, C, u),
+            # the prefill's k, v as projected [N, T, W]: the cache; the step appends its own row
+            kc, vc = (m.buf["k kv"][l], m.buf["v kv"][l]) if own else (m.buf["k"][l], m.buf["v"][l])
+            new_k, new_v = (b["k kv"], b["v kv"]) if own else (b["k"], b["v"])
+            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(new_k, new_v, kc, vc, N, W, u),
                                                         attn(q, kc, vc, out, b["scores"], N, H, u, window)]
             qkv = (b["q"], b["k"], b["v"])
             qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
@@ -130,7 +135,7 @@ class Decoder:
         for v0, vn, u in self.embed_uniforms:
             self.gpu.write_uniform(u, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
-                row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn))
+                row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn, cfg.n_kv))
 
     def _prefill(self, seqs, s: int, length: int):
         """Keys and values of positions s .. length-2 of every sequence into the cache."""

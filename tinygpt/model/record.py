@@ -87,7 +87,8 @@ def block_acts(m, l: int) -> BlockActs:
     return BlockActs(b["x"][l], b["x mid"][l], b["x"][l + 1], b["ln1"][l], b["ln1 stats"][l], (q, k, v), ctx,
                      b["ln2"][l], b["ln2 stats"][l], b["pre"][l], b["gel"][l], b["branch out"],
                      (b.get("q f32", q), b.get("k f32", k), b.get("v f32", v)), b.get("ctx f32", ctx), *qk,
-                     (b["k kv"], b["v kv"]) if "k kv" in b else (), b["mlp gate"][l] if "mlp gate" in b else None)
+                     (b["k kv"][l], b["v kv"][l]) if "k kv" in b else (),
+                     b["mlp gate"][l] if "mlp gate" in b else None)
 
 
 def rotary(m, T: int) -> Rotary | None:

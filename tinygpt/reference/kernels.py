@@ -480,31 +480,32 @@ def embed_decode(ids, tok, pos, at, v0=0, out=None):  # ids [N] -> x [N,C]: toke
     return out
 
 
-def kv_append(k, v, kc, vc, at):          # k, v [N,C] -> caches [N,T,C] with row `at` written
+def kv_append(k, v, kc, vc, at):          # k, v [N,W] -> caches [N,T,W] with row `at` written
     kc, vc = kc.copy(), vc.copy()
     kc[:, at], vc[:, at] = k, v
     return kc, vc
 
 
-def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,C] -> [N,C] over rows 0..at
+def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,KV*hd] -> [N,C] over rows 0..at
     N, C = q.shape                                 # (with a window W, over the last W of them)
     hd = C // H
+    KV = kc.shape[-1] // hd                        # each key/value head serves H / KV query heads in turn
     lo = max(0, at + 1 - window) if window else 0
     n = at + 1 - lo
     qh = q.reshape(N, H, 1, hd)
-    kh = kc[:, lo:at + 1].reshape(N, n, H, hd).transpose(0, 2, 3, 1)      # [N,H,hd,rows]
-    vh = vc[:, lo:at + 1].reshape(N, n, H, hd).transpose(0, 2, 1, 3)      # [N,H,rows,hd]
+    kh = np.repeat(kc[:, lo:at + 1].reshape(N, n, KV, hd), H // KV, axis=2).transpose(0, 2, 3, 1)   # [N,H,hd,rows]
+    vh = np.repeat(vc[:, lo:at + 1].reshape(N, n, KV, hd), H // KV, axis=2).transpose(0, 2, 1, 3)   # [N,H,rows,hd]
     s = (qh @ kh)[:, :, 0] / math.sqrt(hd)                                 # [N,H,rows]
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
     return (w[:, :, None] @ vh)[:, :, 0].reshape(N, C)
 
 
-def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,C/2] -> caches [N,T,C/2]
+def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,W/2] -> caches [N,T,W/2]
     return kv_append(k, v, kc, vc, at)
 
 
-def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,C/2] -> [N,C]
+def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,W/2] -> [N,C]
     unpack = unpack_f16 if half == "f16" else unpack_bf16
     return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H, window)
 
