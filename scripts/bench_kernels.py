@@ -14,7 +14,8 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 (cast_bf16's max_err counts the words that differ from the twin's). With shader-f16, the f16
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
-RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size. The other parts of
+RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size, and QK-norm with the
+turn in one pass (qk_norm_rope, float32). The other parts of
 the modern block: SwiGLU (glu.wgsl; float32 and bf16 gate and up, [rows, 4C]; the bf16 row's
 max_err is what lies past one bf16 rounding of the float64 value), grouped-query
 attention's kv_expand (bf16, as stored) and kv_reduce over the preset's heads sharing one key/value
@@ -283,6 +284,11 @@ def rope_cases(gpu, rows, T, C, H, rng):
         # each run turns t again: the check reads the first run's result, before the timing's
         yield "rope_forward", dtype, f"{rows}x{C} hd {hd}", d, \
             lambda t=t, w=want, b=back: np.abs(b(gpu.read(t)) - w).max()
+    gain = rng.standard_normal(hd).astype(np.float32)        # QK-norm with the turn, in one pass
+    y, stats = gpu.tensor((rows, C)), gpu.tensor((2, rows * H))
+    d = kn.qk_norm_rope(table, gpu.upload(x), gpu.upload(gain), y, stats, rows, T, C, hd)
+    want = R.qk_norm_rope(exact, x.astype(np.float64), gain.astype(np.float64), T, hd)[0]
+    yield "qk_norm_rope", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(y) - want).max()
 
 
 def block_cases(gpu, rows, C, M, V, H, rng):

@@ -3,6 +3,10 @@
 // pairs with channel i + hd/2, and the pair turns by the angle pos * theta^(-2i/hd):
 //   rope_forward   (x1, x2) <- (x1 cos - x2 sin, x2 cos + x1 sin)
 //   rope_backward  the transpose, a turn by minus the angle: d(out) in place becomes d(in)
+//   qk_norm_rope   QK-norm and the turn in one pass, where the normed q or k is written: xr, the
+//                  projection's float32 q or k, normed over each head (RMSNorm, times the gain g
+//                  [hd]), turned and written to x as stored (rounded once); stats [2, heads] = 0 | rstd
+//                  as layernorm_forward's RMSNorm writes them, which QK-norm's backward reads
 // x: [rows, C] with heads interleaved, bound as words: float32, or with BF16 | F16 16-bit values
 // two to a word as a bf16 or f16 model stores q and k (online.wgsl's layout), rounded once after
 // the turn. Row r is position r % T + offset (a decode step's rows: offset the cache's length).
@@ -11,7 +15,7 @@
 // One invocation per two neighbouring pairs (i even), so every word it writes is its own (hd a
 // multiple of 4).
 
-struct Params { rows: u32, T: u32, C: u32, hd: u32, offset: u32 }
+struct Params { rows: u32, T: u32, C: u32, hd: u32, offset: u32, eps: f32 }     // eps: qk_norm_rope's
 
 override BF16: bool = false;         // x holds bf16
 override F16: bool = false;          // x holds f16
@@ -19,6 +23,9 @@ override F16: bool = false;          // x holds f16
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> cs: array<vec2<f32>>;      // (cos, sin) [positions, hd/2]
 @group(0) @binding(2) var<storage, read_write> x: array<u32>;        // q or k [rows, C], as stored
+@group(0) @binding(3) var<storage, read> xr: array<f32>;             // qk_norm_rope: float32 q or k [rows, C]
+@group(0) @binding(4) var<storage, read> gain: array<f32>;           // qk_norm_rope: the gain [hd]
+@group(0) @binding(5) var<storage, read_write> stats: array<f32>;    // qk_norm_rope: 0 | rstd [2, rows * C/hd]
 
 // elements e and e + 1 (e even) as stored
 fn get2(e: u32) -> vec2<f32> {
@@ -61,4 +68,31 @@ fn rope_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 fn rope_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
   turn(lin(wid, nwg, lid), -1.0);
+}
+
+// One invocation per head of a row: its rstd over hd channels, then two neighbouring pairs at a
+// time normed, turned and written (hd a multiple of 4, as the turn's).
+@compute @workgroup_size(64)
+fn qk_norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid: vec3<u32>) {
+  let j = lin(wid, nwg, lid);              // head j % (C / hd) of row j / (C / hd)
+  let heads = p.rows * (p.C / p.hd);
+  if (j >= heads) { return; }
+  let base = j * p.hd;                     // its first channel: a row's heads lie side by side
+  var ss = 0.0;
+  for (var i = 0u; i < p.hd; i++) { ss += xr[base + i] * xr[base + i]; }
+  let rstd = inverseSqrt(ss / f32(p.hd) + p.eps);
+  stats[j] = 0.0;
+  stats[heads + j] = rstd;
+  let half = p.hd / 2u;
+  let t0 = ((j / (p.C / p.hd)) % p.T + p.offset) * half;
+  for (var i = 0u; i < half; i += 2u) {
+    let c = vec2<f32>(cs[t0 + i].x, cs[t0 + i + 1u].x);
+    let s = vec2<f32>(cs[t0 + i].y, cs[t0 + i + 1u].y);
+    let k = base + half + i;               // the partner pair's first channel
+    let x1 = vec2<f32>(xr[base + i], xr[base + i + 1u]) * rstd * vec2<f32>(gain[i], gain[i + 1u]);
+    let x2 = vec2<f32>(xr[k], xr[k + 1u]) * rstd * vec2<f32>(gain[half + i], gain[half + i + 1u]);
+    put2(base + i, x1 * c - x2 * s);
+    put2(k, x2 * c + x1 * s);
+  }
 }

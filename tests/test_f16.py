@@ -317,7 +317,7 @@ def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
                                   "relu2_forward_f16", "relu2_backward_f16",
                                   "layernorm_forward_f16", "kv_append_half")}
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
-    kernels |= {(e, (("F16", True),)) for e in ("rope_forward", "rope_backward")}    # q, k stored f16
+    kernels |= {(e, (("F16", True),)) for e in ("rope_forward", "rope_backward", "qk_norm_rope")}  # q, k stored f16
     kernels |= {("kv_expand", ())} | {(e, (("F16", True),)) for e in ("swiglu_forward", "swiglu_backward")}
     numerics.check(gpu, make_plan(gpu), kernels)
     judged = numerics._VERDICTS[gpu]

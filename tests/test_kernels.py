@@ -316,6 +316,29 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
+@pytest.mark.parametrize("rows,T,H,hd,offset,dtype", [(7, 7, 1, 4, 0, "f32"), (30, 10, 3, 12, 0, "f32"),
+                                                      (5, 1, 2, 20, 37, "f32"), (65, 65, 2, 64, 0, "f32"),
+                                                      (14, 7, 3, 12, 5, "bf16"), (14, 7, 3, 12, 5, "f16")])
+def test_qk_norm_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
+    """QK-norm and RoPE in one pass (the float32 projection normed per head, turned, written as stored
+    and rounded once), against the float64 twin: the statistics QK-norm's backward reads, and the turned
+    values within one rounding of what is stored."""
+    if dtype == "f16" and "shader-f16" not in gpu.features:
+        pytest.skip(f"{gpu.name} has no shader-f16")
+    C = H * hd
+    xr, gain = rng.standard_normal((rows, C)).astype(np.float32) * 3, rng.standard_normal(hd).astype(np.float32)
+    table = rope_table(T + offset, hd, 10000.0)
+    back, tol = {"f32": (lambda w: w, 2e-6), "bf16": (lambda w: R.cast_f32(w, rows * C), 2.0 ** -8),
+                 "f16": (R.unpack_f16, 2.0 ** -11)}[dtype]
+    x, stats = gpu.tensor((rows, C // 2 if dtype != "f32" else C), dtype), gpu.tensor((2, rows * H))
+    run(gpu, kn.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), x, stats, rows, T, C, hd, offset,
+                             eps=1e-6))
+    want, want_stats = R.qk_norm_rope(f64(table), f64(xr), f64(gain), T, hd, offset, eps=1e-6)
+    check(f"qk_norm_rope stats {rows}x{C} hd {hd}", gpu.read(stats), want_stats, 1e-6, 1e-6)
+    check(f"qk_norm_rope {dtype} {rows}x{C} hd {hd} offset {offset}", back(gpu.read(x)).reshape(rows, C), want,
+          1e-6 * np.abs(want).max(), tol)
+
+
 @pytest.mark.parametrize("n,dtype", [(2, "f32"), (1030, "f32"), (64 * 2 * 3 + 2, "bf16"), (130, "f16")])
 def test_swiglu(gpu, rng, n, dtype, kn):
     """SwiGLU, silu(gate) * up, reading gate and up as stored (float32, or 16-bit two to a word):

@@ -145,6 +145,12 @@ def test_rope(r):
     check("rope_backward is the transpose", np.sum(R.rope_forward(cs, x, T, hd, offset) * y),
           np.sum(x * R.rope_backward(cs, y, T, hd, offset)), 1e-12)
     check("rope_table float32", rope_table(T + offset, hd, 500.0), cs, 1e-6)
+    g = r.standard_normal(hd)
+    fused, stats = R.qk_norm_rope(cs, x, g, T, hd, offset, eps=1e-6)
+    normed, _, rstd = R.layernorm_forward(x.reshape(-1, hd), g, None, 1e-6, rms=True)
+    check("qk_norm_rope = rope_forward of the per-head RMSNorm", fused,
+          R.rope_forward(cs, normed.reshape(rows, -1), T, hd, offset), 1e-14)
+    check("qk_norm_rope's stats: 0 | rstd", stats, np.stack([np.zeros_like(rstd), rstd]), 0)
 
 
 def test_embedding(r):

@@ -15,6 +15,7 @@ the half type where `out` is such a tensor, and takes its products as the precis
 from __future__ import annotations
 
 import math
+import struct
 
 from .gpu import DTYPES, GPU, HALVES, PER_WORD, Dispatch, Fill, grid1d, pack_uniform
 from .plan import KernelPlan, online_tiles
@@ -200,6 +201,15 @@ def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, 
     return pack_uniform((N, T, C, H, pos, step, V, VP, int(top_k or 0), row0, row_stride, seed & 0xFFFFFFFF,
                         seed >> 32, float(temperature), float(top_p), 1.0 / math.sqrt(C // H),
                         v0, VP if vn is None else vn, H if KV is None else KV))
+
+
+# rope.wgsl's entries that turn by position (a decode step rewrites their offset, Params' word 4, per token)
+ROPE_TURNS = ("rope_forward", "qk_norm_rope")
+
+
+def rope_at(packed: bytes, offset: int) -> bytes:
+    """rope.wgsl's Params as a dispatch packed them, with the position offset replaced."""
+    return packed[:16] + struct.pack("<I", offset) + packed[20:]
 
 
 def _tanh(tanh: bool) -> dict | None:
@@ -512,6 +522,15 @@ class Kernels:
     def rope_backward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
         """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
         return self._rope("rope_backward", cs, x, rows, T, C, hd, offset)
+
+    def qk_norm_rope(self, cs, xr, g, x, stats, rows, T, C, hd, offset=0, eps=1e-5) -> Dispatch:
+        """QK-norm then rope_forward in one pass: x [rows, C] as stored = the turn of RMSNorm over each
+        head of the float32 xr (gain g [hd]); stats [2, rows * C/hd] = 0 | rstd (layernorm_forward's)."""
+        assert hd % 4 == 0 and C % hd == 0, (C, hd)
+        flag = DTYPES[x.dtype].flag
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope", "urwrrw", {flag: True} if flag else None)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), [cs, x, xr, g, stats],
+                                 grid1d(-(-rows * (C // hd) // 64)))
 
     # ---- the gated MLP's activation (glu.wgsl) -------------------------------------------------------
     def _glu(self, entry, access, tensors, n, dtype) -> Dispatch:

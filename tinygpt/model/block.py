@@ -107,6 +107,11 @@ class Rotary:
     def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
         return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset)]
 
+    def forward_normed(self, kn: Kernels, xr: Tensor, g: Tensor, x: Tensor, stats: Tensor, rows: int, C: int,
+                       eps: float) -> list:
+        """QK-norm of the float32 xr into x, turned as it is written (rope.wgsl's qk_norm_rope)."""
+        return [kn.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps)]
+
 
 @dataclass
 class BlockWeights:
@@ -217,11 +222,14 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
         own = a.kv[i - 1] if a.kv and n != "q" else t   # where the projection's heads are stored
         if a.qk_raw and n != "v":                      # QK-norm: float32 q (k), each head normed into own
             ds += lin("W" + n, a.ln1, "b" + n, a.qk_raw[i], width, C)
-            ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows * width // hs.hd, hs.hd))
+            if rot is not None:                         # and turned as it is written there: one pass
+                ds += rot.forward_normed(kn, a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows, width, pk.block.eps)
+            else:
+                ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows * width // hs.hd, hs.hd))
         else:
             ds += lin("W" + n, a.ln1, "b" + n, own, width, C)
-        if rot is not None and n != "v":
-            ds += rot.forward(kn, own, rows, width)
+            if rot is not None and n != "v":
+                ds += rot.forward(kn, own, rows, width)
         if own is not t:                                # each kv head copied to its query heads
             ds.append(kn.kv_expand(own, t, rows, hs.q, hs.kv, hs.hd))
         ds += pk.convert(t, t_in, rows * C)

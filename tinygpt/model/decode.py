@@ -26,8 +26,7 @@ import numpy as np
 from ..core.precision import Precision
 from ..device import numerics
 from ..device.gpu import GPU, LimitError
-from ..device.gpu import pack_uniform
-from ..device.kernels import DECODE_UNIFORM_BYTES, decode_uniform
+from ..device.kernels import DECODE_UNIFORM_BYTES, ROPE_TURNS, decode_uniform, rope_at
 from ..device.plan import KernelPlan
 from . import buffers, record
 from .block import BlockActs, block_forward
@@ -116,8 +115,8 @@ class Decoder:
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
                              (b["k kv"], b["v kv"]) if "k kv" in b else (), b.get("mlp gate"))
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
-            turns = [d.uniform_buffer for d in block if d.kernel.name == "rope_forward"]      # q's, then k's
-            self.rope_uniforms += list(zip(turns, (C, cfg.block.heads.kv_width)))
+            self.rope_uniforms += [(d.uniform_buffer, self.gpu.uniform_bytes[d.uniform_buffer]) for d in block
+                                   if d.kernel.name in ROPE_TURNS]                      # q's, then k's
             steps += block
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
@@ -130,8 +129,8 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
-        for u, width in self.rope_uniforms:          # rope.wgsl's Params: rows, T, C, hd, offset
-            self.gpu.write_uniform(u, pack_uniform((self.N, 1, width, cfg.head_dim, pos)))
+        for u, packed in self.rope_uniforms:          # the turns at the decoded position
+            self.gpu.write_uniform(u, rope_at(packed, pos))
         for v0, vn, u in self.embed_uniforms:
             self.gpu.write_uniform(u, decode_uniform(
                 self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,

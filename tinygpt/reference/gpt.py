@@ -55,7 +55,8 @@ def _qk_gain(P, cfg: Config, l: int, which: str, dtype):
 def _qkv(P, cfg: Config, l: int, c: dict, qkv, r, rot) -> tuple:
     """The projections' q, k, v as the attention reads them: QK-norm over each head of the
     float32 q and k (its input and statistics kept in c), then stored (r), turned by RoPE where
-    they are stored, and each kv head copied to its query heads."""
+    they are stored (QK-norm's output turned before it is stored), and each kv head copied to its
+    query heads."""
     q, k, v = qkv
     if cfg.block.qk_norm.on:
         c["qk_raw"] = (q, k)
@@ -65,7 +66,9 @@ def _qkv(P, cfg: Config, l: int, c: dict, qkv, r, rot) -> tuple:
                                               cfg.block.eps, rms=True)
             c[which + "_stats"] = (mean, rstd)
             q, k = (y.reshape(x.shape), k) if which == "q" else (q, y.reshape(x.shape))
-    q, k, v = r(q), r(k), r(v)
+    # q and k normed by QK-norm are turned before they are stored (qk_norm_rope): rounded once
+    once = cfg.block.qk_norm.on and cfg.block.position.rotary
+    q, k, v = (q, k, r(v)) if once else (r(q), r(k), r(v))
     q, k = r(rot(q)), r(rot(k))
     hs = cfg.block.heads
     if hs.grouped:

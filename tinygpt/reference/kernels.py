@@ -320,6 +320,12 @@ def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by min
     return _turn(cs, dy, T, hd, offset, -1.0)
 
 
+def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5):   # -> (x turned after RMSNorm per head, stats [2, heads])
+    rows, C = xr.shape
+    y, mean, rstd = layernorm_forward(xr.reshape(-1, hd), g, None, eps, rms=True)
+    return rope_forward(cs, y.reshape(rows, C), T, hd, offset), np.stack([mean, rstd])
+
+
 # ---- the gated MLP's activation (glu.wgsl) ----------------------------------------------
 def swiglu_forward(gate, up):            # -> silu(gate) * up
     return gate / (1.0 + np.exp(-gate)) * up
