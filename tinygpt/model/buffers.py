@@ -149,8 +149,8 @@ DECODE = (
     Buffer("ln stats",      (2, "N"),                "f32",     "shared",       S, "cache"),
     Buffer("branch out",    ("N", "C"),              "f32",     "shared",       S, "cache"),
     Buffer("q",             ("N", "C"),              "stored",  "shared",       S, "cache"),
-    Buffer("k",             ("N", "C"),              "stored",  "shared",       S, "cache"),
-    Buffer("v",             ("N", "C"),              "stored",  "shared",       S, "cache"),
+    Buffer("k",             ("N", "KVC"),            "stored",  "shared",       S, "cache"),   # the kv heads'
+    Buffer("v",             ("N", "KVC"),            "stored",  "shared",       S, "cache"),
     Buffer("att",           ("N", "C"),              "stored",  "shared",       S, "cache"),
     Buffer("att f32",       ("N", "C"),              "f32",     "shared",       S, "cache, converts"),
     Buffer("pre",           ("N", "M"),              "stored",  "shared",       S, "cache"),
@@ -160,8 +160,6 @@ DECODE = (
     Buffer("k raw",         ("N", "KVC"),            "f32",     "shared",       S, "cache, qk norm"),
     Buffer("q norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
     Buffer("k norm stats",  (2, "NKV"),              "f32",     "shared",       S, "cache, qk norm"),
-    Buffer("k kv",          ("N", "KVC"),            "stored",  "shared",       S, "cache, grouped"),
-    Buffer("v kv",          ("N", "KVC"),            "stored",  "shared",       S, "cache, grouped"),
     Buffer("scores",        ("N", "H", "T"),         "f32",     "shared",       S, "cache"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       S, "cache, split head"),
     Buffer("logits",        ("N", "VP"),             "f32",     "step",         S, "cache",
@@ -296,7 +294,7 @@ def decode_rows(cfg: Config, N: int, capacity: int, policy: Precision, cache: bo
     size = sizes(cfg, N, cfg.ctx, max_binding=max_binding, head_rows=N, N=N, capacity=capacity)
     on = flags(policy, training=False, head=False, accum=1, split_head=size["head_block"] > 0,
                attention_reads_stored=True, cache=cache, qk_norm=cfg.block.qk_norm,   # the attention: decode.wgsl's
-               grouped=cfg.block.heads.grouped, gated_mlp=cfg.block.mlp.gated)
+               gated_mlp=cfg.block.mlp.gated)
     return resolve(DECODE, on, size, policy), size
 
 

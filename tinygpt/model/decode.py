@@ -101,19 +101,20 @@ class Decoder:
         append, attn = (kn.kv_append_half, kn.attn_decode_half) if m.precision.converts else \
             (kn.kv_append, kn.attn_decode)
         window = cfg.attn_window                                  # the cache's rows each query sees
-        own = "k kv" in b                  # grouped-query attention: the cache holds the kv heads alone
+        grouped = "k kv" in m.buf          # grouped-query attention: the cache holds the kv heads alone
         W = cfg.block.heads.kv_width
+        # the step's k and v are its kv heads as projected [N, W], appended as they are: attn_decode
+        # reads each query head's kv head in the cache, so nothing is copied to the query heads
+        qkv = (b["q"], b["k"], b["v"])
+        qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
         for l in range(cfg.layers):
-            # the prefill's k, v as projected [N, T, W]: the cache; the step appends its own row
-            kc, vc = (m.buf["k kv"][l], m.buf["v kv"][l]) if own else (m.buf["k"][l], m.buf["v"][l])
-            new_k, new_v = (b["k kv"], b["v kv"]) if own else (b["k"], b["v"])
-            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(new_k, new_v, kc, vc, N, W, u),
+            # the prefill's k, v as projected [N, T, W]: the cache
+            kc, vc = (m.buf["k kv"][l], m.buf["v kv"][l]) if grouped else (m.buf["k"][l], m.buf["v"][l])
+            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, W, u),
                                                         attn(q, kc, vc, out, b["scores"], N, H, u, window)]
-            qkv = (b["q"], b["k"], b["v"])
-            qk = ((b["q raw"], b["k raw"]), (b["q norm stats"], b["k norm stats"])) if "q raw" in b else ((), ())
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
-                             (b["k kv"], b["v kv"]) if "k kv" in b else (), b.get("mlp gate"))
+                             gate=b.get("mlp gate"))
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
             self.rope_uniforms += [(d.uniform_buffer, self.gpu.uniform_bytes[d.uniform_buffer]) for d in block
                                    if d.kernel.name in ROPE_TURNS]                      # q's, then k's
