@@ -225,7 +225,7 @@ def train(args) -> int:
         print(f"wrote {out} at step {total}; continue on WebGPU with: tinygpt train --resume {out} "
               f"--steps N" + (f" --data {args.data}" if args.data else ""), file=sys.stderr)
     dist.barrier()
-    del model, opt                  # DDP's reducer holds the group: let it go while every rank is still here
+    del model                       # DDP's reducer holds the group: let it go while every rank is still here
     gc.collect()
     dist.destroy_process_group()
     return 0

@@ -127,16 +127,8 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         gpu.run([getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
         want = getattr(R, entry)(table.astype(np.float64), R.unpack_f16(xh).reshape(rows, C), T, hd, offset)
         return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
-    if entry == "qk_norm_rope":                      # q or k normed and turned as it is written, as f16
-        rows, T, hd, C, offset = 10, 5, 4, 12, 3
-        table, gain = rope_table(T + offset, hd, 10000.0), rng.standard_normal(hd).astype(np.float32)
-        xr = rng.standard_normal((rows, C)).astype(np.float32)
-        t, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows * C // hd))
-        gpu.run([kn.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), t, stats, rows, T, C, hd,
-                                 offset)])
-        want = R.qk_norm_rope(table.astype(np.float64), xr.astype(np.float64), gain.astype(np.float64), T, hd,
-                              offset)[0]
-        return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
+    if entry == "qk_norm_rope":
+        return _qk_norm_rope(gpu, kn, rng)
     if entry in ("swiglu_forward", "swiglu_backward"):      # gate and up stored f16 (the F16 flag)
         g, u = (rng.standard_normal(n).astype(np.float32) * 3 for _ in range(2))
         gh, uh = gpu.tensor((n // 2,), "f16", data=R.cast_f16(g)), gpu.tensor((n // 2,), "f16", data=R.cast_f16(u))
@@ -161,6 +153,17 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng, tanh: bool = False):
         want = R.layernorm_forward(xs.astype(np.float64), gb[0], gb[1])[0]
         return R.unpack_f16(gpu.read(y)), want
     raise NoCheck(entry)
+
+
+def _qk_norm_rope(gpu: GPU, kn: Kernels, rng):
+    """q or k normed and turned as it is written, as f16 (the F16 flag), at a ragged shape."""
+    rows, T, hd, C, offset = 10, 5, 4, 12, 3
+    table, gain = rope_table(T + offset, hd, 10000.0), rng.standard_normal(hd).astype(np.float32)
+    xr = rng.standard_normal((rows, C)).astype(np.float32)
+    t, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows * C // hd))
+    gpu.run([kn.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), t, stats, rows, T, C, hd, offset)])
+    want = R.qk_norm_rope(table.astype(np.float64), xr.astype(np.float64), gain.astype(np.float64), T, hd, offset)[0]
+    return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
 
 
 class NoCheck(Exception):
