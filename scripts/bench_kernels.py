@@ -15,7 +15,7 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
 RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size, and QK-norm with the
-turn in one pass (qk_norm_rope, float32). The other parts of
+turn in one pass (qk_norm_rope, and its backward qk_norm_rope_dx, float32). The other parts of
 the modern block: SwiGLU (glu.wgsl; float32 and bf16 gate and up, [rows, 4C]; the bf16 row's
 max_err is what lies past one bf16 rounding of the float64 value), grouped-query
 attention's kv_expand (bf16, as stored) and kv_reduce over the preset's heads sharing one key/value
@@ -289,6 +289,12 @@ def rope_cases(gpu, rows, T, C, H, rng):
     d = kn.qk_norm_rope(table, gpu.upload(x), gpu.upload(gain), y, stats, rows, T, C, hd)
     want = R.qk_norm_rope(exact, x.astype(np.float64), gain.astype(np.float64), T, hd)[0]
     yield "qk_norm_rope", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(y) - want).max()
+    dy, dx = rng.standard_normal((rows, C)).astype(np.float32), gpu.tensor((rows, C))   # its backward, g frozen
+    gpu.run([d])
+    d = kn.qk_norm_rope_dx(table, gpu.upload(dy), gpu.upload(x), gpu.upload(gain), stats, dx, rows, T, C, hd)
+    want_dx = R.qk_norm_rope_dx(exact, dy.astype(np.float64), x.astype(np.float64), gain.astype(np.float64),
+                                gpu.read(stats).astype(np.float64), T, hd)
+    yield "qk_norm_rope_dx", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(dx) - want_dx).max()
 
 
 def block_cases(gpu, rows, C, M, V, H, rng):

@@ -7,6 +7,9 @@
 //                  projection's float32 q or k, normed over each head (RMSNorm, times the gain g
 //                  [hd]), turned and written to x as stored (rounded once); stats [2, heads] = 0 | rstd
 //                  as layernorm_forward's RMSNorm writes them, which QK-norm's backward reads
+//   qk_norm_rope_dx  its backward where the gain takes no gradient (nanochat's QK-norm has none; a
+//                  LoRA run's is frozen): dy, the gradient of what qk_norm_rope wrote, turned back and
+//                  taken through the RMSNorm, dx = rstd (dyt g - xhat mean(dyt g xhat)), float32
 // x: [rows, C] with heads interleaved, bound as words: float32, or with BF16 | F16 16-bit values
 // two to a word as a bf16 or f16 model stores q and k (online.wgsl's layout), rounded once after
 // the turn. Row r is position r % T + offset (a decode step's rows: offset the cache's length).
@@ -26,6 +29,7 @@ override F16: bool = false;          // x holds f16
 @group(0) @binding(3) var<storage, read> xr: array<f32>;             // qk_norm_rope: float32 q or k [rows, C]
 @group(0) @binding(4) var<storage, read> gain: array<f32>;           // qk_norm_rope: the gain [hd]
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>;    // qk_norm_rope: 0 | rstd [2, rows * C/hd]
+@group(0) @binding(6) var<storage, read> dy: array<f32>;             // qk_norm_rope_dx: [rows, C]; x: its dx
 
 // elements e and e + 1 (e even) as stored
 fn get2(e: u32) -> vec2<f32> {
@@ -94,5 +98,40 @@ fn qk_norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let x2 = vec2<f32>(xr[k], xr[k + 1u]) * rstd * vec2<f32>(gain[half + i], gain[half + i + 1u]);
     put2(base + i, x1 * c - x2 * s);
     put2(k, x2 * c + x1 * s);
+  }
+}
+
+// channels i and i + hd/2 of head j's dy turned back (by minus the angle) and times the gain:
+// RMSNorm's dxhat for the pair
+fn dxhat(base: u32, t: u32, i: u32) -> vec2<f32> {
+  let half = p.hd / 2u;
+  let c = cs[t + i].x;
+  let s = cs[t + i].y;
+  let d1 = dy[base + i];
+  let d2 = dy[base + half + i];
+  return vec2<f32>(d1 * c + d2 * s, d2 * c - d1 * s) * vec2<f32>(gain[i], gain[half + i]);
+}
+
+// One invocation per head of a row, as qk_norm_rope's; dx float32 into x (as bits).
+@compute @workgroup_size(64)
+fn qk_norm_rope_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_id) lid: vec3<u32>) {
+  let j = lin(wid, nwg, lid);
+  let heads = p.rows * (p.C / p.hd);
+  if (j >= heads) { return; }
+  let base = j * p.hd;
+  let half = p.hd / 2u;
+  let t0 = ((j / (p.C / p.hd)) % p.T + p.offset) * half;
+  let rstd = stats[heads + j];
+  var m = 0.0;                             // mean(dxhat * xhat) over the head
+  for (var i = 0u; i < half; i++) {
+    let d = dxhat(base, t0, i);
+    m += d.x * xr[base + i] + d.y * xr[base + half + i];
+  }
+  m *= rstd / f32(p.hd);
+  for (var i = 0u; i < half; i++) {
+    let d = dxhat(base, t0, i);
+    x[base + i] = bitcast<u32>(rstd * (d.x - xr[base + i] * rstd * m));
+    x[base + half + i] = bitcast<u32>(rstd * (d.y - xr[base + half + i] * rstd * m));
   }
 }

@@ -339,6 +339,23 @@ def test_qk_norm_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
           1e-6 * np.abs(want).max(), tol)
 
 
+@pytest.mark.parametrize("rows,T,H,hd,offset", [(7, 7, 1, 4, 0), (30, 10, 3, 12, 0), (5, 1, 2, 20, 37),
+                                                (65, 65, 2, 64, 0)])
+def test_qk_norm_rope_dx(gpu, rng, rows, T, H, hd, offset, kn):
+    """qk_norm_rope's backward where the gain takes no gradient: dy turned back and through the RMSNorm,
+    against the float64 twin on the statistics the forward wrote."""
+    C = H * hd
+    xr, gain = rng.standard_normal((rows, C)).astype(np.float32) * 3, rng.standard_normal(hd).astype(np.float32)
+    dy = rng.standard_normal((rows, C)).astype(np.float32)
+    table = rope_table(T + offset, hd, 10000.0)
+    x, stats, dx = gpu.tensor((rows, C)), gpu.tensor((2, rows * H)), gpu.tensor((rows, C))
+    t_table, t_xr, t_gain = gpu.upload(table), gpu.upload(xr), gpu.upload(gain)
+    run(gpu, kn.qk_norm_rope(t_table, t_xr, t_gain, x, stats, rows, T, C, hd, offset),
+        kn.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, offset))
+    want = R.qk_norm_rope_dx(f64(table), f64(dy), f64(xr), f64(gain), f64(gpu.read(stats)), T, hd, offset)
+    check(f"qk_norm_rope_dx {rows}x{C} hd {hd} offset {offset}", gpu.read(dx), want, 2e-6 * np.abs(want).max(), 1e-5)
+
+
 @pytest.mark.parametrize("n,dtype", [(2, "f32"), (1030, "f32"), (64 * 2 * 3 + 2, "bf16"), (130, "f16")])
 def test_swiglu(gpu, rng, n, dtype, kn):
     """SwiGLU, silu(gate) * up, reading gate and up as stored (float32, or 16-bit two to a word):

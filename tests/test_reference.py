@@ -151,6 +151,11 @@ def test_rope(r):
     check("qk_norm_rope = rope_forward of the per-head RMSNorm", fused,
           R.rope_forward(cs, normed.reshape(rows, -1), T, hd, offset), 1e-14)
     check("qk_norm_rope's stats: 0 | rstd", stats, np.stack([np.zeros_like(rstd), rstd]), 0)
+    dy, v, eps = r.standard_normal(x.shape), r.standard_normal(x.shape), 1e-6
+    along = lambda t: np.sum(R.qk_norm_rope(cs, x + t * v, g, T, hd, offset, eps=1e-6)[0] * dy)
+    check("qk_norm_rope_dx is its gradient (central difference along v)",
+          np.sum(R.qk_norm_rope_dx(cs, dy, x, g, stats, T, hd, offset) * v),
+          (along(eps) - along(-eps)) / (2 * eps), 1e-6)
 
 
 def test_embedding(r):

@@ -532,6 +532,14 @@ class Kernels:
         return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), [cs, x, xr, g, stats],
                                  grid1d(-(-rows * (C // hd) // 64)))
 
+    def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0) -> Dispatch:
+        """qk_norm_rope's backward to its input where g takes no gradient: dy [rows, C], the gradient
+        of what it wrote, turned back and through the RMSNorm of xr (its stats) into dx [rows, C]."""
+        assert hd % 4 == 0 and C % hd == 0 and dy.dtype == dx.dtype == "f32", (C, hd, dy.dtype, dx.dtype)
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", "urwrrwr")
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), [cs, dx, xr, g, stats, dy],
+                                 grid1d(-(-rows * (C // hd) // 64)))
+
     # ---- the gated MLP's activation (glu.wgsl) -------------------------------------------------------
     def _glu(self, entry, access, tensors, n, dtype) -> Dispatch:
         assert n % 2 == 0, n

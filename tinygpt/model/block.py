@@ -112,6 +112,11 @@ class Rotary:
         """QK-norm of the float32 xr into x, turned as it is written (rope.wgsl's qk_norm_rope)."""
         return [kn.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps)]
 
+    def backward_normed(self, kn: Kernels, dy: Tensor, xr: Tensor, g: Tensor, stats: Tensor, dx: Tensor, rows: int,
+                        C: int) -> list:
+        """forward_normed's gradient to xr where g takes none: dy turned back as QK-norm's dx reads it."""
+        return [kn.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset)]
+
 
 @dataclass
 class BlockWeights:
@@ -290,14 +295,19 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
         ds += [kn.kv_reduce(d, dkv, rows, hs.q, hs.kv, hs.hd) for d, dkv in zip(g.dqkv[1:], g.dkv)]
         dqkv = (g.dqkv[0],) + tuple(g.dkv)
     widths = (C, hs.kv_width, hs.kv_width)
-    if rot is not None:
-        ds += rot.backward(kn, dqkv[0], rows, C) + rot.backward(kn, dqkv[1], rows, widths[1])
     for i, (n, d, width) in enumerate(zip("qkv", dqkv, widths)):
+        turned = rot is not None and n != "v"
         if a.qk_raw and n != "v":                   # back through QK-norm, into the float32 q (k)'s gradient
             heads, gain = rows * width // hs.hd, n + "_norm_g"
-            if gain in G:
-                ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], heads, hs.hd))
-            ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, heads, hs.hd))
+            if turned and gain not in G:            # turned back as its dx reads it: one pass
+                ds += rot.backward_normed(kn, d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, rows, width)
+            else:
+                ds += rot.backward(kn, d, rows, width) if turned else []
+                if gain in G:
+                    ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], heads, hs.hd))
+                ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, heads, hs.hd))
             d = g.dqk_raw
+        elif turned:
+            ds += rot.backward(kn, d, rows, width)
         ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, width, C, i > 0)
     return ds + ln_dgb(a.x, a.ln1s, "ln1") + [pk.norm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

@@ -326,6 +326,12 @@ def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5):   # -> (x turned after R
     return rope_forward(cs, y.reshape(rows, C), T, hd, offset), np.stack([mean, rstd])
 
 
+def qk_norm_rope_dx(cs, dy, xr, g, stats, T, hd, offset=0):   # qk_norm_rope's gradient to xr (g frozen)
+    rows, C = dy.shape
+    dyt = rope_backward(cs, dy, T, hd, offset).reshape(-1, hd)
+    return layernorm_dx(dyt, xr.reshape(-1, hd), g, stats[0], stats[1], rms=True).reshape(rows, C)
+
+
 # ---- the gated MLP's activation (glu.wgsl) ----------------------------------------------
 def swiglu_forward(gate, up):            # -> silu(gate) * up
     return gate / (1.0 + np.exp(-gate)) * up
