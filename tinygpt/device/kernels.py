@@ -535,7 +535,7 @@ class Kernels:
     def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0) -> Dispatch:
         """qk_norm_rope's backward to its input where g takes no gradient: dy [rows, C], the gradient
         of what it wrote, turned back and through the RMSNorm of xr (its stats) into dx [rows, C]."""
-        assert hd % 4 == 0 and C % hd == 0 and dy.dtype == dx.dtype == "f32", (C, hd, dy.dtype, dx.dtype)
+        assert hd % 4 == 0 and C % hd == 0 and not (DTYPES[dy.dtype].packed or DTYPES[dx.dtype].packed), (C, hd)
         k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", "urwrrwr")
         return self.gpu.dispatch(k, (rows, T, C, hd, offset), [cs, dx, xr, g, stats, dy],
                                  grid1d(-(-rows * (C // hd) // 64)))
