@@ -355,7 +355,7 @@ def storage_cases(gpu, rows, M, V, rng):
 
 def decode_cases(gpu, N, T, C, H, V, rng):
     """decode.wgsl's kernels at one decode step of N sequences at the last position of a T-row
-    cache (one variant each, listed as scalar)."""
+    cache (one variant each, listed as scalar), and attn_decode over a multi-query cache (grouped)."""
     f64 = lambda a: np.asarray(a, np.float64)
     up, pos = gpu.upload, T - 1
     kn = Kernels(gpu, PORTABLE)
@@ -377,6 +377,14 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     d = kn.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u)
     want = R.attn_decode(f64(q), f64(wk), f64(wv), pos, H)
     yield "attn_decode", "scalar", f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
+    if H > 1:            # multi-query: every query head reads one key/value head's cache [N, T, hd]
+        ug, hd = gpu.uniform(K.DECODE_UNIFORM_BYTES), C // H
+        gpu.queue.write_buffer(ug, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, KV=1))
+        kc1, vc1 = np.ascontiguousarray(wk[..., :hd]), np.ascontiguousarray(wv[..., :hd])
+        outg = gpu.tensor((N, C))
+        d = kn.attn_decode(up(q), up(kc1), up(vc1), outg, scratch, N, H, ug)
+        want_g = R.attn_decode(f64(q), f64(kc1), f64(vc1), pos, H)
+        yield "attn_decode", "grouped", f"{N}x{H}x{T}, 1 kv head", d, lambda: np.abs(gpu.read(outg) - want_g).max()
     logits = (rng.standard_normal((N, V)) * 3).astype(np.float32)
     tid = gpu.tensor((2 * N,), "u32")
     d = kn.sample_tokens(up(logits), tid, N, u)

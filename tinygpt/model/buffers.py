@@ -284,7 +284,8 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
                qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights,
-               embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated, prefill=not head)
+               embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated,
+               prefill=not head)                  # a model without the LM head is the cached sampler's prefill
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

@@ -501,12 +501,13 @@ def kv_append(k, v, kc, vc, at):          # k, v [N,W] -> caches [N,T,W] with ro
 def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,KV*hd] -> [N,C] over rows 0..at
     N, C = q.shape                                 # (with a window W, over the last W of them)
     hd = C // H
-    KV = kc.shape[-1] // hd                        # each key/value head serves H / KV query heads in turn
+    KV = kc.shape[-1] // hd                        # each key/value head serves H / KV query heads
     lo = max(0, at + 1 - window) if window else 0
     n = at + 1 - lo
+    rows = lambda c: kv_expand(c[:, lo:at + 1].reshape(N * n, KV * hd), H, KV).reshape(N, n, H, hd)
     qh = q.reshape(N, H, 1, hd)
-    kh = np.repeat(kc[:, lo:at + 1].reshape(N, n, KV, hd), H // KV, axis=2).transpose(0, 2, 3, 1)   # [N,H,hd,rows]
-    vh = np.repeat(vc[:, lo:at + 1].reshape(N, n, KV, hd), H // KV, axis=2).transpose(0, 2, 1, 3)   # [N,H,rows,hd]
+    kh = rows(kc).transpose(0, 2, 3, 1)                                   # [N,H,hd,rows]
+    vh = rows(vc).transpose(0, 2, 1, 3)                                   # [N,H,rows,hd]
     s = (qh @ kh)[:, :, 0] / math.sqrt(hd)                                 # [N,H,rows]
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
