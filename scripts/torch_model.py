@@ -5,8 +5,8 @@ Same parameters ([in, out] weights), AdamW with TinyGPT's decay split and betas,
 clipping: from the same weights and batches it trains as the WebGPU trainer does (bench_train.py
 shows the losses side by side). Every part of core.block has its PyTorch form here: LayerNorm or
 RMSNorm (with gains or without), a learned table or RoPE (rotate-half), GELU (either form), ReLU²
-or SwiGLU, the biases a block has, grouped-query attention, QK-norm, an untied head, the logit
-soft-cap and the embedding's norm; a sliding window is a mask.
+or SwiGLU, the biases a block has, grouped-query attention (heads of a width of their own too),
+QK-norm, an untied head, the logit soft-cap and the embedding's norm; a sliding window is a mask.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class GPTModule(torch.nn.Module):
 
     def attention(self, a, l: int, rope):
         P, cfg, blk = self.named(), self.cfg, self.cfg.block
-        B, T, C = a.shape
+        B, T, _ = a.shape
         H, KV, hd = blk.heads.q, blk.heads.kv, blk.heads.hd
         lin = lambda x, W, b: x @ P[f"h{l}.{W}"] + (P[f"h{l}.{b}"] if b in blk.bias.vectors else 0)
         q = lin(a, "Wq", "bq").view(B, T, H, hd)
@@ -86,13 +86,13 @@ class GPTModule(torch.nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         else:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return lin(y.transpose(1, 2).reshape(B, T, C), "Wo", "bo")
+        return lin(y.transpose(1, 2).reshape(B, T, H * hd), "Wo", "bo")     # H hd: C, or the heads' own width
 
     def forward(self, x):
         P, cfg, blk = self.named(), self.cfg, self.cfg.block
         T = x.shape[1]
         lin = lambda a, l, W, b: a @ P[f"h{l}.{W}"] + (P[f"h{l}.{b}"] if b in blk.bias.vectors else 0)
-        rope = rotary(T, cfg.head_dim, blk.rope_theta, x.device) if blk.position.rotary else None
+        rope = rotary(T, cfg.hd, blk.rope_theta, x.device) if blk.position.rotary else None
         h = P["tok_emb"][x] + (P["pos_emb"][:T] if blk.position.table else 0)
         if blk.embed_norm:
             h = self.norm(h, "ln_e")

@@ -30,8 +30,8 @@ FAMILIES = {
                    rope_parameters={"rope_type": "default", "rope_theta": 500000.0})),
     "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,          # q/k/v biases, tied
               dict(num_key_value_heads=4, tie_word_embeddings=True)),
-    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,          # QK-norm, multi-query
-              dict(num_key_value_heads=1, head_dim=8, tie_word_embeddings=False)),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,          # QK-norm, multi-query, and
+              dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)),  # q 64 wide in 32 (Qwen3-0.6B's)
 }
 
 

@@ -50,7 +50,8 @@ def test_the_llama_block_trains_from_the_api_and_keeps_its_mlp_width(tmp_path, c
 
 @pytest.mark.parametrize("parts", [dict(activation="swiglu", bias="all", norm="layernorm", kv_heads=1),
                                    dict(activation="swiglu", bias="qkv", norm="rmsnorm", tied=False, embed_norm=True,
-                                        qk_norm="weighted", position="rope", softcap=5.0)])
+                                        qk_norm="weighted", position="rope", softcap=5.0),
+                                   dict(heads=4, head_dim=20, bias="qkv", kv_heads=2, activation="swiglu")])
 def test_every_part_goes_through_the_file_and_back(tmp_path, parts):
     """A model of the parts, saved and loaded: the same config, the same tensors under upstream-style
     names, and its export as safetensors names each."""
@@ -77,6 +78,12 @@ def test_the_parts_table_and_parameter_count_agree():
         assert ("ln_f_b" in names) == ("h2.ln2_b" in names) == (cfg.norm == "layernorm")
         assert ("h1.bq" in names) == (cfg.bias != "none") and ("h1.bo" in names) == (cfg.bias == "all")
         assert ("lm_head" in names) == (not cfg.tied) and ("h0.k_norm_g" in names) == (cfg.qk_norm == "weighted")
+    # heads set apart from the width (q 80 wide in 96, k and v 40): Wq, bq, Wo and the gains follow
+    cfg = preset("small", heads=4, head_dim=20, kv_heads=2, bias="qkv", qk_norm="weighted").validate()
+    shapes = {n: s for n, s, _ in param_shapes(cfg)}
+    assert (shapes["h0.Wq"], shapes["h0.bq"], shapes["h0.Wk"], shapes["h0.Wo"], shapes["h0.q_norm_g"]) == \
+        ((96, 80), (80,), (96, 40), (80, 96), (20,))
+    assert sum(int(np.prod(s)) for s in shapes.values()) == n_params(cfg) and not cfg.block.gpt2
 
 
 def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, corpus, capsys):
@@ -125,6 +132,9 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     (["--rope-theta", "500"], "--rope-theta is RoPE's base: give it with --position rope"),
     (["--position", "rope", "--heads", "2", "--d-model", "20"], "must be a multiple of 4"),
     (["--kv-heads", "2"], "--kv-heads must divide --heads (3)"),
+    (["--heads", "5"], "--heads (5) must divide --d-model (48); try --heads 4, or give --head-dim"),
+    (["--position", "rope", "--head-dim", "6"], "(--head-dim, or --d-model/--heads) = 6 must be a multiple of 4"),
+    (["--head-dim", "7", "--precision", "bf16"], "--precision bf16 needs --head-dim a multiple of 8, got 7"),
 ])
 def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, corpus, capsys, extra, needle):
     assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "x.tinygpt"),

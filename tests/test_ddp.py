@@ -160,18 +160,19 @@ def test_a_token_file_trains_as_its_text(start, tmp_path):
     assert got["tokens"] == got["text"]
 
 
-@pytest.mark.parametrize("block", ["nanochat", "llama"])
-def test_the_modern_blocks_go_webgpu_to_ddp_and_back(tmp_path, block):
+@pytest.mark.parametrize("block, more", [("nanochat", []), ("llama", ["--head-dim", "8"])])
+def test_the_modern_blocks_go_webgpu_to_ddp_and_back(tmp_path, block, more):
     """Each part in PyTorch's form (the mirror): nanochat's block (RoPE, QK-norm, ReLU², free RMSNorm
     also on the embedding, no biases, an untied head, the soft-cap) and Llama's (RMSNorm with gains,
-    SwiGLU) with one kv head step under DDP as on WebGPU, and come back with their block."""
+    SwiGLU; 3 heads of 8, q 24 wide in 48) with one kv head step under DDP as on WebGPU, and come back
+    with their block."""
     corpus = tmp_path / "c.txt"
     corpus.write_text("To be, or not to be, that is the question. " * 2500)
     f = tmp_path / "a.tinygpt"
     common = common_flags(corpus)
     assert main(["train", "--preset", "tiny", "--batch", "4", "--ctx", "16", "--steps", "4", "--out", str(f),
                  "--schedule", "constant", "--lr", "3e-3", "--optimizer", "adamw", "--block", block,
-                 "--kv-heads", "1", *common]) == 0
+                 "--kv-heads", "1", *more, *common]) == 0
     web, dd, d = hand_off(f, corpus, tmp_path, 7, 6)
     diff = max(abs(dd[s] - web[s]) for s in (5, 6))
     print(f"{block}: DDP's losses against WebGPU's for the same batches: max difference {diff:.2e}")

@@ -208,11 +208,14 @@ def check_greedy(gpu, plan, cfg, attention, prompt, n):
 @pytest.mark.parametrize("attention, parts", [("online", {}), ("naive", {}),
                                               ("online", dict(norm="rmsnorm_free", position="rope", activation="relu2",
                                                               bias="none", tied=False, qk_norm="free",
-                                                              kv_heads=1, softcap=3.0, embed_norm=True))])
+                                                              kv_heads=1, softcap=3.0, embed_norm=True)),
+                                              ("online", dict(heads=4, head_dim=8, kv_heads=2, position="rope",
+                                                              qk_norm="weighted", norm="rmsnorm"))])
 def test_greedy_cached_equals_full_window_and_reference(gpu, plan, attention, parts):
     """230 tokens with ctx 16: the window restarts 26 times, 200+ tokens past its first end. And a
-    rotary model's (with RMSNorm and ReLU²), whose step turns q and k at the decoded position."""
-    check_greedy(gpu, plan, preset("tiny", layers=2, d_model=24, heads=3, ctx=16, **parts), attention, [5, 17, 99],
+    rotary model's (with RMSNorm and ReLU²), whose step turns q and k at the decoded position; and
+    one whose 4 heads of 8 make q 32 wide in a width of 24 (the cache's kernels read their own uniform)."""
+    check_greedy(gpu, plan, preset("tiny", layers=2, d_model=24, ctx=16, **{"heads": 3, **parts}), attention, [5, 17, 99],
                  230)
 
 
@@ -237,7 +240,8 @@ def test_a_grouped_models_cache_holds_its_kv_heads_alone(gpu, plan):
 
 
 @pytest.mark.parametrize("half", ["bf16", "f16"])
-@pytest.mark.parametrize("parts", [{}, dict(heads=6, kv_heads=2, position="rope")])
+@pytest.mark.parametrize("parts", [{}, dict(heads=6, kv_heads=2, position="rope"),
+                                   dict(heads=4, head_dim=8, kv_heads=2, position="rope")])
 def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half, parts):
     """A bf16 or f16 model samples from its own cache (k, v as stored; a grouped model's holding its
     key/value heads alone): 100 greedy tokens with ctx 16 (the window restarts 11 times) equal the

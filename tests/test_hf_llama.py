@@ -76,6 +76,7 @@ def test_the_files_record_the_tokenizer_and_the_parts(imported):
     assert ck.extra["tokenizer"] == "hf" and ck.extra["tokenizerJson"].startswith("{")
     c = ck.header["config"]
     assert c["norm"] == "rmsnorm" and c["qkNorm"] == "weighted" and c["kvHeads"] == 1 and not c["tiedHead"]
+    assert c["headDim"] == 16 and ck.params["h0.Wq"].shape == (32, 64) and ck.params["h0.Wo"].shape == (64, 32)
     assert ckpt.load(imported["qwen2"]).header["config"]["bias"] == "qkv"
     assert ckpt.load(imported["llama"]).header["config"]["ropeTheta"] == 500000.0
 
@@ -135,6 +136,7 @@ def llama_model(**parts):
 
 @pytest.mark.parametrize("parts, arch", [({}, "LlamaForCausalLM"), ({"bias": "qkv", "tied": True}, "Qwen2ForCausalLM"),
                                          ({"qk_norm": "weighted", "kv_heads": 2}, "Qwen3ForCausalLM"),
+                                         ({"qk_norm": "weighted", "kv_heads": 2, "head_dim": 8}, "Qwen3ForCausalLM"),
                                          ({"bias": "all"}, "LlamaForCausalLM")])
 def test_export_then_import_is_the_identity(tmp_path, parts, arch):
     """Each block of the family exports as its architecture (without transformers) and reads back
@@ -166,7 +168,7 @@ def test_export_then_import_is_the_identity(tmp_path, parts, arch):
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters has rope_type 'yarn'"),
     ({"use_sliding_window": True}, "use_sliding_window"),
     ({"layer_types": ["sliding_attention", "full_attention"]}, "sliding"),
-    ({"head_dim": 8}, "head_dim 8 times 4 heads is not hidden_size 16"),
+    ({"head_dim": 200}, "head_dim 200; tinygpt's attention takes heads of 1 to 128 channels"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"attention_bias": True}, "attention_bias is set without its partner"),
     ({"num_key_value_heads": 3}, "kv"),

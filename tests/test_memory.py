@@ -51,12 +51,15 @@ def allocated(gpu, monkeypatch, build):
     # the blocks' parts (core.block): RoPE's table, QK-norm's and the embedding norm's saved inputs, the
     # ones, k and v of fewer heads, the gate, an untied head's table
     ("online", 2, 256, None, 24, "fp32 nanochat"), ("naive", 1, 2000, 600_000, 128, "bf16 llama lora"),
-    ("online", 1, 256, None, 24, "f16 nanochat recompute"), ("fused_sv", 1, 301, None, 24, "fp32 llama muon")])
+    ("online", 1, 256, None, 24, "f16 nanochat recompute"), ("fused_sv", 1, 301, None, 24, "fp32 llama muon"),
+    # heads of 16 channels set apart from the width: q and the attention 32 or 48 wide
+    ("naive", 1, 2000, 600_000, 128, "bf16 llama lora apart"), ("online", 2, 256, None, 24, "fp32 nanochat apart")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.core.lora import TARGETS, make_lora
     precision, *more = precision.split()
     recompute = "recompute" in more          # one set of block activations, shared by the layers
-    parts = {**BLOCKS.get(next((b for b in more if b in BLOCKS), "gpt2")), **({"kv_heads": 1} if "llama" in more else {})}
+    parts = {**BLOCKS.get(next((b for b in more if b in BLOCKS), "gpt2")), **({"kv_heads": 1} if "llama" in more else {}),
+             **({"head_dim": 16} if "apart" in more else {})}
     gated = "llama" in more
     lora = make_lora(8, targets=[t for t in TARGETS if gated or t != "gate"]) if "lora" in more else None
     from tinygpt.model.optimizers import make_settings

@@ -117,7 +117,11 @@ MODERN = {"rmsnorm": dict(norm="rmsnorm", norm_eps=1e-6), "rope": dict(position=
           "swiglu, no bias": dict(activation="swiglu", bias="none"), "embed rmsnorm free": dict(embed_norm=True, norm="rmsnorm_free"), "gqa, qk-norm, rope": dict(heads=4, kv_heads=2, qk_norm="weighted",
                                                                       position="rope"),
           "all": dict(norm="rmsnorm", position="rope", activation="relu2", bias="none", tied=False,
-                      qk_norm="weighted", heads=6, kv_heads=2, softcap=15.0, embed_norm=True)}
+                      qk_norm="weighted", heads=6, kv_heads=2, softcap=15.0, embed_norm=True),
+          # heads whose dim is set apart from d_model / heads: q and the attention 64 wide in a width of
+          # 48 (Qwen3-0.6B's shape, 16 x 128 in 1,024), or 24 wide with every projection's bias
+          "heads apart": dict(heads=4, head_dim=16, kv_heads=2, qk_norm="weighted", position="rope", bias="qkv"),
+          "heads apart, narrow": dict(head_dim=8)}
 
 
 @pytest.mark.parametrize("parts, attention, window", [(p, "online", 0) for p in MODERN] + [

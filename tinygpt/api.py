@@ -167,12 +167,12 @@ class GPT:
                     position: str | None = None, rope_theta: float | None = None, mlp: str | None = None,
                     bias: bool | None = None, untied_head: bool | None = None, qk_norm: str | None = None,
                     kv_heads: int | None = None, logit_softcap: float | None = None, embed_norm: bool | None = None,
-                    block: str | None = None, **kw) -> GPT:
+                    block: str | None = None, head_dim: int | None = None, **kw) -> GPT:
         """A new model of a preset's shape (core.config.PRESETS), its weights drawn as `tinygpt train`
         draws them from the seed; the shape options over it (batch: its training batch, which the
         trainer may change) and the block's parts (norm, norm_eps, position, rope_theta, mlp, bias,
-        untied_head, qk_norm, kv_heads, logit_softcap, embed_norm, or a set of them: block, gpt2 or
-        nanochat: core.block), checked as the CLI's flags are."""
+        untied_head, qk_norm, kv_heads, head_dim, logit_softcap, embed_norm, or a set of them: block,
+        gpt2, nanochat or llama: core.block), checked as the CLI's flags are."""
         model_keywords(kw, "GPT.from_preset", ("layers", "d_model", "heads", "ctx", "sliding_window", "batch",
                                                "tokenizer", "tokenizer_file", "seed") + tuple(PARTS))
         recipe = {k: v for k, v in dict(preset=name, layers=layers, d_model=d_model, heads=heads, ctx=ctx,
@@ -180,7 +180,7 @@ class GPT:
                                         tokenizer_file=tokenizer_file, seed=seed, norm=norm, norm_eps=norm_eps,
                                         position=position, rope_theta=rope_theta, mlp=mlp, bias=bias,
                                         untied_head=untied_head, qk_norm=qk_norm,
-                                        kv_heads=kv_heads, logit_softcap=logit_softcap,
+                                        kv_heads=kv_heads, logit_softcap=logit_softcap, head_dim=head_dim,
                                         embed_norm=embed_norm, block=block).items() if v is not None}
         o = train_options(recipe, "GPT.from_preset")
         cfg = preset(o.preset, layers=o.layers, d_model=o.d_model, heads=o.heads, ctx=o.ctx, seed=o.seed,
@@ -211,6 +211,7 @@ class GPT:
                                tokenizer=tokenizer, seed=config.seed, norm=config.norm, norm_eps=config.norm_eps,
                                position=config.position, mlp=config.activation, bias=config.block.bias.toggle,
                                untied_head=not config.tied, qk_norm=config.qk_norm, kv_heads=config.kv_heads or None,
+                               head_dim=config.head_dim or None,
                                logit_softcap=config.softcap, embed_norm=config.embed_norm,
                                rope_theta=config.rope_theta if config.block.position.rotary else None, **kw)
 

@@ -22,7 +22,8 @@ def describe_checkpoint(path) -> dict:
     last_train = next((h.get("train") for h in reversed(hist) if h.get("train") is not None), None)
     last_val = next((h.get("val") for h in reversed(hist) if h.get("val") is not None), None)
     return {"file": str(path), "bytes": os.path.getsize(path),
-            "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "ctx": cfg.ctx, "d_mlp": cfg.d_mlp,
+            "layers": cfg.layers, "d_model": cfg.d_model, "heads": cfg.heads, "head_dim": cfg.hd, "ctx": cfg.ctx,
+            "d_mlp": cfg.d_mlp,
             "activation": cfg.activation, "block": cfg.block.describe(), "sliding_window": cfg.window or None,
             "batch": cfg.batch,
             "grad_accum": int(ck.extra.get("gradAccum", 1)), "lr": cfg.lr, "grad_clip": cfg.grad_clip, "seed": cfg.seed,

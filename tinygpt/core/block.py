@@ -18,7 +18,8 @@ file and the memory plan read; nothing else compares a part's name.
     head      tied: the logits are the token table's product (GPT-2's); untied: a table of their
               own, lm_head [V, C] (Llama's, nanochat's)
     heads     H query heads and KV key/value heads, KV dividing H: each kv head serves H / KV query
-              heads (grouped-query attention; KV = 1 is multi-query, KV = H GPT-2's own)
+              heads (grouped-query attention; KV = 1 is multi-query, KV = H GPT-2's own); hd channels
+              each, d_model / H or set apart (q and the attention H hd wide, Wo [H hd, C]: Qwen3-0.6B's)
     softcap   0 (none), or the logits capped at +-cap: cap tanh(z / cap) (nanochat's, at 15)
     embed_norm the block's norm also right after the token embedding (nanochat's; ln_e)
     qk_norm   none (GPT-2's, Llama's); weighted: an RMSNorm over each head's q and each head's k,
@@ -93,10 +94,16 @@ class Heads:
     q: int               # query heads
     kv: int              # key/value heads, dividing q
     hd: int              # channels a head
+    apart: bool = False  # hd set apart from d_model / heads: q * hd is not the residual width (Qwen3-0.6B's)
 
     @property
     def grouped(self) -> bool:
         return self.kv < self.q
+
+    @property
+    def q_width(self) -> int:
+        """Channels of q and of the attention's output: q * hd."""
+        return self.q * self.hd
 
     @property
     def kv_width(self) -> int:
@@ -144,16 +151,17 @@ class Block:
     @property
     def gpt2(self) -> bool:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
-        a learned table, a GELU of either form."""
+        a learned table, a GELU of either form, every head its own keys and values, d_model / heads wide."""
         return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
                 and self.bias is BIASES["all"] and self.tied and not self.qk_norm.on and not self.heads.grouped
-                and not self.softcap and not self.embed_norm)
+                and not self.heads.apart and not self.softcap and not self.embed_norm)
 
     def describe(self) -> str:
         """One line for the banner, info and plan."""
         pos = f"rope (theta {self.rope_theta:g})" if self.position.rotary else self.position.name
         qk = f", qk-norm {self.qk_norm.name}" if self.qk_norm.on else ""
         qk += f", {self.heads.kv} kv heads" if self.heads.grouped else ""
+        qk += f", {self.heads.q} heads of {self.heads.hd}" if self.heads.apart else ""
         qk += f", logits capped at {self.softcap:g}" if self.softcap else ""
         qk += ", normed embedding" if self.embed_norm else ""
         return f"{self.norm.name} (eps {self.eps:g}), {pos}, {self.mlp.name}, {self.bias.label}, " + \
@@ -162,6 +170,7 @@ class Block:
 
 def block_of(cfg) -> Block:
     """The Block a config names (Config.validate has checked the names)."""
+    heads = Heads(cfg.heads, cfg.n_kv, cfg.hd, cfg.hd * cfg.heads != cfg.d_model)
     return Block(NORMS[cfg.norm], POSITIONS[cfg.position], MLPS[cfg.activation], BIASES[cfg.bias], bool(cfg.tied),
-                 QK_NORMS[cfg.qk_norm], Heads(cfg.heads, cfg.n_kv, cfg.head_dim), float(cfg.softcap),
-                 bool(cfg.embed_norm), float(cfg.rope_theta), float(cfg.norm_eps))
+                 QK_NORMS[cfg.qk_norm], heads, float(cfg.softcap), bool(cfg.embed_norm), float(cfg.rope_theta),
+                 float(cfg.norm_eps))

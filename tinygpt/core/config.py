@@ -92,14 +92,17 @@ class Config:
     kv_heads: int = 0           # key/value heads, dividing heads (grouped-query attention); 0: heads
     softcap: float = 0.0        # the logits capped at +-softcap (cap tanh(z / cap)); 0: not capped
     embed_norm: bool = False    # the block's norm right after the token embedding (nanochat's)
+    head_dim: int = 0           # channels a head where they are not d_model / heads (Qwen3-0.6B's 16 x 128 in a
+                                # width of 1,024): q's and the attention's width is heads x head_dim; 0: d_model / heads
 
     def __post_init__(self):
         if not self.d_mlp:
             self.d_mlp = 4 * self.d_model
 
     @property
-    def head_dim(self) -> int:
-        return self.d_model // self.heads
+    def hd(self) -> int:
+        """Channels a head: head_dim, or d_model / heads."""
+        return self.head_dim or self.d_model // self.heads
 
     @property
     def n_kv(self) -> int:
@@ -125,12 +128,16 @@ class Config:
                 raise ConfigError(f"{{opt:{name}}} must be a positive whole number, got {v!r}")
             if v > most:
                 raise ConfigError(f"{{opt:{name}}} {v:,} is more than this tinygpt allows ({most:,})")
-        if self.d_model % self.heads:
+        hd = self.head_dim
+        if isinstance(hd, bool) or not isinstance(hd, int) or not 0 <= hd <= 128:
+            raise ConfigError(f"{{opt:head_dim}} must be a whole number from 1 to 128 (0 or absent: "
+                              f"{{opt:d_model}} / {{opt:heads}}), got {hd!r}")
+        if not hd and self.d_model % self.heads:
             fit = next(h for h in range(min(self.heads, self.d_model), 0, -1) if self.d_model % h == 0)
             raise ConfigError(f"{{opt:heads}} ({self.heads}) must divide {{opt:d_model}} ({self.d_model}); "
-                              f"try {{opt:heads}} {fit}")
-        if self.head_dim > 128:
-            raise ConfigError(f"head dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} exceeds 128; "
+                              f"try {{opt:heads}} {fit}, or give {{opt:head_dim}}")
+        if self.hd > 128:
+            raise ConfigError(f"head dim {{opt:d_model}}/{{opt:heads}} = {self.hd} exceeds 128; "
                               "use more {opt:heads}")
         n = n_params(self)
         if n > MAX_PARAMS:
@@ -161,9 +168,10 @@ class Config:
         for name in ("tied", "embed_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} is true or false, got {getattr(self, name)!r}")
-        if self.block.position.rotary and self.head_dim % 4:
+        if self.block.position.rotary and self.hd % 4:
             raise ConfigError(f"{{opt:position}} rope turns each head's channels in pairs four at a time: the head "
-                              f"dim {{opt:d_model}}/{{opt:heads}} = {self.head_dim} must be a multiple of 4")
+                              f"dim ({{opt:head_dim}}, or {{opt:d_model}}/{{opt:heads}}) = {self.hd} must be a "
+                              "multiple of 4")
         return self
 
 
@@ -178,6 +186,8 @@ def preset(name: str, **overrides) -> Config:
             setattr(cfg, k, v)
     if overrides.get("d_mlp") is None:
         cfg.d_mlp = mlp_width(cfg.d_model, cfg.activation)
+    if cfg.head_dim and cfg.head_dim * cfg.heads == cfg.d_model:
+        cfg.head_dim = 0            # d_model / heads: the default's value, as a file records it
     return cfg
 
 
@@ -195,14 +205,15 @@ def param_shapes(cfg: Config):
         ([(n + "_b", (C,), False)] if blk.norm.bias else [])
     lin = lambda p, W, b, shape: [(p + W, shape, True)] + ([(p + b, shape[1:], False)] if b in blk.bias.vectors else [])
     KVC = blk.heads.kv_width                                        # k's and v's width (grouped-query attention)
+    QC = blk.heads.q_width                                          # q's and the attention's: heads x head dim
     shapes = [("tok_emb", (V, C), True)] + ([("pos_emb", (T, C), True)] if blk.position.table else [])
     shapes += (norm("ln_e") if blk.embed_norm else []) + norm("ln_f")
     for l in range(cfg.layers):
         p = f"h{l}."
-        qk = [(p + "q_norm_g", (cfg.head_dim,), False), (p + "k_norm_g", (cfg.head_dim,), False)] \
+        qk = [(p + "q_norm_g", (cfg.hd,), False), (p + "k_norm_g", (cfg.hd,), False)] \
             if blk.qk_norm.weights else []
-        shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, C)) + lin(p, "Wk", "bk", (C, KVC))
-                   + lin(p, "Wv", "bv", (C, KVC)) + qk + lin(p, "Wo", "bo", (C, C)) + norm(p + "ln2")
+        shapes += (norm(p + "ln1") + lin(p, "Wq", "bq", (C, QC)) + lin(p, "Wk", "bk", (C, KVC))
+                   + lin(p, "Wv", "bv", (C, KVC)) + qk + lin(p, "Wo", "bo", (QC, C)) + norm(p + "ln2")
                    + (lin(p, "fc_gate_W", "fc_gate_b", (C, M)) if blk.mlp.gated else [])
                    + lin(p, "fc_in_W", "fc_in_b", (C, M)) + lin(p, "fc_out_W", "fc_out_b", (M, C)))
     return shapes + ([] if blk.tied else [("lm_head", (V, C), True)])     # an untied head's table last
@@ -212,11 +223,11 @@ def n_params(cfg: Config) -> int:
     """The sum over param_shapes, by arithmetic (no table is built, whatever the sizes)."""
     V, C, T, M, L, blk = cfg.vocab, cfg.d_model, cfg.ctx, cfg.d_mlp, cfg.layers, cfg.block
     norm = (int(blk.norm.bias) + int(blk.norm.weights)) * C
-    KVC = blk.heads.kv_width
-    biases = sum({"fc_in_b": M, "fc_gate_b": M * blk.mlp.gated, "bk": KVC, "bv": KVC}.get(b, C)
+    KVC, QC = blk.heads.kv_width, blk.heads.q_width
+    biases = sum({"fc_in_b": M, "fc_gate_b": M * blk.mlp.gated, "bq": QC, "bk": KVC, "bv": KVC}.get(b, C)
                  for b in blk.bias.vectors)
-    qk = 2 * cfg.head_dim if blk.qk_norm.weights else 0
+    qk = 2 * cfg.hd if blk.qk_norm.weights else 0
     mlp = (3 if blk.mlp.gated else 2) * C * M
-    per_layer = 2 * C * C + 2 * C * KVC + mlp + 2 * norm + biases + qk   # Wq..Wo, the MLP's; norms; biases; gains
+    per_layer = 2 * C * QC + 2 * C * KVC + mlp + 2 * norm + biases + qk   # Wq..Wo, the MLP's; norms; biases; gains
     return (V * C * (1 if blk.tied else 2) + (T * C if blk.position.table else 0) + norm * (2 if blk.embed_norm else 1)
             + L * per_layer)

@@ -64,8 +64,9 @@ def make_lora(rank: int, alpha: float | None = None, targets=None, biases: bool 
 
 def shapes(cfg: Config, W: str) -> tuple[int, int]:
     """(in, out) of one of the block's matrices."""
-    C, M, KVC = cfg.d_model, cfg.d_mlp, cfg.block.heads.kv_width
-    return {"fc_gate_W": (C, M), "fc_in_W": (C, M), "fc_out_W": (M, C), "Wk": (C, KVC), "Wv": (C, KVC)}.get(W, (C, C))
+    C, M, hs = cfg.d_model, cfg.d_mlp, cfg.block.heads
+    return {"fc_gate_W": (C, M), "fc_in_W": (C, M), "fc_out_W": (M, C), "Wq": (C, hs.q_width), "Wk": (C, hs.kv_width),
+            "Wv": (C, hs.kv_width), "Wo": (hs.q_width, C)}[W]
 
 
 def adapter_name(l: int, W: str, which: str) -> str:

@@ -43,8 +43,8 @@ def kernel_flops(entry: str, uniform) -> float | None:
     return None
 
 
-def model_flops_per_token(n_params: int, layers: int, d_model: int, ctx: int) -> float:
+def model_flops_per_token(n_params: int, layers: int, width: int, ctx: int) -> float:
     """Training FLOPs per token as PaLM (appendix B) and nanoGPT count them for MFU: 6N for the
     weights' forward and backward, plus 12 L C T for attention's two products (not halved for the
-    causal mask, to compare with their figures)."""
-    return 6.0 * n_params + 12.0 * layers * d_model * ctx
+    causal mask, to compare with their figures); C the attention's width, heads x head dim."""
+    return 6.0 * n_params + 12.0 * layers * width * ctx

@@ -158,6 +158,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
                   "logitSoftcap": blk.softcap, "embedNorm": blk.embed_norm})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
+        if blk.heads.apart:           # q's width heads x headDim, not dModel
+            c["headDim"] = blk.heads.hd
     return c
 
 
@@ -214,9 +216,11 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  window=window, rope_theta=_number(c, "ropeTheta", ROPE_THETA, float, what),
                  norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=flags["tiedHead"],
                  embed_norm=flags["embedNorm"], softcap=_number(c, "logitSoftcap", 0.0, float, what),
-                 kv_heads=_number(c, "kvHeads", 0, int, what), **parts)
+                 kv_heads=_number(c, "kvHeads", 0, int, what), head_dim=_number(c, "headDim", 0, int, what), **parts)
     if cfg.kv_heads == cfg.heads:       # one a query head: the default's value
         cfg.kv_heads = 0
+    if cfg.head_dim * cfg.heads == cfg.d_model:     # d_model / heads: the default's value
+        cfg.head_dim = 0
     try:
         cfg.validate()
     except ValueError as e:

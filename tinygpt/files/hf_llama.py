@@ -113,14 +113,10 @@ def _bias(family: Family, c: dict, label: str) -> str:
     return family.biases[0].name
 
 
-def _check_fields(c: dict, label: str, C: int, H: int):
+def _check_fields(c: dict, label: str):
     """The fields that change what the model computes in ways tinygpt does not, each refused by name."""
     if c.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{label}: hidden_act {show(c.get('hidden_act'))}; this family's MLP is SwiGLU (silu)")
-    hd = field(c, "head_dim", C // H, int, label)
-    if hd * H != C:
-        raise CheckpointError(f"{label}: head_dim {hd} times {H} heads is not hidden_size {C}; tinygpt's heads split "
-                              "the width")
     if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or ()):
         raise CheckpointError(f"{label}: use_sliding_window / layer_types: some layers attend through a sliding "
                               "window, which tinygpt does not honour per layer")
@@ -138,17 +134,20 @@ def _config(family: Family, c: dict, label: str, ctx: int | None = None) -> Conf
     C, H = num("hidden_size"), num("num_attention_heads")
     if C <= 0 or H <= 0:
         raise CheckpointError(f"{label}: hidden_size {C} and num_attention_heads {H} must be positive")
-    _check_fields(c, label, C, H)
+    _check_fields(c, label)
     n_ctx = num("max_position_embeddings")
     if ctx is not None and not 0 < ctx <= n_ctx:
         raise CheckpointError(f"{label}: a context of {ctx:,}; this model takes 1 to its max_position_embeddings, "
                               f"{n_ctx:,}")
     kv = num("num_key_value_heads", H)
+    hd = num("head_dim", C // H if C % H == 0 else None)      # q's width H hd: apart from C where they differ
+    if not 0 < hd <= 128:
+        raise CheckpointError(f"{label}: head_dim {hd}; tinygpt's attention takes heads of 1 to 128 channels")
     cfg = Config(layers=num("num_hidden_layers"), d_model=C, heads=H, ctx=ctx or n_ctx, d_mlp=num("intermediate_size"),
                  vocab=num("vocab_size"), batch=1, activation="swiglu", norm="rmsnorm", position="rope",
                  rope_theta=_rope(c, label), norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
                  bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm.name,
-                 kv_heads=0 if kv == H else kv)
+                 kv_heads=0 if kv == H else kv, head_dim=0 if hd * H == C else hd)
     check_size(cfg, label, _DIMS)
     return cfg
 
@@ -170,7 +169,7 @@ def _config_json(family: Family, cfg: Config, tok) -> dict:
     eos = tok.eos_id if tok is not None else None
     out = {"architectures": [family.name], "model_type": family.model_type, "vocab_size": cfg.vocab,
            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_mlp, "num_hidden_layers": cfg.layers,
-           "num_attention_heads": cfg.heads, "num_key_value_heads": blk.heads.kv, "head_dim": cfg.head_dim,
+           "num_attention_heads": cfg.heads, "num_key_value_heads": blk.heads.kv, "head_dim": cfg.hd,
            "hidden_act": "silu", "max_position_embeddings": cfg.ctx, "rms_norm_eps": blk.eps,
            # both spellings: the hub's (transformers 4) and today's transformers'
            "rope_theta": blk.rope_theta, "rope_scaling": None,

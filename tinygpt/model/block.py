@@ -221,9 +221,10 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     rot: where RoPE turns q and k (a rotary model's)."""
     lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
     hs = pk.block.heads
+    QC = hs.q_width                                     # q's and the attention's width (C, or H hd set apart)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
     for i, (n, t, t_in) in enumerate(zip("qkv", a.qkv, a.att_in)):
-        width = C if n == "q" else hs.kv_width         # k, v: KV heads (grouped-query attention)
+        width = QC if n == "q" else hs.kv_width        # k, v: KV heads (grouped-query attention)
         own = a.kv[i - 1] if a.kv and n != "q" else t   # where the projection's heads are stored
         if a.qk_raw and n != "v":                      # QK-norm: float32 q (k), each head normed into own
             ds += lin("W" + n, a.ln1, "b" + n, a.qk_raw[i], width, C)
@@ -237,10 +238,10 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
                 ds += rot.forward(kn, own, rows, width)
         if own is not t:                                # each kv head copied to its query heads
             ds.append(kn.kv_expand(own, t, rows, hs.q, hs.kv, hs.hd))
-        ds += pk.convert(t, t_in, rows * C)
+        ds += pk.convert(t, t_in, rows * QC)
     ds += attend(*a.att_in, a.att_out)
-    ds += pk.convert(a.att_out, a.ctx, rows * C)
-    ds += lin("Wo", a.ctx, "bo", a.tmp, C, C)
+    ds += pk.convert(a.att_out, a.ctx, rows * QC)
+    ds += lin("Wo", a.ctx, "bo", a.tmp, C, QC)
     ds += [kn.add(a.x, a.tmp, a.x_mid, rows * C),
            pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C)]
     ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
@@ -277,9 +278,11 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     lin = lambda name, bias, x, dy, dx, N, K, acc=False: linear_backward(kn, pk, lo, G, name, bias, x, w.W[name], dy,
                                                                          dx, rows, N, K, acc)
     ln_dgb = lambda x, stats, ln: [pk.norm_dgb(g.dln, x, stats, G[ln], rows, C)] if ln in G else []
-    ds = pk.convert(a.ctx, a.att_out, rows * C)            # refill what the attention reads in float32
+    hs = pk.block.heads
+    QC = hs.q_width
+    ds = pk.convert(a.ctx, a.att_out, rows * QC)           # refill what the attention reads in float32
     for t, t_in in zip(a.qkv, a.att_in):
-        ds += pk.convert(t, t_in, rows * C)
+        ds += pk.convert(t, t_in, rows * QC)
     ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
     ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M, a.gate, g.dgate))
     ds += lin("fc_in_W", "fc_in_b", a.ln2, g.dpre, g.dln, M, C)
@@ -287,14 +290,13 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
         ds += lin("fc_gate_W", "fc_gate_b", a.ln2, g.dgate, g.dln, M, C, True)
     ds += ln_dgb(a.x_mid, a.ln2s, "ln2")
     ds.append(pk.norm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
-    ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, C)
+    ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, QC)
     ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv)
-    hs = pk.block.heads
     dqkv = g.dqkv
     if a.kv:                                      # each kv head's gradient: the sum over its query heads
         ds += [kn.kv_reduce(d, dkv, rows, hs.q, hs.kv, hs.hd) for d, dkv in zip(g.dqkv[1:], g.dkv)]
         dqkv = (g.dqkv[0],) + tuple(g.dkv)
-    widths = (C, hs.kv_width, hs.kv_width)
+    widths = (QC, hs.kv_width, hs.kv_width)
     for i, (n, d, width) in enumerate(zip("qkv", dqkv, widths)):
         turned = rot is not None and n != "v"
         if a.qk_raw and n != "v":                   # back through QK-norm, into the float32 q (k)'s gradient

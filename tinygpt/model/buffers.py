@@ -6,6 +6,7 @@ rows (budget.py), so the budget equals the allocation by construction. `sizes` g
 symbols their values for one run; `flags` says which conditional rows exist.
 
 Symbols: B windows a micro-batch, T positions, BT = B*T rows, C d_model, M the MLP width, H heads,
+QC = H * hd the width of q and of the attention's output (C, unless the head dim is set apart),
 L layers, VP the padded vocabulary, F the floats of a flat parameter buffer (model.layout), and
 a few derived counts named where they are defined in sizes(). The decode step's table uses N
 sequences and the cache's T = ctx.
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from ..core.config import Config
-from ..core.lora import LoRA, trainable_shapes
+from ..core.lora import LoRA, shapes as lora_shapes, trainable_shapes
 from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK, GATE_FLOATS
@@ -65,7 +66,7 @@ MODEL = (
     # RoPE's (cos, sin) [ctx, hd/2, 2] (core.rope), written once: a rotary model's, and its decode step's;
     # the gains of a norm without weights (ones: nanochat's norms, its QK-norm)
     Buffer("rope table",    ("ctx", "hd"),           "f32",     "model",        "constants", "rotary"),
-    Buffer("ones",          ("C",),                  "f32",     "model",        "constants", "ones"),
+    Buffer("ones",          ("ones",),               "f32",     "model",        "constants", "ones"),
     # the block's activations (model.block): the residual stream in f32, the matmuls' operands as stored
     Buffer("x",             ("BT", "C"),             "f32",     "per layer + 1", A),
     Buffer("x emb",         ("BT", "C"),             "f32",     "step",         A, "embed norm"),   # before its norm
@@ -73,21 +74,21 @@ MODEL = (
     Buffer("x mid",         ("BT", "C"),             "f32",     "per layer",    A),
     Buffer("ln1",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln1 stats",     (2, "BT"),               "f32",     "per layer",    A),
-    Buffer("q",             ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("q",             ("BT", "QC"),            "stored",  "per layer",    A),
     # k and v as the attention reads them (each kv head copied to its query heads); a grouped model's
     # sampler keeps the projections' own instead, its key/value cache ("kv cache", below)
-    Buffer("k",             ("BT", "C"),             "stored",  "per layer",    A, "expanded kept"),
-    Buffer("v",             ("BT", "C"),             "stored",  "per layer",    A, "expanded kept"),
-    Buffer("k",             ("BT", "C"),             "stored",  "layers' scratch", A, "kv cache"),
-    Buffer("v",             ("BT", "C"),             "stored",  "layers' scratch", A, "kv cache"),
-    Buffer("ctx",           ("BT", "C"),             "stored",  "per layer",    A),
+    Buffer("k",             ("BT", "QC"),            "stored",  "per layer",    A, "expanded kept"),
+    Buffer("v",             ("BT", "QC"),            "stored",  "per layer",    A, "expanded kept"),
+    Buffer("k",             ("BT", "QC"),            "stored",  "layers' scratch", A, "kv cache"),
+    Buffer("v",             ("BT", "QC"),            "stored",  "layers' scratch", A, "kv cache"),
+    Buffer("ctx",           ("BT", "QC"),            "stored",  "per layer",    A),
     Buffer("ln2",           ("BT", "C"),             "stored",  "per layer",    A),
     Buffer("ln2 stats",     (2, "BT"),               "f32",     "per layer",    A),
     Buffer("pre",           ("BT", "M"),             "stored",  "per layer",    A),
     Buffer("gel",           ("BT", "M"),             "stored",  "per layer",    A),
     Buffer("mlp gate",      ("BT", "M"),             "stored",  "per layer",    A, "gated"),   # a gated MLP's
     # QK-norm's input: the projections' float32 q and k, and each head's row statistics
-    Buffer("q raw",         ("BT", "C"),             "f32",     "per layer",    A, "qk norm"),
+    Buffer("q raw",         ("BT", "QC"),            "f32",     "per layer",    A, "qk norm"),
     Buffer("k raw",         ("BT", "KVC"),           "f32",     "per layer",    A, "qk norm"),
     Buffer("q norm stats",  (2, "BTH"),              "f32",     "per layer",    A, "qk norm"),
     Buffer("k norm stats",  (2, "BTKV"),             "f32",     "per layer",    A, "qk norm"),
@@ -97,10 +98,10 @@ MODEL = (
     Buffer("k kv",          ("BT", "KVC"),           "stored",  "per layer",    A, "kv cache"),
     Buffer("v kv",          ("BT", "KVC"),           "stored",  "per layer",    A, "kv cache"),
     # float32 copies for the attention kernels that do not read what is stored
-    Buffer("q f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
-    Buffer("k f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
-    Buffer("v f32",         ("BT", "C"),             "f32",     "shared",       A, "attention reads f32"),
-    Buffer("ctx f32",       ("BT", "C"),             "f32",     "shared",       A, "converts"),
+    Buffer("q f32",         ("BT", "QC"),            "f32",     "shared",       A, "attention reads f32"),
+    Buffer("k f32",         ("BT", "QC"),            "f32",     "shared",       A, "attention reads f32"),
+    Buffer("v f32",         ("BT", "QC"),            "f32",     "shared",       A, "attention reads f32"),
+    Buffer("ctx f32",       ("BT", "QC"),            "f32",     "shared",       A, "converts"),
     Buffer("branch out",    ("BT", "C"),             "f32",     "shared",       A),
     # LoRA: s (x A^T) of each target, saved (one [BT, R] block per target, 256-byte aligned); the
     # unscaled product; a 16-bit output's float32 sum before it is rounded
@@ -121,11 +122,11 @@ MODEL = (
     Buffer("d act",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
     Buffer("d pre",         ("BT", "M"),             "f32",     "shared",       BW, "training"),
     Buffer("d mlp gate",    ("BT", "M"),             "f32",     "shared",       BW, "training, gated"),
-    Buffer("d ctx",         ("BT", "C"),             "f32",     "shared",       BW, "training"),
-    Buffer("dq",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
-    Buffer("dk",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
-    Buffer("dv",            ("BT", "C"),             "f32",     "shared",       BW, "training"),
-    Buffer("d qk raw",      ("BT", "C"),             "f32",     "shared",       BW, "training, qk norm"),
+    Buffer("d ctx",         ("BT", "QC"),            "f32",     "shared",       BW, "training"),
+    Buffer("dq",            ("BT", "QC"),            "f32",     "shared",       BW, "training"),
+    Buffer("dk",            ("BT", "QC"),            "f32",     "shared",       BW, "training"),
+    Buffer("dv",            ("BT", "QC"),            "f32",     "shared",       BW, "training"),
+    Buffer("d qk raw",      ("BT", "QC"),            "f32",     "shared",       BW, "training, qk norm"),
     Buffer("dk kv",         ("BT", "KVC"),           "f32",     "shared",       BW, "training, grouped"),
     Buffer("dv kv",         ("BT", "KVC"),           "f32",     "shared",       BW, "training, grouped"),
     Buffer("lora gs",       ("BT", "R"),             "f32",     "shared",       BW, "lora"),
@@ -148,15 +149,15 @@ DECODE = (
     Buffer("ln",            ("N", "C"),              "stored",  "shared",       S, "cache"),
     Buffer("ln stats",      (2, "N"),                "f32",     "shared",       S, "cache"),
     Buffer("branch out",    ("N", "C"),              "f32",     "shared",       S, "cache"),
-    Buffer("q",             ("N", "C"),              "stored",  "shared",       S, "cache"),
+    Buffer("q",             ("N", "QC"),             "stored",  "shared",       S, "cache"),
     Buffer("k",             ("N", "KVC"),            "stored",  "shared",       S, "cache"),   # the kv heads'
     Buffer("v",             ("N", "KVC"),            "stored",  "shared",       S, "cache"),
-    Buffer("att",           ("N", "C"),              "stored",  "shared",       S, "cache"),
-    Buffer("att f32",       ("N", "C"),              "f32",     "shared",       S, "cache, converts"),
+    Buffer("att",           ("N", "QC"),             "stored",  "shared",       S, "cache"),
+    Buffer("att f32",       ("N", "QC"),             "f32",     "shared",       S, "cache, converts"),
     Buffer("pre",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("gel",           ("N", "M"),              "stored",  "shared",       S, "cache"),
     Buffer("mlp gate",      ("N", "M"),              "stored",  "shared",       S, "cache, gated"),
-    Buffer("q raw",         ("N", "C"),              "f32",     "shared",       S, "cache, qk norm"),
+    Buffer("q raw",         ("N", "QC"),             "f32",     "shared",       S, "cache, qk norm"),
     Buffer("k raw",         ("N", "KVC"),            "f32",     "shared",       S, "cache, qk norm"),
     Buffer("q norm stats",  (2, "NH"),               "f32",     "shared",       S, "cache, qk norm"),
     Buffer("k norm stats",  (2, "NKV"),              "f32",     "shared",       S, "cache, qk norm"),
@@ -182,9 +183,10 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
     F = param_layout(cfg, trainable_shapes(cfg, lora))[1] if lora else FB
     R = lora.rank if lora else 0
     chunks = head_chunks(B, T, H, max_binding)
-    return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.head_dim, "M": cfg.d_mlp,
+    return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.hd, "M": cfg.d_mlp,
             "H": H, "L": cfg.layers, "V": V, "VP": VP,
-            "F": F, "FB": FB, "R": R, "LY": cfg.d_mlp if lora and {"fc_in_W", "fc_gate_W"} & set(lora.targets) else C,
+            "F": F, "FB": FB, "R": R, "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
+            "QC": cfg.block.heads.q_width, "ones": max(C, cfg.hd),       # the gains of ones: a norm's, QK-norm's
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
             "batch": batch_layout(B * T, V)[1],
             "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch

@@ -69,6 +69,9 @@ class Decoder:
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
         self.rope_uniforms = []                               # the step's RoPE dispatches' (rotary models)
+        # the cache's kernels read C as q's width: a model whose head dim is set apart (H hd, not
+        # d_model) gives them a uniform of their own
+        self.attn_uniform = gpu.uniform(DECODE_UNIFORM_BYTES) if cfg.block.heads.apart else self.uniform
         if self.cache:
             self.steps = self._record_step()
             if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
@@ -83,7 +86,7 @@ class Decoder:
         """One token of every sequence: embed, every block with the cache as its attention, the
         final LayerNorm, the head and the draw."""
         cfg, kn, m, b, u, N = self.cfg, self.kn, self.model, self.buf, self.uniform, self.N
-        C, H, M = cfg.d_model, cfg.heads, cfg.d_mlp
+        C, H, M, ua = cfg.d_model, cfg.heads, cfg.d_mlp, self.attn_uniform
         head = Head(kn, m.pk, m.P["tok_emb"], m.read[cfg.block.head], C, N, b.get("head block"))
         # one uniform per chunk of the token table (embed_decode reads which rows it holds there);
         # the first is every other kernel's
@@ -110,8 +113,8 @@ class Decoder:
         for l in range(cfg.layers):
             # the prefill's k, v as projected [N, T, W]: the cache
             kc, vc = (m.buf["k kv"][l], m.buf["v kv"][l]) if grouped else (m.buf["k"][l], m.buf["v"][l])
-            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, W, u),
-                                                        attn(q, kc, vc, out, b["scores"], N, H, u, window)]
+            attend = lambda q, k, v, out, kc=kc, vc=vc: [append(k, v, kc, vc, N, W, ua),
+                                                        attn(q, kc, vc, out, b["scores"], N, H, ua, window)]
             acts = BlockActs(x, b["x mid"], other, b["ln"], b["ln stats"], qkv, b["att"], b["ln"], b["ln stats"],
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
                              gate=b.get("mlp gate"))
@@ -132,10 +135,13 @@ class Decoder:
         cfg = self.cfg
         for u, packed in self.rope_uniforms:          # the turns at the decoded position
             self.gpu.write_uniform(u, rope_at(packed, pos))
+        at = lambda C, v0=0, vn=None: decode_uniform(
+            self.N, cfg.ctx, C, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0, row_stride, how["seed"],
+            how["temperature"], how["top_p"], v0, vn, cfg.n_kv)
         for v0, vn, u in self.embed_uniforms:
-            self.gpu.write_uniform(u, decode_uniform(
-                self.N, cfg.ctx, cfg.d_model, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0,
-                row_stride, how["seed"], how["temperature"], how["top_p"], v0, vn, cfg.n_kv))
+            self.gpu.write_uniform(u, at(cfg.d_model, v0, vn))
+        if self.attn_uniform is not self.uniform:
+            self.gpu.write_uniform(self.attn_uniform, at(cfg.block.heads.q_width))
 
     def _prefill(self, seqs, s: int, length: int):
         """Keys and values of positions s .. length-2 of every sequence into the cache."""

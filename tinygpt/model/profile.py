@@ -51,7 +51,7 @@ def profile_step(model: Model, x, y, lr: float = 3e-4, repeats: int = 5, peaks: 
     total = float(ms.sum())
     cfg = model.cfg
     tokens = model.B * model.T
-    mflops = model_flops_per_token(n_params(cfg), cfg.layers, cfg.d_model, model.T) * tokens
+    mflops = model_flops_per_token(n_params(cfg), cfg.layers, cfg.block.heads.q_width, model.T) * tokens
     summary = {"ms": total, "tokens": tokens, "model_gflops": mflops / 1e9}
     with_peaks(rows, summary, peaks)
     return rows, summary

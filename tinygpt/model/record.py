@@ -29,16 +29,19 @@ def check_fits(m):
     """What the kernels cannot take, refused before anything is allocated."""
     cfg, g = m.cfg, m.gpu
     problem = m.precision.problem(cfg.d_model, cfg.d_mlp) or precision_problem(g, m.precision)
+    hs, wm = cfg.block.heads, m.precision.width_multiple
+    if not problem and hs.apart and hs.hd % wm:      # a head dim set apart: q's width is H hd, not d_model
+        problem = f"{{opt:precision}} {m.precision.name} needs {{opt:head_dim}} a multiple of {wm}, got {hs.hd}"
     if problem:                                      # a usage error: the width or precision option
         raise UsageError(problem)
     g.check_loop(m.B * m.T, "batch x ctx (rows reduced by the bias and LayerNorm gradients)")
     if cfg.block.qk_norm.on:
         g.check_loop(m.B * m.T * cfg.heads, "batch x ctx x heads (rows reduced by QK-norm's gain gradients)")
         wm = m.precision.width_multiple
-        if cfg.head_dim % wm:
+        if cfg.hd % wm:
             raise UsageError(f"{{opt:precision}} {m.precision.name} with {{opt:qk_norm}} needs a head dim that is a "
-                             f"multiple of {wm} (its norm's kernels' width), got {cfg.head_dim}")
-    m.attention.check(m.T, cfg.d_model, cfg.heads)
+                             f"multiple of {wm} (its norm's kernels' width), got {cfg.hd}")
+    m.attention.check(m.T, hs.q_width, cfg.heads)
     m.attention.check_fits(m.B, m.T, g.max_binding)
     lo = m.lora
     if lo and m.precision.width_multiple > 1 and lo.rank % m.precision.width_multiple:
@@ -51,7 +54,7 @@ def check_fits(m):
 
 def layer_attention(m, l: int) -> attn.Attention:
     cfg, a = m.cfg, m.attention
-    return a.bind(m.kn, m.B, m.T, cfg.d_model, cfg.heads, a.scratch(m.buf, m.size, l),
+    return a.bind(m.kn, m.B, m.T, cfg.block.heads.q_width, cfg.heads, a.scratch(m.buf, m.size, l),
                   cfg.attn_window)
 
 
@@ -94,7 +97,7 @@ def block_acts(m, l: int) -> BlockActs:
 def rotary(m, T: int) -> Rotary | None:
     """Where RoPE turns a rotary model's q and k, rows repeating T positions (None: a learned table's)."""
     table = m.buf.get("rope table")
-    return Rotary(table, T, m.cfg.head_dim) if table is not None else None
+    return Rotary(table, T, m.cfg.hd) if table is not None else None
 
 
 def batch_view(m, part: str) -> Tensor:

@@ -145,7 +145,7 @@ def verify(gpu: GPU, plan: KernelPlan, spec: RunSpec, again: bool = False) -> No
                 f"one of the kernels {listed} disagrees" if names else "a kernel of this run disagrees"
             off = "not finite" if worst == np.inf else f"{worst:.3g} times its tolerance off"
             avoid = f"; {how} avoids it" if how else ""
-            seen[key] = (f"{what} with the float64 reference on {gpu.name} (head dim {cfg.head_dim}, T={copy.T}: "
+            seen[key] = (f"{what} with the float64 reference on {gpu.name} (head dim {cfg.hd}, T={copy.T}: "
                          f"{tensor} {off}); the driver's shader cache may hold code built for other settings: "
                          f"delete {separate_shader_caches()} or run with MESA_SHADER_CACHE_DISABLE=true{avoid}")
     if seen[key]:

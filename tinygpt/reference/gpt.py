@@ -42,14 +42,14 @@ def _parts(cfg: Config, T: int, dtype):
         act_grad = lambda x, dy, gate: (getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options), None)
     if not blk.position.rotary:
         return norm, act, act_grad, (lambda x: x), (lambda dx: dx)
-    cs = rope_table(cfg.ctx, cfg.head_dim, blk.rope_theta).astype(dtype)
-    return (norm, act, act_grad, lambda x: rope_forward(cs, x, T, cfg.head_dim, 0),
-            lambda dx: rope_backward(cs, dx, T, cfg.head_dim, 0))
+    cs = rope_table(cfg.ctx, cfg.hd, blk.rope_theta).astype(dtype)
+    return (norm, act, act_grad, lambda x: rope_forward(cs, x, T, cfg.hd, 0),
+            lambda dx: rope_backward(cs, dx, T, cfg.hd, 0))
 
 
 def _qk_gain(P, cfg: Config, l: int, which: str, dtype):
     """QK-norm's gain of q or k [hd]: the layer's, or ones without weights."""
-    return P[f"h{l}.{which}_norm_g"] if cfg.block.qk_norm.weights else np.ones(cfg.head_dim, dtype)
+    return P[f"h{l}.{which}_norm_g"] if cfg.block.qk_norm.weights else np.ones(cfg.hd, dtype)
 
 
 def _qkv(P, cfg: Config, l: int, c: dict, qkv, r, rot) -> tuple:
@@ -60,7 +60,7 @@ def _qkv(P, cfg: Config, l: int, c: dict, qkv, r, rot) -> tuple:
     q, k, v = qkv
     if cfg.block.qk_norm.on:
         c["qk_raw"] = (q, k)
-        hd = cfg.head_dim
+        hd = cfg.hd
         for which, x in (("q", q), ("k", k)):
             y, mean, rstd = layernorm_forward(x.reshape(-1, hd), _qk_gain(P, cfg, l, which, x.dtype), None,
                                               cfg.block.eps, rms=True)
@@ -85,7 +85,7 @@ def _qkv_backward(P, G, cfg: Config, l: int, c: dict, dqkv, unrot) -> tuple:
         dk, dv = kv_reduce(dk, hs.q, hs.kv), kv_reduce(dv, hs.q, hs.kv)
     dq, dk = unrot(dq), unrot(dk)
     if cfg.block.qk_norm.on:
-        hd = cfg.head_dim
+        hd = cfg.hd
         for which, raw in (("q", c["qk_raw"][0]), ("k", c["qk_raw"][1])):
             d = dq if which == "q" else dk
             x, dy, (mean, rstd) = raw.reshape(-1, hd), d.reshape(-1, hd), c[which + "_stats"]
@@ -123,7 +123,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     attend = attention or ra.attention_forward
     windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     B, T = tokens.shape
-    C, H, L = cfg.d_model, cfg.heads, cfg.layers
+    H, L, QC = cfg.heads, cfg.layers, cfg.block.heads.q_width     # QC: the attention's width
     P = params
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
@@ -143,7 +143,8 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
         c["ln1"] = (r(y), mean, rstd)
         h = c["ln1"][0]
         q, k, v = c["qkv"] = _qkv(P, cfg, l, c, [lin("W" + n, h, "b" + n) for n in "qkv"], r, rot)
-        ctx = r(attend(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C), H, **windowed).reshape(B * T, C))
+        ctx = r(attend(q.reshape(B, T, QC), k.reshape(B, T, QC), v.reshape(B, T, QC), H,
+                       **windowed).reshape(B * T, QC))
         c["ctx"] = ctx
         x = add(x, lin("Wo", ctx, "bo"))
         c["x_mid"] = x
@@ -211,7 +212,7 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     below it. rounding: (weights as the matmuls read them, gradient operands as they read them)."""
     r, rg = rounding
     B, T = shape
-    C, H = cfg.d_model, cfg.heads
+    H, QC = cfg.heads, cfg.block.heads.q_width
     windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     p = lambda n: P[f"h{l}.{n}"]
     g = lambda n, val: G.__setitem__(f"h{l}.{n}", val)
@@ -251,9 +252,9 @@ def _block_backward(P, G, cfg: Config, l: int, c: dict, dx, lora, rounding, atte
     q, k, v = c["qkv"]
     # the attention's D = rowsum(dO * O) reads O as stored (rounded where the policy rounds),
     # as the model's does
-    dq, dk, dv = attend_bwd(q.reshape(B, T, C), k.reshape(B, T, C), v.reshape(B, T, C),
-                            dctx.reshape(B, T, C), H, out=c["ctx"].reshape(B, T, C), **windowed)
-    dq, dk, dv = _qkv_backward(P, G, cfg, l, c, (d.reshape(B * T, C) for d in (dq, dk, dv)), unrot)
+    dq, dk, dv = attend_bwd(q.reshape(B, T, QC), k.reshape(B, T, QC), v.reshape(B, T, QC),
+                            dctx.reshape(B, T, QC), H, out=c["ctx"].reshape(B, T, QC), **windowed)
+    dq, dk, dv = _qkv_backward(P, G, cfg, l, c, (d.reshape(B * T, QC) for d in (dq, dk, dv)), unrot)
     h1 = c["ln1"][0]
     dln1 = through("Wq", h1, dq) + through("Wk", h1, dk) + through("Wv", h1, dv)
     for n, d in (("q", dq), ("k", dk), ("v", dv)):

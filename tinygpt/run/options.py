@@ -120,6 +120,11 @@ class TrainOptions:
         "shape", "key/value heads, dividing {opt:heads}: each serves heads / N query heads (grouped-query "
         "attention; 1: multi-query) (default: one a query head, or the resumed model's)", check=values.positive_int,
         metavar="N")
+    head_dim: int | None = setting(
+        "shape", "channels a head, where they are not {opt:d_model} / {opt:heads}: q and the attention are then "
+        "heads x N wide, Wo maps them back to {opt:d_model} (Qwen3-0.6B's 16 heads of 128 in a width of 1,024) "
+        "(default {opt:d_model} / {opt:heads}, or the resumed model's)", check=values.bounded_int(1, 128),
+        metavar="N")
     logit_softcap: float | None = setting(
         "shape", "cap the logits at +-X, X tanh(z / X) (nanochat's 15; 0: none) (default none, or the resumed "
         "model's)", check=values.nonneg_float, metavar="X")

@@ -67,11 +67,11 @@ same = lambda v: v
 PARTS = {"norm": ("norm", same), "norm_eps": ("norm_eps", same), "position": ("position", same),
          "rope_theta": ("rope_theta", same), "mlp": ("activation", same),
          "bias": ("bias", lambda on: BIAS_OF_TOGGLE[bool(on)]), "untied_head": ("tied", lambda untied: not untied),
-         "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same), "logit_softcap": ("softcap", float),
-         "embed_norm": ("embed_norm", same)}
+         "qk_norm": ("qk_norm", same), "kv_heads": ("n_kv", same), "head_dim": ("hd", same),
+         "logit_softcap": ("softcap", float), "embed_norm": ("embed_norm", same)}
 
 
-FIELD = {"n_kv": "kv_heads"}       # a part compared as the config resolves it (kv heads), set as its field
+FIELD = {"n_kv": "kv_heads", "hd": "head_dim"}     # parts compared as the config resolves them, set as their fields
 
 
 def block_parts(o: TrainOptions) -> dict:
@@ -322,7 +322,7 @@ def make_recipe(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, ste
     if resume is None:                # a resumed model's own: its tokenizer may be one it carries (vocab per model)
         cfg.vocab = tokenizers.kind(tokenizer).vocab
     cfg.validate()
-    attention_path(o.attention).check(cfg.ctx, cfg.d_model, cfg.heads)
+    attention_path(o.attention).check(cfg.ctx, cfg.block.heads.q_width, cfg.heads)
     length = None if not steps else \
         run_length(o, schedule, 0 if new_lora or not resume else resume.step, resume is not None)
     accum, precision = run_accum(o, resume), run_precision(o, resume)
