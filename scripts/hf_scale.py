@@ -44,8 +44,9 @@ tokenizer(2000).save({out!r} + "/tokenizer.json")
 """
 
 
-def run(label: str, args: list, rows: list) -> str:
-    """A command in its own process: its wall time and peak resident memory (os.wait4's)."""
+def run(label: str, args: list, rows: list, check: bool = True) -> str:
+    """A command in its own process: its wall time and peak resident memory (os.wait4's); check:
+    stop where it fails (plan's refusal is a result, not a failure)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
         p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err, text=True)
@@ -54,7 +55,7 @@ def run(label: str, args: list, rows: list) -> str:
         err.seek(0)
         lines = [ln for ln in err.read().splitlines() if ln.strip() and "XDG_RUNTIME_DIR" not in ln]
     seconds = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status):
+    if check and os.waitstatus_to_exitcode(status):
         sys.exit(f"hf_scale: {label} failed: {lines[-1] if lines else ''}")
     rows.append((label, seconds, usage.ru_maxrss / 1024))
     print(f"{label}: {seconds:.1f} s, peak memory {usage.ru_maxrss / 1024:,.0f} MiB", flush=True)
@@ -84,7 +85,11 @@ def main(argv=None):
     run("build (transformers, bf16)", [sys.executable, "-c", code], rows)
     run("import-hf", tg + ["import-hf", str(hf), "--out", str(m), "--ctx", str(a.ctx), "--force", "--quiet"], rows)
     budget = json.loads(run("plan", tg + ["plan", "--resume", str(m), "--lora", "8", "--batch", "1", "--json"],
-                            rows)[0])
+                            rows, check=False)[0])
+    if not budget["fits"]:       # the budget is the result: nothing past it can run on this adapter
+        report(rows, hf, m, budget, [])
+        sys.exit(f"hf_scale: plan: the fine-tune does not fit this adapter: {budget['problems'][0]}; eval, sample "
+                 "and LoRA not run")
     run(f"eval ({a.eval_windows} windows)", tg + ["eval", "--model", str(m), "--max-windows", str(a.eval_windows)]
         + data, rows)
     run("sample (20 tokens, cache)", tg + ["sample", "--model", str(m), "--tokens", "20", "--temperature", "0"], rows)
@@ -93,6 +98,10 @@ def main(argv=None):
         train = ["train", "--resume", str(m), "--lora", "8", "--batch", "1", "--steps", str(a.lora_steps),
                  "--eval-every", "0", "--sample-tokens", "0", "--out", str(ft), "--force"]
         _, lines = run(f"LoRA ({a.lora_steps} steps)", tg + train + data, rows)
+    report(rows, hf, m, budget, lines)
+
+
+def report(rows: list, hf: Path, m: Path, budget: dict, lines: list):
     print("\n| command | seconds | peak memory (MiB) |\n|---|---|---|")
     for label, s, mib in rows:
         print(f"| {label} | {s:.1f} | {mib:,.0f} |")

@@ -21,12 +21,12 @@ def blocks(page: str) -> list[tuple[str, str]]:
 
 
 def smaller(line: str) -> str:
-    """A command line with fewer steps and tokens: --steps N as 2 + N // 100 (resumed runs still
-    go further than the run before them), --minutes as 3 steps, sampling 20 tokens; a training
+    """A command line with fewer steps and tokens: --steps N as 2 + N // 100, at most 10 (resumed
+    runs still go further than the run before them), --minutes as 3 steps, sampling 20 tokens; a training
     run without a length gets 3 steps (a config's or LoRA's default would take minutes), and no
     evaluation or samples at its end."""
     code, sep, comment = line.partition(" #")
-    code = re.sub(r"--steps (\d+)", lambda m: f"--steps {2 + int(m[1]) // 100}", code)
+    code = re.sub(r"--steps (\d+)", lambda m: f"--steps {min(10, 2 + int(m[1]) // 100)}", code)
     code = re.sub(r"--minutes \S+", "--steps 3", code)
     code = re.sub(r"--tokens \d+", "--tokens 20", code)
     if re.search(r"\btinygpt train\b", code):
@@ -77,7 +77,7 @@ def test_every_command_block_runs(checkout, page):
 
 def test_smaller_keeps_the_meaning():
     assert smaller("tinygpt train --resume runs/small.tinygpt --steps 4000      # on to step 4000") == \
-        "tinygpt train --resume runs/small.tinygpt --steps 42      --eval-every 0 --sample-tokens 0 # on to step 4000"
+        "tinygpt train --resume runs/small.tinygpt --steps 10      --eval-every 0 --sample-tokens 0 # on to step 4000"
     assert smaller("tinygpt train --config configs/shakespeare.toml") == \
         "tinygpt train --config configs/shakespeare.toml --steps 3 --eval-every 0 --sample-tokens 0"
     assert smaller("tinygpt sample --model m --tokens 200") == "tinygpt sample --model m --tokens 20"

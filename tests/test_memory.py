@@ -155,6 +155,22 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
     assert rc == 2 and "does not fit" in err and "--batch 64 --grad-accum 4" in err, err
 
 
+def test_parameters_over_one_buffer_are_refused_as_the_models_own(plan):
+    """Every parameter is one flat buffer: where it is over the adapter's buffer cap (Qwen3-0.6B's 2.4 GB
+    on lavapipe's 2 GiB), the refusal says that no option shrinks it, not to sample fewer tokens;
+    a buffer of activations over it asks for a smaller batch or context."""
+    from tinygpt.core.config import n_params
+    cfg = preset("tiny")
+    limits = {"max_buffer": 4 * n_params(cfg) - 1024, "max_binding": 1 << 27, "align": 256}
+    p = budget.memory_budget(RunSpec(cfg, "online", B=1), plan, limits, sample=10)
+    msg = budget.refusal(p, plan)
+    print(f"\n{msg}")
+    assert "params [F] needs a" in msg and f"holds {limits['max_buffer'] // 4:,} float32 values at most" in msg
+    assert "sample" not in msg
+    p = budget.memory_budget(RunSpec(cfg, "online", B=512), plan, dict(limits, max_buffer=1 << 22), sample=10)
+    assert budget.refusal(p, plan).endswith("use a smaller {opt:batch} or {opt:ctx} (tinygpt plan shows every buffer)")
+
+
 @pytest.mark.kernel
 def test_sampling_logits_over_a_binding_are_refused_by_name(gpu, plan, monkeypatch):
     """The sampler binds every row of logits at once: past the limit, a LimitError naming them

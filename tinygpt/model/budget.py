@@ -35,6 +35,8 @@ class MemoryBudget:
     buffers: list = field(default_factory=list)         # (what, bytes), every buffer
     limits: dict = field(default_factory=dict)          # max_binding, max_buffer, align, loop_cap, memory
     problems: list = field(default_factory=list)
+    flat: set = field(default_factory=set)              # the buffers of the flat parameter layout (model.layout)
+    oversized: list = field(default_factory=list)       # the buffers over the adapter's buffer limit, in order
 
     @property
     def total(self) -> int:
@@ -91,6 +93,8 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     for e in allocations:
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
         p.buffers.append((what, nbytes))
+        if e.row.bound == "flat":
+            p.flat.add(what)
         p.groups[e.row.group] = p.groups.get(e.row.group, 0) + nbytes
         p.bindings[what] = max(p.bindings.get(what, 0), _bound(e, size, mb, align))
     VP, C = size["VP"], size["C"]
@@ -133,6 +137,7 @@ def _check(p: MemoryBudget, BT: int):
         for what, nbytes in dict(p.buffers).items():
             if nbytes > mbuf:
                 p.problems.append(f"{what} needs a {nbytes:,}-byte buffer, over this adapter's {mbuf:,}")
+                p.oversized.append(what)
     if cap and BT > cap:
         p.problems.append(f"batch x ctx = {BT:,} rows, over the {cap:,} loop trips a CPU adapter runs")
     if mem and p.total > mem:
@@ -168,6 +173,12 @@ def device_limits(gpu: GPU) -> dict:
 def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
+    if p.oversized and p.problems[0].startswith(p.oversized[0] + " "):     # one buffer over the adapter's cap
+        if p.oversized[0] in p.flat:         # every parameter is one buffer (model.layout): no option shrinks it
+            return msg + (f"; a model's parameters are one buffer of this adapter's, which holds "
+                          f"{p.limits['max_buffer'] // 4:,} float32 values at most: this model does not run on it "
+                          "(tinygpt plan shows every buffer)")
+        return msg + "; use a smaller {opt:batch} or {opt:ctx} (tinygpt plan shows every buffer)"
     b = largest_fitting_batch(p.spec, plan, p.limits, p.sample)
     sampling = p.groups.get("sampling", 0)
     if sampling and sampling >= max(p.groups.values()):     # the end-of-run samples are what is too big
