@@ -387,3 +387,24 @@ def test_what_a_file_says_is_checked_against_what_it_holds(tmp_path, weights):
     one_line_error(*write(dict(h, weightDtype="int4", int4BlockSize=63)), "int4BlockSize")
     one_line_error(*write(dict(h, weightDtype="fp16", includesOptimizerState=True)), "weights only")
     one_line_error(*write(b"[" * 100_000 + b"]" * 100_000), "too deeply")
+
+
+def test_an_fp32_file_is_read_once_into_memory(tmp_path):
+    """load reads the state once: an fp32 file's weights and moments are writable views of it, not
+    a second copy of the model (Qwen3-0.6B's plan peaked at twice its 7.2 GB file before), each its
+    own region; an fp16 file's are float32 copies as before."""
+    cfg = Config(layers=1, d_model=16, heads=2, ctx=8).validate()
+    params = init_params(cfg)
+    rng = np.random.default_rng(0)
+    m = {n: rng.normal(size=a.shape).astype(np.float32) for n, a in params.items()}
+    v = {n: rng.random(size=a.shape).astype(np.float32) for n, a in params.items()}
+    ckpt.save(tmp_path / "a.tinygpt", ckpt.Checkpoint(cfg, params, m, v, 3, extra={"tokenizer": "byte"}))
+    back = ckpt.load(tmp_path / "a.tinygpt")
+    arrays = [d[n] for d in (back.params, back.m, back.v) for n in params]
+    assert all(not a.flags.owndata and a.flags.writeable and a.dtype == np.float32 for a in arrays)
+    back.params["h0.Wq"][...] = 7.0                  # one region: nothing else moves
+    assert all(np.array_equal(back.params[n], params[n]) for n in params if n != "h0.Wq")
+    assert all(np.array_equal(back.m[n], m[n]) and np.array_equal(back.v[n], v[n]) for n in params)
+    ckpt.save(tmp_path / "h.tinygpt", ckpt.Checkpoint(cfg, params, extra={"tokenizer": "byte"}), dtype="fp16")
+    half = ckpt.load(tmp_path / "h.tinygpt").params
+    assert all(a.flags.owndata and a.dtype == np.float32 for a in half.values())

@@ -502,8 +502,9 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     return header, cfg, lay
 
 
-def _weights(cfg: Config, lay: Layout, state: bytes):
-    """(params, m, v) from the state after its step, as float32 in our [in, out] layout."""
+def _weights(cfg: Config, lay: Layout, state):
+    """(params, m, v) from the state after its step, as float32 in our [in, out] layout. A
+    writable state (a bytearray) of float32 values is not copied: each array is a view of it."""
     shapes = param_shapes(cfg)
     params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
     if lay.dtype == "int4":
@@ -523,11 +524,12 @@ def _weights(cfg: Config, lay: Layout, state: bytes):
         return params, m, v
     kind = "<f2" if lay.dtype == "fp16" else "<f4"
     floats = np.frombuffer(state, kind, offset=4, count=n_params(cfg) * (3 if lay.with_opt else 1))
+    copy = not isinstance(state, bytearray)          # read-only bytes: each array its own copy
     pos = 0
     for name, shape, _ in shapes:
         n = math.prod(shape)
         for d in ((params, m, v) if lay.with_opt else (params,)):
-            d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32)
+            d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32, copy=copy)
             pos += n
     return params, m, v
 
@@ -567,14 +569,17 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
     try:
         with open(path, "rb") as f:
             header, cfg, lay, state_len = _head(f, what)
-            need = state_len + 12 * n_params(cfg)      # the state, then float32 weights and two moments
+            # the state, then float32 weights and two moments; an fp32 file's arrays are views of
+            # its state, read once into memory (not a second copy of the model: half the peak)
+            need = state_len + (0 if lay.dtype == "fp32" else 12 * n_params(cfg))
             if need > available_memory():
                 raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
                                       f"({available_memory():,} bytes)")
-            state = f.read(state_len)
+            state = bytearray(state_len)
+            got = f.readinto(state)
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
-    if len(state) != state_len:
+    if got != state_len:
         raise CheckpointError(f"{what} changed while being read; try again")
     return _build(header, cfg, lay, state, what)
 
