@@ -390,9 +390,9 @@ def test_what_a_file_says_is_checked_against_what_it_holds(tmp_path, weights):
 
 
 def test_an_fp32_file_is_read_once_into_memory(tmp_path):
-    """load reads the state once: an fp32 file's weights and moments are writable views of it, not
-    a second copy of the model (Qwen3-0.6B's plan peaked at twice its 7.2 GB file before), each its
-    own region; an fp16 file's are float32 copies as before."""
+    """load reads an fp32 file's tensors one at a time into arrays of their own, not the whole state
+    and then a copy of it (Qwen3-0.6B's plan peaked at twice its 7.2 GB file before): each array its
+    own, writable; an fp16 file's the same values through its conversion."""
     cfg = Config(layers=1, d_model=16, heads=2, ctx=8).validate()
     params = init_params(cfg)
     rng = np.random.default_rng(0)
@@ -401,10 +401,14 @@ def test_an_fp32_file_is_read_once_into_memory(tmp_path):
     ckpt.save(tmp_path / "a.tinygpt", ckpt.Checkpoint(cfg, params, m, v, 3, extra={"tokenizer": "byte"}))
     back = ckpt.load(tmp_path / "a.tinygpt")
     arrays = [d[n] for d in (back.params, back.m, back.v) for n in params]
-    assert all(not a.flags.owndata and a.flags.writeable and a.dtype == np.float32 for a in arrays)
+    assert all(a.flags.owndata and a.flags.writeable and a.dtype == np.float32 for a in arrays)
     back.params["h0.Wq"][...] = 7.0                  # one region: nothing else moves
     assert all(np.array_equal(back.params[n], params[n]) for n in params if n != "h0.Wq")
     assert all(np.array_equal(back.m[n], m[n]) and np.array_equal(back.v[n], v[n]) for n in params)
     ckpt.save(tmp_path / "h.tinygpt", ckpt.Checkpoint(cfg, params, extra={"tokenizer": "byte"}), dtype="fp16")
     half = ckpt.load(tmp_path / "h.tinygpt").params
-    assert all(a.flags.owndata and a.dtype == np.float32 for a in half.values())
+    assert all(a.dtype == np.float32 and np.abs(a - params[n]).max() <= 1e-3 for n, a in half.items())
+    raw = (tmp_path / "a.tinygpt").read_bytes()
+    (tmp_path / "short.tinygpt").write_bytes(raw[:-4])            # a state cut short: refused, not misread
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.load(tmp_path / "short.tinygpt")

@@ -502,9 +502,8 @@ def _header(version: int, hbytes: bytes, state_len: int, what: str):
     return header, cfg, lay
 
 
-def _weights(cfg: Config, lay: Layout, state):
-    """(params, m, v) from the state after its step, as float32 in our [in, out] layout. A
-    writable state (a bytearray) of float32 values is not copied: each array is a view of it."""
+def _weights(cfg: Config, lay: Layout, state: bytes):
+    """(params, m, v) from the state after its step, as float32 in our [in, out] layout."""
     shapes = param_shapes(cfg)
     params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
     if lay.dtype == "int4":
@@ -524,21 +523,35 @@ def _weights(cfg: Config, lay: Layout, state):
         return params, m, v
     kind = "<f2" if lay.dtype == "fp16" else "<f4"
     floats = np.frombuffer(state, kind, offset=4, count=n_params(cfg) * (3 if lay.with_opt else 1))
-    copy = not isinstance(state, bytearray)          # read-only bytes: each array its own copy
     pos = 0
     for name, shape, _ in shapes:
         n = math.prod(shape)
         for d in ((params, m, v) if lay.with_opt else (params,)):
-            d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32, copy=copy)
+            d[name] = floats[pos:pos + n].reshape(shape).astype(np.float32)
             pos += n
     return params, m, v
 
 
-def _build(header, cfg, lay: Layout, state: bytes, what: str) -> Checkpoint:
+def _read_fp32(f, cfg: Config, lay: Layout, what: str):
+    """(params, m, v) of an fp32 state, after its step, read from the open file a tensor at a time
+    into arrays of their own: no second copy of the model in memory, and the moments freed
+    wherever a run drops them."""
+    params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
+    for name, shape, _ in param_shapes(cfg):
+        for d in ((params, m, v) if lay.with_opt else (params,)):
+            a = np.empty(shape, "<f4")
+            if f.readinto(memoryview(a).cast("B")) != a.nbytes:
+                raise CheckpointError(f"{what} changed while being read; try again")
+            d[name] = a
+    return params, m, v
+
+
+def _build(header, cfg, lay: Layout, state: bytes, what: str, weights=None) -> Checkpoint:
+    """The checkpoint of a state (its step, then its weights: weights where they were read already)."""
     step = struct.unpack("<i", state[:4])[0]
     if step < 0:
         raise CheckpointError(f"{what}: its state begins with step {step:,}; a step count is never negative")
-    params, m, v = _weights(cfg, lay, state)
+    params, m, v = weights or _weights(cfg, lay, state)
     extra = header.get("tinygptPy") or {}
     history = header.get("lossHistory")
     history = [p for p in history if isinstance(p, dict)] if isinstance(history, list) else []
@@ -569,19 +582,20 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
     try:
         with open(path, "rb") as f:
             header, cfg, lay, state_len = _head(f, what)
-            # the state, then float32 weights and two moments; an fp32 file's arrays are views of
-            # its state, read once into memory (not a second copy of the model: half the peak)
-            need = state_len + (0 if lay.dtype == "fp32" else 12 * n_params(cfg))
+            # an fp32 file's tensors are read into their arrays; another's state whole, then converted
+            fp32 = lay.dtype == "fp32"
+            need = state_len + (0 if fp32 else 12 * n_params(cfg))
             if need > available_memory():
                 raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
                                       f"({available_memory():,} bytes)")
-            state = bytearray(state_len)
-            got = f.readinto(state)
+            state = f.read(4 if fp32 else state_len)
+            weights = _read_fp32(f, cfg, lay, what) if fp32 and len(state) == 4 else None
+            rest = f.read(1) if fp32 else b""
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e
-    if got != state_len:
+    if len(state) != (4 if fp32 else state_len) or rest or (fp32 and weights is None):
         raise CheckpointError(f"{what} changed while being read; try again")
-    return _build(header, cfg, lay, state, what)
+    return _build(header, cfg, lay, state, what, weights)
 
 
 def tokenizer_of_file(path, label: str | None = None):
