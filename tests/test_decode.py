@@ -273,20 +273,24 @@ def test_half_greedy_cached_equals_full_window_and_its_reference(gpu, plan, half
     print(f"{half} greedy: {n} tokens, cached = full window")
 
 
-@pytest.mark.parametrize("vocab, limit, n, half, kv", [(2000, 600_000, 40, None, 2), (50257, 13_000_000, 12, None, 2),
-                                                       (2000, 600_000, 40, "bf16", 2), (2000, 600_000, 40, "f16", 2),
-                                                       (2000, 600_000, 40, None, 1), (2000, 600_000, 40, "bf16", 1)])
-def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, n, half, kv):
+@pytest.mark.parametrize("vocab, limit, n, half, kv, hd", [
+    (2000, 600_000, 40, None, 2, 0), (50257, 13_000_000, 12, None, 2, 0), (2000, 600_000, 40, "bf16", 2, 0),
+    (2000, 600_000, 40, "f16", 2, 0), (2000, 600_000, 40, None, 1, 0), (2000, 600_000, 40, "bf16", 1, 0),
+    (2000, 600_000, 40, None, 1, 32), (50257, 13_000_000, 12, None, 1, 32)])
+def test_greedy_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch, vocab, limit, n, half, kv,
+                                                                 hd):
     """tok_emb [V, 128] over a forced limit (also GPT-2's vocabulary): embed_decode runs once per
     chunk of the table (each with its uniform) and the cached head goes through the block scratch;
     both paths and the reference agree, with tokens drawn from both chunks. In bf16 and f16 too
     (the half cache, the table's 16-bit copy in chunks): cached equals the whole window. kv 1: the
-    two heads share one key/value head, so the cache holds it alone, in float32 and bf16."""
+    two heads share one key/value head, so the cache holds it alone, in float32 and bf16. hd 32: the
+    heads set apart from the width (q 64 wide in 128), the cache's kernels on their own uniform beside
+    each chunk's embedding uniform, at GPT-2's vocabulary too."""
     from tinygpt.core.precision import FP32, PRECISIONS
     precision = PRECISIONS[half] if half else FP32
     if precision.feature and precision.feature not in gpu.features:
         pytest.skip(f"{gpu.name} has no {precision.feature}")
-    cfg = preset("tiny", layers=1, d_model=128, heads=2, kv_heads=kv, ctx=16, vocab=vocab)
+    cfg = preset("tiny", layers=1, d_model=128, heads=2, kv_heads=kv, ctx=16, vocab=vocab, head_dim=hd or None)
     params = spread(cfg, 4)
     monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     got = {}

@@ -186,9 +186,14 @@ def preset(name: str, **overrides) -> Config:
             setattr(cfg, k, v)
     if overrides.get("d_mlp") is None:
         cfg.d_mlp = mlp_width(cfg.d_model, cfg.activation)
-    if cfg.head_dim and cfg.head_dim * cfg.heads == cfg.d_model:
-        cfg.head_dim = 0            # d_model / heads: the default's value, as a file records it
+    cfg.head_dim = own_head_dim(cfg.d_model, cfg.heads, cfg.head_dim)
     return cfg
+
+
+def own_head_dim(d_model: int, heads: int, hd: int) -> int:
+    """The head_dim a config holds: hd where the heads are set apart from the width, 0 where hd is
+    d_model / heads (the default's value, as a file records it), so one shape has one config."""
+    return 0 if hd * heads == d_model else hd
 
 
 def mlp_width(C: int, activation: str) -> int:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
-from ..core.config import Config, n_params, param_shapes
+from ..core.config import Config, n_params, own_head_dim, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.fs import atomic_write, atomic_write_pieces, available_memory, check_regular
 from .. import tokenizers
@@ -219,8 +219,7 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  kv_heads=_number(c, "kvHeads", 0, int, what), head_dim=_number(c, "headDim", 0, int, what), **parts)
     if cfg.kv_heads == cfg.heads:       # one a query head: the default's value
         cfg.kv_heads = 0
-    if cfg.head_dim * cfg.heads == cfg.d_model:     # d_model / heads: the default's value
-        cfg.head_dim = 0
+    cfg.head_dim = own_head_dim(cfg.d_model, cfg.heads, cfg.head_dim)
     try:
         cfg.validate()
     except ValueError as e:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .checkpoint import CheckpointError, show
 from ..core.block import BIASES, QK_NORMS, ROPE_THETA, QKNorm
-from ..core.config import Config, param_shapes
+from ..core.config import Config, own_head_dim, param_shapes
 from ..core.fs import read_user_file
 from .. import tokenizers
 from .data import DataError
@@ -147,7 +147,7 @@ def _config(family: Family, c: dict, label: str, ctx: int | None = None) -> Conf
                  vocab=num("vocab_size"), batch=1, activation="swiglu", norm="rmsnorm", position="rope",
                  rope_theta=_rope(c, label), norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
                  bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm.name,
-                 kv_heads=0 if kv == H else kv, head_dim=0 if hd * H == C else hd)
+                 kv_heads=0 if kv == H else kv, head_dim=own_head_dim(C, H, hd))
     check_size(cfg, label, _DIMS)
     return cfg
 
