@@ -9,7 +9,7 @@
 //   attn_scores    S = q.k^T * scale, MASKED above the diagonal       (one invocation per score)
 //   attn_softmax   P = softmax(S) in place, row by row                  (one per row)
 //   attn_value     out = P @ v                                          (one per output element)
-//   attn_fused_sv  scores, max, exp, sum, P and P @ v in one kernel    (one per row, T <= 1024)
+//   attn_fused_sv  scores, max, exp, sum, P and P @ v in one kernel    (one per row, any T)
 //   attn_dscores   dS = P * (dO.v^T - rowsum(P * dO.v^T)) * scale     (one per row, any T)
 //   attn_dq        dq = dS @ k,  attn_dk  dk = dS^T @ q,  attn_dvalue  dv = P^T @ dO
 
@@ -23,7 +23,6 @@ struct Params { B: u32, T: u32, C: u32, hd: u32, h0: u32, nh: u32, scale: f32 }
 @group(0) @binding(5) var<storage, read_write> o2: array<f32>;
 
 const MASKED: f32 = -0x1.fffffep+127f;
-const FUSED_MAX_T: u32 = 1024u;
 // The per-row kernels hold a head's channels as vec4 in blocks of 8 (HD4 =
 // ceil(hd/32)*8, zero-padded): CPU adapters (llvmpipe) silently stop an
 // invocation's loops after 65,535 iterations in total, and the compiler unrolls
@@ -131,7 +130,9 @@ fn attn_value(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
   causal_product(lin(wid, nwg, lid), false);
 }
 
-// TinyGPT's fused kernel: x1 = q, x2 = k, x3 = v -> o1 = out, o2 = P
+// TinyGPT's fused kernel: x1 = q, x2 = k, x3 = v -> o1 = out, o2 = P. The row's scores are
+// parked in its own row of P, which they become: no private array caps T (the original's
+// 1024-entry one did, and compiled slowly on llvmpipe), as in attn_dscores.
 @compute @workgroup_size(64)
 fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -140,30 +141,30 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let t1 = r % p.T;
   let b = r / (p.T * p.nh);
   let h = p.h0 + (r / p.T) % p.nh;
+  let base = r * p.T;
   var qr: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { qr[c] = ld4(1u, b, t1, h, c); }
-  var sc: array<f32, FUSED_MAX_T>;
   let lo = oldest(t1);
   // pass 1: scores and their max
   var m = MASKED;
   for (var t2 = lo; t2 <= t1; t2++) {
     let s = dot_row(&qr, b, t2, h) * p.scale;
-    sc[t2] = s;
+    o2[base + t2] = s;
     m = max(m, s);
   }
   // pass 2: exponentials, their sum, the weights
   var sum = 0.0;
-  for (var t2 = lo; t2 <= t1; t2++) { sc[t2] = exp(sc[t2] - m); sum += sc[t2]; }
+  for (var t2 = lo; t2 <= t1; t2++) { let e = exp(o2[base + t2] - m); o2[base + t2] = e; sum += e; }
   let inv = 1.0 / sum;
-  let base = r * p.T;
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (seen(t1, t2)) { sc[t2] *= inv; o2[base + t2] = sc[t2]; } else { o2[base + t2] = 0.0; }
+    if (seen(t1, t2)) { o2[base + t2] *= inv; } else { o2[base + t2] = 0.0; }
   }
   // pass 3: P @ v, all channels at once in registers
   var acc: array<vec4<f32>, 32>;
   for (var t2 = lo; t2 <= t1; t2++) {
+    let w = vec4<f32>(o2[base + t2]);
     for (var cb = 0u; cb < HD4; cb += 8u) {
-      for (var e = 0u; e < 8u; e++) { acc[cb + e] = fma(vec4<f32>(sc[t2]), ld4(3u, b, t2, h, cb + e), acc[cb + e]); }
+      for (var e = 0u; e < 8u; e++) { acc[cb + e] = fma(w, ld4(3u, b, t2, h, cb + e), acc[cb + e]); }
     }
   }
   for (var d = 0u; d < p.hd; d++) { o1[at(b, t1, h, d)] = acc[d / 4u][d % 4u]; }

@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
+from tinygpt.device.gpu import LimitError
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.planner import make_plan
 from tinygpt.model import attention
-from tinygpt.model.attention import AttentionError
 from tinygpt.model.layout import head_chunks
 from tinygpt.reference import attention as RA
 
@@ -65,9 +65,10 @@ def test_online_beyond_the_old_cap(gpu, impl, hd):
         check(f"{impl} T=2048 d{name}", got, want, TOL)
 
 
-@pytest.mark.parametrize("impl,T,hd", [("naive", 1024, 64), ("fused_sv", 600, 64)])
+@pytest.mark.parametrize("impl,T,hd", [("naive", 1024, 64), ("fused_sv", 1100, 40)])
 def test_long_rows_are_not_cut_short(gpu, plan, impl, T, hd):
-    """Rows whose loops would pass llvmpipe's 65,535-iteration cap if they looped over T*hd."""
+    """Rows whose loops would pass llvmpipe's 65,535-iteration cap if they looped over T*hd; fused_sv
+    past the 1,024 positions the original's private array of scores held (its scores are parked in P)."""
     q, k, v, do = _inputs(1, T, hd, 3)
     f = lambda a: a.astype(np.float64)
     tag = f"{impl} T={T} hd={hd}"
@@ -78,10 +79,20 @@ def test_long_rows_are_not_cut_short(gpu, plan, impl, T, hd):
         check(f"{tag} d{name}", got, want, TOL)
 
 
-def test_fused_sv_refuses_long_sequences(gpu, plan):
-    q = np.zeros((1, 1025, 8), np.float32)
-    with pytest.raises(AttentionError, match="up to 1024"):
+def test_score_paths_refuse_rows_past_a_cpu_adapters_loop_cap(gpu, plan, monkeypatch):
+    """llvmpipe stops an invocation's loops after GPU.LOOP_CAP iterations in all, without a word:
+    a row of fused_sv loops 4 x T times (scores, exponentials, the whole row's weights, P @ V),
+    of naive's softmax 3 x T. The cap forced to 100: T = 30 is refused for fused_sv (120) and
+    runs on naive (90), against float64."""
+    if not gpu.is_cpu:
+        pytest.skip(f"{gpu.name} is not a CPU adapter: no loop cap")
+    monkeypatch.setattr(gpu, "LOOP_CAP", 100)
+    q = _inputs(1, 30, 8, 4)[0]
+    with pytest.raises(LimitError, match=r"fused_sv's loops over a row's keys \(4 x ctx\) is 120.*online"):
         attention.forward(Kernels(gpu, plan), q, q, q, 1, "fused_sv")
+    f = lambda a: a.astype(np.float64)
+    check("naive T=30 under a cap of 100", attention.forward(Kernels(gpu, plan), q, q, q, 1, "naive"),
+          RA.attention_forward(f(q), f(q), f(q), 1), TOL)
 
 
 def test_scratch_is_quadratic_or_linear():

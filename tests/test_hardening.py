@@ -137,7 +137,7 @@ def test_invalid_utf8_with_gpt2(tmp_path):
     (["--ctx", "0"], "--ctx: must be positive"),
     (["--lr", "0"], "--lr: must be a positive"),
     (["--lr", "nan"], "--lr: must be a positive"),
-    (["--attention", "fused_sv", "--ctx", "2048"], "fused_sv handles sequences up to 1024"),
+    (["--attention", "fused_sv", "--batch", "1", "--ctx", "30000"], "attn P [B, NH, T, T] binds"),
 ])
 def test_bad_flags(tmp_path, args, needle):
     base = ["--preset", "tiny", "--quiet", "--steps", "1"]

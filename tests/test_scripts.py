@@ -29,11 +29,8 @@ def test_compare_attention_json(tmp_path, gpu):
     assert {(r["impl"], r["T"], r["window"], r["pass"]) for r in rows} == {
         (i, t, w, p) for i in impls for t, w in ((8, 0), (1100, 0), (8, 4), (1100, 4), (1100, 64))
         for p in ("fwd", "fwd+bwd")}
-    ok = [r for r in rows if r["status"] == "ok"]
-    assert all(r["max_err"] < 1e-4 and r["ms"] > 0 for r in ok)
-    na = [r for r in rows if r["status"] != "ok"]
-    assert {(r["impl"], r["T"]) for r in na} == {("fused_sv", 1100)} and "1024" in na[0]["status"]
-    assert len(na) == 6                              # fwd and fwd+bwd, plain and at windows 4 and 64
+    # every path at every length (fused_sv too past the original's 1,024 positions)
+    assert all(r["status"] == "ok" and r["max_err"] < 1e-4 and r["ms"] > 0 for r in rows)
     online = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "online" and not r["window"]}
     naive = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "naive"}
     assert online[1100] == 2 * 4 * 1100 and naive[1100] == 2 * 4 * 1100 ** 2

@@ -306,10 +306,10 @@ class GPU:
     def is_cpu(self) -> bool:
         return self.adapter.info.get("adapter_type") == "CPU" or "llvmpipe" in self.name.lower()
 
-    def check_loop(self, trips: int, what: str):
+    def check_loop(self, trips: int, what: str, fix: str = "a smaller {opt:batch} or {opt:ctx}"):
         if self.is_cpu and trips > self.LOOP_CAP:
             raise LimitError(f"{what} is {trips:,}, but this CPU adapter ({self.name}) stops any kernel loop after "
-                             f"{self.LOOP_CAP:,} iterations; use a smaller {{opt:batch}} or {{opt:ctx}}")
+                             f"{self.LOOP_CAP:,} iterations; use {fix}")
 
     @property
     def max_binding(self) -> int:

@@ -33,7 +33,6 @@ from ..device.plan import KernelPlan
 from .buffers import Buffer
 from .layout import head_chunks
 
-FUSED_MAX_T = 1024  # attn_fused_sv keeps a row of scores in a 1024-entry private array
 MAX_HEAD_DIM = 128
 AT = "attention scratch"    # the memory budget's group of every path's scratch
 
@@ -61,7 +60,7 @@ class AttentionPath:
         if C // H > MAX_HEAD_DIM:
             raise AttentionError(f"head dim {C // H} exceeds {MAX_HEAD_DIM}; use more heads")
 
-    def check_fits(self, B: int, T: int, max_binding: int):
+    def check_fits(self, B: int, T: int, gpu: GPU):
         pass
 
     def reads(self, dtype: str, plan: KernelPlan, B: int, T: int, C: int, H: int) -> bool:
@@ -121,9 +120,13 @@ class _ScoreMatrix(AttentionPath):
     """naive and fused_sv: each head's weights P [T, T] kept for the backward, split by heads
     into chunks that fit a binding (layout.head_chunks)."""
     keeps_weights = True
+    row_passes = 3              # the most passes over a row's T keys that one invocation makes
 
-    def check_fits(self, B, T, max_binding):
-        check_scores_fit(B, T, max_binding)
+    def check_fits(self, B, T, gpu):
+        check_scores_fit(B, T, gpu.max_binding)
+        # llvmpipe stops an invocation's loops silently after GPU.LOOP_CAP iterations in all
+        gpu.check_loop(self.row_passes * T, f"{self.name}'s loops over a row's keys ({self.row_passes} x ctx)",
+                       "{opt:attention} online or a shorter {opt:ctx}")
 
     def rows(self):
         return (Buffer("attn P", ("B", "NH", "T", "T"), "f32", "per layer, per head chunk", AT),
@@ -136,7 +139,7 @@ class _ScoreMatrix(AttentionPath):
         return {"P": buf["attn P"][l], "dS": buf["attn dS"], "chunks": size["head_chunks"]}
 
     def own_scratch(self, gpu, B, T, H):
-        self.check_fits(B, T, gpu.max_binding)
+        self.check_fits(B, T, gpu)
         chunks = head_chunks(B, T, H, gpu.max_binding)
         nmax = max(nh for _, nh in chunks)
         return {"P": [gpu.tensor((B, nh, T, T), name="attn P") for _, nh in chunks],
@@ -170,14 +173,10 @@ class Naive(_ScoreMatrix):
 
 
 class FusedSV(_ScoreMatrix):
-    """TinyGPT's attn_fused_sv: a row's scores, softmax and P @ V in one invocation."""
+    """TinyGPT's attn_fused_sv: a row's scores, softmax and P @ V in one invocation, the scores
+    parked in the row of P they become (the original's private array capped T at 1024)."""
     name = "fused_sv"
-
-    def check(self, T, C, H):
-        super().check(T, C, H)
-        if T > FUSED_MAX_T:
-            raise AttentionError(f"fused_sv handles sequences up to {FUSED_MAX_T} tokens, got T={T}; "
-                                 "use {opt:attention} online (any length) or a shorter {opt:ctx}")
+    row_passes = 4              # scores, exponentials, weights (the whole row), P @ V
 
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape

@@ -42,7 +42,7 @@ def check_fits(m):
             raise UsageError(f"{{opt:precision}} {m.precision.name} with {{opt:qk_norm}} needs a head dim that is a "
                              f"multiple of {wm} (its norm's kernels' width), got {cfg.hd}")
     m.attention.check(m.T, hs.q_width, cfg.heads)
-    m.attention.check_fits(m.B, m.T, g.max_binding)
+    m.attention.check_fits(m.B, m.T, g)
     lo = m.lora
     if lo and m.precision.width_multiple > 1 and lo.rank % m.precision.width_multiple:
         raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {m.precision.name} needs a rank that is a "
