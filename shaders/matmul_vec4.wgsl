@@ -46,18 +46,31 @@ enable subgroups;
 // workgroup; device/planner.py checks these kernels against NumPy before using them.
 // Rows past M are clamped on load and skipped on store; columns past N
 // likewise. Every lane runs the whole loop (broadcasts need all 8).
+//
+// The turned matmuls: A @ B (+ bias) or A @ B^T (+=), then RoPE (rope.wgsl's rope_forward) where
+// out is stored, for the projections that write a rotary model's q and k. RoPE pairs channel i
+// of a head with channel i + hd/2; a tile of contiguous columns holds one, not both. So here an
+// invocation's two column blocks are the two halves of a pair: vec4 column j of a head's first
+// half and the same j of its second (HALF4 = hd/8 apart), and it turns its own registers.
+//   matmul_rope_vec4, matmul_abt_rope_vec4   the vec4 kernels' walk, two blocks an invocation
+//   matmul_rope_sg, matmul_abt_rope_sg       the sg kernels' walk with NC = 2 (hd = 64: the same columns)
+// Rows are at positions row % T + offset, as rope_forward's; hd a multiple of 8, N of hd.
 
-// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
+// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on;
+// T, offset: the turned matmuls' positions (row i at i % T + offset)
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32,
+                T: u32, offset: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> cs: array<vec2<f32>>;   // the turned matmuls': (cos, sin) [positions, hd/2]
 
 override WX: u32 = 16u;  // vec4: invocations per workgroup, 4 columns each
 override TM: u32 = 16u;  // rows per workgroup: 16 (vec4); 16 or 32 (sg: 32 with at most 2 column blocks)
+override HALF4: u32 = 0u;  // the turned matmuls': hd / 8, half a head in vec4 columns (0: not turned)
 
 // this product's first vec4 of A, B and out (all 0 unbatched)
 var<private> oa: u32;
@@ -104,6 +117,52 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
   }
 }
 
+// The turned matmuls' store: rows row0.. of a pair's halves, x1 at vec4 column ca (a head's
+// first half) and x2 at cb = ca + HALF4, bias (and what out holds, accumulating) added, then
+// turned at each row's position as rope_forward turns: (x1 cos - x2 sin, x2 cos + x1 sin).
+fn turn_store(x1: Acc, x2: Acc, row0: u32, ca: u32, cb: u32, live: bool) {
+  if (!live) { return; }
+  let n4 = p.N / 4u;
+  var b1 = vec4<f32>();
+  var b2 = vec4<f32>();
+  if (p.has_bias != 0u) { b1 = bias[ca]; b2 = bias[cb]; }
+  let i0 = 4u * (ca % (2u * HALF4));     // the block's first channel in its head, < hd/2
+  for (var q = 0u; q < 4u; q++) {
+    var m1: mat4x4<f32>;
+    var m2: mat4x4<f32>;
+    switch q {
+      case 0u: { m1 = x1.q0; m2 = x2.q0; }
+      case 1u: { m1 = x1.q1; m2 = x2.q1; }
+      case 2u: { m1 = x1.q2; m2 = x2.q2; }
+      default: { m1 = x1.q3; m2 = x2.q3; }
+    }
+    for (var c = 0u; c < 4u; c++) {
+      let i = row0 + 4u * q + c;
+      if (i < p.M) {
+        var v1 = m1[c] + b1;
+        var v2 = m2[c] + b2;
+        if (p.accumulate != 0u) { v1 += out[oo + i * n4 + ca]; v2 += out[oo + i * n4 + cb]; }
+        let t = (i % p.T + p.offset) * (4u * HALF4) + i0;
+        let e0 = cs[t];
+        let e1 = cs[t + 1u];
+        let e2 = cs[t + 2u];
+        let e3 = cs[t + 3u];
+        let co = vec4<f32>(e0.x, e1.x, e2.x, e3.x);
+        let si = vec4<f32>(e0.y, e1.y, e2.y, e3.y);
+        out[oo + i * n4 + ca] = v1 * co - v2 * si;
+        out[oo + i * n4 + cb] = v2 * co + v1 * si;
+      }
+    }
+  }
+}
+
+// The turned matmuls' vec4 columns: pair q (of N/8) is column j = q % HALF4 of head q / HALF4's
+// first half, and the same column of its second half
+fn pair_cols(q: u32) -> vec2<u32> {
+  let ca = (q / HALF4) * 2u * HALF4 + q % HALF4;
+  return vec2<u32>(ca, ca + HALF4);
+}
+
 // B's 4x4 block at k = 4kk.. for output columns 4c4..: as columns (B rows k..k+3 at the
 // 4 columns) for A @ B, or transposed from B's rows 4c4.. for A @ B^T (tb)
 fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
@@ -148,6 +207,45 @@ fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
   a_times_b(wid, lid, true);
 }
 
+// The vec4 walk over a pair's two blocks: the 16 rows of A, loaded once, meet both.
+fn turned_vec4(wid: vec3<u32>, lid: u32, tb: bool) {
+  let n4 = p.N / 4u;
+  let k4 = p.K / 4u;
+  let q = wid.x * WX + lid;
+  let pc = min(pair_cols(q), vec2<u32>(n4 - 1u));
+  let row0 = wid.y * TM;
+  let a = rows16(row0, k4);
+  var x1: Acc;
+  var x2: Acc;
+  for (var kk = 0u; kk < k4; kk++) {
+    let b1 = b_block(pc.x, kk, tb);
+    let b2 = b_block(pc.y, kk, tb);
+    let r0 = mat4x4<f32>(A[oa + a.r0 + kk], A[oa + a.r1 + kk], A[oa + a.r2 + kk], A[oa + a.r3 + kk]);
+    x1.q0 += b1 * r0;
+    x2.q0 += b2 * r0;
+    let r1 = mat4x4<f32>(A[oa + a.r4 + kk], A[oa + a.r5 + kk], A[oa + a.r6 + kk], A[oa + a.r7 + kk]);
+    x1.q1 += b1 * r1;
+    x2.q1 += b2 * r1;
+    let r2 = mat4x4<f32>(A[oa + a.r8 + kk], A[oa + a.r9 + kk], A[oa + a.r10 + kk], A[oa + a.r11 + kk]);
+    x1.q2 += b1 * r2;
+    x2.q2 += b2 * r2;
+    let r3 = mat4x4<f32>(A[oa + a.r12 + kk], A[oa + a.r13 + kk], A[oa + a.r14 + kk], A[oa + a.r15 + kk]);
+    x1.q3 += b1 * r3;
+    x2.q3 += b2 * r3;
+  }
+  turn_store(x1, x2, row0, pc.x, pc.y, q < n4 / 2u);
+}
+
+@compute @workgroup_size(WX)
+fn matmul_rope_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  turned_vec4(wid, lid, false);
+}
+
+@compute @workgroup_size(WX)
+fn matmul_abt_rope_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  turned_vec4(wid, lid, true);
+}
+
 @compute @workgroup_size(WX)
 fn matmul_atb_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   batch_at(wid.z);
@@ -187,6 +285,12 @@ struct Cols { a: u32, b: u32, c: u32, live_a: bool, live_b: bool, live_c: bool }
 
 fn cols(wid: vec3<u32>, lane: u32) -> Cols {
   let n4 = p.N / 4u;
+  if (HALF4 > 0u) {                        // turned (NC = 2): blocks a and b are a pair's halves
+    let q = wid.x * LANES + lane;
+    let pc = pair_cols(q);
+    let live = q < n4 / 2u;
+    return Cols(min(pc.x, n4 - 1u), min(pc.y, n4 - 1u), 0u, live, live, false);
+  }
   let ca = wid.x * LANES * NC + lane;
   let cb = ca + LANES;
   let cc = ca + 2u * LANES;
@@ -215,9 +319,13 @@ fn mac16(acc: ptr<function, Acc>, bm: mat4x4<f32>, x0: vec4<f32>, x1: vec4<f32>)
   (*acc).q3 += bm * rows_of(x0, x1, 3u);
 }
 
+// The workgroup's tile as a_times_b_sg leaves it: rows 0-15 of column blocks a, b, c (NC >= 2, 3),
+// rows 16-31 (TM = 32) of blocks a, b; which columns they are; the first row
+struct Tile { acc: Acc, acc2: Acc, acc3: Acc, hi: Acc, hi2: Acc, c: Cols, row0: u32 }
+
 // A @ B (tb = false) or A @ B^T (tb = true): only B's 4x4 blocks are read differently.
 // Lane l loads rows l, 8+l (and 16+l, 24+l when TM = 32) of the workgroup's A rows.
-fn a_times_b_sg(wid: vec3<u32>, lane: u32, tb: bool) {
+fn a_times_b_sg(wid: vec3<u32>, lane: u32, tb: bool) -> Tile {
   let k4 = p.K / 4u;
   let c = cols(wid, lane);
   let row0 = wid.y * TM;
@@ -248,19 +356,37 @@ fn a_times_b_sg(wid: vec3<u32>, lane: u32, tb: bool) {
       if (NC >= 2u) { mac16(&hi2, bm2, x2, x3); }
     }
   }
-  store_tile(acc, acc2, acc3, hi, hi2, row0, c);
+  return Tile(acc, acc2, acc3, hi, hi2, c, row0);
 }
 
 @compute @workgroup_size(LANES)
 fn matmul_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   batch_at(wid.z);
-  a_times_b_sg(wid, lane, false);
+  let t = a_times_b_sg(wid, lane, false);
+  store_tile(t.acc, t.acc2, t.acc3, t.hi, t.hi2, t.row0, t.c);
 }
 
 @compute @workgroup_size(LANES)
 fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   batch_at(wid.z);
-  a_times_b_sg(wid, lane, true);
+  let t = a_times_b_sg(wid, lane, true);
+  store_tile(t.acc, t.acc2, t.acc3, t.hi, t.hi2, t.row0, t.c);
+}
+
+// the turned sg matmuls (HALF4 > 0, NC = 2): blocks a and b are a pair's halves
+fn turn_tile(t: Tile) {
+  turn_store(t.acc, t.acc2, t.row0, t.c.a, t.c.b, t.c.live_a);
+  if (TM == 32u) { turn_store(t.hi, t.hi2, t.row0 + 16u, t.c.a, t.c.b, t.c.live_a); }
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  turn_tile(a_times_b_sg(wid, lane, false));
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_abt_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  turn_tile(a_times_b_sg(wid, lane, true));
 }
 
 // Four k per step. 16 rows: lane l loads A[k + l/4, the 16 rows] and A[k + 2 + l/4, ...]

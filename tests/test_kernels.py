@@ -316,6 +316,44 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
+@pytest.mark.parametrize("variant", ["vec4", "sg"])
+@pytest.mark.parametrize("M,H,hd,K_,T,offset", [(7, 1, 8, 4, 7, 0), (33, 3, 24, 20, 11, 0), (100, 2, 64, 48, 50, 3),
+                                                (62, 2, 128, 12, 31, 0), (5, 1, 16, 8, 1, 37), (1, 5, 40, 36, 1, 9)])
+def test_matmul_turned(gpu, rng, M, H, hd, K_, T, offset, variant):
+    """The projections that write a rotary model's q and k, turned where they are stored
+    (matmul_vec4.wgsl's turned kernels): x W + bias, and a LoRA's last product A @ B^T added to
+    what out holds, against the float64 twins (the product, then rope_forward). Odd rows (past a
+    workgroup's 16 or 32), one to five heads, hd 8 to 128, rows repeating T positions, and a
+    decode step's one row at an offset. Where no turned form exists (hd not a multiple of 8, the
+    tiled or scalar plan, a 16-bit q) the launcher says so with None."""
+    from tinygpt.device.plan import KernelPlan
+    if variant == "sg":
+        need_subgroups(gpu)
+    kn = Kernels(gpu, KernelPlan(matmul=variant, subgroups="ok" if variant == "sg" else "not checked"))
+    N = H * hd
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    table = rope_table(T + offset, hd, 10000.0)
+    t_table = gpu.upload(table)
+    d = kn.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, False, t_table, T,
+                         hd, offset)
+    assert d.kernel.name == f"matmul_rope_{variant}"
+    run(gpu, d)
+    want = getattr(R, f"matmul_rope_{variant}")(f64(a), f64(b), f64(bias), f64(table), T, hd, offset)
+    check(f"matmul_rope_{variant} {M}x{N}x{K_} hd {hd} offset {offset}", gpu.read(out), want, tol)
+    gpu.write(out, prev)
+    run(gpu, kn.matmul_turned("matmul_abt", gpu.upload(a), gpu.upload(b.T.copy()), None, out, M, N, K_, True,
+                              t_table, T, hd, offset))
+    want = getattr(R, f"matmul_abt_rope_{variant}")(f64(a), f64(b.T), f64(table), T, hd, offset, f64(prev))
+    check(f"matmul_abt_rope_{variant} (+=) {M}x{N}x{K_} hd {hd}", gpu.read(out), want, tol)
+    half = gpu.tensor((M, N), "bf16")
+    assert kn.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), None, half, M, N, K_, False, t_table, T, hd) is None
+    assert kn.matmul_turned("matmul", gpu.upload(a), gpu.upload(b[:, :N - 4].copy()), None, out, M, N - 4, K_,
+                            False, t_table, T, hd - 4) is None
+    tiled = Kernels(gpu, KernelPlan(matmul="tiled"))
+    assert tiled.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, t_table, T,
+                               hd) is None
+
+
 @pytest.mark.parametrize("rows,T,H,hd,offset,dtype", [(7, 7, 1, 4, 0, "f32"), (30, 10, 3, 12, 0, "f32"),
                                                       (5, 1, 2, 20, 37, "f32"), (65, 65, 2, 64, 0, "f32"),
                                                       (14, 7, 3, 12, 5, "bf16"), (14, 7, 3, 12, 5, "f16")])

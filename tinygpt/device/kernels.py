@@ -203,13 +203,15 @@ def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, 
                         v0, VP if vn is None else vn, H if KV is None else KV))
 
 
-# rope.wgsl's entries that turn by position (a decode step rewrites their offset, Params' word 4, per token)
-ROPE_TURNS = ("rope_forward", "qk_norm_rope")
+# The entries that turn by position, and the word of their Params that holds the position offset,
+# which a decode step rewrites per token: rope.wgsl's, and matmul_vec4.wgsl's turned matmuls.
+ROPE_TURNS = {"rope_forward": 4, "qk_norm_rope": 4, **{e + v: 10 for e in ("matmul_rope", "matmul_abt_rope")
+                                                      for v in ("_vec4", "_sg")}}
 
 
-def rope_at(packed: bytes, offset: int) -> bytes:
-    """rope.wgsl's Params as a dispatch packed them, with the position offset replaced."""
-    return packed[:16] + struct.pack("<I", offset) + packed[20:]
+def rope_at(packed: bytes, offset: int, word: int = 4) -> bytes:
+    """A turning dispatch's Params as it packed them, with the position offset (at `word`) replaced."""
+    return packed[:4 * word] + struct.pack("<I", offset) + packed[4 * word + 4:]
 
 
 def _tanh(tanh: bool) -> dict | None:
@@ -290,6 +292,29 @@ class Kernels:
         wx = self.plan.matmul_wx
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_vec4", "urrrw", {"WX": wx})
         return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), batch))
+
+    def matmul_turned(self, entry, a, b, bias, out, M, N, K, accumulate, cs, T, hd, offset=0) -> Dispatch | None:
+        """out (+)= a @ b (+ bias) ("matmul") or a @ b^T ("matmul_abt"), turned by RoPE where it is
+        stored: matmul_vec4.wgsl's turned kernels, for the projection that writes a rotary
+        model's q or k (cs its (cos, sin) table, row i at position i % T + offset). None where the
+        plan or the shape has no turned form (float32 operands, the plan's vec4 or sg kernels, hd
+        a multiple of 8 and N of hd): the caller turns in rope_forward's pass of its own."""
+        if entry not in ("matmul", "matmul_abt") or hd % 8 or N % hd or any(t.dtype != "f32" for t in (a, b, out)):
+            return None
+        variant = matmul_variant(self.plan, entry, M, N, K)
+        if variant not in ("sg", "vec4"):
+            return None
+        gpu, pairs = self.gpu, N // 8
+        uniform = (M, N, K, bias is not None, accumulate, 1, 0, 0, 0, T, offset)
+        tensors = [a, b, bias, out, cs]
+        if variant == "sg":
+            tm = sg_tile(M, N)[0]
+            k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_sg", "urrrwr", {"NC": 2, "TM": tm, "HALF4": hd // 8},
+                           SUBGROUPS)
+            return gpu.dispatch(k, uniform, tensors, (-(-pairs // SG_LANES), -(-M // tm), 1))
+        wx = self.plan.matmul_wx
+        k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_vec4", "urrrwr", {"WX": wx, "HALF4": hd // 8})
+        return gpu.dispatch(k, uniform, tensors, (-(-pairs // wx), -(-M // VEC_ROWS), 1))
 
     def _mm_template(self, entry, a, b, bias, out, M, N, K, uniform, variant, dtype) -> Dispatch:
         """matmul.wgsl (scalar) or matmul_tiled.wgsl (workgroup tiles of BM x BN, TM x 4TV per

@@ -107,6 +107,12 @@ class Rotary:
     def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
         return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset)]
 
+    def turned(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int,
+               accumulate: bool) -> object:
+        """The product that stores q or k (matmul or matmul_abt), turned as it stores them; None where
+        the kernels have no turned form for it (Kernels.matmul_turned: float32 q and k)."""
+        return kn.matmul_turned(entry, a, b, bias, out, M, N, K, accumulate, self.cs, self.T, self.hd, self.offset)
+
     def forward_normed(self, kn: Kernels, xr: Tensor, g: Tensor, x: Tensor, stats: Tensor, rows: int, C: int,
                        eps: float) -> list:
         """QK-norm of the float32 xr into x, turned as it is written (rope.wgsl's qk_norm_rope)."""
@@ -158,17 +164,27 @@ def _cols(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W, bias, out, rows: int, N: int,
-           K: int) -> list:
+           K: int, rot: Rotary | None = None) -> list:
     """out = x W + bias, and where `name` has an adapter, + s (x A^T) B^T summed before out is
-    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding)."""
-    if lo is None or name not in lo.A:
-        return [pk.matmul(x, W, bias, out, rows, N, K)]
-    y = _cols(lo.y, rows, N) if DTYPES[out.dtype].packed else out
-    ds = [pk.matmul(x, W, bias, y, rows, N, K),
-          pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
-          kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale),
-          pk.matmul_abt(lo.hs[name], lo.B[name], y, rows, N, lo.R, accumulate=True)]
-    return ds + pk.convert(y, out, rows * N)
+    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding). rot: RoPE's turn of
+    out (a rotary model's q or k), made by the product that stores out where it has a turned
+    form (Rotary.turned), else in a pass after it."""
+    adapted = lo is not None and name in lo.A
+    y = _cols(lo.y, rows, N) if adapted and DTYPES[out.dtype].packed else out
+    if adapted:
+        ds = [pk.matmul(x, W, bias, y, rows, N, K), pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
+              kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale)]
+        last = ("matmul_abt", lo.hs[name], lo.B[name], None, y, rows, N, lo.R, True)    # the sum's last term
+    else:
+        ds, last = [], ("matmul", x, W, bias, y, rows, N, K, False)
+    turned = rot.turned(kn, *last) if rot is not None and y is out else None
+    if turned is not None:
+        return ds + [turned]
+    entry, a, b, b_bias, dst, M, N_, K_, acc = last
+    ds.append(pk.matmul(a, b, b_bias, dst, M, N_, K_) if entry == "matmul" else
+              pk.matmul_abt(a, b, dst, M, N_, K_, accumulate=acc))
+    ds += pk.convert(y, out, rows * N)
+    return ds + (rot.forward(kn, out, rows, N) if rot is not None else [])
 
 
 def linear_backward(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, G: dict, name: str, bias: str, x, W, dy,
@@ -219,7 +235,8 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
                   M: int, lo: BlockLoRA | None = None, rot: Rotary | None = None) -> list:
     """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any;
     rot: where RoPE turns q and k (a rotary model's)."""
-    lin = lambda name, x, bias, out, N, K: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N, K)
+    lin = lambda name, x, bias, out, N, K, rot=None: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N,
+                                                            K, rot)
     hs = pk.block.heads
     QC = hs.q_width                                     # q's and the attention's width (C, or H hd set apart)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
@@ -232,10 +249,8 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
                 ds += rot.forward_normed(kn, a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows, width, pk.block.eps)
             else:
                 ds.append(pk.qk_norm(a.qk_raw[i], w.qk_g[i], own, a.qk_stats[i], rows * width // hs.hd, hs.hd))
-        else:
-            ds += lin("W" + n, a.ln1, "b" + n, own, width, C)
-            if rot is not None and n != "v":
-                ds += rot.forward(kn, own, rows, width)
+        else:                                           # q and k turned where they are stored
+            ds += lin("W" + n, a.ln1, "b" + n, own, width, C, rot if n != "v" else None)
         if own is not t:                                # each kv head copied to its query heads
             ds.append(kn.kv_expand(own, t, rows, hs.q, hs.kv, hs.hd))
         ds += pk.convert(t, t_in, rows * QC)

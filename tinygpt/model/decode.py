@@ -119,8 +119,8 @@ class Decoder:
                              b["pre"], b["gel"], b["branch out"], qkv, b.get("att f32", b["att"]), *qk,
                              gate=b.get("mlp gate"))
             block = block_forward(kn, m.pk, record.block_weights(m, l), acts, attend, N, C, M, rot=rot)
-            self.rope_uniforms += [(d.uniform_buffer, self.gpu.uniform_bytes[d.uniform_buffer]) for d in block
-                                   if d.kernel.name in ROPE_TURNS]                      # q's, then k's
+            self.rope_uniforms += [(d.uniform_buffer, self.gpu.uniform_bytes[d.uniform_buffer],
+                                    ROPE_TURNS[d.kernel.name]) for d in block if d.kernel.name in ROPE_TURNS]
             steps += block
             x, other = other, x
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
@@ -133,8 +133,8 @@ class Decoder:
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
-        for u, packed in self.rope_uniforms:          # the turns at the decoded position
-            self.gpu.write_uniform(u, rope_at(packed, pos))
+        for u, packed, word in self.rope_uniforms:    # the turns at the decoded position
+            self.gpu.write_uniform(u, rope_at(packed, pos, word))
         at = lambda C, v0=0, vn=None: decode_uniform(
             self.N, cfg.ctx, C, cfg.heads, pos, step, cfg.vocab, self.VP, how["top_k"], row0, row_stride, how["seed"],
             how["temperature"], how["top_p"], v0, vn, cfg.n_kv)

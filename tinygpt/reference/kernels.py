@@ -320,6 +320,18 @@ def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by min
     return _turn(cs, dy, T, hd, offset, -1.0)
 
 
+def matmul_rope_vec4(a, b, bias, cs, T, hd, offset=0):   # (a @ b + bias) turned: a rotary model's q or k
+    return rope_forward(cs, matmul(a, b, bias), T, hd, offset)
+
+
+def matmul_abt_rope_vec4(a, b, cs, T, hd, offset=0, acc=None):   # (acc + a @ b^T) turned (a LoRA's last product)
+    return rope_forward(cs, matmul_abt(a, b) + (0.0 if acc is None else acc), T, hd, offset)
+
+
+# the same turned products with the sg kernels' walk (matmul_vec4.wgsl's sg section)
+matmul_rope_sg, matmul_abt_rope_sg = matmul_rope_vec4, matmul_abt_rope_vec4
+
+
 def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5):   # -> (x turned after RMSNorm per head, stats [2, heads])
     rows, C = xr.shape
     y, mean, rstd = layernorm_forward(xr.reshape(-1, hd), g, None, eps, rms=True)
