@@ -61,10 +61,6 @@ enable subgroups;
 // for the backward) and act = silu(gate) * out (glu.wgsl's swiglu_forward), one pass where the
 // product and the activation took two.
 //   matmul_swiglu_vec4, matmul_abt_swiglu_vec4, matmul_swiglu_sg, matmul_abt_swiglu_sg
-// and its backward where the gradient of act is stored: the product (dy W_down^T, or a LoRA's
-// last product added to what out holds) is d(act), never stored; from it, gate and up, the
-// gradients dgate and dup (swiglu_backward's) are.
-//   matmul_swiglu_back_vec4, matmul_abt_swiglu_back_vec4, matmul_swiglu_back_sg, matmul_abt_swiglu_back_sg
 
 // batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on;
 // T, offset: the turned matmuls' positions (row i at i % T + offset)
@@ -78,9 +74,7 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> cs: array<vec2<f32>>;   // the turned matmuls': (cos, sin) [positions, hd/2]
 @group(0) @binding(6) var<storage, read> gate: array<vec4<f32>>;          // the gated matmuls': gate [M, N]
-@group(0) @binding(7) var<storage, read_write> act: array<vec4<f32>>;     // ... silu(gate) * out [M, N]; back: dup
-@group(0) @binding(8) var<storage, read> up: array<vec4<f32>>;            // the gated backward's: up [M, N]
-@group(0) @binding(9) var<storage, read_write> dgate: array<vec4<f32>>;   // ... dgate [M, N]
+@group(0) @binding(7) var<storage, read_write> act: array<vec4<f32>>;     // ... silu(gate) * out [M, N]
 
 override WX: u32 = 16u;  // vec4: invocations per workgroup, 4 columns each
 override TM: u32 = 16u;  // rows per workgroup: 16 (vec4); 16 or 32 (sg: 32 with at most 2 column blocks)
@@ -149,29 +143,6 @@ fn glu_store(acc: Acc, row0: u32, c4: u32, live: bool) {
         out[o] = v;
         let g = gate[o];
         act[o] = g * (1.0 / (1.0 + exp(-g))) * v;
-      }
-    }
-  }
-}
-
-// The gated backward's store: d(act) = the product (+ what out holds), not stored; dgate and
-// dup from it as swiglu_backward makes them
-fn glu_back_store(acc: Acc, row0: u32, c4: u32, live: bool) {
-  if (!live) { return; }
-  let n4 = p.N / 4u;
-  for (var q = 0u; q < 4u; q++) {
-    var m: mat4x4<f32>;
-    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
-    for (var c = 0u; c < 4u; c++) {
-      let i = row0 + 4u * q + c;
-      if (i < p.M) {
-        let o = oo + i * n4 + c4;
-        var d = m[c];
-        if (p.accumulate != 0u) { d += out[o]; }
-        let g = gate[o];
-        let s = 1.0 / (1.0 + exp(-g));
-        dgate[o] = d * up[o] * s * (1.0 + g * (1.0 - s));
-        act[o] = d * g * s;
       }
     }
   }
@@ -321,18 +292,6 @@ fn matmul_rope_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WX)
 fn matmul_abt_rope_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   turned_vec4(wid, lid, true);
-}
-
-@compute @workgroup_size(WX)
-fn matmul_swiglu_back_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let c = vec4_col(wid, lid);
-  glu_back_store(a_times_b(wid, lid, false), wid.y * TM, c.x, c.y == 1u);
-}
-
-@compute @workgroup_size(WX)
-fn matmul_abt_swiglu_back_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let c = vec4_col(wid, lid);
-  glu_back_store(a_times_b(wid, lid, true), wid.y * TM, c.x, c.y == 1u);
 }
 
 @compute @workgroup_size(WX)
@@ -487,27 +446,6 @@ fn matmul_swiglu_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_inv
 @compute @workgroup_size(LANES)
 fn matmul_abt_swiglu_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   glu_tile(a_times_b_sg(wid, lane, true));
-}
-
-// the gated backward's sg matmuls: the same blocks, stored by glu_back_store
-fn glu_back_tile(t: Tile) {
-  glu_back_store(t.acc, t.row0, t.c.a, t.c.live_a);
-  if (NC >= 2u) { glu_back_store(t.acc2, t.row0, t.c.b, t.c.live_b); }
-  if (NC >= 3u) { glu_back_store(t.acc3, t.row0, t.c.c, t.c.live_c); }
-  if (TM == 32u) {
-    glu_back_store(t.hi, t.row0 + 16u, t.c.a, t.c.live_a);
-    if (NC >= 2u) { glu_back_store(t.hi2, t.row0 + 16u, t.c.b, t.c.live_b); }
-  }
-}
-
-@compute @workgroup_size(LANES)
-fn matmul_swiglu_back_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  glu_back_tile(a_times_b_sg(wid, lane, false));
-}
-
-@compute @workgroup_size(LANES)
-fn matmul_abt_swiglu_back_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  glu_back_tile(a_times_b_sg(wid, lane, true));
 }
 
 @compute @workgroup_size(LANES)

@@ -314,28 +314,23 @@ class Kernels:
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_vec4", "urrrwr", {"WX": wx, "HALF4": hd // 8})
         return gpu.dispatch(k, uniform, tensors, (-(-pairs // wx), -(-M // VEC_ROWS), 1))
 
-    def matmul_gated(self, form, entry, a, b, bias, out, M, N, K, accumulate, gate, act, back=None) -> Dispatch | None:
+    def matmul_gated(self, form, entry, a, b, bias, out, M, N, K, accumulate, gate, act) -> Dispatch | None:
         """out (+)= a @ b (+ bias) or a @ b^T, and act = the gated activation `form` of (gate, out)
         where out is stored (matmul_vec4.wgsl's gated kernels: "swiglu"), for a gated MLP's up
-        projection, its gate projection already stored. back = (up, dgate): the backward's form
-        instead, where the product (+ out) is d(act): act gets dup, dgate dgate, out is only read.
-        None where the form, the plan or the shape has none (_fused_variant): the caller runs the
-        activation's pass of its own."""
-        up, dgate = back or (None, None)
-        variant = self._fused_variant(entry, [t for t in (a, b, out, gate, act, up, dgate) if t is not None], M, N, K)
+        projection, its gate projection already stored. None where the form, the plan or the shape
+        has none (_fused_variant): the caller runs the activation's pass of its own."""
+        variant = self._fused_variant(entry, (a, b, out, gate, act), M, N, K)
         if variant is None or form != "swiglu":
             return None
-        gpu, name = self.gpu, f"{entry}_{form}" + ("_back" if back else "")
+        gpu = self.gpu
         uniform = (M, N, K, bias is not None, accumulate, 1, 0, 0, 0)
-        tensors, access = [a, b, bias, out, None, gate, act], "urrrwrrw"
-        if back:
-            tensors, access = tensors + [up, dgate], access + "rw"
+        tensors = [a, b, bias, out, None, gate, act]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
-            k = gpu.kernel("matmul_vec4.wgsl", name + "_sg", access, {"NC": nc, "TM": tm}, SUBGROUPS)
+            k = gpu.kernel("matmul_vec4.wgsl", f"{entry}_{form}_sg", "urrrwrrw", {"NC": nc, "TM": tm}, SUBGROUPS)
             return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), 1))
         wx = self.plan.matmul_wx
-        k = gpu.kernel("matmul_vec4.wgsl", name + "_vec4", access, {"WX": wx})
+        k = gpu.kernel("matmul_vec4.wgsl", f"{entry}_{form}_vec4", "urrrwrrw", {"WX": wx})
         return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), 1))
 
     def _fused_variant(self, entry, tensors, M, N, K) -> str | None:

@@ -144,24 +144,6 @@ class Gated:
 
 
 @dataclass
-class GatedBack:
-    """Gated's backward after the down projection's dx product, d(act): dgate and dup from gate and
-    up (swiglu_backward's), made where d(act) would be stored where the kernels allow."""
-    pk: PolicyKernels
-    gate: Tensor
-    up: Tensor
-    dup: Tensor
-    dgate: Tensor
-
-    def in_store(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int, accumulate: bool):
-        return kn.matmul_gated(self.pk.block.mlp.in_store, entry, a, b, bias, out, M, N, K, accumulate, self.gate,
-                               self.dup, back=(self.up, self.dgate))
-
-    def after(self, kn: Kernels, dact: Tensor, rows: int, N: int) -> list:
-        return [self.pk.act_backward(self.up, dact, self.dup, rows * N, self.gate, self.dgate)]
-
-
-@dataclass
 class BlockWeights:
     """One block's weights: each matrix as the matmuls read it, float32 biases (None where the
     block has none), [g | b] of each LayerNorm as one [2, C] tensor and the gains alone
@@ -200,57 +182,48 @@ def _cols(t: Tensor, rows: int, cols: int) -> Tensor:
     return Tensor(t.buf, t.offset, (rows, cols), t.dtype, t.name)
 
 
-def product_then(kn: Kernels, pk: PolicyKernels, last: tuple, then) -> list:
-    """last = (entry, a, b, bias, out, M, N, K, accumulate): the product that completes out (matmul
-    or matmul_abt); then: what follows it (Rotary, Gated, GatedBack, or None), made in the
-    product's store where the kernels have that form (then.in_store), else a pass after it."""
-    fused = then.in_store(kn, *last) if then is not None else None
-    if fused is not None:
-        return [fused]
-    entry, a, b, bias, out, M, N, K, acc = last
-    ds = [pk.matmul(a, b, bias, out, M, N, K, accumulate=acc) if entry == "matmul" else
-          pk.matmul_abt(a, b, out, M, N, K, accumulate=acc)]
-    return ds + (then.after(kn, out, M, N) if then is not None else [])
-
-
 def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W, bias, out, rows: int, N: int,
            K: int, then=None) -> list:
     """out = x W + bias, and where `name` has an adapter, + s (x A^T) B^T summed before out is
     stored (a 16-bit out gets the float32 sum in lo.y, then one rounding). then: what follows
-    out's product, as product_then makes it."""
-    if lo is None or name not in lo.A:
-        return product_then(kn, pk, ("matmul", x, W, bias, out, rows, N, K, False), then)
-    y = _cols(lo.y, rows, N) if DTYPES[out.dtype].packed else out
-    ds = [pk.matmul(x, W, bias, y, rows, N, K),
-          pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
-          kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale)]
-    last = ("matmul_abt", lo.hs[name], lo.B[name], None, y, rows, N, lo.R, True)     # the sum's last term
-    if y is out:
-        return ds + product_then(kn, pk, last, then)
-    ds += product_then(kn, pk, last, None) + pk.convert(y, out, rows * N)
+    out's product (Rotary, Gated), made by the product that stores out where it has a form that
+    does so (then.in_store), else in a pass after it (then.after)."""
+    adapted = lo is not None and name in lo.A
+    y = _cols(lo.y, rows, N) if adapted and DTYPES[out.dtype].packed else out
+    if adapted:
+        ds = [pk.matmul(x, W, bias, y, rows, N, K), pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
+              kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale)]
+        last = ("matmul_abt", lo.hs[name], lo.B[name], None, y, rows, N, lo.R, True)    # the sum's last term
+    else:
+        ds, last = [], ("matmul", x, W, bias, y, rows, N, K, False)
+    fused = then.in_store(kn, *last) if then is not None and y is out else None
+    if fused is not None:
+        return ds + [fused]
+    entry, a, b, b_bias, dst, M, N_, K_, acc = last
+    ds.append(pk.matmul(a, b, b_bias, dst, M, N_, K_) if entry == "matmul" else
+              pk.matmul_abt(a, b, dst, M, N_, K_, accumulate=acc))
+    ds += pk.convert(y, out, rows * N)
     return ds + (then.after(kn, out, rows, N) if then is not None else [])
 
 
 def linear_backward(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, G: dict, name: str, bias: str, x, W, dy,
-                    dx, rows: int, N: int, K: int, accumulate: bool = False, then=None) -> list:
+                    dx, rows: int, N: int, K: int, accumulate: bool = False) -> list:
     """The gradients of out = linear(x): of W and the bias where G has a place for them (a
     frozen one has none), of the adapter where `name` has one, and dx (+)= dy W^T (+ its path
-    through the adapter). then: what follows dx's last product, as product_then makes it."""
-    ds = []
+    through the adapter)."""
+    ds = [pk.matmul_abt(dy, W, dx, rows, K, N, accumulate=accumulate)]
     if name in G:
         ds.append(pk.matmul_atb(x, dy, G[name], K, N, rows))
     if bias in G:
         ds.append(kn.bias_grad(dy, G[bias], rows, N))
-    last = ("matmul_abt", dy, W, None, dx, rows, K, N, accumulate)                   # dx (+)= dy W^T
     if lo is not None and name in lo.A:
         R = lo.R
-        ds += product_then(kn, pk, last, None)
         ds += [pk.matmul_atb(dy, lo.hs[name], lo.dB[name], N, R, rows),          # dB = dy^T s h
                pk.matmul(dy, lo.B[name], None, lo.h, rows, R, N),                 # dy B
                kn.scale(lo.h, lo.gs, rows * R, lo.scale),                         # s dy B
-               pk.matmul_atb(lo.gs, x, lo.dA[name], R, K, rows)]                  # dA = (s dy B)^T x
-        last = ("matmul", lo.gs, lo.A[name], None, dx, rows, K, R, True)          # dx += (s dy B) A
-    return ds + product_then(kn, pk, last, then)
+               pk.matmul_atb(lo.gs, x, lo.dA[name], R, K, rows),                  # dA = (s dy B)^T x
+               pk.matmul(lo.gs, lo.A[name], None, dx, rows, K, R, accumulate=True)]
+    return ds
 
 
 @dataclass
@@ -338,22 +311,16 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     A parameter without a place in g.G is frozen: no gradient is computed for it. rot: as
     block_forward's (the gradients of the turned q and k turned back)."""
     G = g.G
-
-    def lin(name, bias, x, dy, dx, N, K, acc=False, then=None):
-        return linear_backward(kn, pk, lo, G, name, bias, x, w.W[name], dy, dx, rows, N, K, acc, then)
-
+    lin = lambda name, bias, x, dy, dx, N, K, acc=False: linear_backward(kn, pk, lo, G, name, bias, x, w.W[name], dy,
+                                                                         dx, rows, N, K, acc)
     ln_dgb = lambda x, stats, ln: [pk.norm_dgb(g.dln, x, stats, G[ln], rows, C)] if ln in G else []
     hs = pk.block.heads
     QC = hs.q_width
     ds = pk.convert(a.ctx, a.att_out, rows * QC)           # refill what the attention reads in float32
     for t, t_in in zip(a.qkv, a.att_in):
         ds += pk.convert(t, t_in, rows * QC)
-    if a.gate is not None:                        # gated: d(act) into dgate and dup where it is made
-        back = GatedBack(pk, a.gate, a.pre, g.dpre, g.dgate)
-        ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M, then=back)
-    else:
-        ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
-        ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M))
+    ds += lin("fc_out_W", "fc_out_b", a.gel, g.dres, g.dact, C, M)
+    ds.append(pk.act_backward(a.pre, g.dact, g.dpre, rows * M, a.gate, g.dgate))
     ds += lin("fc_in_W", "fc_in_b", a.ln2, g.dpre, g.dln, M, C)
     if a.gate is not None:
         ds += lin("fc_gate_W", "fc_gate_b", a.ln2, g.dgate, g.dln, M, C, True)

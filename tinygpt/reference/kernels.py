@@ -364,17 +364,8 @@ def matmul_abt_swiglu_vec4(a, b, gate, acc=None):   # -> (acc + a @ b^T, silu(ga
     return up, swiglu_forward(gate, up)
 
 
-def matmul_swiglu_back_vec4(a, b, gate, up, acc=None):   # d(act) = acc + a @ b -> (dgate, dup)
-    return swiglu_backward(gate, up, matmul(a, b) + (0.0 if acc is None else acc))
-
-
-def matmul_abt_swiglu_back_vec4(a, b, gate, up, acc=None):   # d(act) = acc + a @ b^T -> (dgate, dup)
-    return swiglu_backward(gate, up, matmul_abt(a, b) + (0.0 if acc is None else acc))
-
-
 # the same gated products with the sg kernels' walk (matmul_vec4.wgsl's sg section)
 matmul_swiglu_sg, matmul_abt_swiglu_sg = matmul_swiglu_vec4, matmul_abt_swiglu_vec4
-matmul_swiglu_back_sg, matmul_abt_swiglu_back_sg = matmul_swiglu_back_vec4, matmul_abt_swiglu_back_vec4
 
 
 # ---- grouped-query attention (heads.wgsl) -----------------------------------------------
