@@ -55,12 +55,6 @@ enable subgroups;
 //   matmul_rope_vec4, matmul_abt_rope_vec4   the vec4 kernels' walk, two blocks an invocation
 //   matmul_rope_sg, matmul_abt_rope_sg       the sg kernels' walk with NC = 2 (hd = 64: the same columns)
 // Rows are at positions row % T + offset, as rope_forward's; hd a multiple of 8, N of hd.
-//
-// The gated matmuls: the gated MLP's up projection (A @ B + bias, or a LoRA's A @ B^T +=) with its
-// activation where it is stored, the gate projection already written: out = the product (saved
-// for the backward) and act = silu(gate) * out (glu.wgsl's swiglu_forward), one pass where the
-// product and the activation took two.
-//   matmul_swiglu_vec4, matmul_abt_swiglu_vec4, matmul_swiglu_sg, matmul_abt_swiglu_sg
 
 // batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so floats on;
 // T, offset: the turned matmuls' positions (row i at i % T + offset)
@@ -73,8 +67,6 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> cs: array<vec2<f32>>;   // the turned matmuls': (cos, sin) [positions, hd/2]
-@group(0) @binding(6) var<storage, read> gate: array<vec4<f32>>;          // the gated matmuls': gate [M, N]
-@group(0) @binding(7) var<storage, read_write> act: array<vec4<f32>>;     // ... silu(gate) * out [M, N]
 
 override WX: u32 = 16u;  // vec4: invocations per workgroup, 4 columns each
 override TM: u32 = 16u;  // rows per workgroup: 16 (vec4); 16 or 32 (sg: 32 with at most 2 column blocks)
@@ -120,29 +112,6 @@ fn store(acc: Acc, row0: u32, c4: u32, live: bool) {
         var v = m[c] + b;
         if (p.accumulate != 0u) { v += out[oo + i * n4 + c4]; }
         out[oo + i * n4 + c4] = v;
-      }
-    }
-  }
-}
-
-// The gated matmuls' store: store's, and silu(gate) * what it stored into act
-fn glu_store(acc: Acc, row0: u32, c4: u32, live: bool) {
-  if (!live) { return; }
-  let n4 = p.N / 4u;
-  var b = vec4<f32>();
-  if (p.has_bias != 0u) { b = bias[c4]; }
-  for (var q = 0u; q < 4u; q++) {
-    var m: mat4x4<f32>;
-    switch q { case 0u: { m = acc.q0; } case 1u: { m = acc.q1; } case 2u: { m = acc.q2; } default: { m = acc.q3; } }
-    for (var c = 0u; c < 4u; c++) {
-      let i = row0 + 4u * q + c;
-      if (i < p.M) {
-        let o = oo + i * n4 + c4;
-        var v = m[c] + b;
-        if (p.accumulate != 0u) { v += out[o]; }
-        out[o] = v;
-        let g = gate[o];
-        act[o] = g * (1.0 / (1.0 + exp(-g))) * v;
       }
     }
   }
@@ -207,17 +176,14 @@ fn b_block(c4: u32, kk: u32, tb: bool) -> mat4x4<f32> {
   return mat4x4<f32>(B[ob + k * n4 + c4], B[ob + (k + 1u) * n4 + c4], B[ob + (k + 2u) * n4 + c4], B[ob + (k + 3u) * n4 + c4]);
 }
 
-// the invocation's vec4 column of out (clamped), and 1 where it is real
-fn vec4_col(wid: vec3<u32>, lid: u32) -> vec2<u32> {
-  let cw = wid.x * WX + lid;
-  return vec2<u32>(min(cw, p.N / 4u - 1u), u32(cw < p.N / 4u));
-}
-
 // A @ B (tb = false) or A @ B^T (tb = true): the same walk, only B's 4x4 block is read differently.
-fn a_times_b(wid: vec3<u32>, lid: u32, tb: bool) -> Acc {
+fn a_times_b(wid: vec3<u32>, lid: u32, tb: bool) {
+  let n4 = p.N / 4u;
   let k4 = p.K / 4u;
-  let c4 = vec4_col(wid, lid).x;
-  let a = rows16(wid.y * TM, k4);
+  let cw = wid.x * WX + lid;
+  let c4 = min(cw, n4 - 1u);
+  let row0 = wid.y * TM;
+  let a = rows16(row0, k4);
   var acc: Acc;
   for (var kk = 0u; kk < k4; kk++) {
     let bm = b_block(c4, kk, tb);
@@ -226,33 +192,19 @@ fn a_times_b(wid: vec3<u32>, lid: u32, tb: bool) -> Acc {
     acc.q2 += bm * mat4x4<f32>(A[oa + a.r8 + kk], A[oa + a.r9 + kk], A[oa + a.r10 + kk], A[oa + a.r11 + kk]);
     acc.q3 += bm * mat4x4<f32>(A[oa + a.r12 + kk], A[oa + a.r13 + kk], A[oa + a.r14 + kk], A[oa + a.r15 + kk]);
   }
-  return acc;
+  store(acc, row0, c4, cw < n4);
 }
 
 @compute @workgroup_size(WX)
 fn matmul_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   batch_at(wid.z);
-  let c = vec4_col(wid, lid);
-  store(a_times_b(wid, lid, false), wid.y * TM, c.x, c.y == 1u);
+  a_times_b(wid, lid, false);
 }
 
 @compute @workgroup_size(WX)
 fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   batch_at(wid.z);
-  let c = vec4_col(wid, lid);
-  store(a_times_b(wid, lid, true), wid.y * TM, c.x, c.y == 1u);
-}
-
-@compute @workgroup_size(WX)
-fn matmul_swiglu_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let c = vec4_col(wid, lid);
-  glu_store(a_times_b(wid, lid, false), wid.y * TM, c.x, c.y == 1u);
-}
-
-@compute @workgroup_size(WX)
-fn matmul_abt_swiglu_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let c = vec4_col(wid, lid);
-  glu_store(a_times_b(wid, lid, true), wid.y * TM, c.x, c.y == 1u);
+  a_times_b(wid, lid, true);
 }
 
 // The vec4 walk over a pair's two blocks: the 16 rows of A, loaded once, meet both.
@@ -425,27 +377,6 @@ fn matmul_abt_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invoca
 fn turn_tile(t: Tile) {
   turn_store(t.acc, t.acc2, t.row0, t.c.a, t.c.b, t.c.live_a);
   if (TM == 32u) { turn_store(t.hi, t.hi2, t.row0 + 16u, t.c.a, t.c.b, t.c.live_a); }
-}
-
-// the gated sg matmuls: store_tile's blocks, stored by glu_store
-fn glu_tile(t: Tile) {
-  glu_store(t.acc, t.row0, t.c.a, t.c.live_a);
-  if (NC >= 2u) { glu_store(t.acc2, t.row0, t.c.b, t.c.live_b); }
-  if (NC >= 3u) { glu_store(t.acc3, t.row0, t.c.c, t.c.live_c); }
-  if (TM == 32u) {
-    glu_store(t.hi, t.row0 + 16u, t.c.a, t.c.live_a);
-    if (NC >= 2u) { glu_store(t.hi2, t.row0 + 16u, t.c.b, t.c.live_b); }
-  }
-}
-
-@compute @workgroup_size(LANES)
-fn matmul_swiglu_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  glu_tile(a_times_b_sg(wid, lane, false));
-}
-
-@compute @workgroup_size(LANES)
-fn matmul_abt_swiglu_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  glu_tile(a_times_b_sg(wid, lane, true));
 }
 
 @compute @workgroup_size(LANES)

@@ -317,44 +317,6 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
 
 
 @pytest.mark.parametrize("variant", ["vec4", "sg"])
-@pytest.mark.parametrize("M,N,K_", [(1, 4, 4), (7, 12, 20), (33, 200, 64), (62, 64, 12), (100, 96, 48)])
-def test_matmul_gated(gpu, rng, M, N, K_, variant):
-    """A gated MLP's up projection with SwiGLU where it is stored (matmul_vec4.wgsl's gated kernels):
-    up = x W + bias (and a LoRA's last product A @ B^T added to what up holds), act = silu(gate) * up,
-    against the float64 twins. Odd rows, N = 96 (3 column blocks of the sg walk), 32-row tiles
-    (M = 62, 100). Where no gated form exists (a 16-bit operand, the tiled plan, another
-    activation) the launcher says so with None."""
-    from tinygpt.device.plan import KernelPlan
-    if variant == "sg":
-        need_subgroups(gpu)
-    kn = Kernels(gpu, KernelPlan(matmul=variant, subgroups="ok" if variant == "sg" else "not checked"))
-    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
-    gate = (2 * rng.standard_normal((M, N))).astype(np.float32)
-    t_gate, act = gpu.upload(gate), gpu.tensor((M, N))
-    d = kn.matmul_gated("swiglu", "matmul", gpu.upload(a), gpu.upload(b), gpu.upload(bias), out, M, N, K_, False,
-                        t_gate, act)
-    assert d.kernel.name == f"matmul_swiglu_{variant}"
-    run(gpu, d)
-    up, want = getattr(R, f"matmul_swiglu_{variant}")(f64(a), f64(b), f64(bias), f64(gate))
-    check(f"matmul_swiglu_{variant} {M}x{N}x{K_} up", gpu.read(out), up, tol)
-    check(f"matmul_swiglu_{variant} {M}x{N}x{K_} act", gpu.read(act), want, 2 * tol, 1e-6)
-    gpu.write(out, prev)
-    run(gpu, kn.matmul_gated("swiglu", "matmul_abt", gpu.upload(a), gpu.upload(b.T.copy()), None, out, M, N, K_, True,
-                             t_gate, act))
-    up, want = getattr(R, f"matmul_abt_swiglu_{variant}")(f64(a), f64(b.T), f64(gate), f64(prev))
-    check(f"matmul_abt_swiglu_{variant} (+=) {M}x{N}x{K_} up", gpu.read(out), up, tol)
-    check(f"matmul_abt_swiglu_{variant} (+=) {M}x{N}x{K_} act", gpu.read(act), want, 2 * tol, 1e-6)
-    half = gpu.tensor((M, N), "bf16")
-    assert kn.matmul_gated("swiglu", "matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, half,
-                           act) is None
-    assert kn.matmul_gated("geglu", "matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, t_gate,
-                           act) is None
-    tiled = Kernels(gpu, KernelPlan(matmul="tiled"))
-    assert tiled.matmul_gated("swiglu", "matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, t_gate,
-                              act) is None
-
-
-@pytest.mark.parametrize("variant", ["vec4", "sg"])
 @pytest.mark.parametrize("M,H,hd,K_,T,offset", [(7, 1, 8, 4, 7, 0), (33, 3, 24, 20, 11, 0), (100, 2, 64, 48, 50, 3),
                                                 (62, 2, 128, 12, 31, 0), (5, 1, 16, 8, 1, 37), (1, 5, 40, 36, 1, 9)])
 def test_matmul_turned(gpu, rng, M, H, hd, K_, T, offset, variant):

@@ -59,8 +59,6 @@ class Mlp:
     backward: str        # one's launchers, which read gate and up as stored whatever the precision
     options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
     gated: bool = False  # a gate projection beside the input one (fc_gate_W, fc_gate_b)
-    in_store: str = ""   # a gated one's form in the matmul that stores its up projection, where the
-                         # kernels have one (Kernels.matmul_gated: matmul_vec4.wgsl's gated matmuls)
 
 
 NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),
@@ -70,7 +68,7 @@ POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
 MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
                             Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}),
                             Mlp("relu2", "relu2_forward", "relu2_backward"),
-                            Mlp("swiglu", "swiglu_forward", "swiglu_backward", gated=True, in_store="swiglu"))}
+                            Mlp("swiglu", "swiglu_forward", "swiglu_backward", gated=True))}
 @dataclass(frozen=True)
 class Bias:
     name: str

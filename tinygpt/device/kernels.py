@@ -297,10 +297,12 @@ class Kernels:
         """out (+)= a @ b (+ bias) ("matmul") or a @ b^T ("matmul_abt"), turned by RoPE where it is
         stored: matmul_vec4.wgsl's turned kernels, for the projection that writes a rotary
         model's q or k (cs its (cos, sin) table, row i at position i % T + offset). None where the
-        plan or the shape has no turned form (_fused_variant; hd a multiple of 8 and N of hd): the
-        caller turns in rope_forward's pass of its own."""
-        variant = self._fused_variant(entry, (a, b, out), M, N, K)
-        if variant is None or hd % 8 or N % hd:
+        plan or the shape has no turned form (float32 operands, the plan's vec4 or sg kernels, hd
+        a multiple of 8 and N of hd): the caller turns in rope_forward's pass of its own."""
+        if entry not in ("matmul", "matmul_abt") or hd % 8 or N % hd or any(t.dtype != "f32" for t in (a, b, out)):
+            return None
+        variant = matmul_variant(self.plan, entry, M, N, K)
+        if variant not in ("sg", "vec4"):
             return None
         gpu, pairs = self.gpu, N // 8
         uniform = (M, N, K, bias is not None, accumulate, 1, 0, 0, 0, T, offset)
@@ -313,34 +315,6 @@ class Kernels:
         wx = self.plan.matmul_wx
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_vec4", "urrrwr", {"WX": wx, "HALF4": hd // 8})
         return gpu.dispatch(k, uniform, tensors, (-(-pairs // wx), -(-M // VEC_ROWS), 1))
-
-    def matmul_gated(self, form, entry, a, b, bias, out, M, N, K, accumulate, gate, act) -> Dispatch | None:
-        """out (+)= a @ b (+ bias) or a @ b^T, and act = the gated activation `form` of (gate, out)
-        where out is stored (matmul_vec4.wgsl's gated kernels: "swiglu"), for a gated MLP's up
-        projection, its gate projection already stored. None where the form, the plan or the shape
-        has none (_fused_variant): the caller runs the activation's pass of its own."""
-        variant = self._fused_variant(entry, (a, b, out, gate, act), M, N, K)
-        if variant is None or form != "swiglu":
-            return None
-        gpu = self.gpu
-        uniform = (M, N, K, bias is not None, accumulate, 1, 0, 0, 0)
-        tensors = [a, b, bias, out, None, gate, act]
-        if variant == "sg":
-            tm, nc = sg_tile(M, N)
-            k = gpu.kernel("matmul_vec4.wgsl", f"{entry}_{form}_sg", "urrrwrrw", {"NC": nc, "TM": tm}, SUBGROUPS)
-            return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * SG_LANES * nc)), -(-M // tm), 1))
-        wx = self.plan.matmul_wx
-        k = gpu.kernel("matmul_vec4.wgsl", f"{entry}_{form}_vec4", "urrrwrrw", {"WX": wx})
-        return gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx)), -(-M // VEC_ROWS), 1))
-
-    def _fused_variant(self, entry, tensors, M, N, K) -> str | None:
-        """The variant of a matmul that does more where it stores (turned, gated): the plan's vec4 or
-        sg, for A @ B or A @ B^T of float32 operands (none half); None where the plan, the shape or a dtype
-        takes another kernel, which has no such form."""
-        if entry not in ("matmul", "matmul_abt") or any(t.dtype in HALVES for t in tensors):
-            return None
-        variant = matmul_variant(self.plan, entry, M, N, K)
-        return variant if variant in ("sg", "vec4") else None
 
     def _mm_template(self, entry, a, b, bias, out, M, N, K, uniform, variant, dtype) -> Dispatch:
         """matmul.wgsl (scalar) or matmul_tiled.wgsl (workgroup tiles of BM x BN, TM x 4TV per

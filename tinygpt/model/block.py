@@ -107,14 +107,11 @@ class Rotary:
     def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
         return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset)]
 
-    def in_store(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int, accumulate: bool):
+    def turned(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int,
+               accumulate: bool) -> object:
         """The product that stores q or k (matmul or matmul_abt), turned as it stores them; None where
         the kernels have no turned form for it (Kernels.matmul_turned: float32 q and k)."""
         return kn.matmul_turned(entry, a, b, bias, out, M, N, K, accumulate, self.cs, self.T, self.hd, self.offset)
-
-    def after(self, kn: Kernels, x: Tensor, rows: int, C: int) -> list:
-        """The turn as a pass of its own, where the product had no turned form."""
-        return self.forward(kn, x, rows, C)
 
     def forward_normed(self, kn: Kernels, xr: Tensor, g: Tensor, x: Tensor, stats: Tensor, rows: int, C: int,
                        eps: float) -> list:
@@ -125,22 +122,6 @@ class Rotary:
                         C: int) -> list:
         """forward_normed's gradient to xr where g takes none: dy turned back as QK-norm's dx reads it."""
         return [kn.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset)]
-
-
-@dataclass
-class Gated:
-    """A gated MLP's activation after its up projection: act = silu(gate) * up, the gate projection
-    already stored; made where up is stored where the kernels allow (Kernels.matmul_gated)."""
-    pk: PolicyKernels
-    gate: Tensor
-    act: Tensor
-
-    def in_store(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int, accumulate: bool):
-        return kn.matmul_gated(self.pk.block.mlp.in_store, entry, a, b, bias, out, M, N, K, accumulate, self.gate,
-                               self.act)
-
-    def after(self, kn: Kernels, up: Tensor, rows: int, N: int) -> list:
-        return [self.pk.act_forward(up, self.act, rows * N, self.gate)]
 
 
 @dataclass
@@ -183,11 +164,11 @@ def _cols(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W, bias, out, rows: int, N: int,
-           K: int, then=None) -> list:
+           K: int, rot: Rotary | None = None) -> list:
     """out = x W + bias, and where `name` has an adapter, + s (x A^T) B^T summed before out is
-    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding). then: what follows
-    out's product (Rotary, Gated), made by the product that stores out where it has a form that
-    does so (then.in_store), else in a pass after it (then.after)."""
+    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding). rot: RoPE's turn of
+    out (a rotary model's q or k), made by the product that stores out where it has a turned
+    form (Rotary.turned), else in a pass after it."""
     adapted = lo is not None and name in lo.A
     y = _cols(lo.y, rows, N) if adapted and DTYPES[out.dtype].packed else out
     if adapted:
@@ -196,14 +177,14 @@ def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W
         last = ("matmul_abt", lo.hs[name], lo.B[name], None, y, rows, N, lo.R, True)    # the sum's last term
     else:
         ds, last = [], ("matmul", x, W, bias, y, rows, N, K, False)
-    fused = then.in_store(kn, *last) if then is not None and y is out else None
-    if fused is not None:
-        return ds + [fused]
+    turned = rot.turned(kn, *last) if rot is not None and y is out else None
+    if turned is not None:
+        return ds + [turned]
     entry, a, b, b_bias, dst, M, N_, K_, acc = last
     ds.append(pk.matmul(a, b, b_bias, dst, M, N_, K_) if entry == "matmul" else
               pk.matmul_abt(a, b, dst, M, N_, K_, accumulate=acc))
     ds += pk.convert(y, out, rows * N)
-    return ds + (then.after(kn, out, rows, N) if then is not None else [])
+    return ds + (rot.forward(kn, out, rows, N) if rot is not None else [])
 
 
 def linear_backward(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, G: dict, name: str, bias: str, x, W, dy,
@@ -254,8 +235,8 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
                   M: int, lo: BlockLoRA | None = None, rot: Rotary | None = None) -> list:
     """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any;
     rot: where RoPE turns q and k (a rotary model's)."""
-    lin = lambda name, x, bias, out, N, K, then=None: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows,
-                                                              N, K, then)
+    lin = lambda name, x, bias, out, N, K, rot=None: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N,
+                                                            K, rot)
     hs = pk.block.heads
     QC = hs.q_width                                     # q's and the attention's width (C, or H hd set apart)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]
@@ -278,12 +259,10 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     ds += lin("Wo", a.ctx, "bo", a.tmp, C, QC)
     ds += [kn.add(a.x, a.tmp, a.x_mid, rows * C),
            pk.layernorm(a.x_mid, w.ln2, a.ln2, a.ln2s, rows, C)]
-    if a.gate is not None:                              # gated: the gate, then up with its activation
+    ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
+    if a.gate is not None:
         ds += lin("fc_gate_W", a.ln2, "fc_gate_b", a.gate, M, C)
-        ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C, Gated(pk, a.gate, a.gel))
-    else:
-        ds += lin("fc_in_W", a.ln2, "fc_in_b", a.pre, M, C)
-        ds.append(pk.act_forward(a.pre, a.gel, rows * M))
+    ds.append(pk.act_forward(a.pre, a.gel, rows * M, a.gate))
     ds += lin("fc_out_W", a.gel, "fc_out_b", a.tmp, C, M)
     return ds + [kn.add(a.x_mid, a.tmp, a.x_out, rows * C)]
 

@@ -354,20 +354,6 @@ def swiglu_backward(gate, up, dy):       # -> (dgate, dup)
     return dy * up * s * (1.0 + gate * (1.0 - s)), dy * gate * s
 
 
-def matmul_swiglu_vec4(a, b, bias, gate):   # -> (a @ b + bias, silu(gate) * it): a gated MLP's up projection
-    up = matmul(a, b, bias)
-    return up, swiglu_forward(gate, up)
-
-
-def matmul_abt_swiglu_vec4(a, b, gate, acc=None):   # -> (acc + a @ b^T, silu(gate) * it): a LoRA's last product
-    up = matmul_abt(a, b) + (0.0 if acc is None else acc)
-    return up, swiglu_forward(gate, up)
-
-
-# the same gated products with the sg kernels' walk (matmul_vec4.wgsl's sg section)
-matmul_swiglu_sg, matmul_abt_swiglu_sg = matmul_swiglu_vec4, matmul_abt_swiglu_vec4
-
-
 # ---- grouped-query attention (heads.wgsl) -----------------------------------------------
 def kv_expand(x, H, KV):                 # x [rows, KV*hd] -> [rows, H*hd]: query head h takes kv head h // (H/KV)
     rows, hd = len(x), x.shape[1] // KV
