@@ -14,6 +14,17 @@ fn lin(wid: vec3<u32>, nwg: vec3<u32>, lid: vec3<u32>) -> u32 {
   return group_index(wid, nwg) * 64u + lid.x;
 }
 
+// RoPE's turn of four channels of a pair's halves: x1 in a head's first half, x2 the same channels
+// of its second, each channel by its (cos, sin) e0..e3, as rope.wgsl turns: the turned matmuls'
+// (matmul_vec4.wgsl, matmul_tiled.wgsl) store.
+struct Turned { x1: vec4<f32>, x2: vec4<f32> }
+
+fn turn4(x1: vec4<f32>, x2: vec4<f32>, e0: vec2<f32>, e1: vec2<f32>, e2: vec2<f32>, e3: vec2<f32>) -> Turned {
+  let co = vec4<f32>(e0.x, e1.x, e2.x, e3.x);
+  let si = vec4<f32>(e0.y, e1.y, e2.y, e3.y);
+  return Turned(x1 * co - x2 * si, x2 * co + x1 * si);
+}
+
 // erf with |error| < 1.5e-7 (Abramowitz & Stegun 7.1.26): WGSL has no erf.
 fn erf4(v: vec4<f32>) -> vec4<f32> {
   let a = abs(v);

@@ -19,15 +19,24 @@
 // (AH4, BH4, OH4: the products file declares them; the bindings not used are bound to a dummy):
 //   A_HALF, B_HALF  that operand is half: the tile loads read half the bytes.
 //   OUT_HALF        out is written as half values, bias added first; no accumulate.
+//
+// The turned matmuls (matmul_vec4.wgsl says why): the projections that write a rotary model's
+// float32 q and k, turned by RoPE where out is stored. TV = 2 and HALF4 = hd / 8: the tile's
+// first WX vec4 columns are the first halves of WX RoPE pairs, its last WX the second halves, so
+// an invocation's two columns are one pair's halves.
+//   matmul_rope_tiled, matmul_abt_rope_tiled
 
-// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so values on
-struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32 }
+// batched: workgroup row z works on the z-th product, its A, B and out sa, sb, so values on;
+// T, offset: the turned matmuls' positions (row i at i % T + offset)
+struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u32, sa: u32, sb: u32, so: u32,
+                T: u32, offset: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read> cs: array<vec2<f32>>;   // the turned matmuls': (cos, sin) [positions, hd/2]
 
 override WX: u32 = 16u;   // invocations along N
 override WY: u32 = 16u;   // invocations along M
@@ -37,6 +46,7 @@ override BK: u32 = 16u;   // k per tile, a multiple of 4
 override A_HALF: bool = false;
 override B_HALF: bool = false;
 override OUT_HALF: bool = false;
+override HALF4: u32 = 0u;   // the turned matmuls': hd / 8 (0: not turned)
 const TM_MAX: u32 = 8u;
 const TV_MAX: u32 = 2u;
 
@@ -58,6 +68,20 @@ fn a4(at: u32) -> vec4<T> {
 fn b4(at: u32) -> vec4<T> {
   if (B_HALF) { return b_half4(ob + at); }
   return wide4(B[ob + at]);
+}
+
+// The global vec4 column of the tile's vec4 column jv (tile at column j0), and whether it is real.
+// Turned: pair q = j0 / 8 + jv % WX is vec4 column q % HALF4 of head q / HALF4's first half; jv <
+// WX takes it, jv >= WX the same column of the head's second half.
+fn tile_col4(j0: u32, jv: u32) -> u32 {
+  if (HALF4 == 0u) { return j0 / 4u + jv; }
+  let q = j0 / 8u + jv % WX;
+  return (q / HALF4) * 2u * HALF4 + q % HALF4 + (jv / WX) * HALF4;
+}
+
+fn tile_live4(j0: u32, jv: u32) -> bool {
+  if (HALF4 == 0u) { return j0 / 4u + jv < p.N / 4u; }
+  return j0 / 8u + jv % WX < p.N / 8u;
 }
 
 // Load the A and B tiles of the k-slice k0 (ta: A is stored [K, M]; tb: B is stored [N, K]).
@@ -89,20 +113,24 @@ fn load_tiles(li: u32, i0: u32, j0: u32, k0: u32, ta: bool, tb: bool) {
       let j = e / (BK / 4u);            // column within the tile, 0 .. 4*BN4
       let k4 = e % (BK / 4u);
       var v = vec4<T>();
-      if (j0 + j < p.N && k0 / 4u + k4 < K4) { v = b4((j0 + j) * K4 + k0 / 4u + k4); }
+      let col = 4u * tile_col4(j0, j / 4u) + j % 4u;
+      if (tile_live4(j0, j / 4u) && k0 / 4u + k4 < K4) { v = b4(col * K4 + k0 / 4u + k4); }
       for (var c = 0u; c < 4u; c++) { bs[(4u * k4 + c) * BN4 + j / 4u][j % 4u] = v[c]; }
       // each e fills one column of 4 k; the 4*BN4 columns x BK/4 groups = BK * BN4 loads in all
     } else {
       let k = e / BN4;
       let j4 = e % BN4;
       var v = vec4<T>();
-      if (k0 + k < p.K && j0 / 4u + j4 < N4) { v = b4((k0 + k) * N4 + j0 / 4u + j4); }
+      if (k0 + k < p.K && tile_live4(j0, j4)) { v = b4((k0 + k) * N4 + tile_col4(j0, j4)); }
       bs[k * BN4 + j4] = v;
     }
   }
 }
 
-fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
+// each invocation's block: TM rows by TV vec4 columns
+alias Block = array<array<vec4<f32>, TV_MAX>, TM_MAX>;
+
+fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) -> Block {
   oa = wid.z * (p.sa / 4u);
   ob = wid.z * (p.sb / 4u);
   oo = wid.z * (p.so / 4u);
@@ -111,7 +139,7 @@ fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
   let i0 = wid.y * BM;
   let j0 = wid.x * BN4 * 4u;
   let li = lid.y * WX + lid.x;
-  var acc: array<array<vec4<f32>, TV_MAX>, TM_MAX>;
+  var acc: Block;
   for (var k0 = 0u; k0 < p.K; k0 += BK) {
     load_tiles(li, i0, j0, k0, ta, tb);
     workgroupBarrier();
@@ -125,6 +153,12 @@ fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
     }
     workgroupBarrier();
   }
+  return acc;
+}
+
+fn store_block(wid: vec3<u32>, lid: vec3<u32>, acc: Block) {
+  let i0 = wid.y * WY * TM;
+  let j0 = wid.x * WX * TV * 4u;
   let N4 = p.N / 4u;
   for (var r = 0u; r < TM; r++) {
     let i = i0 + lid.y * TM + r;
@@ -142,17 +176,53 @@ fn tiled(wid: vec3<u32>, lid: vec3<u32>, ta: bool, tb: bool) {
   }
 }
 
+// The turned matmuls' store (TV = 2): the invocation's columns v = 0 and 1 are the halves of a
+// pair, x1 and x2, bias (and what out holds) added, then (x1 cos - x2 sin, x2 cos + x1 sin) at
+// each row's position, as rope_forward turns, stored (float32 operands and out).
+fn turn_block(wid: vec3<u32>, lid: vec3<u32>, acc: Block) {
+  let j0 = wid.x * WX * TV * 4u;
+  if (!tile_live4(j0, lid.x)) { return; }
+  let N4 = p.N / 4u;
+  let ca = tile_col4(j0, lid.x);
+  let cb = ca + HALF4;
+  var b1 = vec4<f32>();
+  var b2 = vec4<f32>();
+  if (p.has_bias != 0u) { b1 = bias[ca]; b2 = bias[cb]; }
+  let c0 = 4u * (ca % (2u * HALF4));       // the pair's first channel in its head, < hd/2
+  for (var r = 0u; r < TM; r++) {
+    let i = wid.y * WY * TM + lid.y * TM + r;
+    if (i >= p.M) { break; }
+    var x1 = acc[r][0] + b1;
+    var x2 = acc[r][1] + b2;
+    if (p.accumulate != 0u) { x1 += out[oo + i * N4 + ca]; x2 += out[oo + i * N4 + cb]; }
+    let t = (i % p.T + p.offset) * (4u * HALF4) + c0;      // the table's row: position * hd/2
+    let y = turn4(x1, x2, cs[t], cs[t + 1u], cs[t + 2u], cs[t + 3u]);
+    out[oo + i * N4 + ca] = y.x1;
+    out[oo + i * N4 + cb] = y.x2;
+  }
+}
+
 @compute @workgroup_size(WX, WY)
 fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  tiled(wid, lid, false, false);
+  store_block(wid, lid, tiled(wid, lid, false, false));
 }
 
 @compute @workgroup_size(WX, WY)
 fn matmul_abt_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  tiled(wid, lid, false, true);
+  store_block(wid, lid, tiled(wid, lid, false, true));
 }
 
 @compute @workgroup_size(WX, WY)
 fn matmul_atb_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-  tiled(wid, lid, true, false);
+  store_block(wid, lid, tiled(wid, lid, true, false));
+}
+
+@compute @workgroup_size(WX, WY)
+fn matmul_rope_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  turn_block(wid, lid, tiled(wid, lid, false, false));
+}
+
+@compute @workgroup_size(WX, WY)
+fn matmul_abt_rope_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+  turn_block(wid, lid, tiled(wid, lid, false, true));
 }

@@ -142,15 +142,10 @@ fn turn_store(x1: Acc, x2: Acc, row0: u32, ca: u32, cb: u32, live: bool) {
         var v1 = m1[c] + b1;
         var v2 = m2[c] + b2;
         if (p.accumulate != 0u) { v1 += out[oo + i * n4 + ca]; v2 += out[oo + i * n4 + cb]; }
-        let t = (i % p.T + p.offset) * (4u * HALF4) + i0;
-        let e0 = cs[t];
-        let e1 = cs[t + 1u];
-        let e2 = cs[t + 2u];
-        let e3 = cs[t + 3u];
-        let co = vec4<f32>(e0.x, e1.x, e2.x, e3.x);
-        let si = vec4<f32>(e0.y, e1.y, e2.y, e3.y);
-        out[oo + i * n4 + ca] = v1 * co - v2 * si;
-        out[oo + i * n4 + cb] = v2 * co + v1 * si;
+        let t = (i % p.T + p.offset) * (4u * HALF4) + i0;    // the table's row: position * hd/2
+        let y = turn4(v1, v2, cs[t], cs[t + 1u], cs[t + 2u], cs[t + 3u]);
+        out[oo + i * n4 + ca] = y.x1;
+        out[oo + i * n4 + cb] = y.x2;
       }
     }
   }

@@ -316,16 +316,17 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
 
 
-@pytest.mark.parametrize("variant", ["vec4", "sg"])
+@pytest.mark.parametrize("variant", ["vec4", "sg", "tiled"])
 @pytest.mark.parametrize("M,H,hd,K_,T,offset", [(7, 1, 8, 4, 7, 0), (33, 3, 24, 20, 11, 0), (100, 2, 64, 48, 50, 3),
                                                 (62, 2, 128, 12, 31, 0), (5, 1, 16, 8, 1, 37), (1, 5, 40, 36, 1, 9)])
 def test_matmul_turned(gpu, rng, M, H, hd, K_, T, offset, variant):
     """The projections that write a rotary model's q and k, turned where they are stored
-    (matmul_vec4.wgsl's turned kernels): x W + bias, and a LoRA's last product A @ B^T added to
-    what out holds, against the float64 twins (the product, then rope_forward). Odd rows (past a
-    workgroup's 16 or 32), one to five heads, hd 8 to 128, rows repeating T positions, and a
-    decode step's one row at an offset. Where no turned form exists (hd not a multiple of 8, the
-    tiled or scalar plan, a 16-bit q) the launcher says so with None."""
+    (matmul_vec4.wgsl's and matmul_tiled.wgsl's turned kernels): x W + bias, and a LoRA's last
+    product A @ B^T added to what out holds, against the float64 twins (the product, then
+    rope_forward). Odd rows (past a workgroup's 16 or 32, or a tile's 64), one to five heads, hd 8
+    to 128 (a tile of 64 columns holds 4 pairs of vec4 at hd 128, 32 at hd 8), rows repeating T
+    positions, and a decode step's one row at an offset. Where no turned form exists (hd not a
+    multiple of 8, the scalar plan, a 16-bit q) the launcher says so with None."""
     from tinygpt.device.plan import KernelPlan
     if variant == "sg":
         need_subgroups(gpu)
@@ -349,9 +350,9 @@ def test_matmul_turned(gpu, rng, M, H, hd, K_, T, offset, variant):
     assert kn.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), None, half, M, N, K_, False, t_table, T, hd) is None
     assert kn.matmul_turned("matmul", gpu.upload(a), gpu.upload(b[:, :N - 4].copy()), None, out, M, N - 4, K_,
                             False, t_table, T, hd - 4) is None
-    tiled = Kernels(gpu, KernelPlan(matmul="tiled"))
-    assert tiled.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, t_table, T,
-                               hd) is None
+    scalar = Kernels(gpu, KernelPlan(matmul="scalar"))
+    assert scalar.matmul_turned("matmul", gpu.upload(a), gpu.upload(b), None, out, M, N, K_, False, t_table, T,
+                                hd) is None
 
 
 @pytest.mark.parametrize("rows,T,H,hd,offset,dtype", [(7, 7, 1, 4, 0, "f32"), (30, 10, 3, 12, 0, "f32"),

@@ -141,13 +141,17 @@ def test_step0_with_the_blocks_parts(gpu, plan, parts, attention, window):
 
 def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
     """The plan a GPU gets untuned (tiled matmuls, the other families without subgroups): the whole
-    step's logits, loss and gradients against the reference (vocab 301, padded to 304 inside);
+    step's logits, loss and gradients against the reference (vocab 301, padded to 304 inside),
+    and with Llama's parts (q and k turned where the tiled projections store them);
     a tile the device's workgroup memory cannot hold falls back to vec4."""
     from tinygpt.device.planner import make_plan
     monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
     plan = make_plan(gpu, tuning={})
     assert (plan.matmul, plan.attention, plan.loss, plan.reduce) == ("tiled", "tiles", "scalar", "scalar")
     check_step0(gpu, plan, preset("tiny", vocab=301))
+    m = check_step0(gpu, plan, preset("tiny", vocab=301, position="rope", norm="rmsnorm", activation="swiglu"),
+                    keep=True)[1]       # q and k turned where the tiled projections store them
+    assert sum(d.kernel.name == "matmul_rope_tiled" for d in m._fwd) == 2 * m.cfg.layers
     monkeypatch.setitem(gpu.limits, "max-compute-workgroup-storage-size", 4096)    # the tile no longer fits
     assert make_plan(gpu, tuning={}).matmul == "vec4"
 
@@ -272,7 +276,8 @@ def test_one_step_of_the_gpt2_preset_at_reduced_depth(gpu, plan):
     assert abs(m.loss() - np.log(cfg.vocab)) < 0.5
 
 
-@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh", "modern", "llama"])
+@pytest.mark.parametrize("which", ["this adapter's", "a GPU's", "split", "GPT-2 split", "gelu_tanh", "modern", "llama",
+                                   "llama, a GPU's"])
 @pytest.mark.parametrize("half", ["bf16", "f16"])
 def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     """precision bf16 or f16: logits, loss and every gradient against the float64 reference rounding
@@ -282,7 +287,8 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     f16 product as the f16 kernels do, so the tolerance is 3e-3 of scale, not float32's 1e-4.
     Under this adapter's plan (lavapipe: the sg kernels, the attention reading 16-bit q, k, v) and
     under the plan a GPU gets untuned (the tiled template reading 16-bit operands, with f16
-    products for f16; the tiles attention, online.wgsl, reading the 16-bit q, k, v as stored). And with the binding limit forced
+    products for f16; the tiles attention, online.wgsl, reading the 16-bit q, k, v as stored; with
+    Llama's block). And with the binding limit forced
     low ("split": vocab 2000 at width 128, 600 kB), so that the head multiplies the table's copy in
     2 chunks of rows and the logits come in 4 chunks; and so at GPT-2's vocabulary (13 MB: the table
     in 2 chunks, the flat buffers and the weight copy's casts in chunks too)."""
@@ -293,7 +299,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
         pytest.skip(f"{gpu.name} has no {precision.feature} (tests/test_f16.py tests the refusal)")
     plan = make_plan(gpu)
     cfg = preset("tiny")
-    if which == "a GPU's":
+    if "a GPU's" in which:
         monkeypatch.setattr(type(gpu), "is_cpu", property(lambda self: False))
         plan = make_plan(gpu, tuning={})
         assert (plan.matmul, plan.attention) == ("tiled", "tiles")
@@ -304,7 +310,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
         cfg = preset("tiny", activation="gelu_tanh")
     if which == "modern":          # RMSNorm, RoPE on 16-bit q and k, ReLU² in the 16-bit kernels
         cfg = preset("tiny", **MODERN["all"])
-    if which == "llama":           # SwiGLU reading 16-bit gate and up, grouped-query attention, RMSNorm's gains,
+    if which.startswith("llama"):  # SwiGLU reading 16-bit gate and up, grouped-query attention, RMSNorm's gains,
         cfg = preset("tiny", norm="rmsnorm", position="rope", activation="swiglu", bias="none", tied=False,
                      heads=6, kv_heads=3, head_dim=16)     # heads of 16 set apart: q 96 wide in 48 (Qwen3-0.6B's way)
     if which == "GPT-2 split":     # tok_emb [50264, 128] in 2 chunks, logits in 64-row chunks, flat chunks
@@ -323,6 +329,8 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
         assert any(f == "online.wgsl" and (half.upper(), True) in c for f, c, _ in built), built
         products = "f16" if half == "f16" else "f32"
         assert any(f == "matmul_tiled.wgsl" and ("A_HALF", True) in c and p == products for f, c, p in built)
+    if which.startswith("llama"):   # 16-bit q and k: stored, then turned (the reference rounds them there)
+        assert sum(d.kernel.name == "rope_forward" for d in m._fwd) == 2 * cfg.layers
     m.set_params(params)
     check(f"{half} logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
     m.grads_only(x, y)

@@ -18,7 +18,7 @@ import math
 import struct
 
 from .gpu import DTYPES, GPU, HALVES, PER_WORD, Dispatch, Fill, grid1d, pack_uniform
-from .plan import KernelPlan, online_tiles
+from .plan import KernelPlan, online_tiles, tile_problem
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
@@ -204,9 +204,10 @@ def decode_uniform(N, T, C, H, pos, step, V, VP, top_k=0, row0=0, row_stride=1, 
 
 
 # The entries that turn by position, and the word of their Params that holds the position offset,
-# which a decode step rewrites per token: rope.wgsl's, and matmul_vec4.wgsl's turned matmuls.
+# which a decode step rewrites per token: rope.wgsl's, and the turned matmuls (matmul_vec4.wgsl's,
+# matmul_tiled.wgsl's).
 ROPE_TURNS = {"rope_forward": 4, "qk_norm_rope": 4, **{e + v: 10 for e in ("matmul_rope", "matmul_abt_rope")
-                                                      for v in ("_vec4", "_sg")}}
+                                                      for v in ("_vec4", "_sg", "_tiled")}}
 
 
 def rope_at(packed: bytes, offset: int, word: int = 4) -> bytes:
@@ -295,23 +296,34 @@ class Kernels:
 
     def matmul_turned(self, entry, a, b, bias, out, M, N, K, accumulate, cs, T, hd, offset=0) -> Dispatch | None:
         """out (+)= a @ b (+ bias) ("matmul") or a @ b^T ("matmul_abt"), turned by RoPE where it is
-        stored: matmul_vec4.wgsl's turned kernels, for the projection that writes a rotary
-        model's q or k (cs its (cos, sin) table, row i at position i % T + offset). None where the
-        plan or the shape has no turned form (float32 operands, the plan's vec4 or sg kernels, hd
-        a multiple of 8 and N of hd): the caller turns in rope_forward's pass of its own."""
-        if entry not in ("matmul", "matmul_abt") or hd % 8 or N % hd or any(t.dtype != "f32" for t in (a, b, out)):
-            return None
+        stored, for the projection that writes a rotary model's q or k (cs its (cos, sin) table, row
+        i at position i % T + offset): matmul_vec4.wgsl's turned kernels on the vec4 and sg plans,
+        matmul_tiled.wgsl's on the tiled plan. None where there is no turned form: hd not a
+        multiple of 8 or N of hd, the scalar variant, and a 16-bit q or k, which the reference
+        rounds where the model stores it before the turn (core.precision): the caller turns in
+        rope_forward's pass of its own."""
         variant = matmul_variant(self.plan, entry, M, N, K)
-        if variant not in ("sg", "vec4"):
+        if entry not in ("matmul", "matmul_abt") or hd % 8 or N % hd or any(t.dtype in HALVES for t in (a, b, out)):
             return None
         gpu, pairs = self.gpu, N // 8
         uniform = (M, N, K, bias is not None, accumulate, 1, 0, 0, 0, T, offset)
         tensors = [a, b, bias, out, cs]
+        if variant == "tiled":
+            wx, wy, tm, tv, bk = self.plan.matmul_tile      # 2 vec4 columns an invocation: the same tile
+            tile = (wx // 2 if tv == 1 and wx > 1 else wx, wy, tm, 2, bk)
+            if tile_problem(gpu.limits, tile):
+                return None
+            k = gpu.kernel("matmul_tiled.wgsl", entry + "_rope_tiled", "urrrrrwwr",
+                           dict(zip(("WX", "WY", "TM", "TV", "BK"), tile), HALF4=hd // 8), DTYPES["f32"].products)
+            tensors = [a, b, None, None, bias, out, None, cs]
+            return gpu.dispatch(k, uniform, tensors, (-(-pairs // tile[0]), -(-M // (wy * tm)), 1))
         if variant == "sg":
             tm = sg_tile(M, N)[0]
             k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_sg", "urrrwr", {"NC": 2, "TM": tm, "HALF4": hd // 8},
                            SUBGROUPS)
             return gpu.dispatch(k, uniform, tensors, (-(-pairs // SG_LANES), -(-M // tm), 1))
+        if variant != "vec4":
+            return None
         wx = self.plan.matmul_wx
         k = gpu.kernel("matmul_vec4.wgsl", entry + "_rope_vec4", "urrrwr", {"WX": wx, "HALF4": hd // 8})
         return gpu.dispatch(k, uniform, tensors, (-(-pairs // wx), -(-M // VEC_ROWS), 1))

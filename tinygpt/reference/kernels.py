@@ -328,8 +328,10 @@ def matmul_abt_rope_vec4(a, b, cs, T, hd, offset=0, acc=None):   # (acc + a @ b^
     return rope_forward(cs, matmul_abt(a, b) + (0.0 if acc is None else acc), T, hd, offset)
 
 
-# the same turned products with the sg kernels' walk (matmul_vec4.wgsl's sg section)
+# the same turned products with the sg kernels' walk (matmul_vec4.wgsl's sg section), and in
+# workgroup tiles (matmul_tiled.wgsl)
 matmul_rope_sg, matmul_abt_rope_sg = matmul_rope_vec4, matmul_abt_rope_vec4
+matmul_rope_tiled, matmul_abt_rope_tiled = matmul_rope_vec4, matmul_abt_rope_vec4
 
 
 def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5):   # -> (x turned after RMSNorm per head, stats [2, heads])
