@@ -202,6 +202,11 @@ fn matmul_abt_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
   a_times_b(wid, lid, true);
 }
 
+// acc + bm times 16 rows of A at one k-step, four at a time in r (rows 4q.. in r's q-th matrix)
+fn mac_rows(acc: Acc, bm: mat4x4<f32>, r: Acc) -> Acc {
+  return Acc(acc.q0 + bm * r.q0, acc.q1 + bm * r.q1, acc.q2 + bm * r.q2, acc.q3 + bm * r.q3);
+}
+
 // The vec4 walk over a pair's two blocks: the 16 rows of A, loaded once, meet both.
 fn turned_vec4(wid: vec3<u32>, lid: u32, tb: bool) {
   let n4 = p.N / 4u;
@@ -213,20 +218,12 @@ fn turned_vec4(wid: vec3<u32>, lid: u32, tb: bool) {
   var x1: Acc;
   var x2: Acc;
   for (var kk = 0u; kk < k4; kk++) {
-    let b1 = b_block(pc.x, kk, tb);
-    let b2 = b_block(pc.y, kk, tb);
-    let r0 = mat4x4<f32>(A[oa + a.r0 + kk], A[oa + a.r1 + kk], A[oa + a.r2 + kk], A[oa + a.r3 + kk]);
-    x1.q0 += b1 * r0;
-    x2.q0 += b2 * r0;
-    let r1 = mat4x4<f32>(A[oa + a.r4 + kk], A[oa + a.r5 + kk], A[oa + a.r6 + kk], A[oa + a.r7 + kk]);
-    x1.q1 += b1 * r1;
-    x2.q1 += b2 * r1;
-    let r2 = mat4x4<f32>(A[oa + a.r8 + kk], A[oa + a.r9 + kk], A[oa + a.r10 + kk], A[oa + a.r11 + kk]);
-    x1.q2 += b1 * r2;
-    x2.q2 += b2 * r2;
-    let r3 = mat4x4<f32>(A[oa + a.r12 + kk], A[oa + a.r13 + kk], A[oa + a.r14 + kk], A[oa + a.r15 + kk]);
-    x1.q3 += b1 * r3;
-    x2.q3 += b2 * r3;
+    let r = Acc(mat4x4<f32>(A[oa + a.r0 + kk], A[oa + a.r1 + kk], A[oa + a.r2 + kk], A[oa + a.r3 + kk]),
+                mat4x4<f32>(A[oa + a.r4 + kk], A[oa + a.r5 + kk], A[oa + a.r6 + kk], A[oa + a.r7 + kk]),
+                mat4x4<f32>(A[oa + a.r8 + kk], A[oa + a.r9 + kk], A[oa + a.r10 + kk], A[oa + a.r11 + kk]),
+                mat4x4<f32>(A[oa + a.r12 + kk], A[oa + a.r13 + kk], A[oa + a.r14 + kk], A[oa + a.r15 + kk]));
+    x1 = mac_rows(x1, b_block(pc.x, kk, tb), r);      // the 16 rows, loaded once, meet both blocks
+    x2 = mac_rows(x2, b_block(pc.y, kk, tb), r);
   }
   turn_store(x1, x2, row0, pc.x, pc.y, q < n4 / 2u);
 }
