@@ -47,6 +47,7 @@ override A_HALF: bool = false;
 override B_HALF: bool = false;
 override OUT_HALF: bool = false;
 override HALF4: u32 = 0u;   // the turned matmuls': hd / 8 (0: not turned)
+override H4: u32 = max(HALF4, 1u);   // as a divisor (matmul_vec4.wgsl's H4 says why)
 const TM_MAX: u32 = 8u;
 const TV_MAX: u32 = 2u;
 
@@ -76,7 +77,7 @@ fn b4(at: u32) -> vec4<T> {
 fn tile_col4(j0: u32, jv: u32) -> u32 {
   if (HALF4 == 0u) { return j0 / 4u + jv; }
   let q = j0 / 8u + jv % WX;
-  return (q / HALF4) * 2u * HALF4 + q % HALF4 + (jv / WX) * HALF4;
+  return (q / H4) * 2u * H4 + q % H4 + (jv / WX) * HALF4;
 }
 
 fn tile_live4(j0: u32, jv: u32) -> bool {
@@ -188,7 +189,7 @@ fn turn_block(wid: vec3<u32>, lid: vec3<u32>, acc: Block) {
   var b1 = vec4<f32>();
   var b2 = vec4<f32>();
   if (p.has_bias != 0u) { b1 = bias[ca]; b2 = bias[cb]; }
-  let c0 = 4u * (ca % (2u * HALF4));       // the pair's first channel in its head, < hd/2
+  let c0 = 4u * (ca % (2u * H4));          // the pair's first channel in its head, < hd/2
   for (var r = 0u; r < TM; r++) {
     let i = wid.y * WY * TM + lid.y * TM + r;
     if (i >= p.M) { break; }

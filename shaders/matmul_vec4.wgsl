@@ -71,6 +71,9 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32, batch: u
 override WX: u32 = 16u;  // vec4: invocations per workgroup, 4 columns each
 override TM: u32 = 16u;  // rows per workgroup: 16 (vec4); 16 or 32 (sg: 32 with at most 2 column blocks)
 override HALF4: u32 = 0u;  // the turned matmuls': hd / 8, half a head in vec4 columns (0: not turned)
+// HALF4 as a divisor: 1 where it is 0, since Tint (Dawn, Chrome) refuses a division by a constant
+// zero in any pipeline of the module, the untaken branches included
+override H4: u32 = max(HALF4, 1u);
 
 // this product's first vec4 of A, B and out (all 0 unbatched)
 var<private> oa: u32;
@@ -126,7 +129,7 @@ fn turn_store(x1: Acc, x2: Acc, row0: u32, ca: u32, cb: u32, live: bool) {
   var b1 = vec4<f32>();
   var b2 = vec4<f32>();
   if (p.has_bias != 0u) { b1 = bias[ca]; b2 = bias[cb]; }
-  let i0 = 4u * (ca % (2u * HALF4));     // the block's first channel in its head, < hd/2
+  let i0 = 4u * (ca % (2u * H4));        // the block's first channel in its head, < hd/2
   for (var q = 0u; q < 4u; q++) {
     var m1: mat4x4<f32>;
     var m2: mat4x4<f32>;
@@ -154,7 +157,7 @@ fn turn_store(x1: Acc, x2: Acc, row0: u32, ca: u32, cb: u32, live: bool) {
 // The turned matmuls' vec4 columns: pair q (of N/8) is column j = q % HALF4 of head q / HALF4's
 // first half, and the same column of its second half
 fn pair_cols(q: u32) -> vec2<u32> {
-  let ca = (q / HALF4) * 2u * HALF4 + q % HALF4;
+  let ca = (q / H4) * 2u * H4 + q % H4;
   return vec2<u32>(ca, ca + HALF4);
 }
 

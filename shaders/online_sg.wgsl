@@ -4,6 +4,10 @@ enable subgroups;
 //   attn_online_forward_sg  lane = one query row; out and L = m + log l
 //   attn_online_dq_sg       lane = one query row; dq = scale * sum_j dS_ij k_j
 //   attn_online_dkv_sg      lane = one key row;   dk, dv from the query rows at and below it
+//   attn_online_dq_rope_sg, attn_online_dkv_rope_sg  the same, for a rotary model whose q and k
+//                           were turned where they were stored: dq and dk turned back (by minus
+//                           the angle, rope.wgsl's rope_backward) as they are stored, since a lane
+//                           holds its row whole; position = row (training's rows), HD % 8 == 0
 // (D = rowsum(dO * O) comes from online.wgsl's attn_online_d.)
 // With a sliding window W (WINDOW > 0: a query sees its last W positions, itself included) the
 // blocks of 8 rows wholly outside every lane's window are never visited.
@@ -37,6 +41,7 @@ struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 @group(0) @binding(6) var<storage, read> Din: array<f32>;         // D (backward) | unused
 @group(0) @binding(7) var<storage, read_write> o1: array<vec4<f32>>;  // out | dq | dk
 @group(0) @binding(8) var<storage, read_write> o2: array<f32>;        // L | unused | dv (as floats)
+@group(0) @binding(9) var<storage, read> cs: array<vec2<f32>>;       // _rope entries: RoPE's (cos, sin) [T, HD/2]
 
 override HD: u32 = 64u;        // head dim, <= 128
 override HD4: u32 = 16u;       // vec4 per row held: ceil(HD / 32) * 8, zeros past HD
@@ -210,9 +215,8 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
   }
 }
 
-@compute @workgroup_size(LANES)
-fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
-  let w = rows8(wid.x);
+// a lane's dq, unscaled (its row is w.r0 + lane)
+fn dq_row(w: Rows, lane: u32) -> array<vec4<f32>, 32> {
   let b = w.b; let h = w.h;
   let row = w.r0 + lane;
   let last = min(w.r0 + LANES, p.T) - 1u;
@@ -238,15 +242,45 @@ fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_in
                            exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
     axpy8(&dq, ds, &kr);
   }
+  return dq;
+}
+
+@compute @workgroup_size(LANES)
+fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x);
+  let row = w.r0 + lane;
+  let dq = dq_row(w, lane);
   if (row < p.T) {
-    for (var c = 0u; c < HD4; c++) { st(0u, b, row, h, c, dq[c] * p.scale); }
+    for (var c = 0u; c < HD4; c++) { st(0u, w.b, row, w.h, c, dq[c] * p.scale); }
   }
 }
 
-// lane = key row col; query rows stream in blocks of 8 from the block holding the workgroup's first key
-// to the last query whose window holds one of its keys.
+// row t's gradient g (times s) turned back by RoPE at position t, stored to o1: the vec4 c of a
+// head's first half pairs with vec4 c + HD/8 of its second (common.wgsl's turn4, by minus the angle)
+fn st_turned_back(b: u32, t: u32, h: u32, g: ptr<function, array<vec4<f32>, 32>>, s: f32) {
+  let h8 = HD / 8u;
+  let m = vec2<f32>(1.0, -1.0);
+  for (var c = 0u; c < h8; c++) {
+    let e = t * (HD / 2u) + 4u * c;
+    let y = turn4((*g)[c] * s, (*g)[c + h8] * s, cs[e] * m, cs[e + 1u] * m, cs[e + 2u] * m, cs[e + 3u] * m);
+    st(0u, b, t, h, c, y.x1);
+    st(0u, b, t, h, c + h8, y.x2);
+  }
+}
+
 @compute @workgroup_size(LANES)
-fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+fn attn_online_dq_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x);
+  let row = w.r0 + lane;
+  var dq = dq_row(w, lane);
+  if (row < p.T) { st_turned_back(w.b, row, w.h, &dq, p.scale); }
+}
+
+struct KV { dk: array<vec4<f32>, 32>, dv: array<vec4<f32>, 32> }
+
+// a lane's dk and dv: lane = key row col; query rows stream in blocks of 8 from the block holding
+// the workgroup's first key to the last query whose window holds one of its keys.
+fn dkv_row(wid: vec3<u32>, lane: u32) -> KV {
   let w = rows8(wid.x);
   let b = w.b; let h = w.h;
   let col = w.r0 + lane;
@@ -285,7 +319,27 @@ fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
     axpy8(&dv, pij, &g);
     axpy8(&dk, ds, &qs);                          // qs holds q * scale
   }
+  return KV(dk, dv);
+}
+
+@compute @workgroup_size(LANES)
+fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x);
+  let col = w.r0 + lane;
+  let g = dkv_row(wid, lane);
   if (col < p.T) {
-    for (var c = 0u; c < HD4; c++) { st(0u, b, col, h, c, dk[c]); st(1u, b, col, h, c, dv[c]); }
+    for (var c = 0u; c < HD4; c++) { st(0u, w.b, col, w.h, c, g.dk[c]); st(1u, w.b, col, w.h, c, g.dv[c]); }
+  }
+}
+
+@compute @workgroup_size(LANES)
+fn attn_online_dkv_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+  let w = rows8(wid.x);
+  let col = w.r0 + lane;
+  let g = dkv_row(wid, lane);
+  if (col < p.T) {
+    var dk = g.dk;
+    st_turned_back(w.b, col, w.h, &dk, 1.0);
+    for (var c = 0u; c < HD4; c++) { st(1u, w.b, col, w.h, c, g.dv[c]); }
   }
 }

@@ -763,15 +763,25 @@ class Kernels:
         ins = list(ins) + [None] * (6 - len(ins))
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
 
-    def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0) -> Dispatch:
+    def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0, cs=None) -> Dispatch:
         """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16 or
-        f16 (their dtype says; B*T*C a multiple of 8)."""
+        f16 (their dtype says; B*T*C a multiple of 8). cs: RoPE's table, where dq and dk are turned
+        back as they are stored (the _rope entries; turns_back says where they run)."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
                   **({DTYPES[ins[0].dtype].flag: True} if DTYPES[ins[0].dtype].flag else {}), **windowed(window, T)}
-        k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", "urrrrrrww", consts)
-        ins = list(ins) + [None] * (6 - len(ins))
-        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], (B * H * -(-T // SG_LANES),))
+        entry, access, ins = (entry + "_rope", "urrrrrrwwr", list(ins) + [None] * (6 - len(ins))) if cs is not None \
+            else (entry, "urrrrrrww", list(ins) + [None] * (6 - len(ins)))
+        k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", access, consts)
+        tensors = ins + [o1, o2] + ([cs] if cs is not None else [])
+        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), tensors, (B * H * -(-T // SG_LANES),))
+
+    def turns_back(self, T, C, H, variant=None) -> bool:
+        """Whether the online backward of this shape turns a rotary model's dq and dk back as it
+        stores them (online_sg.wgsl's _rope entries: the sg variant, whole vec4 rows, HD a multiple
+        of 8); elsewhere rope_backward's pass does."""
+        hd = C // H
+        return self._tiles(T, C, H, None, variant) is None and hd % 8 == 0 and C % 4 == 0
 
     def _tiles(self, T, C, H, block, variant) -> tuple | None:
         """None where the sg kernels run (variant, or the plan for this shape), else the (BQ, BK) tiles."""
@@ -779,13 +789,15 @@ class Kernels:
             return None
         return block or online_tiles(self.gpu.limits, self.plan, C // H, T)
 
-    def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int, window) -> Dispatch:
+    def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int, window,
+                       cs=None) -> Dispatch:
         """online_sg.wgsl where the plan (or variant) takes it; else online.wgsl, one workgroup per
         tile of BQ query rows (along 0) or BK key rows (along 1) of each (b, h). q, k, v may be bf16
-        or f16 in either."""
+        or f16 in either. cs: turn dq, dk back (only where turns_back)."""
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
-            return self._online_sg(entry, ins, o1, o2, B, T, C, H, window)
+            return self._online_sg(entry, ins, o1, o2, B, T, C, H, window, cs)
+        assert cs is None, "online.wgsl does not turn back"
         return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window)
 
     def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
@@ -794,14 +806,17 @@ class Kernels:
     def attn_online_d(self, dout, out, D, B, T, C, H, block=None) -> Dispatch:
         return self._online("attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
 
-    def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
+    def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, window=0,
+                       cs=None) -> Dispatch:
+        """cs: a rotary model's (cos, sin) table, dq turned back as it is stored (where turns_back)."""
         return self._online_either("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, block, variant, 0,
-                                   window)
+                                   window, cs)
 
     def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None,
-                        window=0) -> Dispatch:
+                        window=0, cs=None) -> Dispatch:
+        """cs: as attn_online_dq's, for dk."""
         return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1,
-                                   window)
+                                   window, cs)
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.

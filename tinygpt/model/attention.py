@@ -91,8 +91,14 @@ class AttentionPath:
     def forward(self, a: "Attention", q, k, v, out) -> list:
         raise NotImplementedError
 
-    def backward(self, a: "Attention", q, k, v, out, dout, dq, dk, dv) -> list:
+    def backward(self, a: "Attention", q, k, v, out, dout, dq, dk, dv, rot=None) -> list:
+        """rot: a rotary model's Rotary, where turns_back said the path turns dq and dk back."""
         raise NotImplementedError
+
+    def turns_back(self, a: "Attention", rot) -> bool:
+        """Whether the backward turns a rotary model's dq and dk back where it stores them (else the
+        block runs rope_backward's pass)."""
+        return False
 
 
 class Attention:
@@ -107,8 +113,11 @@ class Attention:
         """q, k, v as stored where path.reads says so, else float32; out float32."""
         return self.path.forward(self, q, k, v, out)
 
-    def backward(self, q, k, v, out, dout, dq, dk, dv) -> list:
-        return self.path.backward(self, q, k, v, out, dout, dq, dk, dv)
+    def backward(self, q, k, v, out, dout, dq, dk, dv, rot=None) -> list:
+        return self.path.backward(self, q, k, v, out, dout, dq, dk, dv, rot)
+
+    def turns_back(self, rot) -> bool:
+        return self.path.turns_back(self, rot)
 
     def weights(self) -> list:
         """[(first head, heads, P [B, heads, T, T])] after a forward, where the path keeps them."""
@@ -145,7 +154,7 @@ class _ScoreMatrix(AttentionPath):
         return {"P": [gpu.tensor((B, nh, T, T), name="attn P") for _, nh in chunks],
                 "dS": gpu.tensor((B, nmax, T, T), name="attn dS"), "chunks": chunks}
 
-    def backward(self, a, q, k, v, out, dout, dq, dk, dv):
+    def backward(self, a, q, k, v, out, dout, dq, dk, dv, rot=None):
         B, T, C, H = a.shape
         kn, w, s = a.kn, a.window, a.scratch
         ds = []
@@ -215,12 +224,18 @@ class Online(AttentionPath):
         B, T, C, H = a.shape
         return [a.kn.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window)]
 
-    def backward(self, a, q, k, v, out, dout, dq, dk, dv):
+    def backward(self, a, q, k, v, out, dout, dq, dk, dv, rot=None):
         B, T, C, H = a.shape
         kn, L, D, blk, w = a.kn, a.scratch["L"], a.scratch["D"], a.block, a.window
+        cs = rot.cs if rot is not None else None
         return [kn.attn_online_d(dout, out, D, B, T, C, H, blk),
-                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w),
-                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w)]
+                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w, cs=cs),
+                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs)]
+
+    def turns_back(self, a, rot):
+        """The sg kernels do (Kernels.turns_back), for training's rows: positions 0..T-1."""
+        B, T, C, H = a.shape
+        return rot.offset == 0 and rot.T == T and a.kn.turns_back(T, C, H)
 
 
 PATHS = {p.name: p for p in (Naive(), FusedSV(), Online())}

@@ -306,7 +306,9 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
     ds += ln_dgb(a.x_mid, a.ln2s, "ln2")
     ds.append(pk.norm_dx(g.dln, a.x_mid, w.g2, a.ln2s, g.dres, rows, C))
     ds += lin("Wo", "bo", a.ctx, g.dres, g.dctx, C, QC)
-    ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv)
+    # without QK-norm, the attention may turn dq and dk back where it stores them (else a pass below)
+    back = rot if rot is not None and not a.qk_raw and attention.turns_back(rot) else None
+    ds += attention.backward(*a.att_in, a.att_out, g.dctx, *g.dqkv, rot=back)
     dqkv = g.dqkv
     if a.kv:                                      # each kv head's gradient: the sum over its query heads
         ds += [kn.kv_reduce(d, dkv, rows, hs.q, hs.kv, hs.hd) for d, dkv in zip(g.dqkv[1:], g.dkv)]
@@ -324,7 +326,7 @@ def block_backward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs
                     ds.append(pk.qk_norm_dg(d, a.qk_raw[i], a.qk_stats[i], G[gain], heads, hs.hd))
                 ds.append(pk.qk_norm_dx(d, a.qk_raw[i], w.qk_g[i], a.qk_stats[i], g.dqk_raw, heads, hs.hd))
             d = g.dqk_raw
-        elif turned:
+        elif turned and back is None:
             ds += rot.backward(kn, d, rows, width)
         ds += lin("W" + n, "b" + n, a.ln1, d, g.dln, width, C, i > 0)
     return ds + ln_dgb(a.x, a.ln1s, "ln1") + [pk.norm_dx(g.dln, a.x, w.g1, a.ln1s, g.dres, rows, C)]

@@ -19,6 +19,8 @@ import math
 
 import numpy as np
 
+from .kernels import rope_backward
+
 
 def heads(x, H):                          # [B,T,C] -> [B,H,T,hd]
     B, T, C = x.shape
@@ -231,3 +233,19 @@ def attn_online_dq_sg(q, k, v, dout, L, D, H, window=None):
 
 def attn_online_dkv_sg(q, k, v, dout, L, D, H, window=None):
     return attn_online_dkv(q, k, v, dout, L, D, H, BQ=8, BK=8, window=window)
+
+
+# a rotary model's dq and dk turned back as they are stored (cs: RoPE's (cos, sin) [T, hd/2, 2];
+# q, k, dout [B, T, C], the rows' positions 0..T-1): rope_backward of the plain ones
+def _turned_back(cs, g):
+    B, T, C = g.shape
+    return rope_backward(cs, g.reshape(B * T, C), T, 2 * cs.shape[1]).reshape(B, T, C)
+
+
+def attn_online_dq_rope_sg(q, k, v, dout, L, D, H, cs, window=None):
+    return _turned_back(cs, attn_online_dq_sg(q, k, v, dout, L, D, H, window))
+
+
+def attn_online_dkv_rope_sg(q, k, v, dout, L, D, H, cs, window=None):
+    dk, dv = attn_online_dkv_sg(q, k, v, dout, L, D, H, window)
+    return _turned_back(cs, dk), dv

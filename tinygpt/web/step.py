@@ -12,13 +12,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..core.block import BLOCKS
 from ..core.config import preset
 from ..core.init import init_params
 from ..core.precision import PRECISIONS
 from ..device.gpu import GPU
 from ..device.plan import PORTABLE
 from ..device.trace import Recorder, collecting_kernels, recording
-from ..model.attention import IMPLS
+from ..model.attention import DEFAULT, IMPLS
 from ..model.decode import Decoder
 from ..model.gpt import Model
 from ..model.spec import RunSpec, decoder_spec
@@ -61,10 +62,13 @@ PLANS = {"portable": PORTABLE, "tiled": PORTABLE.with_(matmul="tiled"), "scalar"
 def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", browser_features=()) -> dict:
     """A trace without dispatches: each module and pipeline that the training model (every
     attention path, every precision whose feature the browser offers: f16 needs shader-f16) and
-    the samplers build under each plan of PLANS, and the training model with GPT-2's GELU (its
-    kernels do not depend on the attention path: one)."""
+    the samplers build under each plan of PLANS, the training model with GPT-2's GELU (its
+    kernels do not depend on the attention path: one), and with each modern block of BLOCKS on the
+    default (online) path (RoPE turned by the projections and by the attention's backward, QK-norm, SwiGLU,
+    ReLU²: their kernels' constants are the browser's to check too)."""
     cfg = preset(cfg_name)
     tanh = preset(cfg_name, activation="gelu_tanh")
+    modern = [preset(cfg_name, **parts) for parts in BLOCKS.values() if parts]     # gpt2's: cfg
     rec = Recorder(gpu)
     with within(gpu, browser_limits), collecting_kernels(gpu) as kernels:   # built afresh under these limits
         for plan in PLANS.values():
@@ -75,6 +79,9 @@ def every_pipeline(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", brows
                     Model(gpu, plan, RunSpec(cfg, impl, precision=prec))
                     if impl == IMPLS[0]:
                         Model(gpu, plan, RunSpec(tanh, impl, precision=prec))
+                    if impl == DEFAULT:
+                        for c in modern:
+                            Model(gpu, plan, RunSpec(c, impl, precision=prec))
                     for decode in ("cache", "full"):
                         Decoder(gpu, plan.with_(decode=decode), decoder_spec(cfg, impl, precision=prec))
     for k in kernels:
