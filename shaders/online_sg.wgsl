@@ -215,14 +215,13 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
   }
 }
 
-// a lane's dq, unscaled (its row is w.r0 + lane)
-fn dq_row(w: Rows, lane: u32) -> array<vec4<f32>, 32> {
+// a lane's dq, unscaled, into the caller's array (its row is w.r0 + lane)
+fn dq_row(w: Rows, lane: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
   let b = w.b; let h = w.h;
   let row = w.r0 + lane;
   let last = min(w.r0 + LANES, p.T) - 1u;
   var qr: array<vec4<f32>, 32>;
   var dor: array<vec4<f32>, 32>;
-  var dq: array<vec4<f32>, 32>;
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
   load_row(&qr, 0u, b, mine(w, lane), h, p.scale);
@@ -240,16 +239,16 @@ fn dq_row(w: Rows, lane: u32) -> array<vec4<f32>, 32> {
                           exp(s.d2 - li) * (dp.d2 - di), exp(s.d3 - li) * (dp.d3 - di),
                           exp(s.d4 - li) * (dp.d4 - di), exp(s.d5 - li) * (dp.d5 - di),
                            exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
-    axpy8(&dq, ds, &kr);
+    axpy8(dq, ds, &kr);
   }
-  return dq;
 }
 
 @compute @workgroup_size(LANES)
 fn attn_online_dq_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let w = rows8(wid.x);
   let row = w.r0 + lane;
-  let dq = dq_row(w, lane);
+  var dq: array<vec4<f32>, 32>;
+  dq_row(w, lane, &dq);
   if (row < p.T) {
     for (var c = 0u; c < HD4; c++) { st(0u, w.b, row, w.h, c, dq[c] * p.scale); }
   }
@@ -272,22 +271,21 @@ fn st_turned_back(b: u32, t: u32, h: u32, g: ptr<function, array<vec4<f32>, 32>>
 fn attn_online_dq_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let w = rows8(wid.x);
   let row = w.r0 + lane;
-  var dq = dq_row(w, lane);
+  var dq: array<vec4<f32>, 32>;
+  dq_row(w, lane, &dq);
   if (row < p.T) { st_turned_back(w.b, row, w.h, &dq, p.scale); }
 }
 
-struct KV { dk: array<vec4<f32>, 32>, dv: array<vec4<f32>, 32> }
-
-// a lane's dk and dv: lane = key row col; query rows stream in blocks of 8 from the block holding
-// the workgroup's first key to the last query whose window holds one of its keys.
-fn dkv_row(wid: vec3<u32>, lane: u32) -> KV {
+// a lane's dk and dv, into the caller's arrays (returning them as a value made the kernel three
+// times slower on lavapipe): lane = key row col; query rows stream in blocks of 8 from the block
+// holding the workgroup's first key to the last query whose window holds one of its keys.
+fn dkv_row(wid: vec3<u32>, lane: u32, dk: ptr<function, array<vec4<f32>, 32>>,
+           dv: ptr<function, array<vec4<f32>, 32>>) {
   let w = rows8(wid.x);
   let b = w.b; let h = w.h;
   let col = w.r0 + lane;
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
-  var dk: array<vec4<f32>, 32>;
-  var dv: array<vec4<f32>, 32>;
   var qs: array<vec4<f32>, 32>;
   var g: array<vec4<f32>, 32>;
   load_row(&kr, 1u, b, mine(w, lane), h, 1.0);
@@ -316,19 +314,20 @@ fn dkv_row(wid: vec3<u32>, lane: u32) -> KV {
                    pij.d2 * (dp.d2 - subgroupBroadcast(dr, 2u)), pij.d3 * (dp.d3 - subgroupBroadcast(dr, 3u)),
                    pij.d4 * (dp.d4 - subgroupBroadcast(dr, 4u)), pij.d5 * (dp.d5 - subgroupBroadcast(dr, 5u)),
                    pij.d6 * (dp.d6 - subgroupBroadcast(dr, 6u)), pij.d7 * (dp.d7 - subgroupBroadcast(dr, 7u)));
-    axpy8(&dv, pij, &g);
-    axpy8(&dk, ds, &qs);                          // qs holds q * scale
+    axpy8(dv, pij, &g);
+    axpy8(dk, ds, &qs);                           // qs holds q * scale
   }
-  return KV(dk, dv);
 }
 
 @compute @workgroup_size(LANES)
 fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let w = rows8(wid.x);
   let col = w.r0 + lane;
-  let g = dkv_row(wid, lane);
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  dkv_row(wid, lane, &dk, &dv);
   if (col < p.T) {
-    for (var c = 0u; c < HD4; c++) { st(0u, w.b, col, w.h, c, g.dk[c]); st(1u, w.b, col, w.h, c, g.dv[c]); }
+    for (var c = 0u; c < HD4; c++) { st(0u, w.b, col, w.h, c, dk[c]); st(1u, w.b, col, w.h, c, dv[c]); }
   }
 }
 
@@ -336,10 +335,11 @@ fn attn_online_dkv_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
 fn attn_online_dkv_rope_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let w = rows8(wid.x);
   let col = w.r0 + lane;
-  let g = dkv_row(wid, lane);
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  dkv_row(wid, lane, &dk, &dv);
   if (col < p.T) {
-    var dk = g.dk;
     st_turned_back(w.b, col, w.h, &dk, 1.0);
-    for (var c = 0u; c < HD4; c++) { st(1u, w.b, col, w.h, c, g.dv[c]); }
+    for (var c = 0u; c < HD4; c++) { st(1u, w.b, col, w.h, c, dv[c]); }
   }
 }
