@@ -6,6 +6,9 @@
 //   attn_online_d        D = rowsum(dO * O), one invocation per (b, h, t)
 //   attn_online_dq       workgroup = BQ query rows; K, V tiles stream; dq = sum_j dS_ij k_j
 //   attn_online_dkv      workgroup = BK key rows; Q, dO, L, D tiles stream from the diagonal down
+//   attn_online_dq_rope, attn_online_dkv_rope  the same for a rotary model whose q and k were turned
+//                        where they were stored: dq and dk turned back as they are stored (each
+//                        invocation holds its row whole); position = row, HD % 8 == 0
 // Tiles entirely above the causal diagonal are never visited, nor, with a sliding
 // window W (WINDOW > 0: a query sees its last W positions, itself included), tiles
 // wholly older than every query's window: the work falls with W. No atomics:
@@ -38,6 +41,7 @@ struct Params { B: u32, T: u32, C: u32, H: u32, scale: f32 }
 @group(0) @binding(6) var<storage, read> Din: array<f32>;   // D (backward) | unused
 @group(0) @binding(7) var<storage, read_write> o1: array<f32>;  // out | D | dq | dk
 @group(0) @binding(8) var<storage, read_write> o2: array<f32>;  // L | dv
+@group(0) @binding(9) var<storage, read> cs: array<vec2<f32>>;  // _rope entries: RoPE's (cos, sin) [T, HD/2]
 
 override HD: u32 = 64u;              // head dim, <= 128
 override HD4: u32 = 16u;             // vec4 per row: ceil(HD / 32) * 8, zero-padded (loops go in blocks of 8)
@@ -175,9 +179,8 @@ fn attn_online_d(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
   o1[i] = s;
 }
 
-@compute @workgroup_size(BQ)
-fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let lid = lidv.x;
+// an invocation's dq into the caller's array (its row: q_tile(wid.x).q0 + lid)
+fn dq_tile(wid: vec3<u32>, lid: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
   let t = q_tile(wid.x);
   let b = t.b; let h = t.h; let last = t.last;
   let row = t.q0 + lid;                  // this lane's query row; rr: clamped to T-1 for loads
@@ -185,11 +188,9 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
 
   var qr: array<vec4<f32>, 32>;
   var dor: array<vec4<f32>, 32>;
-  var dq: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) {
     qr[c] = ld4(0u, b, rr, h, c) * p.scale;
     dor[c] = ld4(3u, b, rr, h, c);
-    dq[c] = vec4<f32>();
   }
   let li = Lin[(b * p.H + h) * p.T + rr];
   let di = Din[(b * p.H + h) * p.T + rr];
@@ -211,19 +212,51 @@ fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
       }
       let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, seen(row, k0 + j));
-      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; dq[c] = fma(vec4<f32>(ds), kj[c], dq[c]); } }
+      for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; (*dq)[c] = fma(vec4<f32>(ds), kj[c], (*dq)[c]); } }
     }
-  }
-  if (row < p.T) {
-    for (var c = 0u; c < HD4; c++) { st4(0u, b, row, h, c, dq[c]); }
   }
 }
 
-// workgroup = BK key rows; the streamed query tiles have BK rows too,
-// from the key tile's diagonal to the last query whose window holds one of its keys.
-@compute @workgroup_size(BK)
-fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
-  let lid = lidv.x;
+@compute @workgroup_size(BQ)
+fn attn_online_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let t = q_tile(wid.x);
+  let row = t.q0 + lidv.x;
+  var dq: array<vec4<f32>, 32>;
+  dq_tile(wid, lidv.x, &dq);
+  if (row < p.T) {
+    for (var c = 0u; c < HD4; c++) { st4(0u, t.b, row, t.h, c, dq[c]); }
+  }
+}
+
+// row t's gradient g turned back by RoPE at position t, stored to o1: vec4 c of a head's first half
+// pairs with vec4 c + HD/8 of its second (common.wgsl's turn4, by minus the angle)
+fn st4_turned_back(b: u32, t: u32, h: u32, g: ptr<function, array<vec4<f32>, 32>>) {
+  let h8 = HD / 8u;
+  let m = vec2<f32>(1.0, -1.0);
+  for (var c = 0u; c < h8; c++) {
+    let e = t * (HD / 2u) + 4u * c;
+    let y = turn4((*g)[c], (*g)[c + h8], cs[e] * m, cs[e + 1u] * m, cs[e + 2u] * m, cs[e + 3u] * m);
+    st4(0u, b, t, h, c, y.x1);
+    st4(0u, b, t, h, c + h8, y.x2);
+  }
+}
+
+@compute @workgroup_size(BQ)
+fn attn_online_dq_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let t = q_tile(wid.x);
+  let row = t.q0 + lidv.x;
+  var dq: array<vec4<f32>, 32>;
+  dq_tile(wid, lidv.x, &dq);
+  if (row < p.T) { st4_turned_back(t.b, row, t.h, &dq); }
+}
+
+
+
+// an invocation's dk and dv into the caller's arrays: workgroup = BK key rows; the streamed query
+// tiles have BK rows too, from the key tile's diagonal to the last query whose window holds one of
+// its keys.
+fn dkv_tile(wid: vec3<u32>, lid: u32, dk: ptr<function, array<vec4<f32>, 32>>,
+            dv: ptr<function, array<vec4<f32>, 32>>) {
   let nk = (p.T + BK - 1u) / BK;
   let kt = wid.x % nk;
   let h = (wid.x / nk) % p.H;
@@ -234,13 +267,9 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
-  var dk: array<vec4<f32>, 32>;
-  var dv: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) {
     kr[c] = ld4(1u, b, cc, h, c);
     vr[c] = ld4(2u, b, cc, h, c);
-    dk[c] = vec4<f32>();
-    dv[c] = vec4<f32>();
   }
   let lbase = (b * p.H + h) * p.T;
   let qend = min(p.T, k0 + BK - 1u + win());   // uniform: from the workgroup id
@@ -273,13 +302,39 @@ fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {
           let c = cb + e;
-          dv[c] = fma(vec4<f32>(pij), gi[c], dv[c]);
-          dk[c] = fma(vec4<f32>(ds), qi[c], dk[c]);   // t1 holds q * scale
+          (*dv)[c] = fma(vec4<f32>(pij), gi[c], (*dv)[c]);
+          (*dk)[c] = fma(vec4<f32>(ds), qi[c], (*dk)[c]);   // t1 holds q * scale
         }
       }
     }
   }
-  if (col < p.T) {
-    for (var c = 0u; c < HD4; c++) { st4(0u, b, col, h, c, dk[c]); st4(1u, b, col, h, c, dv[c]); }
+}
+
+// the key row and (b, h) of invocation lid of workgroup wid (dkv_tile's): (col, b, h)
+fn key_row(wid: vec3<u32>, lid: u32) -> vec3<u32> {
+  let nk = (p.T + BK - 1u) / BK;
+  return vec3<u32>((wid.x % nk) * BK + lid, wid.x / (nk * p.H), (wid.x / nk) % p.H);
+}
+
+@compute @workgroup_size(BK)
+fn attn_online_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let r = key_row(wid, lidv.x);
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  dkv_tile(wid, lidv.x, &dk, &dv);
+  if (r.x < p.T) {
+    for (var c = 0u; c < HD4; c++) { st4(0u, r.y, r.x, r.z, c, dk[c]); st4(1u, r.y, r.x, r.z, c, dv[c]); }
+  }
+}
+
+@compute @workgroup_size(BK)
+fn attn_online_dkv_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lidv: vec3<u32>) {
+  let r = key_row(wid, lidv.x);
+  var dk: array<vec4<f32>, 32>;
+  var dv: array<vec4<f32>, 32>;
+  dkv_tile(wid, lidv.x, &dk, &dv);
+  if (r.x < p.T) {
+    st4_turned_back(r.y, r.x, r.z, &dk);
+    for (var c = 0u; c < HD4; c++) { st4(1u, r.y, r.x, r.z, c, dv[c]); }
   }
 }

@@ -142,27 +142,27 @@ def test_online_reads_half_q_k_v(gpu, plan, B, T, C, H, half, variant):
         check(f"online {variant} {half} {name}", gpu.read(got), want, TOL)
 
 
+@pytest.mark.parametrize("variant", ["sg", "tiles"])
 @pytest.mark.parametrize("B,T,C,H,window,half", [(2, 7, 16, 2, 0, None), (1, 65, 48, 2, 0, None),
                                                  (2, 33, 64, 1, 5, None), (1, 40, 256, 2, 0, None),
                                                  (2, 9, 32, 2, 0, "bf16")])
-def test_online_sg_turns_dq_and_dk_back(gpu, plan, B, T, C, H, window, half):
-    """A rotary model's dq and dk turned back where online_sg.wgsl stores them (the _rope entries):
-    against the float64 reference's dq, dk turned back by rope_backward, dv untouched; hd 8, 24,
-    64 (with a sliding window) and 128, and q, k, v read as bf16. Where the sg kernels do not run
-    or hd is not a multiple of 8, turns_back says no and the block keeps rope_backward's pass."""
+def test_online_turns_dq_and_dk_back(gpu, plan, B, T, C, H, window, half, variant):
+    """A rotary model's dq and dk turned back where online_sg.wgsl and online.wgsl (tiles of 16
+    query and 8 key rows, so T crosses several) store them (the _rope entries): against the float64
+    reference's dq, dk turned back by rope_backward, dv untouched; hd 8, 24, 64 (with a sliding
+    window) and 128, and q, k, v read as bf16. Where hd is not a multiple of 8, turns_back says no
+    and the block keeps rope_backward's pass."""
     from tinygpt.core.rope import rope_table
     from tinygpt.model.block import Rotary
     from tinygpt.reference import kernels as R
-    if plan.attention != "sg":
+    if variant == "sg" and plan.attention != "sg":
         pytest.skip("online_sg.wgsl needs subgroups that pass the plan's check")
-    kn, online, hd = Kernels(gpu, plan), attention.path("online"), C // H
-    att = attention.Attention(online, kn, (B, T, C, H), online.own_scratch(gpu, B, T, H), window)
+    kn, online, hd = Kernels(gpu, plan.with_(attention=variant)), attention.path("online"), C // H
+    att = attention.Attention(online, kn, (B, T, C, H), online.own_scratch(gpu, B, T, H), window, (16, 8))
     table = rope_table(T + 3, hd, 10000.0)
     rot = Rotary(gpu.upload(table), T, hd)
     assert att.turns_back(rot)
     assert not attention.Attention(online, kn, (B, T, 24, 2), {}, 0).turns_back(Rotary(rot.cs, T, 12))
-    tiles = Kernels(gpu, plan.with_(attention="tiles"))
-    assert not attention.Attention(online, tiles, (B, T, C, H), {}, 0).turns_back(rot)
     q, k, v, do = _inputs(B, T, C, 5)
     if half:
         packed = [R.cast_bf16(x) for x in (q, k, v)]
@@ -175,7 +175,7 @@ def test_online_sg_turns_dq_and_dk_back(gpu, plan, B, T, C, H, window, half):
     f = lambda a: np.asarray(a, np.float64)
     rdq, rdk, rdv = RA.attention_backward(f(q), f(k), f(v), f(do), H, window=window or None)
     back = lambda g: R.rope_backward(f(table), g.reshape(B * T, C), T, hd).reshape(B, T, C)
-    tag = f"online_sg turned back B={B} T={T} C={C} H={H} window={window} {half or 'f32'}"
+    tag = f"online {variant} turned back B={B} T={T} C={C} H={H} window={window} {half or 'f32'}"
     check(f"{tag} dq", gpu.read(dq), back(rdq), TOL)
     check(f"{tag} dk", gpu.read(dk), back(rdk), TOL)
     check(f"{tag} dv", gpu.read(dv), rdv, TOL)

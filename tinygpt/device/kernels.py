@@ -753,15 +753,17 @@ class Kernels:
         return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
 
     # ---- online attention (online.wgsl, online_sg.wgsl) -------------------------------------------
-    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0) -> Dispatch:
+    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0, cs=None) -> Dispatch:
+        """cs: RoPE's table, where dq and dk are turned back as they are stored (the _rope entries)."""
         hd = C // H
         bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk, **windowed(window, T)}
         if DTYPES[ins[0].dtype].flag:                                # q, k, v as stored
             consts[DTYPES[ins[0].dtype].flag] = True
-        k = self.gpu.kernel("online.wgsl", entry, "urrrrrrww", consts)
+        turned = cs is not None
+        k = self.gpu.kernel("online.wgsl", entry + ("_rope" if turned else ""), "urrrrrrww" + "r" * turned, consts)
         ins = list(ins) + [None] * (6 - len(ins))
-        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2], groups)
+        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2] + [cs] * turned, groups)
 
     def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0, cs=None) -> Dispatch:
         """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16 or
@@ -778,10 +780,10 @@ class Kernels:
 
     def turns_back(self, T, C, H, variant=None) -> bool:
         """Whether the online backward of this shape turns a rotary model's dq and dk back as it
-        stores them (online_sg.wgsl's _rope entries: the sg variant, whole vec4 rows, HD a multiple
-        of 8); elsewhere rope_backward's pass does."""
+        stores them (the _rope entries of online_sg.wgsl, for whole vec4 rows, and of online.wgsl;
+        HD a multiple of 8); elsewhere rope_backward's pass does."""
         hd = C // H
-        return self._tiles(T, C, H, None, variant) is None and hd % 8 == 0 and C % 4 == 0
+        return hd % 8 == 0 and (C % 4 == 0 or self._tiles(T, C, H, None, variant) is not None)
 
     def _tiles(self, T, C, H, block, variant) -> tuple | None:
         """None where the sg kernels run (variant, or the plan for this shape), else the (BQ, BK) tiles."""
@@ -797,8 +799,7 @@ class Kernels:
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
             return self._online_sg(entry, ins, o1, o2, B, T, C, H, window, cs)
-        assert cs is None, "online.wgsl does not turn back"
-        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window)
+        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window, cs)
 
     def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
         return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0, window)

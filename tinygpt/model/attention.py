@@ -233,7 +233,7 @@ class Online(AttentionPath):
                 kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs)]
 
     def turns_back(self, a, rot):
-        """The sg kernels do (Kernels.turns_back), for training's rows: positions 0..T-1."""
+        """Its kernels do (Kernels.turns_back), for training's rows: positions 0..T-1."""
         B, T, C, H = a.shape
         return rot.offset == 0 and rot.T == T and a.kn.turns_back(T, C, H)
 

@@ -242,6 +242,15 @@ def _turned_back(cs, g):
     return rope_backward(cs, g.reshape(B * T, C), T, 2 * cs.shape[1]).reshape(B, T, C)
 
 
+def attn_online_dq_rope(q, k, v, dout, L, D, H, cs, BQ=32, BK=32, window=None):
+    return _turned_back(cs, attn_online_dq(q, k, v, dout, L, D, H, BQ, BK, window=window))
+
+
+def attn_online_dkv_rope(q, k, v, dout, L, D, H, cs, BQ=32, BK=32, window=None):
+    dk, dv = attn_online_dkv(q, k, v, dout, L, D, H, BQ, BK, window=window)
+    return _turned_back(cs, dk), dv
+
+
 def attn_online_dq_rope_sg(q, k, v, dout, L, D, H, cs, window=None):
     return _turned_back(cs, attn_online_dq_sg(q, k, v, dout, L, D, H, window))
 
