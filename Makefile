@@ -29,7 +29,7 @@ engines: $(STAMP)
 DAWN       := TINYGPT_WEBGPU=dawn VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json
 DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_twin \
               tests/test_attention.py::test_attention_against_float64 \
-              tests/test_attention.py::test_online_reads_half_q_k_v \
+              tests/test_attention.py::test_online_reads_half_q_k_v tests/test_attention.py::test_online_turns_dq_and_dk_back \
               tests/test_window.py::test_windowed_attention_against_float64 \
               tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference \
               "tests/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
