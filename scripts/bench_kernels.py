@@ -15,7 +15,9 @@ The bf16 casts (scalar, and x8: eight values an invocation) and the split head's
 kernels (GELU, the LayerNorm writing f16, the casts) and the decode step's f16 cache; without it,
 the bf16 cache (kv_append's error: the words that differ).
 RoPE (rope.wgsl) on q as stored, float32 and bf16, at the preset's head size, and QK-norm with the
-turn in one pass (qk_norm_rope, and its backward qk_norm_rope_dx, float32). The other parts of
+turn in one pass (qk_norm_rope, and its backward qk_norm_rope_dx, float32); RoPE's turned forms:
+the q projection turning as it stores (matmul_rope, each matmul variant, beside that variant's
+plain product) and the online backward turning dq, dk back (beside the plain dq, dkv kernels). The other parts of
 the modern block: SwiGLU (glu.wgsl; float32 and bf16 gate and up, [rows, 4C]; the bf16 row's
 max_err is what lies past one bf16 rounding of the float64 value), grouped-query
 attention's kv_expand (bf16, as stored) and kv_reduce over the preset's heads sharing one key/value
@@ -41,6 +43,7 @@ from tinygpt.device import kernels as K
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.plan import PORTABLE
 from tinygpt.device.planner import make_plan, subgroups_ok
+from tinygpt.reference import attention as RA
 from tinygpt.reference import kernels as R
 from tinygpt.device.timing import time_dispatches
 from tinygpt.commands.tables import emit
@@ -295,6 +298,54 @@ def rope_cases(gpu, rows, T, C, H, rng):
     want_dx = R.qk_norm_rope_dx(exact, dy.astype(np.float64), x.astype(np.float64), gain.astype(np.float64),
                                 gpu.read(stats).astype(np.float64), T, hd)
     yield "qk_norm_rope_dx", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(dx) - want_dx).max()
+    yield from turned_cases(gpu, rows, T, C, H, x, table, exact, rng)
+
+
+def turned_cases(gpu, rows, T, C, H, x, table, exact, rng):
+    """RoPE where it meets its neighbours: the q projection (x W, [rows, C] by [C, C]) turning q as
+    it stores it, in each matmul variant this adapter runs, beside the plain product of that variant
+    (kernel "matmul"), so that the turn's cost is the difference, and beside rope_forward's own pass
+    above; and the online backward turning dq, dk back as it stores them (dq_rope, dkv_rope) beside
+    the plain kernels, at [batch, T, C], each checked against the float64 reference."""
+    hd = C // H
+    if hd % 8:
+        return
+    f64 = lambda a: np.asarray(a, np.float64)
+    plan = make_plan(gpu)
+    w = rng.standard_normal((C, C)).astype(np.float32)
+    tx, tw = gpu.upload(x), gpu.upload(w)
+    for variant in ("vec4", "sg", "tiled"):
+        if variant == "sg" and plan.subgroups != "ok":
+            continue
+        kv = Kernels(gpu, plan.with_(matmul=variant))
+        out, plain = gpu.tensor((rows, C)), gpu.tensor((rows, C))
+        d = kv.matmul_turned("matmul", tx, tw, None, out, rows, C, C, False, table, T, hd)
+        if d is None:
+            continue
+        want = R.matmul_rope_vec4(f64(x), f64(w), None, exact, T, hd)
+        yield "matmul_rope", variant, f"{rows}x{C}x{C} hd {hd}", d, \
+            lambda o=out, w_=want: np.abs(gpu.read(o) - w_).max()
+        yield "matmul", variant, f"{rows}x{C}x{C}", kv.matmul(tx, tw, None, plain, rows, C, C, variant=variant), \
+            lambda o=plain, w_=f64(x) @ f64(w): np.abs(gpu.read(o) - w_).max()
+    from tinygpt.model import attention
+    from tinygpt.model.block import Rotary
+    B = rows // T
+    q, k, v, do = (rng.standard_normal((B, T, C)).astype(np.float32) for _ in range(4))
+    online = attention.path("online")
+    att = attention.Attention(online, Kernels(gpu, plan), (B, T, C, H), online.own_scratch(gpu, B, T, H), 0)
+    tq, tk, tv, tdo = (gpu.upload(a) for a in (q, k, v, do))
+    o = gpu.tensor((B, T, C))
+    gpu.run(att.forward(tq, tk, tv, o) + att.backward(tq, tk, tv, o, tdo, *(gpu.tensor((B, T, C)) for _ in range(3))))
+    dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(3))
+    rdq, rdk, _ = RA.attention_backward(f64(q), f64(k), f64(v), f64(do), H)
+    back = lambda g: R.rope_backward(exact, g.reshape(rows, C), T, hd).reshape(B, T, C)
+    ds = att.backward(tq, tk, tv, o, tdo, dq, dk, dv, rot=Rotary(table, T, hd))      # D, then dq, dkv turned
+    plain = att.backward(tq, tk, tv, o, tdo, dq, dk, dv)
+    shape = f"{B}x{T}x{C} hd {hd}"
+    yield "attn_online_dq_rope", plan.attention, shape, ds[1], lambda: np.abs(gpu.read(dq) - back(rdq)).max()
+    yield "attn_online_dkv_rope", plan.attention, shape, ds[2], lambda: np.abs(gpu.read(dk) - back(rdk)).max()
+    yield "attn_online_dq", plan.attention, shape, plain[1], lambda: np.abs(gpu.read(dq) - rdq).max()
+    yield "attn_online_dkv", plan.attention, shape, plain[2], lambda: np.abs(gpu.read(dk) - rdk).max()
 
 
 def block_cases(gpu, rows, C, M, V, H, rng):
@@ -457,7 +508,7 @@ def main(argv=None):
                                              *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
                                              *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
         room = OPTIMIZERS.get(d.kernel.name)      # an optimizer's entry point: its twin is in its room
-        if not hasattr(R, d.kernel.name) and getattr(room, "twin", None) is None:
+        if not (hasattr(R, d.kernel.name) or hasattr(RA, d.kernel.name)) and getattr(room, "twin", None) is None:
             raise SystemExit(f"{d.kernel.name} has no NumPy twin in tinygpt.reference or its room")
         gpu.run([d])
         err = float(check())

@@ -171,19 +171,26 @@ def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monke
     assert len(m.head.vchunks) == 2
 
 
-@pytest.mark.parametrize("case", ["score heads", "GPT-2 vocab"])
+@pytest.mark.parametrize("case", ["score heads", "GPT-2 vocab", "rotary, GPT-2 vocab"])
 def test_step0_with_heads_apart_split_by_a_forced_limit(gpu, plan, monkeypatch, case):
     """Heads set apart from the width, with every split a limit makes: 12 heads of 8 (q 96 wide in
     128) on the naive path, whose score matrices come in head chunks, the token table in 2 chunks
     and the logits in row chunks (600 kB); and 4 heads of 16 (q 64 wide) at GPT-2's vocabulary (13 MB:
-    the table in 2 chunks, the flat buffers in chunks)."""
+    the table in 2 chunks, the flat buffers in chunks); and so with Llama's parts, whose q and k
+    the projections turn as they store them and whose dq, dk the online backward turns back, the
+    untied head's table in 2 chunks too."""
     if case == "score heads":
         cfg = preset("tiny", layers=1, d_model=128, heads=12, head_dim=8, kv_heads=4, vocab=2000, batch=4, ctx=64)
         limit, attention, names = 600_000, "naive", None
-    else:         # the gradients GPT-2's vocabulary test checks, and the projections the heads' width shapes
+    elif case == "GPT-2 vocab":   # the gradients GPT-2's vocabulary test checks, the projections the heads shape
         cfg = preset("tiny", layers=1, d_model=128, heads=4, head_dim=16, vocab=50257, batch=2, ctx=16)
         limit, attention = 13_000_000, "online"
         names = ("tok_emb", "pos_emb", "h0.Wq", "h0.bq", "h0.Wk", "h0.Wv", "h0.Wo", "h0.fc_out_W", "ln_f_g")
+    else:
+        cfg = preset("tiny", layers=1, d_model=128, heads=4, head_dim=16, kv_heads=2, vocab=50257, batch=2, ctx=16,
+                     norm="rmsnorm", position="rope", activation="swiglu", bias="none", tied=False)
+        limit, attention = 13_000_000, "online"
+        names = ("tok_emb", "lm_head", "h0.Wq", "h0.Wk", "h0.Wv", "h0.Wo", "h0.fc_gate_W", "h0.fc_in_W", "ln_f_g")
     n, m = check_step0(gpu, plan, cfg, names=names, limit=limit, monkeypatch=monkeypatch, keep=True,
                        attention=attention)
     print(f"{case}: logit chunks {n}, token table chunks {m.head.vchunks}, head chunks {m.size['head_chunks']}")
@@ -192,6 +199,11 @@ def test_step0_with_heads_apart_split_by_a_forced_limit(gpu, plan, monkeypatch, 
         assert n > 1 and len(m.size["head_chunks"]) > 1
     else:                       # 32 rows of logits fit one binding; the flat buffers are bound in chunks
         assert len(m.flat_chunks) > 1
+    if case.startswith("rotary"):
+        turned = [d.kernel.name for d in m._fwd + m._bwd if "rope" in d.kernel.name]
+        print("turned:", sorted(set(turned)))
+        assert sum(n.startswith("matmul_rope") for n in turned) == 2
+        assert sum(n.startswith("attn_online_d") for n in turned) == 2 and "rope_backward" not in turned
 
 
 def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch):

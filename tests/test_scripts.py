@@ -80,6 +80,10 @@ def test_bench_kernels_json(gpu):
     want |= {(k, v) for k in ("relu2_forward", "relu2_backward") for v in ("scalar", "vec4", "bf16")}
     want |= {(k, v + " rms") for k in ("layernorm_forward", "layernorm_dx") for v in ("scalar", "vec4")}
     want |= {("rope_forward", "f32"), ("rope_forward", "bf16"), ("qk_norm_rope", "f32"), ("qk_norm_rope_dx", "f32")}
+    turned = ("vec4", "sg", "tiled") if sg else ("vec4", "tiled")     # the q projection turning, beside the plain
+    want |= {(k, v) for k in ("matmul_rope", "matmul") for v in turned}
+    online = make_plan(gpu).attention                                  # the online backward turning dq, dk back
+    want |= {(k, online) for k in ("attn_online_dq_rope", "attn_online_dkv_rope", "attn_online_dq", "attn_online_dkv")}
     want |= {("attn_decode", "grouped")}                           # the tiny preset's 3 heads on one kv head
     want |= {(k, v) for k in ("swiglu_forward", "swiglu_backward") for v in ("f32", "bf16")}
     want |= {("kv_expand", "bf16"), ("kv_reduce", "scalar"), ("softcap", "scalar")}
