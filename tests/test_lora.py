@@ -59,6 +59,8 @@ CASES = {   # name: (precision, rank, targets, biases, tolerance of the gradient
     # made chunk by chunk, the head's table in chunks of rows, the logits in 4 chunks
     "bf16 split r8": ("bf16", 8, None, False, 3e-3),
     "fp32 GPT-2 vocab r8": ("fp32", 8, None, False, 1e-4),      # 13 MB: the base and the table split
+    # the buffer limit forced low (128 KiB): the frozen base and its bf16 copy each in parts
+    "bf16 parts r8": ("bf16", 8, None, False, 3e-3),
 }
 
 
@@ -80,6 +82,9 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
         cfg = preset("tiny", layers=2, d_model=128, heads=2, vocab=2000, batch=16, ctx=16) if "split" in case else \
             preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16)
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", 600_000 if "split" in case else 13_000_000)
+    if "parts" in case:            # fewer rows, so that every activation fits the limit
+        cfg = preset("tiny", layers=2, batch=4, ctx=16)
+        monkeypatch.setitem(gpu.limits, "max-buffer-size", 1 << 17)
     plan = make_plan(gpu)
     lora = LR.make_lora(rank, targets=targets, biases=biases)
     params = adapted(cfg, lora)
@@ -88,6 +93,10 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
     if "split" in case or "GPT-2" in case:
         assert len(m.head.vchunks) > 1 and len(m.flat_chunks) >= 1
         assert len(m.base_chunks) > 1, "the frozen base is bound in one piece"
+    if "parts" in case:
+        from tinygpt.model.layout import Parts
+        assert all(isinstance(m.buf[r], Parts) for r in ("base", "base copy")), "the base is one buffer"
+        print(f"the base in {len(m.buf['base'].tensors)} parts of {m.part:,} floats")
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision, lora=lora)
     scale = m.gate_state()["scale"] if m.scaled else 1.0

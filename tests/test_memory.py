@@ -8,6 +8,7 @@ from tinygpt.core.block import BLOCKS
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.device.gpu import buffer_bytes
 from tinygpt.model import budget, buffers
+from tinygpt.model.layout import flat_part
 from tinygpt.commands.cli import main
 from tinygpt.core.config import preset
 from tinygpt.model.spec import RunSpec, decoder_spec
@@ -53,7 +54,9 @@ def allocated(gpu, monkeypatch, build):
     ("online", 2, 256, None, 24, "fp32 nanochat"), ("naive", 1, 2000, 600_000, 128, "bf16 llama lora"),
     ("online", 1, 256, None, 24, "f16 nanochat recompute"), ("fused_sv", 1, 301, None, 24, "fp32 llama muon"),
     # heads of 16 channels set apart from the width: q and the attention 32 or 48 wide
-    ("naive", 1, 2000, 600_000, 128, "bf16 llama lora apart"), ("online", 2, 256, None, 24, "fp32 nanochat apart")])
+    ("naive", 1, 2000, 600_000, 128, "bf16 llama lora apart"), ("online", 2, 256, None, 24, "fp32 nanochat apart"),
+    # the buffer limit forced to 2 MiB: the flat arrays (a LoRA run's base and its copy) in parts
+    ("online", 2, 2000, 600_000, 128, "fp32 muon parts"), ("naive", 1, 2000, 600_000, 128, "bf16 lora parts")])
 def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, accum, vocab, limit, width, precision):
     from tinygpt.core.lora import TARGETS, make_lora
     precision, *more = precision.split()
@@ -71,6 +74,8 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     cfg = preset("tiny", layers=2, d_model=width, heads=2 if width == 128 else 3, ctx=40, vocab=vocab, **parts)
     if limit:     # logits and score matrices split into chunks
         monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
+    if "parts" in more:
+        monkeypatch.setitem(gpu.limits, "max-buffer-size", 2 << 20)
     limits = budget.device_limits(gpu)
     precision = PRECISIONS[precision]
     spec = RunSpec(cfg, attention, B=6, accum=accum, precision=precision, recompute=recompute, lora=lora, optimizer=opt)
@@ -79,6 +84,10 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
         Model(gpu, plan, spec)                                                    # nor the sampler's (its
         Decoder(gpu, plan, decoder_spec(cfg, attention, precision=precision), 50)   # decode kernels)
     got = allocated(gpu, monkeypatch, lambda: Model(gpu, plan, spec))
+    if "parts" in more:
+        from tinygpt.model.layout import Parts
+        flat = Model(gpu, plan, spec).buf["base" if lora else "params"]
+        assert isinstance(flat, Parts) and len(flat.tensors) > 1
     print(f"{attention} accum {accum} V {vocab} {precision.name}{' recompute' if recompute else ''}"
           f"{' lora' if lora else ''} {opt.name}: budget {p.total:,} bytes, model {got:,}")
     assert got == p.total
@@ -93,7 +102,8 @@ def test_budget_is_what_the_model_allocates(gpu, plan, monkeypatch, attention, a
     if lora:               # gradients and moments of the adapters alone
         full = budget.memory_budget(spec.with_(lora=None, optimizer=opt), plan, limits, sample=0)
         assert p.groups["gradients"] < full.groups["gradients"] and p.groups["optimizer state"] < full.groups["optimizer state"]
-    want = budget.sampler_bytes(decoder_spec(cfg, attention, precision=precision), 50, plan, limits["max_binding"])
+    want = budget.sampler_bytes(decoder_spec(cfg, attention, precision=precision), 50, plan, limits["max_binding"],
+                                flat_part(limits["max_buffer"], limits["align"]))
     got = allocated(gpu, monkeypatch, lambda: Decoder(gpu, plan, decoder_spec(cfg, attention, precision=precision), 50))
     assert got == want
 
@@ -156,17 +166,22 @@ def test_a_run_that_does_not_fit_is_refused_before_allocating(gpu, tmp_path, cap
 
 
 def test_parameters_over_one_buffer_are_refused_as_the_models_own(plan):
-    """Every parameter is one flat buffer: where it is over the adapter's buffer cap (Qwen3-0.6B's 2.4 GB
-    on lavapipe's 2 GiB), the refusal says that no option shrinks it, not to sample fewer tokens;
-    a buffer of activations over it asks for a smaller batch or context."""
+    """Flat arrays over the adapter's buffer cap are several buffers (Qwen3-0.6B's 2.4 GB of weights
+    on lavapipe's 2 GiB), none over the cap; a parameter that is itself over one part cannot be
+    split, and the refusal says that no option shrinks it, not to sample fewer tokens; a buffer of
+    activations over the cap asks for a smaller batch or context."""
     from tinygpt.core.config import n_params
     cfg = preset("tiny")
     limits = {"max_buffer": 4 * n_params(cfg) - 1024, "max_binding": 1 << 27, "align": 256}
     p = budget.memory_budget(RunSpec(cfg, "online", B=1), plan, limits, sample=10)
+    assert p.fits and max(n for what, n in p.buffers if what.startswith("params")) <= limits["max_buffer"]
+    assert p.parts == 2 and "the largest in 2 buffers, no parameter across two" in budget.text(p)
+    limits["max_buffer"] = 4 * 4096 * 2      # two 4,096-float grains: the token table [256, 48] is three
+    p = budget.memory_budget(RunSpec(cfg, "online", B=1), plan, limits, sample=10)
     msg = budget.refusal(p, plan)
     print(f"\n{msg}")
-    assert "params [F] needs a" in msg and f"holds {limits['max_buffer'] // 4:,} float32 values at most" in msg
-    assert "sample" not in msg
+    assert "parameter tok_emb [256, 48] needs a 49,152-byte buffer" in msg
+    assert f"holds {limits['max_buffer'] // 4:,} float32 values at most" in msg and "sample" not in msg
     p = budget.memory_budget(RunSpec(cfg, "online", B=512), plan, dict(limits, max_buffer=1 << 22), sample=10)
     assert budget.refusal(p, plan).endswith("use a smaller {opt:batch} or {opt:ctx} (tinygpt plan shows every buffer)")
 

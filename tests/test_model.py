@@ -526,6 +526,48 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)
 
 
+@pytest.mark.parametrize("opt, precision", [("adamw", "fp32"), ("muon", "bf16")])
+def test_flat_arrays_over_a_forced_buffer_limit_lie_in_parts(gpu, plan, monkeypatch, opt, precision):
+    """The buffer limit forced low (128 KiB: 32,768 floats a part): parameters, gradients, the
+    optimizer's state and bf16's weight copy are each several buffers, and no parameter lies across
+    two. Step 0's logits, loss and every gradient against float64 (fp32); then four steps of two
+    micro-batches give the losses, weights and state of the same model in one buffer, bit for bit
+    (clipping off: the global norm's partial sums follow the layout, which the parts move)."""
+    from tinygpt.model.layout import Parts, flat_chunks
+    from tinygpt.model.optimizers import kind
+    cfg = preset("tiny", batch=2, ctx=16, vocab=301, d_model=48, heads=2, grad_clip=0.0)
+    params = init_params(cfg)
+    xs = np.random.default_rng(4).integers(0, cfg.vocab, (4, 4, cfg.ctx + 1)).astype(np.uint32)
+    spec = RunSpec(cfg, "online", accum=2, optimizer=make_settings(opt), precision=PRECISIONS[precision])
+    if spec.precision.feature and spec.precision.feature not in gpu.features:
+        pytest.skip(f"{gpu.name} has no {spec.precision.feature}")
+    out = {}
+    for limit in (None, 1 << 17):
+        if limit:
+            monkeypatch.setitem(gpu.limits, "max-buffer-size", limit)
+            if precision == "fp32":
+                check_step0(gpu, plan, cfg)
+        m = Model(gpu, plan, spec)
+        if limit:
+            rows = ["params", "grads", "grads micro", *kind(opt).state_rows] + (["params copy"] if precision != "fp32"
+                                                                                else [])
+            parts = {r: len(m.buf[r].tensors) for r in rows if isinstance(m.buf[r], Parts)}
+            assert set(parts) == set(rows) and min(parts.values()) > 1, parts
+            assert all(off // m.part == (off + np.prod(s) - 1) // m.part for off, s in m.offsets.values())
+            assert m.flat_chunks == flat_chunks(m.n_flat, gpu.max_binding, 256, m.part)
+            print(f"{m.n_flat:,} floats in parts of {m.part:,}: {parts}; {len(m.flat_chunks)} chunks")
+        m.set_params(params)
+        losses = []
+        for w in xs:
+            m.step(w[:, :-1], w[:, 1:], 3e-3)
+            losses.append(m.loss())
+        out[limit] = (losses, m.get_params(), m.get_opt_state()[kind(opt).state_rows[-1]])
+    (l0, p0, v0), (l1, p1, v1) = out.values()
+    print("losses, one buffer:", l0, "in parts:", l1)
+    assert l0 == l1
+    assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)
+
+
 def test_every_precision_names_a_launcher_for_every_role():
     """A policy's roles are the block's (core.precision.ROLES), each played by a Kernels method
     (or by none where the policy stores float32 and converts nothing), whose dtypes agree."""

@@ -19,7 +19,7 @@ from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
 from . import buffers
 from .decode import decode_mode
-from .layout import flat_bound, rows_per_binding
+from .layout import flat_bound, flat_part, rows_per_binding
 from .optimizers import make_optimizer
 from .spec import RunSpec, decoder_spec
 
@@ -32,11 +32,12 @@ class MemoryBudget:
     sample: int = 0                                     # the tokens of the samples at the end (0: none)
     groups: dict = field(default_factory=dict)          # group -> bytes
     bindings: dict = field(default_factory=dict)        # what -> bytes bound at once
-    buffers: list = field(default_factory=list)         # (what, bytes), every buffer
+    buffers: list = field(default_factory=list)         # (what, bytes), every buffer (a flat row's largest part)
     limits: dict = field(default_factory=dict)          # max_binding, max_buffer, align, loop_cap, memory
     problems: list = field(default_factory=list)
-    flat: set = field(default_factory=set)              # the buffers of the flat parameter layout (model.layout)
+    flat: set = field(default_factory=set)              # the parameters, which no option shrinks (model.layout)
     oversized: list = field(default_factory=list)       # the buffers over the adapter's buffer limit, in order
+    parts: int = 1                                      # buffers the largest flat array is (model.layout.Parts)
 
     @property
     def total(self) -> int:
@@ -67,15 +68,17 @@ class MemoryBudget:
                 "lora": self.lora.as_dict() if self.lora else None,
                 "bytes": dict(self.groups),
                 "total_bytes": self.total, "largest_binding_bytes": largest, "largest_binding": what,
-                "limits": dict(self.limits), "fits": self.fits, "problems": list(self.problems)}
+                "limits": dict(self.limits), "flat_parts": self.parts, "fits": self.fits,
+                "problems": list(self.problems)}
 
 
-def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: int | None = None) -> int:
+def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: int | None = None,
+                  part: int = 0) -> int:
     """The end-of-run sampler (model.decode.Decoder, one sequence; spec: its run, decoder_spec):
     its Model over a [1, ctx] window, and the decode step's buffers (decode.wgsl's uniforms are
-    not counted)."""
+    not counted). part: a flat array's floats a buffer (layout.flat_part)."""
     cache = decode_mode(plan, spec.precision) == "cache"
-    allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding)
+    allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding, part=part)
     own, _ = buffers.decode_rows(spec.cfg, 1, capacity, spec.precision, cache, max_binding)
     return buffers.total_bytes(allocations) + buffers.total_bytes(own)
 
@@ -89,12 +92,17 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     p = MemoryBudget(spec, sample, limits=limits)
     cfg, batch = spec.cfg, spec.B
     mb, align = limits.get("max_binding"), limits.get("align") or 256
-    allocations, size = buffers.model_rows(spec, plan, mb, make_optimizer(spec.optimizer))
-    for e in allocations:
+    part = flat_part(limits.get("max_buffer"), align)         # a flat array larger is several buffers
+    allocations, size = buffers.model_rows(spec, plan, mb, make_optimizer(spec.optimizer), part)
+    for name, shape, _ in param_shapes(cfg):     # each parameter lies in one buffer of its flat arrays
+        if part and math.prod(shape) > part:
+            p.buffers.append((f"parameter {name} {list(shape)}", 4 * math.prod(shape)))
+            p.flat.add(p.buffers[-1][0])
+    for e in allocations:         # a flat array over one buffer is several (model.layout.Parts)
         nbytes, what = buffer_bytes(e.nbytes), described(e.row)
-        p.buffers.append((what, nbytes))
-        if e.row.bound == "flat":
-            p.flat.add(what)
+        words = buffers.part_words(e, part) if e.row.bound == "flat" else [e.nbytes // 4]
+        p.buffers.append((what, max(buffer_bytes(4 * w) for w in words) if e.row.bound == "flat" else nbytes))
+        p.parts = max(p.parts, len(words))
         p.groups[e.row.group] = p.groups.get(e.row.group, 0) + nbytes
         p.bindings[what] = max(p.bindings.get(what, 0), _bound(e, size, mb, align))
     VP, C = size["VP"], size["C"]
@@ -105,7 +113,7 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     if name not in HEAD_TABLES:
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision
-        p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention), sample, plan, mb)
+        p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention), sample, plan, mb, part)
     _check(p, batch * cfg.ctx)
     return p
 
@@ -174,8 +182,8 @@ def refusal(p: MemoryBudget, plan: KernelPlan) -> str:
     """The one-line message when a run does not fit: why, and what would."""
     msg = f"this run does not fit: {p.problems[0]}"
     if p.oversized and p.problems[0].startswith(p.oversized[0] + " "):     # one buffer over the adapter's cap
-        if p.oversized[0] in p.flat:         # every parameter is one buffer (model.layout): no option shrinks it
-            return msg + (f"; a model's parameters are one buffer of this adapter's, which holds "
+        if p.oversized[0] in p.flat:         # a parameter lies in one buffer (model.layout): no option shrinks it
+            return msg + (f"; a parameter lies in one buffer of this adapter's, which holds "
                           f"{p.limits['max_buffer'] // 4:,} float32 values at most: this model does not run on it "
                           "(tinygpt plan shows every buffer)")
         return msg + "; use a smaller {opt:batch} or {opt:ctx} (tinygpt plan shows every buffer)"
@@ -216,6 +224,8 @@ def text(p: MemoryBudget) -> str:
         lines.append(f"{g:20s} {nbytes:>16,} bytes  {human(nbytes):>10s}")
     lines.append(f"{'total':20s} {p.total:>16,} bytes  {human(p.total):>10s}")
     lines.append(f"largest binding: {what}, {largest:,} bytes")
+    if p.parts > 1:              # a flat array over the adapter's buffer limit (model.layout.Parts)
+        lines.append(f"flat arrays over one buffer: the largest in {p.parts} buffers, no parameter across two")
     lim = p.limits
     shown = {"max_binding": "binding limit", "align": "offset alignment", "max_buffer": "buffer limit",
              "loop_cap": "CPU loop cap (rows)", "memory": "memory available"}

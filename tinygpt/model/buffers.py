@@ -32,7 +32,7 @@ from ..core.precision import Precision
 from ..device.gpu import GPU, PER_WORD, Tensor, buffer_bytes
 from ..device.kernels import CHUNK, GATE_FLOATS
 from ..device.plan import KernelPlan
-from .layout import LOSS_SLOT, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
+from .layout import LOSS_SLOT, Parts, batch_layout, head_block_rows, head_chunks, padded_vocab, param_layout, \
     rows_per_binding
 
 
@@ -175,17 +175,18 @@ def lora_block(BT: int, R: int) -> int:
 
 
 def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None = None, head_rows: int = 0,
-          N: int = 0, capacity: int = 0, lora: LoRA | None = None) -> dict:
-    """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences)."""
+          N: int = 0, capacity: int = 0, lora: LoRA | None = None, part: int = 0) -> dict:
+    """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences).
+    part: the floats of one buffer of a flat array (layout.flat_part; 0: one buffer)."""
     V, C, H = cfg.vocab, cfg.d_model, cfg.heads
     VP = padded_vocab(V)
-    FB = param_layout(cfg)[1]
-    F = param_layout(cfg, trainable_shapes(cfg, lora))[1] if lora else FB
+    FB = param_layout(cfg, part=part)[1]
+    F = param_layout(cfg, trainable_shapes(cfg, lora), part)[1] if lora else FB
     R = lora.rank if lora else 0
     chunks = head_chunks(B, T, H, max_binding)
     return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.hd, "M": cfg.d_mlp,
             "H": H, "L": cfg.layers, "V": V, "VP": VP,
-            "F": F, "FB": FB, "R": R, "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
+            "F": F, "FB": FB, "part": part, "R": R, "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
             "QC": cfg.block.heads.q_width, "ones": max(C, cfg.hd),       # the gains of ones: a norm's, QK-norm's
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
             "batch": batch_layout(B * T, V)[1],
@@ -269,18 +270,18 @@ def resolve(table, on: set, size: dict, policy: Precision) -> list[Allocation]:
     return out
 
 
-def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None):
+def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None, part: int = 0):
     """(resolved rows, sizes) of a Model built as `spec` says (model.spec.RunSpec): what
     model.gpt.Model allocates and budget.py counts. The head's block scratch holds one chunk of
     logit rows (at least 64 rows: fewer cannot be bound, which layout.logit_chunks refuses).
     optimizer (training): the model.optim optimizer made from spec.optimizer, whose rows (its state
-    and scratch) follow the table's, after the attention path's scratch."""
+    and scratch) follow the table's, after the attention path's scratch. part: as sizes'."""
     cfg, B, T, attention, policy = spec.cfg, spec.B, spec.T, spec.attention, spec.precision
     training, head, accum, lora = spec.training, spec.lm_head, spec.accum, spec.lora
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
-    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora)
+    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora, part=part)
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
@@ -314,6 +315,8 @@ def allocate(gpu: GPU, allocations: list[Allocation], size: dict, row_chunks: di
         label = p.row.label.format(**size) if p.row.label else p.row.name
         if p.row.bound == "whole":
             t = gpu.tensor(p.words, p.dtype, label)
+        elif p.row.bound == "flat" and size["part"] and p.shape[0] > size["part"]:
+            t = flat_parts(gpu, p, size["part"], label)
         else:
             whole = p.row.bound == "rows" and (row_chunks or {}).get(p.row.name, 1) == 1
             t = Tensor(gpu.buffer(p.nbytes, label, binding=whole), 0, p.words, p.dtype, label)
@@ -329,6 +332,21 @@ def allocate(gpu: GPU, allocations: list[Allocation], size: dict, row_chunks: di
         if p.layers > 1:         # one buffer every layer's view names (recompute)
             out[p.row.name] = out[p.row.name] * p.layers
     return out
+
+
+def part_words(p: Allocation, part: int) -> list[int]:
+    """The words of each buffer a flat row is allocated as: one, or one a part (layout.Parts)."""
+    n, per_word = p.shape[0], PER_WORD[p.dtype]
+    if not part or n <= part:
+        return [p.words[0]]
+    return [min(part, n - f0) // per_word for f0 in range(0, n, part)]
+
+
+def flat_parts(gpu: GPU, p: Allocation, part: int, label: str) -> Parts:
+    """A flat row larger than one part, a buffer a part (bound a chunk at a time, never whole)."""
+    words = part_words(p, part)
+    return Parts(tuple(Tensor(gpu.buffer(4 * w, f"{label} {i + 1}/{len(words)}", binding=False), 0, (w,),
+                              p.dtype, label) for i, w in enumerate(words)), part, p.dtype, label)
 
 
 def total_bytes(allocations: list[Allocation]) -> int:

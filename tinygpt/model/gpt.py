@@ -7,6 +7,9 @@ reads the loss when it is shown. The flat parameter layout is model.layout's.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import numpy as np
 
 from ..core.lora import trainable_shapes
@@ -14,14 +17,15 @@ from ..core.block import HEAD_TABLES
 from ..core.init import token_buckets
 from ..core.rope import rope_table
 from ..device import numerics
-from ..device.gpu import GPU, PER_WORD, Tensor
+from ..device.gpu import GPU, PER_WORD
 from ..device.kernels import Kernels
 from ..device.plan import KernelPlan
 from . import buffers
 from . import record
 from .block import PolicyKernels
 from .head import Head
-from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_view, logit_chunks, padded_vocab, param_layout, unpack
+from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_part, flat_view, logit_chunks, padded_vocab, \
+    param_layout, read_flat, unpack, write_flat
 from .optim import Gate
 from .optimizers import make_optimizer
 from .spec import RunSpec
@@ -55,13 +59,15 @@ class Model:
         self.B, self.T = spec.B, spec.T
         self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
         self.trainable = trainable_shapes(cfg, spec.lora)                                  # what the optimizer updates
-        self.offsets, self.n_flat = param_layout(cfg, self.trainable)
-        self.base_offsets = param_layout(cfg)[0] if spec.lora else None               # a LoRA run's frozen model
+        align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
+        self.part = flat_part(gpu.max_buffer, align)          # a flat array's floats a device buffer
+        self.offsets, self.n_flat = param_layout(cfg, self.trainable, self.part)
+        base, n_base = param_layout(cfg, part=self.part)
+        self.base_offsets = base if spec.lora else None                               # a LoRA run's frozen model
         record.check_fits(self)
         self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.lm_head else []
-        align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
-        self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align)
-        self.base_chunks = flat_chunks(param_layout(cfg)[1], gpu.max_binding, align) if spec.lora else []
+        self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align, self.part)
+        self.base_chunks = flat_chunks(n_base, gpu.max_binding, align, self.part) if spec.lora else []
         self.buf = self._allocate()
         self._views()
         if "rope table" in self.buf:          # a rotary model's angles, made once on the host (core.rope)
@@ -95,7 +101,8 @@ class Model:
     # ---- building ----------------------------------------------------------------------------------
     def _allocate(self) -> dict:
         """This model's rows of the buffer table (self.allocations, one entry a buffer), allocated."""
-        self.allocations, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer)
+        self.allocations, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer,
+                                                         self.part)
         return buffers.allocate(self.gpu, self.allocations, self.size, {"logits": len(self.chunks)})
 
     def _views(self):
@@ -122,33 +129,31 @@ class Model:
             self.P.update({n: b["ones"] for n in free})
         self.G_micro = self._param_views(b["grads micro"]) if "grads micro" in b else None
 
-    def _param_views(self, flat: Tensor, offsets: dict | None = None) -> dict:
-        """name -> a view of that parameter in a flat buffer of the layout `offsets` (the
-        trainable one by default; tok_emb [VP, C], its padded rows included), and "ln_f",
+    def _param_views(self, flat, offsets: dict | None = None) -> dict:
+        """name -> a view of that parameter in a flat array (a Tensor, or layout.Parts) of the layout
+        `offsets` (the trainable one by default; tok_emb [VP, C], its padded rows included), and "ln_f",
         "hL.ln1", "hL.ln2" -> the norm's [g | b] as one [2, C] where the layout holds it (an RMSNorm's
         g alone, [1, C])."""
         per_word = PER_WORD[flat.dtype]                         # a bf16 flat buffer packs two a word
         offsets = self.offsets if offsets is None else offsets
+        view = lambda off, shape, name: dataclasses.replace(
+            flat_view(flat, off, math.prod(shape), shape[:-1] + (shape[-1] // per_word,)), name=name)
         out = {}
         for name, (off, shape) in offsets.items():
-            if name in HEAD_TABLES:
-                shape = (self.VP, shape[1])
-            words = shape[:-1] + (shape[-1] // per_word,)
-            out[name] = Tensor(flat.buf, 4 * off // per_word, words, flat.dtype, name)
+            out[name] = view(off, (self.VP, shape[1]) if name in HEAD_TABLES else tuple(shape), name)
         C = self.cfg.d_model
         norms = [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")]
         for ln, gain in norms + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
                                                for i in (1, 2)]:
             if gain in offsets:
-                k = 2 if gain[:-1] + "b" in offsets else 1
-                out[ln] = Tensor(flat.buf, 4 * offsets[gain][0] // per_word, (k, C // per_word), flat.dtype, ln)
+                out[ln] = view(offsets[gain][0], (2 if gain[:-1] + "b" in offsets else 1, C), ln)
         return out
 
     # ---- state in and out ------------------------------------------------------------------------
     def _pack(self, tensors: dict, into: str = "params") -> np.ndarray:
         """The flat buffer `into` ("params", or a LoRA run's "base") of the named tensors."""
         offsets = self.base_offsets if into == "base" else self.offsets
-        flat = np.zeros(self.buf[into].size, np.float32)
+        flat = np.zeros(self.size["FB" if into == "base" else "F"], np.float32)
         for name, (off, shape) in offsets.items():
             a = np.asarray(tensors[name], np.float32)
             if a.shape != tuple(shape):
@@ -159,33 +164,33 @@ class Model:
     def set_params(self, params: dict):
         """Every parameter (a LoRA run's: the base model's and the adapters')."""
         if self.lora:
-            self.gpu.write(self.buf["base"], self._pack(params, "base"))
+            write_flat(self.gpu, self.buf["base"], self._pack(params, "base"))
             if self._copy_base:
                 self.gpu.run(self._copy_base)
-        self.gpu.write(self.params, self._pack(params))
+        write_flat(self.gpu, self.params, self._pack(params))
         if self._copy_weights:
             self.gpu.run(self._copy_weights)
 
     def get_params(self) -> dict:
         """Every parameter, as set_params takes them (the trainable ones where they live)."""
-        base = unpack(self.gpu.read(self.buf["base"]), self.base_offsets) if self.lora else {}
-        return {**base, **unpack(self.gpu.read(self.params), self.offsets)}
+        base = unpack(read_flat(self.gpu, self.buf["base"]), self.base_offsets) if self.lora else {}
+        return {**base, **unpack(read_flat(self.gpu, self.params), self.offsets)}
 
     def get_grads(self) -> dict:
-        return unpack(self.gpu.read(self.grads), self.offsets)
+        return unpack(read_flat(self.gpu, self.grads), self.offsets)
 
     def set_opt_state(self, state: dict, steps: int):
         """The optimizer's state ({row: {parameter: array}}, its state_rows each, zeros where a row
         is missing) and the updates it has taken (its bias corrections count from there)."""
         for row in self.optimizer.state_rows:
             held = state.get(row)
-            self.gpu.write(self.buf[row], self._pack(held) if held is not None else
-                           np.zeros(self.buf[row].size, np.float32))
+            write_flat(self.gpu, self.buf[row], self._pack(held) if held is not None else
+                       np.zeros(self.n_flat, np.float32))
         self.set_gate(taken=int(steps))
 
     def get_opt_state(self) -> dict:
         """{row: {parameter: array}} of the optimizer's state rows, read from the device."""
-        return {row: unpack(self.gpu.read(self.buf[row]), self.offsets) for row in self.optimizer.state_rows}
+        return {row: unpack(read_flat(self.gpu, self.buf[row]), self.offsets) for row in self.optimizer.state_rows}
 
     def opt_steps(self) -> int:
         """The updates the optimizer's state has taken (a loss scaler's skips not among them)."""

@@ -1,20 +1,24 @@
 """Where things lie in the model's buffers, and how a buffer larger than one binding is bound.
 
-Parameters, gradients and both AdamW moments are each one flat buffer with the same layout:
+Parameters, gradients and both AdamW moments are each one flat array with the same layout:
 tensors in .tinygpt order, each starting on a 256-float boundary (a LayerNorm's bias follows its
 gain directly, so [g | b] binds as one [2, C] tensor). Padding stays zero, so the flat optimizer
-kernels can ignore it. Pure arithmetic on sizes and limits: the memory budget uses it before
+kernels can ignore it. A flat array larger than one device buffer is several buffers (Parts),
+cut every `part` floats (flat_part), and no parameter lies across a cut: the layout moves one
+that would to the next part (Qwen3-0.6B's 2.4 GB of float32 weights on an adapter whose buffers
+hold 2 GiB). Pure arithmetic on sizes and limits: the memory budget uses it before
 anything exists, the model when it allocates.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..core.block import HEAD_TABLES
 from ..core.config import Config, param_shapes
-from ..device.gpu import LimitError, Tensor
+from ..device.gpu import PER_WORD, LimitError, Tensor
 from ..device.kernels import CHUNK
 
 LOSS_SLOT = 64             # floats between micro-batch loss slots: 256 bytes, any adapter's binding alignment
@@ -28,21 +32,27 @@ def padded_vocab(V: int) -> int:
     return -(-V // 8) * 8
 
 
-def param_layout(cfg: Config, shapes=None):
+def param_layout(cfg: Config, shapes=None, part: int = 0):
     """name -> (float offset, shape) in the flat buffers, and the total floats, of `shapes` (every
     parameter by default; a LoRA run's trainable ones, lora.trainable_shapes, have a layout of their own).
 
     tok_emb (and an untied head's lm_head) reserves padded_vocab rows; the extra ones stay zero (no
-    gradient reaches them)."""
+    gradient reaches them). part (flat_part; 0: one buffer): a parameter (with a norm's bias packed
+    after it) that would lie across a multiple of `part` starts at that multiple instead; one larger
+    than a part cannot, and the memory budget refuses it."""
+    items = list(param_shapes(cfg) if shapes is None else shapes)
+    packed = [n.endswith("_b") and ("ln" in n.split(".")[-1]) for n, _, _ in items]  # LN bias right after its gain
+    floats = [int(np.prod(s)) + ((padded_vocab(cfg.vocab) - cfg.vocab) * cfg.d_model if n in HEAD_TABLES else 0)
+              for n, s, _ in items]
     offs, pos = {}, 0
-    for name, shape, _ in (param_shapes(cfg) if shapes is None else shapes):
-        packed = name.endswith("_b") and ("ln" in name.split(".")[-1])  # LN bias right after its gain
-        if not packed:
+    for i, (name, shape, _) in enumerate(items):
+        if not packed[i]:
             pos = -(-pos // 256) * 256
+            need = floats[i] + (floats[i + 1] if i + 1 < len(items) and packed[i + 1] else 0)
+            if part and pos // part != (pos + need - 1) // part and need <= part:
+                pos = -(-pos // part) * part
         offs[name] = (pos, shape)
-        pos += int(np.prod(shape))
-        if name in HEAD_TABLES:
-            pos += (padded_vocab(cfg.vocab) - cfg.vocab) * cfg.d_model
+        pos += floats[i]
     return offs, -(-pos // 256) * 256
 
 
@@ -67,9 +77,47 @@ def unpack(flat: np.ndarray, offsets: dict) -> dict:
     return {n: flat[o:o + int(np.prod(s))].reshape(s).copy() for n, (o, s) in offsets.items()}
 
 
-def flat_view(t: Tensor, f0: int, n: int) -> Tensor:
-    """Elements f0 .. f0+n-1 of a flat tensor."""
-    return Tensor(t.buf, t.offset + 4 * f0, (n,), t.dtype, t.name)
+@dataclass(frozen=True)
+class Parts:
+    """A flat array over several device buffers: floats [i part, (i + 1) part) in tensors[i]. Only a
+    flat array larger than one part is allocated so (model.buffers.allocate); its chunks
+    (flat_chunks) and parameters (param_layout) each lie in one part, so every kernel binds a
+    Tensor of one buffer (flat_view)."""
+    tensors: tuple      # each part, a flat Tensor of a buffer of its own
+    part: int           # floats a part holds (the last may hold fewer)
+    dtype: str
+    name: str
+
+    @property
+    def size(self) -> int:
+        return sum(t.size for t in self.tensors)
+
+
+def flat_view(t, f0: int, n: int, shape: tuple | None = None) -> Tensor:
+    """Floats f0 .. f0+n-1 of a flat array (a Tensor or Parts; a 16-bit one packs two a word), as
+    a Tensor of `shape` in words ([n] by default)."""
+    if isinstance(t, Parts):
+        i = f0 // t.part
+        assert f0 + n <= (i + 1) * t.part, f"{t.name}: floats {f0} .. {f0 + n} lie across a part"
+        t, f0 = t.tensors[i], f0 - i * t.part
+    per_word = PER_WORD[t.dtype]
+    return Tensor(t.buf, t.offset + 4 * f0 // per_word, shape or (n // per_word,), t.dtype, t.name)
+
+
+def write_flat(gpu, t, values: np.ndarray):
+    """values (float32, the flat layout's) into a flat array, a part at a time."""
+    for i, p in enumerate(t.tensors if isinstance(t, Parts) else (t,)):
+        gpu.write(p, values[i * t.part:i * t.part + p.size] if isinstance(t, Parts) else values)
+
+
+def read_flat(gpu, t) -> np.ndarray:
+    """A flat float32 array's values, read a part at a time into one host array."""
+    if not isinstance(t, Parts):
+        return gpu.read(t)
+    out = np.empty(t.size, np.float32)
+    for i, p in enumerate(t.tensors):
+        out[i * t.part:i * t.part + p.size] = gpu.read(p)
+    return out
 
 
 def flat_grain(align: int) -> int:
@@ -81,17 +129,29 @@ def flat_grain(align: int) -> int:
     return math.lcm(CHUNK, max(1, align // 2))
 
 
-def flat_chunks(n: int, max_binding: int, align: int = 256):
-    """[(first float, floats)] of an n-float flat buffer, each chunk within one binding, starting
-    on a multiple of flat_grain(align)."""
-    if 4 * n <= max_binding:
+def flat_part(max_buffer: int | None, align: int = 256) -> int:
+    """Floats one buffer of a flat array holds: the most whole flat_grain(align) blocks within
+    max_buffer bytes (0: no limit known, one buffer). A cut there starts every part, and every
+    chunk of it, on the grain."""
+    if not max_buffer:
+        return 0
+    grain = flat_grain(align)
+    return (max_buffer // 4) // grain * grain
+
+
+def flat_chunks(n: int, max_binding: int, align: int = 256, part: int = 0):
+    """[(first float, floats)] of an n-float flat array, each chunk within one binding and one
+    part (flat_part; 0: one buffer), starting on a multiple of flat_grain(align)."""
+    part = part or n
+    if 4 * n <= max_binding and n <= part:
         return [(0, n)]
     grain = flat_grain(align)
-    per = (max_binding // 4) // grain * grain
+    per = min(part, (max_binding // 4) // grain * grain)
     if per == 0:
         raise LimitError(f"a flat chunk of {4 * grain:,} bytes exceeds this adapter's binding limit "
                          f"{max_binding:,} (max-storage-buffer-binding-size)")
-    return [(f0, min(per, n - f0)) for f0 in range(0, n, per)]
+    return [(f0, min(per, p0 + part - f0, n - f0)) for p0 in range(0, n, part)
+            for f0 in range(p0, min(p0 + part, n), per)]
 
 
 def flat_bound(n: int, max_binding: int | None, align: int) -> int:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..core.block import HEAD_TABLES
 from ..core.errors import UsageError
-from ..device.gpu import PER_WORD, Tensor
+from ..device.gpu import LimitError, Tensor
 from . import attention as attn
 from . import buffers
 from .block import (MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, Rotary, block_backward,
@@ -50,6 +50,9 @@ def check_fits(m):
     for name, (_, shape) in {**(m.base_offsets or {}), **m.offsets}.items():   # each parameter is bound
         if name not in HEAD_TABLES:                  # whole by its kernels, except the [V, C] tables (Head: chunks)
             g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
+        elif m.part and np.prod(shape) > m.part:     # and each lies in one buffer of the flat arrays (model.layout)
+            raise LimitError(f"parameter {name} {list(shape)} needs {4 * int(np.prod(shape)):,} bytes in one buffer "
+                             f"but this adapter's hold {4 * m.part:,} (max-buffer-size); use a smaller model")
 
 
 def layer_attention(m, l: int) -> attn.Attention:
@@ -197,8 +200,6 @@ def weight_copy(m, src: str = "params") -> list:
     copy = m.buf.get(src + " copy")
     if copy is None:
         return []
-    per_word, flat = PER_WORD[copy.dtype], m.buf[src]
+    flat = m.buf[src]
     return [d for f0, k in (m.flat_chunks if src == "params" else m.base_chunks)
-            for d in m.pk.convert(flat_view(flat, f0, k),
-                                     Tensor(copy.buf, 4 * f0 // per_word, (k // per_word,), copy.dtype, src + " copy"),
-                                     k)]
+            for d in m.pk.convert(flat_view(flat, f0, k), flat_view(copy, f0, k), k)]
