@@ -405,10 +405,14 @@ def test_an_fp32_file_is_read_once_into_memory(tmp_path):
     back.params["h0.Wq"][...] = 7.0                  # one region: nothing else moves
     assert all(np.array_equal(back.params[n], params[n]) for n in params if n != "h0.Wq")
     assert all(np.array_equal(back.m[n], m[n]) and np.array_equal(back.v[n], v[n]) for n in params)
+    light = ckpt.load(tmp_path / "a.tinygpt", moments=False)    # evaluation's, sampling's, a plan's: no moments
+    assert light.m is None and light.v is None and light.step == 3
+    assert all(np.array_equal(light.params[n], params[n]) for n in params)
     ckpt.save(tmp_path / "h.tinygpt", ckpt.Checkpoint(cfg, params, extra={"tokenizer": "byte"}), dtype="fp16")
     half = ckpt.load(tmp_path / "h.tinygpt").params
     assert all(a.dtype == np.float32 and np.abs(a - params[n]).max() <= 1e-3 for n, a in half.items())
     raw = (tmp_path / "a.tinygpt").read_bytes()
     (tmp_path / "short.tinygpt").write_bytes(raw[:-4])            # a state cut short: refused, not misread
-    with pytest.raises(ckpt.CheckpointError):
-        ckpt.load(tmp_path / "short.tinygpt")
+    for moments in (True, False):
+        with pytest.raises(ckpt.CheckpointError):
+            ckpt.load(tmp_path / "short.tinygpt", moments=moments)

@@ -531,13 +531,17 @@ def _weights(cfg: Config, lay: Layout, state: bytes):
     return params, m, v
 
 
-def _read_fp32(f, cfg: Config, lay: Layout, what: str):
+def _read_fp32(f, cfg: Config, lay: Layout, what: str, moments: bool = True):
     """(params, m, v) of an fp32 state, after its step, read from the open file a tensor at a time
     into arrays of their own: no second copy of the model in memory, and the moments freed
-    wherever a run drops them."""
-    params, m, v = {}, ({} if lay.with_opt else None), ({} if lay.with_opt else None)
+    wherever a run drops them. moments=False: the moments are passed over, not read (m, v None)."""
+    keep = lay.with_opt and moments
+    params, m, v = {}, ({} if keep else None), ({} if keep else None)
     for name, shape, _ in param_shapes(cfg):
         for d in ((params, m, v) if lay.with_opt else (params,)):
+            if d is None:                       # a moment nobody asked for: 4 bytes a value, skipped
+                f.seek(4 * math.prod(shape), os.SEEK_CUR)
+                continue
             a = np.empty(shape, "<f4")
             if f.readinto(memoryview(a).cast("B")) != a.nbytes:
                 raise CheckpointError(f"{what} changed while being read; try again")
@@ -572,10 +576,11 @@ def _head(f, what: str):
     return header, cfg, lay, state_len
 
 
-def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
+def load(path: str | os.PathLike, label: str | None = None, moments: bool = True) -> Checkpoint:
     """Read a .tinygpt file through one open file (one version of it, whatever replaces its name
     meanwhile): a regular file, its prefix and header checked against its size (and the
-    machine's free memory) before the state is read."""
+    machine's free memory) before the state is read. moments=False (evaluation, sampling, a plan):
+    an fp32 file's optimizer moments are passed over, two thirds of its state (m, v None)."""
     what = label or str(path)
     check_regular(path, CheckpointError, what, "a .tinygpt file")
     try:
@@ -583,12 +588,13 @@ def load(path: str | os.PathLike, label: str | None = None) -> Checkpoint:
             header, cfg, lay, state_len = _head(f, what)
             # an fp32 file's tensors are read into their arrays; another's state whole, then converted
             fp32 = lay.dtype == "fp32"
-            need = state_len + (0 if fp32 else 12 * n_params(cfg))
+            skipped = 8 * n_params(cfg) if fp32 and lay.with_opt and not moments else 0
+            need = state_len - skipped + (0 if fp32 else 12 * n_params(cfg))
             if need > available_memory():
                 raise CheckpointError(f"{what}: its {state_len:,} bytes of weights need more memory than is free "
                                       f"({available_memory():,} bytes)")
             state = f.read(4 if fp32 else state_len)
-            weights = _read_fp32(f, cfg, lay, what) if fp32 and len(state) == 4 else None
+            weights = _read_fp32(f, cfg, lay, what, moments) if fp32 and len(state) == 4 else None
             rest = f.read(1) if fp32 else b""
     except OSError as e:
         raise CheckpointError(f"{what}: cannot read it ({e.strerror}); check its permissions") from e

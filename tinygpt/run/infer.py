@@ -68,7 +68,7 @@ def bits(loss_nats: float) -> float:
 
 def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
     """Mean validation loss of a checkpoint over the whole validation split (or max_windows)."""
-    ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}")
+    ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
     cfg = ck.cfg
     tok = tokenizer_of(ck, o.tokenizer_file)
     data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
@@ -126,7 +126,7 @@ def check_sampling(tokens: int, temperature: float, top_k: int | None, top_p: fl
 def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     """`tinygpt sample`: o.num_samples texts of prompt + o.tokens generated tokens."""
     check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples)
-    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
+    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
     check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
     tok = tokenizer_of(ck, o.tokenizer_file)
     gpu = gpu or GPU()

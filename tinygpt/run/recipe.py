@@ -339,7 +339,7 @@ def run_budget(o: TrainOptions, kernels: dict):
     is allocated (the resumed file's shape, precision and accumulation, or the preset's), resolved
     by train's own recipe -> (gpu, kernel plan, budget, (batch, grad_accum) that fits the same batch
     where this does not, or (None, None))."""
-    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}") if o.resume else None
+    resume = ckpt.load(o.resume, f"{{opt:resume}} {o.resume}", moments=False) if o.resume else None   # sizes only
     recipe = make_recipe(o, resume, f"{{opt:resume}} {o.resume}", steps=False, planning=True)
     spec, sample_tokens, cfg = recipe.spec, recipe.settings.sample_tokens, recipe.cfg
     gpu = GPU()
