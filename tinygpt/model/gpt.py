@@ -25,7 +25,7 @@ from . import record
 from .block import PolicyKernels
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_part, flat_view, logit_chunks, padded_vocab, \
-    param_layout, read_flat, unpack, write_flat
+    param_layout, read_tensors, write_tensors
 from .optim import Gate
 from .optimizers import make_optimizer
 from .spec import RunSpec
@@ -150,47 +150,36 @@ class Model:
         return out
 
     # ---- state in and out ------------------------------------------------------------------------
-    def _pack(self, tensors: dict, into: str = "params") -> np.ndarray:
-        """The flat buffer `into` ("params", or a LoRA run's "base") of the named tensors."""
-        offsets = self.base_offsets if into == "base" else self.offsets
-        flat = np.zeros(self.size["FB" if into == "base" else "F"], np.float32)
-        for name, (off, shape) in offsets.items():
-            a = np.asarray(tensors[name], np.float32)
-            if a.shape != tuple(shape):
-                raise ValueError(f"{name}: shape {a.shape}, expected {tuple(shape)}")
-            flat[off:off + a.size] = a.reshape(-1)
-        return flat
-
     def set_params(self, params: dict):
         """Every parameter (a LoRA run's: the base model's and the adapters')."""
         if self.lora:
-            write_flat(self.gpu, self.buf["base"], self._pack(params, "base"))
+            write_tensors(self.gpu, self.buf["base"], self.base_offsets, params)
             if self._copy_base:
                 self.gpu.run(self._copy_base)
-        write_flat(self.gpu, self.params, self._pack(params))
+        write_tensors(self.gpu, self.params, self.offsets, params)
         if self._copy_weights:
             self.gpu.run(self._copy_weights)
 
     def get_params(self) -> dict:
         """Every parameter, as set_params takes them (the trainable ones where they live)."""
-        base = unpack(read_flat(self.gpu, self.buf["base"]), self.base_offsets) if self.lora else {}
-        return {**base, **unpack(read_flat(self.gpu, self.params), self.offsets)}
+        base = read_tensors(self.gpu, self.buf["base"], self.base_offsets) if self.lora else {}
+        return {**base, **read_tensors(self.gpu, self.params, self.offsets)}
 
     def get_grads(self) -> dict:
-        return unpack(read_flat(self.gpu, self.grads), self.offsets)
+        return read_tensors(self.gpu, self.grads, self.offsets)
 
     def set_opt_state(self, state: dict, steps: int):
         """The optimizer's state ({row: {parameter: array}}, its state_rows each, zeros where a row
         is missing) and the updates it has taken (its bias corrections count from there)."""
         for row in self.optimizer.state_rows:
             held = state.get(row)
-            write_flat(self.gpu, self.buf[row], self._pack(held) if held is not None else
-                       np.zeros(self.n_flat, np.float32))
+            write_tensors(self.gpu, self.buf[row], self.offsets, held if held is not None else
+                          {n: np.zeros(s, np.float32) for n, (_, s) in self.offsets.items()})
         self.set_gate(taken=int(steps))
 
     def get_opt_state(self) -> dict:
         """{row: {parameter: array}} of the optimizer's state rows, read from the device."""
-        return {row: unpack(read_flat(self.gpu, self.buf[row]), self.offsets) for row in self.optimizer.state_rows}
+        return {row: read_tensors(self.gpu, self.buf[row], self.offsets) for row in self.optimizer.state_rows}
 
     def opt_steps(self) -> int:
         """The updates the optimizer's state has taken (a loss scaler's skips not among them)."""

@@ -72,11 +72,6 @@ def rows(t: Tensor, r0: int, n: int) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * r0 * cols, (n, cols), t.dtype, t.name)
 
 
-def unpack(flat: np.ndarray, offsets: dict) -> dict:
-    """name -> a copy of that parameter's values in a flat array of the layout `offsets`."""
-    return {n: flat[o:o + int(np.prod(s))].reshape(s).copy() for n, (o, s) in offsets.items()}
-
-
 @dataclass(frozen=True)
 class Parts:
     """A flat array over several device buffers: floats [i part, (i + 1) part) in tensors[i]. Only a
@@ -104,20 +99,21 @@ def flat_view(t, f0: int, n: int, shape: tuple | None = None) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * f0 // per_word, shape or (n // per_word,), t.dtype, t.name)
 
 
-def write_flat(gpu, t, values: np.ndarray):
-    """values (float32, the flat layout's) into a flat array, a part at a time."""
-    for i, p in enumerate(t.tensors if isinstance(t, Parts) else (t,)):
-        gpu.write(p, values[i * t.part:i * t.part + p.size] if isinstance(t, Parts) else values)
+def write_tensors(gpu, flat, offsets: dict, tensors: dict):
+    """Each named tensor (float32) into its place in a flat array of the layout `offsets`, a write
+    each: no flat copy of the model on the host (Qwen3-0.6B's is 2.4 GB); the padding between
+    them stays the zeros a new buffer holds."""
+    for name, (off, shape) in offsets.items():
+        a = np.asarray(tensors[name], np.float32)
+        if a.shape != tuple(shape):
+            raise ValueError(f"{name}: shape {a.shape}, expected {tuple(shape)}")
+        gpu.write(flat_view(flat, off, a.size), a)
 
 
-def read_flat(gpu, t) -> np.ndarray:
-    """A flat float32 array's values, read a part at a time into one host array."""
-    if not isinstance(t, Parts):
-        return gpu.read(t)
-    out = np.empty(t.size, np.float32)
-    for i, p in enumerate(t.tensors):
-        out[i * t.part:i * t.part + p.size] = gpu.read(p)
-    return out
+def read_tensors(gpu, flat, offsets: dict) -> dict:
+    """name -> that parameter's values (an array of its own) in a flat float32 array of the layout
+    `offsets`, read a tensor at a time (no flat copy on the host)."""
+    return {n: gpu.read(flat_view(flat, o, math.prod(s))).reshape(s) for n, (o, s) in offsets.items()}
 
 
 def flat_grain(align: int) -> int:
