@@ -186,7 +186,8 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
     chunks = head_chunks(B, T, H, max_binding)
     return {"B": B, "T": T, "BT": B * T, "C": C, "ctx": cfg.ctx, "hd": cfg.hd, "M": cfg.d_mlp,
             "H": H, "L": cfg.layers, "V": V, "VP": VP,
-            "F": F, "FB": FB, "part": part, "R": R, "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
+            "F": F, "FB": FB, "part": part, "R": R,
+            "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
             "QC": cfg.block.heads.q_width, "ones": max(C, cfg.hd),       # the gains of ones: a norm's, QK-norm's
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
             "batch": batch_layout(B * T, V)[1],
