@@ -492,6 +492,17 @@ def test_grad_accum_matches_the_whole_batch(gpu, plan):
     assert np.mean(d <= 2e-6) > 0.999 and d.max() <= 2 * 3e-3 * 5
 
 
+def steps_and_state(m, params, xs, opt: str):
+    """(losses, weights, the optimizer's last state row) after a step on each [B, ctx + 1] batch of xs."""
+    from tinygpt.model.optimizers import kind
+    m.set_params(params)
+    losses = []
+    for w in xs:
+        m.step(w[:, :-1], w[:, 1:], 3e-3)
+        losses.append(m.loss())
+    return losses, m.get_params(), m.get_opt_state()[kind(opt).state_rows[-1]]
+
+
 @pytest.mark.parametrize("vocab, width, limit", [(256, 48, 131_072),
                                                   # GPT-2's vocabulary: its 12.9 MB embedding still fits
                                                   # one binding, the 13.3 MB flat buffers do not
@@ -501,7 +512,6 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
     """The optimizer (and the accumulation) bound a chunk at a time: the same losses, weights and
     optimizer state as one dispatch over the whole flat buffers, bit for bit; Muon's matrices bound
     one at a time wherever they lie among the chunks."""
-    from tinygpt.model.optimizers import kind
     from tinygpt.model.layout import flat_chunks
     cfg = preset("tiny", batch=2, ctx=16, vocab=vocab, d_model=width, heads=2)
     params = init_params(cfg)
@@ -515,12 +525,7 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
             assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(
                 m.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])
             print(f"flat buffers of {m.n_flat:,} floats in {len(m.flat_chunks)} chunks")
-        m.set_params(params)
-        losses = []
-        for w in xs:
-            m.step(w[:, :-1], w[:, 1:], 3e-3)
-            losses.append(m.loss())
-        out[limit] = (losses, m.get_params(), m.get_opt_state()[kind(opt).state_rows[-1]])
+        out[limit] = steps_and_state(m, params, xs, opt)
     (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
     assert all(np.array_equal(p0[k], p1[k]) and np.array_equal(v0[k], v1[k]) for k in p0)
@@ -556,12 +561,7 @@ def test_flat_arrays_over_a_forced_buffer_limit_lie_in_parts(gpu, plan, monkeypa
             assert all(off // m.part == (off + np.prod(s) - 1) // m.part for off, s in m.offsets.values())
             assert m.flat_chunks == flat_chunks(m.n_flat, gpu.max_binding, 256, m.part)
             print(f"{m.n_flat:,} floats in parts of {m.part:,}: {parts}; {len(m.flat_chunks)} chunks")
-        m.set_params(params)
-        losses = []
-        for w in xs:
-            m.step(w[:, :-1], w[:, 1:], 3e-3)
-            losses.append(m.loss())
-        out[limit] = (losses, m.get_params(), m.get_opt_state()[kind(opt).state_rows[-1]])
+        out[limit] = steps_and_state(m, params, xs, opt)
     (l0, p0, v0), (l1, p1, v1) = out.values()
     print("losses, one buffer:", l0, "in parts:", l1)
     assert l0 == l1
