@@ -15,8 +15,10 @@ step's time does not depend on which ids it sees.
 --precision fp32,bf16,f16 --interleave builds one model each on one device and alternates their steps,
 each timed to its loss: on a machine whose speed drifts, every round of steps shares one moment.
 tokens_per_s then comes from the median step, and over_fp32 is the median of the rounds' ratios.
+--blocks with --interleave does the same for the blocks, each against GPT-2's step of the same round.
 
     python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --precision fp32,bf16,f16 --interleave
+    python scripts/bench_train.py --preset small --steps 60 --trainers webgpu --blocks gpt2,nanochat,llama --interleave
 
 --lora R adds a row per precision for a LoRA step (adapters of rank R on --lora-targets, the base
 frozen: no weight gradients, two small matmuls a target) beside the full step, with its speed-up
@@ -85,24 +87,24 @@ def run_webgpu(cfg, params, data, lr, attention, kernels=None, precision="fp32",
                         f"{m.plan.describe()}, timed after the first step")
 
 
-def run_interleaved(cfg, params, data, lr, attention, kernels, precisions):
-    """One model per precision on one device, their steps alternated; -> {precision: (step seconds,
-    final loss, what)}."""
+def run_interleaved(runs, lr, attention, kernels, data):
+    """One model per run on one device, their steps alternated; runs: {key: (cfg, params, precision)}
+    -> {key: (step seconds, final loss, what)}."""
     gpu = GPU()
     plan = make_plan(gpu, kernels)
-    models = {p: Model(gpu, plan, RunSpec(cfg, attention, precision=PRECISIONS[p])) for p in precisions}
-    times = {p: [] for p in precisions}
-    for m in models.values():
-        m.set_params(params)
+    models = {k: Model(gpu, plan, RunSpec(c, attention, precision=PRECISIONS[p])) for k, (c, _, p) in runs.items()}
+    times = {k: [] for k in runs}
+    for k, m in models.items():
+        m.set_params(runs[k][1])
     for x, y in data:
-        for p, m in models.items():
+        for k, m in models.items():
             gpu.sync()
             t0 = time.perf_counter()
             m.step(x, y, lr)
             m.loss()                            # waits for the GPU
-            times[p].append(time.perf_counter() - t0)
+            times[k].append(time.perf_counter() - t0)
     what = f"{gpu.name} ({gpu.backend}), attention {attention}, kernels {plan.describe()}, steps interleaved"
-    return {p: (np.array(times[p]), models[p].loss(), what) for p in precisions}
+    return {k: (np.array(times[k]), models[k].loss(), what) for k in runs}
 
 
 def run_numpy(cfg, params, data, lr):
@@ -140,7 +142,7 @@ def main(argv=None):
                     help="run every trainer this many times, interleaved, and keep each one's fastest: on a "
                          "machine whose speed drifts, trainers compared in one round share its minute")
     ap.add_argument("--interleave", action="store_true",
-                    help="with several precisions: one model each, their steps alternated (see above)")
+                    help="with several precisions or blocks: one model each, their steps alternated (see above)")
     ap.add_argument("--lora", type=positive_int, metavar="R", help="also time a LoRA step of rank R (see above)")
     ap.add_argument("--lora-targets", type=lora_targets, default=None, help="q,k,v,o,fc_in,fc_out (default q,k,v,o)")
     ap.add_argument("--optimizers", default="adamw",
@@ -193,20 +195,27 @@ def main(argv=None):
                   + tuple(f"webgpu-{o}" for o in opts if o != "adamw")
                   + tuple(f"webgpu-{b}" for b in block_cfgs)] if name == "webgpu" else \
             [name] + ([f"torch-{b}" for b in block_cfgs] if name == "torch" else [])
-    best = {}
+    best, ratio = {}, {}     # ratio: with --interleave, the median of a row's steps' ratios to the first row's
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
-        if len(precisions) < 2 or args.rounds > 1:
-            raise SystemExit("error: --interleave takes two or more precisions (fp32,bf16,f16) and no --rounds")
+        if args.rounds > 1 or (len(precisions) > 1) == bool(block_cfgs):
+            raise SystemExit("error: --interleave takes two or more precisions (fp32,bf16,f16) or two or more "
+                             "blocks (gpt2,nanochat), not both, and no --rounds")
         if args.steps < 4:
             raise SystemExit("error: --interleave needs --steps 4 or more (the first step of each is left out)")
-        res = run_interleaved(cfg, params, data, args.lr, args.attention, args.kernels, precisions)
+        runs = {("webgpu", p): (cfg, params, p) for p in precisions}
+        runs.update({(f"webgpu-{b}", precisions[0]): (bc, init_params(bc), precisions[0])
+                     for b, bc in block_cfgs.items()})
+        res = run_interleaved(runs, args.lr, args.attention, args.kernels, data)
         step_tokens = cfg.batch * cfg.ctx
-        for p, (t, loss, what) in res.items():
-            t = t[1:]                            # the first step pays for first use
-            best["webgpu", p] = {"trainer": "webgpu", "preset": args.preset, "precision": p, "steps": args.steps,
-                                 "tokens_per_s": step_tokens / float(np.median(t)), "final_loss": loss,
-                                 "seconds": float(t.sum()), "what": what}
-        ratio = {p: float(np.median(res["fp32"][0][1:] / res[p][0][1:])) for p in res if "fp32" in res}
+        first = res["webgpu", precisions[0]][0][1:]          # the first step pays for first use
+        for key, (t, loss, what) in res.items():
+            t = t[1:]
+            bc = runs[key][0]
+            best[key] = {"trainer": key[0], "preset": args.preset, "precision": key[1], "steps": args.steps,
+                         "params": n_params(bc), "block": bc.block.describe(),
+                         "tokens_per_s": step_tokens / float(np.median(t)), "final_loss": loss,
+                         "seconds": float(t.sum()), "what": what}
+            ratio[key] = float(np.median(first / t))
     for _ in range(max(1, args.rounds)):
         for key in order:
             if key in best and args.interleave:
@@ -230,11 +239,12 @@ def main(argv=None):
         if r["trainer"].startswith("webgpu-") and r["trainer"][7:] in OPT_NAMES:
             r["over_adamw"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"][7:] in block_cfgs:
-            r["over_gpt2"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
+            r["over_gpt2"] = ratio[r["trainer"], r["precision"]] if args.interleave else \
+                r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu-lora":
             r["lora_over_full"] = r["tokens_per_s"] / best["webgpu", r["precision"]]["tokens_per_s"]
         if r["trainer"] == "webgpu" and r["precision"] != "fp32" and ("webgpu", "fp32") in best:
-            r["over_fp32"] = ratio[r["precision"]] if args.interleave else \
+            r["over_fp32"] = ratio["webgpu", r["precision"]] if args.interleave else \
                 r["tokens_per_s"] / best["webgpu", "fp32"]["tokens_per_s"]
     if not args.json:
         print(f"# preset {args.preset}, {args.steps} steps of batch {cfg.batch} x ctx {cfg.ctx}, same init and batches"

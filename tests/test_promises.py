@@ -116,8 +116,9 @@ def test_the_scripts_keep_the_cli_rules(tmp_path):
     assert "failed (timeout)" in md and "stopped after 1 s" in md
     hostile = [["bench_matmul.py", "--sizes", "abc"], ["bench_matmul.py", "--shapes", "8x8"],
                ["compare_attention.py", "--T", "0"], ["bench_kernels.py", "--preset", "nope"],
-               ["bench_train.py", "--steps", "0"], ["bench_train.py", "--preset", "tiny", "--steps", "1", "--data",
-                                                   str(tmp_path / "absent.txt")],
+               ["bench_train.py", "--steps", "0"],
+               ["bench_train.py", "--precision", "fp32,bf16", "--blocks", "gpt2,nanochat", "--interleave"],
+               ["bench_train.py", "--preset", "tiny", "--steps", "1", "--data", str(tmp_path / "absent.txt")],
                ["compare_precision.py", "--preset", "nope"], ["probe_adapter.py", "--iters", "-1"],
                ["browser_step.py", "--lr", "-1"]]
     code = ("import io, json, runpy, sys\nfor argv in json.loads(sys.argv[1]):\n"      # one process for all

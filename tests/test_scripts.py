@@ -125,7 +125,7 @@ def test_bench_train_blocks_json():
     (torch where importable) the PyTorch mirror's row of each block, training alike."""
     import importlib.util
     torch = importlib.util.find_spec("torch") is not None
-    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "3", "--trainers", "webgpu,torch" if torch
+    rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "4", "--trainers", "webgpu,torch" if torch
                     else "webgpu", "--blocks", "gpt2,nanochat,llama")
     by = {r["trainer"]: r for r in rows}
     assert set(by) == {"webgpu", "webgpu-nanochat", "webgpu-llama"} | \
@@ -136,9 +136,16 @@ def test_bench_train_blocks_json():
         assert r["params"] > 0 and "rope" in r["block"] and r["final_loss"] < 10
         if torch:
             t = by["torch-" + b]
-            print(f"{b}: WebGPU's loss after 3 steps {r['final_loss']:.6f}, PyTorch's {t['final_loss']:.6f}")
+            print(f"{b}: WebGPU's loss after 4 steps {r['final_loss']:.6f}, PyTorch's {t['final_loss']:.6f}")
             assert abs(t["final_loss"] - r["final_loss"]) < 1e-4 and t["params"] == r["params"]
     assert by["webgpu"]["block"].startswith("layernorm")
+    # --interleave: the same models on one device, their steps alternated, each ratio the median of its steps'
+    inter = {r["trainer"]: r for r in run_json("bench_train.py", "--preset", "tiny", "--steps", "4", "--trainers",
+                                               "webgpu", "--blocks", "gpt2,nanochat", "--interleave")}
+    assert set(inter) == {"webgpu", "webgpu-nanochat"} and "interleaved" in inter["webgpu-nanochat"]["what"]
+    for name, r in inter.items():
+        assert r["final_loss"] == by[name]["final_loss"] and r["params"] == by[name]["params"], (name, r)
+    assert inter["webgpu-nanochat"]["over_gpt2"] > 0
 
 
 def test_bench_train_bf16_and_compare_precision_json(gpu):
