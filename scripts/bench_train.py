@@ -198,8 +198,8 @@ def main(argv=None):
     best, ratio = {}, {}     # ratio: with --interleave, the median of a row's steps' ratios to the first row's
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if args.rounds > 1 or (len(precisions) > 1) == bool(block_cfgs):
-            raise SystemExit("error: --interleave takes two or more precisions (fp32,bf16,f16) or two or more "
-                             "blocks (gpt2,nanochat), not both, and no --rounds")
+            ap.error("--interleave takes two or more precisions (fp32,bf16,f16) or two or more blocks "
+                     "(gpt2,nanochat), not both, and no --rounds")
         if args.steps < 4:
             raise SystemExit("error: --interleave needs --steps 4 or more (the first step of each is left out)")
         runs = {("webgpu", p): (cfg, params, p) for p in precisions}
