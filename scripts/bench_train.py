@@ -195,7 +195,7 @@ def main(argv=None):
                   + tuple(f"webgpu-{o}" for o in opts if o != "adamw")
                   + tuple(f"webgpu-{b}" for b in block_cfgs)] if name == "webgpu" else \
             [name] + ([f"torch-{b}" for b in block_cfgs] if name == "torch" else [])
-    best, ratio = {}, {}     # ratio: with --interleave, the median of a row's steps' ratios to the first row's
+    best, ratio = {}, {}     # ratio: with --interleave, the median of a row's steps' ratios to fp32's or GPT-2's
     if args.interleave:                      # the webgpu rows from alternated steps; the others below
         if args.rounds > 1 or (len(precisions) > 1) == bool(block_cfgs):
             ap.error("--interleave takes two or more precisions (fp32,bf16,f16) or two or more blocks "
@@ -207,7 +207,9 @@ def main(argv=None):
                      for b, bc in block_cfgs.items()})
         res = run_interleaved(runs, args.lr, args.attention, args.kernels, data)
         step_tokens = cfg.batch * cfg.ctx
-        first = res["webgpu", precisions[0]][0][1:]          # the first step pays for first use
+        # against fp32's steps where it runs, else GPT-2's (blocks take one precision); the first step
+        # pays for first use
+        first = res.get(("webgpu", "fp32"), res["webgpu", precisions[0]])[0][1:]
         for key, (t, loss, what) in res.items():
             t = t[1:]
             bc = runs[key][0]

@@ -157,9 +157,10 @@ def test_bench_train_bf16_and_compare_precision_json(gpu):
     by = {r["trainer"]: r for r in rows}
     assert by["webgpu"]["precision"] == "bf16" and abs(by["webgpu"]["final_loss"] - by["numpy"]["final_loss"]) < 1e-2
     precs = ["fp32", "bf16"] + (["f16"] if "shader-f16" in gpu.features else [])
+    order = precs[1:] + precs[:1]                                  # fp32 last: the ratios are still to fp32's
     rows = run_json("bench_train.py", "--preset", "tiny", "--steps", "4", "--trainers", "webgpu", "--precision",
-                    ",".join(precs), "--interleave")              # one model each, steps alternated
-    assert [r["precision"] for r in rows] == precs and all(r["over_fp32"] > 0 for r in rows[1:])
+                    ",".join(order), "--interleave")              # one model each, steps alternated
+    assert [r["precision"] for r in rows] == order and all(0 < r["over_fp32"] != 1.0 for r in rows[:-1])
     assert all(abs(rows[0]["final_loss"] - r["final_loss"]) < 1e-2 for r in rows) and "interleaved" in rows[0]["what"]
     rows = run_json("compare_precision.py", "--presets", "tiny", "--steps", "7", "--log-every", "3",
                     "--precisions", ",".join(precs[::2]), "--seeds", "5,6")       # fp32 and the last
