@@ -36,11 +36,12 @@ from .device.gpu import GPU
 from .device.plan import parse_kernels
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
-from .run.infer import check_sampling, texts
+from .run.chat import Conversation, template_of
+from .run.infer import check_sampling, stop_ids, texts
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .model.decode import Decoder
 from .model.gpt import Model
-from .model.spec import RunSpec, decoder_spec
+from .model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
 from .files.outputs import Outputs
 from .run.recipe import PARTS, block_parts
 from .run.safety import TrainingStopped, run_file, unhealthy
@@ -144,7 +145,8 @@ class GPT:
         self._gpu = gpu
         self._weights = None           # what the model computes with (a LoRA run's adapters folded in)
         self._evaluator = None         # (B, Model) for logits and losses
-        self._decoder = None           # (key, Decoder) for generate
+        self._decoder = None           # (key, Decoder) for generate and chat
+        self._chat = None              # the Conversation of chat
 
     # ---- making one ------------------------------------------------------------------------------
     @classmethod
@@ -287,25 +289,29 @@ class GPT:
                              f"{int(a.max())}")
         return a.astype(np.uint32), one
 
-    def _model(self, n: int) -> Model:
-        """The forward-only model for n windows (at most the config's batch at once)."""
+    def _model(self, n: int, T: int) -> Model:
+        """The forward-only model for n windows (at most the config's batch at once) of T tokens:
+        over rows_for(T) positions, not the whole context, so a short text costs its own length."""
         b = max(1, min(n, self._ck.cfg.batch))
-        if self._evaluator is None or self._evaluator[0] != b:
+        rows = rows_for(self._ck.cfg.ctx, T)
+        if self._evaluator is None or self._evaluator[0] != (b, rows):
             self._evaluator = None
             plan = make_plan(self.gpu, self.kernels)
-            spec = RunSpec(self._ck.cfg, self.attention, B=b, training=False, precision=PRECISIONS[self.precision])
+            cfg = at_rows(self._ck.cfg, rows)
+            spec = RunSpec(cfg, self.attention, B=b, training=False, precision=PRECISIONS[self.precision])
             verify(self.gpu, plan, spec)
             model = Model(self.gpu, plan, spec)
-            model.set_params(self._params())
-            self._evaluator = (b, model)
+            model.set_params(at_rows_params(cfg, self._params()))
+            self._evaluator = ((b, rows), model)
         return self._evaluator[1]
 
     def _batches(self, x: np.ndarray, y: np.ndarray | None):
-        """(rows, x [B, ctx], y [B, ctx]) of N windows of T tokens: shorter windows are completed with
-        token 0 after their end, which no earlier position attends to (causal attention), and the
-        last batch with copies of its first row; only the given rows and positions are read."""
-        model = self._model(len(x))
-        B, T = model.B, self._ck.cfg.ctx
+        """(rows, x [B, R], y [B, R]) of N windows of T tokens (R: the model's rows for T): shorter
+        windows are completed with token 0 after their end, which no earlier position attends to
+        (causal attention), and the last batch with copies of its first row; only the given rows
+        and positions are read."""
+        model = self._model(len(x), x.shape[1])
+        B, T = model.B, model.T
         for i in range(0, len(x), B):
             k = len(x[i:i + B])
             xb = np.zeros((B, T), np.uint32)
@@ -352,11 +358,13 @@ class GPT:
 
     @in_api_words
     def generate(self, prompt="\n", max_new_tokens: int = 50, *, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float = 1.0, seed: int = 0, num_samples: int = 1, cache: bool = True):
-        """The prompt and max_new_tokens tokens after it: text for a text prompt, ids for ids
+                 top_p: float = 1.0, seed: int = 0, num_samples: int = 1, cache: bool = True, stop=None):
+        """The prompt and up to max_new_tokens tokens after it: text for a text prompt, ids for ids
         ([T + n] each; a list of them with num_samples > 1). temperature 0 is greedy; top_k and
         top_p narrow the draw; a seed gives the same tokens again. cache: from the key/value cache
-        (False: the whole window's forward per token, as the sample command without its cache)."""
+        (False: the whole window's forward per token, as the sample command without its cache).
+        stop: None ends each sequence at the model's end-of-turn tokens (those its file records),
+        False runs to max_new_tokens, or a list of ids; the stop token is not returned."""
         check_sampling(max_new_tokens, temperature, top_k, top_p, num_samples, self._ck.cfg.vocab)
         seed = whole(seed, "generate: seed", 0, 2 ** 64 - 1)
         if not isinstance(cache, bool):
@@ -369,21 +377,67 @@ class GPT:
                                  f"of {a.dtype}")
             if a.min() < 0 or a.max() >= self._ck.cfg.vocab:
                 raise UsageError(f"generate: token ids must be 0 to {self._ck.cfg.vocab - 1}")
+        stop = self._stops(stop, "generate")
+        n_prompt = len(self.encode(prompt)) if text else a.size
+        decoder = self._sampler(num_samples, cache, rows_for(self._ck.cfg.ctx, n_prompt + max_new_tokens),
+                                max_new_tokens)
+        how = (max_new_tokens, temperature, top_k, top_p, seed)
+        out = texts(decoder, self.tokenizer, prompt, *how, stop) if text else \
+            [np.asarray(s, np.int64) for s in decoder.generate([int(i) for i in a], *how, stop)]
+        return out[0] if num_samples == 1 else out
+
+    def _stops(self, stop, what: str) -> tuple:
+        """The ids that end a reply: the model's end-of-turn tokens (stop=None), none (False or ()),
+        or the ids given."""
+        if stop is None:
+            return stop_ids(self._ck.extra, self.tokenizer, self._ck.cfg.vocab)
+        if stop is False:
+            return ()
+        ids = _int_array(list(stop) if isinstance(stop, (list, tuple, set, frozenset)) else stop, what)
+        if ids.ndim != 1 or ids.size > 64 or (ids.size and (ids.min() < 0 or ids.max() >= self._ck.cfg.vocab)):
+            raise UsageError(f"{what}: stop is None (the model's end-of-turn tokens), False, or up to 64 token ids "
+                             f"from 0 to {self._ck.cfg.vocab - 1}")
+        return tuple(int(i) for i in ids)
+
+    def _sampler(self, num_samples: int, cache: bool, rows: int, tokens: int) -> Decoder:
+        """The decoder for num_samples sequences over `rows` positions drawing up to `tokens`: the one
+        held where it is large enough (its cache then still holds the last prompt), else a new one."""
         key = (num_samples, bool(cache))
-        if self._decoder is None or self._decoder[0][:2] != key or self._decoder[0][2] < max_new_tokens:
-            self._decoder = None
+        held = self._decoder
+        if held is None or held[0][:2] != key or held[0][2] < rows or held[0][3] < tokens:
+            self._decoder = None                      # its buffers go before the new one's are made
             kernels = dict(self.kernels, **({} if cache else {"decode": "full"}))
-            capacity = max(max_new_tokens, 256)
-            spec = decoder_spec(self._ck.cfg, self.attention, num_samples, PRECISIONS[self.precision])
+            rows = rows if held is None or held[0][:2] != key else max(rows, held[0][2])
+            tokens = max(tokens, 256) if held is None or held[0][:2] != key else max(tokens, held[0][3])
+            spec = decoder_spec(self._ck.cfg, self.attention, num_samples, PRECISIONS[self.precision], rows=rows)
             plan = make_plan(self.gpu, kernels)
             verify(self.gpu, plan, spec)
-            decoder = Decoder(self.gpu, plan, spec, capacity)
+            decoder = Decoder(self.gpu, plan, spec, tokens)
             decoder.set_params(self._params())
-            self._decoder = (key + (capacity,), decoder)
-        how = (max_new_tokens, temperature, top_k, top_p, seed)
-        out = texts(self._decoder[1], self.tokenizer, prompt, *how) if text else \
-            [np.asarray(s, np.int64) for s in self._decoder[1].generate([int(i) for i in a], *how)]
-        return out[0] if num_samples == 1 else out
+            self._decoder = (key + (spec.T, tokens), decoder)
+        return self._decoder[1]
+
+    @in_api_words
+    def chat(self, messages, max_new_tokens: int = 256, *, temperature: float = 0.0, top_k: int | None = None,
+             top_p: float = 1.0, seed: int = 0, stream=None) -> str:
+        """The model's reply to a conversation, as text: messages as transformers takes them
+        ([{"role": "system" | "user" | "assistant", "content": str}, ...]), rendered with the
+        model's chat template (ChatML where it has none). The reply ends at the model's end-of-turn
+        tokens (not in the text) or after max_new_tokens. The key/value cache is kept between
+        calls: a conversation that goes on costs its new tokens. stream(text): each piece of the
+        reply as it is drawn."""
+        check_sampling(max_new_tokens, temperature, top_k, top_p, 1, self._ck.cfg.vocab)
+        seed = whole(seed, "chat: seed", 0, 2 ** 64 - 1)
+        if stream is not None and not callable(stream):
+            raise UsageError(f"chat: stream is a function of the reply's text pieces, got {type(stream).__name__}")
+        if self._chat is None:
+            cfg = self._ck.cfg
+
+            def make(rows, tokens):
+                return self._sampler(1, True, rows, tokens)
+            self._chat = Conversation(make, self.tokenizer, template_of(self._ck.extra, self.tokenizer),
+                                      self._stops(None, "chat"), cfg.ctx)
+        return self._chat.reply(messages, max_new_tokens, temperature, top_k, top_p, seed, stream)
 
     # ---- training and saving ---------------------------------------------------------------------
     @in_api_words

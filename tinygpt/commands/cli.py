@@ -251,6 +251,8 @@ def _sample_command(sub, common):
                    help="recompute the whole window for every token (as --kernels decode=full)")
     p.add_argument("--seed", type=seed_int, default=default(SampleOptions, "seed"),
                    help="the same seed draws the same text (default 0)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="go on past the model's end-of-turn tokens (default: a sample ends at the first, not shown)")
     p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
                    help="bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
     add_setting(p, "attention")

@@ -28,6 +28,7 @@ from .data import progress
 from . import hf_llama
 from .hf_read import Architecture, Tensors, check_size, field, read_config, shard_files
 from .hf_tokenizer import read_tokenizer, tokenizer_files
+from .gguf_read import gguf_file, import_gguf
 from .outputs import WRITER
 
 
@@ -211,9 +212,12 @@ def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoi
     a progress bar over the weights' bytes (a large model's). ctx: the context of a rotary model
     (its config's by default; a learned table's cannot change)."""
     d = Path(directory)
+    g = gguf_file(d)
+    if g is not None:               # a llama.cpp model file, or a directory holding one
+        return import_gguf(g, quiet, ctx)
     if not d.is_dir():
-        raise CheckpointError(f"{directory} is not a directory; give a directory with config.json and "
-                              "model.safetensors")
+        raise CheckpointError(f"{directory} is neither a directory nor a GGUF file; give a directory with "
+                              "config.json and model.safetensors, or a .gguf file")
     c, label = read_config(d)
     arch = architecture_named(c, label)
     cfg = arch.config(c, label, ctx)

@@ -21,7 +21,7 @@ from . import buffers
 from .decode import decode_mode
 from .layout import flat_bound, flat_part, rows_per_binding
 from .optimizers import make_optimizer
-from .spec import RunSpec, decoder_spec
+from .spec import RunSpec, decoder_spec, sampler_rows
 
 MAX_DIVISORS = 1 << 20      # the largest batch whose divisors largest_fitting_batch tries one by one
 
@@ -75,7 +75,7 @@ class MemoryBudget:
 def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: int | None = None,
                   part: int = 0) -> int:
     """The end-of-run sampler (model.decode.Decoder, one sequence; spec: its run, decoder_spec):
-    its Model over a [1, ctx] window, and the decode step's buffers (decode.wgsl's uniforms are
+    its Model over a [1, rows] window, and the decode step's buffers (decode.wgsl's uniforms are
     not counted). part: a flat array's floats a buffer (layout.flat_part)."""
     cache = decode_mode(plan, spec.precision) == "cache"
     allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding, part=part)
@@ -113,7 +113,8 @@ def memory_budget(spec: RunSpec, plan: KernelPlan, limits: dict | None = None, s
     if name not in HEAD_TABLES:
         p.bindings[f"parameter {name}"] = 4 * math.prod(shape)
     if sample:        # the samples at the end of a run: float32 from the cache, whatever the run's precision
-        p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention), sample, plan, mb, part)
+        rows = sampler_rows(cfg.ctx, sample)          # the trainer's sampler: its window, not the context
+        p.groups["sampling"] = sampler_bytes(decoder_spec(cfg, spec.attention, rows=rows), sample, plan, mb, part)
     _check(p, batch * cfg.ctx)
     return p
 

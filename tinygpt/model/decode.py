@@ -32,7 +32,10 @@ from . import buffers, record
 from .block import BlockActs, block_forward
 from .gpt import Model
 from .head import Head, table_rows
-from .spec import RunSpec
+from .spec import RunSpec, at_rows_params
+
+STOP_EVERY = 8       # tokens drawn between reads of the draws, where stop tokens may end the run
+FORCED_MOST = 64     # new prompt tokens after a held prefix that go through the decode step, not a prefill
 
 
 def keep_of(ctx: int) -> int:
@@ -69,6 +72,7 @@ class Decoder:
         self.ids = self.buf["ids"]                            # next tokens [N] | history [steps, N]
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
         self.rope_uniforms = []                               # the step's RoPE dispatches' (rotary models)
+        self.cached = None                  # one sequence's tokens whose keys and values the cache holds
         # the cache's kernels read C as q's width: a model whose head dim is set apart (H hd, not
         # d_model) gives them a uniform of their own
         self.attn_uniform = gpu.uniform(DECODE_UNIFORM_BYTES) if cfg.block.heads.apart else self.uniform
@@ -123,13 +127,15 @@ class Decoder:
                                     ROPE_TURNS[d.kernel.name]) for d in block if d.kernel.name in ROPE_TURNS]
             steps += block
             x, other = other, x
+        self.body = len(steps)            # a token into the cache, nothing drawn: the steps before the head
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
         steps += head.forward(b["ln"], b["logits"], N)
         steps.append(kn.sample_tokens(b["logits"], self.ids, N, u))
         return steps
 
     def set_params(self, params: dict):
-        self.model.set_params(params)
+        self.model.set_params(at_rows_params(self.cfg, params))
+        self.cached = None
 
     def _set(self, pos, step, how, row0=0, row_stride=1):
         cfg = self.cfg
@@ -152,30 +158,78 @@ class Decoder:
             x[n, :length - 1 - s] = seq[s:length - 1]
         self.model.forward(x)
 
-    def _history(self, steps: int) -> np.ndarray:
-        return self.gpu.read(self.ids, count=steps * self.N, offset_elems=self.N).reshape(steps, self.N)
+    def _fill(self, seqs, length: int, how):
+        """The cache for a prompt of `length` tokens from position 0: where it already holds a
+        prefix of them (one sequence: the conversation so far), only the tokens after that prefix
+        go through the decode step's layers, one a submit without the head; otherwise one prefill."""
+        want = seqs[0][:length - 1]
+        held = self.cached or []
+        p = 0
+        for a, b in zip(held, want):
+            if a != b:
+                break
+            p += 1
+        new = len(want) - p
+        if self.N == 1 and p and new <= max(FORCED_MOST, p // 4):
+            for pos in range(p, len(want)):
+                self.gpu.write(self.ids, np.full(1, want[pos], np.uint32))
+                self._set(pos, 0, how)
+                self.gpu.run(self.steps[:self.body])
+            return
+        self._prefill(seqs, 0, length)
+
+    def _history(self, first: int, upto: int) -> np.ndarray:
+        """Tokens drawn at steps first .. upto-1, [upto - first, N]."""
+        return self.gpu.read(self.ids, count=(upto - first) * self.N,
+                             offset_elems=self.N * (1 + first)).reshape(upto - first, self.N)
 
     def generate(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int | None = None,
-                 top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
-        """N continuations of the prompt, n tokens each, as lists of ids (prompt included)."""
+                 top_p: float = 1.0, seed: int = 0, stop=(), on_token=None) -> list[list[int]]:
+        """N continuations of the prompt, up to n tokens each, as lists of ids (prompt included).
+        stop: ids that end a sequence (the model's end-of-turn tokens): it ends before the first
+        one drawn, which is not returned, and the run ends once every sequence has; the draws are
+        read every STOP_EVERY tokens to see it. on_token(i, id): each kept token as it is drawn
+        (read after every token then: a stream)."""
         if n > self.capacity:
             raise ValueError(f"{n} tokens asked of a decoder built for {self.capacity}")
         ctx, N = self.cfg.ctx, self.N
         seqs = [list(map(int, prompt_ids)) for _ in range(N)]
         length = len(seqs[0])
+        plen = length
         how = {"temperature": temperature, "top_k": top_k or 0, "top_p": top_p, "seed": seed}
+        stop = frozenset(int(t) for t in stop)
+        ended = [None] * N                                        # where each sequence's stop token came
+        every = 1 if on_token is not None else STOP_EVERY if stop else 0
         s = max(0, length - ctx)
-        self.gpu.write(self.ids, np.full(N, seqs[0][-1], np.uint32))
         if self.cache:
-            self._prefill(seqs, s, length)
+            if s == 0:
+                self._fill(seqs, length, how)
+            else:
+                self._prefill(seqs, s, length)
+        self.cached = None
+        self.gpu.write(self.ids, np.full(N, seqs[0][-1], np.uint32))     # after _fill, which writes it too
         done = 0                                                  # tokens already copied into seqs
+
+        def take(upto):
+            nonlocal done
+            if upto <= done:
+                return
+            for row in self._history(done, upto):
+                for i in range(N):
+                    t = int(row[i])
+                    seqs[i].append(t)
+                    if ended[i] is None:
+                        if t in stop:
+                            ended[i] = len(seqs[i]) - 1
+                        elif on_token is not None:
+                            on_token(i, t)
+            done = upto
+
+        steps = 0
         for step in range(n):
             ns = window_start(s, length, ctx)
             if self.cache and ns != s:                            # full: refill from the last ctx // 2
-                for t, row in enumerate(self._history(step)[done:], done):
-                    for i in range(N):
-                        seqs[i].append(int(row[i]))
-                done = step
+                take(step)
                 s = ns
                 self._prefill(seqs, s, length)
             s = ns
@@ -183,17 +237,19 @@ class Decoder:
                 self._set(length - 1 - s, step, how)
                 self.gpu.run(self.steps)
             else:
-                if step:
-                    for i, t in enumerate(self._history(step)[step - 1]):
-                        seqs[i].append(int(t))
-                    done = step
+                take(step)
                 x = np.zeros((N, ctx), np.uint32)
                 for i, seq in enumerate(seqs):
                     x[i, :length - s] = seq[s:length]
                 self._set(0, step, how, row0=length - 1 - s, row_stride=ctx)
                 self.model.forward(x, self.steps)
             length += 1
-        for row in self._history(n)[done:]:
-            for i in range(N):
-                seqs[i].append(int(row[i]))
-        return seqs
+            steps = step + 1
+            if every and steps % every == 0:
+                take(steps)
+                if all(e is not None for e in ended):
+                    break
+        take(steps)
+        if self.cache and N == 1 and s == 0:
+            self.cached = seqs[0][:length - 1]                    # what the cache holds, for the next prompt
+        return [seq if e is None else seq[:e] for seq, e in zip(seqs, ended)]

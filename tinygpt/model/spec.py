@@ -47,7 +47,40 @@ class RunSpec:
         return replace(self, **changes)
 
 
+def rows_for(ctx: int, tokens: int, least: int = 64) -> int:
+    """The rows a forward or a key/value cache takes for `tokens` live tokens of a model whose
+    context is ctx: the power of two that holds them (at least `least`), never over ctx. The work
+    and the buffers follow the tokens, and each size is built once (a few sizes, not one a length)."""
+    rows = max(least, 1 << max(0, int(tokens) - 1).bit_length())
+    return min(int(ctx), rows)
+
+
+PROMPT_ROOM = 64       # the prompt tokens a sampler is sized for before the prompt is known (the end of a run)
+
+
+def sampler_rows(ctx: int, tokens: int, prompt: int = 0) -> int:
+    """A sampler's window: the prompt (at least PROMPT_ROOM tokens' room) and the tokens asked."""
+    return rows_for(ctx, max(prompt, PROMPT_ROOM) + tokens)
+
+
+def at_rows(cfg: Config, rows: int | None) -> Config:
+    """The model's config over `rows` positions (its own ctx where None or not shorter): a window
+    of a long-context model, its weights the same (a learned position table is cut to the rows:
+    at_rows_params)."""
+    return cfg if rows is None or rows >= cfg.ctx else replace(cfg, ctx=int(rows))
+
+
+def at_rows_params(cfg: Config, params: dict) -> dict:
+    """The parameters as a model of cfg (at_rows') binds them: a learned position table's first rows."""
+    pos = params.get("pos_emb")
+    if pos is None or pos.shape[0] <= cfg.ctx:
+        return params
+    return {**params, "pos_emb": pos[:cfg.ctx]}
+
+
 def decoder_spec(cfg: Config, attention: AttentionPath | str = DEFAULT, N: int = 1,
-                 precision: Precision = FP32) -> RunSpec:
-    """The run a sampler is (model.decode.Decoder): N sequences over the whole window, no training."""
+                 precision: Precision = FP32, rows: int | None = None) -> RunSpec:
+    """The run a sampler is (model.decode.Decoder): N sequences over a window of `rows` positions
+    (rows_for: the prompt and the tokens asked; the model's whole context where None), no training."""
+    cfg = at_rows(cfg, rows)
     return RunSpec(cfg, attention, B=N, T=cfg.ctx, training=False, precision=precision)

@@ -18,7 +18,7 @@ from ..model.decode import Decoder
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
-from ..model.spec import RunSpec, decoder_spec
+from ..model.spec import RunSpec, decoder_spec, rows_for
 from ..model.twincheck import verify
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
@@ -95,11 +95,26 @@ def prompt_ids(tok, prompt: str) -> list[int]:
 
 
 def texts(decoder: Decoder, tok, prompt: str, n: int, temperature: float = 0.0, top_k: int | None = None,
-          top_p: float = 1.0, seed: int = 0) -> list[str]:
-    """prompt + n generated tokens, decoded, for each of the decoder's sequences: the one way text
-    is generated (the sample command, the end of a run and the Python API); a seed gives the
-    same texts."""
-    return [tok.decode(seq) for seq in decoder.generate(prompt_ids(tok, prompt), n, temperature, top_k, top_p, seed)]
+          top_p: float = 1.0, seed: int = 0, stop=()) -> list[str]:
+    """prompt + up to n generated tokens, decoded, for each of the decoder's sequences: the one way
+    text is generated (the sample command, the end of a run and the Python API); a seed gives the
+    same texts. stop: the ids that end a sequence (stop_ids), never part of the text."""
+    return [tok.decode(seq) for seq in decoder.generate(prompt_ids(tok, prompt), n, temperature, top_k, top_p, seed,
+                                                        stop)]
+
+
+MAX_STOP_IDS = 64
+
+
+def stop_ids(extra: dict, tok, vocab: int) -> tuple:
+    """The ids that end a model's turn: those its file records (an import's generation config,
+    tokenizer and GGUF name them: stopTokens), and its Hugging Face tokenizer's end of text. A
+    model trained here records none: its samples run to the length asked."""
+    ids = extra.get("stopTokens")
+    ids = [i for i in ids[:MAX_STOP_IDS] if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab] \
+        if isinstance(ids, list) else []
+    eos = getattr(tok, "eos_id", None) if getattr(tok, "name", None) == "hf" else None
+    return tuple(dict.fromkeys(ids + ([eos] if eos is not None else [])))
 
 
 MAX_SAMPLE_TOKENS = 100_000
@@ -134,9 +149,13 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     precision = PRECISIONS[o.precision]
     plan = make_plan(gpu, kernels)
     verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # before the kernels are trusted
-    decoder = Decoder(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision), o.tokens)
+    ids = prompt_ids(tok, o.prompt)
+    spec = decoder_spec(ck.cfg, o.attention, o.num_samples, precision, rows=rows_for(ck.cfg.ctx, len(ids) + o.tokens))
+    decoder = Decoder(gpu, plan, spec, o.tokens)
     how = {"cache": "key/value cache", "full": "the whole window per token"}[decoder.mode]
+    stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
+    ends = f", ending at {len(stop)} end-of-turn token{'s' * (len(stop) > 1)}" if stop else ""
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
-          f"({how}, {precision.name})", file=err or sys.stderr)
+          f"({how} of {spec.T:,} positions, {precision.name}{ends})", file=err or sys.stderr)
     decoder.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
-    return texts(decoder, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed)
+    return texts(decoder, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed, stop)

@@ -305,6 +305,7 @@ class SampleOptions(ModelUse):
     num_samples: int = 1
     no_cache: bool = False             # the whole window's forward per token (the plan's decode=full)
     seed: int = 0
+    ignore_eos: bool = False           # run to `tokens` past the model's end-of-turn tokens
 
 
 @dataclass

@@ -19,10 +19,10 @@ from ..core.errors import word
 from ..core.lora import trainable_shapes
 from ..device.gpu import GPU
 from ..device.tune import cached_peaks
-from .infer import FINAL_EVAL_WINDOWS, bits, texts
+from .infer import FINAL_EVAL_WINDOWS, bits, prompt_ids, texts
 from ..model.decode import Decoder
 from ..model.gpt import Model
-from ..model.spec import decoder_spec
+from ..model.spec import decoder_spec, sampler_rows
 from ..model.profile import format_profile, over_peak, profile_step, with_peaks
 from .options import TrainOptions
 from .recipe import RunSettings, TrainOutputs, output_paths
@@ -68,8 +68,10 @@ class Loop:
         self.val = run.data.val_windows(s.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
         # the samples at the end: float32 from the key/value cache, whatever the run's precision
-        self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, model.spec.attention), s.sample_tokens) \
-            if s.sample_tokens else None
+        rows = sampler_rows(run.cfg.ctx, s.sample_tokens, len(prompt_ids(run.tokenizer, s.sample_prompt))) \
+            if s.sample_tokens else 0
+        self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, model.spec.attention, rows=rows),
+                               s.sample_tokens) if s.sample_tokens else None
         self.stop = StopFlag()
         self.saver = Saver(run, outs.checkpoint, self.stop)
         self.last = {"train": None, "val": None}

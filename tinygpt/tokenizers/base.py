@@ -96,7 +96,9 @@ class Tokenizer:
     def encode(self, data: bytes | str) -> np.ndarray:
         raise NotImplementedError
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special: bool = False) -> str:
+        """The text of ids; skip_special: without the special tokens (a chat reply's), where the
+        tokenizer has any."""
         raise NotImplementedError
 
     @staticmethod

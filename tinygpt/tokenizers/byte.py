@@ -32,7 +32,7 @@ class ByteTokenizer(Tokenizer):
             data = data.encode("utf-8", "surrogateescape")
         return np.frombuffer(data, np.uint8).astype(np.uint32)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special: bool = False) -> str:
         return bytes(self.ids_of(ids)).decode("utf-8", errors="replace")
 
     def encode_chunks(self, chunks, label):

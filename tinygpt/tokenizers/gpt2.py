@@ -113,7 +113,7 @@ class GPT2Tokenizer(Tokenizer):
             bar.close()
         return np.concatenate(out) if out else np.zeros(0, np.uint32)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, skip_special: bool = False) -> str:
         return self.enc.decode_bytes(self.ids_of(ids)).decode("utf-8", errors="replace")
 
     def encode_chunks(self, chunks, label):

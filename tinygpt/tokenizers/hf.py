@@ -104,8 +104,8 @@ class HFTokenizer(Tokenizer):
         if start < len(text):
             yield text[start:]
 
-    def decode(self, ids) -> str:
-        return self.lib.decode(self.ids_of(ids), skip_special_tokens=False)
+    def decode(self, ids, skip_special: bool = False) -> str:
+        return self.lib.decode(self.ids_of(ids), skip_special_tokens=skip_special)
 
     def encode_chunks(self, chunks, label):
         """Decoded incrementally; cut where encode cuts (a tokenizer that cannot: the whole text)."""
