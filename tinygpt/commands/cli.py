@@ -1,4 +1,4 @@
-"""The command line: tinygpt train | plan | eval | sample | inspect | info | tune | prepare | import-hf | export.
+"""The command line: tinygpt train | plan | eval | sample | chat | inspect | info | tune | prepare | import-hf | export.
 
 Errors are one line on stderr with a non-zero exit code; --debug shows the traceback.
 """
@@ -24,11 +24,12 @@ from .export import export
 from ..files.hf import import_hf
 from ..files.hf_read import shard_files
 from .info import info
-from ..run.infer import evaluate, sample
+from ..run.chat import session
+from ..run.infer import check_sampling, evaluate, sample
 from .lens import inspect
 from .. import tokenizers
 from ..model import budget
-from ..run.options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
+from ..run.options import ChatOptions, EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
 from ..files.outputs import Outputs, os_error_text
 from .tables import emit
 from ..run.safety import Interrupted, stops_on_signals
@@ -40,6 +41,7 @@ from .train_settings import ONE_OF, Parser, add_setting, default, options, read_
 EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
 EXIT_DOES_NOT_FIT = 4          # tinygpt plan: the run it describes would be refused (docs/usage.md)
+IMPORT_DTYPES = {"f32": "fp32", "f16": "fp16"}     # import-hf's --dtype: the file's weightDtype
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -90,8 +92,8 @@ def cmd_eval(args) -> int:
     else:
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
         b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
-        print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows, {r['tokens']:,} tokens "
-              f"of {r['data']}")
+        print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows of {r['ctx']:,}, "
+              f"{r['tokens']:,} tokens of {r['data']}")
     return 0
 
 
@@ -101,6 +103,13 @@ def cmd_sample(args) -> int:
         if len(texts) > 1:
             sys.stdout.write(f"---- sample {i + 1} of {len(texts)} ----\n")
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_chat(args) -> int:
+    o = options(ChatOptions, args)
+    check_sampling(o.max_tokens, o.temperature, o.top_k, o.top_p, 1)
+    session(o, sys.stdin, sys.stdout, sys.stderr)
     return 0
 
 
@@ -147,11 +156,12 @@ def cmd_import_hf(args) -> int:
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)
     with writes_shown(not args.quiet):
-        ckpt.save(out, ck)
+        ckpt.save(out, ck, IMPORT_DTYPES[args.dtype])
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
           f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, "
-          f"tokenizer {ck.extra['tokenizer']}, fresh optimizer state; block {cfg.block.describe()}; "
+          f"tokenizer {ck.extra['tokenizer']}, {'fresh optimizer state' if args.dtype == 'f32' else 'float16 weights alone'}; "
+          f"block {cfg.block.describe()}; "
           f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
 
@@ -190,6 +200,7 @@ def build_parser():
     _plan_command(sub, common)
     _eval_command(sub, common)
     _sample_command(sub, common)
+    _chat_command(sub, common)
     _inspect_command(sub, common)
     _info_command(sub, common)
     _tune_command(sub, common)
@@ -221,6 +232,8 @@ def _eval_command(sub, common):
                                   "(default: the built-in corpus, where the model was trained on it)")
     p.add_argument("--max-windows", type=positive_int,
                    help="evaluate at most N windows of the split (default: all of them)")
+    p.add_argument("--ctx", type=positive_int,
+                   help="tokens a window (default: the model's context, at most 1,024; never over the model's)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_setting(p, "attention")
@@ -260,6 +273,33 @@ def _sample_command(sub, common):
     add_setting(p, "tokenizer_file")
     add_adapters(p)
     p.set_defaults(fn=cmd_sample)
+
+
+def _chat_command(sub, common):
+    p = sub.add_parser("chat", parents=[common],
+                       help="talk with a model in its chat format: a reply streamed each turn, the cache kept across "
+                            "turns; without a terminal, one user turn a line of stdin and one reply a line")
+    add_model(p)
+    p.add_argument("--system", help="the system prompt (default: none, or the one the model's template writes)")
+    p.add_argument("--temperature", type=nonneg_float, default=default(ChatOptions, "temperature"),
+                   help="0 is greedy (the default); higher draws more freely")
+    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only (default: all)")
+    p.add_argument("--top-p", type=float, default=default(ChatOptions, "top_p"),
+                   help="nucleus: draw from the most likely tokens that hold this share of the probability "
+                        "(default 1: all)")
+    p.add_argument("--max-tokens", type=positive_int, default=default(ChatOptions, "max_tokens"),
+                   help=f"a reply's most tokens (default {default(ChatOptions, 'max_tokens')}); it ends sooner at "
+                        "the model's end-of-turn token")
+    p.add_argument("--seed", type=seed_int, default=default(ChatOptions, "seed"),
+                   help="the same seed draws the same replies (default 0)")
+    p.add_argument("--ignore-eos", action="store_true", help="each reply runs to --max-tokens past the end of its turn")
+    p.add_argument("--precision", choices=list(PRECISIONS), default=default(ChatOptions, "precision"),
+                   help="bf16 and f16 keep the weights and the key/value cache in 16 bits (default fp32)")
+    add_setting(p, "attention")
+    add_setting(p, "kernels")
+    add_setting(p, "tokenizer_file")
+    add_adapters(p)
+    p.set_defaults(fn=cmd_chat)
 
 
 def _inspect_command(sub, common):
@@ -310,13 +350,17 @@ def _prepare_command(sub, common):
 
 def _import_hf_command(sub, common):
     p = sub.add_parser("import-hf", parents=[common],
-                       help="a Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3) as a .tinygpt to "
-                            "fine-tune")
+                       help="a Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3) or a GGUF file (Llama, "
+                            "Qwen2, Qwen3) as a .tinygpt to chat with or fine-tune")
     p.add_argument("directory", help="with config.json, model.safetensors (or its shards and their index) and the "
-                                     "tokenizer's files")
+                                     "tokenizer's files; or a .gguf file (llama.cpp's), or a directory holding one")
     p.add_argument("--ctx", type=int, help="the context of a rotary model (Llama, Qwen): its config's "
                                            "max_position_embeddings by default; a shorter one needs less memory")
     p.add_argument("--out", required=True, help="the .tinygpt to write")
+    p.add_argument("--dtype", choices=list(IMPORT_DTYPES), default="f32",
+                   help="f32: float32 weights with room for the optimizer's moments (a full fine-tune's start); "
+                        "f16: float16 weights alone, a third of the file, for chat, sampling, eval and LoRA "
+                        "(default f32)")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")
     # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused

@@ -10,8 +10,10 @@ up to the model's context. A reply ends at the model's end-of-turn tokens, which
 from __future__ import annotations
 
 from ..core.errors import UsageError
+from ..files.lora_files import model_params
 from ..model.spec import rows_for
 from ..tokenizers.chat import ChatTemplate
+from .infer import decoder_for, load_model, stop_ids
 
 FIRST_ROWS = 512        # the cache's first window: a short conversation's, grown as it goes
 
@@ -69,3 +71,56 @@ class Conversation:
         seq = self.decoder.generate(ids, max_new_tokens, temperature, top_k, top_p, seed, self.stop,
                                     on_token if on_text else None)[0]
         return self.tok.decode(seq[len(ids):], skip_special=True)
+
+
+MAX_TURN_CHARS = 1 << 20       # one user turn's characters (a line of stdin)
+
+
+def session(o, inp, out, err, gpu=None) -> int:
+    """`tinygpt chat`: a conversation on stdin and stdout. On a terminal, a prompt before each
+    turn and the reply streamed as it is drawn; otherwise one user turn a line, each reply on its
+    own line. Returns the turns answered."""
+    ck, tok = load_model(o)
+    template = template_of(ck.extra, tok)
+    if not template.own:
+        print("the model has no chat template: speaking ChatML (<|im_start|>role ... <|im_end|>)", file=err)
+    stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
+    if not stop:
+        print(f"the model names no end-of-turn token: each reply runs to {o.max_tokens} tokens", file=err)
+    held = [ck]
+
+    def make(rows, tokens):
+        # the weights are on the device once a decoder is made: the host's copy is let go, and read
+        # from the file again only if the conversation outgrows the window
+        ck_now = held.pop() if held else load_model(o)[0]
+        return decoder_for(o, ck_now, rows, tokens, gpu, model_params(ck_now, f"{{opt:model}} {o.model}", o.adapters))
+    cfg = ck.cfg
+    del ck
+    chat = Conversation(make, tok, template, stop, cfg.ctx)
+    messages = [{"role": "system", "content": o.system}] if o.system else []
+    live = inp.isatty()
+    turns = 0
+    while True:
+        if live:
+            out.write("> ")
+            out.flush()
+        line = inp.readline(MAX_TURN_CHARS + 1)
+        if not line:
+            break
+        if len(line) > MAX_TURN_CHARS:
+            raise UsageError(f"a turn of over {MAX_TURN_CHARS:,} characters; keep each turn to one shorter line")
+        text = line.rstrip("\n")
+        if not text.strip():
+            continue
+        messages.append({"role": "user", "content": text})
+
+        def show(piece):
+            out.write(piece)
+            out.flush()
+        reply = chat.reply(messages, o.max_tokens, o.temperature, o.top_k, o.top_p, o.seed + turns,
+                           show if live else None)
+        out.write(("" if live else reply) + "\n")
+        out.flush()
+        messages.append({"role": "assistant", "content": reply})
+        turns += 1
+    return turns

@@ -18,13 +18,14 @@ from ..model.decode import Decoder
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
-from ..model.spec import RunSpec, decoder_spec, rows_for
+from ..model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
 from ..model.twincheck import verify
 
 # The end of a run and `tinygpt eval` read the whole validation split, up to this many windows
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
 FINAL_EVAL_WINDOWS = 8192
 BAR_FROM_WINDOWS = 512      # fewer take a second or two: a bar then only on a terminal
+EVAL_CTX = 1024             # eval's windows of a longer-context model unless --ctx says (its file keeps its own)
 
 
 def recorded_corpus(ck: ckpt.Checkpoint | None):
@@ -69,7 +70,9 @@ def bits(loss_nats: float) -> float:
 def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
     """Mean validation loss of a checkpoint over the whole validation split (or max_windows)."""
     ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
-    cfg = ck.cfg
+    if o.ctx is not None and not 2 <= o.ctx <= ck.cfg.ctx:
+        raise UsageError(f"{{opt:ctx}} {o.ctx}: this model's windows are 2 to its context, {ck.cfg.ctx:,} tokens")
+    cfg = at_rows(ck.cfg, o.ctx or min(ck.cfg.ctx, EVAL_CTX))       # the windows scored, never over the model's
     tok = tokenizer_of(ck, o.tokenizer_file)
     data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
     xs, ys = data.val_windows(o.max_windows)
@@ -78,12 +81,13 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
     verify(gpu, plan, spec)
     model = Model(gpu, plan, spec)
-    model.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
+    model.set_params(at_rows_params(cfg, model_params(ck, f"{{opt:model}} {o.model}", o.adapters)))
     with progress(len(xs), "evaluating", "window", o.quiet, shown_from=BAR_FROM_WINDOWS) as bar:
         loss = model.mean_loss(xs, ys, progress=bar)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
-    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx, "data": data.name}
+    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx, "data": data.name,
+         "ctx": cfg.ctx}
     if tok.token_is_byte:
         r["bits_per_byte"] = bits(loss)
     return r
@@ -138,24 +142,37 @@ def check_sampling(tokens: int, temperature: float, top_k: int | None, top_p: fl
         raise UsageError(f"{{opt:top_p}} must be in (0, 1], got {top_p!r}")
 
 
-def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
-    """`tinygpt sample`: o.num_samples texts of prompt + o.tokens generated tokens."""
-    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples)
+def load_model(o) -> tuple:
+    """(the checkpoint without its moments, its tokenizer) of a command that runs a model."""
     ck = ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
-    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
-    tok = tokenizer_of(ck, o.tokenizer_file)
+    return ck, tokenizer_of(ck, o.tokenizer_file)
+
+
+def decoder_for(o, ck: ckpt.Checkpoint, rows: int, tokens: int, gpu: GPU | None = None, params=None,
+                N: int = 1) -> Decoder:
+    """A decoder of N sequences over `rows` positions drawing up to `tokens`, as the options ask
+    (attention, kernels, precision, no_cache), its kernels checked and its weights set."""
     gpu = gpu or GPU()
-    kernels = dict(o.kernels, **({"decode": "full"} if o.no_cache else {}))
-    precision = PRECISIONS[o.precision]
+    kernels = dict(o.kernels, **({"decode": "full"} if getattr(o, "no_cache", False) else {}))
     plan = make_plan(gpu, kernels)
-    verify(gpu, plan, decoder_spec(ck.cfg, o.attention, o.num_samples, precision))   # before the kernels are trusted
+    spec = decoder_spec(ck.cfg, o.attention, N, PRECISIONS[o.precision], rows=rows)
+    verify(gpu, plan, spec)                         # before the kernels are trusted
+    decoder = Decoder(gpu, plan, spec, tokens)
+    decoder.set_params(params if params is not None else model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
+    return decoder
+
+
+def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
+    """`tinygpt sample`: o.num_samples texts of prompt + up to o.tokens generated tokens (a sample
+    ends at the model's end-of-turn tokens, unless o.ignore_eos)."""
+    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples)
+    ck, tok = load_model(o)
+    check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
     ids = prompt_ids(tok, o.prompt)
-    spec = decoder_spec(ck.cfg, o.attention, o.num_samples, precision, rows=rows_for(ck.cfg.ctx, len(ids) + o.tokens))
-    decoder = Decoder(gpu, plan, spec, o.tokens)
+    decoder = decoder_for(o, ck, rows_for(ck.cfg.ctx, len(ids) + o.tokens), o.tokens, gpu, N=o.num_samples)
     how = {"cache": "key/value cache", "full": "the whole window per token"}[decoder.mode]
     stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
     ends = f", ending at {len(stop)} end-of-turn token{'s' * (len(stop) > 1)}" if stop else ""
-    print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {gpu.name} "
-          f"({how} of {spec.T:,} positions, {precision.name}{ends})", file=err or sys.stderr)
-    decoder.set_params(model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
+    print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {decoder.gpu.name} "
+          f"({how} of {decoder.cfg.ctx:,} positions, {PRECISIONS[o.precision].name}{ends})", file=err or sys.stderr)
     return texts(decoder, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed, stop)

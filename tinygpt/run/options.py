@@ -292,6 +292,7 @@ class EvalOptions(ModelUse):
     data: str | None = None
     max_windows: int | None = None
     quiet: bool = False                # no progress bar
+    ctx: int | None = None             # the windows' tokens (None: the model's context, at most infer.EVAL_CTX)
 
 
 @dataclass
@@ -306,6 +307,18 @@ class SampleOptions(ModelUse):
     no_cache: bool = False             # the whole window's forward per token (the plan's decode=full)
     seed: int = 0
     ignore_eos: bool = False           # run to `tokens` past the model's end-of-turn tokens
+
+
+@dataclass
+class ChatOptions(ModelUse):
+    model: str
+    system: str | None = None          # the system prompt (None: the template's own default, if any)
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    max_tokens: int = 512              # a reply's most tokens
+    seed: int = 0
+    ignore_eos: bool = False
 
 
 @dataclass
