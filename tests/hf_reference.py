@@ -4,6 +4,11 @@ LLVM in one process crashes):
     python tests/hf_reference.py build OUT        random small Llama, Qwen2 and Qwen3 models, each
                                                   in OUT/<family> with a byte-level BPE tokenizer.json
                                                   and ref.npz: its logits, 20 greedy tokens, tokens
+    python tests/hf_reference.py gguf OUT         the same three, each written with the gguf package's
+                                                  writer as OUT/<family>-<type>.gguf (f32, f16, q8_0), a
+                                                  chat template and its special tokens in the file, and
+                                                  transformers' reading of each: its logits and greedy chat
+                                                  replies in OUT/<family>-<type>.npz
     python tests/hf_reference.py load DIR ...     each directory loaded as it is (AutoModelForCausalLM,
                                                   and peft's PeftModel over DIR/../hf where DIR has an
                                                   adapter_config.json): its logits and greedy text in
@@ -93,9 +98,137 @@ def load(d: Path):
     np.savez(d / "loaded.npz", logits=logits, text=np.array(text), architecture=np.array(type(model).__name__))
 
 
+# a chat template in ChatML with a system turn by default, as SmolLM2's (a loop, a condition, a default)
+TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+            "{{ '<|im_start|>system\nYou are a test.<|im_end|>\n' }}{% endif %}"
+            "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CONVERSATIONS = [
+    [{"role": "user", "content": "To be?"}],
+    [{"role": "system", "content": "Answer in verse."}, {"role": "user", "content": "Or not to be?"}],
+    [{"role": "user", "content": "To be?"}, {"role": "assistant", "content": "that is"},
+     {"role": "user", "content": "the question"}],
+]
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+GGUF_TYPES = ("f32", "f16", "q8_0")
+_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+               "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+
+
+def gguf_name(name: str) -> str:
+    top = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+    if name in top:
+        return top[name]
+    parts = name.split(".")
+    return f"blk.{parts[2]}.{_GGUF_NAMES['.'.join(parts[3:-1])]}.{parts[-1]}"
+
+
+def write_gguf(path: Path, arch: str, cfg, state: dict, tok, kind: str):
+    """A model as llama.cpp's converter writes it: its fields, the tokenizer's vocabulary and merges,
+    the template; a Llama's q and k with each head's rotary halves interleaved; 2-D weights in `kind`."""
+    import gguf
+    w = gguf.GGUFWriter(str(path), arch)
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"]))
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    w.add_key_length(hd)
+    w.add_value_length(hd)
+    w.add_vocab_size(cfg.vocab_size)
+    vocab = tok.get_vocab()
+    tokens = [None] * cfg.vocab_size
+    for t, i in vocab.items():
+        tokens[i] = t
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    types = [3 if t in special else 1 for t in tokens]
+    tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
+    merges = json.loads(tok.to_str())["model"]["merges"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_chat_template(TEMPLATE)
+    qtype = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "q8_0": gguf.GGMLQuantizationType.Q8_0}[kind]
+    for name, t in state.items():
+        a = t.detach().numpy().astype(np.float32)
+        if arch == "llama" and (name.endswith("q_proj.weight") or name.endswith("k_proj.weight")):
+            n = heads if "q_proj" in name else kv
+            a = a.reshape(n, 2, a.shape[0] // n // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+        if a.ndim == 2 and kind != "f32":
+            # rows not a whole number of Q8_0's 32-value blocks stay in f16, as llama.cpp's converter keeps them
+            t_q = qtype if a.shape[-1] % 32 == 0 else gguf.GGMLQuantizationType.F16
+            q = gguf.quants.quantize(a, t_q)
+            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=t_q)
+        else:
+            w.add_tensor(gguf_name(name), a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_build(out: Path):
+    """Each family as GGUF files, and transformers' reading of each."""
+    for name, (Config, Model, own) in FAMILIES.items():
+        torch.manual_seed(len(name))
+        if name == "qwen3":     # transformers' GGUF reader takes Qwen3's head dim as 128 whatever the file says
+            own = dict(own, head_dim=128)
+        cfg = Config(**dict(COMMON, max_position_embeddings=256), **own)     # room for a conversation
+        model = Model(cfg).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.2)
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        text = (TEXT + ", whether 'tis nobler in the mind to suffer the slings and arrows.\n") * 50
+        tok.train_from_iterator([text], trainers.BpeTrainer(
+            vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        for kind in GGUF_TYPES:
+            f = out / f"{name}-{kind}.gguf"
+            write_gguf(f, GGUF_ARCH[name], cfg, state, tok, kind)
+            read = transformers.AutoModelForCausalLM.from_pretrained(out, gguf_file=f.name, dtype=torch.float32).eval()
+            rtok = transformers.AutoTokenizer.from_pretrained(out, gguf_file=f.name)
+            replies, prompts = [], []
+            for conv in CONVERSATIONS:
+                ids = rtok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if not isinstance(ids, list) else ids
+                prompts.append(np.array(ids))
+                with torch.no_grad():
+                    got = read.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                        eos_token_id=rtok.convert_tokens_to_ids("<|im_end|>"), pad_token_id=0)
+                replies.append(rtok.decode(got[0, len(ids):], skip_special_tokens=True))
+            with torch.no_grad():
+                logits = read(torch.tensor(IDS)).logits.numpy()
+                last = read(torch.tensor([prompts[0]])).logits[0, -1].numpy()
+            np.savez(out / f"{name}-{kind}.npz", logits=logits, last=last, replies=np.array(replies),
+                     prompt0=prompts[0], rendered=np.array(rtok.apply_chat_template(CONVERSATIONS[1], tokenize=False,
+                                                                               add_generation_prompt=True)))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "build":
         build(Path(sys.argv[2]))
+    elif sys.argv[1] == "gguf":
+        gguf_build(Path(sys.argv[2]))
     else:
         for d in sys.argv[2:]:
             load(Path(d))
