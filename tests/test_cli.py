@@ -172,7 +172,7 @@ def test_eval_json_is_deterministic(trained, capsys):
         results.append(json.loads(capsys.readouterr().out))
     r = results[0]
     assert results[0] == results[1]
-    assert set(r) == {"loss", "perplexity", "windows", "tokens", "bits_per_byte", "data"}
+    assert set(r) == {"loss", "perplexity", "windows", "tokens", "bits_per_byte", "data", "ctx"}
     assert r["data"] == str(corpus)                  # it names what it scored (issue 47)
     assert abs(r["bits_per_byte"] - r["loss"] / np.log(2)) < 1e-12
     n = len(corpus.read_bytes())
@@ -283,12 +283,12 @@ def test_gpt2_without_file_or_cache_says_what_to_do(tmp_path, corpus):
 
 
 def test_layers_below_the_cli_know_no_flags():
-    """Only the command line (commands/cli.py, train's flags in train_settings.py, and their argument
+    """Only the command line (commands/cli.py, chat.py, train's flags in train_settings.py, and their argument
     types, argtypes.py) knows argparse and flag names; the runtime never imports the reference (the judge)."""
     import re
     root = Path(__file__).resolve().parents[1] / "tinygpt"
     for f in sorted(root.rglob("*.py")):
-        if f.parent.name == "commands" and f.name in ("cli.py", "train_settings.py", "argtypes.py") \
+        if f.parent.name == "commands" and f.name in ("cli.py", "chat.py", "train_settings.py", "argtypes.py") \
                 or f.parent.name == "reference" or f.name == "browser.py":     # browser.py: Chromium's flags
             continue
         text = f.read_text()

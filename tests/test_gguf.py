@@ -132,3 +132,29 @@ def test_files_tinygpt_cannot_read_are_refused_in_one_line(ggufs, tmp_path, caps
         print(name, "->", err[-1] if err else "")
         assert code != 0 and len(err) == 1 and "Traceback" not in err[0] and says in err[0], err
         assert not (tmp_path / "x.tinygpt").exists()
+
+
+def test_tinygpt_chat_answers_each_line_as_gpt_chat_does(ggufs, tmp_path, capsys):
+    """`printf 'A\\nB\\n' | tinygpt chat`: one reply a line, the conversation's two turns, no template
+    token; a file imported with --dtype f16 (weights alone) chats too."""
+    import io
+    import sys
+    from tinygpt import GPT
+    out = tmp_path / "m.tinygpt"
+    assert run_cli("import-hf", ggufs / "qwen3-f32.gguf", "--out", out, "--quiet", "--dtype", "f16") == 0
+    assert ckpt.load(out).weight_dtype == "fp16"
+    gpt = GPT.load(out)
+    want = [gpt.chat([{"role": "user", "content": "To be?"}], 12)]
+    want.append(gpt.chat([{"role": "user", "content": "To be?"}, {"role": "assistant", "content": want[0]},
+                          {"role": "user", "content": "the question"}], 12))
+    stdin = sys.stdin
+    sys.stdin = io.StringIO("To be?\nthe question\n")
+    try:
+        capsys.readouterr()
+        assert run_cli("chat", "--model", out, "--max-tokens", 12) == 0
+    finally:
+        sys.stdin = stdin
+    got = capsys.readouterr().out
+    print("chat printed", repr(got))
+    assert got == "".join(w + "\n" for w in want)
+    assert "<|im_" not in got

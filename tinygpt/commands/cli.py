@@ -24,12 +24,12 @@ from .export import export
 from ..files.hf import import_hf
 from ..files.hf_read import shard_files
 from .info import info
-from ..run.chat import session
-from ..run.infer import check_sampling, evaluate, sample
+from ..run.infer import evaluate, sample
+from .chat import chat_command
 from .lens import inspect
 from .. import tokenizers
 from ..model import budget
-from ..run.options import ChatOptions, EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
+from ..run.options import EvalOptions, ExportOptions, InspectOptions, SampleOptions, TrainOptions
 from ..files.outputs import Outputs, os_error_text
 from .tables import emit
 from ..run.safety import Interrupted, stops_on_signals
@@ -41,7 +41,8 @@ from .train_settings import ONE_OF, Parser, add_setting, default, options, read_
 EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
 EXIT_DOES_NOT_FIT = 4          # tinygpt plan: the run it describes would be refused (docs/usage.md)
-IMPORT_DTYPES = {"f32": "fp32", "f16": "fp16"}     # import-hf's --dtype: the file's weightDtype
+# import-hf's --dtype: the file's weightDtype, and what the file holds
+IMPORT_DTYPES = {"f32": ("fp32", "fresh optimizer state"), "f16": ("fp16", "float16 weights alone")}
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -106,13 +107,6 @@ def cmd_sample(args) -> int:
     return 0
 
 
-def cmd_chat(args) -> int:
-    o = options(ChatOptions, args)
-    check_sampling(o.max_tokens, o.temperature, o.top_k, o.top_p, 1)
-    session(o, sys.stdin, sys.stdout, sys.stderr)
-    return 0
-
-
 def cmd_inspect(args) -> int:
     _, table = inspect(options(InspectOptions, args))
     print("logit lens: the top next-token guess of each layer's residual stream\n" + table)
@@ -151,16 +145,17 @@ def _prepare(args) -> int:
 def cmd_import_hf(args) -> int:
     d = Path(args.directory)      # the files read inside the directory are inputs as much as it is
     names = ("config.json", "model.safetensors", "model.safetensors.index.json", "vocab.json", "tokenizer.json",
-             "generation_config.json") + tuple(p.name for p in shard_files(d) if d.is_dir())    # the index's shards
+             "generation_config.json", "tokenizer_config.json", "chat_template.jinja") \
+        + tuple(p.name for p in shard_files(d) if d.is_dir())    # the index's shards
     inputs = {"directory": d, **{f"directory's {name}": d / name for name in names}}   # what import_hf reads
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)
     with writes_shown(not args.quiet):
-        ckpt.save(out, ck, IMPORT_DTYPES[args.dtype])
+        ckpt.save(out, ck, IMPORT_DTYPES[args.dtype][0])
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
           f"{cfg.vocab} ({n_params(cfg):,} parameters), activation {cfg.activation}, "
-          f"tokenizer {ck.extra['tokenizer']}, {'fresh optimizer state' if args.dtype == 'f32' else 'float16 weights alone'}; "
+          f"tokenizer {ck.extra['tokenizer']}, {IMPORT_DTYPES[args.dtype][1]}; "
           f"block {cfg.block.describe()}; "
           f"fine-tune with: tinygpt train --resume {out} --data FILE --steps N --lr X", file=sys.stderr)
     return 0
@@ -200,7 +195,7 @@ def build_parser():
     _plan_command(sub, common)
     _eval_command(sub, common)
     _sample_command(sub, common)
-    _chat_command(sub, common)
+    chat_command(sub, common, add_model, add_adapters)
     _inspect_command(sub, common)
     _info_command(sub, common)
     _tune_command(sub, common)
@@ -273,33 +268,6 @@ def _sample_command(sub, common):
     add_setting(p, "tokenizer_file")
     add_adapters(p)
     p.set_defaults(fn=cmd_sample)
-
-
-def _chat_command(sub, common):
-    p = sub.add_parser("chat", parents=[common],
-                       help="talk with a model in its chat format: a reply streamed each turn, the cache kept across "
-                            "turns; without a terminal, one user turn a line of stdin and one reply a line")
-    add_model(p)
-    p.add_argument("--system", help="the system prompt (default: none, or the one the model's template writes)")
-    p.add_argument("--temperature", type=nonneg_float, default=default(ChatOptions, "temperature"),
-                   help="0 is greedy (the default); higher draws more freely")
-    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only (default: all)")
-    p.add_argument("--top-p", type=float, default=default(ChatOptions, "top_p"),
-                   help="nucleus: draw from the most likely tokens that hold this share of the probability "
-                        "(default 1: all)")
-    p.add_argument("--max-tokens", type=positive_int, default=default(ChatOptions, "max_tokens"),
-                   help=f"a reply's most tokens (default {default(ChatOptions, 'max_tokens')}); it ends sooner at "
-                        "the model's end-of-turn token")
-    p.add_argument("--seed", type=seed_int, default=default(ChatOptions, "seed"),
-                   help="the same seed draws the same replies (default 0)")
-    p.add_argument("--ignore-eos", action="store_true", help="each reply runs to --max-tokens past the end of its turn")
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(ChatOptions, "precision"),
-                   help="bf16 and f16 keep the weights and the key/value cache in 16 bits (default fp32)")
-    add_setting(p, "attention")
-    add_setting(p, "kernels")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
-    p.set_defaults(fn=cmd_chat)
 
 
 def _inspect_command(sub, common):

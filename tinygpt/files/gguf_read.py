@@ -54,6 +54,7 @@ _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?
 SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "smaug-bpe": _LLAMA3_SPLIT,
           "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 CONTROL, USER_DEFINED = 3, 4    # tokenizer.ggml.token_type's values for special and added tokens
+BYTE_LEVEL_BPE = "gpt2"         # tokenizer.ggml.model for a byte-level BPE (GGUF's word, not our tokenizer)
 
 
 def gguf_file(path) -> Path | None:
@@ -233,7 +234,7 @@ def tokenizer_json(tokens: list, types: list, merges: list, pre: str | None) -> 
 def _tokenizer(g: _File, vocab: int):
     """(the tokenizer, its end-of-turn ids) the file carries."""
     model = g.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model != BYTE_LEVEL_BPE:
         raise CheckpointError(f"{g.label}: its tokenizer is {show(model)}; tinygpt imports a GGUF's byte-level BPE "
                               "(tokenizer.ggml.model gpt2: Llama 3's, Qwen's, SmolLM's), not SentencePiece's")
     tokens = g.array("tokenizer.ggml.tokens", MAX_TOKENS)

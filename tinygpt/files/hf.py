@@ -22,7 +22,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint, CheckpointError, show
 from ..core.config import Config
-from ..core.fs import atomic_write, creation_mode
+from ..core.fs import atomic_write, creation_mode, read_user_file
 from .. import tokenizers
 from .data import progress
 from . import hf_llama
@@ -207,6 +207,45 @@ def architecture_named(c: dict, label: str) -> Architecture:
                           f"{', '.join(ARCHITECTURES)}")
 
 
+MAX_CHAT_FILE = 1 << 20
+
+
+def _json_file(path: Path) -> dict:
+    """A small JSON object file of the directory, or {} where it is absent or not one."""
+    if not path.exists():
+        return {}
+    try:
+        got = json.loads(read_user_file(path, CheckpointError, str(path), "a JSON file", MAX_CHAT_FILE))
+    except (ValueError, RecursionError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def chat_fields(d: Path, c: dict, tok, vocab: int) -> dict:
+    """What a chat with the model needs from its directory: its chat template (tokenizer_config.json's
+    chat_template, or chat_template.jinja), its end-of-turn ids (every eos_token_id that
+    generation_config.json and config.json name, one or a list) and the template's bos_token."""
+    out, tc = {}, _json_file(d / "tokenizer_config.json")
+    template = tc.get("chat_template")
+    if not isinstance(template, str) and (d / "chat_template.jinja").exists():
+        template = read_user_file(d / "chat_template.jinja", CheckpointError, str(d / "chat_template.jinja"),
+                                  "a chat template", MAX_CHAT_FILE).decode("utf-8", errors="replace")
+    if isinstance(template, str) and template:
+        out["chatTemplate"] = template
+    stops = []
+    for got in (_json_file(d / "generation_config.json").get("eos_token_id"), c.get("eos_token_id")):
+        for i in (got if isinstance(got, list) else [got]):
+            if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab:
+                stops.append(i)
+    out["stopTokens"] = list(dict.fromkeys(stops))
+    bos = tc.get("bos_token")
+    bos = bos.get("content") if isinstance(bos, dict) else bos
+    lib = getattr(tok, "lib", None)
+    if isinstance(bos, str) and lib is not None and lib.token_to_id(bos) is not None:
+        out["tokenizerBos"] = lib.token_to_id(bos)
+    return out
+
+
 def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoint:
     """A Hugging Face model directory as a fresh .tinygpt checkpoint (its moments zero when saved); quiet=False:
     a progress bar over the weights' bytes (a large model's). ctx: the context of a rotary model
@@ -238,5 +277,7 @@ def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoi
     tok = hf_llama.Named(read_tokenizer(d, cfg.vocab) or tokenizers.by_vocab(cfg.vocab)) if arch is GPT2 else \
         hf_llama.tokenizer(d, cfg, c)
     extra = {**tok.record(), "importedFrom": str(d)}
+    if arch is not GPT2:
+        extra.update(chat_fields(d, c, tok, cfg.vocab))
     # no moments held: the file's slots are written as zeros, a tensor at a time (checkpoint.encode_pieces)
     return Checkpoint(cfg, P, None, None, 0, [], extra)

@@ -133,6 +133,10 @@ class Decoder:
         steps.append(kn.sample_tokens(b["logits"], self.ids, N, u))
         return steps
 
+    def forget(self):
+        """The next prompt is prefilled whole, whatever the cache holds (a benchmark's cold start)."""
+        self.cached = None
+
     def set_params(self, params: dict):
         self.model.set_params(at_rows_params(self.cfg, params))
         self.cached = None
@@ -183,6 +187,22 @@ class Decoder:
         return self.gpu.read(self.ids, count=(upto - first) * self.N,
                              offset_elems=self.N * (1 + first)).reshape(upto - first, self.N)
 
+    def _take(self, seqs, done: list, upto: int, stop, ended: list, on_token):
+        """The tokens drawn at steps done[0] .. upto-1 into seqs, each sequence's first stop token
+        marked in `ended`, each kept token to on_token."""
+        if upto <= done[0]:
+            return
+        for row in self._history(done[0], upto):
+            for i in range(self.N):
+                t = int(row[i])
+                seqs[i].append(t)
+                if ended[i] is None:
+                    if t in stop:
+                        ended[i] = len(seqs[i]) - 1
+                    elif on_token is not None:
+                        on_token(i, t)
+        done[0] = upto
+
     def generate(self, prompt_ids, n: int, temperature: float = 0.0, top_k: int | None = None,
                  top_p: float = 1.0, seed: int = 0, stop=(), on_token=None) -> list[list[int]]:
         """N continuations of the prompt, up to n tokens each, as lists of ids (prompt included).
@@ -208,23 +228,8 @@ class Decoder:
                 self._prefill(seqs, s, length)
         self.cached = None
         self.gpu.write(self.ids, np.full(N, seqs[0][-1], np.uint32))     # after _fill, which writes it too
-        done = 0                                                  # tokens already copied into seqs
-
-        def take(upto):
-            nonlocal done
-            if upto <= done:
-                return
-            for row in self._history(done, upto):
-                for i in range(N):
-                    t = int(row[i])
-                    seqs[i].append(t)
-                    if ended[i] is None:
-                        if t in stop:
-                            ended[i] = len(seqs[i]) - 1
-                        elif on_token is not None:
-                            on_token(i, t)
-            done = upto
-
+        done = [0]                                                # tokens already copied into seqs
+        take = lambda upto: self._take(seqs, done, upto, stop, ended, on_token)
         steps = 0
         for step in range(n):
             ns = window_start(s, length, ctx)

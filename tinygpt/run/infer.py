@@ -25,7 +25,7 @@ from ..model.twincheck import verify
 # (a 100 MB text has ~150,000 of ctx 64; this many give the mean to about 0.3 %).
 FINAL_EVAL_WINDOWS = 8192
 BAR_FROM_WINDOWS = 512      # fewer take a second or two: a bar then only on a terminal
-EVAL_CTX = 1024             # eval's windows of a longer-context model unless --ctx says (its file keeps its own)
+EVAL_CTX = 1024             # eval's windows of a longer-context model unless its options say (the file keeps its own)
 
 
 def recorded_corpus(ck: ckpt.Checkpoint | None):
@@ -174,5 +174,6 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
     ends = f", ending at {len(stop)} end-of-turn token{'s' * (len(stop) > 1)}" if stop else ""
     print(f"sampling {o.num_samples} x {o.tokens} tokens at temperature {o.temperature} on {decoder.gpu.name} "
-          f"({how} of {decoder.cfg.ctx:,} positions, {PRECISIONS[o.precision].name}{ends})", file=err or sys.stderr)
+          f"({how}, {PRECISIONS[o.precision].name}; a window of {decoder.cfg.ctx:,} positions{ends})",
+          file=err or sys.stderr)
     return texts(decoder, tok, o.prompt, o.tokens, o.temperature, o.top_k, o.top_p, o.seed, stop)

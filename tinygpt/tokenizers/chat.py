@@ -31,7 +31,8 @@ def check_messages(messages, what: str = "messages") -> list[dict]:
     """A conversation as transformers takes one: a list of {"role", "content"} with string content
     and a known role; anything else refused in one line naming the message."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise UsageError(f"{what}: a list of {{\"role\": ..., \"content\": ...}} messages, got {type(messages).__name__}")
+        raise UsageError(f"{what}: a list of {{\"role\": ..., \"content\": ...}} messages, got "
+                         f"{type(messages).__name__}")
     if len(messages) > MAX_MESSAGES:
         raise UsageError(f"{what}: {len(messages):,} messages, more than {MAX_MESSAGES:,}")
     out = []
@@ -87,7 +88,7 @@ class ChatTemplate:
             raise
         except self._errors as e:          # the sandbox's refusals (SecurityError) among them
             raise TemplateError(f"the chat template failed: {str(e)[:200]}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError) as e:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError, RecursionError, OverflowError) as e:
             raise TemplateError(f"the chat template failed on this conversation: {type(e).__name__}: "
                                 f"{str(e)[:160]}") from None
         return "".join(pieces)

@@ -1,0 +1,95 @@
+"""Chat templates run as code from elsewhere would: in Jinja2's sandbox, their output bounded, their
+own refusals one line; conversations checked before they are rendered; ChatML for a model without
+a template. And the sampler's window follows the tokens: a decoder over the prompt's and reply's
+power of two gives the tokens one over the whole context gives, and a held prefix fed through the
+decode step gives what a fresh prefill gives."""
+import numpy as np
+import pytest
+
+from tinygpt.core.errors import UsageError
+from tinygpt.model.spec import rows_for
+from tinygpt.tokenizers.chat import ChatTemplate, TemplateError
+
+CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+
+def test_chatml_is_the_template_of_a_model_without_one():
+    t = ChatTemplate(None)
+    assert not t.own
+    assert t.render(CONVERSATION) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                                      "<|im_start|>assistant\n")
+    assert t.render(CONVERSATION, add_generation_prompt=False).endswith("Hi<|im_end|>\n")
+
+
+@pytest.mark.parametrize("source", [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ messages.__class__.__init__.__globals__ }}",
+    "{% set x = messages.append({'role': 'user', 'content': 'x'}) %}{{ x }}",
+    "{% for i in range(10**9) %}{{ 'xxxxxxxx' }}{% endfor %}",
+    "{% for i in range(99999) %}{% for j in range(99999) %}{{ 'xxxxxxxx' }}{% endfor %}{% endfor %}",
+])
+def test_a_template_that_reaches_for_python_or_never_ends_is_refused_in_one_line(source):
+    with pytest.raises(TemplateError) as e:
+        ChatTemplate(source).render(CONVERSATION)
+    print(source, "->", e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_templates_own_refusal_reaches_the_user():
+    src = ("{% if messages[0]['role'] != 'user' %}{{ raise_exception('Conversation roles must alternate "
+           "user/assistant/user/assistant/...') }}{% endif %}{{ messages[0]['content'] }}")
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        ChatTemplate(src).render(CONVERSATION)
+    assert ChatTemplate(src).render(CONVERSATION[1:]) == "Hi"
+
+
+@pytest.mark.parametrize("messages", [[], "hi", [{"role": "user"}], [{"role": "wizard", "content": "x"}],
+                                      [{"role": "user", "content": 3}], [["user", "hi"]]])
+def test_a_conversation_is_checked_before_it_is_rendered(messages):
+    with pytest.raises(UsageError):
+        ChatTemplate(None).render(messages)
+
+
+def test_rows_follow_the_tokens():
+    assert rows_for(8192, 37 + 40) == 128
+    assert rows_for(8192, 1) == 64 and rows_for(32, 1) == 32
+    assert rows_for(8192, 9000) == 8192
+    assert rows_for(100, 65) == 100
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("block", ["gpt2", "llama"])
+def test_a_short_window_and_a_held_prefix_sample_what_the_whole_context_does(gpu, block):
+    """Greedy tokens of a decoder over 16 rows of a 64-context model equal those over all 64
+    (learned positions cut to the rows, or RoPE); the prompt extended and fed through the decode
+    step from the held cache equals a fresh prefill of it; a stop id ends the sequence before it."""
+    from tinygpt.core.config import preset
+    from tinygpt.core.init import init_params
+    from tinygpt.device.planner import make_plan
+    from tinygpt.model.decode import Decoder
+    from tinygpt.model.spec import decoder_spec
+    parts = {} if block == "gpt2" else dict(norm="rmsnorm", position="rope", activation="swiglu", bias="none",
+                                            kv_heads=1)
+    cfg = preset("tiny", ctx=64, vocab=96, **parts).validate()
+    rng = np.random.default_rng(1)          # off the init, so that the greedy tokens vary
+    params = {k: (v + rng.normal(0, 0.3, v.shape)).astype(np.float32) for k, v in init_params(cfg).items()}
+    plan = make_plan(gpu, {})
+    prompt = [5, 17, 3, 40, 2]
+    got = {}
+    for rows in (16, None):
+        d = Decoder(gpu, plan, decoder_spec(cfg, rows=rows), 8)
+        d.set_params(params)
+        got[rows] = d.generate(prompt, 8, stop=())[0]
+    assert got[16] == got[None], got
+    held = Decoder(gpu, plan, decoder_spec(cfg, rows=32), 8)
+    held.set_params(params)
+    first = held.generate(prompt, 4, stop=())[0]
+    longer = first + [9, 11]
+    fresh = Decoder(gpu, plan, decoder_spec(cfg, rows=32), 8)
+    fresh.set_params(params)
+    a, b = held.generate(longer, 6, stop=())[0], fresh.generate(longer, 6, stop=())[0]
+    print(f"{block}: window 16 = context 64: {got[16][5:]}; held prefix {a[len(longer):]}, fresh {b[len(longer):]}")
+    assert a == b
+    k = max(i for i in range(len(longer), len(b)) if b[i] not in b[len(longer):i])   # a token's first draw
+    cut = fresh.generate(longer, 6, stop=[b[k]])[0]
+    assert cut == b[:k]
