@@ -37,6 +37,17 @@ FAMILIES = {
               dict(num_key_value_heads=4, tie_word_embeddings=True)),
     "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,          # QK-norm, multi-query, and
               dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=False)),  # q 64 wide in 32 (Qwen3-0.6B's)
+    # Llama 3.1's and 3.2's scaled RoPE (its wavelengths straddle the original context of 16), and linear's
+    "llama3rope": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                   dict(num_key_value_heads=2, rope_parameters={
+                       "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                       "high_freq_factor": 4.0, "original_max_position_embeddings": 16})),
+    "linearrope": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+                   dict(num_key_value_heads=4, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0,
+                                                                "factor": 2.0})),
+    # Mistral: Llama's block, each query attending to its last sliding_window positions (6 of the 16)
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                dict(num_key_value_heads=2, sliding_window=6, tie_word_embeddings=False)),
 }
 
 
@@ -183,6 +194,8 @@ def write_gguf(path: Path, arch: str, cfg, state: dict, tok, kind: str):
 def gguf_build(out: Path):
     """Each family as GGUF files, and transformers' reading of each."""
     for name, (Config, Model, own) in FAMILIES.items():
+        if name not in GGUF_ARCH:
+            continue
         torch.manual_seed(len(name))
         if name == "qwen3":     # transformers' GGUF reader takes Qwen3's head dim as 128 whatever the file says
             own = dict(own, head_dim=128)

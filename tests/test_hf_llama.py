@@ -71,6 +71,26 @@ def test_imported_logits_and_greedy_tokens_are_transformers(hf, imported, family
     assert np.array_equal(gpt.encode("To be, or not to be: that is the question"), ref["text_ids"])
 
 
+@pytest.mark.parametrize("family", ["llama3rope", "linearrope", "mistral"])
+def test_scaled_rope_and_mistral_import_with_transformers_logits(hf, tmp_path, family):
+    """Llama 3's and linear RoPE scaling (their frequencies made on the host as transformers makes
+    them) and Mistral (a sliding window of 6 in 16 positions): logits within 1e-4, the same greedy
+    tokens, and the scaling kept by the file."""
+    from tinygpt import GPT
+    out = tmp_path / f"{family}.tinygpt"
+    assert run_cli("import-hf", hf / family, "--out", out, "--quiet") == 0
+    ref = np.load(hf / family / "ref.npz")
+    gpt = GPT.load(out)
+    got = gpt.logits(ref["ids"])
+    err = float(np.abs(got - ref["logits"]).max())
+    print(f"{family}: logits against transformers' max error {err:.2e} (largest {np.abs(ref['logits']).max():.2f}); "
+          f"rope scaling {gpt.config.rope_scaling}, window {gpt.config.window}")
+    assert err < 1e-4
+    assert np.array_equal(gpt.generate(ref["greedy"][:5], 20, stop=False), ref["greedy"])
+    assert (gpt.config.rope_scaling is not None) == family.endswith("rope")
+    assert (gpt.config.window == 6) == (family == "mistral")
+
+
 def test_the_files_record_the_tokenizer_and_the_parts(imported):
     ck = ckpt.load(imported["qwen3"])
     assert ck.extra["tokenizer"] == "hf" and ck.extra["tokenizerJson"].startswith("{")

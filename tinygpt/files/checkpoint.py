@@ -34,6 +34,7 @@ import numpy as np
 from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
 from ..core.config import Config, n_params, own_head_dim, param_shapes
 from ..core.errors import TinyGPTError
+from ..core.rope import SCALINGS
 from ..core.fs import atomic_write, atomic_write_pieces, available_memory, check_regular
 from .. import tokenizers
 from .outputs import WRITER
@@ -158,6 +159,8 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
                   "logitSoftcap": blk.softcap, "embedNorm": blk.embed_norm})
         if blk.position.rotary:
             c["ropeTheta"] = blk.rope_theta
+            if cfg.rope_scaling:
+                c["ropeScaling"] = dict(cfg.rope_scaling)
         if blk.heads.apart:           # q's width heads x headDim, not dModel
             c["headDim"] = blk.heads.hd
     return c
@@ -172,6 +175,25 @@ def _number(c: dict, key: str, default, kind, what: str):
         need = "a whole number" if kind is int else "a finite number"
         raise CheckpointError(f"{what}: the header's config.{key} is {show(v)}; expected {need}")
     return kind(v)
+
+
+def rope_scaling_of(v, what: str) -> dict | None:
+    """A scaled RoPE's fields as core.rope takes them ({"rope_type": linear | llama3, its numbers}),
+    each checked; None where there is none."""
+    if v is None:
+        return None
+    kind = v.get("rope_type") if isinstance(v, dict) else None
+    if kind not in SCALINGS:
+        raise CheckpointError(f"{what}: a RoPE scaling of {show(v)}; tinygpt computes {', '.join(SCALINGS)}")
+    out = {"rope_type": kind}
+    for key in SCALINGS[kind]:
+        x = v.get(key)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+            raise CheckpointError(f"{what}: the RoPE scaling's {key} is {show(x)}; expected a positive number")
+        out[key] = float(x)
+    if kind == "llama3" and out["high_freq_factor"] <= out["low_freq_factor"]:
+        raise CheckpointError(f"{what}: the RoPE scaling's high_freq_factor must be above its low_freq_factor")
+    return out
 
 
 def config_from_header(c: dict, what: str = "the file") -> Config:
@@ -217,6 +239,7 @@ def config_from_header(c: dict, what: str = "the file") -> Config:
                  norm_eps=_number(c, "normEps", NORM_EPS, float, what), tied=flags["tiedHead"],
                  embed_norm=flags["embedNorm"], softcap=_number(c, "logitSoftcap", 0.0, float, what),
                  kv_heads=_number(c, "kvHeads", 0, int, what), head_dim=_number(c, "headDim", 0, int, what), **parts)
+    cfg.rope_scaling = rope_scaling_of(c.get("ropeScaling"), what)
     if cfg.kv_heads == cfg.heads:       # one a query head: the default's value
         cfg.kv_heads = 0
     cfg.head_dim = own_head_dim(cfg.d_model, cfg.heads, cfg.head_dim)

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .checkpoint import CheckpointError, show
+from .checkpoint import CheckpointError, rope_scaling_of, show
 from ..core.block import BIASES, QK_NORMS, ROPE_THETA, QKNorm
 from ..core.config import Config, own_head_dim, param_shapes
+from ..core.rope import SCALINGS
 from ..core.fs import read_user_file
 from .. import tokenizers
 from .data import DataError
@@ -66,6 +67,7 @@ class Family:
     biases: tuple          # the bias parts (core.block's values) it computes: its own, then attention_bias
                            # with mlp_bias's where it has them
     qk_norm: QKNorm        # its QK-norm part
+    window: bool = False   # its config's sliding_window is every layer's window (Mistral's)
 
     def computes(self, block) -> bool:
         return (block.norm.rms and block.norm.weights and block.position.rotary and block.mlp.gated
@@ -76,10 +78,13 @@ class Family:
 LLAMA = Family("LlamaForCausalLM", "llama", (BIASES["none"], BIASES["all"]), QK_NORMS["none"])
 QWEN2 = Family("Qwen2ForCausalLM", "qwen2", (BIASES["qkv"],), QK_NORMS["none"])
 QWEN3 = Family("Qwen3ForCausalLM", "qwen3", (BIASES["none"],), QK_NORMS["weighted"])
+MISTRAL = Family("MistralForCausalLM", "mistral", (BIASES["none"],), QK_NORMS["none"], window=True)
 
 
-def _rope(c: dict, label: str) -> float:
-    """RoPE's base; a scaled RoPE (rope_type other than default) is refused, naming the field."""
+def _rope(c: dict, label: str) -> tuple:
+    """(RoPE's base, its scaling or None): linear and Llama 3's scalings are computed (their
+    frequencies made on the host, core.rope); another (YaRN, dynamic, ...) is refused, naming it."""
+    scaling = None
     for key in ("rope_parameters", "rope_scaling"):
         v = c.get(key)
         if v is None:
@@ -87,18 +92,20 @@ def _rope(c: dict, label: str) -> float:
         if not isinstance(v, dict) or any(isinstance(x, dict) for x in v.values()):
             raise CheckpointError(f"{label}: {key} is {show(v)}; tinygpt reads one RoPE for every layer, as an object")
         kind = v.get("rope_type", v.get("type", "default"))
-        if kind != "default":
-            raise CheckpointError(f"{label}: {key} has rope_type {show(kind)}, a scaled RoPE, which tinygpt does not "
-                                  "compute (it turns q and k by the base alone)")
+        if kind not in ("default", *SCALINGS):
+            raise CheckpointError(f"{label}: {key} has rope_type {show(kind)}, a scaled RoPE which tinygpt does not "
+                                  f"compute (it computes {', '.join(SCALINGS)})")
         if field(v, "partial_rotary_factor", 1.0, float, label) != 1.0:
             raise CheckpointError(f"{label}: {key}.partial_rotary_factor {v['partial_rotary_factor']}; tinygpt "
                                   "turns every channel of a head")
+        if kind != "default":
+            scaling = rope_scaling_of({**v, "rope_type": kind}, f"{label}: {key}")
     params = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
     theta = field(params, "rope_theta", None, float, label, "") if "rope_theta" in params else \
         field(c, "rope_theta", ROPE_THETA, float, label)
     if theta <= 1:
         raise CheckpointError(f"{label}: rope_theta {theta:g}; a RoPE base is more than 1")
-    return theta
+    return theta, scaling
 
 
 def _bias(family: Family, c: dict, label: str) -> str:
@@ -143,11 +150,15 @@ def _config(family: Family, c: dict, label: str, ctx: int | None = None) -> Conf
     hd = num("head_dim", C // H if C % H == 0 else None)      # q's width H hd: apart from C where they differ
     if not 0 < hd <= 128:
         raise CheckpointError(f"{label}: head_dim {hd}; tinygpt's attention takes heads of 1 to 128 channels")
+    theta, scaling = _rope(c, label)
+    window = num("sliding_window", 0) if family.window else 0      # Mistral's: every layer's (or none)
+    if window < 0:
+        raise CheckpointError(f"{label}: sliding_window {window}; a window is 1 or more tokens (null: none)")
     cfg = Config(layers=num("num_hidden_layers"), d_model=C, heads=H, ctx=ctx or n_ctx, d_mlp=num("intermediate_size"),
                  vocab=num("vocab_size"), batch=1, activation="swiglu", norm="rmsnorm", position="rope",
-                 rope_theta=_rope(c, label), norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
+                 rope_theta=theta, norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
                  bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm.name,
-                 kv_heads=0 if kv == H else kv, head_dim=own_head_dim(C, H, hd))
+                 kv_heads=0 if kv == H else kv, head_dim=own_head_dim(C, H, hd), window=window, rope_scaling=scaling)
     check_size(cfg, label, _DIMS)
     return cfg
 
@@ -172,13 +183,15 @@ def _config_json(family: Family, cfg: Config, tok) -> dict:
            "num_attention_heads": cfg.heads, "num_key_value_heads": blk.heads.kv, "head_dim": cfg.hd,
            "hidden_act": "silu", "max_position_embeddings": cfg.ctx, "rms_norm_eps": blk.eps,
            # both spellings: the hub's (transformers 4) and today's transformers'
-           "rope_theta": blk.rope_theta, "rope_scaling": None,
-           "rope_parameters": {"rope_type": "default", "rope_theta": blk.rope_theta},
+           "rope_theta": blk.rope_theta, "rope_scaling": cfg.rope_scaling,
+           "rope_parameters": {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": blk.rope_theta},
            "tie_word_embeddings": blk.tied, "attention_dropout": 0.0, "initializer_range": 0.02, "use_cache": True,
            "bos_token_id": eos, "eos_token_id": eos, "torch_dtype": "float32"}
     if family is LLAMA:
         every = bool(blk.bias.vectors)      # Llama's biases are on every projection or on none
         out.update(attention_bias=every, mlp_bias=every, pretraining_tp=1)
+    elif family.window:
+        out.update(sliding_window=cfg.window or None)
     else:
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.layers)
         if family is QWEN3:
@@ -248,4 +261,4 @@ def _architecture(family: Family) -> Architecture:
                         unread=("rotary_emb.inv_freq",), peft_modules=MODULES)
 
 
-FAMILY = tuple(_architecture(f) for f in (LLAMA, QWEN2, QWEN3))
+FAMILY = tuple(_architecture(f) for f in (LLAMA, QWEN2, QWEN3, MISTRAL))

@@ -32,10 +32,11 @@ from . import buffers, record
 from .block import BlockActs, block_forward
 from .gpt import Model
 from .head import Head, table_rows
-from .spec import RunSpec, at_rows_params
+from .spec import RunSpec, at_rows_params, rows_for
 
 STOP_EVERY = 8       # tokens drawn between reads of the draws, where stop tokens may end the run
 FORCED_MOST = 64     # new prompt tokens after a held prefix that go through the decode step, not a prefill
+PREFILL_LEAST = 16   # the fewest rows a prompt's prefill runs over
 
 
 def keep_of(ctx: int) -> int:
@@ -73,6 +74,7 @@ class Decoder:
         self.embed_uniforms = [(0, None, self.uniform)]       # (first token, tokens, uniform) of embed_decode
         self.rope_uniforms = []                               # the step's RoPE dispatches' (rotary models)
         self.cached = None                  # one sequence's tokens whose keys and values the cache holds
+        self._prefills = {}                 # rows -> the forward over a prompt's first rows (one sequence)
         # the cache's kernels read C as q's width: a model whose head dim is set apart (H hd, not
         # d_model) gives them a uniform of their own
         self.attn_uniform = gpu.uniform(DECODE_UNIFORM_BYTES) if cfg.block.heads.apart else self.uniform
@@ -154,13 +156,23 @@ class Decoder:
             self.gpu.write_uniform(self.attn_uniform, at(cfg.block.heads.q_width))
 
     def _prefill(self, seqs, s: int, length: int):
-        """Keys and values of positions s .. length-2 of every sequence into the cache."""
-        if length - 1 - s <= 0:
+        """Keys and values of positions s .. length-2 of every sequence into the cache. One sequence's
+        prompt runs over its own length's power of two, not the window's: its cache rows are the
+        first rows of the model's [1, T, W] activations, which a forward over fewer rows writes."""
+        n = length - 1 - s
+        if n <= 0:
             return
         x = np.zeros((self.N, self.cfg.ctx), np.uint32)
-        for n, seq in enumerate(seqs):
-            x[n, :length - 1 - s] = seq[s:length - 1]
-        self.model.forward(x)
+        for i, seq in enumerate(seqs):
+            x[i, :n] = seq[s:length - 1]
+        if self.N > 1:
+            self.model.forward(x)
+            return
+        rows = rows_for(self.cfg.ctx, n, PREFILL_LEAST)
+        if rows not in self._prefills:
+            self._prefills[rows] = record.forward_rows(self.model, rows)
+        self.model.write_batch(x)
+        self.gpu.run(self._prefills[rows])
 
     def _fill(self, seqs, length: int, how):
         """The cache for a prompt of `length` tokens from position 0: where it already holds a

@@ -71,7 +71,8 @@ class Model:
         self.buf = self._allocate()
         self._views()
         if "rope table" in self.buf:          # a rotary model's angles, made once on the host (core.rope)
-            gpu.write(self.buf["rope table"], rope_table(cfg.ctx, cfg.hd, cfg.rope_theta).reshape(-1))
+            gpu.write(self.buf["rope table"], rope_table(cfg.ctx, cfg.hd, cfg.rope_theta,
+                                                                  scaling=cfg.rope_scaling).reshape(-1))
         if "ones" in self.buf:                # the gains of norms without weights
             gpu.write(self.buf["ones"], np.ones(self.size["ones"], np.float32))
         self._copy_weights = record.weight_copy(self)

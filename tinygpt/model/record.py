@@ -126,6 +126,20 @@ def forward(m) -> list:
     return fwd
 
 
+def forward_rows(m, T: int) -> list:
+    """The forward of a model of one sequence over its first T rows alone (T at most its own): the
+    same buffers, each row where the whole forward writes it (a prompt's prefill of its own
+    length). Attention is bound again for T rows; the rest takes its row count as an argument."""
+    assert m.B == 1 and T <= m.T, (m.B, T, m.T)
+    whole, att = m.T, m.att
+    try:
+        m.T = T
+        m.att = [layer_attention(m, l) for l in range(m.cfg.layers)]
+        return forward(m)
+    finally:
+        m.T, m.att = whole, att
+
+
 def losses(m, head: bool) -> tuple:
     """(each micro-batch's reduction into its slot; the loss of a step: cross-entropy writing dlogits
     over the logits, then the mean into the first slot; the per-row losses without a gradient, for

@@ -42,7 +42,7 @@ def _parts(cfg: Config, T: int, dtype):
         act_grad = lambda x, dy, gate: (getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options), None)
     if not blk.position.rotary:
         return norm, act, act_grad, (lambda x: x), (lambda dx: dx)
-    cs = rope_table(cfg.ctx, cfg.hd, blk.rope_theta).astype(dtype)
+    cs = rope_table(cfg.ctx, cfg.hd, blk.rope_theta, scaling=cfg.rope_scaling).astype(dtype)
     return (norm, act, act_grad, lambda x: rope_forward(cs, x, T, cfg.hd, 0),
             lambda dx: rope_backward(cs, dx, T, cfg.hd, 0))
 
