@@ -428,3 +428,22 @@ def test_help_texts_state_the_real_defaults():
             compared += 1
     print(f"{compared} parser defaults equal to the options objects'")
     assert compared > 40
+
+
+def test_a_saved_models_run_trains_windows_of_its_own(tmp_path, corpus, capsys):
+    """Issue 64: --ctx on a saved model is the run's windows, at most the model's context; the file
+    keeps its context, and a resumed run keeps its windows; over the context is refused."""
+    base, ft = tmp_path / "base.tinygpt", tmp_path / "ft.tinygpt"
+    common = ["--data", corpus, "--eval-every", 0, "--sample-tokens", 0, "--quiet"]
+    assert run_cli("train", *TINY, *common, "--steps", 2, "--out", base) == 0
+    ctx = ckpt.load(base).cfg.ctx
+    capsys.readouterr()
+    assert run_cli("train", "--resume", base, "--lora", 4, "--ctx", ctx // 2, *common, "--steps", 2, "--out", ft) == 0
+    assert f"(windows of {ctx // 2})" in capsys.readouterr().err
+    saved = ckpt.load(ft)
+    assert saved.cfg.ctx == ctx and saved.extra["trainWindow"] == ctx // 2
+    assert run_cli("train", "--resume", ft, *common, "--steps", 4) == 0
+    assert f"(windows of {ctx // 2})" in capsys.readouterr().err
+    assert run_cli("train", "--resume", base, "--ctx", 2 * ctx, *common, "--steps", 3) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "at most" not in err[0] and f"context ({ctx})" in err[0], err

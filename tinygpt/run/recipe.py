@@ -43,7 +43,7 @@ POSITIVE = ("eval_windows", "log_every")        # the run settings that cannot b
 
 def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     diffs = []
-    for name in ("layers", "d_model", "heads", "ctx"):
+    for name in ("layers", "d_model", "heads"):     # ctx on a saved model: the run's windows (run_window)
         want = getattr(o, name)
         if want is not None and want != getattr(fcfg, name):
             diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, name)})")
@@ -173,11 +173,31 @@ def run_loss_scale(o: TrainOptions, precision: Precision) -> float:
     return o.loss_scale if o.loss_scale is not None else LOSS_SCALE
 
 
-def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optimizer) -> RunSpec:
+TRAIN_WINDOW = 1024      # a saved model's training windows unless the run says: a long context is the model's
+
+
+def run_window(o: TrainOptions, cfg, resume: ckpt.Checkpoint | None) -> int:
+    """The tokens of the run's training windows: a new model's context; on a saved model, the ctx
+    option (at most the model's context), else the resumed run's own windows, else its context up
+    to TRAIN_WINDOW. The file keeps the model's context whatever the windows."""
+    if resume is None:
+        return cfg.ctx
+    if o.ctx is not None:
+        if not 2 <= o.ctx <= cfg.ctx:
+            raise TrainingStopped(f"{{opt:resume}} {o.resume}: {{opt:ctx}} {o.ctx} is this run's windows, 2 to the "
+                                  f"model's context ({cfg.ctx:,})", 2)
+        return o.ctx
+    held = resume.extra.get("trainWindow")
+    if isinstance(held, int) and not isinstance(held, bool) and 2 <= held <= cfg.ctx:
+        return held
+    return min(cfg.ctx, TRAIN_WINDOW)
+
+
+def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optimizer, window: int) -> RunSpec:
     """The run these options ask for, resolved once: what the memory budget, the model and
-    `tinygpt plan` take as it is."""
-    return RunSpec(cfg, o.attention, accum=accum, precision=precision, loss_scale=run_loss_scale(o, precision),
-                   recompute=o.recompute, lora=lora, optimizer=optimizer)
+    `tinygpt plan` take as it is (window: its windows' tokens, run_window)."""
+    return RunSpec(cfg, o.attention, T=window, accum=accum, precision=precision,
+                   loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora, optimizer=optimizer)
 
 
 def count(extra: dict, key: str, most: int, label: str, default: int = 0) -> int:
@@ -330,7 +350,7 @@ def make_recipe(o: TrainOptions, resume: ckpt.Checkpoint | None, label: str, ste
     if lora and not optimizer.kind.upstream_moments:
         raise UsageError(f"{{opt:optimizer}} {optimizer.name}: a LoRA run trains its adapters with {optimizers.LORA} "
                          "(their moments are what its file and PEFT's export carry); drop {opt:optimizer}")
-    spec = run_spec(o, cfg, accum, precision, adapters, optimizer)
+    spec = run_spec(o, cfg, accum, precision, adapters, optimizer, run_window(o, cfg, resume))
     return Recipe(cfg, tokenizer, schedule, lora, new_lora, accum, precision, optimizer, held, settings, length, spec)
 
 

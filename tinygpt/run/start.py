@@ -128,7 +128,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
         get_tokenizer(r.tokenizer, o.tokenizer_file)
     assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
-    data = open_dataset(data_path, tok, r.cfg.ctx)
+    data = open_dataset(data_path, tok, r.spec.T)    # the run's windows (a saved model's may be shorter than its ctx)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)
@@ -148,12 +148,20 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
                r.settings, r.length, data_path), start
 
 
+CHAT_FIELDS = ("chatTemplate", "stopTokens", "tokenizerBos")     # what chat needs of a file (files.hf, gguf_read)
+
+
 def _extra(o: TrainOptions, r: Recipe, tok, data_path, resume) -> dict:
     """What the checkpoint records of the run beyond upstream's fields. It stays float32 whatever
     the precision: a bf16 run resumes in fp32 and back."""
     extra = {**tok.record(), "data": data_path, "attention": o.attention, "gradAccum": r.accum,
              "precision": r.precision.name, "recompute": o.recompute, "evalEvery": r.settings.eval_every,
              "settings": r.settings.record()}
+    if r.spec.T < r.cfg.ctx:
+        extra["trainWindow"] = r.spec.T             # a resumed run trains the same windows
+    for key in CHAT_FIELDS:                         # an imported model's chat template and end-of-turn ids
+        if resume and key in resume.extra:
+            extra[key] = resume.extra[key]
     if resume and isinstance(resume.extra.get("tensorboardRun"), str):
         extra["tensorboardRun"] = resume.extra["tensorboardRun"]      # its folder of event files (runlog)
     if resume and isinstance(resume.header.get("corpus"), str) and \

@@ -87,7 +87,8 @@ class Loop:
         run, err = self.run, self.err
         cfg, model, data, sched = run.cfg, run.model, run.data, run.schedule
         accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
-        print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, batch "
+        window = f" (windows of {model.T:,})" if model.T < cfg.ctx else ""
+        print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}{window}, batch "
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention "
               f"{model.spec.attention.name}, {model.precision.name} on {model.gpu.name} ({model.gpu.backend}, "
               f"{model.gpu.engine_label})", file=err)
