@@ -224,6 +224,9 @@ def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_he
     on |= {"recompute"} if recompute and training else set()
     # the cached sampler's prefill keeps each layer's k and v as projected: a grouped model's cache
     on |= {"kv cache"} if prefill and grouped else {"expanded kept"}
+    # and nothing else of a layer: its other activations are read by that layer alone (no backward),
+    # so one set serves every layer, as with recompute
+    on |= {"share layers"} if prefill else set()
     return on
 
 
@@ -248,14 +251,18 @@ class Allocation:
         return 4 * math.prod(self.words)
 
 
+CACHE_ROWS = ("k", "v", "k kv", "v kv")     # what a prefill keeps of each layer: the decode step's cache
+
+
 def resolve(table, on: set, size: dict, policy: Precision) -> list[Allocation]:
     """Every buffer of the rows whose flag is on, in table order, one a layer where the lifetime says."""
     out = []
     dtype_of = {"stored": policy.stored, "weights": policy.weights}
-    shared = size["L"] if "recompute" in on else 1          # layers sharing one saved activation
     for row in table:
         if row.when and not all(w.strip() in on for w in row.when.split(",")):
             continue
+        # layers sharing one saved activation: all with recompute; a prefill's all but its cache's
+        shared = size["L"] if "recompute" in on or ("share layers" in on and row.name not in CACHE_ROWS) else 1
         dtype = dtype_of.get(row.dtype, row.dtype)
         if row.lifetime == "per layer, per head chunk":
             for l in range(size["L"] // shared):

@@ -170,6 +170,7 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
     ids = prompt_ids(tok, o.prompt)
     decoder = decoder_for(o, ck, rows_for(ck.cfg.ctx, len(ids) + o.tokens), o.tokens, gpu, N=o.num_samples)
+    ck.params = {}                      # on the device now: the host's copy is let go
     how = {"cache": "key/value cache", "full": "the whole window per token"}[decoder.mode]
     stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
     ends = f", ending at {len(stop)} end-of-turn token{'s' * (len(stop) > 1)}" if stop else ""
