@@ -93,3 +93,27 @@ def test_a_short_window_and_a_held_prefix_sample_what_the_whole_context_does(gpu
     k = max(i for i in range(len(longer), len(b)) if b[i] not in b[len(longer):i])   # a token's first draw
     cut = fresh.generate(longer, 6, stop=[b[k]])[0]
     assert cut == b[:k]
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("command", ["sample", "chat", "eval"])
+def test_a_command_over_the_memory_it_has_is_refused_before_it_allocates(tmp_path, monkeypatch, capsys, command):
+    """Issue 67: sample, chat and eval count their buffers and weights before allocating; over the
+    memory available (forced low here) each is refused in one line naming what would fit, exit 4."""
+    import io
+    import sys
+    from test_cli import run_cli
+    from tinygpt.model import budget
+    model = tmp_path / "m.tinygpt"
+    assert run_cli("train", "--preset", "tiny", "--ctx", 128, "--steps", 1, "--quiet", "--sample-tokens", 0,
+                   "--eval-every", 0, "--out", model) == 0
+    monkeypatch.setattr(budget, "available_memory", lambda: 100_000)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
+    capsys.readouterr()
+    args = {"sample": ["--tokens", 5], "chat": ["--max-tokens", 5], "eval": ["--max-windows", 2]}[command]
+    assert run_cli(command, "--model", model, *args) == 4
+    err = capsys.readouterr().err.strip().splitlines()
+    print(err[-1])
+    notes = [l for l in err[:-1] if not l.startswith(("the model has no chat template", "the model names no end"))]
+    assert not notes and "does not fit" in err[-1] and "100,000" in err[-1], err     # chat says its notes first
+    assert {"sample": "--num-samples", "chat": "--max-tokens", "eval": "--ctx"}[command] in err[-1]

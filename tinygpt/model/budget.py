@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..core.block import HEAD_TABLES
 from ..core.config import n_params, param_shapes
+from ..core.errors import TinyGPTError
 from ..core.fs import available_memory
 from ..device.gpu import GPU, buffer_bytes
 from ..device.plan import KernelPlan
@@ -74,12 +75,12 @@ class MemoryBudget:
 
 def sampler_bytes(spec: RunSpec, capacity: int, plan: KernelPlan, max_binding: int | None = None,
                   part: int = 0) -> int:
-    """The end-of-run sampler (model.decode.Decoder, one sequence; spec: its run, decoder_spec):
+    """A sampler (model.decode.Decoder, spec.B sequences; spec: its run, decoder_spec):
     its Model over a [1, rows] window, and the decode step's buffers (decode.wgsl's uniforms are
     not counted). part: a flat array's floats a buffer (layout.flat_part)."""
     cache = decode_mode(plan, spec.precision) == "cache"
     allocations, _ = buffers.model_rows(spec.with_(lm_head=not cache), plan, max_binding, part=part)
-    own, _ = buffers.decode_rows(spec.cfg, 1, capacity, spec.precision, cache, max_binding)
+    own, _ = buffers.decode_rows(spec.cfg, spec.B, capacity, spec.precision, cache, max_binding)
     return buffers.total_bytes(allocations) + buffers.total_bytes(own)
 
 
@@ -170,6 +171,26 @@ def largest_fitting_batch(spec: RunSpec, plan: KernelPlan, limits: dict, sample:
         if memory_budget(spec.with_(B=b, accum=batch // b), plan, limits, sample).fits:
             return b
     return None
+
+
+class DoesNotFit(TinyGPTError):
+    exit_code = 4                     # as `tinygpt plan` exits for a run that would be refused
+
+
+def check_use(device: int, host: int, limits: dict, what: str, fix: str):
+    """A command's device buffers and the weights it holds on the host, against the memory the
+    system has available (a CPU adapter's buffers are the system's memory), before anything is
+    allocated: refused in one line naming what would make it fit."""
+    mem = limits.get("memory")
+    if mem and device + host > mem:
+        raise DoesNotFit(f"{what} does not fit: {device:,} bytes of buffers and {host:,} of weights, over the "
+                         f"{mem:,} the system has available; {fix}")
+
+
+def eval_bytes(spec: RunSpec, plan: KernelPlan, limits: dict) -> int:
+    """The device buffers of a forward-only model (eval, the API's logits)."""
+    part = flat_part(limits.get("max_buffer"), limits.get("align") or 256)
+    return buffers.total_bytes(buffers.model_rows(spec, plan, limits.get("max_binding"), part=part)[0])
 
 
 def device_limits(gpu: GPU) -> dict:

@@ -93,7 +93,9 @@ def session(o, inp, out, err, gpu=None) -> int:
         # the weights are on the device once a decoder is made: the host's copy is let go, and read
         # from the file again only if the conversation outgrows the window
         ck_now = held.pop() if held else load_model(o)[0]
-        return decoder_for(o, ck_now, rows, tokens, gpu, model_params(ck_now, f"{{opt:model}} {o.model}", o.adapters))
+        weights = model_params(ck_now, f"{{opt:model}} {o.model}", o.adapters)
+        return decoder_for(o, ck_now, rows, tokens, gpu, weights,
+                           fix="ask for fewer {opt:max_tokens}, or use {opt:precision} bf16")
     cfg = ck.cfg
     del ck
     chat = Conversation(make, tok, template, stop, cfg.ctx)

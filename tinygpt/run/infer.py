@@ -14,7 +14,11 @@ from ..files.data import progress
 from .. import tokenizers
 from ..device.gpu import GPU
 from ..device.planner import make_plan
+from ..core.config import n_params
+from ..model import budget
+from ..model.budget import device_limits
 from ..model.decode import Decoder
+from ..model.layout import flat_part
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
@@ -79,6 +83,9 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
+    limits = device_limits(gpu)
+    budget.check_use(budget.eval_bytes(spec, plan, limits), 4 * n_params(cfg), limits,
+                     f"evaluating windows of {cfg.ctx:,} tokens, {spec.B} at once", "use a smaller {opt:ctx}")
     verify(gpu, plan, spec)
     model = Model(gpu, plan, spec)
     model.set_params(at_rows_params(cfg, model_params(ck, f"{{opt:model}} {o.model}", o.adapters)))
@@ -149,13 +156,19 @@ def load_model(o) -> tuple:
 
 
 def decoder_for(o, ck: ckpt.Checkpoint, rows: int, tokens: int, gpu: GPU | None = None, params=None,
-                N: int = 1) -> Decoder:
+                N: int = 1, fix: str = "") -> Decoder:
     """A decoder of N sequences over `rows` positions drawing up to `tokens`, as the options ask
-    (attention, kernels, precision, no_cache), its kernels checked and its weights set."""
+    (attention, kernels, precision, no_cache), its memory counted before anything is allocated
+    (fix: the options that would make it fit), its kernels checked and its weights set."""
     gpu = gpu or GPU()
     kernels = dict(o.kernels, **({"decode": "full"} if getattr(o, "no_cache", False) else {}))
     plan = make_plan(gpu, kernels)
     spec = decoder_spec(ck.cfg, o.attention, N, PRECISIONS[o.precision], rows=rows)
+    limits = device_limits(gpu)
+    part = flat_part(limits["max_buffer"], limits["align"])
+    budget.check_use(budget.sampler_bytes(spec, tokens, plan, limits["max_binding"], part), 4 * n_params(ck.cfg),
+                     limits, f"sampling {N} x {tokens} tokens over {rows:,} positions",
+                     fix or "use {opt:precision} bf16 or a smaller model")
     verify(gpu, plan, spec)                         # before the kernels are trusted
     decoder = Decoder(gpu, plan, spec, tokens)
     decoder.set_params(params if params is not None else model_params(ck, f"{{opt:model}} {o.model}", o.adapters))
@@ -169,7 +182,8 @@ def sample(o: SampleOptions, gpu: GPU | None = None, err=None) -> list[str]:
     ck, tok = load_model(o)
     check_sampling(o.tokens, o.temperature, o.top_k, o.top_p, o.num_samples, ck.cfg.vocab)
     ids = prompt_ids(tok, o.prompt)
-    decoder = decoder_for(o, ck, rows_for(ck.cfg.ctx, len(ids) + o.tokens), o.tokens, gpu, N=o.num_samples)
+    decoder = decoder_for(o, ck, rows_for(ck.cfg.ctx, len(ids) + o.tokens), o.tokens, gpu, N=o.num_samples,
+                          fix="ask for fewer {opt:num_samples} or {opt:tokens}, or use {opt:precision} bf16")
     ck.params = {}                      # on the device now: the host's copy is let go
     how = {"cache": "key/value cache", "full": "the whole window per token"}[decoder.mode]
     stop = () if o.ignore_eos else stop_ids(ck.extra, tok, ck.cfg.vocab)
