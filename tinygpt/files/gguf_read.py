@@ -19,6 +19,7 @@ checks, the same refusals. Two things differ from a directory:
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,102 @@ def gguf_file(path) -> Path | None:
         return None
 
 
+# GGUF's value types: 0-7, 10-12 fixed-size (their bytes), 8 a string, 9 an array
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+MAX_KEYS, MAX_TENSORS, MAX_DIMS = 1 << 16, 1 << 20, 4
+MAX_STRING = 64 << 20                   # a chat template, a key, a token: far smaller
+
+
+def prescan(path: Path, size: int):
+    """The file's header walked with every count and length checked against the bytes that are
+    left, before the gguf package (which trusts them) reads it: a crafted or truncated file is
+    refused here in one line, having allocated nothing sized by it."""
+    label = str(path)
+    with open(path, "rb") as f:
+        head = f.read(min(size, 24))
+        if len(head) < 24 or head[:4] != b"GGUF":
+            raise CheckpointError(f"{label}: {size:,} bytes, too short for a GGUF header; the file is truncated")
+        version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
+        if version not in (2, 3):
+            raise CheckpointError(f"{label}: GGUF version {version}; tinygpt reads versions 2 and 3")
+        if n_tensors > min(MAX_TENSORS, size // 24) or n_kv > min(MAX_KEYS, size // 12):
+            raise CheckpointError(f"{label}: its header counts {n_tensors:,} tensors and {n_kv:,} fields, more than "
+                                  f"{size:,} bytes hold; the file is damaged")
+        at = 24
+
+        def take(n: int, what: str) -> bytes:
+            nonlocal at
+            if n > size - at:
+                raise CheckpointError(f"{label}: {what} of {n:,} bytes runs past the end of the file (at byte "
+                                      f"{at:,} of {size:,}); the file is truncated or damaged")
+            raw = f.read(n)
+            at += n
+            return raw
+
+        u32 = lambda what: struct.unpack("<I", take(4, what))[0]
+        u64 = lambda what: struct.unpack("<Q", take(8, what))[0]
+
+        def string(what: str) -> bytes:
+            n = u64(what)
+            if n > MAX_STRING:
+                raise CheckpointError(f"{label}: {what} of {n:,} bytes, more than {MAX_STRING:,}; the file is damaged")
+            return take(n, what)
+
+        def value(kind: int, what: str, depth: int = 0):
+            if kind in _SCALAR:
+                return take(_SCALAR[kind], what)
+            if kind == 8:
+                return string(what)
+            if kind != 9 or depth:
+                raise CheckpointError(f"{label}: {what} has value type {kind}, which GGUF does not define")
+            inner, n = u32(what), u64(what)
+            if inner in _SCALAR:
+                take(n * _SCALAR[inner], f"{what}'s {n:,} values")
+                return None
+            if inner != 8 or n > (size - at) // 8:
+                raise CheckpointError(f"{label}: {what} is an array of {n:,} values of type {inner}, more than the "
+                                      "file holds or of a type GGUF does not define; the file is damaged")
+            for _ in range(n):
+                string(what)
+            return None
+
+        alignment = 32
+        for _ in range(n_kv):
+            key = string("a field's name").decode("utf-8", errors="replace")
+            got = value(u32(f"field {key}"), f"field {key}")
+            if key == "general.alignment":
+                alignment = struct.unpack("<I", got[:4])[0] if got and len(got) >= 4 else 0
+                if not 8 <= alignment <= 1 << 16 or alignment & (alignment - 1):
+                    raise CheckpointError(f"{label}: general.alignment {alignment}; GGUF aligns to a power of two")
+        infos = []
+        for _ in range(n_tensors):
+            name = string("a tensor's name").decode("utf-8", errors="replace")
+            n_dims = u32(f"tensor {name}")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise CheckpointError(f"{label}: tensor {name} has {n_dims} dimensions; a model's have 1 to {MAX_DIMS}")
+            dims = [u64(f"tensor {name}") for _ in range(n_dims)]
+            kind, offset = u32(f"tensor {name}"), u64(f"tensor {name}")
+            infos.append((name, dims, kind, offset))
+    import gguf
+    data0 = -(-at // alignment) * alignment
+    for name, dims, kind, offset in infos:
+        try:
+            block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
+        except (ValueError, KeyError):
+            raise CheckpointError(f"{label}: tensor {name} is of type {kind}, which the gguf package does not "
+                                  "know; it reads the types llama.cpp writes") from None
+        n = 1
+        for d in dims:
+            n *= d
+        if not 0 < n <= 1 << 40 or dims[0] % block:
+            raise CheckpointError(f"{label}: tensor {name} has shape {dims}, not whole blocks of its type's "
+                                  f"{block} values; the file is damaged")
+        if offset % alignment or data0 + offset + n // block * nbytes > size:
+            raise CheckpointError(f"{label}: tensor {name}'s {n // block * nbytes:,} bytes at offset {offset:,} lie "
+                                  f"outside the file's {size:,} bytes or off its alignment; the file is truncated or "
+                                  "damaged")
+
+
 class _File:
     """The file's key/value fields and tensors, as the gguf package reads them; every failure of
     the reader one line."""
@@ -86,7 +183,7 @@ class _File:
         except ImportError:
             raise CheckpointError("reading a GGUF file needs the gguf package: pip install gguf") from None
         self.gguf, self.label = gguf, str(path)
-        check_regular(path, CheckpointError, self.label, "a GGUF model file")
+        prescan(path, check_regular(path, CheckpointError, self.label, "a GGUF model file").st_size)
         try:
             self.reader = gguf.GGUFReader(str(path), "r")
         except (ValueError, KeyError, IndexError, OverflowError, MemoryError, EOFError, TypeError) as e:
@@ -183,7 +280,8 @@ class GGUFTensors:
         if got != stored:
             raise CheckpointError(f"{self.g.label}: {key} has shape {list(got)}, the config says {list(stored)}")
         try:
-            a = np.asarray(self.g.gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(stored)
+            with np.errstate(all="ignore"):      # damaged scales give nan or inf: refused once all is read
+                a = np.asarray(self.g.gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(stored)
         except (ValueError, NotImplementedError, IndexError, TypeError) as e:
             raise CheckpointError(f"{self.g.label}: {key} ({kind}) cannot be dequantized ({str(e)[:120]}); the file "
                                   "is damaged") from None
