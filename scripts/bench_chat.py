@@ -5,6 +5,7 @@ crashes), and its peak memory is that process's.
 
     python scripts/bench_chat.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf
     python scripts/bench_chat.py --gguf FILE --precisions fp32 --tokens 40 --json
+    python scripts/bench_chat.py --gguf FILE --precisions fp32 --profile    # and where a token's time goes
 
 The GGUF file is imported once (`tinygpt import-hf --dtype f16`, weights alone) into a temporary
 folder; transformers reads the same file with its own GGUF loader (dequantized to float32). For
@@ -93,10 +94,33 @@ def tinygpt_side(model: Path, precision: str, tokens: int) -> dict:
     runs = [timed(256, stop) for _ in range(REPEATS)]
     reply_s, reply = median([r[0] for r in runs]), runs[0][1]
     fixed = median([timed(tokens, ())[0] for _ in range(REPEATS)])
+    profile = step_profile(decoder) if os.environ.get("BENCH_CHAT_PROFILE") else {}
     return {"side": "tinygpt", "precision": precision, "prompt_tokens": len(ids), "first_token_s": first,
+            **({"step_ms": profile} if profile else {}),
             "reply_tokens": len(reply), "reply_s": reply_s, "tokens": tokens, "tokens_s": fixed,
             "decode_tokens_per_s": (tokens - 1) / (fixed - first), "peak_mib": peak_mib(),
             "reply": tok.decode(reply, skip_special=True)}
+
+
+def step_profile(decoder, repeats: int = 10) -> dict:
+    """Milliseconds of one decode step, whole and by kernel (each kernel's dispatches run alone,
+    `repeats` times, the mean): where a token's time goes."""
+    gpu = decoder.gpu
+
+    def ms(steps):
+        gpu.run(steps)
+        gpu.sync()
+        t = time.perf_counter()
+        for _ in range(repeats):
+            gpu.run(steps)
+        gpu.sync()
+        return 1000 * (time.perf_counter() - t) / repeats
+    by = {}
+    for d in decoder.steps:
+        by.setdefault(d.kernel.name, []).append(d)
+    out = {"whole step": ms(decoder.steps)}
+    out.update({f"{name} x{len(ds)}": ms(ds) for name, ds in by.items()})
+    return out
 
 
 def child(argv):
@@ -125,8 +149,12 @@ def main(argv=None):
     ap.add_argument("--tokens", type=positive_int, default=40, help="the fixed reply's tokens (default 40)")
     ap.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1,
                     help="PyTorch's threads (default: the CPU's cores, as lavapipe uses them)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time one decode step of tinygpt's, whole and by kernel (printed after the table)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    if args.profile:
+        os.environ["BENCH_CHAT_PROFILE"] = "1"          # the children inherit it
     precisions = args.precisions.split(",")
     bad = [p for p in precisions if p not in ("fp32", "bf16", "f16")]
     if bad:
@@ -144,6 +172,9 @@ def main(argv=None):
     for r in rows:
         r["reply_over_transformers"] = r["reply_s"] / base["reply_s"]
         r["tokens_over_transformers"] = r["tokens_s"] / base["tokens_s"]
+    for r in rows:
+        for name, ms in r.pop("step_ms", {}).items():
+            print(f"tinygpt {r['precision']} decode step: {name} {ms:.1f} ms", file=sys.stderr)
     differ = [r for r in rows if r["reply"] != base["reply"]]
     emit(rows, args.json, ["side", "precision", "prompt_tokens", "first_token_s", "reply_tokens", "reply_s",
                            "reply_over_transformers", "tokens", "tokens_s", "tokens_over_transformers",
