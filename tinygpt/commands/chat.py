@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import sys
 
-from ..core.precision import PRECISIONS
 from ..run.chat import session
 from ..run.infer import check_sampling
 from ..run.options import ChatOptions
 from .argtypes import nonneg_float, positive_int, seed_int
-from .train_settings import add_setting, default, options
+from .train_settings import default, options
 
 
 def cmd_chat(args) -> int:
@@ -18,8 +17,8 @@ def cmd_chat(args) -> int:
     return 0
 
 
-def chat_command(sub, common, add_model, add_adapters):
-    """`tinygpt chat`'s parser; add_model and add_adapters: the flags every model command shares."""
+def chat_command(sub, common, add_model, add_sampling):
+    """`tinygpt chat`'s parser; add_model and add_sampling: the flags the sampling commands share."""
     p = sub.add_parser("chat", parents=[common],
                        help="talk with a model in its chat format: a reply streamed each turn, the cache kept across "
                             "turns; without a terminal, one user turn a line of stdin and one reply a line")
@@ -37,10 +36,5 @@ def chat_command(sub, common, add_model, add_adapters):
     p.add_argument("--seed", type=seed_int, default=default(ChatOptions, "seed"),
                    help="the same seed draws the same replies (default 0)")
     p.add_argument("--ignore-eos", action="store_true", help="each reply runs to --max-tokens past the end of its turn")
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(ChatOptions, "precision"),
-                   help="bf16 and f16 keep the weights and the key/value cache in 16 bits (default fp32)")
-    add_setting(p, "attention")
-    add_setting(p, "kernels")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
+    add_sampling(p, "bf16 and f16 keep the weights and the key/value cache in 16 bits (default fp32)")
     p.set_defaults(fn=cmd_chat)

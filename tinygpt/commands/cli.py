@@ -184,6 +184,17 @@ def add_adapters(p):
                         "trained on, checked by its weights' hash; default: none)")
 
 
+def add_sampling(p, precision_help: str):
+    """What every command that samples from a model takes after its own flags: the precision, the
+    attention path, the kernels, a tokenizer file and adapters."""
+    p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
+                   help=precision_help)
+    add_setting(p, "attention")
+    add_setting(p, "kernels")
+    add_setting(p, "tokenizer_file")
+    add_adapters(p)
+
+
 def build_parser():
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
@@ -195,7 +206,7 @@ def build_parser():
     _plan_command(sub, common)
     _eval_command(sub, common)
     _sample_command(sub, common)
-    chat_command(sub, common, add_model, add_adapters)
+    chat_command(sub, common, add_model, add_sampling)
     _inspect_command(sub, common)
     _info_command(sub, common)
     _tune_command(sub, common)
@@ -261,12 +272,7 @@ def _sample_command(sub, common):
                    help="the same seed draws the same text (default 0)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="go on past the model's end-of-turn tokens (default: a sample ends at the first, not shown)")
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
-                   help="bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
-    add_setting(p, "attention")
-    add_setting(p, "kernels")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
+    add_sampling(p, "bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
     p.set_defaults(fn=cmd_sample)
 
 

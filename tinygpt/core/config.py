@@ -94,7 +94,8 @@ class Config:
     embed_norm: bool = False    # the block's norm right after the token embedding (nanochat's)
     head_dim: int = 0           # channels a head where they are not d_model / heads (Qwen3-0.6B's 16 x 128 in a
                                 # width of 1,024): q's and the attention's width is heads x head_dim; 0: d_model / heads
-    rope_scaling: dict | None = None    # a scaled RoPE's frequencies (core.rope.SCALINGS: Llama 3's, linear); None: none
+    rope_scaling: dict | None = None    # a scaled RoPE's frequencies (core.rope.SCALINGS: Llama 3's,
+                                        # linear); None: none
 
     def __post_init__(self):
         if not self.d_mlp:

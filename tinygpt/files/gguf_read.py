@@ -28,8 +28,9 @@ from .checkpoint import Checkpoint, CheckpointError, show
 from ..core.fs import check_regular
 from .. import tokenizers
 from ..tokenizers.base import byte_alphabet
-from .data import DataError, progress
+from .data import DataError
 from . import hf_llama
+from .hf_read import read_model
 
 # general.architecture -> the Hugging Face family it was converted from
 FAMILIES = {"llama": hf_llama.LLAMA, "qwen2": hf_llama.QWEN2, "qwen3": hf_llama.QWEN3}
@@ -83,6 +84,51 @@ MAX_KEYS, MAX_TENSORS, MAX_DIMS = 1 << 16, 1 << 20, 4
 MAX_STRING = 64 << 20                   # a chat template, a key, a token: far smaller
 
 
+class _Walker:
+    """Reads a file's header forward, every length checked against the bytes left first."""
+
+    def __init__(self, f, size: int, label: str, at: int):
+        self.f, self.size, self.label, self.at = f, size, label, at
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.size - self.at:
+            raise CheckpointError(f"{self.label}: {what} of {n:,} bytes runs past the end of the file (at byte "
+                                  f"{self.at:,} of {self.size:,}); the file is truncated or damaged")
+        self.at += n
+        return self.f.read(n)
+
+    def u32(self, what: str) -> int:
+        return struct.unpack("<I", self.take(4, what))[0]
+
+    def u64(self, what: str) -> int:
+        return struct.unpack("<Q", self.take(8, what))[0]
+
+    def string(self, what: str) -> bytes:
+        n = self.u64(what)
+        if n > MAX_STRING:
+            raise CheckpointError(f"{self.label}: {what} of {n:,} bytes, more than {MAX_STRING:,}; the file is damaged")
+        return self.take(n, what)
+
+    def value(self, kind: int, what: str, depth: int = 0):
+        """A field's value (its bytes for a number or a string; None for an array, skipped)."""
+        if kind in _SCALAR:
+            return self.take(_SCALAR[kind], what)
+        if kind == 8:
+            return self.string(what)
+        if kind != 9 or depth:
+            raise CheckpointError(f"{self.label}: {what} has value type {kind}, which GGUF does not define")
+        inner, n = self.u32(what), self.u64(what)
+        if inner in _SCALAR:
+            self.take(n * _SCALAR[inner], f"{what}'s {n:,} values")
+            return None
+        if inner != 8 or n > (self.size - self.at) // 8:
+            raise CheckpointError(f"{self.label}: {what} is an array of {n:,} values of type {inner}, more than the "
+                                  "file holds or of a type GGUF does not define; the file is damaged")
+        for _ in range(n):
+            self.string(what)
+        return None
+
+
 def prescan(path: Path, size: int):
     """The file's header walked with every count and length checked against the bytes that are
     left, before the gguf package (which trusts them) reads it: a crafted or truncated file is
@@ -98,63 +144,29 @@ def prescan(path: Path, size: int):
         if n_tensors > min(MAX_TENSORS, size // 24) or n_kv > min(MAX_KEYS, size // 12):
             raise CheckpointError(f"{label}: its header counts {n_tensors:,} tensors and {n_kv:,} fields, more than "
                                   f"{size:,} bytes hold; the file is damaged")
-        at = 24
-
-        def take(n: int, what: str) -> bytes:
-            nonlocal at
-            if n > size - at:
-                raise CheckpointError(f"{label}: {what} of {n:,} bytes runs past the end of the file (at byte "
-                                      f"{at:,} of {size:,}); the file is truncated or damaged")
-            raw = f.read(n)
-            at += n
-            return raw
-
-        u32 = lambda what: struct.unpack("<I", take(4, what))[0]
-        u64 = lambda what: struct.unpack("<Q", take(8, what))[0]
-
-        def string(what: str) -> bytes:
-            n = u64(what)
-            if n > MAX_STRING:
-                raise CheckpointError(f"{label}: {what} of {n:,} bytes, more than {MAX_STRING:,}; the file is damaged")
-            return take(n, what)
-
-        def value(kind: int, what: str, depth: int = 0):
-            if kind in _SCALAR:
-                return take(_SCALAR[kind], what)
-            if kind == 8:
-                return string(what)
-            if kind != 9 or depth:
-                raise CheckpointError(f"{label}: {what} has value type {kind}, which GGUF does not define")
-            inner, n = u32(what), u64(what)
-            if inner in _SCALAR:
-                take(n * _SCALAR[inner], f"{what}'s {n:,} values")
-                return None
-            if inner != 8 or n > (size - at) // 8:
-                raise CheckpointError(f"{label}: {what} is an array of {n:,} values of type {inner}, more than the "
-                                      "file holds or of a type GGUF does not define; the file is damaged")
-            for _ in range(n):
-                string(what)
-            return None
-
+        w = _Walker(f, size, label, 24)
         alignment = 32
         for _ in range(n_kv):
-            key = string("a field's name").decode("utf-8", errors="replace")
-            got = value(u32(f"field {key}"), f"field {key}")
+            key = w.string("a field's name").decode("utf-8", errors="replace")
+            got = w.value(w.u32(f"field {key}"), f"field {key}")
             if key == "general.alignment":
                 alignment = struct.unpack("<I", got[:4])[0] if got and len(got) >= 4 else 0
                 if not 8 <= alignment <= 1 << 16 or alignment & (alignment - 1):
                     raise CheckpointError(f"{label}: general.alignment {alignment}; GGUF aligns to a power of two")
         infos = []
         for _ in range(n_tensors):
-            name = string("a tensor's name").decode("utf-8", errors="replace")
-            n_dims = u32(f"tensor {name}")
+            name = w.string("a tensor's name").decode("utf-8", errors="replace")
+            n_dims = w.u32(f"tensor {name}")
             if not 1 <= n_dims <= MAX_DIMS:
                 raise CheckpointError(f"{label}: tensor {name} has {n_dims} dimensions; a model's have 1 to {MAX_DIMS}")
-            dims = [u64(f"tensor {name}") for _ in range(n_dims)]
-            kind, offset = u32(f"tensor {name}"), u64(f"tensor {name}")
-            infos.append((name, dims, kind, offset))
+            dims = [w.u64(f"tensor {name}") for _ in range(n_dims)]
+            infos.append((name, dims, w.u32(f"tensor {name}"), w.u64(f"tensor {name}")))
+    _check_tensors(label, infos, -(-w.at // alignment) * alignment, alignment, size)
+
+
+def _check_tensors(label: str, infos: list, data0: int, alignment: int, size: int):
+    """Each tensor's type known, its shape whole blocks of it, its bytes inside the file and aligned."""
     import gguf
-    data0 = -(-at // alignment) * alignment
     for name, dims, kind, offset in infos:
         try:
             block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(kind)]
@@ -367,20 +379,8 @@ def import_gguf(path: Path, quiet: bool = True, ctx: int | None = None) -> Check
     c = _config_json(g, arch)
     architecture = next(a for a in hf_llama.FAMILY if a.name == FAMILIES[arch].name)
     cfg = architecture.config(c, str(path), ctx)
-    read = GGUFTensors(g, arch, cfg)
-    read.bar = progress(read.size, "dequantizing the weights", disable=quiet, shown_from=64 << 20)
-    try:
-        P = architecture.read(read, cfg)
-    finally:
-        read.bar.close()
-    left = read.left()
-    if left:
-        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
-        raise CheckpointError(f"{path}: tensors its fields do not account for: {', '.join(left[:3])}{more}; the "
-                              f"file's fields ({cfg.layers} layers, width {cfg.d_model}) and its tensors disagree")
-    bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
-    if bad:
-        raise CheckpointError(f"{path}: {bad[0]} holds nan or inf")
+    P = read_model(architecture, GGUFTensors(g, arch, cfg), cfg, str(path), quiet, "dequantizing the weights",
+                   "the file's fields")
     tok, stops = _tokenizer(g, cfg.vocab)
     extra = {**tok.record(), "importedFrom": str(path), "stopTokens": stops}
     bos = g.get("tokenizer.ggml.bos_token_id")

@@ -24,9 +24,8 @@ from .checkpoint import Checkpoint, CheckpointError, show
 from ..core.config import Config
 from ..core.fs import atomic_write, creation_mode, read_user_file
 from .. import tokenizers
-from .data import progress
 from . import hf_llama
-from .hf_read import Architecture, Tensors, check_size, field, read_config, shard_files
+from .hf_read import Architecture, Tensors, check_size, field, read_config, read_model, shard_files
 from .hf_tokenizer import read_tokenizer, tokenizer_files
 from .gguf_read import gguf_file, import_gguf
 from .outputs import WRITER
@@ -193,7 +192,6 @@ def gpt2_read(read: Tensors, cfg: Config) -> dict:
 GPT2 = Architecture("GPT2LMHeadModel", "gpt2", "transformer.", gpt2_config, gpt2_read, gpt2_state,
                     gpt2_config_json, lambda block: block.gpt2, unread=(".attn.bias", ".attn.masked_bias"))
 ARCHITECTURES = {a.name: a for a in (GPT2, *hf_llama.FAMILY)}
-BAR_FROM_BYTES = 64 << 20      # smaller files read or write in a moment: a bar then only on a terminal
 
 
 def architecture_named(c: dict, label: str) -> Architecture:
@@ -260,20 +258,8 @@ def import_hf(directory, quiet: bool = True, ctx: int | None = None) -> Checkpoi
     c, label = read_config(d)
     arch = architecture_named(c, label)
     cfg = arch.config(c, label, ctx)
-    read = Tensors(shard_files(d), cfg, arch.prefix)
-    read.bar = progress(read.size, "reading the weights", disable=quiet, shown_from=BAR_FROM_BYTES)
-    try:
-        P = arch.read(read, cfg)
-    finally:
-        read.bar.close()
-    left = read.left(arch.unread)
-    if left:
-        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
-        raise CheckpointError(f"{d}: tensors its config.json does not account for: {', '.join(left[:3])}{more}; "
-                              f"the config ({cfg.layers} layers, width {cfg.d_model}) and the weights disagree")
-    bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
-    if bad:
-        raise CheckpointError(f"{d}: {bad[0]} holds nan or inf")
+    P = read_model(arch, Tensors(shard_files(d), cfg, arch.prefix), cfg, str(d), quiet, "reading the weights",
+                   "its config.json")
     tok = hf_llama.Named(read_tokenizer(d, cfg.vocab) or tokenizers.by_vocab(cfg.vocab)) if arch is GPT2 else \
         hf_llama.tokenizer(d, cfg, c)
     extra = {**tok.record(), "importedFrom": str(d)}

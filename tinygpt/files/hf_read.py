@@ -18,8 +18,10 @@ import numpy as np
 from .checkpoint import CheckpointError, show
 from ..core.config import MAX_DIMS, MAX_PARAMS, Config, n_params
 from ..core.fs import check_regular, read_user_file
+from .data import progress
 
 DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (None, 2)}
+BAR_FROM_BYTES = 64 << 20      # smaller files read or write in a moment: a bar then only on a terminal
 MAX_CONFIG = 1 << 20
 MAX_INDEX = 64 << 20            # a sharded model's index (a 70B model's is 100 kB)
 MAX_SHARDS = 4096
@@ -190,3 +192,23 @@ class Tensors:
         """What the config does not account for (a config.json over another model's weights)."""
         return sorted(self.names[n][1] for n in self.names
                       if n not in self.used and not any(n.endswith(u) for u in unread))
+
+
+def read_model(arch: Architecture, read, cfg: Config, label: str, quiet: bool, reading: str, fields: str) -> dict:
+    """Every parameter an architecture reads from `read` (Tensors, or a GGUF file's), with a bar over
+    the weights' bytes; tensors the config does not account for, and any nan or inf, refused.
+    fields: what describes the model, for the message ("its config.json")."""
+    read.bar = progress(read.size, reading, disable=quiet, shown_from=BAR_FROM_BYTES)
+    try:
+        P = arch.read(read, cfg)
+    finally:
+        read.bar.close()
+    left = read.left(arch.unread)
+    if left:
+        more = f" and {len(left) - 3} more" if len(left) > 3 else ""
+        raise CheckpointError(f"{label}: tensors {fields} does not account for: {', '.join(left[:3])}{more}; "
+                              f"{fields} ({cfg.layers} layers, width {cfg.d_model}) and the weights disagree")
+    bad = [n for n, a in P.items() if not np.all(np.isfinite(a))]
+    if bad:
+        raise CheckpointError(f"{label}: {bad[0]} holds nan or inf")
+    return P
