@@ -42,7 +42,7 @@ EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
 EXIT_DOES_NOT_FIT = 4          # tinygpt plan: the run it describes would be refused (docs/usage.md)
 # import-hf's --dtype: the file's weightDtype, and what the file holds
-IMPORT_DTYPES = {"f32": ("fp32", "fresh optimizer state"), "f16": ("fp16", "float16 weights alone")}
+IMPORT_DTYPES = {"f32": ("fp32", "float32 weights alone"), "f16": ("fp16", "float16 weights alone")}
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -150,7 +150,8 @@ def cmd_import_hf(args) -> int:
     inputs = {"directory": d, **{f"directory's {name}": d / name for name in names}}   # what import_hf reads
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)
-    with writes_shown(not args.quiet):
+    ck.adam_moments = False       # the weights alone: chat, sampling and LoRA need no moments; a full
+    with writes_shown(not args.quiet):      # fine-tune starts them at zero, as from a file that had them
         ckpt.save(out, ck, IMPORT_DTYPES[args.dtype][0])
     cfg = ck.cfg
     print(f"wrote {out}: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}, vocab "
@@ -332,9 +333,8 @@ def _import_hf_command(sub, common):
                                            "max_position_embeddings by default; a shorter one needs less memory")
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--dtype", choices=list(IMPORT_DTYPES), default="f32",
-                   help="f32: float32 weights with room for the optimizer's moments (a full fine-tune's start); "
-                        "f16: float16 weights alone, a third of the file, for chat, sampling, eval and LoRA "
-                        "(default f32)")
+                   help="the weights' precision in the file, the weights alone (a full fine-tune starts its "
+                        "moments at zero): f32, or f16 in half the bytes (default f32)")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")
     # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused
