@@ -43,10 +43,12 @@ POSITIVE = ("eval_windows", "log_every")        # the run settings that cannot b
 
 def _differences(fcfg: Config, o: TrainOptions) -> list[str]:
     diffs = []
-    for name in ("layers", "d_model", "heads"):     # ctx on a saved model: the run's windows (run_window)
+    for name in ("layers", "d_model", "heads"):
         want = getattr(o, name)
         if want is not None and want != getattr(fcfg, name):
             diffs.append(f"{{opt:{name}}} {want} (file: {getattr(fcfg, name)})")
+    if o.ctx is not None and o.ctx > fcfg.ctx:      # up to the context: the run's windows (run_window)
+        diffs.append(f"{{opt:ctx}} {o.ctx} (file: {fcfg.ctx}), over the model's context")
     want = o.sliding_window       # a window of ctx or more is the plain attention the file may have
     if want is not None and (want if want < fcfg.ctx else 0) != fcfg.attn_window:
         diffs.append(f"{{opt:sliding_window}} {want} (file: {fcfg.attn_window or 'none'})")
