@@ -1,12 +1,17 @@
 """Sampling at the speed of the model: prefill once, then one token per submit from a key/value cache.
 
-N sequences continue one prompt together. The prefill is the model's own forward over a [N, ctx]
-window (without its head): each layer's key and value activations as projected, [N, ctx, KV * hd],
-are the caches (a grouped-query model's hold its KV heads alone, H / KV times less than [N, ctx, C]).
-A decode step runs one row per sequence through every layer (decode.wgsl's embed_decode,
-kv_append and attn_decode between the usual LayerNorm, matmul and GELU kernels), then draws the
-next token on the device (sample_tokens), which the next step reads: nothing comes back to the
-host until the end, or until the window is full.
+N sequences continue one prompt together. ctx here is the decoder's window, the spec's (spec.rows_for:
+the prompt and the tokens asked, rounded up to a power of two, never over the model's context), so
+the work and the buffers follow the tokens. The prefill is the model's own forward over the window
+(without its head; one sequence's over its prompt's own power of two of rows): each layer's key and
+value activations as projected, [N, ctx, KV * hd], are the caches (a grouped-query model's hold its
+KV heads alone, H / KV times less than [N, ctx, C]). A decode step runs one row per sequence
+through every layer (decode.wgsl's embed_decode, kv_append and attn_decode between the usual
+LayerNorm, matmul and GELU kernels), then draws the next token on the device (sample_tokens), which
+the next step reads: nothing comes back to the host until the end, until the window is full, or
+every few tokens where stop ids may end the run (every token for a stream). One sequence's cache
+is kept after a run: a prompt that extends what it holds (a conversation's next turn) runs only
+its new tokens, through the step's layers without the head.
 
 Window policy (both modes, so that they give the same text): a token is predicted from the
 tokens since the window's start s. When the sequence would exceed ctx tokens past s, s moves so
