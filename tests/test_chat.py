@@ -96,9 +96,9 @@ def test_a_short_window_and_a_held_prefix_sample_what_the_whole_context_does(gpu
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("command", ["sample", "chat", "eval"])
+@pytest.mark.parametrize("command", ["sample", "chat", "eval", "inspect"])
 def test_a_command_over_the_memory_it_has_is_refused_before_it_allocates(tmp_path, monkeypatch, capsys, command):
-    """Issue 67: sample, chat and eval count their buffers and weights before allocating; over the
+    """Issue 67: sample, chat, eval and inspect count their buffers and weights before allocating; over the
     memory available (forced low here) each is refused in one line naming what would fit, exit 4."""
     import io
     import sys
@@ -110,10 +110,31 @@ def test_a_command_over_the_memory_it_has_is_refused_before_it_allocates(tmp_pat
     monkeypatch.setattr(budget, "available_memory", lambda: 100_000)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello\n"))
     capsys.readouterr()
-    args = {"sample": ["--tokens", 5], "chat": ["--max-tokens", 5], "eval": ["--max-windows", 2]}[command]
+    args = {"sample": ["--tokens", 5], "chat": ["--max-tokens", 5], "eval": ["--max-windows", 2],
+            "inspect": ["--prompt", "To be", "--out", tmp_path / "att.png"]}[command]
     assert run_cli(command, "--model", model, *args) == 4
     err = capsys.readouterr().err.strip().splitlines()
     print(err[-1])
     notes = [l for l in err[:-1] if not l.startswith(("the model has no chat template", "the model names no end"))]
     assert not notes and "does not fit" in err[-1] and "100,000" in err[-1], err     # chat says its notes first
-    assert {"sample": "--num-samples", "chat": "--max-tokens", "eval": "--ctx"}[command] in err[-1]
+    assert {"sample": "--num-samples", "chat": "--max-tokens", "eval": "--ctx", "inspect": "--prompt"}[command] \
+        in err[-1]
+    assert not (tmp_path / "att.png").exists()
+
+
+@pytest.mark.kernel
+def test_the_apis_loads_count_their_memory_first(tmp_path, monkeypatch):
+    """Issue 67: GPT.logits, generate and chat count what they would allocate before allocating;
+    over the memory available (forced low) each is refused in one line in the API's words."""
+    from tinygpt import GPT
+    from tinygpt.model import budget
+    gpt = GPT.from_preset("tiny", ctx=128)             # room for a ChatML prompt of bytes
+    monkeypatch.setattr(budget, "available_memory", lambda: 100_000)
+    for call, says in ((lambda: gpt.logits("To be"), "fewer or shorter windows"),
+                       (lambda: gpt.generate("To be", 5), "max_new_tokens"),
+                       (lambda: gpt.chat([{"role": "user", "content": "Hi"}], 5), "max_new_tokens")):
+        with pytest.raises(budget.DoesNotFit) as e:
+            call()
+        print(e.value)
+        assert "does not fit" in str(e.value) and says in str(e.value) and "\n" not in str(e.value)
+    assert gpt._evaluator is None and gpt._decoder is None

@@ -24,7 +24,7 @@ import numpy as np
 
 from .files import checkpoint as ckpt
 from .files import lora_files
-from .core.config import PRESET_TOKENIZER, Config, mlp_width, preset
+from .core.config import PRESET_TOKENIZER, Config, mlp_width, n_params, preset
 from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
@@ -39,7 +39,10 @@ from .model.twincheck import blame, verify
 from .run.chat import Conversation, template_of
 from .run.infer import check_sampling, stop_ids, texts
 from .model.attention import DEFAULT as ATTENTION, IMPLS
+from .model import budget
+from .model.budget import device_limits
 from .model.decode import Decoder
+from .model.layout import flat_part
 from .model.gpt import Model
 from .model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
 from .files.outputs import Outputs
@@ -299,6 +302,9 @@ class GPT:
             plan = make_plan(self.gpu, self.kernels)
             cfg = at_rows(self._ck.cfg, rows)
             spec = RunSpec(cfg, self.attention, B=b, training=False, precision=PRECISIONS[self.precision])
+            limits = device_limits(self.gpu)
+            budget.check_use(budget.eval_bytes(spec, plan, limits), 4 * n_params(cfg), limits,
+                             f"a forward of {b} x {rows:,} positions", "ask for fewer or shorter windows at a time")
             verify(self.gpu, plan, spec)
             model = Model(self.gpu, plan, spec)
             model.set_params(at_rows_params(cfg, self._params()))
@@ -411,6 +417,12 @@ class GPT:
             tokens = max(tokens, 256) if held is None or held[0][:2] != key else max(tokens, held[0][3])
             spec = decoder_spec(self._ck.cfg, self.attention, num_samples, PRECISIONS[self.precision], rows=rows)
             plan = make_plan(self.gpu, kernels)
+            limits = device_limits(self.gpu)
+            part = flat_part(limits["max_buffer"], limits["align"])
+            budget.check_use(budget.sampler_bytes(spec, tokens, plan, limits["max_binding"], part),
+                             4 * n_params(self._ck.cfg), limits,
+                             f"sampling {num_samples} x {tokens} tokens over {spec.T:,} positions",
+                             "ask for fewer {opt:num_samples} or {opt:tokens}, or use {opt:precision} bf16")
             verify(self.gpu, plan, spec)
             decoder = Decoder(self.gpu, plan, spec, tokens)
             decoder.set_params(self._params())

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..files import checkpoint as ckpt
 from ..files.lora_files import model_params, peft_files
-from ..core.config import Config
+from ..core.config import Config, n_params
 from ..core.errors import UsageError
 from ..device.gpu import GPU, Tensor
 from ..device.plan import KernelPlan
@@ -28,7 +28,9 @@ from ..device.planner import make_plan
 from ..run.infer import tokenizer_of
 from ..model.attention import inspection
 from ..model.gpt import Model
-from ..model.layout import logit_chunks, rows
+from ..model import budget
+from ..model.budget import device_limits
+from ..model.layout import logit_chunks, padded_vocab, rows
 from ..files.outputs import Outputs, is_our_png, save_png
 from ..model.spec import RunSpec
 
@@ -143,7 +145,7 @@ def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
     path = Outputs(o.force, {"model": o.model, "tokenizer_file": o.tokenizer_file,
                              "adapters": [o.adapters, *peft_files(o.adapters)] if o.adapters else None}) \
         .claim(o.out, "out", "inspection plot", is_our_png)
-    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}")
+    ck = ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
     tok = tokenizer_of(ck, o.tokenizer_file)
     ids = [int(i) for i in tok.encode(o.prompt)]
     if not ids:
@@ -153,7 +155,11 @@ def inspect(o, gpu: GPU | None = None, err=None) -> tuple[Inspection, str]:
               f"inspecting its last {ck.cfg.ctx}", file=err or sys.stderr)
         ids = ids[-ck.cfg.ctx:]
     gpu = gpu or GPU()
-    ins = inspect_model(gpu, make_plan(gpu, o.kernels), ck.cfg, model_params(ck, f"{{opt:model}} {o.model}",
-                                                                             o.adapters), ids)
+    plan, limits = make_plan(gpu, o.kernels), device_limits(gpu)
+    spec = RunSpec(ck.cfg, inspection(), B=1, T=len(ids), training=False)     # the Inspector's, and its logits:
+    budget.check_use(budget.eval_bytes(spec, plan, limits) + 4 * len(ids) * padded_vocab(ck.cfg.vocab),
+                     4 * n_params(ck.cfg), limits, f"inspecting a {len(ids):,}-token prompt",
+                     "give a shorter {opt:prompt}")
+    ins = inspect_model(gpu, plan, ck.cfg, model_params(ck, f"{{opt:model}} {o.model}", o.adapters), ids)
     plot(ins, tok, path, f"{o.model}: attention weights for a {len(ids)}-token prompt")
     return ins, lens_table(ins, tok)
