@@ -127,3 +127,18 @@ def test_a_crafted_gguf_is_refused_in_one_line(files, tmp_path, name):
     print(f"{name}: exit {r.returncode}: {err[-1] if err else ''}")
     assert r.returncode == 1 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert err[0].startswith("tinygpt: error: ") and not out.exists()
+
+
+def test_the_gguf_a_directory_holds_is_never_the_output(files, tmp_path):
+    """import-hf DIR reads the one .gguf in DIR: --out naming that file is refused, --force or not,
+    and the file stays as it was."""
+    d = tmp_path / "model"
+    d.mkdir()
+    src = (Path(files["empty.gguf"]).parent / "good.gguf").read_bytes()
+    (d / "m.gguf").write_bytes(src)
+    r = subprocess.run(TINYGPT + ["import-hf", str(d), "--out", str(d / "m.gguf"), "--force", "--quiet"],
+                       capture_output=True, text=True, timeout=300)
+    err = [l for l in r.stderr.strip().splitlines() if "XDG_RUNTIME_DIR" not in l]
+    print(err[-1] if err else "")
+    assert r.returncode != 0 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert (d / "m.gguf").read_bytes() == src

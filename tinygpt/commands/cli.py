@@ -21,6 +21,7 @@ from ..device.gpu import GPU
 from ..device.tune import tune
 from ..device.tuning import reset_tuning
 from .export import export
+from ..files.gguf_read import gguf_file
 from ..files.hf import import_hf
 from ..files.hf_read import shard_files
 from .info import info
@@ -148,6 +149,8 @@ def cmd_import_hf(args) -> int:
              "generation_config.json", "tokenizer_config.json", "chat_template.jinja") \
         + tuple(p.name for p in shard_files(d) if d.is_dir())    # the index's shards
     inputs = {"directory": d, **{f"directory's {name}": d / name for name in names}}   # what import_hf reads
+    if d.is_dir() and gguf_file(d) is not None:      # the GGUF file a directory holds is read too
+        inputs["directory's GGUF file"] = gguf_file(d)
     out = Outputs(args.force, inputs).claim(args.out, "out", "checkpoint", ckpt.is_tinygpt)
     ck = import_hf(args.directory, quiet=args.quiet, ctx=args.ctx)
     ck.adam_moments = False       # the weights alone: chat, sampling and LoRA need no moments; a full
