@@ -6,6 +6,9 @@ enable subgroups;
 //   cross_entropy  losses[r] = logsumexp(logits[r]) - logits[r, target[r]]
 //                  logits[r] <- (softmax(logits[r]) - onehot(target)) * scale   when write_grad
 //                  (* the loss scale where SCALED)
+//                  a target of UNSCORED (a chat file's prompt and padding) scores nothing: loss 0,
+//                  gradient 0; its row is still read, so that no branch depends on a loaded value
+//                  before the barriers
 //   loss_reduce    loss[0] = sum(losses) * scale  (loss: binding 2, where cross_entropy has logits)
 //   softcap        logits[r] <- SOFTCAP * tanh(logits[r] / SOFTCAP) in place (nanochat's logit soft-cap),
 //                  and with SOFTCAP > 0 cross_entropy's gradient is the uncapped logits': the capped
@@ -31,6 +34,7 @@ struct Params { rows: u32, V: u32, scale: f32, write_grad: u32, row0: u32, strid
 @group(0) @binding(4) var<storage, read> scaler: array<f32>;
 override SCALED: bool = false;
 override SOFTCAP: f32 = 0.0;       // the logits were capped at +-SOFTCAP (softcap); 0: not capped
+const UNSCORED: u32 = 0xffffffffu; // core/config.py's UNSCORED: a position whose next token is not scored
 
 // d(capped)/d(uncapped) at the capped logit y
 fn cap_grad(y: f32) -> f32 {
@@ -58,8 +62,9 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   var s = 0.0;
   for (var j = lid; j < p.V; j += 64u) { s += exp(logits[base + j] - m); }
   s = wg_sum64(lid, s);
-  let tgt = targets[p.row0 + r];
-  if (lid == 0u) { losses[p.row0 + r] = m + log(s) - logits[base + tgt]; }
+  let scored = targets[p.row0 + r] != UNSCORED;
+  let tgt = select(0u, targets[p.row0 + r], scored);
+  if (lid == 0u) { losses[p.row0 + r] = select(0.0, m + log(s) - logits[base + tgt], scored); }
   if (p.write_grad != 0u) {
     workgroupBarrier();  // lane 0 read logits[tgt] above
     let inv = 1.0 / s;
@@ -69,7 +74,7 @@ fn cross_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
       var g = exp(y - m) * inv;
       if (j == tgt) { g -= 1.0; }
       if (SOFTCAP > 0.0) { g *= cap_grad(y); }
-      logits[base + j] = select(0.0, g * scale, j < p.V);
+      logits[base + j] = select(0.0, g * scale, j < p.V && scored);
     }
   }
 }
@@ -120,7 +125,8 @@ fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   let s4 = p.stride / 4u;
   let v4 = (p.V + 3u) / 4u;
   let base = r * s4;
-  let tgt = targets[p.row0 + r];
+  let scored = targets[p.row0 + r] != UNSCORED;
+  let tgt = select(0u, targets[p.row0 + r], scored);
   var m4 = vec4<f32>(NEG);
   var t4 = vec4<f32>();                // the target's logit, in the lane and place that read it
   for (var j = lane; j < v4; j += LANES) {
@@ -136,7 +142,7 @@ fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
   var s4v = vec4<f32>();
   for (var j = lane; j < v4; j += LANES) { s4v += select(vec4<f32>(), exp(logits4[base + j] - m), real(j)); }
   let s = subgroupAdd((s4v.x + s4v.y) + (s4v.z + s4v.w));
-  if (lane == 0u) { losses[p.row0 + r] = m + log(s) - lt; }
+  if (lane == 0u) { losses[p.row0 + r] = select(0.0, m + log(s) - lt, scored); }
   if (p.write_grad != 0u) {
     let inv = 1.0 / s;
     var scale = p.scale;
@@ -148,7 +154,7 @@ fn cross_entropy_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
       g -= vec4<f32>(select(0.0, 1.0, c == tgt), select(0.0, 1.0, c + 1u == tgt),
                      select(0.0, 1.0, c + 2u == tgt), select(0.0, 1.0, c + 3u == tgt));
       if (SOFTCAP > 0.0) { g *= vec4<f32>(cap_grad(y.x), cap_grad(y.y), cap_grad(y.z), cap_grad(y.w)); }
-      logits4[base + j] = select(vec4<f32>(), g * scale, real(j));
+      logits4[base + j] = select(vec4<f32>(), g * scale, real(j) & vec4<bool>(scored));
     }
   }
 }

@@ -9,6 +9,13 @@ LLVM in one process crashes):
                                                   chat template and its special tokens in the file, and
                                                   transformers' reading of each: its logits and greedy chat
                                                   replies in OUT/<family>-<type>.npz
+    python tests/hf_reference.py chat OUT         a random small Qwen2 model in OUT/hf with a chat template
+                                                  that marks the assistant's tokens ({% generation %}),
+                                                  OUT/chat.jsonl of conversations, and transformers'
+                                                  mean cross-entropy over their assistant tokens
+                                                  (apply_chat_template's assistant mask) in OUT/chat.npz
+    python tests/hf_reference.py chatloss OUT DIR  the same loss of DIR (a PEFT export over OUT/hf, or
+                                                  a Hugging Face directory) in DIR/chatloss.npz
     python tests/hf_reference.py load DIR ...     each directory loaded as it is (AutoModelForCausalLM,
                                                   and peft's PeftModel over DIR/../hf where DIR has an
                                                   adapter_config.json): its logits and greedy text in
@@ -237,8 +244,91 @@ def gguf_build(out: Path):
                                                                                add_generation_prompt=True)))
 
 
+# ChatML whose assistant turns are marked for transformers' assistant mask: the content and the
+# <|im_end|> that ends it, not the header, not the newline after
+CHAT_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+                 "{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] + '<|im_end|>' }}"
+                 "{% endgeneration %}{% else %}{{ message['content'] + '<|im_end|>' }}{% endif %}{{ '\n' }}"
+                 "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHAT_RECORDS = [
+    {"messages": [{"role": "system", "content": "Answer in verse."}, {"role": "user", "content": "To be?"},
+                  {"role": "assistant", "content": "or not to be, that is the question"}]},
+    {"prompt": "Whether 'tis nobler", "completion": "in the mind to suffer"},
+    {"prompt": [{"role": "user", "content": "the slings"}],
+     "completion": [{"role": "assistant", "content": "and arrows of outrageous fortune"}]},
+    {"messages": [{"role": "user", "content": "To be?"}, {"role": "assistant", "content": "that is"},
+                  {"role": "user", "content": "the question?"}, {"role": "assistant", "content": "whether 'tis"}]},
+    {"messages": [{"role": "user", "content": "nobler in the mind"}, {"role": "assistant", "content": "to suffer."}]},
+]
+
+
+def _turns(value, role):
+    return [{"role": role, "content": value}] if isinstance(value, str) else value
+
+
+def chat_loss(model, tok, records):
+    """(mean cross-entropy over the assistant tokens of every record, their count): the mask is
+    apply_chat_template's, from the template's generation marks."""
+    total, count = 0.0, 0
+    for r in records:
+        msgs = r["messages"] if "messages" in r else _turns(r["prompt"], "user") + _turns(r["completion"], "assistant")
+        enc = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+        ids, mask = torch.tensor([enc["input_ids"]]), torch.tensor(enc["assistant_masks"], dtype=torch.bool)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+        nll = -logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
+        total += float(nll[mask[1:]].sum())
+        count += int(mask[1:].sum())
+    return total / count, count
+
+
+def chat_build(out: Path):
+    torch.manual_seed(7)
+    Config, Model, own = FAMILIES["qwen2"]
+    model = Model(Config(**dict(COMMON, max_position_embeddings=128), **own)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    d = out / "hf"
+    model.save_pretrained(d, safe_serialization=True)
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = (TEXT + ", whether 'tis nobler in the mind to suffer the slings and arrows.\n") * 50
+    tok.train_from_iterator([text], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>",
+        "bos_token": None, "pad_token": "<|endoftext|>"}))
+    c = json.loads((d / "config.json").read_text())
+    c["eos_token_id"] = tok.token_to_id("<|im_end|>")
+    (d / "config.json").write_text(json.dumps(c))
+    with open(out / "chat.jsonl", "w") as f:
+        for r in CHAT_RECORDS:
+            f.write(json.dumps(r) + "\n")
+    loss, count = chat_loss(model, transformers.AutoTokenizer.from_pretrained(d), CHAT_RECORDS)
+    np.savez(out / "chat.npz", loss=loss, count=count)
+
+
+def chat_loss_of(out: Path, d: Path):
+    if (d / "adapter_config.json").exists():
+        import peft
+        model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(out / "hf"), d)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(d)
+    loss, count = chat_loss(model.eval(), transformers.AutoTokenizer.from_pretrained(out / "hf"), CHAT_RECORDS)
+    np.savez(d / "chatloss.npz", loss=loss, count=count)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "build":
+    if sys.argv[1] == "chat":
+        chat_build(Path(sys.argv[2]))
+    elif sys.argv[1] == "chatloss":
+        chat_loss_of(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1] == "build":
         build(Path(sys.argv[2]))
     elif sys.argv[1] == "gguf":
         gguf_build(Path(sys.argv[2]))

@@ -490,25 +490,35 @@ def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_c
 
 
 @pytest.mark.parametrize("variant", ["default", "plain"])
-@pytest.mark.parametrize("rows,V,stride", [(1, 5, 5), (7, 256, 256), (65, 1000, 1000), (9, 301, 304), (3, 2, 4)])
-def test_cross_entropy(gpu, rng, rows, V, stride, variant):
+@pytest.mark.parametrize("rows,V,stride,unscored", [(1, 5, 5, ()), (7, 256, 256, (0, 3)), (65, 1000, 1000, ()),
+                                                    (9, 301, 304, (8,)), (3, 2, 4, (1,)), (2, 7, 8, (0, 1))])
+def test_cross_entropy(gpu, rng, rows, V, stride, unscored, variant):
     """stride > V: rows padded (the vocabulary rounded up to 4); padding is skipped, its gradient 0.
-    default: the device's plan (cross_entropy_sg where subgroups work and stride % 4 == 0); plain: loss.wgsl."""
+    default: the device's plan (cross_entropy_sg where subgroups work and stride % 4 == 0); plain: loss.wgsl.
+    unscored: rows whose target is UNSCORED (loss 0, gradient 0); the scales are recorded as 1/rows
+    and rewritten to the mean over the scored rows (set_loss_scale), as a chat batch's are."""
+    from tinygpt.core.config import UNSCORED
     from tinygpt.device.plan import PORTABLE
     from tinygpt.device.planner import make_plan
     kn = Kernels(gpu, make_plan(gpu, tuning={}) if variant == "default" else PORTABLE)
     padded = (rng.standard_normal((rows, stride)) * 3).astype(np.float32)
     logits = padded[:, :V]
     tgt = rng.integers(0, V, rows).astype(np.uint32)
+    tgt[list(unscored)] = UNSCORED
+    scale = 1.0 / max(1, rows - len(unscored))
     tl, losses, loss = gpu.upload(padded), gpu.tensor((rows,)), gpu.tensor((4,))
-    run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
-        kn.loss_reduce(losses, loss, rows, 1.0 / rows))
-    rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
+    ds = [kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
+          kn.loss_reduce(losses, loss, rows, 1.0 / rows)]
+    for d in ds:
+        kn.set_loss_scale(d, scale)
+    run(gpu, *ds)
+    rl, rd = R.cross_entropy(tgt, f64(logits), scale)
     want = np.zeros((rows, stride))
     want[:, :V] = rd
-    check(f"cross_entropy losses {rows}x{V}", gpu.read(losses), rl, 5e-6, 1e-6)
+    assert np.all(rl[list(unscored)] == 0) and np.all(rd[list(unscored)] == 0)
+    check(f"cross_entropy losses {rows}x{V}, {len(unscored)} unscored", gpu.read(losses), rl, 5e-6, 1e-6)
     check(f"cross_entropy dlogits {rows}x{V} stride {stride}", gpu.read(tl), want, 1e-7, 1e-5)
-    check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, 1.0 / rows), 5e-6, 1e-6)
+    check(f"loss_reduce {rows}", gpu.read(loss)[0], R.loss_reduce(rl, scale), 5e-6, 1e-6)
 
 
 @pytest.mark.parametrize("variant", ["scalar", "sg"])

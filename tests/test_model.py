@@ -458,6 +458,37 @@ def test_every_attention_trains_alike(gpu, plan, tiny):
         check(f"20 losses {impl} vs online", runs[impl], runs["online"], 1e-4)
 
 
+def test_unscored_targets_leave_the_mean_over_the_scored_ones(gpu, plan):
+    """A chat batch: targets UNSCORED where they are not the assistant's (padding, prompts), one
+    window all unscored, over 2 micro-batches: the loss and every gradient are the float64 mean over
+    the scored targets alone; a batch with another count of scored targets rescales, and a text's
+    batch (all scored) is the plain mean again."""
+    from tinygpt.core.config import UNSCORED
+    cfg = preset("tiny", batch=8, ctx=16)
+    params = init_params(cfg)
+    r = np.random.default_rng(9)
+    m = Model(gpu, plan, RunSpec(cfg, "online", B=4, accum=2))
+    m.set_params(params)
+    for case in ("half", "one in three", "all"):
+        w = r.integers(0, cfg.vocab, (8, cfg.ctx + 1)).astype(np.uint32)
+        x, y = w[:, :-1], w[:, 1:].copy()
+        if case == "half":
+            y[:, :7] = UNSCORED
+            y[5] = UNSCORED
+        elif case == "one in three":
+            y[:, ::3] = UNSCORED
+        m.grads_only(x, y)
+        _, loss, cache = RG.forward(f64(params), cfg, x, y)
+        want = RG.backward(f64(params), cfg, cache)
+        G = m.get_grads()
+        check(f"{case}: {int((y != UNSCORED).sum())} scored targets, the loss", m.loss(), loss, 1e-5 * abs(loss))
+        for name in ("tok_emb", "pos_emb", "h0.Wq", "h1.fc_out_W", "ln_f_b"):
+            scale = max(np.abs(want[name]).max(), 1e-6)
+            check(f"{case}: grad {name} (tol 1e-4 x {scale:.2e})", G[name], want[name], 1e-4 * scale)
+        rows = m.mean_loss(x, y)
+        check(f"{case}: mean_loss over the scored targets", rows, loss, 1e-5 * abs(loss))
+
+
 def test_grad_accum_matches_the_whole_batch(gpu, plan):
     """4 micro-batches of 4 windows against one batch of 16: gradients against the float64
     reference of the 16, then 5 AdamW steps whose losses match the batch-16 model's."""

@@ -36,7 +36,8 @@ from .device.gpu import GPU
 from .device.plan import parse_kernels
 from .device.planner import make_plan
 from .model.twincheck import blame, verify
-from .run.chat import Conversation, template_of
+from .run.chat import Conversation
+from .tokenizers.chat import template_of
 from .run.infer import check_sampling, stop_ids, texts
 from .model.attention import DEFAULT as ATTENTION, IMPLS
 from .model import budget

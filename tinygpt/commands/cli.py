@@ -95,7 +95,7 @@ def cmd_eval(args) -> int:
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
         b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
         print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows of {r['ctx']:,}, "
-              f"{r['tokens']:,} tokens of {r['data']}")
+              f"{r['tokens']:,} tokens scored, of {r['data']}")
     return 0
 
 
@@ -239,11 +239,15 @@ def _eval_command(sub, common):
     p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
     add_model(p)
     p.add_argument("--data", help="a text file, a directory or a token file to take the validation split of "
-                                  "(default: the built-in corpus, where the model was trained on it)")
+                                  "(default: the built-in corpus, where the model was trained on it); a chat "
+                                  "file (.jsonl): every record, scored on the assistant's tokens")
     p.add_argument("--max-windows", type=positive_int,
                    help="evaluate at most N windows of the split (default: all of them)")
     p.add_argument("--ctx", type=positive_int,
-                   help="tokens a window (default: the model's context, at most 1,024; never over the model's)")
+                   help="tokens a window (default: the model's context, at most 1,024, or a chat file's longest "
+                        "record; never over the model's)")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut a chat file's record longer than the window instead of refusing it")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_setting(p, "attention")

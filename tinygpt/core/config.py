@@ -33,6 +33,7 @@ MAX_PARAMS = 1 << 31            # 8 GiB of float32 weights, before gradients and
 # approximation, which GPT-2 was trained with (Hugging Face's "gelu_new"), or nanochat's squared ReLU.
 ACTIVATIONS = tuple(MLPS)
 ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS = 0.9, 0.95, 1e-8   # TinyGPT's AdamW: the one place they are set
+UNSCORED = 0xFFFFFFFF           # a target that is not scored: no loss, no gradient (a chat file's prompts, padding)
 TINYGPT_LR = 3e-4               # TinyGPT's constant learning rate (the constant schedule's default)
 
 

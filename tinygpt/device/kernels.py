@@ -647,6 +647,13 @@ class Kernels:
         return self.gpu.dispatch(k, (rows, V, float(scale), write_grad, row0, stride),
                                  [targets, logits, losses, scaler], grid1d(rows))
 
+    def set_loss_scale(self, d: Dispatch, scale: float):
+        """A recorded cross_entropy's or loss_reduce's scale rewritten (its Params' third field): a
+        batch whose targets are not all scored (UNSCORED) is the mean over the ones that are."""
+        data = bytearray(self.gpu.uniform_bytes[d.uniform_buffer])
+        data[8:12] = struct.pack("<f", float(scale))
+        self.gpu.write_uniform(d.uniform_buffer, bytes(data))
+
     def softcap(self, logits, rows, stride, cap) -> Dispatch:
         """logits [rows, stride] <- cap * tanh(logits / cap), in place."""
         k = self.gpu.kernel("loss.wgsl", "softcap", "urwwr", {"SOFTCAP": float(cap)})

@@ -79,6 +79,9 @@ class Dataset:
                             f"the training (90%) and validation (10%) splits; give at least {minimum:,} tokens "
                             "(bytes with the byte tokenizer) or a smaller {opt:ctx}")
 
+    def describe(self) -> str:
+        return f"data: {self.name}: {len(self.tokens):,} tokens ({len(self.train):,} train, {len(self.val):,} val)"
+
     def sample(self, rng: np.random.Generator, B: int):
         """B random windows of ctx+1 training tokens -> (x [B, T], y [B, T])."""
         starts = rng.integers(0, len(self.train) - self.ctx, B)

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ..core.config import UNSCORED
 from ..core.lora import trainable_shapes
 from ..core.block import HEAD_TABLES
 from ..core.init import token_buckets
@@ -84,6 +85,7 @@ class Model:
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
         self._fwd = record.forward(self)
         self._reduce, self._loss, self._eval_rows = record.losses(self, spec.lm_head)
+        self._scored = self.accum * self.B * self.T         # the targets the recorded loss scales mean over
         self._bwd, self._bwd_more, self._opt = [], [], []
         if spec.training:
             self._bwd = record.backward(self, self.G)
@@ -223,11 +225,24 @@ class Model:
 
     def _micro_batches(self, x, y, then):
         x, y, B = np.asarray(x), np.asarray(y), self.B
+        self._scale_loss(y)
         for i in range(self.accum):
             self.write_batch(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
             bwd = self._bwd if i == 0 else self._bwd_more
             self.gpu.run(self._fwd + self._loss[:-1] + self._reduce[i:i + 1] + bwd
                          + (then if i == self.accum - 1 else []))
+
+    def _scale_loss(self, y):
+        """The step's loss is the mean over its scored targets (a chat file's assistant tokens; every
+        target of a text): where their count differs from the last step's, the recorded scales are
+        rewritten, dlogits' 1/scored and each micro-batch's slot accum/scored (loss() averages them)."""
+        scored = max(1, int(np.count_nonzero(y != UNSCORED)))
+        if scored != self._scored and self._reduce:
+            for d in self._loss[:-1]:
+                self.kn.set_loss_scale(d, 1.0 / scored)
+            for d in self._reduce:
+                self.kn.set_loss_scale(d, self.accum / scored)
+            self._scored = scored
 
     def dispatch_groups(self):
         """[(group, dispatch)] of one training step in order (the profiler times each)."""
@@ -242,12 +257,14 @@ class Model:
         return self.gpu.read(self.losses, count=rows or self.B * self.T)
 
     def mean_loss(self, xs: np.ndarray, ys: np.ndarray, progress=None) -> float:
-        """Mean next-token loss over N windows [N, T], B at a time (float64 sum); the last batch
+        """Mean next-token loss over N windows [N, T], B at a time (float64 sum), of the targets that are
+        scored (every one but UNSCORED's: a chat file's assistant tokens); the last batch
         is padded with copies of its first window, whose rows are not read. progress: a bar
         (tqdm's), updated by the windows of each batch."""
         B, T, n = self.B, self.T, len(xs)
-        if n == 0:
-            raise ValueError("no windows to evaluate")
+        scored = int(np.count_nonzero(np.asarray(ys) != UNSCORED))
+        if n == 0 or scored == 0:
+            raise ValueError("no windows to evaluate" if n == 0 else "no target in these windows is scored")
         total = 0.0
         for i in range(0, n, B):
             x, y = xs[i:i + B], ys[i:i + B]
@@ -258,7 +275,7 @@ class Model:
             total += self.row_losses(x, y, k * T).astype(np.float64).sum()
             if progress is not None:
                 progress.update(k)
-        return total / (n * T)
+        return total / scored
 
     def evaluate(self, x, y) -> float:
         """Mean loss of one batch [B, T]."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.config import Config, param_shapes
+from ..core.config import UNSCORED, Config, param_shapes
 from ..core.lora import LoRA, adapter_name, adapter_shapes
 from ..core.init import token_buckets
 from ..core.precision import FP32, Precision
@@ -123,8 +123,7 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     attend = attention or ra.attention_forward
     windowed = {"window": cfg.attn_window} if cfg.attn_window else {}
     B, T = tokens.shape
-    H, L, QC = cfg.heads, cfg.layers, cfg.block.heads.q_width     # QC: the attention's width
-    P = params
+    H, L, QC, P = cfg.heads, cfg.layers, cfg.block.heads.q_width, params     # QC: the attention's width
     r, rw, rg = ROUND[precision.stored], ROUND[precision.weights], ROUND[precision.grad_operands]
     norm, act, _, rot, _ = _parts(cfg, T, P["tok_emb"].dtype)
     cache = {"tokens": tokens, "layers": [], "precision": precision, "lora": lora}
@@ -163,9 +162,10 @@ def forward(params, cfg: Config, tokens, targets=None, attention=None, precision
     logits = softcap(logits, cap) if cap else logits
     if targets is None:
         return logits.reshape(B, T, -1)
-    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / (B * T), cap)
+    scored = max(1, int(np.count_nonzero(targets != UNSCORED)))   # the mean over the scored targets
+    losses, dlogits = cross_entropy(targets.reshape(-1), logits, 1.0 / scored, cap)
     cache["dlogits"] = dlogits
-    return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / (B * T)), cache
+    return logits.reshape(B, T, -1), loss_reduce(losses, 1.0 / scored), cache
 
 
 def backward(params, cfg: Config, cache, attention_backward=None, loss_scale: float = 1.0):

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from ..core.config import UNSCORED
+
 _erf = np.frompyfunc(math.erf, 1, 1)
 
 
@@ -405,17 +407,21 @@ def copy_block(src, out, rows, cols, src_stride, src_col, out_stride, out_col): 
 
 # ---- loss -----------------------------------------------------------------------------
 def cross_entropy(targets, logits, scale, softcap=0.0):  # logits [rows,V] -> losses [rows], dlogits [rows,V]
-    """softcap: the logits were capped at it (softcap): dlogits are the uncapped logits'."""
+    """softcap: the logits were capped at it (softcap): dlogits are the uncapped logits'. A target
+    of UNSCORED scores nothing: its row's loss and gradient are 0."""
+    targets = np.asarray(targets, np.int64)
+    scored = targets != UNSCORED
+    tg = np.where(scored, targets, 0)
     m = logits.max(-1, keepdims=True)
     e = np.exp(logits - m)
     s = e.sum(-1, keepdims=True)
     rows = np.arange(len(targets))
-    losses = (m[:, 0] + np.log(s[:, 0])) - logits[rows, targets]
+    losses = np.where(scored, (m[:, 0] + np.log(s[:, 0])) - logits[rows, tg], 0.0).astype(logits.dtype)
     d = e / s
-    d[rows, targets] -= 1.0
+    d[rows, tg] -= 1.0
     if softcap:
         d = d * (1.0 - (logits / softcap) ** 2)
-    return losses, d * scale
+    return losses, d * scale * scored[:, None]
 
 
 def softcap(logits, cap):               # -> cap * tanh(logits / cap): nanochat's logit soft-cap

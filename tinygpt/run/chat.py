@@ -12,27 +12,10 @@ from __future__ import annotations
 from ..core.errors import UsageError
 from ..files.lora_files import model_params
 from ..model.spec import rows_for
-from ..tokenizers.chat import ChatTemplate
+from ..tokenizers.chat import ChatTemplate, template_of
 from .infer import decoder_for, load_model, stop_ids
 
 FIRST_ROWS = 512        # the cache's first window: a short conversation's, grown as it goes
-
-
-def template_of(extra: dict, tok) -> ChatTemplate:
-    """The model's chat template (its file's chatTemplate), with the special tokens it names; ChatML
-    where the model has none (ChatTemplate.own False: the caller says so)."""
-    special = {}
-    lib = getattr(tok, "lib", None)
-    for key, rec in (("eos_token", "tokenizerEos"), ("bos_token", "tokenizerBos")):
-        i = extra.get(rec)
-        if lib is not None and isinstance(i, int) and not isinstance(i, bool):
-            name = lib.id_to_token(i)
-            if name is not None:
-                special[key] = name
-    special.setdefault("bos_token", "")
-    special.setdefault("eos_token", "")
-    src = extra.get("chatTemplate")
-    return ChatTemplate(src if isinstance(src, str) else None, special)
 
 
 class Conversation:

@@ -14,7 +14,7 @@ from ..files.data import progress
 from .. import tokenizers
 from ..device.gpu import GPU
 from ..device.planner import make_plan
-from ..core.config import n_params
+from ..core.config import UNSCORED, n_params
 from ..model import budget
 from ..model.budget import device_limits
 from ..model.decode import Decoder
@@ -22,6 +22,8 @@ from ..model.layout import flat_part
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
+from ..files.chat_data import is_chat_file, read_chat_file, windows
+from ..tokenizers.chat import template_of
 from ..model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
 from ..model.twincheck import verify
 
@@ -72,14 +74,25 @@ def bits(loss_nats: float) -> float:
 
 
 def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None = None) -> dict:
-    """Mean validation loss of a checkpoint over the whole validation split (or max_windows)."""
+    """Mean validation loss of a checkpoint over the whole validation split (or max_windows); of
+    a chat file, over the assistant tokens of every record (a held-out file is its own split)."""
     ck = ck or ckpt.load(o.model, f"{{opt:model}} {o.model}", moments=False)
     if o.ctx is not None and not 2 <= o.ctx <= ck.cfg.ctx:
         raise UsageError(f"{{opt:ctx}} {o.ctx}: this model's windows are 2 to its context, {ck.cfg.ctx:,} tokens")
-    cfg = at_rows(ck.cfg, o.ctx or min(ck.cfg.ctx, EVAL_CTX))       # the windows scored, never over the model's
     tok = tokenizer_of(ck, o.tokenizer_file)
-    data = open_dataset(data_path_for(o.data, ck, f"{{opt:model}} {o.model}"), tok, cfg.ctx)
-    xs, ys = data.val_windows(o.max_windows)
+    path = data_path_for(o.data, ck, f"{{opt:model}} {o.model}")
+    if is_chat_file(path):
+        records = read_chat_file(path, template_of(ck.extra, tok), tok, stop_ids(ck.extra, tok, ck.cfg.vocab),
+                                 o.ctx or ck.cfg.ctx, o.truncate)
+        longest = max(len(r.ids) - 1 for r in records)
+        cfg = at_rows(ck.cfg, o.ctx or rows_for(ck.cfg.ctx, longest, 64))     # the longest record's window
+        xs, ys = windows(records[:o.max_windows] if o.max_windows else records, cfg.ctx)
+        name = f"{path} ({len(xs):,} conversations, the assistant's tokens)"
+    else:
+        cfg = at_rows(ck.cfg, o.ctx or min(ck.cfg.ctx, EVAL_CTX))       # the windows scored, never over the model's
+        data = open_dataset(path, tok, cfg.ctx)
+        xs, ys = data.val_windows(o.max_windows)
+        name = data.name
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
@@ -93,7 +106,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
         loss = model.mean_loss(xs, ys, progress=bar)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
-    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": len(xs) * cfg.ctx, "data": data.name,
+    r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": int((ys != UNSCORED).sum()), "data": name,
          "ctx": cfg.ctx}
     if tok.token_is_byte:
         r["bits_per_byte"] = bits(loss)

@@ -133,7 +133,13 @@ class TrainOptions:
         "model's)", toggle=True)
     # -- data and tokenizer
     data: str | None = setting("input", "a UTF-8 text file, a directory of them, or a token file from tinygpt "
-                                        "prepare (default: the built-in corpus)")
+                                        "prepare (default: the built-in corpus); a chat file (.jsonl: "
+                                        "{\"messages\": [...]} or {\"prompt\", \"completion\"} a line) trains on "
+                                        "the assistant's tokens alone")
+    val_data: str | None = setting("input", "a chat file to validate on (default: the last 5 per cent of {opt:data}'s "
+                                            "records)", metavar="FILE")
+    truncate: bool | None = setting("input", "cut a chat record longer than the window to it (default: refuse "
+                                             "the record by its line)", toggle=True)
     tokenizer: str | None = setting(
         "input", f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT}, or the preset's, the token file's or "
         "the resumed run's", choices=list(tokenizers.NAMES))
@@ -293,6 +299,7 @@ class EvalOptions(ModelUse):
     max_windows: int | None = None
     quiet: bool = False                # no progress bar
     ctx: int | None = None             # the windows' tokens (None: the model's context, at most infer.EVAL_CTX)
+    truncate: bool = False             # a chat file's record longer than the window: cut, not refused
 
 
 @dataclass

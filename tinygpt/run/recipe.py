@@ -389,8 +389,8 @@ def output_paths(o: TrainOptions) -> TrainOutputs:
     input. The best checkpoint is claimed where keep-best is given, or may be the resumed run's."""
     given = o.out or o.resume or f"runs/{o.preset}.tinygpt"
     out = Path(given)
-    outs = Outputs(o.force, {"data": data_files(o.data), "tokenizer_file": o.tokenizer_file, "resume": o.resume,
-                             "config": o.config})
+    outs = Outputs(o.force, {"data": data_files(o.data), "val_data": data_files(o.val_data),
+                             "tokenizer_file": o.tokenizer_file, "resume": o.resume, "config": o.config})
     keep_best = o.keep_best or (o.keep_best is None and o.resume)
     return TrainOutputs(outs.claim(given, "out", "checkpoint", ckpt.is_tinygpt, updates="resume"),
                         outs.claim(derived(out, ".loss.png"), "out", "loss-curve plot", is_our_png),

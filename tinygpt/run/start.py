@@ -21,7 +21,7 @@ from ..files.data import Dataset
 from ..device.gpu import GPU
 from ..device.kernels import SCALE_GROWTH
 from ..device.planner import make_plan
-from .infer import data_path_for
+from .infer import data_path_for, stop_ids
 from ..model import optimizers
 from ..model.budget import device_limits, memory_budget, refusal
 from ..model.gpt import Model
@@ -31,6 +31,8 @@ from ..files.outputs import same_file
 from .recipe import Length, Recipe, RunSettings, count, make_recipe
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
+from ..files.chat_data import chat_dataset, is_chat_file
+from ..tokenizers.chat import template_of
 from .. import tokenizers
 from ..tokenizers import get_tokenizer
 
@@ -128,7 +130,15 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
         get_tokenizer(r.tokenizer, o.tokenizer_file)
     assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
-    data = open_dataset(data_path, tok, r.spec.T)    # the run's windows (a saved model's may be shorter than its ctx)
+    if is_chat_file(data_path):                    # the model's template and stop tokens (ChatML's for a new one)
+        extra = resume.extra if resume else {}
+        data = chat_dataset(data_path, template_of(extra, tok), tok, stop_ids(extra, tok, r.cfg.vocab), r.spec.T,
+                            bool(o.truncate), o.val_data)
+    else:
+        if o.val_data:
+            raise UsageError("{opt:val_data} is a chat file's validation set; give {opt:data} a chat file (.jsonl), "
+                             "or leave it out (a text's last 10 % validates)")
+        data = open_dataset(data_path, tok, r.spec.T)   # the run's windows (a saved model's may be shorter)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)

@@ -103,8 +103,7 @@ class Loop:
             print(f"lora: rank {lo.rank}, alpha {lo.alpha:g} on {','.join(lo.as_dict()['targets'])}"
                   f"{', biases and LayerNorms' if lo.biases else ''}: {n_train:,} trainable parameters, the base's "
                   f"{n_params(cfg):,} frozen", file=err)
-        print(f"data: {data.name}: {len(data.tokens):,} tokens ({len(data.train):,} train, {len(data.val):,} val)",
-              file=err)
+        print(data.describe(), file=err)
         if self.deadline:
             self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, self.s, self.clock, run.tokenizer)
             print(f"schedule: {sched.describe().split(' at step')[0]} at the last step; steps fitted to "

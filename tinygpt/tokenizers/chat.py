@@ -46,6 +46,20 @@ def check_messages(messages, what: str = "messages") -> list[dict]:
     return out
 
 
+def _generation_tag():
+    """transformers' {% generation %} ... {% endgeneration %}, which marks the assistant's tokens for
+    its assistant mask: rendered as its body (chat_data tells the assistant's tokens itself)."""
+    from jinja2.ext import Extension
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+    return Generation
+
+
 def _raise(message):
     raise TemplateError(f"the chat template refused the conversation: {message}")
 
@@ -63,7 +77,7 @@ class ChatTemplate:
         self.source = source if self.own else CHATML
         self.special = dict(special or {})           # bos_token, eos_token, ... as the template names them
         self._errors = JinjaError
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_generation_tag()])
         env.filters["tojson"] = lambda x, indent=None, ensure_ascii=False, separators=None, sort_keys=False: \
             json.dumps(x, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
         env.globals["raise_exception"] = _raise
@@ -92,3 +106,20 @@ class ChatTemplate:
             raise TemplateError(f"the chat template failed on this conversation: {type(e).__name__}: "
                                 f"{str(e)[:160]}") from None
         return "".join(pieces)
+
+
+def template_of(extra: dict, tok) -> ChatTemplate:
+    """The model's chat template (its file's chatTemplate), with the special tokens it names; ChatML
+    where the model has none (ChatTemplate.own False: the caller says so)."""
+    special = {}
+    lib = getattr(tok, "lib", None)
+    for key, rec in (("eos_token", "tokenizerEos"), ("bos_token", "tokenizerBos")):
+        i = extra.get(rec)
+        if lib is not None and isinstance(i, int) and not isinstance(i, bool):
+            name = lib.id_to_token(i)
+            if name is not None:
+                special[key] = name
+    special.setdefault("bos_token", "")
+    special.setdefault("eos_token", "")
+    src = extra.get("chatTemplate")
+    return ChatTemplate(src if isinstance(src, str) else None, special)

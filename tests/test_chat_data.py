@@ -1,0 +1,175 @@
+"""Chat files (issue 65): conversations rendered with the model's chat template and scored on the
+assistant's tokens alone. `tinygpt eval` of a chat file against transformers' mean cross-entropy
+over the same tokens (apply_chat_template's assistant mask, from a template that marks them), a
+LoRA run on one lowering that loss with peft's model of its export agreeing, which tokens are
+scored, and (issue 67) hostile lines refused by their number in one line before any step."""
+import json
+
+import numpy as np
+import pytest
+
+from test_cli import run_cli
+from test_hf_llama import reference
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory):
+    """transformers' random Qwen2 with a marked template, its chat file and loss, imported here."""
+    d = tmp_path_factory.mktemp("chat")
+    reference("chat", d)
+    assert run_cli("import-hf", d / "hf", "--out", d / "m.tinygpt", "--quiet") == 0
+    return d
+
+
+def eval_json(capsys, model, data, *more):
+    capsys.readouterr()
+    assert run_cli("eval", "--model", model, "--data", data, "--json", "--quiet", *more) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_eval_of_a_chat_file_is_transformers_assistant_loss(chat, capsys):
+    ref = np.load(chat / "chat.npz")
+    r = eval_json(capsys, chat / "m.tinygpt", chat / "chat.jsonl")
+    print(f"tinygpt {r['loss']:.7f} over {r['tokens']} tokens, transformers {float(ref['loss']):.7f} over "
+          f"{int(ref['count'])}: difference {abs(r['loss'] - float(ref['loss'])):.2e}")
+    assert r["tokens"] == int(ref["count"])
+    assert abs(r["loss"] - float(ref["loss"])) < 1e-4
+
+
+def test_the_scored_tokens_are_each_reply_and_its_end(chat):
+    """Each assistant turn's content and the <|im_end|> after it; never a header, a user's turn or
+    the newline after the end; a prompt and completion of strings are a user turn and its reply."""
+    from tinygpt import GPT
+    from tinygpt.files.chat_data import conversation_of, encode_conversation
+    from tinygpt.run.infer import stop_ids
+    from tinygpt.tokenizers.chat import template_of
+    gpt = GPT.load(chat / "m.tinygpt")
+    tok, extra = gpt.tokenizer, gpt.checkpoint.extra
+    stop = stop_ids(extra, tok, gpt.checkpoint.cfg.vocab)
+    lines = (chat / "chat.jsonl").read_text().splitlines()
+    for n, want in ((1, ["or not to be, that is the question<|im_end|>"]), (2, ["in the mind to suffer<|im_end|>"]),
+                    (4, ["that is<|im_end|>", "whether 'tis<|im_end|>"])):
+        ids, scored = encode_conversation(conversation_of(json.loads(lines[n - 1]), f"line {n}"),
+                                          template_of(extra, tok), tok, stop, f"line {n}")
+        runs = np.split(np.arange(len(ids)), np.flatnonzero(np.diff(scored.astype(int))) + 1)
+        got = [tok.decode(ids[r]) for r in runs if scored[r[0]]]
+        print(f"line {n}: {got}")
+        assert got == want
+        assert tok.decode(ids) == template_of(extra, tok).render(conversation_of(json.loads(lines[n - 1]), ""),
+                                                                 add_generation_prompt=False)
+
+
+def test_a_lora_run_on_a_chat_file_lowers_its_loss_and_peft_agrees(chat, capsys, tmp_path):
+    before = eval_json(capsys, chat / "m.tinygpt", chat / "chat.jsonl")["loss"]
+    out = tmp_path / "lora.tinygpt"
+    assert run_cli("train", "--resume", chat / "m.tinygpt", "--lora", 4, "--data", chat / "chat.jsonl",
+                   "--val-data", chat / "chat.jsonl", "--steps", 12, "--lr", 3e-3, "--batch", 4, "--out", out,
+                   "--quiet", "--sample-tokens", 0) == 0
+    assert "5 conversations to train on" in capsys.readouterr().err
+    after = eval_json(capsys, out, chat / "chat.jsonl")["loss"]
+    assert run_cli("export", "--model", out, "--format", "peft", tmp_path / "peft", "--quiet") == 0
+    reference("chatloss", chat, tmp_path / "peft")
+    peft = float(np.load(tmp_path / "peft" / "chatloss.npz")["loss"])
+    print(f"the chat file's loss {before:.5f} -> {after:.5f}; peft's model of the export {peft:.7f} "
+          f"(difference {abs(peft - after):.2e})")
+    assert after < before - 0.05
+    assert abs(peft - after) < 1e-4
+
+
+# ---- hostile lines ---------------------------------------------------------------------------
+def _turn(role, content):
+    return {"role": role, "content": content}
+
+
+GOOD = {"messages": [_turn("user", "hi"), _turn("assistant", "hello")]}
+HOSTILE = {         # name: (the bad line's text, what the one-line refusal says)
+    "not JSON": ('{"messages": [', "not JSON"),
+    "a list, not an object": ("[1, 2]", "a JSON object"),
+    "no messages nor prompt": ('{"text": "hi"}', "no \"messages\""),
+    "messages a string": ('{"messages": "hi"}', "a list of"),
+    "no messages at all": ('{"messages": []}', "a list of"),
+    "an unknown role": (json.dumps({"messages": [_turn("wizard", "x"), _turn("assistant", "y")]}), "role 'wizard'"),
+    "content a number": (json.dumps({"messages": [_turn("user", 5), _turn("assistant", "y")]}), "string content"),
+    "a message not an object": (json.dumps({"messages": ["hi", _turn("assistant", "y")]}), "a message is a dict"),
+    "no assistant turn": (json.dumps({"messages": [_turn("user", "hi")]}), "no assistant turn"),
+    "an empty assistant turn": (json.dumps({"messages": [_turn("user", "hi"), _turn("assistant", " \n")]}),
+                                "is empty"),
+    "the assistant first": (json.dumps({"messages": [_turn("assistant", "hi"), _turn("user", "x")]}),
+                            "opens with the assistant"),
+    "a completion not text": (json.dumps({"prompt": "a", "completion": 5}), "a string or a list"),
+    "a prompt alone": (json.dumps({"prompt": "a"}), "no \"messages\""),
+    "longer than the window": (json.dumps({"messages": [_turn("user", "x" * 300), _turn("assistant", "y")]}),
+                               "more than the window"),
+    "not UTF-8": (b'{"messages": "\xff\xfe"}', "not UTF-8"),
+    "nested past the parser": ("[" * 100_000, "not JSON"),
+    "a role of another type": (json.dumps({"messages": [{"role": 1, "content": "x"}, _turn("assistant", "y")]}),
+                               "string role"),
+    "too many messages": (json.dumps({"messages": [_turn("user", "x")] * 10_001}), "more than 10,000"),
+}
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory):
+    from tinygpt import GPT
+    path = tmp_path_factory.mktemp("chat_byte") / "m.tinygpt"
+    GPT.from_preset("tiny", ctx=128).save(path)
+    return path
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_line_is_refused_by_its_number(byte_model, tmp_path, capsys, case):
+    """A good record, a blank line, then the bad one: refused as line 3 in one line, exit 1, by
+    eval and by train (before any step)."""
+    text, says = HOSTILE[case]
+    f = tmp_path / "chat.jsonl"
+    f.write_bytes(json.dumps(GOOD).encode() + b"\n\n" + (text if isinstance(text, bytes) else text.encode()) + b"\n")
+    for cmd in (["eval", "--model", byte_model, "--data", f],
+                ["train", "--resume", byte_model, "--data", f, "--steps", 1, "--out", tmp_path / "o.tinygpt"]):
+        capsys.readouterr()
+        assert run_cli(*cmd) == 1
+        err = capsys.readouterr().err.strip()
+        print(f"{case}: {err[:150]}")
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "--data " in err and "line 3" in err and says in err, err
+    assert not (tmp_path / "o.tinygpt").exists()
+
+
+def test_a_line_of_more_than_16_mib_is_refused_unread(byte_model, tmp_path, capsys):
+    f = tmp_path / "chat.jsonl"
+    with open(f, "wb") as out:
+        out.write(json.dumps(GOOD).encode() + b"\n" + b'{"messages": "' + b"x" * (17 << 20) + b'"}\n')
+    assert run_cli("eval", "--model", byte_model, "--data", f) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "line 2 is longer than 16 MiB" in err, err
+
+
+def test_truncate_cuts_a_long_record_and_refuses_one_with_nothing_left(byte_model, tmp_path, capsys):
+    """--truncate keeps a long record's first window when an assistant token is in it; a record
+    whose reply starts past the window is still refused by its line."""
+    f = tmp_path / "chat.jsonl"
+    long_reply = {"messages": [_turn("user", "hi"), _turn("assistant", "y" * 300)]}
+    f.write_text(json.dumps(GOOD) + "\n" + json.dumps(long_reply) + "\n")
+    r = eval_json(capsys, byte_model, f, "--truncate")
+    assert r["windows"] == 2 and r["ctx"] == 128
+    late = {"messages": [_turn("user", "x" * 300), _turn("assistant", "y")]}
+    f.write_text(json.dumps(GOOD) + "\n" + json.dumps(late) + "\n")
+    assert run_cli("eval", "--model", byte_model, "--data", f, "--truncate") == 1
+    assert "line 2: its assistant turns begin past the window" in capsys.readouterr().err
+
+
+def test_a_chat_run_holds_back_its_last_records(byte_model, tmp_path, capsys):
+    """No --val-data: the last 5 % of the records (at least one) validate, said in the banner; a
+    chat run's steps mean over the assistant's tokens, and --val-data is refused beside a text."""
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"{a} plus {a}?", "completion": f"{2 * a}."}) + "\n"
+                         for a in range(40)))
+    out = tmp_path / "o.tinygpt"
+    assert run_cli("train", "--resume", byte_model, "--data", f, "--steps", 3, "--out", out, "--batch", 4,
+                   "--sample-tokens", 0, "--quiet") == 0
+    err = capsys.readouterr().err
+    assert "38 conversations to train on, 2 held for validation (the file's last 2)" in err, err
+    text = tmp_path / "t.txt"
+    text.write_text("some text " * 500)
+    assert run_cli("train", "--resume", byte_model, "--data", text, "--val-data", f, "--steps", 1,
+                   "--out", out, "--force") == 2
+    assert "--val-data is a chat file's validation set" in capsys.readouterr().err

@@ -1,0 +1,225 @@
+"""Chat files: conversations as the ecosystem writes them, one JSON record a line, rendered with
+the model's chat template and scored on the assistant's tokens alone.
+
+A record is either
+    {"messages": [{"role": ..., "content": ...}, ...]}    a conversation (system, user, assistant turns)
+    {"prompt": P, "completion": C}                        P and C strings (a user turn and the reply to
+                                                           it) or message lists (trl's conversational form)
+What is scored (trl's assistant-only loss, axolotl's train_on_inputs: false): each assistant turn's
+content and the token that ends its turn (the first of the model's stop tokens after the content),
+never its role header, never another turn. The template is rendered for the conversation up to each
+assistant turn with the generation prompt and for the conversation through it: the text between the
+two is the turn's, and each piece of text is encoded on its own, as the model sees a reply at chat
+time (the prompt encoded, then the reply's tokens after it). A template that does not render a
+conversation as the sum of its turns (one that rewrites earlier turns) is refused on the record.
+
+Every line is checked before the first step, and a bad one is refused by its number with what is
+wrong; nothing is dropped silently. A record of more tokens than the window is refused, or cut to
+it with --truncate (a cut that leaves no assistant token is still refused).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core.config import UNSCORED
+from ..core.errors import UsageError
+from ..core.fs import available_memory, check_regular
+from ..tokenizers.chat import ROLES, TemplateError, check_messages
+from .data import DataError
+
+MAX_LINE = 16 << 20              # bytes of one record (a real conversation's are far fewer)
+MAX_RECORDS = 10_000_000
+VAL_SHARE = 0.05                 # the records held back for validation where no file is given
+CHAT_SUFFIX = ".jsonl"
+
+
+def is_chat_file(path) -> bool:
+    """--data FILE.jsonl is a chat file (a text or token file is anything else)."""
+    return path is not None and str(path).lower().endswith(CHAT_SUFFIX) and not os.path.isdir(path)
+
+
+@dataclass(frozen=True)
+class ChatRecord:
+    line: int                    # its line in the file, 1 first
+    ids: np.ndarray              # uint32 [n]: the rendered conversation's tokens
+    scored: np.ndarray           # bool [n]: the token is a target that is scored (an assistant's)
+
+
+def _turns(value, role: str, label: str) -> list:
+    """A prompt's or completion's messages: a string is one turn of `role`, a list is messages."""
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    if isinstance(value, list):
+        return list(value)
+    raise DataError(f"{label}: a string or a list of messages, got {type(value).__name__}")
+
+
+def conversation_of(record, label: str) -> list[dict]:
+    """The messages of one record, every turn checked (role, string content, an assistant turn
+    with content), or DataError naming the line."""
+    if not isinstance(record, dict):
+        raise DataError(f"{label}: a record is a JSON object with \"messages\", or \"prompt\" and \"completion\"; "
+                        f"got {type(record).__name__}")
+    if "messages" in record:
+        messages = record["messages"]
+    elif "prompt" in record and "completion" in record:
+        messages = _turns(record["prompt"], "user", f"{label}: prompt") + \
+            _turns(record["completion"], "assistant", f"{label}: completion")
+    else:
+        raise DataError(f"{label}: no \"messages\", nor \"prompt\" and \"completion\"; a record is "
+                        f"{{\"messages\": [{{\"role\": ..., \"content\": ...}}, ...]}} or "
+                        f"{{\"prompt\": ..., \"completion\": ...}}")
+    try:
+        messages = check_messages(messages, f"{label}: messages")
+    except UsageError as e:
+        raise DataError(e.text) from None
+    replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    if not replies:
+        raise DataError(f"{label}: no assistant turn, so nothing to learn from it; give each record a reply "
+                        f"(roles: {', '.join(ROLES)})")
+    for i in replies:
+        if not messages[i]["content"].strip():
+            raise DataError(f"{label}: messages[{i}], an assistant turn, is empty; remove the record or give it "
+                            "the reply")
+    if replies[0] == 0:
+        raise DataError(f"{label}: the conversation opens with the assistant; an assistant turn answers a turn "
+                        "before it")
+    return messages
+
+
+def encode_conversation(messages, template, tok, stop: tuple, label: str) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, scored) of one conversation: the template's text cut at each assistant turn's bounds,
+    each piece encoded on its own; in a turn, its tokens up to and with the first stop token scored."""
+    try:
+        full = template.render(messages, add_generation_prompt=False)
+        bounds, at = [], 0
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            before = template.render(messages[:i], add_generation_prompt=True)
+            through = template.render(messages[:i + 1], add_generation_prompt=False)
+            if not (through.startswith(before) and full.startswith(through) and len(before) >= at):
+                raise DataError(f"{label}: the chat template does not render this conversation turn by turn (it "
+                                f"rewrites what comes before messages[{i}]), so its assistant tokens cannot be told")
+            bounds.append((len(before), len(through)))
+            at = len(through)
+    except TemplateError as e:
+        raise DataError(f"{label}: {e.text}") from None
+    ids, scored, at = [], [], 0
+    stops = set(stop)
+    for a, b in bounds:
+        head = [int(i) for i in tok.encode(full[at:a])] if a > at else []
+        turn = [int(i) for i in tok.encode(full[a:b])]
+        end = next((k + 1 for k, t in enumerate(turn) if t in stops), len(turn))
+        ids += head + turn
+        scored += [False] * len(head) + [True] * end + [False] * (len(turn) - end)
+        at = b
+    tail = [int(i) for i in tok.encode(full[at:])] if at < len(full) else []
+    ids += tail
+    scored += [False] * len(tail)
+    return np.asarray(ids, np.uint32), np.asarray(scored, bool)
+
+
+def _lines(path, label: str):
+    """(number, text) of each non-blank line, each read with its length bounded first."""
+    st = check_regular(path, DataError, label, "a JSON Lines file of conversations")
+    if st.st_size > available_memory() // 4:
+        raise DataError(f"{label}: {st.st_size:,} bytes, more than a quarter of free memory; split the file")
+    with open(path, "rb") as f:
+        for n in range(1, MAX_RECORDS + 2):
+            raw = f.readline(MAX_LINE + 1)
+            if not raw:
+                return
+            if n > MAX_RECORDS:
+                raise DataError(f"{label}: more than {MAX_RECORDS:,} lines; split the file")
+            if len(raw) > MAX_LINE and not raw.endswith(b"\n"):
+                raise DataError(f"{label}: line {n} is longer than {MAX_LINE >> 20} MiB; a record is one "
+                                "conversation a line")
+            if raw.strip():
+                try:
+                    yield n, raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise DataError(f"{label}: line {n} is not UTF-8 (byte {e.start}); save the file as "
+                                    "UTF-8") from None
+
+
+def read_chat_file(path, template, tok, stop: tuple, window: int, truncate: bool = False,
+                   label: str | None = None) -> list[ChatRecord]:
+    """Every record of a chat file encoded, in order, each fitting `window` targets (ids of
+    window + 1), or DataError naming the first bad line."""
+    label = label or f"{{opt:data}} {path}"
+    records = []
+    for n, text in _lines(path, label):
+        where = f"{label}: line {n}"
+        try:
+            record = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise DataError(f"{where}: not JSON ({str(e)[:80]}); a record is one JSON object a line") from None
+        ids, scored = encode_conversation(conversation_of(record, where), template, tok, stop, where)
+        if len(ids) > window + 1:
+            if not truncate:
+                raise DataError(f"{where}: {len(ids):,} tokens, more than the window of {window:,} (+1); cut it "
+                                "with {opt:truncate}, or give a longer {opt:ctx}")
+            ids, scored = ids[:window + 1], scored[:window + 1]
+        if not scored[1:].any():
+            raise DataError(f"{where}: its assistant turns begin past the window of {window:,} tokens; shorten the "
+                            "record or give a longer {opt:ctx}")
+        records.append(ChatRecord(n, ids, scored))
+    if not records:
+        raise DataError(f"{label}: holds no record; give one conversation a line")
+    return records
+
+
+def windows(records: list[ChatRecord], T: int) -> tuple[np.ndarray, np.ndarray]:
+    """One record a window of T: x its tokens, y the next ones where scored (UNSCORED elsewhere);
+    the tail padded with token 0, whose targets are not scored (causal attention: the padding
+    after a record does not reach it)."""
+    x = np.zeros((len(records), T), np.uint32)
+    y = np.full((len(records), T), UNSCORED, np.uint32)
+    for r, rec in enumerate(records):
+        n = len(rec.ids) - 1
+        x[r, :n] = rec.ids[:-1]
+        y[r, :n] = np.where(rec.scored[1:], rec.ids[1:], UNSCORED)
+    return x, y
+
+
+class ChatData:
+    """A chat file's records for a run: those trained on and those held back for validation (the
+    given validation file's, or the last 5 % of the file's), drawn a record a window."""
+
+    def __init__(self, train: list[ChatRecord], val: list[ChatRecord], T: int, name: str, held: str):
+        self.train, self.val, self.T, self.name, self.held = train, val, T, name, held
+        self.vocab = None
+
+    def sample(self, rng: np.random.Generator, B: int):
+        """B records drawn at random -> (x [B, T], y [B, T])."""
+        picks = rng.integers(0, len(self.train), B)
+        return windows([self.train[i] for i in picks], self.T)
+
+    def val_windows(self, max_windows: int | None = None):
+        chosen = self.val[:max_windows] if max_windows else self.val
+        return windows(chosen, self.T)
+
+    def describe(self) -> str:
+        tokens = sum(len(r.ids) - 1 for r in self.train)
+        scored = sum(int(r.scored[1:].sum()) for r in self.train)
+        return (f"data: {self.name}: {len(self.train):,} conversations to train on, {len(self.val):,} held for "
+                f"validation ({self.held}); {scored:,} of their {tokens:,} tokens scored (the assistant's); a "
+                f"conversation a window of {self.T:,}, {tokens / (len(self.train) * self.T):.0%} filled")
+
+
+def chat_dataset(path, template, tok, stop: tuple, T: int, truncate: bool = False, val_path=None) -> ChatData:
+    """A run's chat data: the file's records, validated on val_path's or on its last 5 %."""
+    records = read_chat_file(path, template, tok, stop, T, truncate)
+    if val_path is not None:
+        val = read_chat_file(val_path, template, tok, stop, T, truncate, f"{{opt:val_data}} {val_path}")
+        return ChatData(records, val, T, str(path), f"the file {val_path}")
+    if len(records) < 2:
+        raise DataError(f"{{opt:data}} {path}: one record; give at least two (the last 5 % are held back for "
+                        "validation) or a validation file with {opt:val_data}")
+    k = max(1, int(round(len(records) * VAL_SHARE)))
+    return ChatData(records[:-k], records[-k:], T, str(path), f"the file's last {k:,}")
