@@ -16,6 +16,9 @@ LLVM in one process crashes):
                                                   (apply_chat_template's assistant mask) in OUT/chat.npz
     python tests/hf_reference.py chatloss OUT DIR  the same loss of DIR (a PEFT export over OUT/hf, or
                                                   a Hugging Face directory) in DIR/chatloss.npz
+    python tests/hf_reference.py ggufread F ...   each GGUF file read by transformers' GGUF loader: its
+                                                  logits, its tokenizer's ids of TEXT and its rendering of
+                                                  a conversation, in F.npz
     python tests/hf_reference.py load DIR ...     each directory loaded as it is (AutoModelForCausalLM,
                                                   and peft's PeftModel over DIR/../hf where DIR has an
                                                   adapter_config.json): its logits and greedy text in
@@ -323,8 +326,22 @@ def chat_loss_of(out: Path, d: Path):
     np.savez(d / "chatloss.npz", loss=loss, count=count)
 
 
+def gguf_read(f: Path):
+    model = transformers.AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS)).logits.numpy()
+    rendered = tok.apply_chat_template(CONVERSATIONS[1], tokenize=False, add_generation_prompt=True) \
+        if tok.chat_template else ""
+    np.savez(f.with_suffix(".npz"), logits=logits, text_ids=np.array(tok.encode(TEXT, add_special_tokens=False)),
+             rendered=np.array(rendered), architecture=np.array(type(model).__name__))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "chat":
+    if sys.argv[1] == "ggufread":
+        for f in sys.argv[2:]:
+            gguf_read(Path(f))
+    elif sys.argv[1] == "chat":
         chat_build(Path(sys.argv[2]))
     elif sys.argv[1] == "chatloss":
         chat_loss_of(Path(sys.argv[2]), Path(sys.argv[3]))

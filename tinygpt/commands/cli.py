@@ -26,6 +26,7 @@ from ..files.hf import import_hf
 from ..files.hf_read import shard_files
 from .info import info
 from ..run.infer import evaluate, sample
+from ..files.gguf_write import TYPES as GGUF_TYPES
 from .chat import chat_command
 from .lens import inspect
 from .. import tokenizers
@@ -95,7 +96,7 @@ def cmd_eval(args) -> int:
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
         b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
         print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows of {r['ctx']:,}, "
-              f"{r['tokens']:,} tokens scored, of {r['data']}")
+              f"{r['tokens']:,} tokens of {r['data']}")
     return 0
 
 
@@ -350,12 +351,15 @@ def _import_hf_command(sub, common):
 
 def _export_command(sub, common):
     p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "
-                       "GPT-2 directory, or a compact fp16 .tinygpt")
+                       "directory, a GGUF file for llama.cpp, or a compact fp16 .tinygpt")
     add_model(p)
-    p.add_argument("--format", required=True, choices=["safetensors", "hf", "tinygpt", "tinygpt-fp16", "peft"],
+    p.add_argument("--format", required=True, choices=["safetensors", "hf", "gguf", "tinygpt", "tinygpt-fp16", "peft"],
                    help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them; "
                         "tinygpt: float32 (with --merge, a LoRA run as a plain model TinyGPT's readers compute); "
-                        "peft: a LoRA run's adapters as Hugging Face PEFT's adapter directory for --format hf's model")
+                        "peft: a LoRA run's adapters as Hugging Face PEFT's adapter directory for --format hf's model; "
+                        "gguf: one file llama.cpp, Ollama and LM Studio run (a Llama, Qwen2 or Qwen3 block)")
+    p.add_argument("--gguf-type", choices=list(GGUF_TYPES), default=default(ExportOptions, "gguf_type"),
+                   help="the GGUF file's matrices (norms stay f32; default f16)")
     p.add_argument("--merge", action="store_true",
                    help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
     p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")

@@ -7,6 +7,7 @@ from ..files import lora_files
 from ..files import checkpoint as ckpt
 from ..core.errors import TinyGPTError, UsageError
 from ..files.hf import export_hf
+from ..files.gguf_write import export_gguf, is_our_gguf
 from ..run.options import ExportOptions
 from ..files.outputs import Outputs, is_our_json, is_our_safetensors
 
@@ -18,7 +19,7 @@ def is_our_peft_config(path) -> bool:
 
 
 def export(o: ExportOptions) -> None:
-    """`tinygpt export`: a checkpoint as safetensors, a Hugging Face GPT-2 directory, a PEFT
+    """`tinygpt export`: a checkpoint as safetensors, a Hugging Face directory, a GGUF file, a PEFT
     adapter directory (a LoRA run's), or a .tinygpt file (float32, or upstream's fp16); the outputs
     claimed before anything is read, a directory the export made removed if it fails."""
     model, fmt, out, merge = o.model, o.format, o.out, o.merge
@@ -28,10 +29,10 @@ def export(o: ExportOptions) -> None:
                          "alone: give one of them")
     outs = Outputs(o.force, {"model": model})
     d, made = Path(out), not Path(out).exists()     # a directory's claim makes it; a failed export removes it
-    if fmt == "safetensors":
-        outs.claim(out, "out", "safetensors file", is_our_safetensors)
-    elif fmt in ("tinygpt", "tinygpt-fp16"):
-        outs.claim(out, "out", "checkpoint", ckpt.is_tinygpt)
+    one_file = {"safetensors": ("safetensors file", is_our_safetensors), "gguf": ("GGUF file", is_our_gguf),
+                "tinygpt": ("checkpoint", ckpt.is_tinygpt), "tinygpt-fp16": ("checkpoint", ckpt.is_tinygpt)}
+    if fmt in one_file:
+        outs.claim(out, "out", *one_file[fmt])
     else:
         if d.exists() and not d.is_dir():
             raise UsageError(f"{d} exists and is not a directory; {{opt:format}} {fmt} writes a directory: "
@@ -67,6 +68,8 @@ def export(o: ExportOptions) -> None:
             ckpt.save(out, ck, "fp16")
         elif fmt == "tinygpt":           # float32 with (zero, for a merged model) moments
             ckpt.save(out, ck)
+        elif fmt == "gguf":
+            export_gguf(ck, out, o.gguf_type, what, o.tokenizer_file)
         elif fmt == "peft":
             _remove_stale(d, claimed, lora_files.export_peft(ck, out, what))
         else:

@@ -275,9 +275,10 @@ GROUP_OF = {f.name: f.metadata["group"] for f in fields(TrainOptions)}
 @dataclass
 class ExportOptions:
     model: str
-    format: str                        # safetensors | hf | peft | tinygpt | tinygpt-fp16
+    format: str                        # safetensors | hf | gguf | peft | tinygpt | tinygpt-fp16
     out: str
     merge: bool = False                # a LoRA run's adapters folded into the weights
+    gguf_type: str = "f16"             # gguf's matrices: f32 | f16 | bf16 | q8_0 (files.gguf_write.TYPES)
     force: bool = False
     tokenizer_file: str | None = None  # r50k_base.tiktoken, for a gpt2 model's hf export
 

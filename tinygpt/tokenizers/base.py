@@ -143,3 +143,9 @@ class Tokenizer:
         """(tokenizer_config.json's fields, the tokenizer's own files) of a Hugging Face export;
         common: the fields every tokenizer's config carries."""
         raise NotImplementedError
+
+    def byte_level_bpe(self) -> tuple[dict, set, list, dict | None] | None:
+        """(token by id, the special tokens' ids, merges as "a b", the pre-tokenizer's record or
+        None for GPT-2's split) of a byte-level BPE, what a GGUF file's gpt2 tokenizer holds; None
+        for a tokenizer that is not one."""
+        return None

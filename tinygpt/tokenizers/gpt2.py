@@ -132,6 +132,12 @@ class GPT2Tokenizer(Tokenizer):
                         "merges.txt": ("#version: 0.2\n" + "\n".join(merges) + "\n").encode()}
 
 
+    def byte_level_bpe(self):
+        vocab, merges = gpt2_vocab_merges(self.enc._mergeable_ranks)
+        vocab[EOT] = self.eos_id
+        return {i: t for t, i in vocab.items()}, {self.eos_id}, list(merges), None
+
+
 def _encoding_from_file(path: str):
     import tiktoken
     import tiktoken_ext.openai_public as op  # r50k's split pattern

@@ -13,6 +13,7 @@ one that marks each piece's first word) encodes its text whole, up to WHOLE_TEXT
 """
 from __future__ import annotations
 
+import json
 import hashlib
 import re
 
@@ -59,6 +60,20 @@ class HFTokenizer(Tokenizer):
     @property
     def key(self) -> str:
         return f"hf:{self.digest[:16]}"
+
+    def byte_level_bpe(self):
+        doc = json.loads(self.json)
+        model = doc.get("model") or {}
+        if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+            return None
+        by_id = {i: t for t, i in model["vocab"].items()}
+        special = set()
+        for a in doc.get("added_tokens") or []:
+            by_id[a["id"]] = a["content"]
+            if a.get("special"):
+                special.add(a["id"])
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+        return by_id, special, merges, doc.get("pre_tokenizer")
 
     def record(self) -> dict:
         out = {"tokenizer": self.name, "tokenizerJson": self.json}

@@ -1,0 +1,103 @@
+"""GGUF out (issue 65): `tinygpt export --format gguf` of random Llama, Qwen2 and Qwen3 models that
+transformers builds (tests/hf_reference.py's GGUF files, each with a chat template, imported here;
+Qwen3's with transformers' GGUF head dim of 128), read back by transformers' own GGUF loader: f32's logits
+within 1e-4 of tinygpt's (relative to the largest), f16's, bf16's and q8_0's within their rounding,
+and each file's logits as transformers reads it within 1e-4 of tinygpt's import of the same file
+(both dequantize the same bytes); the tokenizer's ids and the chat template as transformers reads
+them; a LoRA run merged; what GGUF cannot hold refused in one line."""
+import numpy as np
+import pytest
+
+from test_cli import run_cli
+from test_gguf import ggufs  # noqa: F401 - transformers' models as GGUF files
+from test_hf_llama import reference
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+TYPES = {"f32": 1e-4, "f16": 1e-2, "bf16": 3e-2, "q8_0": 1e-1}      # each type's bound against the weights
+IDS = np.array([[3, 50, 100, 7, 9, 33, 200, 17, 250, 1, 64, 128, 5, 77, 260, 2],
+                [9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 255, 254, 300, 301, 302, 303]])
+TEXT = "To be, or not to be: that is the question"
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def exported(ggufs, tmp_path_factory):         # noqa: F811
+    """Each family imported, then exported in every type; transformers' reading of every file."""
+    d = tmp_path_factory.mktemp("gguf_out")
+    files = []
+    for family in FAMILIES:
+        assert run_cli("import-hf", ggufs / f"{family}-f32.gguf", "--out", d / f"{family}.tinygpt", "--quiet") == 0
+        for kind in TYPES:
+            f = d / f"{family}-{kind}.gguf"
+            assert run_cli("export", "--model", d / f"{family}.tinygpt", "--format", "gguf", "--gguf-type", kind,
+                           f, "--quiet") == 0
+            files.append(f)
+    reference("ggufread", *files)
+    return d
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_gguf_export_reads_in_transformers_with_our_logits(exported, family, tmp_path):
+    from tinygpt import GPT
+    ours = GPT.load(exported / f"{family}.tinygpt")
+    want, ids = ours.logits(IDS), ours.encode(TEXT)
+    for kind, bound in TYPES.items():
+        f = exported / f"{family}-{kind}.gguf"
+        ref = np.load(f.with_suffix(".npz"))
+        assert run_cli("import-hf", f, "--out", tmp_path / f"{kind}.tinygpt", "--quiet") == 0
+        back = GPT.load(tmp_path / f"{kind}.tinygpt").logits(IDS)
+        err, same = rel(ref["logits"], want), rel(ref["logits"], back)
+        print(f"{family} {kind}: transformers' reading against tinygpt's model {err:.2e} (bound {bound:g}), "
+              f"against tinygpt's reading of the same file {same:.2e}; {str(ref['architecture'])}")
+        assert err < bound and same < 1e-4
+        assert np.array_equal(ref["text_ids"], ids)
+
+
+def test_a_merged_lora_run_exports_with_its_chat_template(exported, tmp_path, capsys):
+    """A LoRA run's adapters folded in (--merge) and the model's chat template travel into the file;
+    transformers renders a conversation with it as tinygpt does."""
+    from tinygpt import GPT
+    from tinygpt.tokenizers.chat import template_of
+    base = exported / "qwen2.tinygpt"
+    text = tmp_path / "t.txt"
+    text.write_text("To be, or not to be: that is the question. " * 40)
+    lora = tmp_path / "lora.tinygpt"
+    assert run_cli("train", "--resume", base, "--lora", 4, "--data", text, "--steps", 3, "--lr", 1e-2, "--out", lora,
+                   "--quiet", "--sample-tokens", 0, "--ctx", 16, "--batch", 2) == 0
+    f = tmp_path / "merged.gguf"
+    assert run_cli("export", "--model", lora, "--format", "gguf", f, "--quiet") == 2      # adapters: --merge
+    assert "--merge" in capsys.readouterr().err
+    assert run_cli("export", "--model", lora, "--format", "gguf", "--merge", "--gguf-type", "f32", f,
+                   "--quiet") == 0
+    reference("ggufread", f)
+    ref = np.load(f.with_suffix(".npz"))
+    gpt = GPT.load(lora)
+    err = rel(ref["logits"], gpt.logits(IDS))
+    print(f"merged LoRA run, f32: {err:.2e}")
+    assert err < 1e-4 and rel(ref["logits"], GPT.load(base).logits(IDS)) > 1e-4
+    conv = [{"role": "system", "content": "Answer in verse."}, {"role": "user", "content": "Or not to be?"}]
+    assert str(ref["rendered"]) == template_of(gpt.checkpoint.extra, gpt.tokenizer).render(conv)
+
+
+def test_what_gguf_cannot_hold_is_refused_in_one_line(tmp_path, capsys):
+    """GPT-2's block (GGUF's gpt2 architecture is not written) and a byte vocabulary (GGUF's
+    tokenizers hold none) are refused before a byte is written; a file not ours is not replaced."""
+    from tinygpt import GPT
+    gpt2, byte_llama = tmp_path / "g.tinygpt", tmp_path / "b.tinygpt"
+    GPT.from_preset("tiny").save(gpt2)
+    GPT.from_preset("tiny", block="llama").save(byte_llama)
+    for model, says in ((gpt2, "GPT2LMHeadModel; tinygpt writes GGUF files of the llama, qwen2, qwen3"),
+                        (byte_llama, "reads the byte tokenizer, which GGUF's tokenizers do not hold")):
+        assert run_cli("export", "--model", model, "--format", "gguf", tmp_path / "o.gguf") == 1
+        err = capsys.readouterr().err.strip()
+        print(err)
+        assert len(err.splitlines()) == 1 and says in err
+        assert not (tmp_path / "o.gguf").exists() and [p.name for p in tmp_path.iterdir()] == ["g.tinygpt",
+                                                                                                "b.tinygpt"]
+    mine = tmp_path / "mine.gguf"
+    mine.write_bytes(b"GGUF not really")
+    assert run_cli("export", "--model", byte_llama, "--format", "gguf", mine) == 2
+    assert mine.read_bytes() == b"GGUF not really"
