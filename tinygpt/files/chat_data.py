@@ -15,7 +15,7 @@ conversation as the sum of its turns (one that rewrites earlier turns) is refuse
 
 Every line is checked before the first step, and a bad one is refused by its number with what is
 wrong; nothing is dropped silently. A record of more tokens than the window is refused, or cut to
-it with --truncate (a cut that leaves no assistant token is still refused).
+it with the truncate option (a cut that leaves no assistant token is still refused).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ CHAT_SUFFIX = ".jsonl"
 
 
 def is_chat_file(path) -> bool:
-    """--data FILE.jsonl is a chat file (a text or token file is anything else)."""
+    """A data path ending .jsonl is a chat file (a text or token file is anything else)."""
     return path is not None and str(path).lower().endswith(CHAT_SUFFIX) and not os.path.isdir(path)
 
 

@@ -1,4 +1,4 @@
-"""GGUF out: `tinygpt export --format gguf`, a model as llama.cpp's converter writes it, so that
+"""GGUF out: `tinygpt export` in the gguf format, a model as llama.cpp's converter writes it, so that
 llama.cpp, Ollama and LM Studio run what was fine-tuned here.
 
 The model goes through its Hugging Face architecture first (hf.architecture_of: the Llama family,
@@ -27,7 +27,7 @@ from .gguf_read import _LAYER, _TOP, BYTE_LEVEL_BPE, CONTROL, FAMILIES, SPLITS, 
 from .hf import architecture_of
 from .outputs import WRITER
 
-KINDS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}     # --gguf-type -> GGML's type
+KINDS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}     # the gguf_type option -> GGML's type
 TYPES = tuple(KINDS)
 DEFAULT_TYPE = "f16"
 WRITER_KEY = "tinygpt.writer"                 # marks a file as ours to replace
