@@ -15,7 +15,9 @@ LLVM in one process crashes):
                                                   mean cross-entropy over their assistant tokens
                                                   (apply_chat_template's assistant mask) in OUT/chat.npz
     python tests/hf_reference.py chatloss OUT DIR  the same loss of DIR (a PEFT export over OUT/hf, or
-                                                  a Hugging Face directory) in DIR/chatloss.npz
+                                                  a Hugging Face directory) in DIR/chatloss.npz, and the
+                                                  DPO loss, reward accuracy and margin of OUT/pref.jsonl's
+                                                  pairs with DIR's model against OUT/hf's (beta 0.1)
     python tests/hf_reference.py ggufread F ...   each GGUF file read by transformers' GGUF loader: its
                                                   logits, its tokenizer's ids of TEXT and its rendering of
                                                   a conversation, in F.npz
@@ -265,6 +267,32 @@ CHAT_RECORDS = [
 ]
 
 
+PREF_RECORDS = [
+    {"prompt": "To be?", "chosen": "that is the question", "rejected": "whether 'tis nobler"},
+    {"prompt": [{"role": "user", "content": "the slings"}], "chosen": [{"role": "assistant", "content": "and arrows"}],
+     "rejected": [{"role": "assistant", "content": "of outrageous fortune, or to take arms"}]},
+    {"prompt": "in the mind", "chosen": "to suffer", "rejected": "to be"},
+    {"prompt": "Or not to be?", "chosen": "that is", "rejected": "the slings and arrows"},
+    {"prompt": "nobler", "chosen": "in the mind to suffer", "rejected": "or not"},
+    {"prompt": "whether", "chosen": "'tis nobler", "rejected": "to be, or not to be"},
+]
+
+
+def completion_logprobs(model, tok, records):
+    """Each pair's (chosen, rejected) log-probability of its completion's assistant tokens (the
+    template's generation marks), windows 2i and 2i+1."""
+    out = []
+    for r in records:
+        for side in ("chosen", "rejected"):
+            msgs = _turns(r["prompt"], "user") + _turns(r[side], "assistant")
+            enc = tok.apply_chat_template(msgs, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            ids, mask = torch.tensor([enc["input_ids"]]), torch.tensor(enc["assistant_masks"], dtype=torch.bool)
+            with torch.no_grad():
+                logp = torch.log_softmax(model(ids).logits[0].double(), -1)
+            out.append(float(logp[:-1].gather(1, ids[0, 1:, None])[:, 0][mask[1:]].sum()))
+    return np.array(out)
+
+
 def _turns(value, role):
     return [{"role": role, "content": value}] if isinstance(value, str) else value
 
@@ -312,6 +340,9 @@ def chat_build(out: Path):
     with open(out / "chat.jsonl", "w") as f:
         for r in CHAT_RECORDS:
             f.write(json.dumps(r) + "\n")
+    with open(out / "pref.jsonl", "w") as f:
+        for r in PREF_RECORDS:
+            f.write(json.dumps(r) + "\n")
     loss, count = chat_loss(model, transformers.AutoTokenizer.from_pretrained(d), CHAT_RECORDS)
     np.savez(out / "chat.npz", loss=loss, count=count)
 
@@ -322,8 +353,13 @@ def chat_loss_of(out: Path, d: Path):
         model = peft.PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(out / "hf"), d)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(d)
-    loss, count = chat_loss(model.eval(), transformers.AutoTokenizer.from_pretrained(out / "hf"), CHAT_RECORDS)
-    np.savez(d / "chatloss.npz", loss=loss, count=count)
+    tok = transformers.AutoTokenizer.from_pretrained(out / "hf")
+    loss, count = chat_loss(model.eval(), tok, CHAT_RECORDS)
+    policy = completion_logprobs(model, tok, PREF_RECORDS)
+    base = completion_logprobs(transformers.AutoModelForCausalLM.from_pretrained(out / "hf").eval(), tok, PREF_RECORDS)
+    margin = 0.1 * ((policy[0::2] - base[0::2]) - (policy[1::2] - base[1::2]))
+    np.savez(d / "chatloss.npz", loss=loss, count=count, dpo=np.mean(np.logaddexp(0.0, -margin)),
+             accuracy=np.mean(margin > 0), margin=np.mean(margin))
 
 
 def gguf_read(f: Path):

@@ -173,3 +173,67 @@ def test_a_chat_run_holds_back_its_last_records(byte_model, tmp_path, capsys):
     assert run_cli("train", "--resume", byte_model, "--data", text, "--val-data", f, "--steps", 1,
                    "--out", out, "--force") == 2
     assert "--val-data is a chat file's validation set" in capsys.readouterr().err
+
+
+# ---- preference pairs (DPO) ------------------------------------------------------------------
+def test_a_lora_dpo_run_starts_at_ln2_falls_and_eval_agrees_with_peft(chat, capsys, tmp_path):
+    """The run's first step is at ln 2 (the adapters at zero: the model is its reference) and its
+    loss falls; eval's DPO loss, reward accuracy and margin equal torch's from peft's model of the
+    export against the base, within 1e-4."""
+    import json as _json
+    out, log = tmp_path / "dpo.tinygpt", tmp_path / "log.jsonl"
+    assert run_cli("train", "--resume", chat / "m.tinygpt", "--lora", 4, "--data", chat / "pref.jsonl",
+                   "--val-data", chat / "pref.jsonl", "--steps", 12, "--lr", 1e-2, "--batch", 4, "--out", out,
+                   "--log-every", 1, "--eval-every", 12, "--log", log, "--quiet", "--sample-tokens", 0) == 0
+    err = capsys.readouterr().err
+    assert "dpo: beta 0.1, the reference: the base (its adapters at zero)" in err
+    rows = [r for r in map(_json.loads, log.read_text().splitlines()) if "train_loss" in r]
+    print(f"DPO losses {rows[0]['train_loss']:.6f} -> {rows[-1]['train_loss']:.4f}; "
+          f"val accuracy {rows[-1]['val_reward_accuracy']}, margin {rows[-1]['val_reward_margin']:+.4f}")
+    assert abs(rows[0]["train_loss"] - np.log(2)) < 1e-6
+    assert rows[-1]["train_loss"] < np.log(2) - 0.05
+    r = eval_json(capsys, out, chat / "pref.jsonl")
+    assert run_cli("export", "--model", out, "--format", "peft", tmp_path / "peft", "--quiet") == 0
+    reference("chatloss", chat, tmp_path / "peft")
+    ref = np.load(tmp_path / "peft" / "chatloss.npz")
+    print(f"eval's DPO loss {r['loss']:.7f}, torch with peft's model {float(ref['dpo']):.7f}; accuracy "
+          f"{r['reward_accuracy']} / {float(ref['accuracy'])}, margin {r['reward_margin']:.6f} / {float(ref['margin']):.6f}")
+    assert abs(r["loss"] - float(ref["dpo"])) < 1e-4 and abs(r["reward_margin"] - float(ref["margin"])) < 1e-4
+    assert r["reward_accuracy"] == float(ref["accuracy"]) and r["pairs"] == 6
+
+
+PAIR = {"prompt": "hi", "chosen": "hello", "rejected": "go away"}
+HOSTILE_PAIRS = {
+    "the same completion twice": (dict(PAIR, rejected="hello"), "chosen and rejected are the same"),
+    "no rejected": ({"prompt": "hi", "chosen": "hello"}, "a preference record is"),
+    "a conversation among pairs": (GOOD, "a preference record is"),
+    "a completion of the user": (dict(PAIR, chosen=[_turn("user", "x")]), "chosen: no assistant turn"),
+    "an empty completion": (dict(PAIR, rejected=""), "is empty"),
+    "a prompt of a number": (dict(PAIR, prompt=3), "prompt: a string or a list"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_PAIRS))
+def test_a_hostile_preference_line_is_refused_by_its_number(byte_model, tmp_path, capsys, case):
+    record, says = HOSTILE_PAIRS[case]
+    f = tmp_path / "pref.jsonl"
+    f.write_text(json.dumps(PAIR) + "\n" + json.dumps(record) + "\n")
+    assert run_cli("train", "--resume", byte_model, "--data", f, "--steps", 1, "--batch", 2,
+                   "--out", tmp_path / "o.tinygpt") == 1
+    err = capsys.readouterr().err.strip()
+    print(f"{case}: {err[:160]}")
+    assert len(err.splitlines()) == 1 and "line 2" in err and says in err, err
+    assert not (tmp_path / "o.tinygpt").exists()
+
+
+def test_dpo_options_need_a_preference_file(byte_model, tmp_path, capsys):
+    f = tmp_path / "chat.jsonl"
+    f.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
+    assert run_cli("train", "--resume", byte_model, "--data", f, "--dpo-beta", 0.2, "--steps", 1,
+                   "--out", tmp_path / "o.tinygpt") == 2
+    assert "--dpo-beta is for a preference file's run" in capsys.readouterr().err
+    p = tmp_path / "pref.jsonl"
+    p.write_text(json.dumps(PAIR) + "\n" + json.dumps(PAIR) + "\n")
+    assert run_cli("train", "--resume", byte_model, "--data", p, "--batch", 3, "--steps", 1,
+                   "--out", tmp_path / "o.tinygpt") == 2
+    assert "give an even batch" in capsys.readouterr().err

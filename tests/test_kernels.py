@@ -976,3 +976,27 @@ def test_layernorm_forward_bf16(gpu, rng, rows, C, rms, kn):
     want = R.layernorm_forward(f64(x), f64(g), f64(b), rms=rms)[0].reshape(-1)
     check(f"layernorm_forward_bf16 {rows}x{C} (one bf16 rounding)", got, want, 1e-5, 2.0 ** -8)
     check("its mean | rstd", gpu.read(stats), np.stack([mean, rstd]), 2e-5)
+
+
+@pytest.mark.parametrize("pairs,T,beta", [(1, 1, 0.1), (3, 7, 0.5), (70, 5, 2.0)])
+def test_dpo_and_scale_rows(gpu, rng, kn, pairs, T, beta):
+    """preference.wgsl: each pair's DPO loss from its windows' row losses and the reference's
+    log-probabilities (float32 bits in a u32 buffer), the factor on each window's rows, and those
+    rows of dlogits scaled (a chunk from row0; 70 pairs: more than the workgroup's 64 lanes)."""
+    losses = rng.uniform(0, 3, 2 * pairs * T).astype(np.float32)
+    losses[::3] = 0.0                                           # unscored rows
+    refs = (-rng.uniform(0, 3 * T, 2 * pairs)).astype(np.float32)
+    weights, loss = gpu.tensor((2 * pairs,)), gpu.tensor((4,))
+    wscale, lscale = 1.0 / (2 * pairs), 1.0 / pairs
+    run(gpu, kn.dpo(gpu.upload(refs.view(np.uint32)), gpu.upload(losses), weights, loss, pairs, T, beta, wscale,
+                    lscale))
+    rw, rl = R.dpo(f64(refs), f64(losses), pairs, T, beta, wscale, lscale)
+    check(f"dpo weights, {pairs} pairs of {T}", gpu.read(weights), rw, 1e-6 * beta, 1e-5)
+    check(f"dpo loss, {pairs} pairs of {T}", gpu.read(loss)[0], rl, 1e-5, 1e-5)
+    stride, row0 = 12, T
+    rows = 2 * pairs * T - row0
+    dl = rng.standard_normal((rows, stride)).astype(np.float32)
+    t = gpu.upload(dl)
+    run(gpu, kn.scale_rows(weights, t, rows, stride, T, row0))
+    check(f"scale_rows {rows}x{stride} from row {row0}", gpu.read(t), R.scale_rows(rw, f64(dl), rows, stride, T, row0),
+          1e-6, 1e-5)

@@ -10,6 +10,7 @@ from tinygpt.core.config import param_shapes, preset
 from tinygpt.core.precision import PRECISIONS
 from tinygpt.model.gpt import Model
 from tinygpt.reference import gpt as RG
+from tinygpt.reference import kernels as R
 from tinygpt.core.init import init_params
 
 from conftest import check
@@ -487,6 +488,36 @@ def test_unscored_targets_leave_the_mean_over_the_scored_ones(gpu, plan):
             check(f"{case}: grad {name} (tol 1e-4 x {scale:.2e})", G[name], want[name], 1e-4 * scale)
         rows = m.mean_loss(x, y)
         check(f"{case}: mean_loss over the scored targets", rows, loss, 1e-5 * abs(loss))
+
+
+def test_dpo_loss_and_gradients_against_float64(gpu, plan):
+    """A DPO model (spec.dpo = beta): windows 2i and 2i+1 a pair's chosen and rejected completions,
+    their prompts unscored, 2 micro-batches of 2 pairs: the step's loss is the mean of the pairs'
+    -log sigmoid(beta ((lc - rc) - (lr - rr))), and every gradient the float64 reference's, whose
+    dlogits are each row's cross-entropy gradient times its window's factor (reference dpo)."""
+    from tinygpt.core.config import UNSCORED
+    cfg = preset("tiny", batch=4, ctx=16)
+    params = init_params(cfg)
+    r = np.random.default_rng(11)
+    w = r.integers(0, cfg.vocab, (8, cfg.ctx + 1)).astype(np.uint32)
+    x, y = w[:, :-1], w[:, 1:].copy()
+    y[:, :5] = UNSCORED
+    refs = (-r.uniform(20, 40, 8)).astype(np.float32)
+    beta, T, BT, V = 0.5, cfg.ctx, 8 * cfg.ctx, cfg.vocab
+    m = Model(gpu, plan, RunSpec(cfg, "online", B=4, accum=2, dpo=beta))
+    m.set_params(params)
+    m.grads_only(x, y, refs)
+    logits, _, cache = RG.forward(f64(params), cfg, x, y)
+    losses, d = R.cross_entropy(y.reshape(-1), logits.reshape(BT, V), 1.0)
+    weights, loss = R.dpo(refs.astype(np.float64), losses, 4, T, beta, 1 / 4, 1 / 4)
+    cache["dlogits"] = R.scale_rows(weights, d, BT, V, T)
+    want = RG.backward(f64(params), cfg, cache)
+    print(f"DPO loss {loss:.6f} (ln 2 = {np.log(2):.6f} where the model is its reference)")
+    check("DPO loss (the mean of 2 micro-batches' slots)", m.loss(), loss, 1e-5 * abs(loss))
+    G = m.get_grads()
+    for name in ("tok_emb", "pos_emb", "h0.Wq", "h1.fc_out_W", "ln_f_b"):
+        scale = max(np.abs(want[name]).max(), 1e-6)
+        check(f"DPO grad {name} (tol 1e-4 x {scale:.2e})", G[name], want[name], 1e-4 * scale)
 
 
 def test_grad_accum_matches_the_whole_batch(gpu, plan):

@@ -531,7 +531,8 @@ class Trainer:
         if model.step_count >= self.end:
             raise UsageError(f"train: this run planned {self.end:,} steps and has taken them; make another trainer")
         self.lr = run.schedule.at(model.step_count)
-        model.step(*run.data.sample(run.rng, model.B * model.accum), self.lr)
+        batch = run.data.sample(run.rng, model.B * model.accum)
+        model.step(*batch[:2], self.lr, *batch[2:])
         return self.lr
 
     @in_api_words

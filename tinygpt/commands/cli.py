@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..core.version import __version__
 from ..files import checkpoint as ckpt
-from .argtypes import flag, nonneg_float, positive_int, seed_int
+from .argtypes import flag, nonneg_float, positive_float, positive_int, seed_int
 from ..core.config import n_params
 from ..core.errors import TinyGPTError, UsageError, set_wording, word
 from ..core.fs import writes_shown
@@ -93,6 +93,11 @@ def cmd_eval(args) -> int:
     if args.json:
         print(json.dumps(r))
     else:
+        if "reward_accuracy" in r:
+            print(f"DPO loss {r['loss']:.4f} over {r['pairs']:,} pairs (beta {r['beta']:g}): reward accuracy "
+                  f"{r['reward_accuracy']:.3f}, margin {r['reward_margin']:+.4f} (chosen {r['chosen_reward']:+.4f}, "
+                  f"rejected {r['rejected_reward']:+.4f}), of {r['data']}")
+            return 0
         ppl = f"perplexity {r['perplexity']:.2f}" if r["perplexity"] is not None else "perplexity too large to show"
         b = f", {r['bits_per_byte']:.3f} bits/byte" if "bits_per_byte" in r else ""
         print(f"validation loss {r['loss']:.4f} nats{b} ({ppl}) over {r['windows']} windows of {r['ctx']:,}, "
@@ -249,6 +254,9 @@ def _eval_command(sub, common):
                         "record; never over the model's)")
     p.add_argument("--truncate", action="store_true",
                    help="cut a chat file's record longer than the window instead of refusing it")
+    p.add_argument("--dpo-beta", type=positive_float, help="a preference file's DPO beta (default 0.1)")
+    p.add_argument("--reference", metavar="FILE",
+                   help="a preference file's DPO reference model (default: a LoRA run's base)")
     p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_setting(p, "attention")

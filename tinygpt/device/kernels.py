@@ -654,6 +654,19 @@ class Kernels:
         data[8:12] = struct.pack("<f", float(scale))
         self.gpu.write_uniform(d.uniform_buffer, bytes(data))
 
+    # ---- preference pairs: DPO's loss and its factor on each window's rows (preference.wgsl) -------------
+    def dpo(self, refs, losses, weights, loss, pairs, T, beta, wscale, lscale) -> Dispatch:
+        """A micro-batch of pairs (windows 2i chosen, 2i+1 rejected): each window's factor on its
+        rows' gradient into weights, the pairs' DPO loss times lscale into loss[0]."""
+        k = self.gpu.kernel("preference.wgsl", "dpo", "urrww")
+        return self.gpu.dispatch(k, (pairs, T, float(beta), float(wscale), float(lscale)),
+                                 [refs, losses, weights, loss], (1,))
+
+    def scale_rows(self, weights, logits, rows, stride, T, row0=0) -> Dispatch:
+        """dlogits' rows [rows, stride] each times its window's weight (window (row0 + r) // T)."""
+        k = self.gpu.kernel("preference.wgsl", "scale_rows", "urw")
+        return self.gpu.dispatch(k, (rows, stride, T, row0), [weights, logits], grid1d(-(-rows * stride // 64)))
+
     def softcap(self, logits, rows, stride, cap) -> Dispatch:
         """logits [rows, stride] <- cap * tanh(logits / cap), in place."""
         k = self.gpu.kernel("loss.wgsl", "softcap", "urwwr", {"SOFTCAP": float(cap)})

@@ -5,6 +5,9 @@ A record is either
     {"messages": [{"role": ..., "content": ...}, ...]}    a conversation (system, user, assistant turns)
     {"prompt": P, "completion": C}                        P and C strings (a user turn and the reply to
                                                            it) or message lists (trl's conversational form)
+or, in a preference file (DPO's, as trl takes it), a pair of completions to one prompt:
+    {"prompt": P, "chosen": C, "rejected": R}             strings or message lists, as above; what is
+                                                           scored is each completion's assistant turns
 What is scored (trl's assistant-only loss, axolotl's train_on_inputs: false): each assistant turn's
 content and the token that ends its turn (the first of the model's stop tokens after the content),
 never its role header, never another turn. The template is rendered for the conversation up to each
@@ -19,6 +22,7 @@ it with the truncate option (a cut that leaves no assistant token is still refus
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -91,14 +95,16 @@ def conversation_of(record, label: str) -> list[dict]:
     return messages
 
 
-def encode_conversation(messages, template, tok, stop: tuple, label: str) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, scored) of one conversation: the template's text cut at each assistant turn's bounds,
-    each piece encoded on its own; in a turn, its tokens up to and with the first stop token scored."""
+def encode_conversation(messages, template, tok, stop: tuple, label: str,
+                        first: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, scored) of one conversation: the template's text cut at each assistant turn's bounds
+    (those from messages[first] on: a preference pair's completion), each piece encoded on its own;
+    in a turn, its tokens up to and with the first stop token scored."""
     try:
         full = template.render(messages, add_generation_prompt=False)
         bounds, at = [], 0
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or i < first:
                 continue
             before = template.render(messages[:i], add_generation_prompt=True)
             through = template.render(messages[:i + 1], add_generation_prompt=False)
@@ -159,19 +165,84 @@ def read_chat_file(path, template, tok, stop: tuple, window: int, truncate: bool
             record = json.loads(text)
         except (json.JSONDecodeError, RecursionError) as e:
             raise DataError(f"{where}: not JSON ({str(e)[:80]}); a record is one JSON object a line") from None
+        if isinstance(record, dict) and "chosen" in record:
+            raise DataError(f"{where}: a preference pair among conversations; a file holds one kind of record")
         ids, scored = encode_conversation(conversation_of(record, where), template, tok, stop, where)
-        if len(ids) > window + 1:
-            if not truncate:
-                raise DataError(f"{where}: {len(ids):,} tokens, more than the window of {window:,} (+1); cut it "
-                                "with {opt:truncate}, or give a longer {opt:ctx}")
-            ids, scored = ids[:window + 1], scored[:window + 1]
-        if not scored[1:].any():
-            raise DataError(f"{where}: its assistant turns begin past the window of {window:,} tokens; shorten the "
-                            "record or give a longer {opt:ctx}")
-        records.append(ChatRecord(n, ids, scored))
+        records.append(_fitted(n, ids, scored, window, truncate, where))
     if not records:
         raise DataError(f"{label}: holds no record; give one conversation a line")
     return records
+
+
+def is_preference_file(path) -> bool:
+    """A chat file whose first record is a preference pair (prompt, chosen, rejected)."""
+    if not is_chat_file(path) or not os.path.isfile(path):
+        return False
+    for _, text in _lines(path, f"{{opt:data}} {path}"):
+        try:
+            first = json.loads(text)
+        except (json.JSONDecodeError, RecursionError):
+            return False
+        return isinstance(first, dict) and "chosen" in first and "rejected" in first
+    return False
+
+
+@dataclass(frozen=True)
+class Pair:
+    line: int
+    chosen: ChatRecord
+    rejected: ChatRecord
+
+
+def pair_of(record, label: str) -> tuple[list, list, int]:
+    """(the prompt and chosen completion, the prompt and rejected one, the prompt's messages) of a
+    preference record, each checked as a conversation; the same completion twice is refused."""
+    if not isinstance(record, dict) or not all(k in record for k in ("prompt", "chosen", "rejected")):
+        raise DataError(f"{label}: a preference record is {{\"prompt\": ..., \"chosen\": ..., \"rejected\": ...}}; "
+                        f"got {str(record)[:80]}")
+    prompt = _turns(record["prompt"], "user", f"{label}: prompt")
+    sides = [prompt + _turns(record[k], "assistant", f"{label}: {k}") for k in ("chosen", "rejected")]
+    for k, messages in zip(("chosen", "rejected"), sides):
+        conversation_of({"messages": messages}, f"{label}: {k}")
+        if not any(m.get("role") == "assistant" for m in messages[len(prompt):]):
+            raise DataError(f"{label}: {k} holds no assistant turn; a completion is the assistant's reply")
+    if sides[0] == sides[1]:
+        raise DataError(f"{label}: chosen and rejected are the same; a pair prefers one completion to another")
+    return sides[0], sides[1], len(prompt)
+
+
+def read_preference_file(path, template, tok, stop: tuple, window: int, truncate: bool = False,
+                         label: str | None = None) -> list[Pair]:
+    """Every pair of a preference file encoded, each completion a window's record (as
+    read_chat_file's), or DataError naming the first bad line."""
+    label = label or f"{{opt:data}} {path}"
+    pairs = []
+    for n, text in _lines(path, label):
+        where = f"{label}: line {n}"
+        try:
+            record = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise DataError(f"{where}: not JSON ({str(e)[:80]}); a record is one JSON object a line") from None
+        chosen, rejected, first = pair_of(record, where)
+        sides = [_fitted(n, *encode_conversation(m, template, tok, stop, where, first), window, truncate, where)
+                 for m in (chosen, rejected)]
+        pairs.append(Pair(n, *sides))
+    if not pairs:
+        raise DataError(f"{label}: holds no record; give one preference pair a line")
+    return pairs
+
+
+def _fitted(n: int, ids, scored, window: int, truncate: bool, where: str) -> ChatRecord:
+    """A record of at most window + 1 ids (cut with truncate), with a scored target left."""
+    if len(ids) > window + 1:
+        if not truncate:
+            raise DataError(f"{where}: {len(ids):,} tokens, more than the window of {window:,} (+1); cut it "
+                            "with {opt:truncate}, or give a longer {opt:ctx}")
+        ids, scored = ids[:window + 1], scored[:window + 1]
+    if not scored[1:].any():
+        raise DataError(f"{where}: its assistant turns begin past the window of {window:,} tokens; shorten the "
+                        "record or give a longer {opt:ctx}")
+    return ChatRecord(n, ids, scored)
 
 
 def windows(records: list[ChatRecord], T: int) -> tuple[np.ndarray, np.ndarray]:
@@ -223,3 +294,73 @@ def chat_dataset(path, template, tok, stop: tuple, T: int, truncate: bool = Fals
                         "validation) or a validation file with {opt:val_data}")
     k = max(1, int(round(len(records) * VAL_SHARE)))
     return ChatData(records[:-k], records[-k:], T, str(path), f"the file's last {k:,}")
+
+
+def pair_windows(pairs: list[Pair], T: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each pair's chosen and rejected completions as windows 2i and 2i+1."""
+    return windows([r for p in pairs for r in (p.chosen, p.rejected)], T)
+
+
+class PreferenceData:
+    """A preference file's pairs for a DPO run: those trained on and those held back, each pair two
+    windows of one batch (chosen, rejected), with the reference model's log-probability of each
+    window, set once before the first step (set_reference) and kept in the run's file."""
+
+    def __init__(self, train: list[Pair], val: list[Pair], T: int, name: str, held: str, digest: str):
+        self.train, self.val, self.T, self.name, self.held, self.digest = train, val, T, name, held, digest
+        self.refs = None                 # {"train": [2 n], "val": [2 m]}: the reference's log-probabilities
+
+    def set_reference(self, logprobs):
+        """logprobs(x, y) -> each window's log-probability under the reference."""
+        self.refs = {k: np.asarray(logprobs(*pair_windows(pairs, self.T)), np.float64)
+                     for k, pairs in (("train", self.train), ("val", self.val))}
+
+    def reference_record(self) -> dict:
+        return {"digest": self.digest, "window": self.T, **{k: v.tolist() for k, v in self.refs.items()}}
+
+    def reference_from(self, record) -> bool:
+        """The log-probabilities a run's file kept for this data and window, where it kept them."""
+        if not isinstance(record, dict) or record.get("digest") != self.digest or record.get("window") != self.T:
+            return False
+        got = {k: np.asarray(record.get(k, []), np.float64) for k in ("train", "val")}
+        if len(got["train"]) != 2 * len(self.train) or len(got["val"]) != 2 * len(self.val) or \
+                not all(np.all(np.isfinite(v)) for v in got.values()):
+            return False
+        self.refs = got
+        return True
+
+    def sample(self, rng: np.random.Generator, B: int):
+        """B // 2 pairs drawn at random -> (x [B, T], y [B, T], refs [B])."""
+        picks = rng.integers(0, len(self.train), B // 2)
+        x, y = pair_windows([self.train[i] for i in picks], self.T)
+        return x, y, self.refs["train"].reshape(-1, 2)[picks].reshape(-1)
+
+    def val_windows(self, max_windows: int | None = None):
+        n = max(1, max_windows // 2) if max_windows else len(self.val)
+        x, y = pair_windows(self.val[:n], self.T)
+        return x, y, self.refs["val"][:2 * len(self.val[:n])]
+
+    def describe(self) -> str:
+        return (f"data: {self.name}: {len(self.train):,} preference pairs to train on, {len(self.val):,} held for "
+                f"validation ({self.held}); a completion a window of {self.T:,}, the pair's two in one batch")
+
+
+def preference_dataset(path, template, tok, stop: tuple, T: int, truncate: bool = False,
+                       val_path=None) -> PreferenceData:
+    """A DPO run's pairs: the file's, validated on val_path's or on its last 5 %; the digest of the
+    files names the data its reference log-probabilities belong to."""
+    pairs = read_preference_file(path, template, tok, stop, T, truncate)
+    h = hashlib.sha256()
+    for p in [path] + ([val_path] if val_path else []):
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    if val_path is not None:
+        val = read_preference_file(val_path, template, tok, stop, T, truncate, f"{{opt:val_data}} {val_path}")
+        return PreferenceData(pairs, val, T, str(path), f"the file {val_path}", h.hexdigest())
+    if len(pairs) < 2:
+        raise DataError(f"{{opt:data}} {path}: one pair; give at least two (the last 5 per cent are held back for "
+                        "validation) or a validation file with {opt:val_data}")
+    k = max(1, int(round(len(pairs) * VAL_SHARE)))
+    return PreferenceData(pairs[:-k], pairs[-k:], T, str(path), f"the file's last {k:,}", h.hexdigest())
+

@@ -114,6 +114,7 @@ MODEL = (
            "logits [B*T={BT}, V={VP}]"),
     Buffer("losses",        ("BT",),                 "f32",     "step",         LG, "head"),
     Buffer("loss slots",    ("slots",),              "f32",     "step",         LG, "head"),
+    Buffer("dpo weights",   ("B",),                  "f32",     "step",         LG, "head, dpo"),
     Buffer("head block",    ("head_block",),         "f32",     "shared",       LG, "split head"),
     # the attention path's scratch: its own rows (model.attention, AttentionPath.rows())
     # the backward's gradients of activations, shared by the layers
@@ -175,7 +176,7 @@ def lora_block(BT: int, R: int) -> int:
 
 
 def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None = None, head_rows: int = 0,
-          N: int = 0, capacity: int = 0, lora: LoRA | None = None, part: int = 0) -> dict:
+          N: int = 0, capacity: int = 0, lora: LoRA | None = None, part: int = 0, dpo: bool = False) -> dict:
     """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences).
     part: the floats of one buffer of a flat array (layout.flat_part; 0: one buffer)."""
     V, C, H = cfg.vocab, cfg.d_model, cfg.heads
@@ -190,7 +191,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
             "QC": cfg.block.heads.q_width, "ones": max(C, cfg.hd),       # the gains of ones: a norm's, QK-norm's
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
-            "batch": batch_layout(B * T, V)[1],
+            "batch": batch_layout(B * T, V, B if dpo else 0)[1],
             "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch
             "head_block": head_block_rows(VP, C, head_rows, max_binding)[1],   # the split head's scratch
             "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
@@ -204,9 +205,10 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
 def flags(policy: Precision, *, training: bool, head: bool, accum: int, split_head: bool,
           attention_reads_stored: bool, cache: bool = False, recompute: bool = False, lora: bool = False,
           rotary: bool = False, qk_norm=None, grouped: bool = False, norm_free: bool = False,
-          embed_norm: bool = False, gated_mlp: bool = False, prefill: bool = False) -> set:
+          embed_norm: bool = False, gated_mlp: bool = False, prefill: bool = False, dpo: bool = False) -> set:
     """The conditions the table's rows are taken under, each decided once here."""
     on = {"lora"} if lora and training else set()
+    on |= {"dpo"} if dpo else set()
     on |= {"rotary"} if rotary else set()
     on |= {"grouped"} if grouped else set()
     on |= {"embed norm"} if embed_norm else set()
@@ -289,14 +291,15 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None, 
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
-    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora, part=part)
+    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora, part=part, dpo=spec.dpo is not None)
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),
                recompute=spec.recompute, lora=lora is not None, rotary=cfg.block.position.rotary,
                qk_norm=cfg.block.qk_norm, grouped=cfg.block.heads.grouped, norm_free=not cfg.block.norm.weights,
                embed_norm=cfg.block.embed_norm, gated_mlp=cfg.block.mlp.gated,
-               prefill=not head)                  # a model without the LM head is the cached sampler's prefill
+               prefill=not head,                  # a model without the LM head is the cached sampler's prefill
+               dpo=spec.dpo is not None)
     table = MODEL + attention.rows() + (optimizer.rows() if training else ())
     return resolve(table, on, size, policy), size
 

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..core.config import UNSCORED
+from ..core.dpo import preference_stats
 from ..core.lora import trainable_shapes
 from ..core.block import HEAD_TABLES
 from ..core.init import token_buckets
@@ -51,7 +52,7 @@ class Model:
     def __init__(self, gpu: GPU, plan: KernelPlan, spec: RunSpec):
         cfg, precision = spec.cfg, spec.precision
         self.gpu, self.plan, self.spec, self.cfg, self.precision, self.lora = gpu, plan, spec, cfg, precision, spec.lora
-        self.training, self.accum, self.attention = spec.training, spec.accum, spec.attention
+        self.training, self.accum, self.attention, self.dpo = spec.training, spec.accum, spec.attention, spec.dpo
         self.recompute = spec.recompute
         self.scaled = spec.training and precision.loss_scaling
         self.optimizer = make_optimizer(spec.optimizer) if spec.training else None
@@ -84,7 +85,8 @@ class Model:
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read[cfg.block.head], cfg.d_model,
                          max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
         self._fwd = record.forward(self)
-        self._reduce, self._loss, self._eval_rows = record.losses(self, spec.lm_head)
+        self._reduce, self._ce, self._after, self._eval_rows = record.losses(self, spec.lm_head)
+        self._loss = self._ce + self._reduce[:1] + self._after     # one micro-batch's, in order
         self._scored = self.accum * self.B * self.T         # the targets the recorded loss scales mean over
         self._bwd, self._bwd_more, self._opt = [], [], []
         if spec.training:
@@ -116,7 +118,7 @@ class Model:
         self.logits, self.losses, self.loss_buf = b.get("logits"), b.get("losses"), b.get("loss slots")
         self.gate = b.get("gate")                                # model.optim.Gate's: the clip, the loss scaler
         self.residuals = b["x"]                                  # the stream into each block, and out of the last
-        self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab)[0]
+        self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab, self.B if self.dpo is not None else 0)[0]
         # every parameter where it lives: the trainable ones in params, a LoRA run's frozen rest in base
         frozen = lambda key: self._param_views(b[key], self.base_offsets) if self.lora else {}
         self.P = {**frozen("base"), **self._param_views(self.params)}
@@ -197,14 +199,17 @@ class Model:
         Gate.write(self.gpu, self.gate, **values)
 
     # ---- running -----------------------------------------------------------------------------
-    def write_batch(self, x: np.ndarray, y: np.ndarray | None = None):
-        """x, y [B, T] token ids -> the batch buffer, in one write."""
+    def write_batch(self, x: np.ndarray, y: np.ndarray | None = None, refs: np.ndarray | None = None):
+        """x, y [B, T] token ids (and preference pairs' refs [B], the reference's log-probability of
+        each window) -> the batch buffer, in one write."""
         BT, V = self.B * self.T, self.cfg.vocab
         x = np.asarray(x).reshape(-1)
         data = np.zeros(self.batch.size, np.uint32)
         data[self.batch_parts["tokens"][0]:][:BT] = x
         if y is not None:
             data[self.batch_parts["targets"][0]:][:BT] = np.asarray(y).reshape(-1)
+        if refs is not None:
+            data[self.batch_parts["refs"][0]:][:self.B] = np.asarray(refs, np.float32).view(np.uint32)
         if self.training:
             offsets, positions = token_buckets(x, V)
             b0 = self.batch_parts["buckets"][0]
@@ -212,24 +217,28 @@ class Model:
             data[b0 + V + 1:b0 + V + 1 + BT] = positions
         self.gpu.write(self.batch, data)
 
-    def step(self, x, y, lr: float):
+    def step(self, x, y, lr: float, refs=None):
         """One training step: forward, loss, backward, the gate, the optimizer; one submit (one per
-        micro-batch with accum), no readback. x, y [accum*B, T]."""
+        micro-batch with accum), no readback. x, y [accum*B, T]; refs [accum*B]: preference pairs'
+        (windows 2i chosen, 2i+1 rejected) reference log-probabilities, for a DPO model."""
         self.step_count += 1
         self.optimizer.write_step(self.gpu, lr)
-        self._micro_batches(x, y, self._opt)
+        self._micro_batches(x, y, self._opt, refs)
 
-    def grads_only(self, x, y):
+    def grads_only(self, x, y, refs=None):
         """Forward, loss and backward without the update (tests compare gradients)."""
-        self._micro_batches(x, y, [])
+        self._micro_batches(x, y, [], refs)
 
-    def _micro_batches(self, x, y, then):
+    def _micro_batches(self, x, y, then, refs=None):
         x, y, B = np.asarray(x), np.asarray(y), self.B
-        self._scale_loss(y)
+        assert (refs is None) == (self.dpo is None), "a DPO model's steps take the pairs' reference log-probabilities"
+        if self.dpo is None:
+            self._scale_loss(y)
         for i in range(self.accum):
-            self.write_batch(x[i * B:(i + 1) * B], y[i * B:(i + 1) * B])
+            part = slice(i * B, (i + 1) * B)
+            self.write_batch(x[part], y[part], None if refs is None else refs[part])
             bwd = self._bwd if i == 0 else self._bwd_more
-            self.gpu.run(self._fwd + self._loss[:-1] + self._reduce[i:i + 1] + bwd
+            self.gpu.run(self._fwd + self._ce + self._reduce[i:i + 1] + self._after + bwd
                          + (then if i == self.accum - 1 else []))
 
     def _scale_loss(self, y):
@@ -238,7 +247,7 @@ class Model:
         rewritten, dlogits' 1/scored and each micro-batch's slot accum/scored (loss() averages them)."""
         scored = max(1, int(np.count_nonzero(y != UNSCORED)))
         if scored != self._scored and self._reduce:
-            for d in self._loss[:-1]:
+            for d in self._ce:
                 self.kn.set_loss_scale(d, 1.0 / scored)
             for d in self._reduce:
                 self.kn.set_loss_scale(d, self.accum / scored)
@@ -256,11 +265,27 @@ class Model:
         self.gpu.run(self._fwd + self._eval_rows)
         return self.gpu.read(self.losses, count=rows or self.B * self.T)
 
-    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, progress=None) -> float:
+    def window_logprobs(self, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+        """Each window's log-probability of its scored targets (minus the sum of their losses, float64),
+        B windows at a time, the last batch padded with copies of its first window."""
+        B, T, n = self.B, self.T, len(xs)
+        out = np.empty(n)
+        for i in range(0, n, B):
+            x, y = xs[i:i + B], ys[i:i + B]
+            k = len(x)
+            if k < B:
+                x, y = np.concatenate([x, np.repeat(x[:1], B - k, 0)]), np.concatenate([y, np.repeat(y[:1], B - k, 0)])
+            out[i:i + k] = -self.row_losses(x, y, k * T).astype(np.float64).reshape(k, T).sum(1)
+        return out
+
+    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, refs=None, progress=None) -> float:
         """Mean next-token loss over N windows [N, T], B at a time (float64 sum), of the targets that are
         scored (every one but UNSCORED's: a chat file's assistant tokens); the last batch
         is padded with copies of its first window, whose rows are not read. progress: a bar
-        (tqdm's), updated by the windows of each batch."""
+        (tqdm's), updated by the windows of each batch. refs: preference pairs' reference
+        log-probabilities (a DPO model's windows): their DPO loss instead."""
+        if refs is not None:
+            return preference_stats(self.window_logprobs(np.asarray(xs), np.asarray(ys)), refs, self.dpo)["loss"]
         B, T, n = self.B, self.T, len(xs)
         scored = int(np.count_nonzero(np.asarray(ys) != UNSCORED))
         if n == 0 or scored == 0:
@@ -276,10 +301,6 @@ class Model:
             if progress is not None:
                 progress.update(k)
         return total / scored
-
-    def evaluate(self, x, y) -> float:
-        """Mean loss of one batch [B, T]."""
-        return self.mean_loss(np.asarray(x), np.asarray(y))
 
     def forward(self, x, then=()):
         """The forward alone, then `then` in the same submission; its activations (and the naive

@@ -56,11 +56,12 @@ def param_layout(cfg: Config, shapes=None, part: int = 0):
     return offs, -(-pos // 256) * 256
 
 
-def batch_layout(BT: int, V: int) -> tuple[dict, int]:
+def batch_layout(BT: int, V: int, refs: int = 0) -> tuple[dict, int]:
     """The batch buffer, uploaded in one write a step: tokens | targets | bucket offsets (V+1) |
-    bucket positions (BT), each part starting on 256 words -> ({part: (first word, words)}, words)."""
+    bucket positions (BT) | and, for preference pairs, the reference's log-probability of each
+    window (refs, float32 bits), each part starting on 256 words -> ({part: (first word, words)}, words)."""
     parts, n = {}, 0
-    for name, size in (("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)):
+    for name, size in (("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)) + ((("refs", refs),) if refs else ()):
         parts[name] = (n, size)
         n = -(-(n + size) // 256) * 256
     return parts, n

@@ -141,22 +141,30 @@ def forward_rows(m, T: int) -> list:
 
 
 def losses(m, head: bool) -> tuple:
-    """(each micro-batch's reduction into its slot; the loss of a step: cross-entropy writing dlogits
-    over the logits, then the mean into the first slot; the per-row losses without a gradient, for
-    evaluation). The dispatch
-    lists are the model's own: callers use step / mean_loss / logits_of / dispatch_groups, so no
-    caller can run part of a list."""
+    """(each micro-batch's reduction into its slot; the cross-entropy of a step, writing dlogits over
+    the logits; what follows the reduction (DPO's factor on each window's rows); the per-row losses
+    without a gradient, for evaluation). A micro-batch runs the cross-entropy, its slot's reduction,
+    then what follows. The dispatch lists are the model's own: callers use step / mean_loss /
+    logits_of / dispatch_groups, so no caller can run part of a list."""
     kn, V, BT, accum = m.kn, m.cfg.vocab, m.B * m.T, m.accum
     targets = batch_view(m, "targets")
-    # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's
-    # and, under a loss scaler, its scale (from the device: the gate changes it there)
+    # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's (DPO's: 1, its
+    # own factor follows) and, under a loss scaler, its scale (from the device: the gate changes it there)
     scaler = m.gate if m.scaled else None
-    ce = lambda grad: [kn.cross_entropy(targets, rows(m.logits, r0, n), m.losses, n, V, 1.0 / (accum * BT),
+    scale = 1.0 if m.dpo is not None else 1.0 / (accum * BT)
+    ce = lambda grad: [kn.cross_entropy(targets, rows(m.logits, r0, n), m.losses, n, V, scale,
                                         grad, r0, m.VP, scaler=scaler if grad else None, softcap=m.cfg.block.softcap)
-                 for r0, n in m.chunks]
+                       for r0, n in m.chunks]
     slot = lambda i: Tensor(m.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
-    reduce = [kn.loss_reduce(m.losses, slot(i), BT, 1.0 / BT) for i in range(accum)] if head else []
-    return reduce, ce(m.training) + reduce[:1] if head else [], ce(False)
+    if not head:
+        return [], [], [], ce(False)
+    if m.dpo is None:
+        return [kn.loss_reduce(m.losses, slot(i), BT, 1.0 / BT) for i in range(accum)], ce(m.training), [], ce(False)
+    pairs, w = m.B // 2, m.buf["dpo weights"]
+    reduce = [kn.dpo(batch_view(m, "refs"), m.losses, w, slot(i), pairs, m.T, m.dpo, 1.0 / (pairs * accum), 1.0 / pairs)
+              for i in range(accum)]
+    return reduce, ce(True), [kn.scale_rows(w, rows(m.logits, r0, n), n, m.VP, m.T, r0) for r0, n in m.chunks], \
+        ce(False)
 
 
 def backward(m, Gd: dict) -> list:

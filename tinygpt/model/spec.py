@@ -31,11 +31,13 @@ class RunSpec:
     recompute: bool = False          # one set of block activations, rebuilt in the backward
     lora: LoRA | None = None         # adapters trained on a frozen base
     optimizer: Settings | None = None   # None: optimizers.UNRECORDED's defaults (AdamW's)
+    dpo: float | None = None         # DPO's beta: each micro-batch's windows are preference pairs (preference.wgsl)
 
     def __post_init__(self):
         assert self.lm_head or not self.training, "training needs the LM head"
         assert self.lora is None or self.training, "an adapted model trains; evaluation and sampling take it merged"
         assert self.accum >= 1 and (self.accum == 1 or self.training), self.accum
+        assert self.dpo is None or self.training and (self.B or self.cfg.batch) % 2 == 0, "pairs of windows"
         set_ = lambda name, value: object.__setattr__(self, name, value)
         set_("attention", path(self.attention))
         set_("B", self.B or self.cfg.batch)

@@ -188,7 +188,7 @@ def first_nonfinite(model: Model, x, y) -> str | None:
         return True
     model.write_batch(np.asarray(x)[:model.B], np.asarray(y)[:model.B])
     try:
-        for d in model._fwd + model._loss[:-1]:
+        for d in model._fwd + model._ce:
             binds = list(zip(d.entries[1:], d.kernel.access[1:]))
             inputs_ok = finite([e for e, a in binds if a == "r"])
             gpu.run([d])

@@ -435,6 +435,24 @@ def loss_reduce(losses, scale):
     return losses.sum() * scale
 
 
+# ---- preference (DPO) -----------------------------------------------------------------
+def dpo(refs, losses, pairs, T, beta, wscale, lscale):  # -> (weights [2 pairs], loss)
+    """Window 2i the chosen completion, 2i+1 the rejected; a window's log-probability is minus the
+    sum of its T rows' losses; refs the reference's (the shader reads their float32 bits)."""
+    lp = -np.asarray(losses)[:2 * pairs * T].reshape(2 * pairs, T).sum(1)
+    refs = np.asarray(refs, lp.dtype)[:2 * pairs]
+    z = beta * ((lp[0::2] - refs[0::2]) - (lp[1::2] - refs[1::2]))
+    g = beta * (1.0 - 1.0 / (1.0 + np.exp(-z))) * wscale
+    weights = np.empty(2 * pairs, lp.dtype)
+    weights[0::2], weights[1::2] = g, -g
+    return weights, np.logaddexp(0.0, -z).sum() * lscale
+
+
+def scale_rows(weights, logits, rows, stride, T, row0=0):   # dlogits [rows, stride] * each window's weight
+    w = np.asarray(weights)[(row0 + np.arange(rows)) // T]
+    return np.asarray(logits).reshape(rows, stride) * w[:, None]
+
+
 # ---- optimizer ------------------------------------------------------------------------
 def grad_sumsq(g, chunk=4096, gate=None):   # g flat -> partial sums of squares per chunk
     """gate (SCALED: the gate of a loss scaler, kernels.GATE's names): g carries its scale, which

@@ -14,7 +14,7 @@ from ..files.data import progress
 from .. import tokenizers
 from ..device.gpu import GPU
 from ..device.planner import make_plan
-from ..core.config import UNSCORED, n_params
+from ..core.config import UNSCORED, n_params, param_shapes
 from ..model import budget
 from ..model.budget import device_limits
 from ..model.decode import Decoder
@@ -22,7 +22,9 @@ from ..model.layout import flat_part
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
-from ..files.chat_data import is_chat_file, read_chat_file, windows
+from ..files.chat_data import is_chat_file, is_preference_file, pair_windows, read_chat_file, read_preference_file, \
+    windows
+from ..core.dpo import DPO_BETA, preference_stats
 from ..tokenizers.chat import template_of
 from ..model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
 from ..model.twincheck import verify
@@ -81,6 +83,11 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
         raise UsageError(f"{{opt:ctx}} {o.ctx}: this model's windows are 2 to its context, {ck.cfg.ctx:,} tokens")
     tok = tokenizer_of(ck, o.tokenizer_file)
     path = data_path_for(o.data, ck, f"{{opt:model}} {o.model}")
+    if is_preference_file(path):
+        return evaluate_pairs(o, ck, tok, path, gpu)
+    if o.reference is not None:
+        raise UsageError("{opt:reference} is the DPO reference of a preference file's pairs; give {opt:data} one, or "
+                         "drop it")
     if is_chat_file(path):
         records = read_chat_file(path, template_of(ck.extra, tok), tok, stop_ids(ck.extra, tok, ck.cfg.vocab),
                                  o.ctx or ck.cfg.ctx, o.truncate)
@@ -111,6 +118,46 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     if tok.token_is_byte:
         r["bits_per_byte"] = bits(loss)
     return r
+
+
+def evaluate_pairs(o: EvalOptions, ck: ckpt.Checkpoint, tok, path, gpu: GPU | None = None) -> dict:
+    """A preference file's DPO loss, reward accuracy and margins (core.dpo) against the reference:
+    a LoRA run's base (its file's weights, the adapters off), or the reference option's model. One
+    model computes both sides' log-probabilities, the policy's weights and then the reference's."""
+    label = f"{{opt:model}} {o.model}"
+    policy = model_params(ck, label, o.adapters)
+    if o.reference is not None:
+        ref = ckpt.load(o.reference, f"{{opt:reference}} {o.reference}", moments=False)
+        if list(param_shapes(ref.cfg)) != list(param_shapes(ck.cfg)):
+            raise UsageError(f"{{opt:reference}} {o.reference}: not the shape of {o.model}; give the model its DPO run "
+                             "started from")
+        reference = model_params(ref, f"{{opt:reference}} {o.reference}")
+    elif policy is not ck.params:
+        reference = ck.params                 # the base the adapters were trained on
+    else:
+        raise UsageError(f"{o.model} holds no LoRA adapters, so no base to score the pairs against; give the model "
+                         "its DPO run started from with {opt:reference}")
+    pairs = read_preference_file(path, template_of(ck.extra, tok), tok, stop_ids(ck.extra, tok, ck.cfg.vocab),
+                                 o.ctx or ck.cfg.ctx, o.truncate)
+    pairs = pairs[:max(1, o.max_windows // 2)] if o.max_windows else pairs
+    longest = max(len(r.ids) - 1 for p in pairs for r in (p.chosen, p.rejected))
+    cfg = at_rows(ck.cfg, o.ctx or rows_for(ck.cfg.ctx, longest, 64))
+    xs, ys = pair_windows(pairs, cfg.ctx)
+    gpu = gpu or GPU()
+    plan = make_plan(gpu, o.kernels)
+    spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
+    limits = device_limits(gpu)
+    budget.check_use(budget.eval_bytes(spec, plan, limits), 8 * n_params(cfg), limits,
+                     f"scoring windows of {cfg.ctx:,} tokens, {spec.B} at once", "use a smaller {opt:ctx}")
+    verify(gpu, plan, spec)
+    model = Model(gpu, plan, spec)
+    logprobs = []
+    for params in (policy, reference):
+        model.set_params(at_rows_params(cfg, params))
+        logprobs.append(model.window_logprobs(xs, ys))
+    beta = o.dpo_beta if o.dpo_beta is not None else DPO_BETA
+    return {**preference_stats(*logprobs, beta), "beta": beta, "perplexity": None, "windows": len(xs),
+            "tokens": int((ys != UNSCORED).sum()), "data": f"{path} ({len(pairs):,} preference pairs)", "ctx": cfg.ctx}
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:

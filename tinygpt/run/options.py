@@ -140,6 +140,10 @@ class TrainOptions:
                                             "records)", metavar="FILE")
     truncate: bool | None = setting("input", "cut a chat record longer than the window to it (default: refuse "
                                              "the record by its line)", toggle=True)
+    dpo_beta: float | None = setting("input", "DPO's beta, how far a preference file's run may move from its "
+                                              "reference (default 0.1)", check=values.positive_float, metavar="B")
+    reference: str | None = setting("input", "a full fine-tune's DPO reference model (default: the weights the run "
+                                             "starts from; a LoRA run's is its base)", metavar="FILE")
     tokenizer: str | None = setting(
         "input", f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT}, or the preset's, the token file's or "
         "the resumed run's", choices=list(tokenizers.NAMES))
@@ -301,6 +305,8 @@ class EvalOptions(ModelUse):
     quiet: bool = False                # no progress bar
     ctx: int | None = None             # the windows' tokens (None: the model's context, at most infer.EVAL_CTX)
     truncate: bool = False             # a chat file's record longer than the window: cut, not refused
+    dpo_beta: float | None = None      # a preference file's DPO beta (None: core.dpo.DPO_BETA)
+    reference: str | None = None       # a preference file's DPO reference model (None: a LoRA file's base)
 
 
 @dataclass

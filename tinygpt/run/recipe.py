@@ -35,6 +35,8 @@ from .schedule import Schedule, resolve
 from ..files.outputs import Outputs, derived, is_json_lines, is_our_png
 from .runlog import claim_directory
 from ..files.tokenfile import data_files, is_token_file, read_sidecar
+from ..files.chat_data import is_preference_file
+from ..core.dpo import DPO_BETA
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
 LORA_STEPS = 300        # and its steps where the steps option is not (results.md's fine-tune, "LoRA")
@@ -199,7 +201,22 @@ def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optim
     """The run these options ask for, resolved once: what the memory budget, the model and
     `tinygpt plan` take as it is (window: its windows' tokens, run_window)."""
     return RunSpec(cfg, o.attention, T=window, accum=accum, precision=precision,
-                   loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora, optimizer=optimizer)
+                   loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora, optimizer=optimizer,
+                   dpo=run_dpo(o, cfg))
+
+
+def run_dpo(o: TrainOptions, cfg) -> float | None:
+    """DPO's beta where the data is a preference file (each batch its pairs' two windows), else None."""
+    if not is_preference_file(o.data):
+        if o.dpo_beta is not None or o.reference is not None:
+            which = "dpo_beta" if o.dpo_beta is not None else "reference"
+            raise UsageError(f"{{opt:{which}}} is for a preference file's run (DPO: records of prompt, chosen and "
+                             "rejected); give {opt:data} one, or drop it")
+        return None
+    if cfg.batch % 2:
+        raise UsageError(f"{{opt:batch}} {cfg.batch}: a batch of preference pairs holds each pair's chosen and "
+                         "rejected completions; give an even batch")
+    return o.dpo_beta if o.dpo_beta is not None else DPO_BETA
 
 
 def count(extra: dict, key: str, most: int, label: str, default: int = 0) -> int:

@@ -18,7 +18,8 @@ from ..files.outputs import save_png
 
 # row key -> TensorBoard tag; the same names a PyTorch run's logs use, grouped as TensorBoard shows them
 TAGS = {"train_loss": "loss/train", "val_loss": "loss/val", "lr": "lr", "grad_norm": "grad_norm",
-        "tokens_per_s": "tokens_per_s", "loss_scale": "loss_scale", "final_val_loss": "loss/val_final"}
+        "tokens_per_s": "tokens_per_s", "loss_scale": "loss_scale", "final_val_loss": "loss/val_final",
+        "val_reward_accuracy": "dpo/reward_accuracy", "val_reward_margin": "dpo/reward_margin"}
 
 
 def now() -> str:

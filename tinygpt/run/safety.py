@@ -150,11 +150,12 @@ class Saver:
             return f"no checkpoint was saved at {self.path}"
         return f"{self.path} keeps the checkpoint of step {self.kept}"
 
-    def checked_params(self, x, y, lr: float, done: int) -> dict:
+    def checked_params(self, x, y, lr: float, refs=None, done: int = 0) -> dict:
         """The current (updated) weights, read once, after checking them and their loss on the
-        last batch: a step that diverged is never saved over a good checkpoint."""
+        last batch (a DPO batch's with its refs): a step that diverged is never saved over a good
+        checkpoint."""
         model = self.run.model
-        loss = model.evaluate(x, y)
+        loss = model.mean_loss(np.asarray(x), np.asarray(y), refs)
         params = model.get_params()
         why = unhealthy(loss, None, self.best, self.run.cfg.vocab)
         if why is None:

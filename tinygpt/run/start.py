@@ -31,7 +31,8 @@ from ..files.outputs import same_file
 from .recipe import Length, Recipe, RunSettings, count, make_recipe
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
-from ..files.chat_data import chat_dataset, is_chat_file
+from ..files.chat_data import PreferenceData, chat_dataset, is_chat_file, preference_dataset
+from .preference import set_reference
 from ..tokenizers.chat import template_of
 from .. import tokenizers
 from ..tokenizers import get_tokenizer
@@ -130,15 +131,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
         get_tokenizer(r.tokenizer, o.tokenizer_file)
     assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
-    if is_chat_file(data_path):                    # the model's template and stop tokens (ChatML's for a new one)
-        extra = resume.extra if resume else {}
-        data = chat_dataset(data_path, template_of(extra, tok), tok, stop_ids(extra, tok, r.cfg.vocab), r.spec.T,
-                            bool(o.truncate), o.val_data)
-    else:
-        if o.val_data:
-            raise UsageError("{opt:val_data} is a chat file's validation set; give {opt:data} a chat file (.jsonl), "
-                             "or leave it out (a text's last 10 % validates)")
-        data = open_dataset(data_path, tok, r.spec.T)   # the run's windows (a saved model's may be shorter)
+    data = _open_data(o, r, tok, data_path, resume)
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)
@@ -151,6 +144,10 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     notes = []
     frozen, start, history = _start(model, rng, resume, r.lora, r.new_lora, label, o.loss_scale is not None,
                                     r.held_optimizer, notes)
+    if isinstance(data, PreferenceData):          # the reference's log-probabilities, once, kept in the file
+        notes.append(f"dpo: beta {r.spec.dpo:g}, the reference: "
+                     f"{set_reference(model, data, o.reference, resume, r.new_lora, label)}")
+        extra["dpoReference"] = data.reference_record()
     header = resume.header if resume else {}
     if r.new_lora:      # the base run's own results are not the fine-tune's
         header = {k: v for k, v in header.items() if k not in ("bestVal", "sample", "finalLoss")}
@@ -159,6 +156,20 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
 
 
 CHAT_FIELDS = ("chatTemplate", "stopTokens", "tokenizerBos")     # what chat needs of a file (files.hf, gguf_read)
+
+
+def _open_data(o: TrainOptions, r: Recipe, tok, data_path, resume):
+    """The run's data: a chat or preference file rendered with the model's template and stop tokens
+    (ChatML's for a new model), else a text's (or token file's) windows."""
+    if is_chat_file(data_path):
+        extra = resume.extra if resume else {}
+        make = preference_dataset if r.spec.dpo is not None else chat_dataset
+        return make(data_path, template_of(extra, tok), tok, stop_ids(extra, tok, r.cfg.vocab), r.spec.T,
+                    bool(o.truncate), o.val_data)
+    if o.val_data:
+        raise UsageError("{opt:val_data} is a chat file's validation set; give {opt:data} a chat file (.jsonl), "
+                         "or leave it out (a text's last 10 % validates)")
+    return open_dataset(data_path, tok, r.spec.T)   # the run's windows (a saved model's may be shorter than its ctx)
 
 
 def _extra(o: TrainOptions, r: Recipe, tok, data_path, resume) -> dict:

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from ..core.config import n_params
-from ..core.errors import word
+from ..core.errors import UsageError, word
+from ..core.dpo import preference_stats
 from ..core.lora import trainable_shapes
 from ..device.gpu import GPU
 from ..device.tune import cached_peaks
@@ -75,7 +76,7 @@ class Loop:
         self.stop = StopFlag()
         self.saver = Saver(run, outs.checkpoint, self.stop)
         self.last = {"train": None, "val": None}
-        self.tok_s, self.x, self.y, self.lr = 0.0, None, None, sched.lr
+        self.tok_s, self.x, self.y, self.refs, self.lr = 0.0, None, None, None, sched.lr
         self.png = self.samples = None
 
     def _end_at(self, end: int):
@@ -105,7 +106,8 @@ class Loop:
                   f"{n_params(cfg):,} frozen", file=err)
         print(data.describe(), file=err)
         if self.deadline:
-            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val, self.s, self.clock, run.tokenizer)
+            self.deadline.reserve = end_cost(model, self.sampler, *self.final_val[:2], self.s, self.clock,
+                                             run.tokenizer)
             print(f"schedule: {sched.describe().split(' at step')[0]} at the last step; steps fitted to "
                   f"{run.length.minutes:g} min", file=err)
         else:
@@ -135,8 +137,10 @@ class Loop:
             self.deadline.start(self.start)
         while step < self.end and not self.stop.requested:
             self.lr = sched.at(step)
-            self.x, self.y = run.data.sample(run.rng, model.B * model.accum)   # one batch of accum x B windows
-            model.step(self.x, self.y, self.lr)
+            batch = run.data.sample(run.rng, model.B * model.accum)   # one batch of accum x B windows
+            self.x, self.y = batch[:2]
+            self.refs = batch[2] if len(batch) > 2 else None          # a DPO batch's pairs' reference log-probs
+            model.step(self.x, self.y, self.lr, *batch[2:])
             n_since += 1
             step = done = step + 1
             if self.deadline and (done - self.start < 200 or done % s.log_every == 0):
@@ -167,18 +171,26 @@ class Loop:
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
         scaler = model.gate_state() if model.scaled else None      # read with the loss, when shown
-        if want_eval:
+        pairs = {}
+        if want_eval and model.dpo is not None:        # DPO: the reward accuracy and margin beside the loss
+            xs, ys, refs = self.val
+            pairs = preference_stats(model.window_logprobs(xs, ys), refs, model.dpo)
+            rec["val"] = self.last["val"] = pairs["loss"]
+        elif want_eval:
             rec["val"] = self.last["val"] = model.mean_loss(*self.val)
         self.last["train"] = loss
         run.history.append({k: rec[k] for k in ("step", "train", "val") if k in rec})
         row = {"step": done, "train_loss": loss, "val_loss": rec.get("val"), "lr": lr, "grad_norm": norm,
-               "tokens_per_s": rec["tokens_per_s"]}
+               "tokens_per_s": rec["tokens_per_s"],
+               **{f"val_{k}": pairs[k] for k in ("reward_accuracy", "reward_margin") if k in pairs}}
         if scaler:
             row.update(loss_scale=scaler["scale"], skipped_steps=int(scaler["skipped"]))
         self.log.row(row)
         if self.outs.best and "val" in rec and (self.best_val is None or rec["val"] < self.best_val):
             self._save_best(done, rec["val"])
         self.bar.set_postfix_str(f"loss {loss:.4f}" + (f" val {rec['val']:.4f}" if "val" in rec else "")
+                                 + (f" acc {pairs['reward_accuracy']:.2f} margin {pairs['reward_margin']:+.3f}"
+                                    if pairs else "")
                                  + f" {self.tok_s:,.0f} tok/s"
                                  + (f" scale {scaler['scale']:g} skipped {int(scaler['skipped'])}" if scaler else "")
                                  + (f", {clock_text(self.deadline.left())} left" if self.deadline else ""))
@@ -204,7 +216,7 @@ class Loop:
 
     def _save_best(self, done: int, val: float):
         """keep-best: this step's weights, whose validation loss is the run's lowest yet."""
-        params = self.saver.checked_params(self.x, self.y, self.lr, done)
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=done)
         before = self.run.extra.get("keepBest")     # the record goes in the best file and in the run's
         self.run.extra["keepBest"] = {"val": val, "windows": self.s.eval_windows, "step": done}
         try:
@@ -217,7 +229,7 @@ class Loop:
         self.best_val, self.best_step = val, done
 
     def _save_periodic(self, done: int):
-        params = self.saver.checked_params(self.x, self.y, self.lr, done)
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=done)
         try:
             self.saver.save(params)
         except OSError as e:  # keep training: the state is in memory, the last good file on disk
@@ -232,8 +244,8 @@ class Loop:
             self._end_at(model.step_count)
         if stop.requested:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=self.err)
-        params = self.saver.checked_params(self.x, self.y, self.lr, model.step_count) if self.x is not None \
-            else model.get_params()
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=model.step_count) \
+            if self.x is not None else model.get_params()
         try:
             if not stop.requested and s.eval_every:
                 # the whole split before the save: the file's last point (finalLoss.val, and bestVal
@@ -332,8 +344,12 @@ def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
     model = run.model
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
+    if model.dpo is not None:
+        raise UsageError("{opt:profile} times a step of text or chat data; a preference file's (DPO) step is not "
+                         "profiled")
     for _ in range(warmup):
-        model.step(*run.data.sample(run.rng, model.B * model.accum), run.schedule.lr)
+        batch = run.data.sample(run.rng, model.B * model.accum)
+        model.step(*batch[:2], run.schedule.lr, *batch[2:])
     peaks = cached_peaks(model.gpu)
     rows, summary = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr, peaks=peaks)
     if over_peak(rows, summary):        # the cached peaks were read on a busy minute: measure them again
