@@ -266,6 +266,10 @@ class ChatData:
         self.train, self.val, self.T, self.name, self.held = train, val, T, name, held
         self.vocab = None
 
+    def longest(self) -> int:
+        """The most tokens a window of this data holds (its longest record's, less the last)."""
+        return max(len(r.ids) - 1 for r in self.train + self.val)
+
     def sample(self, rng: np.random.Generator, B: int):
         """B records drawn at random -> (x [B, T], y [B, T])."""
         picks = rng.integers(0, len(self.train), B)
@@ -309,6 +313,9 @@ class PreferenceData:
     def __init__(self, train: list[Pair], val: list[Pair], T: int, name: str, held: str, digest: str):
         self.train, self.val, self.T, self.name, self.held, self.digest = train, val, T, name, held, digest
         self.refs = None                 # {"train": [2 n], "val": [2 m]}: the reference's log-probabilities
+
+    def longest(self) -> int:
+        return max(len(r.ids) - 1 for p in self.train + self.val for r in (p.chosen, p.rejected))
 
     def set_reference(self, logprobs):
         """logprobs(x, y) -> each window's log-probability under the reference."""

@@ -31,7 +31,8 @@ from ..files.outputs import same_file
 from .recipe import Length, Recipe, RunSettings, count, make_recipe
 from .schedule import Schedule
 from ..files.tokenfile import open_dataset
-from ..files.chat_data import PreferenceData, chat_dataset, is_chat_file, preference_dataset
+from ..files.chat_data import ChatData, PreferenceData, chat_dataset, is_chat_file, preference_dataset
+from ..model.spec import rows_for
 from .preference import set_reference
 from ..tokenizers.chat import template_of
 from .. import tokenizers
@@ -132,6 +133,9 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     assert tok.vocab == r.cfg.vocab, (tok.name, tok.vocab, r.cfg.vocab)      # the kind's, as plan budgets it
     data_path = data_path_for(o.data, resume, label)
     data = _open_data(o, r, tok, data_path, resume)
+    if isinstance(data, (ChatData, PreferenceData)) and o.ctx is None:     # windows of the records at hand
+        data.T = rows_for(r.spec.T, data.longest(), CHAT_LEAST)
+        r = dataclasses.replace(r, spec=r.spec.with_(T=data.T))
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)
@@ -155,6 +159,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
                r.settings, r.length, data_path), start
 
 
+CHAT_LEAST = 16             # a chat run's shortest window: its records' longest, rounded up to a power of two
 CHAT_FIELDS = ("chatTemplate", "stopTokens", "tokenizerBos")     # what chat needs of a file (files.hf, gguf_read)
 
 
