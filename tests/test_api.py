@@ -238,3 +238,50 @@ def test_the_example_imports_only_tinygpt_and_its_file_evaluates(tmp_path, text)
     assert tinygpt.GPT.load(out).step == 10
     r = run(script, "--model", tmp_path / "missing.tinygpt", "--out", out)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "api_example: error:" in r.stderr
+
+
+# a value `tinygpt train` takes for each option the trainer refuses (that it is refused is the point)
+REFUSED_VALUES = {"out": "x.tinygpt", "force": True, "resume": "x.tinygpt", "log": "x.jsonl", "quiet": True,
+                  "save_every": 5, "minutes": 1.0, "sample_tokens": 5, "sample_prompt": "a", "eval_every": 5,
+                  "eval_windows": 2, "log_every": 5, "keep_best": True, "tensorboard": "tb", "config": "x.toml",
+                  "preset": "tiny", "layers": 2, "d_model": 32, "heads": 2, "ctx": 16, "sliding_window": 8,
+                  "tokenizer": "byte", "tokenizer_file": "x.tiktoken", "seed": 3}
+
+
+def test_every_train_option_is_read_by_the_trainers_run_or_refused(gpt, text, monkeypatch):
+    """Issue 67: the trainer took tensorboard= and keep_best=, ran, and wrote no event file and kept no
+    best file. Every option of `tinygpt train` is either read by the run the trainer sets up (the
+    same start.setup the CLI runs, spied on for the options it reads; the run's settings of
+    evaluation, logging and saving drive the CLI's loop alone, so they do not count) or refused in
+    one line that names it."""
+    import dataclasses
+    from tinygpt import api
+    from tinygpt.run.options import RUN_SETTINGS, TrainOptions
+    names = [f.name for f in dataclasses.fields(TrainOptions)]
+    read = set()
+
+    class Spy(TrainOptions):
+        def __getattribute__(self, name):
+            if name in names:
+                read.add(name)
+            return object.__getattribute__(self, name)
+
+    real = api.setup
+    monkeypatch.setattr(api, "setup", lambda o, *a, **k: real(Spy(**{n: getattr(o, n) for n in names}), *a, **k))
+    before = set(read)
+    gpt.trainer(1, data=text)
+    assert read - before, "the spy saw the run read its options"
+    applied = read - set(RUN_SETTINGS)
+    refused = set(api.CLI_ONLY) | set(api.SHAPE)
+    assert set(REFUSED_VALUES) == refused - {"steps"}
+    for name in names:
+        if name in ("steps", "data"):
+            continue                     # the trainer's own arguments
+        if name in refused:
+            with pytest.raises(tinygpt.UsageError) as e:
+                gpt.trainer(1, data=text, **{name: REFUSED_VALUES[name]})
+            msg = str(e.value)
+            assert len(msg.splitlines()) == 1 and msg.startswith(f"train: {name} is "), msg
+        else:
+            assert name in applied, f"train: {name} is taken by the trainer, but its run never reads it"
+    print(f"{len(applied)} options read by the trainer's run, {len(refused) - 1} refused in one line")

@@ -172,7 +172,7 @@ def test_a_chat_run_holds_back_its_last_records(byte_model, tmp_path, capsys):
     text.write_text("some text " * 500)
     assert run_cli("train", "--resume", byte_model, "--data", text, "--val-data", f, "--steps", 1,
                    "--out", out, "--force") == 2
-    assert "--val-data is a chat file's validation set" in capsys.readouterr().err
+    assert "--val-data is for a chat file's records" in capsys.readouterr().err
 
 
 # ---- preference pairs (DPO) ------------------------------------------------------------------

@@ -63,9 +63,10 @@ def default_gpu() -> GPU:
 
 # What makes a new model, given to GPT.from_preset; a trainer may not change them.
 SHAPE = ("layers", "d_model", "heads", "ctx", "sliding_window", "tokenizer", "tokenizer_file", "seed")
-# What only `tinygpt train`'s run does (files, its clock, its end): not the trainer's.
+# What only `tinygpt train`'s run does (files, its clock, its evaluations and log, its end): not the
+# trainer's, which runs steps (the loop of run/train.py reads these, the trainer's run() does not).
 CLI_ONLY = ("out", "force", "resume", "log", "quiet", "save_every", "minutes", "sample_tokens", "sample_prompt",
-            "eval_every", "eval_windows", "preset", "steps")
+            "eval_every", "eval_windows", "log_every", "keep_best", "tensorboard", "config", "preset", "steps")
 
 
 # The options whose keyword here is not the option's own name (the rest are named as they are: top_k),

@@ -171,9 +171,10 @@ def _open_data(o: TrainOptions, r: Recipe, tok, data_path, resume):
         make = preference_dataset if r.spec.dpo is not None else chat_dataset
         return make(data_path, template_of(extra, tok), tok, stop_ids(extra, tok, r.cfg.vocab), r.spec.T,
                     bool(o.truncate), o.val_data)
-    if o.val_data:
-        raise UsageError("{opt:val_data} is a chat file's validation set; give {opt:data} a chat file (.jsonl), "
-                         "or leave it out (a text's last 10 % validates)")
+    if o.val_data or o.truncate:
+        which = "val_data" if o.val_data else "truncate"
+        raise UsageError(f"{{opt:{which}}} is for a chat file's records; give {{opt:data}} a chat file (.jsonl), "
+                         "or leave it out (a text's windows are cut from it, its last 10 % validates)")
     return open_dataset(data_path, tok, r.spec.T)   # the run's windows (a saved model's may be shorter than its ctx)
 
 
