@@ -10,6 +10,7 @@ import pytest
 
 from test_cli import run_cli
 from test_gguf import ggufs  # noqa: F401 - transformers' models as GGUF files
+from test_reliability import tmpfs  # noqa: F401 - a 256 KiB file system
 from test_hf_llama import reference
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -101,3 +102,17 @@ def test_what_gguf_cannot_hold_is_refused_in_one_line(tmp_path, capsys):
     mine.write_bytes(b"GGUF not really")
     assert run_cli("export", "--model", byte_llama, "--format", "gguf", mine) == 2
     assert mine.read_bytes() == b"GGUF not really"
+
+
+def test_a_gguf_export_onto_a_full_disk_leaves_nothing_behind(exported, tmpfs, capsys):  # noqa: F811
+    """The file is written beside the output and renamed in whole: on a full disk, one line naming
+    the space, no partial file, the folder's other files as they were."""
+    keep = tmpfs / "mine.txt"
+    keep.write_text("the user's own file")
+    (tmpfs / "filler").write_bytes(b"\0" * (200 << 10))
+    assert run_cli("export", "--model", exported / "qwen3.tinygpt", "--format", "gguf", "--gguf-type", "f32",
+                   tmpfs / "m.gguf", "--quiet") == 1
+    err = capsys.readouterr().err.strip()
+    print(err)
+    assert len(err.splitlines()) == 1 and "No space left on device" in err
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler", "mine.txt"] and keep.read_text() == "the user's own file"

@@ -161,6 +161,14 @@ def test_an_export_is_whole_or_absent(tmp_path, tmpfs):  # noqa: F811  (the fixt
     rc, err = in_process("export", "--model", m, "--format", "safetensors", tmpfs / "w.safetensors")
     one_line_error(rc, err, "w.safetensors", "free some space")
     assert list(tmpfs.iterdir()) == []
+    keep = tmpfs / "mine.txt"
+    keep.write_text("the user's own file")
+    (tmpfs / "filler").write_bytes(b"\0" * (200 << 10))          # what is left is less than an fp16 file
+    for fmt, name in (("tinygpt", "m2.tinygpt"), ("tinygpt-fp16", "m3.tinygpt")):
+        rc, err = in_process("export", "--model", m, "--format", fmt, tmpfs / name)
+        one_line_error(rc, err, name, "free some space")
+        assert sorted(p.name for p in tmpfs.iterdir()) == ["filler", "mine.txt"]
+        assert keep.read_text() == "the user's own file"
 
 
 # ---- what a file says is checked against what it holds -----------------------------------------

@@ -12,8 +12,10 @@ output, and it replaces the output only once whole.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -155,12 +157,24 @@ def export_gguf(ck: Checkpoint, out, kind: str = DEFAULT_TYPE, what: str = "the 
                 a = interleave(a, heads[module])
             data, shape, qtype = _tensor(gguf, np.ascontiguousarray(a), kind)
             w.add_tensor(gguf_name(name), data, raw_shape=shape, raw_dtype=qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        _written(w, out)
         os.chmod(tmp, creation_mode(out))
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def _written(w, out: Path):
+    """The writer's three parts to its file. The gguf package reports a short write as an OSError
+    without an errno ("N requested and M written"): on a disk with too little room left for the
+    next block it is the full disk, said as the other writes say it."""
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+    except OSError as e:
+        if e.errno is None and shutil.disk_usage(out.parent if str(out.parent) else ".").free < (1 << 20):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(out)) from None
+        raise
