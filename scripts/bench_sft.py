@@ -129,7 +129,8 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as d:
         for side in ("torch", "tinygpt", "numpy"):
             r = subprocess.run([sys.executable, __file__, "--child", side, str(Path(args.gguf).resolve()),
-                                str(args.ctx), str(args.steps), d], capture_output=True, text=True, timeout=3600, env=env)
+                                str(args.ctx), str(args.steps), d], capture_output=True, text=True, timeout=3600,
+                               env=env)
             if r.returncode != 0:
                 raise RuntimeError(f"the {side} side failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
             rows += json.loads(r.stdout.strip().splitlines()[-1])

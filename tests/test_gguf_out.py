@@ -5,6 +5,8 @@ within 1e-4 of tinygpt's (relative to the largest), f16's, bf16's and q8_0's wit
 and each file's logits as transformers reads it within 1e-4 of tinygpt's import of the same file
 (both dequantize the same bytes); the tokenizer's ids and the chat template as transformers reads
 them; a LoRA run merged; what GGUF cannot hold refused in one line."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -84,20 +86,22 @@ def test_a_merged_lora_run_exports_with_its_chat_template(exported, tmp_path, ca
 
 
 def test_what_gguf_cannot_hold_is_refused_in_one_line(tmp_path, capsys):
-    """GPT-2's block (GGUF's gpt2 architecture is not written) and a byte vocabulary (GGUF's
-    tokenizers hold none) are refused before a byte is written; a file not ours is not replaced."""
+    """A byte vocabulary (GGUF's tokenizers hold none), nanochat's block (no architecture computes
+    it) and a sliding window are refused before a byte is written; a file not ours is not replaced."""
     from tinygpt import GPT
-    gpt2, byte_llama = tmp_path / "g.tinygpt", tmp_path / "b.tinygpt"
-    GPT.from_preset("tiny").save(gpt2)
+    byte_llama, nanochat, windowed = tmp_path / "b.tinygpt", tmp_path / "n.tinygpt", tmp_path / "w.tinygpt"
     GPT.from_preset("tiny", block="llama").save(byte_llama)
-    for model, says in ((gpt2, "GPT2LMHeadModel; tinygpt writes GGUF files of the llama, qwen2, qwen3"),
-                        (byte_llama, "reads the byte tokenizer, which GGUF's tokenizers do not hold")):
+    GPT.from_preset("tiny", block="nanochat").save(nanochat)
+    GPT.from_preset("tiny", sliding_window=8).save(windowed)
+    made = sorted(p.name for p in tmp_path.iterdir())
+    for model, says in ((byte_llama, "reads the byte tokenizer, which GGUF's tokenizers do not hold"),
+                        (nanochat, "is computed by none of the Hugging Face architectures"),
+                        (windowed, "attends through a sliding window")):
         assert run_cli("export", "--model", model, "--format", "gguf", tmp_path / "o.gguf") == 1
         err = capsys.readouterr().err.strip()
         print(err)
         assert len(err.splitlines()) == 1 and says in err
-        assert not (tmp_path / "o.gguf").exists() and [p.name for p in tmp_path.iterdir()] == ["g.tinygpt",
-                                                                                                "b.tinygpt"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == made
     mine = tmp_path / "mine.gguf"
     mine.write_bytes(b"GGUF not really")
     assert run_cli("export", "--model", byte_llama, "--format", "gguf", mine) == 2
@@ -116,3 +120,34 @@ def test_a_gguf_export_onto_a_full_disk_leaves_nothing_behind(exported, tmpfs, c
     print(err)
     assert len(err.splitlines()) == 1 and "No space left on device" in err
     assert sorted(p.name for p in tmpfs.iterdir()) == ["filler", "mine.txt"] and keep.read_text() == "the user's own file"
+
+
+R50K = Path(__file__).resolve().parents[2] / "shared" / "data" / "r50k_base.tiktoken"
+
+
+def test_gpt2s_block_exports_as_llama_cpps_gpt2(tmp_path, capsys):
+    """GPT-2's block with GPT-2's tokenizer (r50k_base from its file) and the tanh GELU GGUF's gpt2
+    computes: transformers reads it as a GPT2LMHeadModel with tinygpt's logits within 1e-4 and the
+    same ids of a text. Its context is 1,024: transformers' GGUF reader takes GPT-2's position
+    table as 1,024 rows whatever the file says (llama.cpp reads the tensor's own). The exact GELU
+    is said in one warning line."""
+    if not R50K.exists():
+        pytest.skip("no r50k_base.tiktoken beside the checkout")
+    from tinygpt import GPT
+    m, f = tmp_path / "g.tinygpt", tmp_path / "g.gguf"
+    GPT.from_preset("tiny", ctx=1024, tokenizer="gpt2", tokenizer_file=str(R50K), mlp="gelu_tanh").save(m)
+    assert run_cli("export", "--model", m, "--format", "gguf", "--gguf-type", "f32", f, "--tokenizer-file", R50K,
+                   "--quiet") == 0
+    reference("ggufread", f)
+    ref = np.load(f.with_suffix(".npz"))
+    gpt = GPT.load(m, tokenizer_file=str(R50K))
+    err = rel(ref["logits"], gpt.logits(IDS))
+    print(f"GPT-2's block, f32: {err:.2e}; {str(ref['architecture'])}")
+    assert err < 1e-4 and str(ref["architecture"]) == "GPT2LMHeadModel"
+    assert np.array_equal(ref["text_ids"], gpt.encode(TEXT))
+    exact = tmp_path / "e.tinygpt"
+    GPT.from_preset("tiny", tokenizer="gpt2", tokenizer_file=str(R50K)).save(exact)
+    capsys.readouterr()
+    assert run_cli("export", "--model", exact, "--format", "gguf", tmp_path / "e.gguf", "--tokenizer-file", R50K,
+                   "--quiet") == 0
+    assert "computes the exact GELU" in capsys.readouterr().err

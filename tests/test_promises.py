@@ -122,7 +122,9 @@ def test_the_scripts_keep_the_cli_rules(tmp_path):
                ["compare_precision.py", "--preset", "nope"], ["probe_adapter.py", "--iters", "-1"],
                ["browser_step.py", "--lr", "-1"], ["bench_chat.py", "--gguf", str(tmp_path / "absent.gguf")],
                ["bench_chat.py", "--gguf", __file__, "--precisions", "fp64"],
-               ["compare_gguf.py", "--gguf", str(tmp_path / "absent.gguf")]]
+               ["compare_gguf.py", "--gguf", str(tmp_path / "absent.gguf")],
+               ["bench_sft.py", "--gguf", str(tmp_path / "absent.gguf")], ["bench_sft.py", "--gguf", __file__, "--ctx", "0"],
+               ["bench_sft.py", "--gguf", __file__, "--steps", "1000"]]
     code = ("import io, json, runpy, sys\nfor argv in json.loads(sys.argv[1]):\n"      # one process for all
             "    sys.argv, err, sys.stderr = argv, io.StringIO(), io.StringIO()\n"
             "    try:\n        runpy.run_path(sys.argv[0], run_name='__main__')\n        rc = 0\n"

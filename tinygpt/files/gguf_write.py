@@ -2,9 +2,11 @@
 llama.cpp, Ollama and LM Studio run what was fine-tuned here.
 
 The model goes through its Hugging Face architecture first (hf.architecture_of: the Llama family,
-whose blocks llama.cpp computes as llama, qwen2 and qwen3), and from those names to GGUF's, the
-table gguf_read reads with. As the converter does, a Llama's q and k are stored with each head's
-rotary halves interleaved (llama.cpp's RoPE turns neighbouring pairs; Qwen's is stored as it is),
+whose blocks llama.cpp computes as llama, qwen2 and qwen3, and GPT-2's, its gpt2), and from those
+names to GGUF's, the table gguf_read reads with (GPT-2's: its own below). As the converter does, a
+Llama's q and k are stored with each head's rotary halves interleaved (llama.cpp's RoPE turns
+neighbouring pairs; Qwen's is stored as it is), GPT-2's Conv1D weights as [out, in] like every
+other matrix and its tied head written out as output.weight,
 the norms stay float32 and the matrices take the asked type, a matrix whose rows are not whole
 blocks of 32 staying f16 under q8_0. The tokenizer's vocabulary, merges and token types, its end
 tokens and the chat template travel in the file. The gguf package's writer writes it, beside the
@@ -26,7 +28,7 @@ from ..core.errors import warn
 from ..core.fs import creation_mode
 from .. import tokenizers
 from .gguf_read import _LAYER, _TOP, BYTE_LEVEL_BPE, CONTROL, FAMILIES, SPLITS, _File, gguf_file
-from .hf import architecture_of
+from .hf import GPT2, architecture_of, gpt2_config_json
 from .outputs import WRITER
 
 KINDS = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}     # the gguf_type option -> GGML's type
@@ -34,7 +36,12 @@ TYPES = tuple(KINDS)
 DEFAULT_TYPE = "f16"
 WRITER_KEY = "tinygpt.writer"                 # marks a file as ours to replace
 NORMAL = 1                                    # tokenizer.ggml.token_type of an ordinary token
-_ARCH = {family.name: arch for arch, family in FAMILIES.items()}     # Hugging Face's name -> GGUF's
+_ARCH = {**{family.name: arch for arch, family in FAMILIES.items()}, GPT2.name: "gpt2"}   # Hugging Face's -> GGUF's
+# GPT-2's names in a block (Conv1D's [in, out] weights turned to [out, in]), and at the top
+_GPT2_LAYER = {"ln_1": ("attn_norm", False), "attn.c_attn": ("attn_qkv", True), "attn.c_proj": ("attn_output", True),
+               "ln_2": ("ffn_norm", False), "mlp.c_fc": ("ffn_up", True), "mlp.c_proj": ("ffn_down", True)}
+_GPT2_TOP = {"transformer.wte.weight": "token_embd.weight", "transformer.wpe.weight": "position_embd.weight",
+             "transformer.ln_f.weight": "output_norm.weight", "transformer.ln_f.bias": "output_norm.bias"}
 FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}          # general.file_type: llama.cpp's LLAMA_FTYPE
 
 
@@ -53,6 +60,28 @@ def gguf_name(hf_name: str) -> str:
     layer, rest = hf_name.removeprefix("model.layers.").split(".", 1)
     module, suffix = rest.rsplit(".", 1)
     return f"blk.{layer}.{_LAYER[module]}.{suffix}"
+
+
+def gpt2_tensors(state: dict):
+    """(GGUF's name, array) of GPT2LMHeadModel's tensors, as llama.cpp's converter writes them."""
+    for name, a in state.items():
+        if name in _GPT2_TOP:
+            yield _GPT2_TOP[name], a
+            if name == "transformer.wte.weight":
+                yield "output.weight", a                    # the tied head, written out
+            continue
+        layer, rest = name.removeprefix("transformer.h.").split(".", 1)
+        module, suffix = rest.rsplit(".", 1)
+        short, turned = _GPT2_LAYER[module]
+        yield f"blk.{layer}.{short}.{suffix}", (a.T if turned and a.ndim == 2 else a)
+
+
+def llama_tensors(state: dict, arch: str, heads: int, kv_heads: int):
+    """(GGUF's name, array) of a Llama family's tensors: a Llama's q and k interleaved."""
+    turned = {"self_attn.q_proj": heads, "self_attn.k_proj": kv_heads} if arch == "llama" else {}
+    for name, a in state.items():
+        module = name.rsplit(".", 1)[0].split(".", 3)[-1] if name.startswith("model.layers.") else ""
+        yield gguf_name(name), (interleave(a, turned[module]) if module in turned else a)
 
 
 def interleave(w: np.ndarray, heads: int) -> np.ndarray:
@@ -107,11 +136,14 @@ def _metadata(w, ck: Checkpoint, kind: str, tok, what: str):
     w.add_embedding_length(cfg.d_model)
     w.add_feed_forward_length(cfg.d_mlp)
     w.add_head_count(cfg.heads)
-    w.add_head_count_kv(blk.heads.kv)
-    w.add_key_length(cfg.hd)
-    w.add_value_length(cfg.hd)
-    w.add_layer_norm_rms_eps(blk.eps)
-    w.add_rope_freq_base(float(blk.rope_theta))
+    if blk.position.rotary:                 # the Llama family's; GPT-2's are its learned table and LayerNorm
+        w.add_head_count_kv(blk.heads.kv)
+        w.add_key_length(cfg.hd)
+        w.add_value_length(cfg.hd)
+        w.add_layer_norm_rms_eps(blk.eps)
+        w.add_rope_freq_base(float(blk.rope_theta))
+    else:
+        w.add_layer_norm_eps(blk.eps)
     w.add_vocab_size(cfg.vocab)
     w.add_file_type(FILE_TYPES[kind])
     tokens, types, merges, pre = _vocabulary(tok, cfg.vocab, what)
@@ -139,7 +171,10 @@ def export_gguf(ck: Checkpoint, out, kind: str = DEFAULT_TYPE, what: str = "the 
     arch = _ARCH.get(architecture.name)
     if arch is None:
         raise CheckpointError(f"{what} is a {architecture.name}; tinygpt writes GGUF files of the "
-                              f"{', '.join(FAMILIES)} architectures: export it as hf")
+                              f"{', '.join(_ARCH.values())} architectures: export it as hf")
+    if architecture is GPT2 and gpt2_config_json(ck.cfg, None)["activation_function"] != "gelu_new":
+        warn(f"{what} computes the exact GELU; llama.cpp's and transformers' GPT-2 from a GGUF compute its tanh "
+             "approximation (a difference of about 1e-3 in each activation); export it as hf for the exact one")
     if ck.cfg.rope_scaling:
         raise CheckpointError(f"{what} scales its RoPE ({ck.cfg.rope_scaling.get('rope_type')}), which this GGUF "
                               "export does not write; export it as hf")
@@ -150,13 +185,12 @@ def export_gguf(ck: Checkpoint, out, kind: str = DEFAULT_TYPE, what: str = "the 
     try:
         w = gguf.GGUFWriter(tmp, arch)
         _metadata(w, ck, kind, tok, what)
-        heads = {"self_attn.q_proj": ck.cfg.heads, "self_attn.k_proj": ck.cfg.block.heads.kv}
-        for name, a in architecture.state(ck.cfg, ck.params).items():
-            module = name.rsplit(".", 1)[0].split(".", 3)[-1] if name.startswith("model.layers.") else ""
-            if arch == "llama" and module in heads:
-                a = interleave(a, heads[module])
+        state = architecture.state(ck.cfg, ck.params)
+        tensors = gpt2_tensors(state) if architecture is GPT2 else \
+            llama_tensors(state, arch, ck.cfg.heads, ck.cfg.block.heads.kv)
+        for name, a in tensors:
             data, shape, qtype = _tensor(gguf, np.ascontiguousarray(a), kind)
-            w.add_tensor(gguf_name(name), data, raw_shape=shape, raw_dtype=qtype)
+            w.add_tensor(name, data, raw_shape=shape, raw_dtype=qtype)
         _written(w, out)
         os.chmod(tmp, creation_mode(out))
         os.replace(tmp, out)
