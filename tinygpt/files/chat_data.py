@@ -245,6 +245,13 @@ def _fitted(n: int, ids, scored, window: int, truncate: bool, where: str) -> Cha
     return ChatRecord(n, ids, scored)
 
 
+def reply_prompt(record: ChatRecord) -> list[int]:
+    """A record's tokens before its last reply: the conversation up to and with the assistant's
+    header, which a model answers as the record's last assistant turn."""
+    starts = np.flatnonzero(record.scored & ~np.concatenate([[False], record.scored[:-1]]))
+    return [int(i) for i in record.ids[:starts[-1]]]
+
+
 def windows(records: list[ChatRecord], T: int) -> tuple[np.ndarray, np.ndarray]:
     """One record a window of T: x its tokens, y the next ones where scored (UNSCORED elsewhere);
     the tail padded with token 0, whose targets are not scored (causal attention: the padding
@@ -265,6 +272,10 @@ class ChatData:
     def __init__(self, train: list[ChatRecord], val: list[ChatRecord], T: int, name: str, held: str):
         self.train, self.val, self.T, self.name, self.held = train, val, T, name, held
         self.vocab = None
+
+    def reply_prompt(self) -> list[int]:
+        """What the end of a run answers: the first held-back conversation before its last reply."""
+        return reply_prompt(self.val[0])
 
     def longest(self) -> int:
         """The most tokens a window of this data holds (its longest record's, less the last)."""
@@ -316,6 +327,9 @@ class PreferenceData:
 
     def longest(self) -> int:
         return max(len(r.ids) - 1 for p in self.train + self.val for r in (p.chosen, p.rejected))
+
+    def reply_prompt(self) -> list[int]:
+        return reply_prompt(self.val[0].chosen)
 
     def set_reference(self, logprobs):
         """logprobs(x, y) -> each window's log-probability under the reference."""

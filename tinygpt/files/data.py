@@ -79,6 +79,10 @@ class Dataset:
                             f"the training (90%) and validation (10%) splits; give at least {minimum:,} tokens "
                             "(bytes with the byte tokenizer) or a smaller {opt:ctx}")
 
+    def reply_prompt(self) -> None:
+        """A text has no conversation for the end of a run to answer (its sample continues a prompt)."""
+        return None
+
     def describe(self) -> str:
         return f"data: {self.name}: {len(self.tokens):,} tokens ({len(self.train):,} train, {len(self.val):,} val)"
 

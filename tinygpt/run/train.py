@@ -20,7 +20,7 @@ from ..core.dpo import preference_stats
 from ..core.lora import trainable_shapes
 from ..device.gpu import GPU
 from ..device.tune import cached_peaks
-from .infer import FINAL_EVAL_WINDOWS, bits, prompt_ids, texts
+from .infer import FINAL_EVAL_WINDOWS, bits, prompt_ids, stop_ids, texts
 from ..model.decode import Decoder
 from ..model.gpt import Model
 from ..model.spec import decoder_spec, sampler_rows
@@ -69,8 +69,9 @@ class Loop:
         self.val = run.data.val_windows(s.eval_windows)
         self.final_val = run.data.val_windows(FINAL_EVAL_WINDOWS)
         # the samples at the end: float32 from the key/value cache, whatever the run's precision
-        rows = sampler_rows(run.cfg.ctx, s.sample_tokens, len(prompt_ids(run.tokenizer, s.sample_prompt))) \
-            if s.sample_tokens else 0
+        self.reply = run.data.reply_prompt()     # a chat run's end answers a held-back conversation
+        prompt = self.reply or prompt_ids(run.tokenizer, s.sample_prompt)
+        rows = sampler_rows(run.cfg.ctx, s.sample_tokens, len(prompt)) if s.sample_tokens else 0
         self.sampler = Decoder(model.gpu, model.plan, decoder_spec(run.cfg, model.spec.attention, rows=rows),
                                s.sample_tokens) if s.sample_tokens else None
         self.stop = StopFlag()
@@ -265,9 +266,8 @@ class Loop:
             if self.sampler:
                 self.sampler.set_params(run.model_params(params))
                 tok = run.tokenizer
-                self.samples = [texts(self.sampler, tok, s.sample_prompt, s.sample_tokens)[0],
-                                texts(self.sampler, tok, s.sample_prompt, s.sample_tokens, SAMPLE_TEMPERATURE,
-                                      SAMPLE_TOP_K, seed=run.cfg.seed)[0]]
+                self.samples = [draw(self.sampler, tok, s, self.reply, run.extra), draw(
+                    self.sampler, tok, s, self.reply, run.extra, SAMPLE_TEMPERATURE, SAMPLE_TOP_K, run.cfg.seed)]
         if stop.requested:   # before the save, or during the plot or sample after it
             given = run.data_path         # not read from the file: given again
             data = f" {{opt:data}} {shlex.quote(str(given))}" if given else ""
@@ -302,6 +302,15 @@ def train(o: TrainOptions, gpu: GPU | None = None, out=None, err=None, clock=tim
 SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 0.8, 40      # the sampled text at the end of a run
 
 
+def draw(sampler, tok, s, reply, extra: dict, temperature: float = 0.0, top_k=None, seed: int = 0) -> str:
+    """The end of a run's sample: the prompt's continuation, or a chat run's reply to its held-back
+    conversation (ended at the model's stop tokens, shown without them)."""
+    if reply is None:
+        return texts(sampler, tok, s.sample_prompt, s.sample_tokens, temperature, top_k, seed=seed)[0]
+    seq = sampler.generate(reply, s.sample_tokens, temperature, top_k, 1.0, seed, stop_ids(extra, tok, tok.vocab))[0]
+    return tok.decode(seq[len(reply):], skip_special=True)
+
+
 def end_cost(model: Model, sampler: Decoder | None, fx, fy, s: RunSettings, clock, tok) -> float:
     """Seconds the end of a run will take after its last step, measured before the first step:
     one batch of evaluation and one sampled token, times how many the end runs, plus a margin
@@ -331,7 +340,11 @@ def report(out, run: Run, last: dict, windows: int, tok_s: float, seconds: float
     print(f"final train loss {train_text}, val loss {val_text}", file=out)
     print(f"{run.model.step_count:,} steps in {clock_text(seconds)}, {tok_s:,.0f} tokens/s; " + ", ".join(files),
           file=out)
-    if samples:
+    if samples and run.data.reply_prompt():
+        print("greedy reply to the first held-back conversation:\n" + samples[0], file=out)
+        print(f"sampled reply (temperature {SAMPLE_TEMPERATURE}, top-k {SAMPLE_TOP_K}, seed {run.cfg.seed}):\n"
+              + samples[1], file=out)
+    elif samples:
         print("greedy sample (temperature 0):\n" + samples[0], file=out)
         print(f"sample (temperature {SAMPLE_TEMPERATURE}, top-k {SAMPLE_TOP_K}, seed {run.cfg.seed}):\n"
               + samples[1], file=out)
