@@ -245,6 +245,28 @@ def test_full_disk_for_the_log_warns_and_the_run_goes_on(tmp_path, corpus, tmpfs
     assert ckpt.load(tmp_path / "m.tinygpt").step == 120
 
 
+def test_full_disk_for_tensorboard_warns_once_without_a_traceback(tmp_path, corpus, tmpfs):
+    """tensorboardX writes from a thread of its own and flushes at exit: its full disk is said once,
+    the run goes on and ends 0, and neither its thread nor its exit hook prints a traceback."""
+    (tmpfs / "filler").write_bytes(b"\0" * (256 * 1024 - 8192))
+    rc, err = train(corpus, tmp_path / "m.tinygpt", "--tensorboard", tmpfs / "tb", "--log-every", 1, steps=60)
+    assert rc == 0, err
+    assert sum("warning: could not write the TensorBoard log (No space left on device)" in l for l in err) == 1, err
+    assert not any("Traceback" in l or "Exception" in l for l in err), err
+    assert ckpt.load(tmp_path / "m.tinygpt").step == 60
+
+
+def test_a_peft_export_onto_a_full_disk_leaves_nothing(tmp_path, corpus, tmpfs):
+    """A LoRA run's adapters as PEFT's directory, onto a full disk: one line, no half directory."""
+    base, ft = tmp_path / "m.tinygpt", tmp_path / "ft.tinygpt"
+    assert train(corpus, base, steps=2)[0] == 0
+    assert train(corpus, ft, "--resume", base, "--lora", 64, steps=2)[0] == 0
+    (tmpfs / "filler").write_bytes(b"\0" * (200 << 10))
+    rc, err = cli("export", "--model", ft, "--format", "peft", tmpfs / "peft")
+    assert rc == 1 and len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in err[0], err
+    assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]
+
+
 def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, corpus, monkeypatch, capsys):
     """SIGTERM (or Ctrl-C) in the middle of prepare: its temporary file is removed, the output
     stays as it was, exit 143, and the message speaks of what prepare writes (a token file), not

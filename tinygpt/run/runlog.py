@@ -90,6 +90,7 @@ class RunLog:
         self.resumed_from = resumed_from      # a resumed run's first row says where it resumed
         self.log = side.attempt("log", open, log_path, "a") if log_path else None
         self.tb = side.attempt("TensorBoard log", _writer, tensorboard) if tensorboard else None
+        self.guards = _guard(self.tb) if self.tb is not None else []
 
     def row(self, row: dict):
         """A logged step (or the run's final loss): its keys those of TAGS, and step."""
@@ -106,9 +107,12 @@ class RunLog:
                     if row.get(key) is not None:
                         self.tb.add_scalar(tag, float(row[key]), int(row["step"]))
                 self.tb.flush()
+                failed = [f.error for f in self.guards if f.error is not None]
+                if failed:
+                    raise failed[0]
                 return True
             if self.side.attempt("TensorBoard log", add) is None:
-                self.tb = None
+                self.tb = None          # its writer's file keeps dropping what it is given, quietly
 
     def close(self):
         if self.log is not None:
@@ -120,6 +124,51 @@ class RunLog:
 def _writer(directory: Path):
     from tensorboardX import SummaryWriter
     return SummaryWriter(logdir=str(directory), flush_secs=30)
+
+
+class _Guarded:
+    """An event file as tensorboardX writes it, from its own thread and at the process's exit: its
+    first failure (a full disk) kept for the run's next row to report once, and every write after
+    it dropped, so that neither the writer's thread nor its exit hook prints a traceback. No
+    fileno: tensorboardX then skips its fsync, which would fail the same way outside this guard."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def _do(self, fn, *a):
+        if self.error is None:
+            try:
+                return fn(*a)
+            except OSError as e:
+                self.error = e
+        return None
+
+    def write(self, data):
+        return self._do(self.f.write, data)
+
+    def flush(self):
+        return self._do(self.f.flush)
+
+    def close(self):
+        try:
+            self.f.close()
+        except OSError as e:
+            self.error = self.error or e
+
+
+def _guard(writer) -> list:
+    """Each of the writer's event files behind a _Guarded (tensorboardX's own objects: where they
+    are not as expected, nothing is guarded and a failure is still said once)."""
+    guards = []
+    try:
+        writer._get_file_writer()              # made when first asked: its event file is opened here
+        for fw in writer.all_writers.values():
+            record = fw.event_writer._ev_writer._py_recordio_writer
+            record._writer = _Guarded(record._writer)
+            guards.append(record._writer)
+    except AttributeError:
+        pass
+    return guards
 
 
 def plot_losses(history, path: Path):
