@@ -188,14 +188,15 @@ def test_a_lora_dpo_run_starts_at_ln2_falls_and_eval_agrees_with_peft(chat, caps
     err = capsys.readouterr().err
     assert "dpo: beta 0.1, the reference: the base (its adapters at zero)" in err
     rows = [r for r in map(_json.loads, log.read_text().splitlines()) if "train_loss" in r]
-    print(f"DPO losses {rows[0]['train_loss']:.6f} -> {rows[-1]['train_loss']:.4f}; "
-          f"val accuracy {rows[-1]['val_reward_accuracy']}, margin {rows[-1]['val_reward_margin']:+.4f}")
-    assert abs(rows[0]["train_loss"] - np.log(2)) < 1e-6
+    run = (f"DPO losses {rows[0]['train_loss']:.6f} -> {rows[-1]['train_loss']:.4f}; "
+           f"val accuracy {rows[-1]['val_reward_accuracy']}, margin {rows[-1]['val_reward_margin']:+.4f}")
+    assert abs(rows[0]["train_loss"] - np.log(2)) < 1e-6, run
     assert rows[-1]["train_loss"] < np.log(2) - 0.05
     r = eval_json(capsys, out, chat / "pref.jsonl")
     assert run_cli("export", "--model", out, "--format", "peft", tmp_path / "peft", "--quiet") == 0
     reference("chatloss", chat, tmp_path / "peft")
     ref = np.load(tmp_path / "peft" / "chatloss.npz")
+    print(run)
     print(f"eval's DPO loss {r['loss']:.7f}, torch with peft's model {float(ref['dpo']):.7f}; accuracy "
           f"{r['reward_accuracy']} / {float(ref['accuracy'])}, margin {r['reward_margin']:.6f} / {float(ref['margin']):.6f}")
     assert abs(r["loss"] - float(ref["dpo"])) < 1e-4 and abs(r["reward_margin"] - float(ref["margin"])) < 1e-4
