@@ -238,3 +238,30 @@ def test_dpo_options_need_a_preference_file(byte_model, tmp_path, capsys):
     assert run_cli("train", "--resume", byte_model, "--data", p, "--batch", 3, "--steps", 1,
                    "--out", tmp_path / "o.tinygpt") == 2
     assert "give an even batch" in capsys.readouterr().err
+
+
+def test_a_full_dpo_run_against_a_reference_file(byte_model, tmp_path, capsys):
+    """A full fine-tune by DPO: --reference FILE's weights give the reference's log-probabilities
+    (swapped into the run's model for that pass, then the run's own put back), so a run from the
+    same weights starts at ln 2; eval with the same --reference reports the run's own loss; the
+    run resumed on the same data scores against the log-probabilities its file kept."""
+    import json as _json
+    pairs = tmp_path / "pref.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{a} and {a}?", "chosen": f"{2 * a}.",
+                                         "rejected": f"{a}{a}{a}, or so."}) + "\n" for a in range(8)))
+    out, log = tmp_path / "dpo.tinygpt", tmp_path / "log.jsonl"
+    assert run_cli("train", "--resume", byte_model, "--data", pairs, "--val-data", pairs, "--reference", byte_model,
+                   "--steps", 4, "--batch", 4, "--lr", 1e-3, "--log-every", 1, "--eval-every", 4, "--log", log,
+                   "--out", out, "--quiet", "--sample-tokens", 0) == 0
+    assert f"the reference: {byte_model}" in capsys.readouterr().err
+    rows = [r for r in map(_json.loads, log.read_text().splitlines()) if "train_loss" in r]
+    r = eval_json(capsys, out, pairs, "--reference", byte_model)
+    assert run_cli("eval", "--model", out, "--data", pairs) == 2
+    assert "holds no LoRA adapters, so no base" in capsys.readouterr().err
+    assert run_cli("train", "--resume", out, "--data", pairs, "--val-data", pairs, "--steps", 6, "--batch", 4,
+                   "--quiet", "--sample-tokens", 0) == 0        # resumed: the file's kept log-probabilities
+    assert "the reference: the log-probabilities the resumed file kept" in capsys.readouterr().err
+    print(f"full DPO: {rows[0]['train_loss']:.6f} -> {rows[-1]['train_loss']:.4f}; eval {r['loss']:.6f} against the "
+          f"run's last validation {rows[-1]['val_loss']:.6f}")
+    assert abs(rows[0]["train_loss"] - np.log(2)) < 1e-6
+    assert abs(r["loss"] - rows[-1]["val_loss"]) < 1e-5 and r["pairs"] == 8
