@@ -31,8 +31,17 @@ override HD4: u32 = 16u;
 override WINDOW: u32 = 0u;               // sliding window W; 0: none (every earlier position)
 
 fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
-fn oldest(t1: u32) -> u32 { return t1 + 1u - min(win(), t1 + 1u); }   // the oldest key query t1 sees
-fn seen(t1: u32, t2: u32) -> bool { return t2 <= t1 && t1 - t2 < win(); }
+// Packed windows (DOCS): several records in a window, each attending only within itself. docs
+// holds each row's position in its record, so row t's record starts at t - docs[row].
+//#if DOCS
+@group(0) @binding(6) var<storage, read> docs: array<u32>;   // [B*T]
+fn first(b: u32, t: u32) -> u32 { return t - min(docs[b * p.T + t], t); }
+//#else
+fn first(b: u32, t: u32) -> u32 { return 0u; }
+//#endif
+// the oldest key query t1 of window b sees
+fn oldest(b: u32, t1: u32) -> u32 { return max(t1 + 1u - min(win(), t1 + 1u), first(b, t1)); }
+fn seen(b: u32, t1: u32, t2: u32) -> bool { return t2 <= t1 && t1 - t2 < win() && t2 >= first(b, t1); }
 
 // index of (b, hh, t1, t2) in a [B, nh, T, T] buffer
 fn sidx(b: u32, hh: u32, t1: u32, t2: u32) -> u32 {
@@ -75,7 +84,7 @@ fn attn_scores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   let t1 = (i / p.T) % p.T;
   let hh = (i / (p.T * p.T)) % p.nh;
   let b = i / (p.T * p.T * p.nh);
-  if (!seen(t1, t2)) { o1[i] = MASKED; return; }
+  if (!seen(b, t1, t2)) { o1[i] = MASKED; return; }
   let h = p.h0 + hh;
   var s = 0.0;
   for (var d = 0u; d < p.hd; d++) { s += x1[at(b, t1, h, d)] * x2[at(b, t2, h, d)]; }
@@ -88,15 +97,16 @@ fn attn_softmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   let r = lin(wid, nwg, lid);                     // row (b, hh, t1)
   if (r >= p.B * p.nh * p.T) { return; }
   let t1 = r % p.T;
+  let b = r / (p.T * p.nh);
   let base = r * p.T;
-  let lo = oldest(t1);
+  let lo = oldest(b, t1);
   var m = MASKED;
   for (var t2 = lo; t2 <= t1; t2++) { m = max(m, o1[base + t2]); }
   var s = 0.0;
   for (var t2 = lo; t2 <= t1; t2++) { let e = exp(o1[base + t2] - m); o1[base + t2] = e; s += e; }
   let inv = 1.0 / s;
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (seen(t1, t2)) { o1[base + t2] *= inv; } else { o1[base + t2] = 0.0; }
+    if (seen(b, t1, t2)) { o1[base + t2] *= inv; } else { o1[base + t2] = 0.0; }
   }
 }
 
@@ -118,7 +128,7 @@ fn causal_product(i: u32, cols: bool) {
     let end = min(p.T, t + win());
     for (var t1 = t; t1 < end; t1++) { s += x1[sidx(b, hh, t1, t)] * x2[at(b, t1, h, d)]; }
   } else {
-    for (var t2 = oldest(t); t2 <= t; t2++) { s += x1[sidx(b, hh, t, t2)] * x2[at(b, t2, h, d)]; }
+    for (var t2 = oldest(b, t); t2 <= t; t2++) { s += x1[sidx(b, hh, t, t2)] * x2[at(b, t2, h, d)]; }
   }
   o1[at(b, t, h, d)] = s;
 }
@@ -144,7 +154,7 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   let base = r * p.T;
   var qr: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { qr[c] = ld4(1u, b, t1, h, c); }
-  let lo = oldest(t1);
+  let lo = oldest(b, t1);
   // pass 1: scores and their max
   var m = MASKED;
   for (var t2 = lo; t2 <= t1; t2++) {
@@ -157,7 +167,7 @@ fn attn_fused_sv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   for (var t2 = lo; t2 <= t1; t2++) { let e = exp(o2[base + t2] - m); o2[base + t2] = e; sum += e; }
   let inv = 1.0 / sum;
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (seen(t1, t2)) { o2[base + t2] *= inv; } else { o2[base + t2] = 0.0; }
+    if (seen(b, t1, t2)) { o2[base + t2] *= inv; } else { o2[base + t2] = 0.0; }
   }
   // pass 3: P @ v, all channels at once in registers
   var acc: array<vec4<f32>, 32>;
@@ -184,13 +194,13 @@ fn attn_dscores(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   var dor: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { dor[c] = ld4(1u, b, t1, h, c); }
   var sum = 0.0;
-  for (var t2 = oldest(t1); t2 <= t1; t2++) {
+  for (var t2 = oldest(b, t1); t2 <= t1; t2++) {
     let dp = dot_row(&dor, b, t2, h);
     o1[base + t2] = dp;
     sum += x3[base + t2] * dp;
   }
   for (var t2 = 0u; t2 < p.T; t2++) {
-    if (seen(t1, t2)) { o1[base + t2] = x3[base + t2] * (o1[base + t2] - sum) * p.scale; } else { o1[base + t2] = 0.0; }
+    if (seen(b, t1, t2)) { o1[base + t2] = x3[base + t2] * (o1[base + t2] - sum) * p.scale; } else { o1[base + t2] = 0.0; }
   }
 }
 

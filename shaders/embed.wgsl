@@ -22,6 +22,15 @@ struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32, v0: u32, n: u32
 
 override LEARNED: bool = true;     // a learned position table is added (bound at src2)
 
+// Row r's position: r % T; in packed windows (DOCS) several records share a window and each
+// one's positions restart at 0: docs holds each row's position in its record.
+//#if DOCS
+@group(0) @binding(5) var<storage, read> docs: array<u32>;    // [B*T]
+fn position(row: u32) -> u32 { return docs[row]; }
+//#else
+fn position(row: u32) -> u32 { return row % p.T; }
+//#endif
+
 @compute @workgroup_size(64)
 fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -29,7 +38,7 @@ fn embed_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
   if (i >= p.B * p.T * p.C) { return; }
   let row = i / p.C;
   let ch = i % p.C;
-  let t = row % p.T;
+  let t = position(row);
   let v = idx[row];
   if (v < p.v0 || v - p.v0 >= p.n) { return; }      // another chunk's token
   var x = src[(v - p.v0) * p.C + ch];

@@ -61,6 +61,16 @@ var<workgroup> td: array<f32, BK>;              // D of the Q tile (dkv)
 fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
 fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
 fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
+// Packed windows (DOCS): several records in a window, each attending only within itself. docs
+// holds each row's position in its record, so row t's record starts at t - docs[row]. The tiles
+// walked stay the window's (the bounds are uniform, from the workgroup id); keys of an earlier
+// record are masked with the rest.
+//#if DOCS
+@group(0) @binding(10) var<storage, read> docs: array<u32>;   // [B*T]
+fn first(b: u32, t: u32) -> u32 { let r = min(t, p.T - 1u); return r - min(docs[b * p.T + r], r); }
+//#else
+fn first(b: u32, t: u32) -> u32 { return 0u; }
+//#endif
 
 fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * HD + d;
@@ -134,6 +144,7 @@ fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
   var qr: array<vec4<f32>, 32>;
   var o: array<vec4<f32>, 32>;
   for (var c = 0u; c < HD4; c++) { qr[c] = ld4(0u, b, rr, h, c) * p.scale; o[c] = vec4<f32>(); }
+  let lo = first(b, rr);                 // this row's record's first key
   var m = NEG;
   var l = 0.0;
   var s: array<f32, B_MAX>;
@@ -146,14 +157,14 @@ fn attn_online_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
     for (var j = 0u; j < nk; j++) {
       var acc = 0.0;
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; acc += dot(qr[c], t1[j * HD4 + c]); } }
-      s[j] = select(NEG, acc, seen(row, k0 + j));
+      s[j] = select(NEG, acc, seen(row, k0 + j) && k0 + j >= lo);
       mt = max(mt, s[j]);
     }
     let alpha = exp(m - mt);             // rescale what was summed against the old max
     l *= alpha;
     for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { o[cb + e] *= alpha; } }
     for (var j = 0u; j < nk; j++) {
-      let e = select(0.0, exp(s[j] - mt), seen(row, k0 + j));
+      let e = select(0.0, exp(s[j] - mt), seen(row, k0 + j) && k0 + j >= lo);
       l += e;
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { let c = cb + i; o[c] = fma(vec4<f32>(e), t2[j * HD4 + c], o[c]); } }
     }
@@ -194,6 +205,7 @@ fn dq_tile(wid: vec3<u32>, lid: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
   }
   let li = Lin[(b * p.H + h) * p.T + rr];
   let di = Din[(b * p.H + h) * p.T + rr];
+  let lo = first(b, rr);
   for (var k0 = t.k0; k0 <= last; k0 += BK) {
     workgroupBarrier();
     load_tiles(1u, 2u, 1.0, b, h, k0, lid, BQ);
@@ -211,7 +223,7 @@ fn dq_tile(wid: vec3<u32>, lid: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
           dp += dot(dor[c], t2[j * HD4 + c]);
         }
       }
-      let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, seen(row, k0 + j));
+      let ds = select(0.0, exp(sc - li) * (dp - di) * p.scale, seen(row, k0 + j) && k0 + j >= lo);
       for (var cb = 0u; cb < HD4; cb += 8u) { for (var e = 0u; e < 8u; e++) { let c = cb + e; (*dq)[c] = fma(vec4<f32>(ds), kj[c], (*dq)[c]); } }
     }
   }
@@ -297,7 +309,7 @@ fn dkv_tile(wid: vec3<u32>, lid: u32, dk: ptr<function, array<vec4<f32>, 32>>,
           dp += dot(gi[c], vr[c]);
         }
       }
-      let pij = select(0.0, exp(sc - tl[i]), seen(q0 + i, col));
+      let pij = select(0.0, exp(sc - tl[i]), seen(q0 + i, col) && col >= first(b, q0 + i));
       let ds = pij * (dp - td[i]);
       for (var cb = 0u; cb < HD4; cb += 8u) {
         for (var e = 0u; e < 8u; e++) {

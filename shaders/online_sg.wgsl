@@ -129,6 +129,18 @@ fn mine(w: Rows, lane: u32) -> u32 { return min(w.r0 + lane, p.T - 1u); }
 fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
 fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
 fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
+// Packed windows (DOCS): several records in a window, each attending only within itself. docs
+// holds each row's position in its record, so row t's record starts at t - docs[row]. The blocks
+// walked stay the window's (their bounds are uniform, from the workgroup id); keys of an earlier
+// record are masked with the rest.
+//#if DOCS
+@group(0) @binding(10) var<storage, read> docs: array<u32>;   // [B*T]
+fn first(b: u32, t: u32) -> u32 { let r = min(t, p.T - 1u); return r - min(docs[b * p.T + r], r); }
+//#else
+fn first(b: u32, t: u32) -> u32 { return 0u; }
+//#endif
+// query row (of window b) sees key: in its window and its record
+fn sees(b: u32, row: u32, key: u32) -> bool { return seen(row, key) && key >= first(b, row); }
 
 // dot products of this lane's row x (HD4 vec4) with the rows y held by lanes 0..7
 struct Dots8 { d0: f32, d1: f32, d2: f32, d3: f32, d4: f32, d5: f32, d6: f32, d7: f32 }
@@ -173,12 +185,16 @@ fn max8(d: Dots8) -> f32 {
   return max(max(max(d.d0, d.d1), max(d.d2, d.d3)), max(max(d.d4, d.d5), max(d.d6, d.d7)));
 }
 
-// keep d_l where query `row` sees key r0 + l, else `other`
-fn visible(d: Dots8, r0: u32, row: u32, other: f32) -> Dots8 {
-  return Dots8(select(other, d.d0, seen(row, r0)), select(other, d.d1, seen(row, r0 + 1u)),
-               select(other, d.d2, seen(row, r0 + 2u)), select(other, d.d3, seen(row, r0 + 3u)),
-               select(other, d.d4, seen(row, r0 + 4u)), select(other, d.d5, seen(row, r0 + 5u)),
-               select(other, d.d6, seen(row, r0 + 6u)), select(other, d.d7, seen(row, r0 + 7u)));
+// keep d_l where query `row` sees key r0 + l (lo: its record's first key), else `other`
+fn visible(d: Dots8, r0: u32, row: u32, lo: u32, other: f32) -> Dots8 {
+  return Dots8(select(other, d.d0, seen(row, r0) && r0 >= lo),
+               select(other, d.d1, seen(row, r0 + 1u) && r0 + 1u >= lo),
+               select(other, d.d2, seen(row, r0 + 2u) && r0 + 2u >= lo),
+               select(other, d.d3, seen(row, r0 + 3u) && r0 + 3u >= lo),
+               select(other, d.d4, seen(row, r0 + 4u) && r0 + 4u >= lo),
+               select(other, d.d5, seen(row, r0 + 5u) && r0 + 5u >= lo),
+               select(other, d.d6, seen(row, r0 + 6u) && r0 + 6u >= lo),
+               select(other, d.d7, seen(row, r0 + 7u) && r0 + 7u >= lo));
 }
 
 @compute @workgroup_size(LANES)
@@ -192,17 +208,18 @@ fn attn_online_forward_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgro
   var kr: array<vec4<f32>, 32>;
   var vr: array<vec4<f32>, 32>;
   load_row(&qr, 0u, b, mine(w, lane), h, p.scale);
+  let lo = first(b, mine(w, lane));             // this row's record's first key
   var m = NEG;
   var l = 0.0;
   for (var j0 = oldest(w.r0) / LANES * LANES; j0 <= last; j0 += LANES) {
     let key = min(j0 + lane, p.T - 1u);        // this lane loads key and value row j0 + lane
     load_row(&kr, 1u, b, key, h, 1.0);
     load_row(&vr, 2u, b, key, h, 1.0);
-    let s = visible(dots8(&qr, &kr), j0, row, NEG);
+    let s = visible(dots8(&qr, &kr), j0, row, lo, NEG);
     let mt = max(m, max8(s));                   // NEG only while no key so far is in this row's window
     let alpha = exp(m - mt);                    // rescale what was summed against the old max
     let e = visible(Dots8(exp(s.d0 - mt), exp(s.d1 - mt), exp(s.d2 - mt), exp(s.d3 - mt),
-                          exp(s.d4 - mt), exp(s.d5 - mt), exp(s.d6 - mt), exp(s.d7 - mt)), j0, row, 0.0);
+                          exp(s.d4 - mt), exp(s.d5 - mt), exp(s.d6 - mt), exp(s.d7 - mt)), j0, row, lo, 0.0);
     l = l * alpha + e.d0 + e.d1 + e.d2 + e.d3 + e.d4 + e.d5 + e.d6 + e.d7;
     for (var cb = 0u; cb < HD4; cb += 8u) { for (var i = 0u; i < 8u; i++) { o[cb + i] *= alpha; } }
     axpy8(&o, e, &vr);
@@ -228,6 +245,7 @@ fn dq_row(w: Rows, lane: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
   load_row(&dor, 3u, b, mine(w, lane), h, 1.0);
   let li = Lin[(b * p.H + h) * p.T + mine(w, lane)];
   let di = Din[(b * p.H + h) * p.T + mine(w, lane)];
+  let lo = first(b, mine(w, lane));
   for (var j0 = oldest(w.r0) / LANES * LANES; j0 <= last; j0 += LANES) {
     let key = min(j0 + lane, p.T - 1u);
     load_row(&kr, 1u, b, key, h, 1.0);
@@ -238,7 +256,7 @@ fn dq_row(w: Rows, lane: u32, dq: ptr<function, array<vec4<f32>, 32>>) {
     let ds = visible(Dots8(exp(s.d0 - li) * (dp.d0 - di), exp(s.d1 - li) * (dp.d1 - di),
                           exp(s.d2 - li) * (dp.d2 - di), exp(s.d3 - li) * (dp.d3 - di),
                           exp(s.d4 - li) * (dp.d4 - di), exp(s.d5 - li) * (dp.d5 - di),
-                           exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, 0.0);
+                           exp(s.d6 - li) * (dp.d6 - di), exp(s.d7 - li) * (dp.d7 - di)), j0, row, lo, 0.0);
     axpy8(dq, ds, &kr);
   }
 }
@@ -306,10 +324,10 @@ fn dkv_row(wid: vec3<u32>, lane: u32, dk: ptr<function, array<vec4<f32>, 32>>,
                     exp(s.d2 - subgroupBroadcast(lr, 2u)), exp(s.d3 - subgroupBroadcast(lr, 3u)),
                     exp(s.d4 - subgroupBroadcast(lr, 4u)), exp(s.d5 - subgroupBroadcast(lr, 5u)),
                     exp(s.d6 - subgroupBroadcast(lr, 6u)), exp(s.d7 - subgroupBroadcast(lr, 7u)));
-    pij = Dots8(select(0.0, pij.d0, seen(i0, col) && i0 <= n), select(0.0, pij.d1, seen(i0 + 1u, col) && i0 + 1u <= n),
-                select(0.0, pij.d2, seen(i0 + 2u, col) && i0 + 2u <= n), select(0.0, pij.d3, seen(i0 + 3u, col) && i0 + 3u <= n),
-                select(0.0, pij.d4, seen(i0 + 4u, col) && i0 + 4u <= n), select(0.0, pij.d5, seen(i0 + 5u, col) && i0 + 5u <= n),
-                select(0.0, pij.d6, seen(i0 + 6u, col) && i0 + 6u <= n), select(0.0, pij.d7, seen(i0 + 7u, col) && i0 + 7u <= n));
+    pij = Dots8(select(0.0, pij.d0, sees(b, i0, col) && i0 <= n), select(0.0, pij.d1, sees(b, i0 + 1u, col) && i0 + 1u <= n),
+                select(0.0, pij.d2, sees(b, i0 + 2u, col) && i0 + 2u <= n), select(0.0, pij.d3, sees(b, i0 + 3u, col) && i0 + 3u <= n),
+                select(0.0, pij.d4, sees(b, i0 + 4u, col) && i0 + 4u <= n), select(0.0, pij.d5, sees(b, i0 + 5u, col) && i0 + 5u <= n),
+                select(0.0, pij.d6, sees(b, i0 + 6u, col) && i0 + 6u <= n), select(0.0, pij.d7, sees(b, i0 + 7u, col) && i0 + 7u <= n));
     let ds = Dots8(pij.d0 * (dp.d0 - subgroupBroadcast(dr, 0u)), pij.d1 * (dp.d1 - subgroupBroadcast(dr, 1u)),
                    pij.d2 * (dp.d2 - subgroupBroadcast(dr, 2u)), pij.d3 * (dp.d3 - subgroupBroadcast(dr, 3u)),
                    pij.d4 * (dp.d4 - subgroupBroadcast(dr, 4u)), pij.d5 * (dp.d5 - subgroupBroadcast(dr, 5u)),

@@ -31,6 +31,15 @@ override F16: bool = false;          // x holds f16
 @group(0) @binding(5) var<storage, read_write> stats: array<f32>;    // qk_norm_rope: 0 | rstd [2, rows * C/hd]
 @group(0) @binding(6) var<storage, read> dy: array<f32>;             // qk_norm_rope_dx: [rows, C]; x: its dx
 
+// Row r's position: r % T + offset; in packed windows (DOCS) several records share a window and
+// each one's positions restart at 0: docs holds each row's position in its record.
+//#if DOCS
+@group(0) @binding(7) var<storage, read> docs: array<u32>;           // [rows]
+fn position(r: u32) -> u32 { return docs[r]; }
+//#else
+fn position(r: u32) -> u32 { return r % p.T + p.offset; }
+//#endif
+
 // elements e and e + 1 (e even) as stored
 fn get2(e: u32) -> vec2<f32> {
   if (F16) { return unpack2x16float(x[e / 2u]); }
@@ -53,7 +62,7 @@ fn turn(g: u32, sign: f32) {
   let h = (2u * (g % per_row)) / half;
   let i = (2u * (g % per_row)) % half;     // even, < hd/2
   let e = r * p.C + h * p.hd + i;
-  let t = (r % p.T + p.offset) * half + i;
+  let t = position(r) * half + i;
   let c = vec2<f32>(cs[t].x, cs[t + 1u].x);
   let s = sign * vec2<f32>(cs[t].y, cs[t + 1u].y);
   let x1 = get2(e);
@@ -89,7 +98,7 @@ fn qk_norm_rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   stats[j] = 0.0;
   stats[heads + j] = rstd;
   let half = p.hd / 2u;
-  let t0 = ((j / (p.C / p.hd)) % p.T + p.offset) * half;
+  let t0 = position(j / (p.C / p.hd)) * half;
   for (var i = 0u; i < half; i += 2u) {
     let c = vec2<f32>(cs[t0 + i].x, cs[t0 + i + 1u].x);
     let s = vec2<f32>(cs[t0 + i].y, cs[t0 + i + 1u].y);
@@ -121,7 +130,7 @@ fn qk_norm_rope_dx(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
   if (j >= heads) { return; }
   let base = j * p.hd;
   let half = p.hd / 2u;
-  let t0 = ((j / (p.C / p.hd)) % p.T + p.offset) * half;
+  let t0 = position(j / (p.C / p.hd)) * half;
   let rstd = stats[heads + j];
   var m = 0.0;                             // mean(dxhat * xhat) over the head
   for (var i = 0u; i < half; i++) {

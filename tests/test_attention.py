@@ -48,6 +48,44 @@ def test_attention_against_float64(gpu, impl, B, T, C, H):
     check(f"{tag} dv", dv, rdv, TOL)
 
 
+def positions_of(lengths: list) -> np.ndarray:
+    """[B, T] each row's position in its record, the records of each window laid end to end."""
+    return np.array([np.concatenate([np.arange(n) for n in window]) for window in lengths], np.uint32)
+
+
+# packed windows (B, T, C, H, window, record lengths per window): odd lengths, a record of one row,
+# a window of one record, records across online's tiles (32 rows; 8 for the sg kernels)
+PACKED = [(2, 7, 15, 3, 0, [[3, 4], [1, 1, 5]]),
+          (2, 65, 26, 2, 0, [[20, 1, 30, 14], [65]]),
+          (1, 64, 48, 2, 9, [[17, 33, 14]])]
+
+
+@pytest.mark.parametrize("impl", attention.IMPLS + ("online-tiles",))
+@pytest.mark.parametrize("B,T,C,H,window,lengths", PACKED)
+def test_packed_windows_attend_within_their_records(gpu, impl, B, T, C, H, window, lengths):
+    """Several records to a window (docs: each row's position in its record): out, dq, dk, dv equal
+    each record's attention run on its own, in float64, on every path (with a sliding window too)."""
+    tag_impl, (impl, kn) = impl, use(gpu, impl)
+    q, k, v, do = _inputs(B, T, C, 5)
+    docs = positions_of(lengths)
+    f = lambda a: a.astype(np.float64)
+    want = [np.zeros((B, T, C)) for _ in range(4)]
+    for b, window_lengths in enumerate(lengths):
+        t0 = 0
+        for n in window_lengths:
+            part = lambda x: f(x[b:b + 1, t0:t0 + n])
+            want[0][b, t0:t0 + n] = RA.attention_forward(part(q), part(k), part(v), H, window)[0]
+            for g, got in zip(want[1:], RA.attention_backward(part(q), part(k), part(v), part(do), H, window=window)):
+                g[b, t0:t0 + n] = got[0]
+            t0 += n
+    check(f"float64 twin's mask: packed = each record alone, T={T}",
+          RA.attention_forward(f(q), f(k), f(v), H, window, docs), want[0], 1e-12)
+    tag = f"{tag_impl} packed {lengths} T={T} C={C} H={H} window={window}"
+    check(f"{tag} out", attention.forward(kn, q, k, v, H, impl, window, docs), want[0], TOL)
+    for name, got, w in zip(("dq", "dk", "dv"), attention.backward(kn, q, k, v, do, H, impl, window, docs), want[1:]):
+        check(f"{tag} {name}", got, w, TOL)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["online", "online-tiles"])
 @pytest.mark.parametrize("hd", [32, 128])

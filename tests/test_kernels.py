@@ -1000,3 +1000,68 @@ def test_dpo_and_scale_rows(gpu, rng, kn, pairs, T, beta):
     run(gpu, kn.scale_rows(weights, t, rows, stride, T, row0))
     check(f"scale_rows {rows}x{stride} from row {row0}", gpu.read(t), R.scale_rows(rw, f64(dl), rows, stride, T, row0),
           1e-6, 1e-5)
+
+
+def _packed_positions(rng, rows: int, T: int) -> np.ndarray:
+    """Each row's position in its record: windows of T rows cut into records of random odd lengths."""
+    out = []
+    while len(out) < rows:
+        n = int(rng.integers(1, T // 2 + 2))                  # at most half a window and one row
+        out += list(range(min(n, T - len(out) % T)))
+    return np.array(out[:rows], np.uint32)
+
+
+@pytest.mark.parametrize("rows,T,H,hd,dtype", [(30, 10, 3, 12, "f32"), (130, 65, 2, 64, "f32"), (14, 7, 3, 12, "bf16")])
+def test_rope_and_qk_norm_in_packed_windows(gpu, rng, rows, T, H, hd, dtype, kn):
+    """Packed windows (docs: each row's position in its record, restarting at each record): rope's
+    turn, qk_norm_rope and its backward at those positions, against the float64 twins."""
+    C = H * hd
+    docs = _packed_positions(rng, rows, T)
+    assert (docs != np.arange(rows) % T).any()
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    table, t_docs = rope_table(T, hd, 10000.0), gpu.upload(docs)
+    cast, back, tol = {"f32": (lambda a: a, lambda w: w, 2e-6),
+                       "bf16": (R.cast_bf16, lambda w: R.cast_f32(w, rows * C), 2.0 ** -8)}[dtype]
+    stored = cast(x)
+    seen = back(stored).reshape(rows, C) if dtype != "f32" else x
+    for entry in ("rope_forward", "rope_backward"):
+        t = gpu.tensor(np.shape(stored), dtype, data=stored) if dtype != "f32" else gpu.upload(x)
+        run(gpu, getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, docs=t_docs))
+        got = back(gpu.read(t)).reshape(rows, C) if dtype != "f32" else gpu.read(t)
+        want = getattr(R, entry)(f64(table), f64(seen), T, hd, docs=docs)
+        check(f"{entry} {dtype} packed {rows}x{C} hd {hd}", got, want, 1e-6, tol)
+    gain, dy = rng.standard_normal(hd).astype(np.float32), rng.standard_normal((rows, C)).astype(np.float32)
+    xq, stats, dx = gpu.tensor((rows, C // 2 if dtype != "f32" else C), dtype), gpu.tensor((2, rows * H)), \
+        gpu.tensor((rows, C))
+    t_table, t_xr, t_gain = gpu.upload(table), gpu.upload(x), gpu.upload(gain)
+    run(gpu, kn.qk_norm_rope(t_table, t_xr, t_gain, xq, stats, rows, T, C, hd, eps=1e-6, docs=t_docs))
+    want, _ = R.qk_norm_rope(f64(table), f64(x), f64(gain), T, hd, eps=1e-6, docs=docs)
+    check(f"qk_norm_rope {dtype} packed {rows}x{C}", back(gpu.read(xq)).reshape(rows, C), want,
+          1e-6 * np.abs(want).max(), tol)
+    if dtype == "f32":
+        run(gpu, kn.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, docs=t_docs))
+        want = R.qk_norm_rope_dx(f64(table), f64(dy), f64(x), f64(gain), f64(gpu.read(stats)), T, hd, docs=docs)
+        check(f"qk_norm_rope_dx packed {rows}x{C}", gpu.read(dx), want, 2e-6 * np.abs(want).max(), 1e-5)
+
+
+@pytest.mark.parametrize("B,T,C,V", [(2, 7, 65, 256), (3, 33, 8, 70)])
+def test_embedding_in_packed_windows(gpu, rng, B, T, C, V, kn):
+    """Packed windows: each row adds the position table's row of its position in its record; the
+    table's gradient sums each position's rows over every record (embed_tok_grad over the rows
+    bucketed by position, as the model takes it), against the float64 twins."""
+    tokens = rng.integers(0, V, (B, T)).astype(np.uint32)
+    docs = _packed_positions(rng, B * T, T).reshape(B, T)
+    tok, pos = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
+    out = gpu.tensor((B, T, C))
+    run(gpu, kn.embed_forward(gpu.upload(tokens), gpu.upload(tok), gpu.upload(pos), out, B, T, C,
+                              docs=gpu.upload(docs)))
+    check(f"embed_forward packed {B}x{T}x{C} (bitwise vs f32)", gpu.read(out),
+          R.embed_forward(tokens, tok, pos, docs=docs), 0)
+    dout = rng.standard_normal((B * T, C)).astype(np.float32)
+    off, rows = token_buckets(docs, T)
+    dpos = gpu.tensor((T, C))
+    run(gpu, kn.embed_tok_grad(gpu.upload(np.concatenate([off, rows])), gpu.upload(dout), dpos, B, T, C, T,
+                               accumulate=False))
+    want = np.zeros((T, C))
+    np.add.at(want, docs.reshape(-1), f64(dout))
+    check(f"position table's gradient, packed {B}x{T}x{C}", gpu.read(dpos), want, 1e-5)

@@ -490,6 +490,61 @@ def test_unscored_targets_leave_the_mean_over_the_scored_ones(gpu, plan):
         check(f"{case}: mean_loss over the scored targets", rows, loss, 1e-5 * abs(loss))
 
 
+# windows of 16 rows holding records laid end to end (a record of one row, a window of one record,
+# tail padding); 2 micro-batches of 2 windows
+PACKED_WINDOWS = [[5, 7, 4], [16], [1, 9, 3], [11, 5]]
+
+
+@pytest.mark.parametrize("parts, attention, window", [(None, a, 0) for a in IMPLS] + [
+    ("all", a, 0) for a in IMPLS] + [("all", "online", 5)])
+def test_packed_windows_equal_their_records_one_by_one(gpu, plan, parts, attention, window):
+    """Several records to a window, each attending only within itself and its positions (the
+    learned table's rows, RoPE's angles) restarting at 0, the padding after the last record
+    unscored: the loss and every gradient equal those of the float64 reference run on each record
+    alone (the mean over every scored target of the step), for GPT-2's block and the modern one
+    (RoPE, RMSNorm, QK-norm, grouped heads), on every attention path and with a sliding window."""
+    from tinygpt.core.config import UNSCORED
+    cfg = preset("tiny", batch=2, ctx=16, window=window, **(MODERN[parts] if parts else {})).validate()
+    params = init_params(cfg)
+    r = np.random.default_rng(13)
+    T = cfg.ctx
+    x = r.integers(0, cfg.vocab, (4, T)).astype(np.uint32)
+    y = r.integers(0, cfg.vocab, (4, T)).astype(np.uint32)
+    docs = np.zeros((4, T), np.uint32)
+    records = []                                     # (window, first row, length)
+    for b, lengths in enumerate(PACKED_WINDOWS):
+        t0 = 0
+        for n in lengths:
+            docs[b, t0:t0 + n] = np.arange(n)
+            y[b, t0] = UNSCORED                      # each record's first target unscored (a prompt's)
+            records.append((b, t0, n))
+            t0 += n
+        docs[b, t0:] = np.arange(T - t0)             # the tail: padding, unscored
+        y[b, t0:] = UNSCORED
+    m = Model(gpu, plan, RunSpec(cfg, attention, B=2, accum=2, packed=True))
+    m.set_params(params)
+    m.grads_only(x, y, docs=docs)
+    N = int(np.count_nonzero(y != UNSCORED))
+    loss, want = 0.0, {}
+    for b, t0, n in records:
+        xs, ys = x[b:b + 1, t0:t0 + n], y[b:b + 1, t0:t0 + n]
+        scored = int(np.count_nonzero(ys != UNSCORED))
+        if not scored:
+            continue
+        _, lr, cache = RG.forward(f64(params), cfg, xs, ys)
+        loss += lr * scored / N
+        for name, g in RG.backward(f64(params), cfg, cache).items():
+            want[name] = want.get(name, 0) + g * scored / N
+    tag = f"{'modern' if parts else 'GPT-2'} {attention} window {window}"
+    check(f"{tag}: loss of {len(records)} records in 4 windows, {N} scored", m.loss(), loss, 1e-5 * abs(loss))
+    G = m.get_grads()
+    for name, w in want.items():
+        scale = max(np.abs(w).max(), 1e-6)
+        check(f"{tag}: grad {name} (tol 1e-4 x {scale:.2e})", G[name], w, 1e-4 * scale)
+    rows = m.mean_loss(x, y, docs=docs)
+    check(f"{tag}: mean_loss of the packed windows", rows, loss, 1e-5 * abs(loss))
+
+
 def test_dpo_loss_and_gradients_against_float64(gpu, plan):
     """A DPO model (spec.dpo = beta): windows 2i and 2i+1 a pair's chosen and rejected completions,
     their prompts unscored, 2 micro-batches of 2 pairs: the step's loss is the mean of the pairs'

@@ -39,6 +39,14 @@ def width(variant: str, *tags: str) -> Fill:
 
 SUBGROUPS = Fill("subgroups", tags=frozenset({"sg"}))   # a file's sg section kept: its subgroup kernels
 F16 = Fill("f16", tags=frozenset({"f16"}))               # its f16 section: the kernels of WGSL's f16
+# a file's DOCS section: packed windows, several records to a window, each attending within itself
+# and its positions restarting at 0 (docs: each row's position in its record, u32 [rows])
+DOCS = Fill("packed windows", tags=frozenset({"DOCS"}))
+
+
+def _docs(access: str, tensors: list, docs) -> tuple:
+    """(access, tensors, fill) with the rows' positions in their records bound last where docs is given."""
+    return (access + "r", list(tensors) + [docs], DOCS) if docs is not None else (access, list(tensors), None)
 
 
 CHUNK = 4096         # floats per partial sum of the gradient norm (optim.wgsl)
@@ -545,37 +553,41 @@ class Kernels:
         return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], (-(-C // 64),))
 
     # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------
-    def _rope(self, entry, cs, x, rows, T, C, hd, offset) -> Dispatch:
+    # docs: packed windows' positions of each row in its record (u32 [rows]), which replace r % T + offset
+    def _rope(self, entry, cs, x, rows, T, C, hd, offset, docs=None) -> Dispatch:
         assert hd % 4 == 0 and C % hd == 0, (C, hd)
         flag = DTYPES[x.dtype].flag                                    # q or k as stored
-        k = self.gpu.kernel("rope.wgsl", entry, "urw", {flag: True} if flag else None)
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset), [cs, x], grid1d(-(-rows * C // 4 // 64)))
+        access, tensors, fill = _docs("urw" + "rrrr" * (docs is not None), [cs, x] + [None] * 4 * (docs is not None),
+                                      docs)                            # docs at binding 7
+        k = self.gpu.kernel("rope.wgsl", entry, access, {flag: True} if flag else None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * C // 4 // 64)))
 
-    def rope_forward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
+    def rope_forward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
         """x [rows, C] (q or k, heads of hd channels) turned in place by its rows' positions,
-        r % T + offset; cs = (cos, sin) [positions, hd/2] (core.rope.rope_table)."""
-        return self._rope("rope_forward", cs, x, rows, T, C, hd, offset)
+        r % T + offset (or docs); cs = (cos, sin) [positions, hd/2] (core.rope.rope_table)."""
+        return self._rope("rope_forward", cs, x, rows, T, C, hd, offset, docs)
 
-    def rope_backward(self, cs, x, rows, T, C, hd, offset=0) -> Dispatch:
+    def rope_backward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
         """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
-        return self._rope("rope_backward", cs, x, rows, T, C, hd, offset)
+        return self._rope("rope_backward", cs, x, rows, T, C, hd, offset, docs)
 
-    def qk_norm_rope(self, cs, xr, g, x, stats, rows, T, C, hd, offset=0, eps=1e-5) -> Dispatch:
+    def qk_norm_rope(self, cs, xr, g, x, stats, rows, T, C, hd, offset=0, eps=1e-5, docs=None) -> Dispatch:
         """QK-norm then rope_forward in one pass: x [rows, C] as stored = the turn of RMSNorm over each
         head of the float32 xr (gain g [hd]); stats [2, rows * C/hd] = 0 | rstd (layernorm_forward's)."""
         assert hd % 4 == 0 and C % hd == 0, (C, hd)
         flag = DTYPES[x.dtype].flag
-        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope", "urwrrw", {flag: True} if flag else None)
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), [cs, x, xr, g, stats],
-                                 grid1d(-(-rows * (C // hd) // 64)))
+        access, tensors, fill = _docs("urwrrw" + "r" * (docs is not None), [cs, x, xr, g, stats]
+                                      + [None] * (docs is not None), docs)
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope", access, {flag: True} if flag else None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), tensors, grid1d(-(-rows * (C // hd) // 64)))
 
-    def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0) -> Dispatch:
+    def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
         """qk_norm_rope's backward to its input where g takes no gradient: dy [rows, C], the gradient
         of what it wrote, turned back and through the RMSNorm of xr (its stats) into dx [rows, C]."""
         assert hd % 4 == 0 and C % hd == 0 and not (DTYPES[dy.dtype].packed or DTYPES[dx.dtype].packed), (C, hd)
-        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", "urwrrwr")
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset), [cs, dx, xr, g, stats, dy],
-                                 grid1d(-(-rows * (C // hd) // 64)))
+        access, tensors, fill = _docs("urwrrwr", [cs, dx, xr, g, stats, dy], docs)
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", access, None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * (C // hd) // 64)))
 
     # ---- the gated MLP's activation (glu.wgsl) -------------------------------------------------------
     def _glu(self, entry, access, tensors, n, dtype) -> Dispatch:
@@ -606,13 +618,16 @@ class Kernels:
         return self.gpu.dispatch(k, (rows, H, KV, hd), [src, dst], grid1d(-(-rows * KV * hd // 64)))
 
     # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
-    def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None) -> Dispatch:
+    def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None, docs=None) -> Dispatch:
         """tok: the token table's rows v0 .. v0+n-1 (all of it by default); only the positions whose
         token lies there are written, so one dispatch per chunk of rows writes every position once.
-        pos None: no position table (a rotary model's), the token's row alone."""
+        pos None: no position table (a rotary model's), the token's row alone. docs: packed windows'
+        positions of each row in its record (u32 [B*T]), the rows of pos they add."""
         n = tok.shape[0] if n is None else n
-        k = self.gpu.kernel("embed.wgsl", "embed_forward", "urrrw", None if pos is not None else {"LEARNED": False})
-        return self.gpu.dispatch(k, (B, T, C, 0, 0, v0, n), [tokens, tok, pos, out], grid1d(-(-B * T * C // 64)))
+        access, tensors, fill = _docs("urrrw", [tokens, tok, pos, out], docs)
+        k = self.gpu.kernel("embed.wgsl", "embed_forward", access, None if pos is not None else {"LEARNED": False},
+                            fill)
+        return self.gpu.dispatch(k, (B, T, C, 0, 0, v0, n), tensors, grid1d(-(-B * T * C // 64)))
 
     def embed_tok_grad(self, buckets, dout, dtok, B, T, C, V, accumulate=True, v0=0, n=None) -> Dispatch:
         """buckets = [offsets (V+1) | positions (B*T)] as u32; dtok: rows v0 .. v0+n-1 (all V by default)."""
@@ -734,68 +749,72 @@ class Kernels:
         return self.gpu.dispatch_with(k, step_uniform, [x, gate, w, None], grid1d(-(-n // 256)))
 
     # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
-    def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv, window) -> Dispatch:
+    def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv, window, docs=None) -> Dispatch:
+        """docs: packed windows' positions of each row in its record (u32 [B*T]), a query seeing its record alone."""
         hd = C // H
-        k = self.gpu.kernel("attention.wgsl", entry, "urrrww", {"HD4": -(-hd // 32) * 8, **windowed(window, T)})
-        return self.gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)), [x1, x2, x3, o1, o2],
-                                 grid1d(-(-n_inv // 64)))
+        access, tensors, fill = _docs("urrrww", [x1, x2, x3, o1, o2], docs)
+        k = self.gpu.kernel("attention.wgsl", entry, access, {"HD4": -(-hd // 32) * 8, **windowed(window, T)}, fill)
+        return self.gpu.dispatch(k, (B, T, C, hd, h0, nh, 1.0 / math.sqrt(hd)), tensors, grid1d(-(-n_inv // 64)))
 
-    def attn_scores(self, q, k, S, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_scores(self, q, k, S, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T, window)
+        return self._attn("attn_scores", q, k, None, S, None, B, T, C, H, h0, nh, B * nh * T * T, window, docs)
 
-    def attn_softmax(self, S, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_softmax(self, S, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T, window)
+        return self._attn("attn_softmax", None, None, None, S, None, B, T, C, H, h0, nh, B * nh * T, window, docs)
 
-    def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
+        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
 
-    def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T, window)
+        return self._attn("attn_fused_sv", q, k, v, out, P, B, T, C, H, h0, nh, B * nh * T, window, docs)
 
-    def attn_dscores(self, dout, v, P, dS, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_dscores(self, dout, v, P, dS, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T, window)
+        return self._attn("attn_dscores", dout, v, P, dS, None, B, T, C, H, h0, nh, B * nh * T, window, docs)
 
-    def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
+        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
 
-    def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
+        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
 
-    def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None, window=0) -> Dispatch:
+    def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window)
+        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
 
     # ---- online attention (online.wgsl, online_sg.wgsl) -------------------------------------------
-    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0, cs=None) -> Dispatch:
-        """cs: RoPE's table, where dq and dk are turned back as they are stored (the _rope entries)."""
+    def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0, cs=None,
+                docs=None) -> Dispatch:
+        """cs: RoPE's table, where dq and dk are turned back as they are stored (the _rope entries).
+        docs: packed windows' positions of each row in its record (u32 [B*T]), bound after cs's place."""
         hd = C // H
         bq, bk = block or online_tiles(self.gpu.limits, self.plan, hd, T)
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "BQ": bq, "BK": bk, **windowed(window, T)}
         if DTYPES[ins[0].dtype].flag:                                # q, k, v as stored
             consts[DTYPES[ins[0].dtype].flag] = True
         turned = cs is not None
-        k = self.gpu.kernel("online.wgsl", entry + ("_rope" if turned else ""), "urrrrrrww" + "r" * turned, consts)
-        ins = list(ins) + [None] * (6 - len(ins))
-        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), ins + [o1, o2] + [cs] * turned, groups)
+        tensors = list(ins) + [None] * (6 - len(ins)) + [o1, o2] + ([cs] if turned or docs is not None else [])
+        access, tensors, fill = _docs("urrrrrrww" + "r" * (turned or docs is not None), tensors, docs)
+        k = self.gpu.kernel("online.wgsl", entry + ("_rope" if turned else ""), access, consts, fill)
+        return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), tensors, groups)
 
-    def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0, cs=None) -> Dispatch:
+    def _online_sg(self, entry, ins, o1, o2, B, T, C, H, window=0, cs=None, docs=None) -> Dispatch:
         """One workgroup (a subgroup of 8 lanes) per 8 rows of each (b, h); q, k, v may be bf16 or
         f16 (their dtype says; B*T*C a multiple of 8). cs: RoPE's table, where dq and dk are turned
-        back as they are stored (the _rope entries; turns_back says where they run)."""
+        back as they are stored (the _rope entries; turns_back says where they run). docs: as _online's."""
         hd = C // H
         consts = {"HD": hd, "HD4": -(-hd // 32) * 8, "ALIGNED": hd % 4 == 0 and C % 4 == 0,
                   **({DTYPES[ins[0].dtype].flag: True} if DTYPES[ins[0].dtype].flag else {}), **windowed(window, T)}
-        entry, access, ins = (entry + "_rope", "urrrrrrwwr", list(ins) + [None] * (6 - len(ins))) if cs is not None \
-            else (entry, "urrrrrrww", list(ins) + [None] * (6 - len(ins)))
-        k = self.gpu.kernel("online_sg.wgsl", entry + "_sg", access, consts)
-        tensors = ins + [o1, o2] + ([cs] if cs is not None else [])
+        turned = cs is not None
+        tensors = list(ins) + [None] * (6 - len(ins)) + [o1, o2] + ([cs] if turned or docs is not None else [])
+        access, tensors, fill = _docs("urrrrrrww" + "r" * (turned or docs is not None), tensors, docs)
+        k = self.gpu.kernel("online_sg.wgsl", entry + ("_rope" if turned else "") + "_sg", access, consts, fill)
         return self.gpu.dispatch(k, (B, T, C, H, 1.0 / math.sqrt(hd)), tensors, (B * H * -(-T // SG_LANES),))
 
     def turns_back(self, T, C, H, variant=None) -> bool:
@@ -812,32 +831,35 @@ class Kernels:
         return block or online_tiles(self.gpu.limits, self.plan, C // H, T)
 
     def _online_either(self, entry, ins, o1, o2, B, T, C, H, block, variant, along: int, window,
-                       cs=None) -> Dispatch:
+                       cs=None, docs=None) -> Dispatch:
         """online_sg.wgsl where the plan (or variant) takes it; else online.wgsl, one workgroup per
         tile of BQ query rows (along 0) or BK key rows (along 1) of each (b, h). q, k, v may be bf16
-        or f16 in either. cs: turn dq, dk back (only where turns_back)."""
+        or f16 in either. cs: turn dq, dk back (only where turns_back). docs: packed windows'."""
         tiles = self._tiles(T, C, H, block, variant)
         if tiles is None:
-            return self._online_sg(entry, ins, o1, o2, B, T, C, H, window, cs)
-        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window, cs)
+            return self._online_sg(entry, ins, o1, o2, B, T, C, H, window, cs, docs)
+        return self._online(entry, ins, o1, o2, B, T, C, H, (B * H * -(-T // tiles[along]),), tiles, window, cs,
+                            docs)
 
-    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None, window=0) -> Dispatch:
-        return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0, window)
+    def attn_online_forward(self, q, k, v, out, L, B, T, C, H, block=None, variant=None, window=0,
+                            docs=None) -> Dispatch:
+        return self._online_either("attn_online_forward", [q, k, v], out, L, B, T, C, H, block, variant, 0, window,
+                                   docs=docs)
 
     def attn_online_d(self, dout, out, D, B, T, C, H, block=None) -> Dispatch:
         return self._online("attn_online_d", [dout, out], D, None, B, T, C, H, grid1d(-(-B * H * T // 64)), block)
 
     def attn_online_dq(self, q, k, v, dout, L, D, dq, B, T, C, H, block=None, variant=None, window=0,
-                       cs=None) -> Dispatch:
+                       cs=None, docs=None) -> Dispatch:
         """cs: a rotary model's (cos, sin) table, dq turned back as it is stored (where turns_back)."""
         return self._online_either("attn_online_dq", [q, k, v, dout, L, D], dq, None, B, T, C, H, block, variant, 0,
-                                   window, cs)
+                                   window, cs, docs)
 
     def attn_online_dkv(self, q, k, v, dout, L, D, dk, dv, B, T, C, H, block=None, variant=None,
-                        window=0, cs=None) -> Dispatch:
+                        window=0, cs=None, docs=None) -> Dispatch:
         """cs: as attn_online_dq's, for dk."""
         return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1,
-                                   window, cs)
+                                   window, cs, docs)
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.

@@ -15,7 +15,9 @@ over the key/value cache) is the same for every path: it reads the window from t
 
 A sliding window W (Config.window, upstream's slidingWindow; 0: none) lets each query see its
 last W positions, itself included; every path computes only those (the online path skips the
-tiles wholly outside every query's window, so its cost falls with W).
+tiles wholly outside every query's window, so its cost falls with W). Packed windows (docs: each
+row's position in its record, u32 [B*T]) hold several records, each query seeing its own alone:
+every path masks the keys of other records (the kernels' DOCS sections).
 
 Scratch per call (bytes, float32):
   naive, fused_sv   P [B,H,T,T] kept for the backward + dS [B,H,T,T]   O(B*H*T^2)
@@ -84,9 +86,9 @@ class AttentionPath:
         raise NotImplementedError
 
     def bind(self, kn: Kernels, B: int, T: int, C: int, H: int, scratch: dict, window: int = 0,
-             block=None) -> "Attention":
+             block=None, docs=None) -> "Attention":
         self.check(T, C, H)
-        return Attention(self, kn, (B, T, C, H), scratch, window, block)   # W >= T: plain (kernels.windowed)
+        return Attention(self, kn, (B, T, C, H), scratch, window, block, docs)  # W >= T: plain (kernels.windowed)
 
     def forward(self, a: "Attention", q, k, v, out) -> list:
         raise NotImplementedError
@@ -105,9 +107,10 @@ class Attention:
     """One path's attention of shape [B, T, C] with H heads, bound to its scratch: the model
     keeps one per layer."""
 
-    def __init__(self, path: AttentionPath, kn: Kernels, shape: tuple, scratch: dict, window: int, block=None):
-        self.path, self.kn, self.shape, self.scratch, self.window, self.block = \
-            path, kn, shape, scratch, window, block
+    def __init__(self, path: AttentionPath, kn: Kernels, shape: tuple, scratch: dict, window: int, block=None,
+                 docs=None):
+        self.path, self.kn, self.shape, self.scratch, self.window, self.block, self.docs = \
+            path, kn, shape, scratch, window, block, docs
 
     def forward(self, q, k, v, out) -> list:
         """q, k, v as stored where path.reads says so, else float32; out float32."""
@@ -156,13 +159,13 @@ class _ScoreMatrix(AttentionPath):
 
     def backward(self, a, q, k, v, out, dout, dq, dk, dv, rot=None):
         B, T, C, H = a.shape
-        kn, w, s = a.kn, a.window, a.scratch
+        kn, w, s, d = a.kn, a.window, a.scratch, a.docs
         ds = []
         for (h0, nh), P in zip(s["chunks"], s["P"]):
-            ds += [kn.attn_dscores(dout, v, P, s["dS"], B, T, C, H, h0, nh, w),
-                   kn.attn_dq(s["dS"], k, dq, B, T, C, H, h0, nh, w),
-                   kn.attn_dk(s["dS"], q, dk, B, T, C, H, h0, nh, w),
-                   kn.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh, w)]
+            ds += [kn.attn_dscores(dout, v, P, s["dS"], B, T, C, H, h0, nh, w, d),
+                   kn.attn_dq(s["dS"], k, dq, B, T, C, H, h0, nh, w, d),
+                   kn.attn_dk(s["dS"], q, dk, B, T, C, H, h0, nh, w, d),
+                   kn.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh, w, d)]
         return ds
 
 
@@ -172,12 +175,12 @@ class Naive(_ScoreMatrix):
 
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape
-        kn, w, s = a.kn, a.window, a.scratch
+        kn, w, s, d = a.kn, a.window, a.scratch, a.docs
         ds = []
         for (h0, nh), P in zip(s["chunks"], s["P"]):
-            ds += [kn.attn_scores(q, k, P, B, T, C, H, h0, nh, w),
-                   kn.attn_softmax(P, B, T, C, H, h0, nh, w),
-                   kn.attn_value(P, v, out, B, T, C, H, h0, nh, w)]
+            ds += [kn.attn_scores(q, k, P, B, T, C, H, h0, nh, w, d),
+                   kn.attn_softmax(P, B, T, C, H, h0, nh, w, d),
+                   kn.attn_value(P, v, out, B, T, C, H, h0, nh, w, d)]
         return ds
 
 
@@ -190,7 +193,7 @@ class FusedSV(_ScoreMatrix):
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape
         kn, s = a.kn, a.scratch
-        return [kn.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh, a.window)
+        return [kn.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh, a.window, a.docs)
                 for (h0, nh), P in zip(s["chunks"], s["P"])]
 
 
@@ -222,20 +225,22 @@ class Online(AttentionPath):
 
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape
-        return [a.kn.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window)]
+        return [a.kn.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window,
+                                         docs=a.docs)]
 
     def backward(self, a, q, k, v, out, dout, dq, dk, dv, rot=None):
         B, T, C, H = a.shape
         kn, L, D, blk, w = a.kn, a.scratch["L"], a.scratch["D"], a.block, a.window
         cs = rot.cs if rot is not None else None
         return [kn.attn_online_d(dout, out, D, B, T, C, H, blk),
-                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w, cs=cs),
-                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs)]
+                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w, cs=cs, docs=a.docs),
+                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs, docs=a.docs)]
 
     def turns_back(self, a, rot):
-        """Its kernels do (Kernels.turns_back), for training's rows: positions 0..T-1."""
+        """Its kernels do (Kernels.turns_back), for training's rows: positions 0..T-1 (not a packed
+        window's, whose positions restart at each record)."""
         B, T, C, H = a.shape
-        return rot.offset == 0 and rot.T == T and a.kn.turns_back(T, C, H)
+        return rot.offset == 0 and rot.T == T and rot.docs is None and a.kn.turns_back(T, C, H)
 
 
 PATHS = {p.name: p for p in (Naive(), FusedSV(), Online())}
@@ -259,28 +264,30 @@ def inspection() -> AttentionPath:
 
 
 # ---- the NumPy-array API ----------------------------------------------------------------------
-def _prepare(kn: Kernels, q, k, v, n_head, impl, window):
+def _prepare(kn: Kernels, q, k, v, n_head, impl, window, docs=None):
     q, k, v = (np.ascontiguousarray(x, np.float32) for x in (q, k, v))
     if q.ndim != 3 or q.shape != k.shape or q.shape != v.shape:
         raise AttentionError(f"q, k, v must share one shape [B, T, C], got {q.shape}, {k.shape}, {v.shape}")
     B, T, C = q.shape
     p, gpu = path(impl), kn.gpu
     p.check(T, C, n_head)
-    att = p.bind(kn, B, T, C, n_head, p.own_scratch(gpu, B, T, n_head), window)
+    tdocs = None if docs is None else gpu.upload(np.ascontiguousarray(docs, np.uint32).reshape(B * T))
+    att = p.bind(kn, B, T, C, n_head, p.own_scratch(gpu, B, T, n_head), window, docs=tdocs)
     return gpu, (B, T, C), att, [gpu.upload(x) for x in (q, k, v)]
 
 
-def forward(kn: Kernels, q, k, v, n_head: int, impl: str = DEFAULT, window: int = 0) -> np.ndarray:
-    """Causal multi-head attention of [B, T, C] float32 arrays on the device of kn -> out [B, T, C]."""
-    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window)
+def forward(kn: Kernels, q, k, v, n_head: int, impl: str = DEFAULT, window: int = 0, docs=None) -> np.ndarray:
+    """Causal multi-head attention of [B, T, C] float32 arrays on the device of kn -> out [B, T, C].
+    docs [B, T]: packed windows' positions of each row in its record (each query sees its record's keys)."""
+    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window, docs)
     out = gpu.tensor((B, T, C))
     gpu.run(att.forward(tq, tk, tv, out))
     return gpu.read(out)
 
 
-def backward(kn: Kernels, q, k, v, dout, n_head: int, impl: str = DEFAULT, window: int = 0):
+def backward(kn: Kernels, q, k, v, dout, n_head: int, impl: str = DEFAULT, window: int = 0, docs=None):
     """Gradients (dq, dk, dv) of sum(out * dout), each [B, T, C]; runs the forward first."""
-    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window)
+    gpu, (B, T, C), att, (tq, tk, tv) = _prepare(kn, q, k, v, n_head, impl, window, docs)
     tdo = gpu.upload(np.ascontiguousarray(dout, np.float32))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     gpu.run(att.forward(tq, tk, tv, out) + att.backward(tq, tk, tv, out, tdo, dq, dk, dv))

@@ -95,33 +95,37 @@ class PolicyKernels:
 class Rotary:
     """RoPE's place in a block: the (cos, sin) table [positions, hd/2, 2] (core.rope), the window of
     T positions that rows repeat (row r is position r % T + offset) and the head dim. The decode
-    step's is T = 1 with the offset its position, rewritten per token (model.decode)."""
+    step's is T = 1 with the offset its position, rewritten per token (model.decode). A packed
+    model's rows are at their positions in their records instead (docs, the batch's)."""
     cs: Tensor
     T: int
     hd: int
     offset: int = 0
+    docs: Tensor | None = None
 
     def forward(self, kn: Kernels, x: Tensor, rows: int, C: int) -> list:
-        return [kn.rope_forward(self.cs, x, rows, self.T, C, self.hd, self.offset)]
+        return [kn.rope_forward(self.cs, x, rows, self.T, C, self.hd, self.offset, self.docs)]
 
     def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
-        return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset)]
+        return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset, self.docs)]
 
     def turned(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int,
                accumulate: bool) -> object:
         """The product that stores q or k (matmul or matmul_abt), turned as it stores them; None where
-        the kernels have no turned form for it (Kernels.matmul_turned: float32 q and k)."""
+        the kernels have no turned form for it (Kernels.matmul_turned: float32 q and k; nor packed rows)."""
+        if self.docs is not None:
+            return None
         return kn.matmul_turned(entry, a, b, bias, out, M, N, K, accumulate, self.cs, self.T, self.hd, self.offset)
 
     def forward_normed(self, kn: Kernels, xr: Tensor, g: Tensor, x: Tensor, stats: Tensor, rows: int, C: int,
                        eps: float) -> list:
         """QK-norm of the float32 xr into x, turned as it is written (rope.wgsl's qk_norm_rope)."""
-        return [kn.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps)]
+        return [kn.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps, self.docs)]
 
     def backward_normed(self, kn: Kernels, dy: Tensor, xr: Tensor, g: Tensor, stats: Tensor, dx: Tensor, rows: int,
                         C: int) -> list:
         """forward_normed's gradient to xr where g takes none: dy turned back as QK-norm's dx reads it."""
-        return [kn.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset)]
+        return [kn.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset, self.docs)]
 
 
 @dataclass

@@ -176,7 +176,8 @@ def lora_block(BT: int, R: int) -> int:
 
 
 def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None = None, head_rows: int = 0,
-          N: int = 0, capacity: int = 0, lora: LoRA | None = None, part: int = 0, dpo: bool = False) -> dict:
+          N: int = 0, capacity: int = 0, lora: LoRA | None = None, part: int = 0, dpo: bool = False,
+          packed: bool = False) -> dict:
     """The symbols' values for a model of cfg on [B, T] batches (and a decoder of N sequences).
     part: the floats of one buffer of a flat array (layout.flat_part; 0: one buffer)."""
     V, C, H = cfg.vocab, cfg.d_model, cfg.heads
@@ -191,7 +192,7 @@ def sizes(cfg: Config, B: int, T: int, accum: int = 1, max_binding: int | None =
             "LY": max(lora_shapes(cfg, W)[1] for W in lora.targets) if lora else C,
             "QC": cfg.block.heads.q_width, "ones": max(C, cfg.hd),       # the gains of ones: a norm's, QK-norm's
             "lora_saved": len(lora.targets) * lora_block(B * T, R) if lora else 0,
-            "batch": batch_layout(B * T, V, B if dpo else 0)[1],
+            "batch": batch_layout(B * T, V, B if dpo else 0, T if packed else 0)[1],
             "slots": LOSS_SLOT * accum,                          # one loss slot a micro-batch
             "head_block": head_block_rows(VP, C, head_rows, max_binding)[1],   # the split head's scratch
             "head_chunks": chunks, "NHmax": max(n for _, n in chunks),
@@ -291,7 +292,8 @@ def model_rows(spec, plan: KernelPlan, max_binding: int | None, optimizer=None, 
     BT = B * T
     head_rows = min(BT, max(64, rows_per_binding(BT, 4 * padded_vocab(cfg.vocab), max_binding))) if head else 0
     assert optimizer is not None or not training, "a model that trains has an optimizer"
-    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora, part=part, dpo=spec.dpo is not None)
+    size = sizes(cfg, B, T, accum, max_binding, head_rows, lora=lora, part=part, dpo=spec.dpo is not None,
+                 packed=spec.packed)
     size.update(optimizer.sizes(cfg) if training else {})
     on = flags(policy, training=training, head=head, accum=accum, split_head=size["head_block"] > 0,
                attention_reads_stored=attention.reads(policy.stored, plan, B, T, cfg.d_model, cfg.heads),

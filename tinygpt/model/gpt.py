@@ -53,6 +53,7 @@ class Model:
         cfg, precision = spec.cfg, spec.precision
         self.gpu, self.plan, self.spec, self.cfg, self.precision, self.lora = gpu, plan, spec, cfg, precision, spec.lora
         self.training, self.accum, self.attention, self.dpo = spec.training, spec.accum, spec.attention, spec.dpo
+        self.packed = spec.packed
         self.recompute = spec.recompute
         self.scaled = spec.training and precision.loss_scaling
         self.optimizer = make_optimizer(spec.optimizer) if spec.training else None
@@ -118,7 +119,8 @@ class Model:
         self.logits, self.losses, self.loss_buf = b.get("logits"), b.get("losses"), b.get("loss slots")
         self.gate = b.get("gate")                                # model.optim.Gate's: the clip, the loss scaler
         self.residuals = b["x"]                                  # the stream into each block, and out of the last
-        self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab, self.B if self.dpo is not None else 0)[0]
+        self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab, self.B if self.dpo is not None else 0,
+                                        self.T if self.packed else 0)[0]
         # every parameter where it lives: the trainable ones in params, a LoRA run's frozen rest in base
         frozen = lambda key: self._param_views(b[key], self.base_offsets) if self.lora else {}
         self.P = {**frozen("base"), **self._param_views(self.params)}
@@ -199,44 +201,59 @@ class Model:
         Gate.write(self.gpu, self.gate, **values)
 
     # ---- running -----------------------------------------------------------------------------
-    def write_batch(self, x: np.ndarray, y: np.ndarray | None = None, refs: np.ndarray | None = None):
+    def write_batch(self, x: np.ndarray, y: np.ndarray | None = None, refs: np.ndarray | None = None,
+                    docs: np.ndarray | None = None):
         """x, y [B, T] token ids (and preference pairs' refs [B], the reference's log-probability of
-        each window) -> the batch buffer, in one write."""
-        BT, V = self.B * self.T, self.cfg.vocab
+        each window; a packed model's docs [B, T], each row's position in its record, by default
+        one record a window) -> the batch buffer, in one write."""
+        B, T, V = self.B, self.T, self.cfg.vocab
         x = np.asarray(x).reshape(-1)
         data = np.zeros(self.batch.size, np.uint32)
-        data[self.batch_parts["tokens"][0]:][:BT] = x
+        data[self.batch_parts["tokens"][0]:][:B * T] = x
         if y is not None:
-            data[self.batch_parts["targets"][0]:][:BT] = np.asarray(y).reshape(-1)
+            data[self.batch_parts["targets"][0]:][:B * T] = np.asarray(y).reshape(-1)
         if refs is not None:
-            data[self.batch_parts["refs"][0]:][:self.B] = np.asarray(refs, np.float32).view(np.uint32)
+            data[self.batch_parts["refs"][0]:][:B] = np.asarray(refs, np.float32).view(np.uint32)
         if self.training:
-            offsets, positions = token_buckets(x, V)
-            b0 = self.batch_parts["buckets"][0]
-            data[b0:b0 + V + 1] = offsets
-            data[b0 + V + 1:b0 + V + 1 + BT] = positions
+            self._buckets(data, "buckets", x, V)
+        if self.packed:
+            docs = np.tile(np.arange(T, dtype=np.uint32), B) if docs is None else np.asarray(docs).reshape(-1)
+            assert docs.shape == (B * T,) and (docs <= np.tile(np.arange(T), B)).all(), "a record starts before its window"
+            data[self.batch_parts["docs"][0]:][:B * T] = docs
+            if self.training:
+                self._buckets(data, "pos buckets", docs, T)
         self.gpu.write(self.batch, data)
 
-    def step(self, x, y, lr: float, refs=None):
+    def _buckets(self, data, part: str, ids, n: int):
+        """The rows holding each of n ids (a token; a packed window's position) into the batch's part,
+        offsets (n + 1) then rows: their table's gradient sums each id's rows (embed_tok_grad)."""
+        offsets, rows_of = token_buckets(ids, n)
+        b0 = self.batch_parts[part][0]
+        data[b0:b0 + n + 1] = offsets
+        data[b0 + n + 1:b0 + n + 1 + len(rows_of)] = rows_of
+
+    def step(self, x, y, lr: float, refs=None, docs=None):
         """One training step: forward, loss, backward, the gate, the optimizer; one submit (one per
         micro-batch with accum), no readback. x, y [accum*B, T]; refs [accum*B]: preference pairs'
-        (windows 2i chosen, 2i+1 rejected) reference log-probabilities, for a DPO model."""
+        (windows 2i chosen, 2i+1 rejected) reference log-probabilities, for a DPO model; docs
+        [accum*B, T]: a packed model's positions of each row in its record."""
         self.step_count += 1
         self.optimizer.write_step(self.gpu, lr)
-        self._micro_batches(x, y, self._opt, refs)
+        self._micro_batches(x, y, self._opt, refs, docs)
 
-    def grads_only(self, x, y, refs=None):
+    def grads_only(self, x, y, refs=None, docs=None):
         """Forward, loss and backward without the update (tests compare gradients)."""
-        self._micro_batches(x, y, [], refs)
+        self._micro_batches(x, y, [], refs, docs)
 
-    def _micro_batches(self, x, y, then, refs=None):
+    def _micro_batches(self, x, y, then, refs=None, docs=None):
         x, y, B = np.asarray(x), np.asarray(y), self.B
         assert (refs is None) == (self.dpo is None), "a DPO model's steps take the pairs' reference log-probabilities"
         if self.dpo is None:
             self._scale_loss(y)
         for i in range(self.accum):
             part = slice(i * B, (i + 1) * B)
-            self.write_batch(x[part], y[part], None if refs is None else refs[part])
+            self.write_batch(x[part], y[part], None if refs is None else refs[part],
+                             None if docs is None else np.asarray(docs)[part])
             bwd = self._bwd if i == 0 else self._bwd_more
             self.gpu.run(self._fwd + self._ce + self._reduce[i:i + 1] + self._after + bwd
                          + (then if i == self.accum - 1 else []))
@@ -258,10 +275,10 @@ class Model:
         return ([("forward", d) for d in self._fwd + self._loss] + [("backward", d) for d in self._bwd]
                 + [("optimizer", d) for d in self._opt])
 
-    def row_losses(self, x, y, rows: int | None = None) -> np.ndarray:
+    def row_losses(self, x, y, rows: int | None = None, docs=None) -> np.ndarray:
         """The next-token loss of each of the first `rows` of B*T positions (all by default):
         forward, then cross-entropy over every chunk of logits, no gradient, no update."""
-        self.write_batch(x, y)
+        self.write_batch(x, y, docs=docs)
         self.gpu.run(self._fwd + self._eval_rows)
         return self.gpu.read(self.losses, count=rows or self.B * self.T)
 
@@ -278,12 +295,13 @@ class Model:
             out[i:i + k] = -self.row_losses(x, y, k * T).astype(np.float64).reshape(k, T).sum(1)
         return out
 
-    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, refs=None, progress=None) -> float:
+    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, refs=None, progress=None, docs=None) -> float:
         """Mean next-token loss over N windows [N, T], B at a time (float64 sum), of the targets that are
         scored (every one but UNSCORED's: a chat file's assistant tokens); the last batch
         is padded with copies of its first window, whose rows are not read. progress: a bar
         (tqdm's), updated by the windows of each batch. refs: preference pairs' reference
-        log-probabilities (a DPO model's windows): their DPO loss instead."""
+        log-probabilities (a DPO model's windows): their DPO loss instead. docs [N, T]: packed
+        windows' positions of each row in its record (a packed model's)."""
         if refs is not None:
             return preference_stats(self.window_logprobs(np.asarray(xs), np.asarray(ys)), refs, self.dpo)["loss"]
         B, T, n = self.B, self.T, len(xs)
@@ -293,11 +311,13 @@ class Model:
         total = 0.0
         for i in range(0, n, B):
             x, y = xs[i:i + B], ys[i:i + B]
+            d = None if docs is None else docs[i:i + B]
             k = len(x)
             if k < B:
                 x = np.concatenate([x, np.repeat(x[:1], B - k, 0)])
                 y = np.concatenate([y, np.repeat(y[:1], B - k, 0)])
-            total += self.row_losses(x, y, k * T).astype(np.float64).sum()
+                d = None if d is None else np.concatenate([d, np.repeat(d[:1], B - k, 0)])
+            total += self.row_losses(x, y, k * T, d).astype(np.float64).sum()
             if progress is not None:
                 progress.update(k)
         return total / scored

@@ -75,9 +75,10 @@ class Head:
             ds.append(pk.matmul(blk, table_rows(tok, v0, nv), None, rows(dx, s, nb), nb, C, nv, accumulate=j > 0))
         return ds
 
-    def embed(self, tokens: Tensor, pos: Tensor, out: Tensor, B: int, T: int) -> list:
-        """out [B*T, C] = tok_emb[tokens] + pos_emb, one dispatch per chunk of the table."""
-        return [self.kn.embed_forward(tokens, table_rows(self.tok, v0, nv), pos, out, B, T, self.C, v0, nv)
+    def embed(self, tokens: Tensor, pos: Tensor, out: Tensor, B: int, T: int, docs: Tensor | None = None) -> list:
+        """out [B*T, C] = tok_emb[tokens] + pos_emb, one dispatch per chunk of the table (docs: a packed
+        window's positions of each row in its record, the rows of pos_emb)."""
+        return [self.kn.embed_forward(tokens, table_rows(self.tok, v0, nv), pos, out, B, T, self.C, v0, nv, docs)
                 for v0, nv in self.vchunks]
 
     def embed_grad(self, buckets: Tensor, dout: Tensor, dtok: Tensor, B: int, T: int, V: int,

@@ -56,12 +56,16 @@ def param_layout(cfg: Config, shapes=None, part: int = 0):
     return offs, -(-pos // 256) * 256
 
 
-def batch_layout(BT: int, V: int, refs: int = 0) -> tuple[dict, int]:
+def batch_layout(BT: int, V: int, refs: int = 0, packed_T: int = 0) -> tuple[dict, int]:
     """The batch buffer, uploaded in one write a step: tokens | targets | bucket offsets (V+1) |
     bucket positions (BT) | and, for preference pairs, the reference's log-probability of each
-    window (refs, float32 bits), each part starting on 256 words -> ({part: (first word, words)}, words)."""
+    window (refs, float32 bits) | and, for packed windows of packed_T rows, each row's position in
+    its record (docs) and the rows bucketed by that position (pos buckets: offsets (T+1) | rows (BT),
+    the position table's gradient), each part starting on 256 words -> ({part: (first word, words)}, words)."""
     parts, n = {}, 0
-    for name, size in (("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)) + ((("refs", refs),) if refs else ()):
+    packed = (("docs", BT), ("pos buckets", packed_T + 1 + BT)) if packed_T else ()
+    for name, size in (("tokens", BT), ("targets", BT), ("buckets", V + 1 + BT)) + ((("refs", refs),) if refs else ()) \
+            + packed:
         parts[name] = (n, size)
         n = -(-(n + size) // 256) * 256
     return parts, n

@@ -58,7 +58,7 @@ def check_fits(m):
 def layer_attention(m, l: int) -> attn.Attention:
     cfg, a = m.cfg, m.attention
     return a.bind(m.kn, m.B, m.T, cfg.block.heads.q_width, cfg.heads, a.scratch(m.buf, m.size, l),
-                  cfg.attn_window)
+                  cfg.attn_window, docs=docs(m))
 
 
 def block_weights(m, l: int) -> BlockWeights:
@@ -98,9 +98,10 @@ def block_acts(m, l: int) -> BlockActs:
 
 
 def rotary(m, T: int) -> Rotary | None:
-    """Where RoPE turns a rotary model's q and k, rows repeating T positions (None: a learned table's)."""
+    """Where RoPE turns a rotary model's q and k, rows repeating T positions, or a packed model's at
+    their positions in their records (None: a learned table's)."""
     table = m.buf.get("rope table")
-    return Rotary(table, T, m.cfg.hd) if table is not None else None
+    return Rotary(table, T, m.cfg.hd, docs=docs(m)) if table is not None else None
 
 
 def batch_view(m, part: str) -> Tensor:
@@ -108,11 +109,16 @@ def batch_view(m, part: str) -> Tensor:
     return Tensor(m.batch.buf, 4 * w0, (n,), "u32", part)
 
 
+def docs(m) -> Tensor | None:
+    """A packed model's positions of each row in its record (the batch's docs), else None."""
+    return batch_view(m, "docs") if m.packed else None
+
+
 def forward(m) -> list:
     cfg, B, T, BT = m.cfg, m.B, m.T, m.B * m.T
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
     emb = m.buf.get("x emb", m.residuals[0])          # where the embedding is normed, it is kept before
-    fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), emb, B, T)
+    fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), emb, B, T, docs(m))
     if emb is not m.residuals[0]:
         fwd.append(m.pk.norm_f32(emb, m.P["ln_e"], m.residuals[0], m.buf["x emb stats"], BT, C))
     for l in range(L):
@@ -199,7 +205,9 @@ def backward(m, Gd: dict) -> list:
     if "tok_emb" in Gd:
         ds += m.head.embed_grad(batch_view(m, "buckets"), demb, Gd["tok_emb"], B, T, V,
                                 accumulate=cfg.block.tied and cfg.block.head in Gd)     # onto the head's
-        if "pos_emb" in Gd:
+        if "pos_emb" in Gd and m.packed:                   # each position's rows, wherever its records lie
+            ds.append(kn.embed_tok_grad(batch_view(m, "pos buckets"), demb, Gd["pos_emb"], B, T, C, T, False))
+        elif "pos_emb" in Gd:
             ds.append(kn.embed_pos_grad(demb, Gd["pos_emb"], B, T, C))
     return ds
 

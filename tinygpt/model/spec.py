@@ -32,6 +32,8 @@ class RunSpec:
     lora: LoRA | None = None         # adapters trained on a frozen base
     optimizer: Settings | None = None   # None: optimizers.UNRECORDED's defaults (AdamW's)
     dpo: float | None = None         # DPO's beta: each micro-batch's windows are preference pairs (preference.wgsl)
+    packed: bool = False             # windows hold several records, each attending within itself, its
+                                     # positions restarting at 0 (the batch's docs: each row's position)
 
     def __post_init__(self):
         assert self.lm_head or not self.training, "training needs the LM head"

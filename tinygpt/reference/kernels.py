@@ -305,21 +305,22 @@ layernorm_dgb_sg = layernorm_dgb         # layernorm.wgsl's sg section: summed b
 
 
 # ---- rotary position embedding (rope.wgsl) ----------------------------------------------
-def _turn(cs, x, T, hd, offset, sign):
+def _turn(cs, x, T, hd, offset, sign, docs=None):
     rows, C = x.shape
-    pos = np.arange(rows) % T + offset
+    pos = np.arange(rows) % T + offset if docs is None else np.asarray(docs, np.int64).reshape(rows)
     c, s = cs[pos, :, 0][:, None, :], sign * cs[pos, :, 1][:, None, :]
     h = x.reshape(rows, C // hd, hd)
     x1, x2 = h[..., :hd // 2], h[..., hd // 2:]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], -1).reshape(rows, C)
 
 
-def rope_forward(cs, x, T, hd, offset=0):     # x [rows, C] -> x turned by its rows' positions, r % T + offset
-    return _turn(cs, x, T, hd, offset, 1.0)
+# docs: packed windows' positions of each row in its record [rows], in place of r % T + offset
+def rope_forward(cs, x, T, hd, offset=0, docs=None):     # x [rows, C] -> x turned by its rows' positions
+    return _turn(cs, x, T, hd, offset, 1.0, docs)
 
 
-def rope_backward(cs, dy, T, hd, offset=0):   # d(out) -> d(in): the turn by minus the angle (the transpose)
-    return _turn(cs, dy, T, hd, offset, -1.0)
+def rope_backward(cs, dy, T, hd, offset=0, docs=None):   # d(out) -> d(in): the turn by minus the angle
+    return _turn(cs, dy, T, hd, offset, -1.0, docs)
 
 
 def matmul_rope_vec4(a, b, bias, cs, T, hd, offset=0):   # (a @ b + bias) turned: a rotary model's q or k
@@ -336,15 +337,15 @@ matmul_rope_sg, matmul_abt_rope_sg = matmul_rope_vec4, matmul_abt_rope_vec4
 matmul_rope_tiled, matmul_abt_rope_tiled = matmul_rope_vec4, matmul_abt_rope_vec4
 
 
-def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5):   # -> (x turned after RMSNorm per head, stats [2, heads])
+def qk_norm_rope(cs, xr, g, T, hd, offset=0, eps=1e-5, docs=None):   # -> (x turned after RMSNorm, stats [2, heads])
     rows, C = xr.shape
     y, mean, rstd = layernorm_forward(xr.reshape(-1, hd), g, None, eps, rms=True)
-    return rope_forward(cs, y.reshape(rows, C), T, hd, offset), np.stack([mean, rstd])
+    return rope_forward(cs, y.reshape(rows, C), T, hd, offset, docs), np.stack([mean, rstd])
 
 
-def qk_norm_rope_dx(cs, dy, xr, g, stats, T, hd, offset=0):   # qk_norm_rope's gradient to xr (g frozen)
+def qk_norm_rope_dx(cs, dy, xr, g, stats, T, hd, offset=0, docs=None):   # qk_norm_rope's gradient to xr (g frozen)
     rows, C = dy.shape
-    dyt = rope_backward(cs, dy, T, hd, offset).reshape(-1, hd)
+    dyt = rope_backward(cs, dy, T, hd, offset, docs).reshape(-1, hd)
     return layernorm_dx(dyt, xr.reshape(-1, hd), g, stats[0], stats[1], rms=True).reshape(rows, C)
 
 
@@ -370,15 +371,17 @@ def kv_reduce(dx, H, KV):                # dx [rows, H*hd] -> [rows, KV*hd]: kv_
 
 
 # ---- embedding ------------------------------------------------------------------------
-def embed_forward(tokens, tok, pos, v0=0, out=None):  # tokens [B,T] -> [B,T,C]
+def embed_forward(tokens, tok, pos, v0=0, out=None, docs=None):  # tokens [B,T] -> [B,T,C]
     """tok holds rows v0 .. v0+n-1 of the table; positions whose token lies elsewhere keep out's.
-    pos None: no position table (a rotary model's)."""
+    pos None: no position table (a rotary model's). docs [B,T]: packed windows' positions of each
+    row in its record, the rows of pos added (else t)."""
     T = tokens.shape[1]
     if out is None:
         out = np.zeros(tokens.shape + tok.shape[1:], tok.dtype)
     out = out.copy()
     mine = (tokens >= v0) & (tokens < v0 + len(tok))
-    out[mine] = (tok[np.where(mine, tokens - v0, 0)] + (0.0 if pos is None else pos[None, :T]))[mine]
+    at = 0.0 if pos is None else pos[None, :T] if docs is None else pos[np.asarray(docs, np.int64).reshape(tokens.shape)]
+    out[mine] = (tok[np.where(mine, tokens - v0, 0)] + at)[mine]
     return out
 
 
