@@ -31,6 +31,7 @@ DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_t
               tests/test_attention.py::test_attention_against_float64 \
               tests/test_attention.py::test_online_reads_half_q_k_v tests/test_attention.py::test_online_turns_dq_and_dk_back \
               tests/test_window.py::test_windowed_attention_against_float64 \
+              tests/test_attention.py::test_packed_windows_attend_within_their_records \
               tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference \
               "tests/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
 
@@ -51,7 +52,7 @@ train: adapter
 # kernels must hold at each size or be refused by the plan's check (they are at 4, on lavapipe as
 # on SwiftShader); there the f16 kernels are tested, not the numerics check and the overflow run, which
 # only compose them. Of the sliding window's tests only the path with subgroup kernels runs there
-# (online_sg.wgsl): the other paths' kernels and attn_decode take none, and compiling them again at
+# (online_sg.wgsl), as of packed windows' attention: the other paths' kernels and attn_decode take none, and compiling them again at
 # each width cost 8 minutes of a fresh clone's run; nor at head dim 128, whose rows held in
 # registers were most of the 16-lane window run's time (docs/results.md, Tests): a head's width sets
 # how many vec4 a lane holds, not how the subgroup reduces, which the other four shapes test.
@@ -64,8 +65,9 @@ test: adapter engines
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) \
 			tests/test_kernels.py tests/test_decode.py tests/test_f16.py -k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
-		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) tests/test_window.py \
-			-k "windowed_attention and online and not online-tiles and not -128-" $(ARGS) || exit 1; done
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) tests/test_window.py tests/test_attention.py \
+			-k "(windowed_attention or packed_windows) and online and not online-tiles and not -128-" $(ARGS) \
+			|| exit 1; done
 	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
 		echo "== kernel tests on the OpenGL adapter =="; \
 		TINYGPT_BACKEND=gl $(BIN)/python -m pytest -q $(XDIST) -m "kernel and not slow" $(ARGS) || exit 1; \

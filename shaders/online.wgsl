@@ -58,9 +58,6 @@ var<workgroup> t2: array<vec4<f32>, BK * HD4>;  // V tile (forward, dq) | dO til
 var<workgroup> tl: array<f32, BK>;              // L of the Q tile (dkv)
 var<workgroup> td: array<f32, BK>;              // D of the Q tile (dkv)
 
-fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
-fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
-fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
 // Packed windows (DOCS): several records in a window, each attending only within itself. docs
 // holds each row's position in its record, so row t's record starts at t - docs[row]. The tiles
 // walked stay the window's (the bounds are uniform, from the workgroup id); keys of an earlier
@@ -71,6 +68,10 @@ fn first(b: u32, t: u32) -> u32 { let r = min(t, p.T - 1u); return r - min(docs[
 //#else
 fn first(b: u32, t: u32) -> u32 { return 0u; }
 //#endif
+
+fn win() -> u32 { return select(p.T, min(WINDOW, p.T), WINDOW > 0u); }
+fn oldest(t: u32) -> u32 { return t + 1u - min(win(), t + 1u); }   // the oldest key query t sees
+fn seen(row: u32, key: u32) -> bool { return key <= row && row - key < win(); }
 
 fn at(b: u32, t: u32, h: u32, d: u32) -> u32 {
   return (b * p.T + t) * p.C + h * HD + d;

@@ -4,6 +4,7 @@ over the same tokens (apply_chat_template's assistant mask, from a template that
 LoRA run on one lowering that loss with peft's model of its export agreeing, which tokens are
 scored, and (issue 67) hostile lines refused by their number in one line before any step."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -173,6 +174,54 @@ def test_a_chat_run_holds_back_its_last_records(byte_model, tmp_path, capsys):
     assert run_cli("train", "--resume", byte_model, "--data", text, "--val-data", f, "--steps", 1,
                    "--out", out, "--force") == 2
     assert "--val-data is for a chat file's records" in capsys.readouterr().err
+
+
+def test_records_are_packed_several_to_a_window(tmp_path, capsys, monkeypatch):
+    """A chat file's records are packed end to end, several to a window (each fills its length less
+    one; the window is the longest record's power of two): every record exactly once, none across a
+    window's end, each one's positions restarting at 0, its scored targets its own, the padding
+    unscored. The banner gives the windows and the fill; eval of the file, packed, equals the mean
+    over the records scored one window each (the attention stays within a record)."""
+    from tinygpt.core.config import UNSCORED
+    from tinygpt.files.chat_data import ChatRecord, pack, packed_windows
+    r = np.random.default_rng(3)
+    records = [ChatRecord(i, np.arange(n + 1, dtype=np.uint32) + i, r.random(n + 1) < 0.5)
+               for i, n in enumerate([30, 1, 17, 9, 32, 5, 12, 3, 28, 2])]
+    bins = pack(records, 32)
+    assert sorted(i for b in bins for i in b) == list(range(10))
+    assert all(sum(len(records[i].ids) - 1 for i in b) <= 32 for b in bins)
+    assert len(bins) == 5, bins                   # 139 rows in windows of 32: as few as the lengths allow
+    x, y, refs, docs = packed_windows(records, bins, 32)
+    assert refs is None and x.shape == y.shape == docs.shape == (5, 32)
+    for w, b in enumerate(bins):
+        t = 0
+        for i in b:
+            rec, n = records[i], len(records[i].ids) - 1
+            assert (docs[w, t:t + n] == np.arange(n)).all() and (x[w, t:t + n] == rec.ids[:-1]).all()
+            assert (y[w, t:t + n] == np.where(rec.scored[1:], rec.ids[1:], UNSCORED)).all()
+            t += n
+        assert (y[w, t:] == UNSCORED).all() and (docs[w, t:] == np.arange(32 - t)).all()
+    f = tmp_path / "chat.jsonl"
+    f.write_text("".join(json.dumps({"prompt": f"{a} plus {a}?", "completion": f"{2 * a}." * (1 + a % 3)}) + "\n"
+                         for a in range(40)))
+    from tinygpt import GPT
+    from tinygpt.run import infer
+    model, out = tmp_path / "m.tinygpt", tmp_path / "o.tinygpt"
+    GPT.from_preset("tiny", ctx=512).save(model)
+    assert run_cli("train", "--resume", model, "--data", f, "--steps", 2, "--out", out, "--batch", 4,
+                   "--ctx", 512, "--sample-tokens", 0, "--quiet") == 0
+    err = capsys.readouterr().err
+    banner = next(line for line in err.splitlines() if "conversations to train on" in line)
+    print(banner)
+    n, T, fill = (int(v) for v in re.search(r"packed into (\d+) windows of (\d+), (\d+)% filled", banner).groups())
+    assert T == 512 and n < 10 and fill > 60, banner    # a window each: 38 windows, about 15% filled
+    packed = eval_json(capsys, out, f, "--ctx", 512)
+    monkeypatch.setattr(infer, "pack", lambda records, T: [[i] for i in range(len(records))])
+    one_each = eval_json(capsys, out, f, "--ctx", 512)
+    print(f"eval packed {packed['loss']:.7f} over {packed['windows']} windows; one record a window "
+          f"{one_each['loss']:.7f} over {one_each['windows']}")
+    assert one_each["windows"] == 40 and packed["windows"] < 10 and packed["tokens"] == one_each["tokens"]
+    assert abs(packed["loss"] - one_each["loss"]) < 1e-5
 
 
 # ---- preference pairs (DPO) ------------------------------------------------------------------

@@ -766,7 +766,8 @@ class Kernels:
 
     def attn_value(self, P, v, out, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
+        return self._attn("attn_value", P, v, None, out, None, B, T, C, H, h0, nh, B * T * nh * (C // H),
+                          window, docs)
 
     def attn_fused_sv(self, q, k, v, out, P, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
@@ -778,15 +779,18 @@ class Kernels:
 
     def attn_dq(self, dS, k, dq, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
+        return self._attn("attn_dq", dS, k, None, dq, None, B, T, C, H, h0, nh, B * T * nh * (C // H),
+                          window, docs)
 
     def attn_dk(self, dS, q, dk, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
+        return self._attn("attn_dk", dS, q, None, dk, None, B, T, C, H, h0, nh, B * T * nh * (C // H),
+                          window, docs)
 
     def attn_dvalue(self, P, dout, dv, B, T, C, H, h0=0, nh=None, window=0, docs=None) -> Dispatch:
         nh = nh or H
-        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H), window, docs)
+        return self._attn("attn_dvalue", P, dout, None, dv, None, B, T, C, H, h0, nh, B * T * nh * (C // H),
+                          window, docs)
 
     # ---- online attention (online.wgsl, online_sg.wgsl) -------------------------------------------
     def _online(self, entry, ins, o1, o2, B, T, C, H, groups, block=None, window=0, cs=None,

@@ -265,13 +265,63 @@ def windows(records: list[ChatRecord], T: int) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
+def pack(records: list[ChatRecord], T: int) -> list[list[int]]:
+    """The records' indices grouped into windows of T tokens, each window's records laid end to end
+    (first fit, longest first: a few windows, each as full as the lengths allow; deterministic).
+    A record fills len(ids) - 1 rows (its last token is only a target)."""
+    order = sorted(range(len(records)), key=lambda i: (-(len(records[i].ids) - 1), i))
+    bins, room = [], []
+    for i in order:
+        n = len(records[i].ids) - 1
+        assert n <= T, (n, T)
+        j = next((j for j, free in enumerate(room) if free >= n), None)
+        if j is None:                            # no window has room: a new one
+            j = len(bins)
+            bins.append([])
+            room.append(T)
+        bins[j].append(i)
+        room[j] -= n
+    return bins
+
+
+def packed_windows(records: list[ChatRecord], bins: list[list[int]], T: int):
+    """Each bin's records laid end to end in a window of T -> (x, y, None, docs) [len(bins), T]: y the
+    next tokens where scored (UNSCORED elsewhere: prompts, headers, the padding after the last
+    record), docs each row's position in its record, which the model's attention and positions
+    read (each record attends within itself; its positions restart at 0). The padding is a record
+    of its own, attended by nothing. None: no preference pairs' reference (the batch's place)."""
+    x = np.zeros((len(bins), T), np.uint32)
+    y = np.full((len(bins), T), UNSCORED, np.uint32)
+    docs = np.zeros((len(bins), T), np.uint32)
+    for w, members in enumerate(bins):
+        t = 0
+        for i in members:
+            rec = records[i]
+            n = len(rec.ids) - 1
+            x[w, t:t + n] = rec.ids[:-1]
+            y[w, t:t + n] = np.where(rec.scored[1:], rec.ids[1:], UNSCORED)
+            docs[w, t:t + n] = np.arange(n)
+            t += n
+        docs[w, t:] = np.arange(T - t)
+    return x, y, None, docs
+
+
 class ChatData:
     """A chat file's records for a run: those trained on and those held back for validation (the
-    given validation file's, or the last 5 % of the file's), drawn a record a window."""
+    given validation file's, or the last 5 % of the file's), packed several to a window of T (T is
+    set by the run before the first batch: the windows are packed for it, once)."""
 
     def __init__(self, train: list[ChatRecord], val: list[ChatRecord], T: int, name: str, held: str):
         self.train, self.val, self.T, self.name, self.held = train, val, T, name, held
         self.vocab = None
+        self._packed = {}
+
+    def bins(self, which: str) -> list[list[int]]:
+        """The windows of the train or val records at the run's window T (packed once per T)."""
+        key = (which, self.T)
+        if key not in self._packed:
+            self._packed[key] = pack(getattr(self, which), self.T)
+        return self._packed[key]
 
     def reply_prompt(self) -> list[int]:
         """What the end of a run answers: the first held-back conversation before its last reply."""
@@ -282,20 +332,21 @@ class ChatData:
         return max(len(r.ids) - 1 for r in self.train + self.val)
 
     def sample(self, rng: np.random.Generator, B: int):
-        """B records drawn at random -> (x [B, T], y [B, T])."""
-        picks = rng.integers(0, len(self.train), B)
-        return windows([self.train[i] for i in picks], self.T)
+        """B packed windows drawn at random -> (x [B, T], y [B, T], None, docs [B, T])."""
+        bins = self.bins("train")
+        return packed_windows(self.train, [bins[i] for i in rng.integers(0, len(bins), B)], self.T)
 
     def val_windows(self, max_windows: int | None = None):
-        chosen = self.val[:max_windows] if max_windows else self.val
-        return windows(chosen, self.T)
+        bins = self.bins("val")
+        return packed_windows(self.val, bins[:max_windows] if max_windows else bins, self.T)
 
     def describe(self) -> str:
         tokens = sum(len(r.ids) - 1 for r in self.train)
         scored = sum(int(r.scored[1:].sum()) for r in self.train)
+        n = len(self.bins("train"))
         return (f"data: {self.name}: {len(self.train):,} conversations to train on, {len(self.val):,} held for "
-                f"validation ({self.held}); {scored:,} of their {tokens:,} tokens scored (the assistant's); a "
-                f"conversation a window of {self.T:,}, {tokens / (len(self.train) * self.T):.0%} filled")
+                f"validation ({self.held}); {scored:,} of their {tokens:,} tokens scored (the assistant's); packed "
+                f"into {n:,} windows of {self.T:,}, {tokens / (n * self.T):.0%} filled")
 
 
 def chat_dataset(path, template, tok, stop: tuple, T: int, truncate: bool = False, val_path=None) -> ChatData:

@@ -33,6 +33,14 @@ from .optimizers import make_optimizer
 from .spec import RunSpec
 
 
+def put_buckets(data: np.ndarray, at: int, ids: np.ndarray, n: int):
+    """The rows holding each of n ids (a token; a packed window's position) into the batch's words from
+    `at`: offsets (n + 1), then rows. Their table's gradient sums each id's rows (embed_tok_grad)."""
+    offsets, rows_of = token_buckets(ids, n)
+    data[at:at + n + 1] = offsets
+    data[at + n + 1:at + n + 1 + len(rows_of)] = rows_of
+
+
 class Model:
     """A GPT built as its run spec says (model.spec.RunSpec: the config, [B, T] tokens a step, the
     precision policy, the attention path, ...), on `gpu` under the kernel plan `plan`. What the
@@ -215,22 +223,14 @@ class Model:
         if refs is not None:
             data[self.batch_parts["refs"][0]:][:B] = np.asarray(refs, np.float32).view(np.uint32)
         if self.training:
-            self._buckets(data, "buckets", x, V)
+            put_buckets(data, self.batch_parts["buckets"][0], x, V)
         if self.packed:
             docs = np.tile(np.arange(T, dtype=np.uint32), B) if docs is None else np.asarray(docs).reshape(-1)
-            assert docs.shape == (B * T,) and (docs <= np.tile(np.arange(T), B)).all(), "a record starts before its window"
+            assert docs.shape == (B * T,) and (docs <= np.tile(np.arange(T), B)).all(), "a record before its window"
             data[self.batch_parts["docs"][0]:][:B * T] = docs
             if self.training:
-                self._buckets(data, "pos buckets", docs, T)
+                put_buckets(data, self.batch_parts["pos buckets"][0], docs, T)
         self.gpu.write(self.batch, data)
-
-    def _buckets(self, data, part: str, ids, n: int):
-        """The rows holding each of n ids (a token; a packed window's position) into the batch's part,
-        offsets (n + 1) then rows: their table's gradient sums each id's rows (embed_tok_grad)."""
-        offsets, rows_of = token_buckets(ids, n)
-        b0 = self.batch_parts[part][0]
-        data[b0:b0 + n + 1] = offsets
-        data[b0 + n + 1:b0 + n + 1 + len(rows_of)] = rows_of
 
     def step(self, x, y, lr: float, refs=None, docs=None):
         """One training step: forward, loss, backward, the gate, the optimizer; one submit (one per
@@ -295,7 +295,7 @@ class Model:
             out[i:i + k] = -self.row_losses(x, y, k * T).astype(np.float64).reshape(k, T).sum(1)
         return out
 
-    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, refs=None, progress=None, docs=None) -> float:
+    def mean_loss(self, xs: np.ndarray, ys: np.ndarray, refs=None, docs=None, progress=None) -> float:
         """Mean next-token loss over N windows [N, T], B at a time (float64 sum), of the targets that are
         scored (every one but UNSCORED's: a chat file's assistant tokens); the last batch
         is padded with copies of its first window, whose rows are not read. progress: a bar

@@ -380,7 +380,8 @@ def embed_forward(tokens, tok, pos, v0=0, out=None, docs=None):  # tokens [B,T] 
         out = np.zeros(tokens.shape + tok.shape[1:], tok.dtype)
     out = out.copy()
     mine = (tokens >= v0) & (tokens < v0 + len(tok))
-    at = 0.0 if pos is None else pos[None, :T] if docs is None else pos[np.asarray(docs, np.int64).reshape(tokens.shape)]
+    at = 0.0 if pos is None else pos[None, :T] if docs is None else \
+        pos[np.asarray(docs, np.int64).reshape(tokens.shape)]
     out[mine] = (tok[np.where(mine, tokens - v0, 0)] + at)[mine]
     return out
 

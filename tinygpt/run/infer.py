@@ -22,8 +22,8 @@ from ..model.layout import flat_part
 from ..model.gpt import Model
 from .options import EvalOptions, SampleOptions
 from ..files.tokenfile import open_dataset
-from ..files.chat_data import is_chat_file, is_preference_file, pair_windows, read_chat_file, read_preference_file, \
-    windows
+from ..files.chat_data import is_chat_file, is_preference_file, pack, packed_windows, pair_windows, read_chat_file, \
+    read_preference_file
 from ..core.dpo import DPO_BETA, preference_stats
 from ..tokenizers.chat import template_of
 from ..model.spec import RunSpec, at_rows, at_rows_params, decoder_spec, rows_for
@@ -93,16 +93,19 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
                                  o.ctx or ck.cfg.ctx, o.truncate)
         longest = max(len(r.ids) - 1 for r in records)
         cfg = at_rows(ck.cfg, o.ctx or rows_for(ck.cfg.ctx, longest, 64))     # the longest record's window
-        xs, ys = windows(records[:o.max_windows] if o.max_windows else records, cfg.ctx)
-        name = f"{path} ({len(xs):,} conversations, the assistant's tokens)"
+        bins = pack(records, cfg.ctx)                                   # several records a window
+        bins = bins[:o.max_windows] if o.max_windows else bins
+        xs, ys, _, docs = packed_windows(records, bins, cfg.ctx)
+        name = f"{path} ({sum(map(len, bins)):,} conversations in {len(xs):,} windows, the assistant's tokens)"
     else:
         cfg = at_rows(ck.cfg, o.ctx or min(ck.cfg.ctx, EVAL_CTX))       # the windows scored, never over the model's
         data = open_dataset(path, tok, cfg.ctx)
         xs, ys = data.val_windows(o.max_windows)
-        name = data.name
+        name, docs = data.name, None
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
-    spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision])
+    spec = RunSpec(cfg, o.attention, B=min(cfg.batch, len(xs)), training=False, precision=PRECISIONS[o.precision],
+                   packed=docs is not None)
     limits = device_limits(gpu)
     budget.check_use(budget.eval_bytes(spec, plan, limits), 4 * n_params(cfg), limits,
                      f"evaluating windows of {cfg.ctx:,} tokens, {spec.B} at once", "use a smaller {opt:ctx}")
@@ -110,7 +113,7 @@ def evaluate(o: EvalOptions, gpu: GPU | None = None, ck: ckpt.Checkpoint | None 
     model = Model(gpu, plan, spec)
     model.set_params(at_rows_params(cfg, model_params(ck, f"{{opt:model}} {o.model}", o.adapters)))
     with progress(len(xs), "evaluating", "window", o.quiet, shown_from=BAR_FROM_WINDOWS) as bar:
-        loss = model.mean_loss(xs, ys, progress=bar)
+        loss = model.mean_loss(xs, ys, docs=docs, progress=bar)
     # exp overflows past ~709 nats: say so instead of failing
     ppl = math.exp(loss) if math.isfinite(loss) and loss < 700 else None
     r = {"loss": loss, "perplexity": ppl, "windows": len(xs), "tokens": int((ys != UNSCORED).sum()), "data": name,

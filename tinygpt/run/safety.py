@@ -150,12 +150,12 @@ class Saver:
             return f"no checkpoint was saved at {self.path}"
         return f"{self.path} keeps the checkpoint of step {self.kept}"
 
-    def checked_params(self, x, y, lr: float, refs=None, done: int = 0) -> dict:
+    def checked_params(self, x, y, lr: float, refs=None, docs=None, done: int = 0) -> dict:
         """The current (updated) weights, read once, after checking them and their loss on the
-        last batch (a DPO batch's with its refs): a step that diverged is never saved over a good
-        checkpoint."""
+        last batch (a DPO batch's with its refs, a chat batch's with its docs): a step that diverged
+        is never saved over a good checkpoint."""
         model = self.run.model
-        loss = model.mean_loss(np.asarray(x), np.asarray(y), refs)
+        loss = model.mean_loss(np.asarray(x), np.asarray(y), refs, docs)
         params = model.get_params()
         why = unhealthy(loss, None, self.best, self.run.cfg.vocab)
         if why is None:

@@ -77,7 +77,7 @@ class Loop:
         self.stop = StopFlag()
         self.saver = Saver(run, outs.checkpoint, self.stop)
         self.last = {"train": None, "val": None}
-        self.tok_s, self.x, self.y, self.refs, self.lr = 0.0, None, None, None, sched.lr
+        self.tok_s, self.x, self.y, self.refs, self.docs, self.lr = 0.0, None, None, None, None, sched.lr
         self.png = self.samples = None
 
     def _end_at(self, end: int):
@@ -141,6 +141,7 @@ class Loop:
             batch = run.data.sample(run.rng, model.B * model.accum)   # one batch of accum x B windows
             self.x, self.y = batch[:2]
             self.refs = batch[2] if len(batch) > 2 else None          # a DPO batch's pairs' reference log-probs
+            self.docs = batch[3] if len(batch) > 3 else None          # a chat batch's positions in its records
             model.step(self.x, self.y, self.lr, *batch[2:])
             n_since += 1
             step = done = step + 1
@@ -217,7 +218,7 @@ class Loop:
 
     def _save_best(self, done: int, val: float):
         """keep-best: this step's weights, whose validation loss is the run's lowest yet."""
-        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=done)
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, docs=self.docs, done=done)
         before = self.run.extra.get("keepBest")     # the record goes in the best file and in the run's
         self.run.extra["keepBest"] = {"val": val, "windows": self.s.eval_windows, "step": done}
         try:
@@ -230,7 +231,7 @@ class Loop:
         self.best_val, self.best_step = val, done
 
     def _save_periodic(self, done: int):
-        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=done)
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, docs=self.docs, done=done)
         try:
             self.saver.save(params)
         except OSError as e:  # keep training: the state is in memory, the last good file on disk
@@ -245,8 +246,8 @@ class Loop:
             self._end_at(model.step_count)
         if stop.requested:
             print(f"\n{stop.name}: stopping at step {model.step_count}; saving {out_path}", file=self.err)
-        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, done=model.step_count) \
-            if self.x is not None else model.get_params()
+        params = self.saver.checked_params(self.x, self.y, self.lr, refs=self.refs, docs=self.docs,
+                                           done=model.step_count) if self.x is not None else model.get_params()
         try:
             if not stop.requested and s.eval_every:
                 # the whole split before the save: the file's last point (finalLoss.val, and bestVal
@@ -364,7 +365,7 @@ def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
         batch = run.data.sample(run.rng, model.B * model.accum)
         model.step(*batch[:2], run.schedule.lr, *batch[2:])
     peaks = cached_peaks(model.gpu)
-    rows, summary = profile_step(model, *run.data.sample(run.rng, model.B), run.schedule.lr, peaks=peaks)
+    rows, summary = profile_step(model, *run.data.sample(run.rng, model.B)[:2], run.schedule.lr, peaks=peaks)
     if over_peak(rows, summary):        # the cached peaks were read on a busy minute: measure them again
         with_peaks(rows, summary, cached_peaks(model.gpu, again=True))
         summary["peaks_reliable"] = not over_peak(rows, summary)
