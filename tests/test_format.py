@@ -328,6 +328,40 @@ def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, c
         assert "int4BlockSize" not in header_of(out.read_bytes())
 
 
+def test_a_bf16_file_holds_the_weights_rounded_once_and_is_used_as_the_others(tmp_path, weights, corpus):
+    """--dtype bf16's layout (this trainer's compact base; import-hf writes it): every weight the
+    nearest bfloat16, ties to even, half the bytes of fp32, in a version 3 file even for GPT-2's
+    block (a reader that takes an unknown weightDtype as fp32 must refuse it, as upstream's refuse
+    version 3); info, eval, sample and a fine-tune (moments from zero) read it, and LoRA on it."""
+    f = tmp_path / "b.tinygpt"
+    ckpt.save(f, ckpt.Checkpoint(CFG, weights, step=0), "bf16")
+    raw = f.read_bytes()
+    assert struct.unpack("<I", raw[4:8])[0] == 3 and header_of(raw)["weightDtype"] == "bf16"
+    ck = ckpt.load(f)
+    assert ck.step == 0 and ck.m is None and ck.weight_dtype == "bf16"
+    worst = 0.0
+    for name, w in weights.items():
+        bits = w.view(np.uint32)
+        want = (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+        assert np.array_equal(ck.params[name], want), name
+        worst = max(worst, float((np.abs(ck.params[name] - w) / np.maximum(np.abs(w), 1e-30)).max()))
+    print(f"bf16 file: {len(raw):,} bytes, the weights' largest relative rounding {worst:.2e} "
+          f"(half an ulp, 2^-8 = {2 ** -8:.2e})")
+    assert worst <= 2 ** -8
+    tie = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, np.nan, -np.inf], np.float32)        # ties to even; nan; inf
+    assert list(ckpt.to_bf16(tie)) == [0x3F80, 0x3F82, 0x7FC0, 0xFF80]
+    for args in (("info", "--model", f), ("eval", "--model", f, "--data", corpus, "--max-windows", 8),
+                 ("sample", "--model", f, "--tokens", 8, "--prompt", "It")):
+        rc, err = cli(*args)
+        assert rc == 0, err
+    for more in ((), ("--lora", 4)):
+        out = tmp_path / f"tuned{len(more)}.tinygpt"
+        rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 2, "--out", out, "--quiet",
+                      "--eval-every", 0, *more)
+        assert rc == 0, err
+        assert ckpt.load(out).step == 2
+
+
 def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path, weights, corpus):
     """Zero moments at step 250: AdamW's bias correction counts from the resume (momentsFrom),
     so the first update is lr-sized, not 3x it as 1 - beta^251 ~ 1 would make it."""

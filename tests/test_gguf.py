@@ -158,3 +158,10 @@ def test_tinygpt_chat_answers_each_line_as_gpt_chat_does(ggufs, tmp_path, capsys
     print("chat printed", repr(got))
     assert got == "".join(w + "\n" for w in want)
     assert "<|im_" not in got
+    half, full = tmp_path / "b.tinygpt", tmp_path / "f.tinygpt"        # --dtype bf16: the f32 weights rounded once
+    for f, dtype in ((half, "bf16"), (full, "f32")):
+        assert run_cli("import-hf", ggufs / "qwen3-f32.gguf", "--out", f, "--quiet", "--dtype", dtype) == 0
+    b, w = ckpt.load(half), ckpt.load(full)
+    assert b.weight_dtype == "bf16" and all(np.array_equal(b.params[n], (ckpt.to_bf16(a).astype(np.uint32) << 16)
+                                                           .view(np.float32)) for n, a in w.params.items())
+    assert GPT.load(half).chat([{"role": "user", "content": "To be?"}], 4) is not None

@@ -44,7 +44,8 @@ EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
 EXIT_DOES_NOT_FIT = 4          # tinygpt plan: the run it describes would be refused (docs/usage.md)
 # import-hf's --dtype: the file's weightDtype, and what the file holds
-IMPORT_DTYPES = {"f32": ("fp32", "float32 weights alone"), "f16": ("fp16", "float16 weights alone")}
+IMPORT_DTYPES = {"f32": ("fp32", "float32 weights alone"), "f16": ("fp16", "float16 weights alone"),
+                 "bf16": ("bf16", "bfloat16 weights alone")}
 
 
 # ---- commands ----------------------------------------------------------------------------------
@@ -350,7 +351,8 @@ def _import_hf_command(sub, common):
     p.add_argument("--out", required=True, help="the .tinygpt to write")
     p.add_argument("--dtype", choices=list(IMPORT_DTYPES), default="f32",
                    help="the weights' precision in the file, the weights alone (a full fine-tune starts its "
-                        "moments at zero): f32, or f16 in half the bytes (default f32)")
+                        "moments at zero): f32, or f16 or bf16 in half the bytes (default f32; bf16 keeps "
+                        "float32's range, f16 refuses weights past 65,504)")
     p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
     p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")
     # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused

@@ -44,8 +44,10 @@ VERSION = 2
 MODERN_VERSION = 3      # a block upstream does not compute: its readers refuse the version
 
 
-def file_version(cfg: Config) -> int:
-    return VERSION if cfg.block.gpt2 else MODERN_VERSION
+def file_version(cfg: Config, dtype: str = "fp32") -> int:
+    """2, upstream's; 3 where its readers must refuse the file: a block they do not compute, or bf16
+    weights (a weightDtype they do not know, which a reader that defaults to fp32 would misread)."""
+    return VERSION if cfg.block.gpt2 and dtype != "bf16" else MODERN_VERSION
 
 
 class CheckpointError(TinyGPTError, ValueError):
@@ -259,12 +261,19 @@ def _int4_blocks(cfg: Config, block: int) -> int:
     return sum(-(-math.prod(shape) // block) for _, shape, _ in param_shapes(cfg))
 
 
+def to_bf16(a: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16): the nearest, ties to even; NaN stays a NaN."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(np.isnan(a), np.uint16(0x7FC0), rounded)
+
+
 def state_bytes(cfg: Config, dtype: str, with_opt: bool, block: int = INT4_BLOCK) -> int:
     """Bytes of the state, step included, for a layout (LAYOUTS), by arithmetic."""
     n = n_params(cfg)
     if dtype == "fp32":
         return 4 + 4 * n * (3 if with_opt else 1)
-    if dtype == "fp16":
+    if dtype in ("fp16", "bf16"):
         return 4 + 2 * n
     blocks = _int4_blocks(cfg, block)
     return 4 + 2 * blocks + blocks * block // 2
@@ -274,6 +283,8 @@ LAYOUTS = {   # weightDtype: what the state holds after the step
     "fp32": "per tensor its weights and two moment slots (AdamW's m and v: optim_state) as float32, or the "
             "weights alone without optimizer state",
     "fp16": "every weight as float16, tensors end to end in manifest order (weights only)",
+    "bf16": "every weight as bfloat16 (a float32's high half, rounded to nearest even), tensors end to end "
+            "in manifest order (weights only; this trainer's, in a version 3 file)",
     "int4": "every tensor's float16 block scales, then every tensor's 4-bit values, two a byte (weights only)",
 }
 
@@ -347,7 +358,7 @@ def build_header(ck: Checkpoint, dtype: str, saved_at: str | None = None) -> dic
         config["maxSteps"] = total
     history = _history(ck.loss_history)
     final, best = _losses(history, kept)
-    header = {"version": file_version(cfg),
+    header = {"version": file_version(cfg, dtype),
               "savedAt": saved_at or kept.get("savedAt") or now(),
               "config": config, "manifest": manifest(cfg), "includesOptimizerState": with_opt,
               "weightDtype": dtype, "stateByteLength": state_bytes(cfg, dtype, with_opt),
@@ -375,7 +386,7 @@ def encode_pieces(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = No
     header = build_header(ck, dtype, saved_at)
     with_opt = header["includesOptimizerState"]
     hbytes = json.dumps(header, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    head = [MAGIC, struct.pack("<II", file_version(cfg), len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
+    head = [MAGIC, struct.pack("<II", file_version(cfg, dtype), len(hbytes)), hbytes, struct.pack("<i", int(ck.step))]
     for name, shape, _ in param_shapes(cfg):         # shapes first: nothing is written of a wrong one
         a = ck.params[name]
         if tuple(np.shape(a)) != tuple(shape):
@@ -395,6 +406,8 @@ def encode_pieces(ck: Checkpoint, dtype: str = "fp32", saved_at: str | None = No
                                               f"(largest {float(np.abs(a).max()):g}, float16 holds 65,504); "
                                               "export it as fp32 instead")
                     yield h.tobytes()
+                elif dtype == "bf16":
+                    yield to_bf16(a).astype("<u2").tobytes()
                 else:
                     yield a.astype("<f4").tobytes()
     return tensors(), sum(map(len, head)) - 4 + state_bytes(cfg, dtype, with_opt)
@@ -543,8 +556,10 @@ def _weights(cfg: Config, lay: Layout, state: bytes):
             params[name] = w.reshape(-1)[:n].reshape(shape)
             b0 += nb
         return params, m, v
-    kind = "<f2" if lay.dtype == "fp16" else "<f4"
+    kind = {"fp16": "<f2", "bf16": "<u2"}.get(lay.dtype, "<f4")
     floats = np.frombuffer(state, kind, offset=4, count=n_params(cfg) * (3 if lay.with_opt else 1))
+    if lay.dtype == "bf16":                         # a bfloat16 is the high half of its float32
+        floats = (floats.astype(np.uint32) << 16).view(np.float32)
     pos = 0
     for name, shape, _ in shapes:
         n = math.prod(shape)
@@ -652,7 +667,7 @@ def peek_step(path) -> int | None:
         return None
 
 
-ENCODED = ("fp32", "fp16")   # the weightDtypes encode writes (int4 is the export's: export.py)
+ENCODED = ("fp32", "fp16", "bf16")   # the weightDtypes encode writes (int4 is the export's: export.py)
 
 
 def save(path, ck: Checkpoint, dtype: str = "fp32"):
