@@ -176,6 +176,36 @@ def test_a_chat_run_holds_back_its_last_records(byte_model, tmp_path, capsys):
     assert "--val-data is for a chat file's records" in capsys.readouterr().err
 
 
+def test_packing_is_best_fit_longest_first_in_log_time():
+    """pack's tree finds what a search of every window finds (the fullest window a record fits, the
+    longest records first), for random lengths and windows of 1 to 70 rows, records of one row and
+    of a whole window among them; every record in exactly one window, none over its end."""
+    from tinygpt.files.chat_data import ChatRecord, pack
+    r = np.random.default_rng(7)
+
+    def searched(lengths, T):
+        rooms, bins = [], []
+        for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+            fits = [j for j, room in enumerate(rooms) if room >= lengths[i]]
+            if not fits:
+                bins.append([i])
+                rooms.append(T - lengths[i])
+                continue
+            j = min(fits, key=lambda j: (rooms[j], j))
+            bins[j].append(i)
+            rooms[j] -= lengths[i]
+        return bins
+    for _ in range(200):
+        T = int(r.integers(1, 71))
+        lengths = [int(n) for n in r.integers(1, T + 1, int(r.integers(1, 60)))]
+        records = [ChatRecord(i, np.zeros(n + 1, np.uint32), np.zeros(n + 1, bool)) for i, n in enumerate(lengths)]
+        bins = pack(records, T)
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+        assert all(sum(lengths[i] for i in b) <= T for b in bins)
+        fills = lambda bs: sorted(sum(lengths[i] for i in b) for b in bs)    # which of two windows of the same
+        assert fills(bins) == fills(searched(lengths, T)), (T, lengths)     # room takes a record: either
+
+
 def test_records_are_packed_several_to_a_window(tmp_path, capsys, monkeypatch):
     """A chat file's records are packed end to end, several to a window (each fills its length less
     one; the window is the longest record's power of two): every record exactly once, none across a

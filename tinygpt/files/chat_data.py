@@ -267,21 +267,63 @@ def windows(records: list[ChatRecord], T: int) -> tuple[np.ndarray, np.ndarray]:
 
 def pack(records: list[ChatRecord], T: int) -> list[list[int]]:
     """The records' indices grouped into windows of T tokens, each window's records laid end to end
-    (first fit, longest first: a few windows, each as full as the lengths allow; deterministic).
-    A record fills len(ids) - 1 rows (its last token is only a target)."""
+    (best fit, longest first: each record into the fullest window it fits, else a new one; a few
+    windows, each as full as the lengths allow; deterministic). A record fills len(ids) - 1 rows
+    (its last token is only a target). O(records log T): the windows are kept by the room they
+    have left, and a tree over the T + 1 room values finds the least room a record fits."""
     order = sorted(range(len(records)), key=lambda i: (-(len(records[i].ids) - 1), i))
-    bins, room = [], []
+    rooms = _Rooms(T)
+    by_room = [[] for _ in range(T + 1)]         # the windows (their indices) with each room left
+    bins = []
     for i in order:
         n = len(records[i].ids) - 1
-        assert n <= T, (n, T)
-        j = next((j for j, free in enumerate(room) if free >= n), None)
-        if j is None:                            # no window has room: a new one
-            j = len(bins)
+        assert 1 <= n <= T, (n, T)
+        r = rooms.least_from(n)
+        if r is None:                            # no window has room: a new one
             bins.append([])
-            room.append(T)
+            j, r = len(bins) - 1, T
+        else:
+            j = by_room[r].pop()
+            if not by_room[r]:
+                rooms.mark(r, False)
         bins[j].append(i)
-        room[j] -= n
+        if not by_room[r - n]:
+            rooms.mark(r - n, True)
+        by_room[r - n].append(j)
     return bins
+
+
+class _Rooms:
+    """The room values 0..T that some window has left, as the leaves of a tree whose every node
+    says whether a leaf under it is marked."""
+
+    def __init__(self, T: int):
+        self.size = 1 << T.bit_length()
+        self.have = [False] * (2 * self.size)
+
+    def mark(self, r: int, on: bool):
+        node = self.size + r
+        self.have[node] = on
+        while node > 1:
+            node //= 2
+            self.have[node] = self.have[2 * node] or self.have[2 * node + 1]
+
+    def least_from(self, n: int) -> int | None:
+        """The least marked value >= n, or None: up from leaf n to the first right sibling that
+        holds a mark, then down its leftmost marked path."""
+        have, node = self.have, self.size + n
+        if have[node]:
+            return n
+        while node > 1:
+            if node % 2 == 0 and have[node + 1]:
+                node += 1
+                break
+            node //= 2
+        else:
+            return None
+        while node < self.size:
+            node = 2 * node if have[2 * node] else 2 * node + 1
+        return node - self.size
 
 
 def packed_windows(records: list[ChatRecord], bins: list[list[int]], T: int):
