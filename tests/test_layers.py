@@ -221,6 +221,18 @@ def test_no_module_outside_the_precisions_rooms_compares_their_names():
     assert not found, "\n".join(found)
 
 
+def test_no_module_outside_the_blocks_rooms_compares_part_names():
+    """Issue 66: a block part (norm, position, MLP, bias) is asked what it is (core/block.py's parts:
+    rms, table, rotary, gated, its GPT-2 name, UPSTREAM_MLP), and an attention path likewise
+    (model/attention.py: keeps_weights, reads, plainest, inspection), never compared by name."""
+    from tinygpt.core.block import BIASES, MLPS, NORMS, POSITIONS
+    from tinygpt.model.attention import PATHS
+    names = set(MLPS) | set(NORMS) | set(POSITIONS) | set(BIASES) | set(PATHS)
+    found = name_comparisons(PKG, names, "core/block.py", "model/attention.py")
+    print(f"{len(found)} comparisons of {', '.join(sorted(names))} outside core/block.py and model/attention.py")
+    assert not found, "\n".join(found)
+
+
 def test_the_name_check_sees_a_comparison(tmp_path):
     pkg = tmp_path / "tinygpt"
     (pkg / "model" / "optimizers").mkdir(parents=True)

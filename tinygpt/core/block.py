@@ -59,16 +59,20 @@ class Mlp:
     backward: str        # one's launchers, which read gate and up as stored whatever the precision
     options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
     gated: bool = False  # a gate projection beside the input one (fc_gate_W, fc_gate_b)
+    gpt2_name: str | None = None   # its name in a Hugging Face GPT-2 config's activation_function (None: none)
 
 
 NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),
                              Norm("rmsnorm_free", rms=True, weights=False))}
 POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
-MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward"),
-                            Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}),
+MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward", gpt2_name="gelu"),
+                            Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}, gpt2_name="gelu_new"),
                             Mlp("relu2", "relu2_forward", "relu2_backward"),
                             Mlp("swiglu", "swiglu_forward", "swiglu_backward", gated=True))}
+UPSTREAM_MLP = MLPS["gelu"]     # TinyGPT's exact GELU: what a .tinygpt header without "activation" means
+
+
 @dataclass(frozen=True)
 class Bias:
     name: str

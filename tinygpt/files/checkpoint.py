@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA
+from ..core.block import BIASES, MLPS, NORM_EPS, NORMS, POSITIONS, QK_NORMS, ROPE_THETA, UPSTREAM_MLP
 from ..core.config import Config, n_params, own_head_dim, param_shapes
 from ..core.errors import TinyGPTError
 from ..core.rope import SCALINGS
@@ -150,7 +150,7 @@ def config_to_header(cfg: Config, tokenizer_source: str | None = None) -> dict:
     if cfg.vocab != 256:
         c["vocabSize"] = cfg.vocab
         c["tokenizerSource"] = tokenizer_source or "r50k_base"
-    if cfg.activation != "gelu":      # only where it is not TinyGPT's exact GELU, as vocabSize
+    if cfg.block.mlp is not UPSTREAM_MLP:     # only where it is not TinyGPT's exact GELU, as vocabSize
         c["activation"] = cfg.activation
     if cfg.window:                    # upstream's field: each query attends to its last N positions
         c["slidingWindow"] = cfg.window

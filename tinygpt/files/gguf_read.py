@@ -57,6 +57,7 @@ SPLITS = {"llama3": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT, "llama-bpe": _LLAM
           "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT}
 CONTROL, USER_DEFINED = 3, 4    # tokenizer.ggml.token_type's values for special and added tokens
 BYTE_LEVEL_BPE = "gpt2"         # tokenizer.ggml.model for a byte-level BPE (GGUF's word, not our tokenizer)
+GGUF_NO_SCALING = "none"        # {arch}.rope.scaling.type of plain RoPE (GGUF's word, not a block part's)
 
 
 def gguf_file(path) -> Path | None:
@@ -246,7 +247,7 @@ def _config_json(g: _File, arch: str) -> dict:
     if f"{arch}.attention.key_length" in g.reader.fields:
         c["head_dim"] = num("attention.key_length")
     scaling = g.get(f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
+    if scaling not in (None, GGUF_NO_SCALING):
         c["rope_scaling"] = {"rope_type": scaling}          # refused by name (hf_llama._rope)
     if f"{arch}.attention.sliding_window" in g.reader.fields:
         c["use_sliding_window"] = True                      # likewise

@@ -257,6 +257,12 @@ def path(name) -> AttentionPath:
     return PATHS[name]
 
 
+def plainest() -> AttentionPath:
+    """The path of the fewest moving parts (scores, softmax and P @ V as three kernels): where a run
+    whose kernels disagree with the reference is tried again (model.twincheck)."""
+    return PATHS["naive"]
+
+
 def inspection() -> AttentionPath:
     """The path `tinygpt inspect` draws weights through: the naive one, whose softmax writes every
     entry of each head's P (a fused path's kernel writes P too, but inspect keeps one path)."""

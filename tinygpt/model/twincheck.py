@@ -33,7 +33,7 @@ from ..device.gpu import GPU, GPUError
 from ..device.kernels import LOSS_SCALE
 from ..device.plan import FAMILIES, PORTABLE, KernelPlan
 from ..reference import gpt as RG
-from .attention import path
+from .attention import plainest
 from .gpt import Model
 from .spec import RunSpec
 
@@ -102,8 +102,8 @@ def _culprits(gpu: GPU, plan: KernelPlan, spec: RunSpec, built: tuple, forward_w
     forward's alone, where the logits were already wrong)."""
     tries = [(f"{{opt:kernels}} {fam}={getattr(PORTABLE, fam)}", plan.with_(**{fam: getattr(PORTABLE, fam)}), spec)
              for fam in FAMILIES if plan.variant(fam) != getattr(PORTABLE, fam)]
-    if spec.attention.name != "naive":
-        tries.append(("{opt:attention} naive", plan, spec.with_(attention=path("naive"))))
+    if spec.attention is not plainest():
+        tries.append((f"{{opt:attention}} {plainest().name}", plan, spec.with_(attention=plainest())))
     for how, p, s in tries:
         try:
             errors, other = _errors(gpu, p, s)
