@@ -43,7 +43,8 @@ MINUTES ?= 3.5
 train: adapter
 	$(BIN)/tinygpt train $(if $(STEPS),--steps $(STEPS),--minutes $(MINUTES)) $(ARGS)
 
-# Everything on the preferred adapter (Vulkan's lavapipe on a CPU), then the
+# Everything on the preferred adapter (Vulkan's lavapipe on a CPU), its 25 slowest tests named (the
+# suite's 25 minutes are spent there first: docs/results.md, Tests), then the
 # kernel tests again on OpenGL (llvmpipe) where that adapter exists, the slow-marked ones
 # (GPT-2's shape at one layer, attention at T = 2048) left to the first run: on GL's kernels
 # without subgroups the one-layer GPT-2 alone took most of that run (docs/results.md, Tests).
@@ -61,7 +62,7 @@ train: adapter
 # and whole training steps (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against
 # the float64 reference.
 test: adapter engines
-	$(BIN)/python -m pytest -q $(XDIST) $(ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) --durations=25 $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) \
 			tests/test_kernels.py tests/test_decode.py tests/test_f16.py -k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
