@@ -7,12 +7,15 @@ For each T and each implementation: forward, and forward+backward; GPU ms,
 attention scratch bytes, max abs error against the float64 reference (out, and
 dq/dk/dv for the backward), and naive/online. Validates before it times. With --windows,
 every path again with each sliding window W < T (window column; 0: plain causal): the online
-path skips the tiles outside every query's window, so its time falls with W.
+path skips the tiles outside every query's window, so its time falls with W. With --records,
+every path again on packed windows (a chat file's training) of records N tokens long, each
+attending within itself (records column; 0: one record a window): what the document mask costs.
 
     python scripts/compare_attention.py                    # T = 256, 1024, 4096; B=1, H=1, hd=64
     python scripts/compare_attention.py --T 64,128 --json  # JSON Lines on stdout
     python scripts/compare_attention.py --plot att.png
     python scripts/compare_attention.py --T 1024 --windows 32,128,512   # online's time against W
+    python scripts/compare_attention.py --T 1024 --records 100            # packed records of 100 tokens
 """
 import argparse
 import sys
@@ -42,6 +45,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=positive_int, default=3)
     ap.add_argument("--windows", type=positive_ints, default=[],
                     help="comma-separated sliding windows: every path again with each one below T")
+    ap.add_argument("--records", type=positive_ints, default=[],
+                    help="comma-separated record lengths: every path again on windows packed with such records")
     ap.add_argument("--json", action="store_true", help="JSON Lines on stdout, diagnostics on stderr")
     ap.add_argument("--plot", help="write time and memory against T (log axes) to this PNG")
     add_setting(ap, "kernels")
@@ -63,19 +68,23 @@ def main(argv=None):
         out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
         times = {}
         impls = list(A.IMPLS) + (["online-tiles"] if K.online_variant(plan, T, hd) == "sg" else [])
-        runs = [(impl, w) for w in [0] + [w for w in args.windows if w < T] for impl in impls]
+        runs = [(impl, w, 0) for w in [0] + [w for w in args.windows if w < T] for impl in impls]
+        runs += [(impl, 0, n) for n in args.records if n < T for impl in impls]
         refs = {}
-        for impl, window in runs:
-            if window not in refs:
-                refs[window] = (RA.attention_forward(f(q), f(k), f(v), H, window=window),
-                                RA.attention_backward(f(q), f(k), f(v), f(do), H, window=window))
-            ref_out, ref_grads = refs[window]
+        for impl, window, n in runs:
+            docs = np.tile(np.arange(T, dtype=np.uint32) % n, (B, 1)) if n else None   # records of n, end to end
+            if (window, n) not in refs:
+                refs[(window, n)] = (RA.attention_forward(f(q), f(k), f(v), H, window=window, docs=docs),
+                                     RA.attention_backward(f(q), f(k), f(v), f(do), H, window=window, docs=docs))
+            ref_out, ref_grads = refs[(window, n)]
             path = A.path("online" if impl == "online-tiles" else impl)
-            base = dict(impl=impl, T=T, window=window, B=B, H=H, hd=hd, scratch_bytes=path.scratch_bytes(B, T, H))
+            base = dict(impl=impl, T=T, window=window, records=n, B=B, H=H, hd=hd,
+                        scratch_bytes=path.scratch_bytes(B, T, H))
             p = plan.with_(attention="tiles") if impl == "online-tiles" else plan
             try:
                 path.check(T, C, H)
-                att = path.bind(Kernels(gpu, p), B, T, C, H, path.own_scratch(gpu, B, T, H), window)
+                att = path.bind(Kernels(gpu, p), B, T, C, H, path.own_scratch(gpu, B, T, H), window,
+                                docs=None if docs is None else gpu.upload(docs.reshape(-1)))
                 fwd = att.forward(tq, tk, tv, out)
                 bwd = att.backward(tq, tk, tv, out, tdo, dq, dk, dv)
             except (A.AttentionError, LimitError) as e:
@@ -87,21 +96,22 @@ def main(argv=None):
             err_grads = [float(np.abs(gpu.read(t) - g).max()) for t, g in zip((dq, dk, dv), ref_grads)]
             for pas, ds, err in (("fwd", fwd, err_out), ("fwd+bwd", fwd + bwd, max([err_out] + err_grads))):
                 ms, method = time_dispatches(gpu, ds, args.repeats)
-                times[(impl, window, pas)] = ms
+                times[(impl, window, n, pas)] = ms
                 row = dict(base, **{"pass": pas, "ms": ms, "max_err": err, "status": "ok", "timing": method})
                 if pas == "fwd+bwd":
                     row.update(err_out=err_out, err_dq=err_grads[0], err_dk=err_grads[1], err_dv=err_grads[2])
                 rows.append(row)
-            print(f"T={T} {impl}" + (f" window {window}" if window else "") + f": fwd "
-                  f"{times[(impl, window, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, window, 'fwd+bwd')]:.3f} ms",
+            print(f"T={T} {impl}" + (f" window {window}" if window else "") + (f" records of {n}" if n else "")
+                  + f": fwd {times[(impl, window, n, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, window, n, 'fwd+bwd')]:.3f} ms",
                   file=sys.stderr)
             del att
         for row in rows:
-            plain = ("naive", 0, row["pass"])
-            if row["T"] == T and row["impl"].startswith("online") and not row["window"] and plain in times \
+            plain = ("naive", 0, 0, row["pass"])
+            if row["T"] == T and row["impl"].startswith("online") and not row["window"] and not row["records"] \
+                    and plain in times \
                     and row["ms"]:
                 row["naive_over_online"] = times[plain] / row["ms"]
-    cols = ["impl", "T"] + (["window"] if args.windows else []) + \
+    cols = ["impl", "T"] + (["window"] if args.windows else []) + (["records"] if args.records else []) + \
         ["pass", "ms", "scratch_bytes", "max_err", "naive_over_online", "status"]
     if not args.json:
         print(f"# {gpu.name} ({gpu.backend}), B={B} H={H} hd={hd}; ms = "
@@ -117,7 +127,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    rows = [r for r in rows if not r["window"]]      # time against T: the plain rows
+    rows = [r for r in rows if not r["window"] and not r["records"]]      # time against T: the plain rows
     for impl in dict.fromkeys(r["impl"] for r in rows):
         for pas, style in (("fwd", "--"), ("fwd+bwd", "-")):
             pts = [(r["T"], r["ms"]) for r in rows if r["impl"] == impl and r["pass"] == pas and r["ms"]]

@@ -21,18 +21,20 @@ def test_compare_attention_json(tmp_path, gpu):
     from tinygpt.device import kernels as K
     png = tmp_path / "a.png"
     rows = run_json("compare_attention.py", "--T", "8,1100", "--head-dim", "16", "--repeats", "1", "--plot", png,
-                    "--windows", "4,64,2000")
+                    "--windows", "4,64,2000", "--records", "3,2000")
     keys = {"impl", "T", "window", "B", "H", "hd", "pass", "ms", "scratch_bytes", "max_err", "status"}
     assert all(keys <= set(r) for r in rows)
     impls = ("naive", "fused_sv", "online") + (("online-tiles",) if K.online_variant(make_plan(gpu), 8, 16) == "sg" else ())
     # every path plain, and again with each window below T (2000 is none)
-    assert {(r["impl"], r["T"], r["window"], r["pass"]) for r in rows} == {
-        (i, t, w, p) for i in impls for t, w in ((8, 0), (1100, 0), (8, 4), (1100, 4), (1100, 64))
+    # and on windows packed with records of 3 (2000: none)
+    assert {(r["impl"], r["T"], r["window"], r["records"], r["pass"]) for r in rows} == {
+        (i, t, w, n, p) for i in impls for t, w, n in ((8, 0, 0), (1100, 0, 0), (8, 4, 0), (1100, 4, 0), (1100, 64, 0),
+                                                       (8, 0, 3), (1100, 0, 3))
         for p in ("fwd", "fwd+bwd")}
     # every path at every length (fused_sv too past the original's 1,024 positions)
     assert all(r["status"] == "ok" and r["max_err"] < 1e-4 and r["ms"] > 0 for r in rows)
     online = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "online" and not r["window"]}
-    naive = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "naive"}
+    naive = {r["T"]: r["scratch_bytes"] for r in rows if r["impl"] == "naive" and not r["records"]}
     assert online[1100] == 2 * 4 * 1100 and naive[1100] == 2 * 4 * 1100 ** 2
     assert png.exists()
 
