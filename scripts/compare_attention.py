@@ -101,9 +101,9 @@ def main(argv=None):
                 if pas == "fwd+bwd":
                     row.update(err_out=err_out, err_dq=err_grads[0], err_dk=err_grads[1], err_dv=err_grads[2])
                 rows.append(row)
+            fw, both = times[(impl, window, n, "fwd")], times[(impl, window, n, "fwd+bwd")]
             print(f"T={T} {impl}" + (f" window {window}" if window else "") + (f" records of {n}" if n else "")
-                  + f": fwd {times[(impl, window, n, 'fwd')]:.3f} ms, fwd+bwd {times[(impl, window, n, 'fwd+bwd')]:.3f} ms",
-                  file=sys.stderr)
+                  + f": fwd {fw:.3f} ms, fwd+bwd {both:.3f} ms", file=sys.stderr)
             del att
         for row in rows:
             plain = ("naive", 0, 0, row["pass"])

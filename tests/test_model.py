@@ -495,16 +495,15 @@ def test_unscored_targets_leave_the_mean_over_the_scored_ones(gpu, plan):
 PACKED_WINDOWS = [[5, 7, 4], [16], [1, 9, 3], [11, 5]]
 
 
-@pytest.mark.parametrize("parts, attention, window", [(None, a, 0) for a in IMPLS] + [
-    ("all", a, 0) for a in IMPLS] + [("all", "online", 5)])
-def test_packed_windows_equal_their_records_one_by_one(gpu, plan, parts, attention, window):
-    """Several records to a window, each attending only within itself and its positions (the
-    learned table's rows, RoPE's angles) restarting at 0, the padding after the last record
-    unscored: the loss and every gradient equal those of the float64 reference run on each record
-    alone (the mean over every scored target of the step), for GPT-2's block and the modern one
-    (RoPE, RMSNorm, QK-norm, grouped heads), on every attention path and with a sliding window."""
+def check_packed(gpu, plan, cfg, attention, lengths=PACKED_WINDOWS, names=None, tag="", monkeypatch=None,
+                 limit=None, accum=2):
+    """Windows of cfg.ctx rows packed with records of `lengths` (4 windows: `accum` micro-batches), each
+    record's first target unscored (a prompt's) and the tail after a window's records padding: the
+    loss and every gradient (or `names`) against the float64 reference run on each record alone,
+    the mean over every scored target of the step. limit: the binding size forced low. -> the model."""
     from tinygpt.core.config import UNSCORED
-    cfg = preset("tiny", batch=2, ctx=16, window=window, **(MODERN[parts] if parts else {})).validate()
+    if limit:
+        monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
     params = init_params(cfg)
     r = np.random.default_rng(13)
     T = cfg.ctx
@@ -512,16 +511,16 @@ def test_packed_windows_equal_their_records_one_by_one(gpu, plan, parts, attenti
     y = r.integers(0, cfg.vocab, (4, T)).astype(np.uint32)
     docs = np.zeros((4, T), np.uint32)
     records = []                                     # (window, first row, length)
-    for b, lengths in enumerate(PACKED_WINDOWS):
+    for b, window in enumerate(lengths):
         t0 = 0
-        for n in lengths:
+        for n in window:
             docs[b, t0:t0 + n] = np.arange(n)
-            y[b, t0] = UNSCORED                      # each record's first target unscored (a prompt's)
+            y[b, t0] = UNSCORED
             records.append((b, t0, n))
             t0 += n
         docs[b, t0:] = np.arange(T - t0)             # the tail: padding, unscored
         y[b, t0:] = UNSCORED
-    m = Model(gpu, plan, RunSpec(cfg, attention, B=2, accum=2, packed=True))
+    m = Model(gpu, plan, RunSpec(cfg, attention, B=4 // accum, accum=accum, packed=True))
     m.set_params(params)
     m.grads_only(x, y, docs=docs)
     N = int(np.count_nonzero(y != UNSCORED))
@@ -534,15 +533,51 @@ def test_packed_windows_equal_their_records_one_by_one(gpu, plan, parts, attenti
         _, lr, cache = RG.forward(f64(params), cfg, xs, ys)
         loss += lr * scored / N
         for name, g in RG.backward(f64(params), cfg, cache).items():
-            want[name] = want.get(name, 0) + g * scored / N
-    tag = f"{'modern' if parts else 'GPT-2'} {attention} window {window}"
+            if names is None or name in names:
+                want[name] = want.get(name, 0) + g * scored / N
     check(f"{tag}: loss of {len(records)} records in 4 windows, {N} scored", m.loss(), loss, 1e-5 * abs(loss))
     G = m.get_grads()
     for name, w in want.items():
         scale = max(np.abs(w).max(), 1e-6)
         check(f"{tag}: grad {name} (tol 1e-4 x {scale:.2e})", G[name], w, 1e-4 * scale)
-    rows = m.mean_loss(x, y, docs=docs)
-    check(f"{tag}: mean_loss of the packed windows", rows, loss, 1e-5 * abs(loss))
+    check(f"{tag}: mean_loss of the packed windows", m.mean_loss(x, y, docs=docs), loss, 1e-5 * abs(loss))
+    return m
+
+
+@pytest.mark.parametrize("parts, attention, window", [(None, a, 0) for a in IMPLS] + [
+    ("all", a, 0) for a in IMPLS] + [("all", "online", 5)])
+def test_packed_windows_equal_their_records_one_by_one(gpu, plan, parts, attention, window):
+    """Several records to a window, each attending only within itself and its positions (the
+    learned table's rows, RoPE's angles) restarting at 0, the padding after the last record
+    unscored: the loss and every gradient equal those of the float64 reference run on each record
+    alone (the mean over every scored target of the step), for GPT-2's block and the modern one
+    (RoPE, RMSNorm, QK-norm, grouped heads), on every attention path and with a sliding window."""
+    cfg = preset("tiny", batch=2, ctx=16, window=window, **(MODERN[parts] if parts else {})).validate()
+    check_packed(gpu, plan, cfg, attention, tag=f"{'modern' if parts else 'GPT-2'} {attention} window {window}")
+
+
+@pytest.mark.parametrize("case", ["score heads", "GPT-2 vocab"])
+def test_packed_windows_with_every_split_a_forced_limit_makes(gpu, plan, monkeypatch, case):
+    """Packed windows through the paths a binding limit splits: the naive path's score matrices in
+    head chunks, the token table in 2 chunks of rows and the logits in row chunks (600 kB, 4 windows
+    of 64 at once); and GPT-2's vocabulary under 13 MB (the table in 2 chunks, the flat buffers in chunks),
+    its learned positions' gradient summed over the records: against each record alone in float64."""
+    if case == "score heads":
+        cfg = preset("tiny", layers=1, d_model=128, heads=12, head_dim=8, kv_heads=4, vocab=2000, batch=4, ctx=64)
+        lengths, limit, attention, names = [[20, 1, 30, 7], [64], [7, 33, 24], [50, 14]], 600_000, "naive", None
+        accum = 1                                    # 4 windows at once: 12 heads' scores pass the limit
+    else:
+        cfg = preset("tiny", layers=1, d_model=128, heads=4, head_dim=16, vocab=50257, batch=2, ctx=16)
+        lengths, limit, attention, accum = PACKED_WINDOWS, 13_000_000, "online", 2
+        names = ("tok_emb", "pos_emb", "h0.Wq", "h0.Wk", "h0.Wv", "h0.Wo", "h0.fc_out_W", "ln_f_g")
+    m = check_packed(gpu, plan, cfg, attention, lengths, names, f"packed, {case} split", monkeypatch, limit, accum)
+    print(f"{case}: token table chunks {m.head.vchunks}, head chunks {m.size['head_chunks']}, "
+          f"logit chunks {len(m.chunks)}, flat chunks {len(m.flat_chunks)}")
+    assert len(m.head.vchunks) == 2
+    if case == "score heads":
+        assert len(m.chunks) > 1 and len(m.size["head_chunks"]) > 1
+    else:
+        assert len(m.flat_chunks) > 1
 
 
 def test_dpo_loss_and_gradients_against_float64(gpu, plan):
