@@ -919,6 +919,62 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     assert same >= 0.9
 
 
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+@pytest.mark.parametrize("N,K_", [(8, 8), (40, 16), (72, 200), (100, 24)])   # N 100: A @ B^T alone (4 columns a lane)
+def test_matmul_rows(gpu, rng, M, N, K_, kn):
+    """The few-row products (matmul_rows.wgsl, a decode step's): each operand float32 or bf16, out
+    float32 (bias, +=) or bf16, against their twins (the float64 products of the same values);
+    N past a workgroup's columns and not a multiple of it. The plan takes them for at most
+    few_rows rows, and not with few_rows 0."""
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    pk = lambda x: R.cast_bf16(x).reshape(len(x), -1)
+    forms = {"f32": (a, b, b.T.copy()), "bf16": (pk(a), pk(b), pk(b.T.copy()))}
+    up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
+    for ta, tb in (("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16")):
+        A, Bm, Bt = forms[ta][0], forms[tb][1], forms[tb][2]
+        name = f"{M}x{N}x{K_} A {ta} B {tb}"
+        if N % 8 == 0:
+            run(gpu, kn.matmul(up(A), up(Bm), up(bias), out, M, N, K_, variant="rows"))
+            check(f"matmul_rows {name}", gpu.read(out), R.matmul_rows(A, Bm, f64(bias)), tol)
+            gpu.write(out, prev)
+            run(gpu, kn.matmul(up(A), up(Bm), None, out, M, N, K_, accumulate=True, variant="rows"))
+            check(f"matmul_rows (+=) {name}", gpu.read(out), prev + R.matmul_rows(A, Bm), tol)
+            outh = gpu.tensor((M * N // 2,), "bf16")
+            run(gpu, kn.matmul(up(A), up(Bm), up(bias), outh, M, N, K_, variant="rows"))
+            got, want = R.unpack_bf16(gpu.read(outh).reshape(M, -1)), R.matmul_rows(A, Bm, f64(bias))
+            check(f"matmul_rows bf16 out {name} (one bf16 rounding)", got, want, tol, 2.0 ** -8)
+        run(gpu, kn.matmul_abt(up(A), up(Bt), out, M, N, K_, variant="rows", bias=up(bias)))
+        check(f"matmul_abt_rows {name}", gpu.read(out), R.matmul_abt_rows(A, Bt, f64(bias)), tol)
+        gpu.write(out, prev)
+        run(gpu, kn.matmul_abt(up(A), up(Bt), out, M, N, K_, accumulate=True, variant="rows"))
+        check(f"matmul_abt_rows (+=) {name}", gpu.read(out), prev + R.matmul_abt_rows(A, Bt), tol)
+    if N % 8 == 0:
+        assert K.matmul_variant(kn.plan, "matmul", M, N, K_) == "rows"
+        assert K.matmul_variant(kn.plan, "matmul", M, N, K_, "bf16") == "rows"
+    assert K.matmul_variant(kn.plan.with_(few_rows=0), "matmul_abt", M, N, K_) != "rows"
+    assert K.matmul_variant(kn.plan.with_(few_rows=M - 1), "matmul_abt", M, N, K_) != "rows"
+
+
+@pytest.mark.parametrize("variant", ["scalar", "vec4", "sg", "tiled", "rows"])
+def test_matmul_abt_adds_a_bias(gpu, rng, variant):
+    """A @ B^T + bias, as a model whose matrices are held [out, in] (RunSpec.out_in) projects with
+    biases (Qwen2's q, k, v), in each float32 variant and bf16's own kernel."""
+    from tinygpt.device.plan import PORTABLE
+    if variant == "sg":
+        need_subgroups(gpu)
+    M, N, K_ = (3, 40, 24) if variant == "rows" else (37, 40, 24)
+    kn = Kernels(gpu, PORTABLE.with_(matmul_tile=(4, 2, 8, 1, 4)))
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    run(gpu, kn.matmul_abt(gpu.upload(a), gpu.upload(b.T.copy()), out, M, N, K_, variant=variant, bias=gpu.upload(bias)))
+    check(f"matmul_abt {variant} + bias {M}x{N}x{K_}", gpu.read(out), R.matmul_abt(f64(a), f64(b.T), f64(bias)), tol)
+    if variant == "sg":
+        bh = R.cast_bf16(b.T.copy())
+        run(gpu, kn.matmul_abt(gpu.upload(a), gpu.upload(bh, dtype="bf16"), out, M, N, K_, variant="sg",
+                               bias=gpu.upload(bias)))
+        check(f"matmul_abt_bf16 sg + bias {M}x{N}x{K_}", gpu.read(out),
+              R.matmul_abt_bf16(a, R.unpack_bf16(bh.reshape(N, -1))) + bias, tol)
+
+
 @pytest.mark.parametrize("tanh", [False, True])
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])
 def test_gelu_bf16(gpu, rng, n, kn, tanh):

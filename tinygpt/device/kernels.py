@@ -23,6 +23,8 @@ from .plan import KernelPlan, online_tiles, tile_problem
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
+ROWS_MOST = 4        # the most rows matmul_rows.wgsl takes (its MR)
+ROWS_LANES = 8       # invocations per workgroup of matmul_rows.wgsl
 # The widths of the shaders written once for both (layernorm.wgsl, elementwise.wgsl, grad_norm.wgsl):
 # the element type V, W floats in it, hsum (the sum of its lanes), the entry points' suffix {{VEC}}.
 WIDTH_WGSL = {"scalar": "alias V = f32;\nconst W = 1u;\nfn hsum(v: f32) -> f32 { return v; }\n",
@@ -66,6 +68,13 @@ def half_ok(entry, M, N, K) -> bool:
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
 
 
+def rows_ok(plan: KernelPlan, entry, M, N, K) -> bool:
+    """matmul_rows.wgsl takes A @ B and A @ B^T of at most plan.few_rows rows (and at most 4), K a
+    multiple of 8, N of 8 (A @ B) or 4 (A @ B^T)."""
+    return (entry != "matmul_atb" and 0 < M <= min(plan.few_rows, ROWS_MOST) and K % 8 == 0
+            and N % (8 if entry == "matmul" else 4) == 0)
+
+
 def f16_vec4_ok(entry, M, N, K) -> bool:
     """matmul_f16.wgsl's kernels read vec4 along K and N of A @ B and A @ B^T,
     along M and N of A^T @ B (whose k advances one row at a time: any K)."""
@@ -95,6 +104,8 @@ class F32Matmuls(MatmulSet):
     batched, launch = True, "_mm_f32"
 
     def variant(self, plan, entry, M, N, K):
+        if rows_ok(plan, entry, M, N, K):
+            return "rows"
         return plan.matmul if vec4_ok(entry, M, N, K) else "scalar"
 
 
@@ -104,6 +115,8 @@ class BF16Matmuls(MatmulSet):
     launch = "_mm_bf16_sg"
 
     def variant(self, plan, entry, M, N, K):
+        if rows_ok(plan, entry, M, N, K):
+            return "rows"
         if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
             return "tiled"
         return "sg" if subgroups_on(plan) and half_ok(entry, M, N, K) else "scalar"
@@ -257,9 +270,9 @@ class Kernels:
         return self._mm("matmul", a, b, bias, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
 
     def matmul_abt(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
-               dtype=None) -> Dispatch:
-        """out[M,N] = a[M,K] @ b[N,K]^T"""
-        return self._mm("matmul_abt", a, b, None, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
+                   dtype=None, bias=None) -> Dispatch:
+        """out[M,N] = a[M,K] @ b[N,K]^T (+ bias[N]: a model whose matrices are held [out, in])"""
+        return self._mm("matmul_abt", a, b, bias, out, M, N, K, accumulate, variant, batch, nb, tm, dtype)
 
     def matmul_atb(self, a, b, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
                dtype=None) -> Dispatch:
@@ -277,18 +290,33 @@ class Kernels:
         workgroup (bf16_blocks, bf16_rows if None)."""
         dtype = dtype or next((t.dtype for t in (a, b, out) if t.dtype in HALVES), "f32")
         variant = variant or matmul_variant(self.plan, entry, M, N, K, dtype)
+        if variant == "rows" and batch > 1:        # matmul_rows.wgsl takes one product a dispatch
+            variant = matmul_variant(self.plan.with_(few_rows=0), entry, M, N, K, dtype)
         assert batch == 1 or bias is None, entry
         assert not (accumulate and out.dtype in HALVES), entry
         strides = tuple(batch_stride(n) for n in (M * K, K * N, M * N)) if batch > 1 else (0, 0, 0)
         uniform = (M, N, K, bias is not None, accumulate, batch) + strides
         if variant in ("scalar", "tiled"):
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, variant, dtype)
+        if variant == "rows":
+            return self._mm_rows(entry, a, b, bias, out, M, N, K, uniform[:5])
         own = MATMULS[dtype]
         if not own.takes(entry, a, b, out):
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, "scalar", dtype)
         assert batch == 1 or own.batched, (entry, dtype)
         return getattr(self, own.launch)(entry, a, b, bias, out, M, N, K, uniform if own.batched else uniform[:5],
                                          variant, nb, tm)
+
+    def _mm_rows(self, entry, a, b, bias, out, M, N, K, uniform) -> Dispatch:
+        """matmul_rows.wgsl: one pipeline per row count M; each operand float32 or bf16, as its
+        dtype says (f16 has no form there: its products are f16's, not float32's)."""
+        assert entry != "matmul_atb" and M <= ROWS_MOST and K % 8 == 0 and N % 4 == 0, (entry, M, N, K)
+        assert all(t.dtype in ("f32", "bf16") for t in (a, b, out)), (entry, a.dtype, b.dtype, out.dtype)
+        consts = {"MR": M, **{n: True for n, t in (("A_BF16", a), ("B_BF16", b), ("OUT_BF16", out)) if t.dtype == "bf16"}}
+        assert not ("OUT_BF16" in consts and uniform[4]), entry      # a bf16 out is written, never added to
+        cols = 8 if entry == "matmul" else 4
+        k = self.gpu.kernel("matmul_rows.wgsl", entry + "_rows", "urrrw", consts)
+        return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (cols * ROWS_LANES)), 1, 1))
 
     def _mm_f32(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
         """matmul_vec4.wgsl's vec4 kernels, or its sg section's (rows and column blocks: sg_tile)."""

@@ -64,8 +64,8 @@ class PolicyKernels:
     def matmul(self, a, b, bias, out, M, N, K, accumulate=False):
         return self.kn.matmul(a, b, bias, out, M, N, K, accumulate, dtype=self.policy.stored)
 
-    def matmul_abt(self, a, b, out, M, N, K, accumulate=False):
-        return self.kn.matmul_abt(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
+    def matmul_abt(self, a, b, out, M, N, K, accumulate=False, bias=None):
+        return self.kn.matmul_abt(a, b, out, M, N, K, accumulate, dtype=self.policy.stored, bias=bias)
 
     def matmul_atb(self, a, b, out, M, N, K, accumulate=False):
         return self.kn.matmul_atb(a, b, out, M, N, K, accumulate, dtype=self.policy.stored)
@@ -132,7 +132,8 @@ class Rotary:
 class BlockWeights:
     """One block's weights: each matrix as the matmuls read it, float32 biases (None where the
     block has none), [g | b] of each LayerNorm as one [2, C] tensor and the gains alone
-    (layernorm_dx reads them); with QK-norm the gains [hd] of q's and k's (ones where it has none)."""
+    (layernorm_dx reads them); with QK-norm the gains [hd] of q's and k's (ones where it has none).
+    out_in: the matrices are held [out, in] and read by A @ B^T (RunSpec.out_in), else [in, out]."""
     W: dict
     b: dict
     ln1: Tensor
@@ -140,6 +141,7 @@ class BlockWeights:
     g1: Tensor
     g2: Tensor
     qk_g: tuple = ()
+    out_in: bool = False
 
 
 @dataclass
@@ -168,27 +170,34 @@ def _cols(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 def linear(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, name: str, x, W, bias, out, rows: int, N: int,
-           K: int, rot: Rotary | None = None) -> list:
-    """out = x W + bias, and where `name` has an adapter, + s (x A^T) B^T summed before out is
-    stored (a 16-bit out gets the float32 sum in lo.y, then one rounding). rot: RoPE's turn of
-    out (a rotary model's q or k), made by the product that stores out where it has a turned
-    form (Rotary.turned), else in a pass after it."""
+           K: int, rot: Rotary | None = None, out_in: bool = False) -> list:
+    """out = x W + bias (W held [in, out]; x W^T + bias where out_in: held [out, in]), and where
+    `name` has an adapter, + s (x A^T) B^T summed before out is stored (a 16-bit out gets the
+    float32 sum in lo.y, then one rounding). rot: RoPE's turn of out (a rotary model's q or k),
+    made by the product that stores out where it has a turned form (Rotary.turned), else in a
+    pass after it."""
     adapted = lo is not None and name in lo.A
     y = _cols(lo.y, rows, N) if adapted and DTYPES[out.dtype].packed else out
+    entry = "matmul_abt" if out_in else "matmul"
     if adapted:
-        ds = [pk.matmul(x, W, bias, y, rows, N, K), pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
+        ds = [_product(pk, entry, x, W, bias, y, rows, N, K, False), pk.matmul_abt(x, lo.A[name], lo.h, rows, lo.R, K),
               kn.scale(lo.h, lo.hs[name], rows * lo.R, lo.scale)]
         last = ("matmul_abt", lo.hs[name], lo.B[name], None, y, rows, N, lo.R, True)    # the sum's last term
     else:
-        ds, last = [], ("matmul", x, W, bias, y, rows, N, K, False)
+        ds, last = [], (entry, x, W, bias, y, rows, N, K, False)
     turned = rot.turned(kn, *last) if rot is not None and y is out else None
     if turned is not None:
         return ds + [turned]
-    entry, a, b, b_bias, dst, M, N_, K_, acc = last
-    ds.append(pk.matmul(a, b, b_bias, dst, M, N_, K_) if entry == "matmul" else
-              pk.matmul_abt(a, b, dst, M, N_, K_, accumulate=acc))
+    ds.append(_product(pk, *last))
     ds += pk.convert(y, out, rows * N)
     return ds + (rot.forward(kn, out, rows, N) if rot is not None else [])
+
+
+def _product(pk: PolicyKernels, entry: str, a, b, bias, out, M: int, N: int, K: int, accumulate: bool):
+    """out (+)= a @ b + bias ("matmul") or a @ b^T + bias ("matmul_abt")."""
+    if entry == "matmul":
+        return pk.matmul(a, b, bias, out, M, N, K, accumulate)
+    return pk.matmul_abt(a, b, out, M, N, K, accumulate, bias=bias)
 
 
 def linear_backward(kn: Kernels, pk: PolicyKernels, lo: BlockLoRA | None, G: dict, name: str, bias: str, x, W, dy,
@@ -240,7 +249,7 @@ def block_forward(kn: Kernels, pk: PolicyKernels, w: BlockWeights, a: BlockActs,
     """The block's dispatches; attend(q, k, v, out) -> the attention's; lo: its adapters, if any;
     rot: where RoPE turns q and k (a rotary model's)."""
     lin = lambda name, x, bias, out, N, K, rot=None: linear(kn, pk, lo, name, x, w.W[name], w.b[bias], out, rows, N,
-                                                            K, rot)
+                                                            K, rot, w.out_in)
     hs = pk.block.heads
     QC = hs.q_width                                     # q's and the attention's width (C, or H hd set apart)
     ds = [pk.layernorm(a.x, w.ln1, a.ln1, a.ln1s, rows, C)]

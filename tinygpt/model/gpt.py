@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from ..device.kernels import Kernels
 from ..device.plan import KernelPlan
 from . import buffers
 from . import record
-from .block import PolicyKernels
+from .block import MATRICES, PolicyKernels
 from .head import Head
 from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_part, flat_view, logit_chunks, padded_vocab, \
     param_layout, read_tensors, write_tensors
@@ -39,6 +40,30 @@ def put_buckets(data: np.ndarray, at: int, ids: np.ndarray, n: int):
     offsets, rows_of = token_buckets(ids, n)
     data[at:at + n + 1] = offsets
     data[at + n + 1:at + n + 1 + len(rows_of)] = rows_of
+
+
+class HeldOrder(Mapping):
+    """The parameters as a model holds them: the blocks' matrices [in, out] turned to [out, in]
+    (RunSpec.out_in), or back. Each keeps its [in, out] shape, which the flat layout checks: only
+    the order of its values changes. A matrix is turned when it is read, so that one turned copy
+    at a time is on the host, not a second model."""
+
+    def __init__(self, params: Mapping, back: bool = False):
+        self.params, self.back = params, back
+
+    def __getitem__(self, name):
+        a = self.params[name]
+        if name.rpartition(".")[2] not in MATRICES or not name.startswith("h"):
+            return a
+        a = np.asarray(a, np.float32)
+        K, N = a.shape
+        return np.ascontiguousarray(a.reshape(N, K).T if self.back else a.T).reshape(K, N)
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self):
+        return len(self.params)
 
 
 class Model:
@@ -166,7 +191,9 @@ class Model:
 
     # ---- state in and out ------------------------------------------------------------------------
     def set_params(self, params: dict):
-        """Every parameter (a LoRA run's: the base model's and the adapters')."""
+        """Every parameter (a LoRA run's: the base model's and the adapters'), each as the files hold
+        it: the blocks' matrices [in, out], turned here where this model holds them [out, in]."""
+        params = HeldOrder(params) if self.spec.out_in else params
         if self.lora:
             write_tensors(self.gpu, self.buf["base"], self.base_offsets, params)
             if self._copy_base:
@@ -178,7 +205,8 @@ class Model:
     def get_params(self) -> dict:
         """Every parameter, as set_params takes them (the trainable ones where they live)."""
         base = read_tensors(self.gpu, self.buf["base"], self.base_offsets) if self.lora else {}
-        return {**base, **read_tensors(self.gpu, self.params, self.offsets)}
+        held = {**base, **read_tensors(self.gpu, self.params, self.offsets)}
+        return dict(HeldOrder(held, back=True)) if self.spec.out_in else held
 
     def get_grads(self) -> dict:
         return read_tensors(self.gpu, self.grads, self.offsets)

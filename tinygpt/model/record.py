@@ -66,7 +66,7 @@ def block_weights(m, l: int) -> BlockWeights:
     p = lambda n: f"h{l}.{n}"
     gains = (m.P[p("q_norm_g")], m.P[p("k_norm_g")]) if m.cfg.block.qk_norm.on else ()
     return BlockWeights({n: m.read.get(p(n)) for n in MATRICES}, {n: m.P.get(p(n)) for n in VECTORS},
-                        m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")], gains)
+                        m.P[p("ln1")], m.P[p("ln2")], m.P[p("ln1_g")], m.P[p("ln2_g")], gains, m.spec.out_in)
 
 
 def block_adapters(m, l: int, G: dict | None) -> BlockLoRA | None:

@@ -47,6 +47,15 @@ class RunSpec:
         set_("recompute", self.recompute and self.training)
         set_("optimizer", self.optimizer or make_settings(UNRECORDED))
 
+    @property
+    def out_in(self) -> bool:
+        """Whether the blocks' matrices are held [out, in] (Hugging Face's order) and read by A @ B^T:
+        in a model that does not train. A decode step's one-row products then read each weight row
+        end to end, which streams from memory; [in, out]'s columns are read a few at a time across
+        every row (docs/results.md, "Chat beside transformers"). A trained model keeps [in, out],
+        which its backward's products read."""
+        return not self.training
+
     def with_(self, **changes) -> RunSpec:
         return replace(self, **changes)
 

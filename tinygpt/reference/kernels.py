@@ -38,8 +38,9 @@ def matmul(a, b, bias=None):            # a [M,K], b [K,N], bias [N] -> [M,N]
     return out + bias if bias is not None else out
 
 
-def matmul_abt(a, b):                    # a [M,K], b [N,K] -> [M,N]
-    return a @ np.swapaxes(b, -1, -2)
+def matmul_abt(a, b, bias=None):         # a [M,K], b [N,K], bias [N] -> [M,N]
+    out = a @ np.swapaxes(b, -1, -2)
+    return out + bias if bias is not None else out
 
 
 def matmul_atb(a, b):                    # a [K,M], b [K,N] -> [M,N]
@@ -127,6 +128,14 @@ def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), 
 
 def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (or float32 [K,N]) -> [M,N]
     return _out(matmul_atb(_operand(a), _operand(b)), out_bf16)
+
+
+def matmul_rows(a, b, bias=None, out_bf16=False):   # a [M,K], b [K,N]: float32, or packed bf16 [.., /2] -> [M,N]
+    return _out(matmul(_operand(a), _operand(b), bias), out_bf16)
+
+
+def matmul_abt_rows(a, b, bias=None, out_bf16=False):   # a [M,K], b [N,K]: float32, or packed bf16 -> [M,N]
+    return _out(matmul_abt(_operand(a), _operand(b), bias), out_bf16)
 
 
 # the matmul.wgsl template reading bf16 (products.wgsl's float32 products; A_HALF, B_HALF, OUT_HALF), named with the
