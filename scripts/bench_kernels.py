@@ -385,7 +385,7 @@ def block_cases(gpu, rows, C, M, V, H, rng):
 
 def storage_cases(gpu, rows, M, V, rng):
     """The casts between float32 and bf16 (cast.wgsl) over [rows, M], and the split head's block copy
-    (head.wgsl) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
+    (embed.wgsl's copy_block) of a [rows, V] block into the second half of [rows, 2V] logits; one variant each."""
     n = rows * M
     kn = Kernels(gpu, PORTABLE)
     x = rng.standard_normal(n).astype(np.float32)

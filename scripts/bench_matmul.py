@@ -6,7 +6,7 @@ of the family: sg (one subgroup per workgroup, lavapipe's fastest), tiled (workg
 tiles and register blocks, the GPU shape), vec4 and the scalar fallback, with this adapter's
 tuned tunables (`tinygpt tune`) where it has them. Each is validated against NumPy before it
 is timed. With --dtypes f32,bf16, the variants that have a bf16 form (bf16 operands, float32 sums:
-sg as matmul_bf16_sg.wgsl; tiled and scalar, the templates matmul_tiled.wgsl and matmul.wgsl,
+sg as matmul_words.wgsl's sg section; tiled and scalar, the templates matmul_tiled.wgsl and matmul.wgsl,
 reading bf16) run again with dtype bf16, validated against the float64 product of the same bf16
 values. dtype mixed is what a bf16 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T)
 and A^T @ B with B float32 (dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels

@@ -11,6 +11,15 @@
 // its own positions in a fixed order: O(BT*C + V*C) work.
 // A model whose positions are rotary (RoPE turns q and k instead) has no table: LEARNED = false,
 // and embed_forward writes the token's row alone.
+//
+// The tied head's block copy, for a token table split over bindings:
+//   copy_block   out[r, oc + c] = src[r, sc + c]   for r < rows, c < cols
+// Where tok_emb exceeds one binding, the logits of one chunk of its rows are a column block
+// of the [rows, VP] logits. The matmul kernels read and write whole rows, so the head
+// computes a block into a dense scratch and copies it into place (forward), or copies the
+// block of dlogits out before the two products that need it (backward). One invocation per
+// element; src_stride and out_stride are the floats between rows. Its bindings are its own
+// (bp, block_src, block_out).
 
 struct Params { B: u32, T: u32, C: u32, V: u32, accumulate: u32, v0: u32, n: u32 }
 
@@ -69,4 +78,20 @@ fn embed_pos_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
   var s = 0.0;
   for (var b = 0u; b < p.B; b++) { s += src[b * p.T * p.C + i]; }
   out[i] = s;
+}
+
+struct BlockParams { rows: u32, cols: u32, src_stride: u32, src_col: u32, out_stride: u32, out_col: u32 }
+
+@group(0) @binding(0) var<uniform> bp: BlockParams;
+@group(0) @binding(1) var<storage, read> block_src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> block_out: array<f32>;
+
+@compute @workgroup_size(64)
+fn copy_block(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_id) lid: vec3<u32>) {
+  let i = lin(wid, nwg, lid);
+  if (i >= bp.rows * bp.cols) { return; }
+  let r = i / bp.cols;
+  let c = i % bp.cols;
+  block_out[r * bp.out_stride + bp.out_col + c] = block_src[r * bp.src_stride + bp.src_col + c];
 }

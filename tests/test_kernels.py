@@ -480,7 +480,7 @@ def test_embedding_bound_a_chunk_of_rows_at_a_time(gpu, rng, B, T, C, V, v0, n, 
 @pytest.mark.parametrize("rows,cols,src_stride,src_col,out_stride,out_col",
                          [(1, 1, 1, 0, 3, 2), (5, 7, 7, 0, 20, 12), (64, 36, 100, 64, 36, 0), (3, 130, 131, 1, 260, 130)])
 def test_copy_block(gpu, rng, rows, cols, src_stride, src_col, out_stride, out_col, kn):
-    """head.wgsl: a column block of the logits into place and out again, the rest left as it was."""
+    """embed.wgsl's copy_block: a column block of the logits into place and out again, the rest left as it was."""
     src = rng.standard_normal(rows * src_stride).astype(np.float32)
     prev = rng.standard_normal(rows * out_stride).astype(np.float32)
     out = gpu.upload(prev)
@@ -853,7 +853,7 @@ def test_bf16_casts_round_to_nearest_even(gpu, rng, n, variant, kn):
 @pytest.mark.parametrize("M,N,K_", [(1, 8, 8), (32, 64, 64), (33, 72, 24), (100, 200, 48), (64, 512, 136),
                                     (40, 8, 16), (24, 16, 7)])  # K 7: a bf16 model's backward at batch x ctx 7
 def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
-    """bf16 operands, float32 sums, with subgroups (matmul_bf16_sg.wgsl: 8 or 4 columns a lane, 32 or
+    """bf16 operands, float32 sums, with subgroups (matmul_words.wgsl's sg section: 8 or 4 columns a lane, 32 or
     64 rows a workgroup), without (the matmul.wgsl template) and in workgroup tiles (the
     matmul_tiled.wgsl template, a 16 x 16 tile so that the shapes cross many tiles and edges): each
     product against its twin (the float64 product of the same bf16 values) with the float32
@@ -922,7 +922,7 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
 @pytest.mark.parametrize("M", [1, 2, 3, 4])
 @pytest.mark.parametrize("N,K_", [(8, 8), (40, 16), (72, 200), (100, 24)])   # N 100: A @ B^T alone (4 columns a lane)
 def test_matmul_rows(gpu, rng, M, N, K_, kn):
-    """The few-row products (matmul_rows.wgsl, a decode step's): each operand float32 or bf16, out
+    """The few-row products (matmul_words.wgsl's matmul_rows and matmul_abt_rows, a decode step's): each operand float32 or bf16, out
     float32 (bias, +=) or bf16, against their twins (the float64 products of the same values);
     N past a workgroup's columns and not a multiple of it. The plan takes them for at most
     few_rows rows, and not with few_rows 0."""

@@ -164,7 +164,7 @@ def test_step0_with_logits_split_by_a_forced_limit(gpu, plan, monkeypatch):
 
 def test_step0_with_the_token_embedding_split_by_a_forced_limit(gpu, plan, monkeypatch):
     """tok_emb [2000, 128] over a 600 kB limit: bound in 2 chunks of rows, the head's logits and
-    gradients passing through the block scratch (head.wgsl), the logits in 4 chunks of rows."""
+    gradients passing through the block scratch (embed.wgsl's copy_block), the logits in 4 chunks of rows."""
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=2000, batch=16, ctx=16)
     assert check_step0(gpu, plan, cfg, limit=600_000, monkeypatch=monkeypatch) == 4
     m = Model(gpu, plan, RunSpec(cfg, "online"))

@@ -23,8 +23,8 @@ from .plan import KernelPlan, online_tiles, tile_problem
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
 VEC_ROWS = 16        # rows per workgroup of the vec4 kernels (the sg ones: sg_tile)
 SG_LANES = 8         # invocations per workgroup of the sg kernels (one subgroup)
-ROWS_MOST = 4        # the most rows matmul_rows.wgsl takes (its MR)
-ROWS_LANES = 8       # invocations per workgroup of matmul_rows.wgsl
+ROWS_MOST = 4        # the most rows matmul_words.wgsl takes (its MR)
+ROWS_LANES = 8       # invocations per workgroup of matmul_words.wgsl
 # The widths of the shaders written once for both (layernorm.wgsl, elementwise.wgsl, grad_norm.wgsl):
 # the element type V, W floats in it, hsum (the sum of its lanes), the entry points' suffix {{VEC}}.
 WIDTH_WGSL = {"scalar": "alias V = f32;\nconst W = 1u;\nfn hsum(v: f32) -> f32 { return v; }\n",
@@ -64,15 +64,22 @@ def vec4_ok(entry, M, N, K) -> bool:
 
 
 def half_ok(entry, M, N, K) -> bool:
-    """matmul_bf16_sg.wgsl reads 8 bf16 at a time: K and N multiples of 8 (M too for A^T @ B)."""
+    """matmul_words.wgsl reads 8 bf16 at a time: K and N multiples of 8 (M too for A^T @ B)."""
     return N % 8 == 0 and K % 8 == 0 and (M % 8 == 0 or entry != "matmul_atb")
 
 
 def rows_ok(plan: KernelPlan, entry, M, N, K) -> bool:
-    """matmul_rows.wgsl takes A @ B and A @ B^T of at most plan.few_rows rows (and at most 4), K a
+    """matmul_words.wgsl takes A @ B and A @ B^T of at most plan.few_rows rows (and at most 4), K a
     multiple of 8, N of 8 (A @ B) or 4 (A @ B^T)."""
     return (entry != "matmul_atb" and 0 < M <= min(plan.few_rows, ROWS_MOST) and K % 8 == 0
             and N % (8 if entry == "matmul" else 4) == 0)
+
+
+def _word_flags(a, b, out) -> dict:
+    """matmul_words.wgsl's constants for these operands: A_F32, B_F32 where they are not packed,
+    OUT_BF16 where out is."""
+    packed = [DTYPES[t.dtype].packed for t in (a, b, out)]
+    return {n: True for n, on in zip(("A_F32", "B_F32", "OUT_BF16"), (not packed[0], not packed[1], packed[2])) if on}
 
 
 def f16_vec4_ok(entry, M, N, K) -> bool:
@@ -110,7 +117,7 @@ class F32Matmuls(MatmulSet):
 
 
 class BF16Matmuls(MatmulSet):
-    """bf16: tiled; sg (matmul_bf16_sg.wgsl: K and N multiples of 8) for sg, and for vec4 (which has
+    """bf16: tiled; sg (matmul_words.wgsl: K and N multiples of 8) for sg, and for vec4 (which has
     no bf16 form) where subgroups work; scalar otherwise."""
     launch = "_mm_bf16_sg"
 
@@ -175,14 +182,14 @@ def sg_tile(M, N) -> tuple:
 
 
 def bf16_blocks(N) -> int:
-    """Column blocks of 4 per lane of matmul_bf16_sg.wgsl: 2 (64-column workgroups) unless that
+    """Column blocks of 4 per lane of matmul_words.wgsl: 2 (64-column workgroups) unless that
     leaves over 1/8 of the lanes past N, as N = 96 does; then 1 (32 columns: 96 in 3 exactly)."""
     n8 = N // 8
     return 2 if -(-n8 // 8) * 8 - n8 <= n8 // 8 else 1
 
 
 def bf16_rows(M) -> int:
-    """Rows per workgroup of matmul_bf16_sg.wgsl's A @ B and A @ B^T: 64 (each B word loaded for
+    """Rows per workgroup of matmul_words.wgsl's A @ B and A @ B^T: 64 (each B word loaded for
     twice the rows) unless that leaves over 1/8 of the rows past M; then 32."""
     return 64 if -(-M // 64) * 64 - M <= M // 8 else 32
 
@@ -290,7 +297,7 @@ class Kernels:
         workgroup (bf16_blocks, bf16_rows if None)."""
         dtype = dtype or next((t.dtype for t in (a, b, out) if t.dtype in HALVES), "f32")
         variant = variant or matmul_variant(self.plan, entry, M, N, K, dtype)
-        if variant == "rows" and batch > 1:        # matmul_rows.wgsl takes one product a dispatch
+        if variant == "rows" and batch > 1:        # matmul_words.wgsl takes one product a dispatch
             variant = matmul_variant(self.plan.with_(few_rows=0), entry, M, N, K, dtype)
         assert batch == 1 or bias is None, entry
         assert not (accumulate and out.dtype in HALVES), entry
@@ -308,14 +315,15 @@ class Kernels:
                                          variant, nb, tm)
 
     def _mm_rows(self, entry, a, b, bias, out, M, N, K, uniform) -> Dispatch:
-        """matmul_rows.wgsl: one pipeline per row count M; each operand float32 or bf16, as its
+        """matmul_words.wgsl: one pipeline per row count M; each operand float32 or bf16, as its
         dtype says (f16 has no form there: its products are f16's, not float32's)."""
         assert entry != "matmul_atb" and M <= ROWS_MOST and K % 8 == 0 and N % 4 == 0, (entry, M, N, K)
-        assert all(t.dtype in ("f32", "bf16") for t in (a, b, out)), (entry, a.dtype, b.dtype, out.dtype)
-        consts = {"MR": M, **{n: True for n, t in (("A_BF16", a), ("B_BF16", b), ("OUT_BF16", out)) if t.dtype == "bf16"}}
-        assert not ("OUT_BF16" in consts and uniform[4]), entry      # a bf16 out is written, never added to
+        kinds = [DTYPES[t.dtype] for t in (a, b, out)]
+        assert all(d.products == DTYPES["f32"].products for d in kinds), (entry, a.dtype, b.dtype, out.dtype)
+        consts = {"MR": M, **_word_flags(a, b, out)}
+        assert not (kinds[2].packed and uniform[4]), entry      # a 16-bit out is written, never added to
         cols = 8 if entry == "matmul" else 4
-        k = self.gpu.kernel("matmul_rows.wgsl", entry + "_rows", "urrrw", consts)
+        k = self.gpu.kernel("matmul_words.wgsl", entry + "_rows", "urrrw", consts)
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (cols * ROWS_LANES)), 1, 1))
 
     def _mm_f32(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
@@ -387,17 +395,15 @@ class Kernels:
         return self.gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
 
     def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
-        """matmul_bf16_sg.wgsl: 8 bf16 at a time (its one fast kernel: a forced vec4 has no bf16
+        """matmul_words.wgsl: 8 bf16 at a time (its one fast kernel: a forced vec4 has no bf16
         form). An operand not packed is float32 (the backward's gradients; any operand but B of
         A @ B^T); out float32 or bf16."""
         assert variant == "sg" and half_ok(entry, M, N, K), (entry, variant, M, N, K)
-        packed = [DTYPES[t.dtype].packed for t in (a, b, out)]
-        consts = {n: True for n, on in zip(("A_F32", "B_F32", "OUT_BF16"), (not packed[0], not packed[1], packed[2]))
-                  if on}
+        consts = _word_flags(a, b, out)
         assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
         nb = bf16_blocks(N) if nb is None else nb
         tm = tm or bf16_rows(M)
-        k = self.gpu.kernel("matmul_bf16_sg.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm})
+        k = self.gpu.kernel("matmul_words.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm}, SUBGROUPS)
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
     def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
@@ -645,7 +651,7 @@ class Kernels:
         k = self.gpu.kernel("heads.wgsl", "kv_reduce", "urw")
         return self.gpu.dispatch(k, (rows, H, KV, hd), [src, dst], grid1d(-(-rows * KV * hd // 64)))
 
-    # ---- embedding and the split head (embed.wgsl, head.wgsl) ---------------------------------------
+    # ---- embedding and the split head (embed.wgsl) ---------------------------------------
     def embed_forward(self, tokens, tok, pos, out, B, T, C, v0=0, n=None, docs=None) -> Dispatch:
         """tok: the token table's rows v0 .. v0+n-1 (all of it by default); only the positions whose
         token lies there are written, so one dispatch per chunk of rows writes every position once.
@@ -670,7 +676,7 @@ class Kernels:
 
     def copy_block(self, src, out, rows, cols, src_stride, src_col, out_stride, out_col) -> Dispatch:
         """out[r, out_col + c] = src[r, src_col + c]: a column block of the logits."""
-        k = self.gpu.kernel("head.wgsl", "copy_block", "urw")
+        k = self.gpu.kernel("embed.wgsl", "copy_block", "urw")
         return self.gpu.dispatch(k, (rows, cols, src_stride, src_col, out_stride, out_col), [src, out],
                                  grid1d(-(-rows * cols // 64)))
 

@@ -36,7 +36,7 @@ class KernelPlan:
     matmul_wx: int = 8                     # lanes per workgroup of the vec4 matmuls (x 4 columns)
     matmul_tile: tuple = (16, 16, 4, 1, 16)  # (WX, WY, TM, TV, BK) of the tiled matmuls: a 64 x 64 tile
     online_block: tuple | None = None      # (BQ, BK) of online.wgsl; None: sized from the device limits
-    few_rows: int = 4                      # products of at most this many rows take matmul_rows.wgsl (0: none)
+    few_rows: int = 4                      # products of at most this many rows: matmul_rows (0: none)
     loop_cap: int | None = None            # llvmpipe stops any kernel loop after this many trips
     sources: tuple = ()                    # ((family, "default" | "tuned" | "forced"), ...)
     subgroups: str = "not checked"         # "ok", or why the sg variants cannot run

@@ -2,7 +2,7 @@
 
 tok_emb is bound whole where it fits one binding. Where it does not, it is bound in chunks of rows
 (layout.vocab_chunks); a chunk's logits are a column block of the logit rows, which the matmul
-kernels cannot address, so each block passes through a dense scratch (head.wgsl's copy_block), a
+kernels cannot address, so each block passes through a dense scratch (embed.wgsl's copy_block), a
 block of rows at a time. The forward's logits are the same sums over the same K in the same
 order, bit for bit. The backward's sums over rows (dtok) and over the vocabulary (dx) are split
 into blocks and chunks added in turn, so their float32 rounding differs (tests/test_model.py

@@ -1,6 +1,38 @@
+//#if sg
 enable subgroups;
-// matmul_vec4.wgsl's sg kernels with bf16 operands: A and B stored as bf16, two to a u32 (common.wgsl), the
-// sums in float32, out (and bias) float32.
+//#endif
+// The matmuls that bind their operands as words: float32 bits, or bf16 two to a word (element 2i
+// in the low half, common.wgsl). An override says what each word holds, so one entry point
+// serves every storage type (and a float32 word is a bitcast):
+//   A_F32     A is float32 (else bf16)      B_F32     B is float32 (else bf16)
+//   OUT_BF16  out is written as bf16 (bias added first, no accumulate: the forward's q, k, v and
+//             pre-activation, stored only as bf16); else float32, added to where accumulating
+// Two sets: the few-row products, which every adapter runs, and (the sg section) the bf16
+// model's subgroup matmuls.
+//
+// ---- Products of a few rows: a decode step's one row per sequence through every weight matrix.
+//   matmul_rows      out[M,N] = A[M,K] @ B[K,N] (+ bias[N]) (+= out)
+//   matmul_abt_rows  out[M,N] = A[M,K] @ B[N,K]^T (+ bias[N]) (+= out)
+// M is the override MR (1 to 4, one pipeline per row count), so no work is spent on rows that
+// are not there: the tiled kernels' 16 to 64 rows a workgroup cost 16 to 64 times the products
+// for one row, and on lavapipe the products then cost as much as the loads.
+// Why this shape: one row reads each weight once, so the weights' loads are the whole cost. On
+// lavapipe a lane's load costs about the same whatever it carries (scripts/probe_adapter.py),
+// so each load here carries a vec4 of words: 4 float32 or 8 bf16 weights. Each lane owns its
+// own columns and walks all of K: no workgroup memory, no barriers, no subgroups.
+// Sums are float32; the twins are the float64 products of the same values.
+// matmul_rows: lane g owns columns 8g .. 8g+7 and reads B's row k there (2 words of float32,
+//   1 of bf16) and A's 8 k of each row (2 words or 1) per step of 8 k. Each row of A is its own
+//   pass over B (MR is at most 4: the rows' sums held together would spill further).
+// matmul_abt_rows: lane g owns columns 4g .. 4g+3, B's rows 4g .. 4g+3, and reads each row's next
+//   8 k (2 words or 1) and A's as above; its four dot products are summed in vec4 lanes and
+//   added up at the end. Each lane reads its rows of B end to end, which a CPU streams from
+//   memory: a model that does not train holds its matrices [out, in] for it (docs/kernels.md).
+// Shapes: K a multiple of 8; N of 8 (matmul_rows) or 4 (matmul_abt_rows). Columns past N are
+// clamped on load and skipped on store.
+//
+// ---- The sg section: matmul_vec4.wgsl's sg kernels with bf16 operands (A and B bf16 unless
+// A_F32, B_F32), the sums in float32, out (and bias) float32 unless OUT_BF16.
 //   matmul_bf16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
 //   matmul_abt_bf16_sg  out[M,N] = A[M,K]   @ B[N,K]^T
 //   matmul_atb_bf16_sg  out[M,N] = A[K,M]^T @ B[K,N]
@@ -16,13 +48,10 @@ enable subgroups;
 // A @ B^T reads B's 8 rows (this lane's columns) 8 k at a time and transposes the blocks;
 // A^T @ B has lane l load row k0+l of A (32 output rows = 4 words) and builds the row blocks from
 // the 8 lanes' words, unpacked before the broadcast too. It needs M a multiple of 8.
-// Mixed operands, for the backward of a bf16 model, whose gradients stay float32 (override
-// constants; the bindings are words either way, and a float32 word is a bitcast):
-//   A_F32     A is float32: 2 words per row per 8 k (dX = dY @ W^T, W bf16), or for A^T @ B
-//             2 words per row of A per 8 output rows (the head's dtok = dlogits^T @ x)
-//   B_F32     A^T @ B and A @ B: B is float32, 2 words per row per 8 columns (dW = X^T @ dY)
-//   OUT_BF16  out is written as bf16 (a lane's 8 columns of a row are one word), bias added
-//             first, no accumulate: the forward's q, k, v and pre-activation, stored only as bf16.
+// Mixed operands, for the backward of a bf16 model, whose gradients stay float32: A_F32 (dX =
+// dY @ W^T, W bf16: 2 words per row per 8 k; for A^T @ B 2 words per row of A per 8 output rows,
+// the head's dtok = dlogits^T @ x), B_F32 (A^T @ B and A @ B: 2 words per row per 8 columns, dW =
+// X^T @ dY); OUT_BF16 writes a lane's 8 columns of a row as one word.
 // TM (override) is the rows a workgroup of A @ B or A @ B^T owns: 32 as above, or 64, which loads
 // each B word for twice the rows (8 words of A and 8 of B per lane and 8 k, for 4096
 // multiply-adds): faster at 1024^3 on lavapipe, although the accumulators spill further.
@@ -41,9 +70,118 @@ struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 override A_F32: bool = false;
 override B_F32: bool = false;
 override OUT_BF16: bool = false;
+override MR: u32 = 1u;     // matmul_rows: rows of A and out, 1 to 4
 override NB: u32 = 2u;     // column blocks of 4 per lane: 2 or 1
 override TM: u32 = 32u;    // rows per workgroup: 32 or 64
-const LANES: u32 = 8u;
+const LANES: u32 = 8u;    // a workgroup: one subgroup, or one SIMD vector of lavapipe's 256-bit width
+
+fn f4(w: vec4<u32>) -> vec4<f32> { return bitcast<vec4<f32>>(w); }
+
+// 8 values: k (or columns) 0-3 in lo, 4-7 in hi
+struct V8 { lo: vec4<f32>, hi: vec4<f32> }
+
+// 8 values from word index i of a float32 operand (i, i + 1) or a bf16 one (i / 2: one word)
+fn a8(m: u32, k: u32) -> V8 {
+  if (!A_F32) {
+    let w = A[(m * p.K + k) / 8u];
+    return V8(bf16_lo4(w.xy), bf16_lo4(w.zw));
+  }
+  let i = (m * p.K + k) / 4u;
+  return V8(f4(A[i]), f4(A[i + 1u]));
+}
+
+// B's 8 values from element e on (8 consecutive, e a multiple of 8)
+fn b8(e: u32) -> V8 {
+  if (!B_F32) {
+    let w = B[e / 8u];
+    return V8(bf16_lo4(w.xy), bf16_lo4(w.zw));
+  }
+  return V8(f4(B[e / 4u]), f4(B[e / 4u + 1u]));
+}
+
+// out[m, n .. n+3] = v (+ what is there, float32 out only); n a multiple of 4
+fn store4(m: u32, n: u32, v: vec4<f32>) {
+  let e = m * p.N + n;
+  if (OUT_BF16) {
+    out[e / 4u] = vec2<u32>(bf16_pack(v.x, v.y), bf16_pack(v.z, v.w));
+    return;
+  }
+  var o = v;
+  if (p.accumulate != 0u) {
+    o += bitcast<vec4<f32>>(vec4<u32>(out[e / 2u], out[e / 2u + 1u]));
+  }
+  let w = bitcast<vec4<u32>>(o);
+  out[e / 2u] = w.xy;
+  out[e / 2u + 1u] = w.zw;
+}
+
+// acc + the 8 rows of B at k .. k+7 (these 8 columns) times a's 8 values
+fn step8(acc: V8, a: V8, k: u32, c: u32) -> V8 {
+  var s = acc;
+  let n = p.N;
+  let r0 = b8(k * n + c); let r1 = b8((k + 1u) * n + c); let r2 = b8((k + 2u) * n + c); let r3 = b8((k + 3u) * n + c);
+  s.lo = fma(r0.lo, vec4<f32>(a.lo.x), s.lo); s.hi = fma(r0.hi, vec4<f32>(a.lo.x), s.hi);
+  s.lo = fma(r1.lo, vec4<f32>(a.lo.y), s.lo); s.hi = fma(r1.hi, vec4<f32>(a.lo.y), s.hi);
+  s.lo = fma(r2.lo, vec4<f32>(a.lo.z), s.lo); s.hi = fma(r2.hi, vec4<f32>(a.lo.z), s.hi);
+  s.lo = fma(r3.lo, vec4<f32>(a.lo.w), s.lo); s.hi = fma(r3.hi, vec4<f32>(a.lo.w), s.hi);
+  let r4 = b8((k + 4u) * n + c); let r5 = b8((k + 5u) * n + c); let r6 = b8((k + 6u) * n + c); let r7 = b8((k + 7u) * n + c);
+  s.lo = fma(r4.lo, vec4<f32>(a.hi.x), s.lo); s.hi = fma(r4.hi, vec4<f32>(a.hi.x), s.hi);
+  s.lo = fma(r5.lo, vec4<f32>(a.hi.y), s.lo); s.hi = fma(r5.hi, vec4<f32>(a.hi.y), s.hi);
+  s.lo = fma(r6.lo, vec4<f32>(a.hi.z), s.lo); s.hi = fma(r6.hi, vec4<f32>(a.hi.z), s.hi);
+  s.lo = fma(r7.lo, vec4<f32>(a.hi.w), s.lo); s.hi = fma(r7.hi, vec4<f32>(a.hi.w), s.hi);
+  return s;
+}
+
+// Each row is its own pass over B: B's words are loaded once per row, and MR is at most 4, where
+// keeping the rows' sums together would hold 4x the accumulators. The next rows' passes find
+// B's rows in the CPU's cache less often than one would think (a matrix of 3.5 MB), so the
+// launcher picks this kernel for few rows only.
+@compute @workgroup_size(LANES)
+fn matmul_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let live = 8u * gid.x < p.N;
+  let c = min(8u * gid.x, p.N - 8u);           // clamped: every lane runs the loop, its loads in bounds
+  for (var m = 0u; m < MR; m++) {
+    var acc = V8(vec4<f32>(), vec4<f32>());
+    for (var k = 0u; k < p.K; k += 8u) {
+      acc = step8(acc, a8(m, k), k, c);
+    }
+    if (live) {
+      var lo = acc.lo;
+      var hi = acc.hi;
+      if (p.has_bias != 0u) {
+        lo += bias[c / 4u];
+        hi += bias[c / 4u + 1u];
+      }
+      store4(m, c, lo);
+      store4(m, c + 4u, hi);
+    }
+  }
+}
+
+@compute @workgroup_size(LANES)
+fn matmul_abt_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
+  let live = 4u * gid.x < p.N;
+  let n0 = min(4u * gid.x, p.N - 4u);
+  let K = p.K;
+  for (var m = 0u; m < MR; m++) {
+    var s0 = vec4<f32>(); var s1 = vec4<f32>(); var s2 = vec4<f32>(); var s3 = vec4<f32>();
+    for (var k = 0u; k < K; k += 8u) {
+      let a = a8(m, k);
+      let b0 = b8(n0 * K + k); let b1 = b8((n0 + 1u) * K + k); let b2 = b8((n0 + 2u) * K + k); let b3 = b8((n0 + 3u) * K + k);
+      s0 = fma(b0.lo, a.lo, fma(b0.hi, a.hi, s0));
+      s1 = fma(b1.lo, a.lo, fma(b1.hi, a.hi, s1));
+      s2 = fma(b2.lo, a.lo, fma(b2.hi, a.hi, s2));
+      s3 = fma(b3.lo, a.lo, fma(b3.hi, a.hi, s3));
+    }
+    if (live) {
+      var hs = vec4<f32>((s0.x + s0.y) + (s0.z + s0.w), (s1.x + s1.y) + (s1.z + s1.w),
+                         (s2.x + s2.y) + (s2.z + s2.w), (s3.x + s3.y) + (s3.z + s3.w));
+      if (p.has_bias != 0u) { hs += bias[n0 / 4u]; }
+      store4(m, n0, hs);
+    }
+  }
+}
+//#if sg
 
 struct Acc { q0: mat4x4<f32>, q1: mat4x4<f32>, q2: mat4x4<f32>, q3: mat4x4<f32> }
 
@@ -62,8 +200,6 @@ fn words8(i: u32, stride: u32) -> W8 {
   return W8(B[i], B[i + stride], B[i + 2u * stride], B[i + 3u * stride],
             B[i + 4u * stride], B[i + 5u * stride], B[i + 6u * stride], B[i + 7u * stride]);
 }
-
-fn f4(w: vec4<u32>) -> vec4<f32> { return bitcast<vec4<f32>>(w); }
 
 // the 4x4 blocks of 4 words: their first (xy) or second (zw) 4 values as matrix columns
 fn cols_xy(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>) -> mat4x4<f32> {
@@ -355,3 +491,4 @@ fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_i
   store32(lo, row0, cc, blk.live);
   if (TM == 64u) { store32(hi, row0 + 32u, cc, blk.live); }
 }
+//#endif
