@@ -60,11 +60,19 @@ matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul, matmul_abt, matmul_at
 
 # ---- bf16 storage (cast.wgsl; common.wgsl's bf16_* helpers) -------------------------------
 def bf16_round(x):                       # float32 -> the nearest bf16 values (ties to even), as float32
-    b = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint32)
-    nan = np.isnan(np.asarray(x, np.float32))
-    r = np.where(nan, (b >> 16).astype(np.uint32) | 0x40, r) & 0xFFFF
-    return (r << 16).astype(np.uint32).view(np.float32).reshape(np.shape(x))
+    # In uint32, in place: one array besides x's float32 bits, where the first form's uint64
+    # temporaries took 1.3 GB for a 49,152-token table (the start check of SmolLM2 in bf16).
+    # Only a NaN's bits can wrap past 2^32 when rounded, and NaNs are set apart below.
+    b = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    r = (b >> 16) & 1
+    r += 0x7FFF
+    r += b
+    r >>= 16
+    nan = np.isnan(b.view(np.float32))
+    if nan.any():
+        r[nan] = (b[nan] >> 16) | 0x40
+    r <<= 16
+    return r.view(np.float32).reshape(np.shape(x))
 
 
 def cast_bf16(x):                        # float32 [n] -> u32 [ceil(n/2)]: element 2i low, 2i+1 high
@@ -410,7 +418,7 @@ def embed_pos_grad(dout):                # dout [B,T,C] -> dpos [T,C]
     return dout.sum(0)
 
 
-# ---- the tied head, split over bindings (head.wgsl) -----------------------------------
+# ---- the tied head, split over bindings (embed.wgsl's copy_block) -----------------------------------
 def copy_block(src, out, rows, cols, src_stride, src_col, out_stride, out_col):  # flat arrays -> out
     out = out.copy()
     for r in range(rows):
