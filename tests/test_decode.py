@@ -355,3 +355,15 @@ def test_sample_cli_batches_and_matches_without_the_cache(tmp_path, capsys):
     assert outs[0] == outs[1] and outs[0].count("---- sample ") == 3
     assert "key/value cache" in captured.err or "whole window" in captured.err
     assert main(args[:-2] + ["--top-p", "0"]) == 2 and "--top-p" in capsys.readouterr().err
+
+
+def test_prefill_rows_hold_the_prompt_with_at_most_a_third_spare():
+    """A prompt's prefill runs over 16, 24, 32, 48, 64, ... rows: every prompt fits, at most a third
+    of the rows past 16 are spare, never more than the window, and two sizes an octave."""
+    from tinygpt.model.decode import prefill_rows
+    sizes = {prefill_rows(8192, n) for n in range(1, 8193)}
+    assert sorted(sizes)[:6] == [16, 24, 32, 48, 64, 96] and max(sizes) == 8192 and len(sizes) == 19
+    for n in range(1, 8193):
+        rows = prefill_rows(8192, n)
+        assert n <= rows and (rows == 16 or n > rows * 2 // 3), (n, rows)
+    assert prefill_rows(40, 37) == 40 and prefill_rows(40, 3) == 16

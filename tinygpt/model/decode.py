@@ -3,7 +3,7 @@
 N sequences continue one prompt together. ctx here is the decoder's window, the spec's (spec.rows_for:
 the prompt and the tokens asked, rounded up to a power of two, never over the model's context), so
 the work and the buffers follow the tokens. The prefill is the model's own forward over the window
-(without its head; one sequence's over its prompt's own power of two of rows): each layer's key and
+(without its head; one sequence's over its prompt's own rows, prefill_rows): each layer's key and
 value activations as projected, [N, ctx, KV * hd], are the caches (a grouped-query model's hold its
 KV heads alone, H / KV times less than [N, ctx, C]). A decode step runs one row per sequence
 through every layer (decode.wgsl's embed_decode, kv_append and attn_decode between the usual
@@ -42,6 +42,18 @@ from .spec import RunSpec, at_rows_params, rows_for
 STOP_EVERY = 8       # tokens drawn between reads of the draws, where stop tokens may end the run
 FORCED_MOST = 64     # new prompt tokens after a held prefix that go through the decode step, not a prefill
 PREFILL_LEAST = 16   # the fewest rows a prompt's prefill runs over
+
+
+def prefill_rows(ctx: int, n: int) -> int:
+    """The rows a prompt of n tokens is prefilled over: the first of PREFILL_LEAST, then powers of
+    two and one and a half times them (16, 24, 32, 48, 64, 96, ...) that holds them, never over
+    ctx. A prefill's products cost as its rows do, and a power of two alone wastes up to half of
+    them (37 tokens over 64 rows: SmolLM2's question); here at most a third, with two forwards to
+    build an octave."""
+    rows = PREFILL_LEAST                     # a power of two
+    while rows < n:
+        rows = rows * 3 // 2 if rows & (rows - 1) == 0 else rows * 4 // 3
+    return min(int(ctx), rows)
 
 
 def keep_of(ctx: int) -> int:
@@ -162,7 +174,7 @@ class Decoder:
 
     def _prefill(self, seqs, s: int, length: int):
         """Keys and values of positions s .. length-2 of every sequence into the cache. One sequence's
-        prompt runs over its own length's power of two, not the window's: its cache rows are the
+        prompt runs over its own length's prefill_rows, not the window's: its cache rows are the
         first rows of the model's [1, T, W] activations, which a forward over fewer rows writes."""
         n = length - 1 - s
         if n <= 0:
@@ -173,7 +185,7 @@ class Decoder:
         if self.N > 1:
             self.model.forward(x)
             return
-        rows = rows_for(self.cfg.ctx, n, PREFILL_LEAST)
+        rows = prefill_rows(self.cfg.ctx, n)
         if rows not in self._prefills:
             self._prefills[rows] = record.forward_rows(self.model, rows)
         self.model.write_batch(x)
