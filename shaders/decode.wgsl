@@ -72,49 +72,101 @@ fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // One workgroup per (n, h): a = q [N, C], b = kc [N, T, W], c = vc [N, T, W] (W = kv_width())
 // -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
 // Three passes over the cached rows it sees (pos + 1, or the window's last W): scores and their
-// max, exp and sum, weighted values.
-@compute @workgroup_size(64)
-fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_id) lid3: vec3<u32>) {
+// max (a lane a row), exp and sum, weighted values (a lane a channel). attn_decode4, for a head
+// dim that is a multiple of 4, reads q, k and v a vec4 at a time: on lavapipe a lane's load
+// costs about the same whatever it carries, and the passes over the cache are loads (how much
+// faster: docs/results.md, "Chat beside transformers"). The passes' frame is shared; an entry
+// point binds a, b, c as floats or as vec4, never both.
+@group(0) @binding(1) var<storage, read> a4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> c4: array<vec4<f32>>;
+
+// where a workgroup's head reads and writes
+struct At {
+  live: bool,          // a folded grid may hold a few spare workgroups
+  hd: u32,
+  q: u32,              // its first channel in q and out: n * C + h * hd
+  kv: u32,             // cache row 0's first channel of its key/value head (row t: + t * w)
+  w: u32,              // a cache row's channels
+  lo: u32,             // the oldest cached row it sees, and one past the newest
+  rows: u32,
+  srow: u32,           // its scratch row
+}
+
+fn head_at(wid: vec3<u32>, nwg: vec3<u32>) -> At {
   let g = group_index(wid, nwg);          // uniform: the same for every lane of the workgroup
-  let lid = lid3.x;
-  let live = g < p.N * p.H;               // a folded grid may hold a few spare workgroups
   let n = g / p.H;
   let hd = p.C / p.H;
-  let col = (g % p.H) * hd;               // the head's first channel in q and out
   let w = kv_width();
-  let kcol = kv_col(g % p.H);             // its key/value head's in the caches
-  let rows = p.pos + 1u;
-  let lo = oldest_row();
-  let srow = g * p.T;                     // this head's scratch row
-  var m = -3.0e38;
-  if (live) {
-    for (var t = lo + lid; t < rows; t += 64u) {
-      let kb = (n * p.T + t) * w + kcol;
-      var s = 0.0;
-      for (var d = 0u; d < hd; d++) { s += a[n * p.C + col + d] * b[kb + d]; }
-      s *= p.scale;
-      o2[srow + t] = s;
-      m = max(m, s);
-    }
-  }
-  m = wg_max64(lid, m);                   // common.wgsl
+  return At(g < p.N * p.H, hd, n * p.C + (g % p.H) * hd, n * p.T * w + kv_col(g % p.H), w, oldest_row(),
+            p.pos + 1u, g * p.T);
+}
+
+// With this lane's scores in the scratch row and m_lane their max: the exponentials in their
+// place, and their sum over the workgroup, visible to every lane.
+fn softmax_rows(h: At, lid: u32, m_lane: f32) -> f32 {
+  let m = wg_max64(lid, m_lane);          // common.wgsl
   var z = 0.0;
-  if (live) {
-    for (var t = lo + lid; t < rows; t += 64u) {
-      let e = exp(o2[srow + t] - m);
-      o2[srow + t] = e;
+  if (h.live) {
+    for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      let e = exp(o2[h.srow + t] - m);
+      o2[h.srow + t] = e;
       z += e;
     }
   }
   z = wg_sum64(lid, z);
   storageBarrier();                       // every lane's exponentials are visible to all
-  if (live) {
-    for (var d = lid; d < hd; d += 64u) {
-      var acc = 0.0;
-      for (var t = lo; t < rows; t++) { acc += o2[srow + t] * c[(n * p.T + t) * w + kcol + d]; }
-      o1[n * p.C + col + d] = acc / z;
+  return z;
+}
+
+@compute @workgroup_size(64)
+fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let h = head_at(wid, nwg);
+  let lid = lid3.x;
+  var m = -3.0e38;
+  if (h.live) {
+    for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      var s = 0.0;
+      for (var d = 0u; d < h.hd; d++) { s += a[h.q + d] * b[h.kv + t * h.w + d]; }
+      s *= p.scale;
+      o2[h.srow + t] = s;
+      m = max(m, s);
     }
+  }
+  let z = softmax_rows(h, lid, m);
+  if (!h.live) { return; }
+  for (var d = lid; d < h.hd; d += 64u) {
+    var acc = 0.0;
+    for (var t = h.lo; t < h.rows; t++) { acc += o2[h.srow + t] * c[h.kv + t * h.w + d]; }
+    o1[h.q + d] = acc / z;
+  }
+}
+
+@compute @workgroup_size(64)
+fn attn_decode4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let h = head_at(wid, nwg);
+  let lid = lid3.x;
+  let d4 = h.hd / 4u;
+  var m = -3.0e38;
+  if (h.live) {
+    for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      var s4 = vec4<f32>();
+      for (var d = 0u; d < d4; d++) { s4 = fma(a4[h.q / 4u + d], b4[(h.kv + t * h.w) / 4u + d], s4); }
+      let s = ((s4.x + s4.y) + (s4.z + s4.w)) * p.scale;
+      o2[h.srow + t] = s;
+      m = max(m, s);
+    }
+  }
+  let z = softmax_rows(h, lid, m);
+  if (!h.live) { return; }
+  for (var d = lid; d < d4; d += 64u) {
+    var acc = vec4<f32>();
+    for (var t = h.lo; t < h.rows; t++) { acc = fma(vec4<f32>(o2[h.srow + t]), c4[(h.kv + t * h.w) / 4u + d], acc); }
+    let o = acc / z;
+    let i = h.q + 4u * d;
+    o1[i] = o.x; o1[i + 1u] = o.y; o1[i + 2u] = o.z; o1[i + 3u] = o.w;
   }
 }
 
@@ -149,53 +201,87 @@ fn kv_append_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
 }
 
 // attn_decode reading q (ah), kc (bh), vc (ch) as stored; out (o1) and the scratch (o2) float32:
-// the block converts out to what it stores (block.PolicyKernels.convert), as in training
+// the block converts out to what it stores (block.PolicyKernels.convert), as in training.
+// attn_decode_half4, for a head dim that is a multiple of 8, reads a vec4 of words (8 values) at
+// a time, as attn_decode4 does.
+@group(0) @binding(1) var<storage, read> ah4: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> bh4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> ch4: array<vec4<u32>>;
+
+struct Half8 { lo: vec4<f32>, hi: vec4<f32> }
+
+fn half8(w: vec4<u32>) -> Half8 {         // the 8 values of 4 words
+  if (HALF == 2u) {
+    return Half8(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+                 vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
+  }
+  return Half8(bf16_lo4(w.xy), bf16_lo4(w.zw));
+}
+
 @compute @workgroup_size(64)
 fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_id) lid3: vec3<u32>) {
-  let g = group_index(wid, nwg);
+  let h = head_at(wid, nwg);
   let lid = lid3.x;
-  let live = g < p.N * p.H;
-  let n = g / p.H;
-  let hd = p.C / p.H;
-  let col = (g % p.H) * hd;
-  let w = kv_width();
-  let kcol = kv_col(g % p.H);
-  let rows = p.pos + 1u;
-  let lo = oldest_row();
-  let srow = g * p.T;
   var m = -3.0e38;
-  if (live) {
-    for (var t = lo + lid; t < rows; t += 64u) {
-      let kb = (n * p.T + t) * w + kcol;
-      let qb = n * p.C + col;
+  if (h.live) {
+    for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      let kb = h.kv + t * h.w;
       var s = 0.0;
-      for (var d = 0u; d < hd; d++) { s += half_at(ah[(qb + d) / 2u], qb + d) * half_at(bh[(kb + d) / 2u], kb + d); }
+      for (var d = 0u; d < h.hd; d++) { s += half_at(ah[(h.q + d) / 2u], h.q + d) * half_at(bh[(kb + d) / 2u], kb + d); }
       s *= p.scale;
-      o2[srow + t] = s;
+      o2[h.srow + t] = s;
       m = max(m, s);
     }
   }
-  m = wg_max64(lid, m);
-  var z = 0.0;
-  if (live) {
-    for (var t = lo + lid; t < rows; t += 64u) {
-      let e = exp(o2[srow + t] - m);
-      o2[srow + t] = e;
-      z += e;
+  let z = softmax_rows(h, lid, m);
+  if (!h.live) { return; }
+  for (var d = lid; d < h.hd; d += 64u) {
+    var acc = 0.0;
+    for (var t = h.lo; t < h.rows; t++) {
+      let e = h.kv + t * h.w + d;
+      acc += o2[h.srow + t] * half_at(ch[e / 2u], e);
+    }
+    o1[h.q + d] = acc / z;
+  }
+}
+
+@compute @workgroup_size(64)
+fn attn_decode_half4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_id) lid3: vec3<u32>) {
+  let h = head_at(wid, nwg);
+  let lid = lid3.x;
+  let d8 = h.hd / 8u;
+  var m = -3.0e38;
+  if (h.live) {
+    for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      var s4 = vec4<f32>();
+      for (var d = 0u; d < d8; d++) {
+        let q = half8(ah4[h.q / 8u + d]);
+        let k = half8(bh4[(h.kv + t * h.w) / 8u + d]);
+        s4 = fma(q.lo, k.lo, fma(q.hi, k.hi, s4));
+      }
+      let s = ((s4.x + s4.y) + (s4.z + s4.w)) * p.scale;
+      o2[h.srow + t] = s;
+      m = max(m, s);
     }
   }
-  z = wg_sum64(lid, z);
-  storageBarrier();
-  if (live) {
-    for (var d = lid; d < hd; d += 64u) {
-      var acc = 0.0;
-      for (var t = lo; t < rows; t++) {
-        let e = (n * p.T + t) * w + kcol + d;
-        acc += o2[srow + t] * half_at(ch[e / 2u], e);
-      }
-      o1[n * p.C + col + d] = acc / z;
+  let z = softmax_rows(h, lid, m);
+  if (!h.live) { return; }
+  for (var d = lid; d < d8; d += 64u) {
+    var lo = vec4<f32>();
+    var hi = vec4<f32>();
+    for (var t = h.lo; t < h.rows; t++) {
+      let e = vec4<f32>(o2[h.srow + t]);
+      let v = half8(ch4[(h.kv + t * h.w) / 8u + d]);
+      lo = fma(e, v.lo, lo);
+      hi = fma(e, v.hi, hi);
     }
+    let i = h.q + 8u * d;
+    let ol = lo / z;
+    let oh = hi / z;
+    o1[i] = ol.x; o1[i + 1u] = ol.y; o1[i + 2u] = ol.z; o1[i + 3u] = ol.w;
+    o1[i + 4u] = oh.x; o1[i + 5u] = oh.y; o1[i + 6u] = oh.z; o1[i + 7u] = oh.w;
   }
 }
 

@@ -30,6 +30,7 @@ def uniform(gpu, **kw):
 @pytest.mark.parametrize("N, T, C, H, KV, pos", [(1, 1, 4, 1, 1, 0), (3, 13, 20, 4, 4, 7), (2, 13, 20, 4, 4, 12),
                                                   (2, 70, 96, 3, 3, 69), (2, 13, 30, 6, 2, 9), (3, 11, 24, 8, 1, 10)])
 def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos):
+    """attn_decode4 at head dims 4 and 32 (a vec4 at a time), attn_decode at 5 and 3."""
     V, W = 37, C // H * KV
     f = lambda *s: rng.standard_normal(s).astype(np.float32)
     tok, pos_emb, k, v, q = f(V, C), f(T, C), f(N, W), f(N, W), f(N, C)
@@ -48,7 +49,8 @@ def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos):
     check("kv_append k", gpu.read(kc), want_kc, atol=0)
     check("kv_append v", gpu.read(vc), want_vc, atol=0)
     want = R.attn_decode(q.astype(np.float64), want_kc.astype(np.float64), want_vc.astype(np.float64), pos, H)
-    check(f"attn_decode T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want, atol=2e-6, rtol=1e-5)
+    check(f"attn_decode{'4' * (C // H % 4 == 0)} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
+          atol=2e-6, rtol=1e-5)
 
 
 def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, kn, rng):
@@ -147,8 +149,9 @@ def decoding(plan, cache: bool):
                                                   (2, 9, 24, 8, 8, 5), (2, 13, 40, 8, 2, 9), (2, 9, 24, 8, 2, 8)])
 def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos, half):
     """A bf16 or f16 model's cache: kv_append_half copies the step's k, v words bit for bit, and
-    attn_decode_half (head dims 4, 5, 32 and 3; grouped caches of 2 key/value heads) reads q and the
-    caches as stored, against the float64 attention of the same 16-bit values."""
+    attn_decode_half (head dims 4, 5 and 3; grouped caches of 2 key/value heads) and
+    attn_decode_half4 (head dim 32: 8 values a load) read q and the caches as stored, against the
+    float64 attention of the same 16-bit values."""
     if half == "f16" and "shader-f16" not in gpu.features:   # the kernels need no f16 type, but no
         pytest.skip(f"{gpu.name} has no shader-f16, so no f16 model")   # f16 model runs without it
     cast = R.cast_bf16 if half == "bf16" else R.cast_f16
@@ -163,7 +166,7 @@ def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos
     want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
     assert np.array_equal(gpu.read(kc), want_kc) and np.array_equal(gpu.read(vc), want_vc), "kv_append_half"
     want = R.attn_decode_half(q, want_kc, want_vc, pos, H, half)
-    check(f"attn_decode_half {half} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
+    check(f"attn_decode_half{'4' * (C // H % 8 == 0)} {half} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
           atol=2e-6, rtol=1e-5)
 
 

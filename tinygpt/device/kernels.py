@@ -919,7 +919,9 @@ class Kernels:
         """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
         window > 0), per head, each query head reading its key/value head's channels of the caches
         (the uniform's KV heads); scratch [N, H, T]."""
-        k_ = self.gpu.kernel("decode.wgsl", "attn_decode", DECODE_ACCESS, windowed(window) or None)
+        hd = q.size // N // H                                     # q: [N, H * hd] floats
+        entry = "attn_decode4" if hd % 4 == 0 else "attn_decode"   # a vec4 at a time where it can
+        k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, windowed(window) or None)
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def kv_append_half(self, k, v, kc, vc, N, W, uniform) -> Dispatch:
@@ -932,8 +934,9 @@ class Kernels:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
         assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and not DTYPES[out.dtype].packed, \
             (q.dtype, out.dtype)
-        k_ = self.gpu.kernel("decode.wgsl", "attn_decode_half", DECODE_ACCESS,
-                             {"HALF": DTYPES[q.dtype].half, **windowed(window)})
+        hd = q.size * DTYPES[q.dtype].per_word // N // H          # q: [N, H * hd] values, two a word
+        entry = "attn_decode_half4" if hd % 8 == 0 else "attn_decode_half"   # 8 values a load where it can
+        k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, {"HALF": DTYPES[q.dtype].half, **windowed(window)})
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:

@@ -192,9 +192,10 @@ def _attention(gpu: GPU, plan, rng, variant: str):
     return got, want
 
 
-def _decode(gpu: GPU, kn: Kernels, rng):
-    """decode.wgsl's f16 cache: kv_append_half then attn_decode_half (head dim 5, a ragged T)."""
-    N, T, C, H, pos = 2, 9, 20, 4, 6
+def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
+    """decode.wgsl's f16 cache: kv_append_half then attn_decode_half (head dim 5, a ragged T), or
+    where wide attn_decode_half4 (head dim 8: the launcher's choice for a multiple of 8)."""
+    N, T, C, H, pos = 2, 9, 32 if wide else 20, 4, 6
     f = lambda *s: R.cast_f16(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
     k, v, q, kc0, vc0 = f(N, C), f(N, C), f(N, C), f(N, T, C), f(N, T, C)
     u = gpu.uniform(DECODE_UNIFORM_BYTES)
@@ -219,14 +220,15 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
         key = ("attention", "sg" if entry.endswith("_sg") else "tiles") if entry.startswith("attn_online") else \
-            ("decode", ()) if entry in ("kv_append_half", "attn_decode_half") else (entry, consts)
+            ("decode", ()) if entry in ("kv_append_half", "attn_decode_half") else \
+            ("decode", "wide") if entry == "attn_decode_half4" else (entry, consts)
         if key not in seen:
             rng = np.random.default_rng(11)
             try:
                 if key[0] == "attention":
                     got, want = _attention(gpu, plan, rng, key[1])
                 elif key[0] == "decode":
-                    got, want = _decode(gpu, kn, rng)
+                    got, want = _decode(gpu, kn, rng, key[1] == "wide")
                 elif "matmul" in entry:
                     got, want = _matmul(gpu, kn, entry, dict(consts), rng)
                 else:

@@ -573,6 +573,9 @@ def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,KV*hd] 
     return (w[:, :, None] @ vh)[:, :, 0].reshape(N, C)
 
 
+attn_decode4 = attn_decode                # q, k and v read a vec4 at a time: the same attention
+
+
 def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,W/2] -> caches [N,T,W/2]
     return kv_append(k, v, kc, vc, at)
 
@@ -580,6 +583,9 @@ def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,W
 def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,W/2] -> [N,C]
     unpack = unpack_f16 if half == "f16" else unpack_bf16
     return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H, window)
+
+
+attn_decode_half4 = attn_decode_half      # 8 values a load: the same attention
 
 
 def pcg(v):                               # PCG-RXS-M-XS on uint32 (as decode.wgsl)
