@@ -104,15 +104,25 @@ def flat_view(t, f0: int, n: int, shape: tuple | None = None) -> Tensor:
     return Tensor(t.buf, t.offset + 4 * f0 // per_word, shape or (n // per_word,), t.dtype, t.name)
 
 
+WRITE_FLUSH = 64 << 20     # bytes written between waits for the device (write_tensors)
+
+
 def write_tensors(gpu, flat, offsets: dict, tensors: dict):
     """Each named tensor (float32) into its place in a flat array of the layout `offsets`, a write
     each: no flat copy of the model on the host (Qwen3-0.6B's is 2.4 GB); the padding between
-    them stays the zeros a new buffer holds."""
+    them stays the zeros a new buffer holds. Every WRITE_FLUSH bytes it waits for the device: a
+    write is staged in host memory until a submission carries it, and a model's worth staged at
+    once is a second model in memory."""
+    since = 0
     for name, (off, shape) in offsets.items():
         a = np.asarray(tensors[name], np.float32)
         if a.shape != tuple(shape):
             raise ValueError(f"{name}: shape {a.shape}, expected {tuple(shape)}")
         gpu.write(flat_view(flat, off, a.size), a)
+        since += a.nbytes
+        if since >= WRITE_FLUSH:
+            gpu.sync()
+            since = 0
 
 
 def read_tensors(gpu, flat, offsets: dict) -> dict:
