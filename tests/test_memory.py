@@ -125,6 +125,22 @@ def test_plan_cli_json_and_text(capsys):
     assert "parameters" in out and "activations (saved)" in out and "largest binding" in out and "fits" in out
 
 
+def test_plan_of_a_chat_file_counts_its_packed_batch(capsys, tmp_path):
+    """A chat file's windows are packed (recipe.run_spec decides it, for `plan` as for `train`), so
+    the plan counts the batch's two packed parts: each row's position in its record (B*T words) and
+    the rows bucketed by position (T + 1 offsets and B*T rows)."""
+    chat = tmp_path / "c.jsonl"
+    chat.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"},
+                                             {"role": "assistant", "content": "hello"}]}) + "\n")
+    assert main(["plan", "--preset", "small", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["bytes"]["batch"]
+    assert main(["plan", "--preset", "small", "--data", str(chat), "--json"]) == 0
+    packed = json.loads(capsys.readouterr().out)["bytes"]["batch"]
+    BT, T = 16 * 64, 64
+    print(f"batch of the small preset: {plain:,} bytes, packed {packed:,}")
+    assert packed >= plain + 4 * (BT + T + 1 + BT)
+
+
 def test_plan_of_gpt2_with_lora_and_recompute_is_at_most_half(capsys):
     """GPT-2 small's shape: LoRA (rank 8 on q, k, v, o) with recompute plans at most half of full
     fine-tuning, at the preset's batch and at batch 8 (where the saved activations dominate)."""

@@ -35,7 +35,7 @@ from .schedule import Schedule, resolve
 from ..files.outputs import Outputs, derived, is_json_lines, is_our_png
 from .runlog import claim_directory
 from ..files.tokenfile import data_files, is_token_file, read_sidecar
-from ..files.chat_data import is_preference_file
+from ..files.chat_data import is_chat_file, is_preference_file
 from ..core.dpo import DPO_BETA
 
 LORA_LR = 1e-3          # a new LoRA run's peak learning rate where the lr option is not given
@@ -199,10 +199,12 @@ def run_window(o: TrainOptions, cfg, resume: ckpt.Checkpoint | None) -> int:
 
 def run_spec(o: TrainOptions, cfg, accum: int, precision: Precision, lora, optimizer, window: int) -> RunSpec:
     """The run these options ask for, resolved once: what the memory budget, the model and
-    `tinygpt plan` take as it is (window: its windows' tokens, run_window)."""
+    `tinygpt plan` take as it is (window: its windows' tokens, run_window). A chat file's windows
+    are packed, several records to a window (a preference file's pairs are not: DPO's)."""
+    dpo = run_dpo(o, cfg)
     return RunSpec(cfg, o.attention, T=window, accum=accum, precision=precision,
                    loss_scale=run_loss_scale(o, precision), recompute=o.recompute, lora=lora, optimizer=optimizer,
-                   dpo=run_dpo(o, cfg))
+                   dpo=dpo, packed=is_chat_file(o.data) and dpo is None)
 
 
 def run_dpo(o: TrainOptions, cfg) -> float | None:

@@ -136,8 +136,7 @@ def setup(o: TrainOptions, gpu: GPU | None = None, held: ckpt.Checkpoint | None 
     if isinstance(data, (ChatData, PreferenceData)) and o.ctx is None:     # windows of the records at hand
         data.T = rows_for(r.spec.T, data.longest(), CHAT_LEAST)
         r = dataclasses.replace(r, spec=r.spec.with_(T=data.T))
-    if isinstance(data, ChatData):                # several conversations a window, each attending within itself
-        r = dataclasses.replace(r, spec=r.spec.with_(packed=True))
+    assert r.spec.packed == isinstance(data, ChatData), (r.spec.packed, type(data))   # recipe.run_spec's decision
     gpu = gpu or GPU()
     plan = make_plan(gpu, o.kernels)
     mem = memory_budget(r.spec, plan, device_limits(gpu), r.settings.sample_tokens)
