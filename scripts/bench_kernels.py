@@ -404,9 +404,11 @@ def storage_cases(gpu, rows, M, V, rng):
     yield "copy_block", "scalar", f"{rows}x{V} into {rows}x{2 * V}", d, lambda: np.abs(gpu.read(out) - want).max()
 
 
-def decode_cases(gpu, N, T, C, H, V, rng):
+def decode_cases(gpu, N, T, C, M, H, V, rng):
     """decode.wgsl's kernels at one decode step of N sequences at the last position of a T-row
-    cache (one variant each, listed as scalar), and attn_decode over a multi-query cache (grouped)."""
+    cache (one variant each, listed as scalar; attn_decode also a vec4 at a time where the head dim
+    allows), attn_decode over a multi-query cache (grouped), and one sequence's products
+    (rows_cases)."""
     f64 = lambda a: np.asarray(a, np.float64)
     up, pos = gpu.upload, T - 1
     kn = Kernels(gpu, PORTABLE)
@@ -425,9 +427,10 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     yield "kv_append", "scalar", f"{N}x{T}x{C}", d, lambda: max(np.abs(gpu.read(kc) - wk).max(),
                                                                 np.abs(gpu.read(vc) - wv).max())
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    d = kn.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u)
     want = R.attn_decode(f64(q), f64(wk), f64(wv), pos, H)
-    yield "attn_decode", "scalar", f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
+    for variant in ("scalar", "vec4") if (C // H) % 4 == 0 else ("scalar",):
+        d = kn.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u, variant=variant)
+        yield "attn_decode", variant, f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
     if H > 1:            # multi-query: every query head reads one key/value head's cache [N, T, hd]
         ug, hd = gpu.uniform(K.DECODE_UNIFORM_BYTES), C // H
         gpu.queue.write_buffer(ug, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, KV=1))
@@ -441,6 +444,28 @@ def decode_cases(gpu, N, T, C, H, V, rng):
     d = kn.sample_tokens(up(logits), tid, N, u)
     want_ids = R.sample_tokens(logits, 0.8, 40, 0.95, 7, 0)     # tokens: the error is how many differ
     yield "sample_tokens", "scalar", f"{N}x{V}", d, lambda: float(np.sum(gpu.read(tid)[:N] != want_ids))
+    yield from rows_cases(gpu, kn, 1, C, M, V, rng)             # one sequence's step
+
+
+def rows_cases(gpu, kn, N, C, M, V, rng):
+    """A decode step's products of N rows (matmul_words.wgsl's matmul_rows, matmul_abt_rows): the
+    MLP's up projection [C, M] as A @ B, and the tied head [V, C] as A @ B^T, float32 and bf16,
+    beside the scalar template at the same shape (the speedup's baseline)."""
+    a = rng.standard_normal((N, C)).astype(np.float32)
+    forms = {"matmul": (rng.standard_normal((C, M)).astype(np.float32), M),
+             "matmul_abt": (rng.standard_normal((V, C)).astype(np.float32), V)}
+    pk = lambda x: R.cast_bf16(x).reshape(len(x), -1)
+    up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
+    for entry, (b, n) in forms.items():
+        if not K.rows_ok(kn.plan, entry, N, n, C):
+            continue
+        out = gpu.tensor((N, n))
+        launch = kn.matmul if entry == "matmul" else \
+            lambda A, B, bias, o, *shape, **kw: kn.matmul_abt(A, B, o, *shape, **kw)
+        for variant, (A, B) in (("scalar", (a, b)), ("f32", (a, b)), ("bf16", (pk(a), pk(b)))):
+            d = launch(up(A), up(B), None, out, N, n, C, variant="scalar" if variant == "scalar" else "rows")
+            want = (R.matmul_rows if entry == "matmul" else R.matmul_abt_rows)(A, B)
+            yield f"{entry} {N} rows", variant, f"{N}x{n}x{C}", d, lambda w=want, o=out: np.abs(gpu.read(o) - w).max()
 
 
 def half_cases(gpu, rows, C, M, N, T, H, rng):
@@ -484,9 +509,11 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
     d = kn.kv_append_half(t(k), t(v), kc, vc, N, C, u)
     yield "kv_append", half, f"{N}x{T}x{C}", d, lambda: float(np.sum(gpu.read(kc) != wk) + np.sum(gpu.read(vc) != wv))
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    d = kn.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u)
     want = R.attn_decode_half(q, wk, wv, pos, H, half)
-    yield "attn_decode", half, f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
+    for variant in ("scalar", "vec4") if (C // H) % 8 == 0 else ("scalar",):     # vec4: 8 values a load
+        d = kn.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u, variant=variant)
+        yield "attn_decode", half + " vec4" * (variant == "vec4"), f"{N}x{H}x{T}", d, \
+            lambda: np.abs(gpu.read(out) - want).max()
 
 
 def main(argv=None):
@@ -505,7 +532,7 @@ def main(argv=None):
     for kernel, variant, shape, d, check in [*cases(gpu, rows, C, M, V, n, rng), *storage_cases(gpu, rows, M, V, rng),
                                              *rope_cases(gpu, rows, cfg.ctx, C, cfg.heads, rng),
                                              *block_cases(gpu, rows, C, M, V, cfg.heads, rng),
-                                             *decode_cases(gpu, cfg.batch, cfg.ctx, C, cfg.heads, V, rng),
+                                             *decode_cases(gpu, cfg.batch, cfg.ctx, C, M, cfg.heads, V, rng),
                                              *half_cases(gpu, rows, C, M, cfg.batch, cfg.ctx, cfg.heads, rng)]:
         room = OPTIMIZERS.get(d.kernel.name)      # an optimizer's entry point: its twin is in its room
         if not (hasattr(R, d.kernel.name) or hasattr(RA, d.kernel.name)) and getattr(room, "twin", None) is None:

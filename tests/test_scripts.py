@@ -94,7 +94,8 @@ def test_bench_kernels_json(gpu):
     half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache
     want |= {("gelu_forward", "f16"), ("gelu_backward", "f16"), ("layernorm_forward", "f16"),
              ("cast_f16", "scalar"), ("cast_f16_to_f32", "scalar")} if half == "f16" else set()
-    want |= {("kv_append", half), ("attn_decode", half)}
+    want |= {("kv_append", half), ("attn_decode", half), ("attn_decode", half + " vec4"), ("attn_decode", "vec4")}
+    want |= {(f"{e} 1 rows", v) for e in ("matmul", "matmul_abt") for v in ("scalar", "f32", "bf16")}
     want |= {("newton_schulz", "each"), ("newton_schulz", "batched")}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
     for r in rows:

@@ -915,12 +915,15 @@ class Kernels:
         """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, W], W the key/value heads' width)"""
         return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * W // 64)))
 
-    def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
+    def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
         """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
         window > 0), per head, each query head reading its key/value head's channels of the caches
-        (the uniform's KV heads); scratch [N, H, T]."""
+        (the uniform's KV heads); scratch [N, H, T]. variant: "vec4" (attn_decode4: a head dim
+        that is a multiple of 4) where the head dim allows it, else "scalar"."""
         hd = q.size // N // H                                     # q: [N, H * hd] floats
-        entry = "attn_decode4" if hd % 4 == 0 else "attn_decode"   # a vec4 at a time where it can
+        variant = variant or ("vec4" if hd % 4 == 0 else "scalar")
+        assert variant == "scalar" or hd % 4 == 0, (variant, hd)
+        entry = "attn_decode4" if variant == "vec4" else "attn_decode"
         k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, windowed(window) or None)
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
@@ -930,12 +933,16 @@ class Kernels:
         k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": DTYPES[k.dtype].half})
         return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * W // 128)))
 
-    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0) -> Dispatch:
-        """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32."""
+    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
+        """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32;
+        variant "vec4" (attn_decode_half4: 8 values a load, a head dim that is a multiple of 8)
+        where the head dim allows it, else "scalar"."""
         assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and not DTYPES[out.dtype].packed, \
             (q.dtype, out.dtype)
         hd = q.size * DTYPES[q.dtype].per_word // N // H          # q: [N, H * hd] values, two a word
-        entry = "attn_decode_half4" if hd % 8 == 0 else "attn_decode_half"   # 8 values a load where it can
+        variant = variant or ("vec4" if hd % 8 == 0 else "scalar")
+        assert variant == "scalar" or hd % 8 == 0, (variant, hd)
+        entry = "attn_decode_half4" if variant == "vec4" else "attn_decode_half"
         k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, {"HALF": DTYPES[q.dtype].half, **windowed(window)})
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
