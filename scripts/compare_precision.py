@@ -53,7 +53,7 @@ def run(gpu, plan, cfg, name, precision, batches, xs, ys, log_every, optimizer="
         if i % log_every == 0 or i == len(batches) - 1:
             curve.append((i, m.loss()))
     secs = time.perf_counter() - t0
-    scaler = m.gate_state() if m.scaled else None
+    scaler = m.gate_state() if m.spec.scaled else None
     ev = Model(gpu, plan, RunSpec(cfg, "online", B=cfg.batch, training=False, precision=PRECISIONS[precision]))
     ev.set_params(m.get_params())
     val = ev.mean_loss(xs, ys)

@@ -51,7 +51,7 @@ def test_eval_with_the_binding_limit_forced_low(gpu, plan, monkeypatch):
         for training in (True, False):  # the trainer's validation and `tinygpt eval`
             m = Model(gpu, plan, RunSpec(cfg, "online", training=training))
             m.set_params(params)
-            got[(limit, training)] = (len(m.chunks), m.mean_loss(xs, ys))
+            got[(limit, training)] = (len(m.layout.logit_chunks), m.mean_loss(xs, ys))
     assert got[(None, True)][0] == 1 and got[(600_000, False)][0] == 4
     for key, (_, loss) in got.items():
         check(f"mean loss, limit {key[0]}, training={key[1]}", loss, want, atol=2e-5, rtol=2e-6)
@@ -63,7 +63,7 @@ def test_eval_gpt2_vocabulary_small_preset(gpu, plan):
     params = spread_params(cfg)
     m = Model(gpu, plan, RunSpec(cfg, "online", training=False))
     m.set_params(params)
-    print(f"logit chunks: {len(m.chunks)} ({m.chunks[:2]}...)")
+    print(f"logit chunks: {len(m.layout.logit_chunks)} ({m.layout.logit_chunks[:2]}...)")
     n = cfg.batch + 3                       # two batches, the second padded
     xs, ys = windows(cfg.vocab, n, cfg.ctx)
     want = ref_mean_loss(params, cfg, xs, ys)

@@ -260,7 +260,7 @@ def test_the_numerics_check_judges_every_f16_kernel_a_model_uses(gpu, f16, monke
     from tinygpt.model.decode import Decoder
     Decoder(gpu, plan.with_(decode="cache"), decoder_spec(cfg, precision=F16), capacity=8)     # its step's kernels too
     assert ("decode", ()) in numerics._VERDICTS[gpu] and not numerics._VERDICTS[gpu][("decode", ())]
-    used = numerics.half_kernels(m._fwd + m._bwd + m._opt)
+    used = numerics.half_kernels(m.graph.fwd + m.graph.bwd + m.graph.opt)
     monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
     monkeypatch.setattr(numerics.R, "matmul_atb_f16", lambda a, b, out_f16=False: np.zeros((a.shape[1], b.shape[1])))
     with pytest.raises(numerics.NumericsError) as e:
@@ -286,7 +286,7 @@ def test_a_precision_with_a_feature_finds_its_kernels_and_refuses_one_it_cannot_
     from tinygpt.model.gpt import Model
     plan = make_plan(gpu)
     m = Model(gpu, plan, RunSpec(preset("tiny", batch=2, ctx=16), "naive", precision=BF16))
-    found = numerics.half_kernels(m._fwd + m._bwd + m._opt + m._copy_weights, BF16.stored)
+    found = numerics.half_kernels(m.graph.fwd + m.graph.bwd + m.graph.opt + m.graph.copy_weights, BF16.stored)
     names = {e for e, _ in found}
     print(sorted(names))
     assert {"layernorm_forward_bf16", "gelu_forward_bf16", "gelu_backward_bf16"} <= names

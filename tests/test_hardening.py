@@ -184,7 +184,7 @@ def test_large_logits_are_split_not_refused(gpu, plan, monkeypatch):
         for _ in range(3):
             m.step(x[:, :-1], x[:, 1:], 1e-3)
             losses.append(m.loss())
-        runs.append((len(m.chunks), losses, m.get_params()["tok_emb"]))
+        runs.append((len(m.layout.logit_chunks), losses, m.get_params()["tok_emb"]))
     assert runs[0][0] == 1 and runs[1][0] == 2
     np.testing.assert_allclose(runs[1][1], runs[0][1], atol=1e-5)
     np.testing.assert_allclose(runs[1][2], runs[0][2], atol=1e-5)

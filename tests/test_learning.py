@@ -255,7 +255,7 @@ def test_inspect_weights_are_the_reference_softmax(gpu, plan, monkeypatch, T, li
     if limit and vocab == 256:
         assert len(insp.model.att[0].weights()) == 3    # [201, 201] floats a head: one head a chunk
     if limit and vocab > 256:
-        assert len(logit_chunks(T, insp.model.VP, gpu.max_binding)) == 3 and len(insp.model.chunks) == 3
+        assert len(logit_chunks(T, insp.model.layout.VP, gpu.max_binding)) == 3 and len(insp.model.layout.logit_chunks) == 3
     ins = insp.run(params, ids)
     want_w, want_p = reference_inspection(params, cfg, ids)
     check(f"attention weights T={T}", ins.weights, want_w, atol=2e-6)

@@ -91,22 +91,22 @@ def test_step0_gradients_of_the_adapters(gpu, case, monkeypatch):
     x, y = batch(cfg)
     m = Model(gpu, plan, RunSpec(cfg, "online", precision=precision, lora=lora))
     if "split" in case or "GPT-2" in case:
-        assert len(m.head.vchunks) > 1 and len(m.flat_chunks) >= 1
-        assert len(m.base_chunks) > 1, "the frozen base is bound in one piece"
+        assert len(m.head.vchunks) > 1 and len(m.layout.flat_chunks) >= 1
+        assert len(m.layout.base_chunks) > 1, "the frozen base is bound in one piece"
     if "parts" in case:
         from tinygpt.model.layout import Parts
         assert all(isinstance(m.buf[r], Parts) for r in ("base", "base copy")), "the base is one buffer"
-        print(f"the base in {len(m.buf['base'].tensors)} parts of {m.part:,} floats")
+        print(f"the base in {len(m.buf['base'].tensors)} parts of {m.layout.part:,} floats")
     m.set_params(params)
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision, lora=lora)
-    scale = m.gate_state()["scale"] if m.scaled else 1.0
+    scale = m.gate_state()["scale"] if m.spec.scaled else 1.0
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
     lt = 1e-4 if name == "fp32" else 5e-3           # 16 bits: a rounding edge flips and carries through the layers
     check(f"{case}: logits", m.logits_of(x), logits, lt * np.abs(logits).max())
     m.grads_only(x, y)
     check(f"{case}: loss", m.loss(), loss, lt * abs(loss))
     G = m.get_grads()
-    if m.scaled:
+    if m.spec.scaled:
         G = {k: v / scale for k, v in G.items()}
     want_names = {n for n, _, _ in LR.trainable_shapes(cfg, lora)}
     assert set(G) == want_names

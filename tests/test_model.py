@@ -60,7 +60,7 @@ def check_step0(gpu, plan, cfg, names=None, limit=None, monkeypatch=None, keep=F
         # scale is floored: below 1e-6 a gradient is round-off, not signal.
         scale = max(np.abs(want).max(), 1e-6)
         check(f"grad {name} (tol 1e-4 x {scale:.2e})", G[name], want, 1e-4 * scale)
-    return (len(m.chunks), m) if keep else len(m.chunks)
+    return (len(m.layout.logit_chunks), m) if keep else len(m.layout.logit_chunks)
 
 
 @pytest.mark.parametrize("vocab", [256, 301])  # 301: padded to 304 inside, for the vec4 head
@@ -152,7 +152,7 @@ def test_step0_with_every_matmul_tiled(gpu, monkeypatch):
     check_step0(gpu, plan, preset("tiny", vocab=301))
     m = check_step0(gpu, plan, preset("tiny", vocab=301, position="rope", norm="rmsnorm", activation="swiglu"),
                     keep=True)[1]       # q and k turned where the tiled projections store them
-    assert sum(d.kernel.name == "matmul_rope_tiled" for d in m._fwd) == 2 * m.cfg.layers
+    assert sum(d.kernel.name == "matmul_rope_tiled" for d in m.graph.fwd) == 2 * m.cfg.layers
     monkeypatch.setitem(gpu.limits, "max-compute-workgroup-storage-size", 4096)    # the tile no longer fits
     assert make_plan(gpu, tuning={}).matmul == "vec4"
 
@@ -194,14 +194,14 @@ def test_step0_with_heads_apart_split_by_a_forced_limit(gpu, plan, monkeypatch, 
         names = ("tok_emb", "lm_head", "h0.Wq", "h0.Wk", "h0.Wv", "h0.Wo", "h0.fc_gate_W", "h0.fc_in_W", "ln_f_g")
     n, m = check_step0(gpu, plan, cfg, names=names, limit=limit, monkeypatch=monkeypatch, keep=True,
                        attention=attention)
-    print(f"{case}: logit chunks {n}, token table chunks {m.head.vchunks}, head chunks {m.size['head_chunks']}")
+    print(f"{case}: logit chunks {n}, token table chunks {m.head.vchunks}, head chunks {m.layout.size['head_chunks']}")
     assert len(m.head.vchunks) == 2 and cfg.block.heads.apart
     if case == "score heads":
-        assert n > 1 and len(m.size["head_chunks"]) > 1
+        assert n > 1 and len(m.layout.size["head_chunks"]) > 1
     else:                       # 32 rows of logits fit one binding; the flat buffers are bound in chunks
-        assert len(m.flat_chunks) > 1
+        assert len(m.layout.flat_chunks) > 1
     if case.startswith("rotary"):
-        turned = [d.kernel.name for d in m._fwd + m._bwd if "rope" in d.kernel.name]
+        turned = [d.kernel.name for d in m.graph.fwd + m.graph.bwd if "rope" in d.kernel.name]
         print("turned:", sorted(set(turned)))
         assert sum(n.startswith("matmul_rope") for n in turned) == 2
         assert sum(n.startswith("attn_online_d") for n in turned) == 2 and "rope_backward" not in turned
@@ -214,8 +214,8 @@ def test_step0_gpt2_vocabulary_with_the_token_embedding_split_by_a_forced_limit(
     check_step0(gpu, plan, cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.fc_out_W", "ln_f_g"), limit=13_000_000,
                 monkeypatch=monkeypatch)
     m = Model(gpu, plan, RunSpec(cfg, "online"))
-    print(f"token table chunks {m.head.vchunks}, flat chunks {len(m.flat_chunks)}")
-    assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
+    print(f"token table chunks {m.head.vchunks}, flat chunks {len(m.layout.flat_chunks)}")
+    assert len(m.head.vchunks) == 2 and len(m.layout.flat_chunks) > 1
 
 
 def test_split_token_embedding_trains_as_the_whole_one(gpu, plan, monkeypatch):
@@ -335,15 +335,15 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     logits, loss, cache = RG.forward(f64(params), cfg, x, y, precision=precision)
     grads = RG.backward(f64(params), cfg, cache, loss_scale=scale)
     m = Model(gpu, plan, RunSpec(cfg, "online", precision=precision))
-    assert m.head.split == ("split" in which) and (which != "split" or len(m.chunks) == 4)
-    assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1)
+    assert m.head.split == ("split" in which) and (which != "split" or len(m.layout.logit_chunks) == 4)
+    assert which != "GPT-2 split" or (len(m.head.vchunks) == 2 and len(m.layout.flat_chunks) > 1)
     if which == "a GPU's":   # the GPU shapes in this precision, not float32 copies
-        built = {(d.kernel.file, d.kernel.constants, d.kernel.fill) for d in m._fwd + m._bwd}
+        built = {(d.kernel.file, d.kernel.constants, d.kernel.fill) for d in m.graph.fwd + m.graph.bwd}
         assert any(f == "online.wgsl" and (half.upper(), True) in c for f, c, _ in built), built
         products = "f16" if half == "f16" else "f32"
         assert any(f == "matmul_tiled.wgsl" and ("A_HALF", True) in c and p == products for f, c, p in built)
     if which.startswith("llama"):   # 16-bit q and k: stored, then turned (the reference rounds them there)
-        assert sum(d.kernel.name == "rope_forward" for d in m._fwd) == 2 * cfg.layers
+        assert sum(d.kernel.name == "rope_forward" for d in m.graph.fwd) == 2 * cfg.layers
     m.set_params(params)
     check(f"{half} logits (3e-3 of scale)", m.logits_of(x), logits, 3e-3 * np.abs(logits).max())
     m.grads_only(x, y)
@@ -571,13 +571,13 @@ def test_packed_windows_with_every_split_a_forced_limit_makes(gpu, plan, monkeyp
         lengths, limit, attention, accum = PACKED_WINDOWS, 13_000_000, "online", 2
         names = ("tok_emb", "pos_emb", "h0.Wq", "h0.Wk", "h0.Wv", "h0.Wo", "h0.fc_out_W", "ln_f_g")
     m = check_packed(gpu, plan, cfg, attention, lengths, names, f"packed, {case} split", monkeypatch, limit, accum)
-    print(f"{case}: token table chunks {m.head.vchunks}, head chunks {m.size['head_chunks']}, "
-          f"logit chunks {len(m.chunks)}, flat chunks {len(m.flat_chunks)}")
+    print(f"{case}: token table chunks {m.head.vchunks}, head chunks {m.layout.size['head_chunks']}, "
+          f"logit chunks {len(m.layout.logit_chunks)}, flat chunks {len(m.layout.flat_chunks)}")
     assert len(m.head.vchunks) == 2
     if case == "score heads":
-        assert len(m.chunks) > 1 and len(m.size["head_chunks"]) > 1
+        assert len(m.layout.logit_chunks) > 1 and len(m.layout.size["head_chunks"]) > 1
     else:
-        assert len(m.flat_chunks) > 1
+        assert len(m.layout.flat_chunks) > 1
 
 
 def test_dpo_loss_and_gradients_against_float64(gpu, plan):
@@ -674,9 +674,9 @@ def test_flat_buffers_split_by_a_forced_limit_train_bit_for_bit(gpu, plan, monke
             monkeypatch.setitem(gpu.limits, "max-storage-buffer-binding-size", limit)
         m = Model(gpu, plan, RunSpec(cfg, "online", accum=2, optimizer=make_settings(opt)))
         if limit:
-            assert len(m.flat_chunks) > 1 and m.flat_chunks == flat_chunks(
-                m.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])
-            print(f"flat buffers of {m.n_flat:,} floats in {len(m.flat_chunks)} chunks")
+            assert len(m.layout.flat_chunks) > 1 and m.layout.flat_chunks == flat_chunks(
+                m.layout.n_flat, gpu.max_binding, gpu.limits["min-storage-buffer-offset-alignment"])
+            print(f"flat buffers of {m.layout.n_flat:,} floats in {len(m.layout.flat_chunks)} chunks")
         out[limit] = steps_and_state(m, params, xs, opt)
     (l0, p0, v0), (l1, p1, v1) = out.values()
     assert l0 == l1
@@ -710,9 +710,9 @@ def test_flat_arrays_over_a_forced_buffer_limit_lie_in_parts(gpu, plan, monkeypa
                                                                                 else [])
             parts = {r: len(m.buf[r].tensors) for r in rows if isinstance(m.buf[r], Parts)}
             assert set(parts) == set(rows) and min(parts.values()) > 1, parts
-            assert all(off // m.part == (off + np.prod(s) - 1) // m.part for off, s in m.offsets.values())
-            assert m.flat_chunks == flat_chunks(m.n_flat, gpu.max_binding, 256, m.part)
-            print(f"{m.n_flat:,} floats in parts of {m.part:,}: {parts}; {len(m.flat_chunks)} chunks")
+            assert all(off // m.layout.part == (off + np.prod(s) - 1) // m.layout.part for off, s in m.layout.offsets.values())
+            assert m.layout.flat_chunks == flat_chunks(m.layout.n_flat, gpu.max_binding, 256, m.layout.part)
+            print(f"{m.layout.n_flat:,} floats in parts of {m.layout.part:,}: {parts}; {len(m.layout.flat_chunks)} chunks")
         out[limit] = steps_and_state(m, params, xs, opt)
     (l0, p0, v0), (l1, p1, v1) = out.values()
     print("losses, one buffer:", l0, "in parts:", l1)

@@ -198,7 +198,7 @@ def test_step0_windowed_gpt2_vocabulary_with_the_token_embedding_split_by_a_forc
     cfg = preset("tiny", layers=1, d_model=128, heads=2, vocab=50257, batch=2, ctx=16, window=3)
     n, m = check_step0(gpu, make_plan(gpu), cfg, names=("tok_emb", "pos_emb", "h0.Wq", "h0.Wk", "ln_f_g"),
                        limit=13_000_000, monkeypatch=monkeypatch, keep=True)
-    assert len(m.head.vchunks) == 2 and len(m.flat_chunks) > 1
+    assert len(m.head.vchunks) == 2 and len(m.layout.flat_chunks) > 1
 
 
 # ---- files, from outside -----------------------------------------------------------------------

@@ -532,7 +532,7 @@ class Trainer:
         if model.step_count >= self.end:
             raise UsageError(f"train: this run planned {self.end:,} steps and has taken them; make another trainer")
         self.lr = run.schedule.at(model.step_count)
-        batch = run.data.sample(run.rng, model.B * model.accum)
+        batch = run.data.sample(run.rng, model.B * model.spec.accum)
         model.step(*batch[:2], self.lr, *batch[2:])
         return self.lr
 

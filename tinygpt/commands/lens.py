@@ -49,14 +49,14 @@ class Inspector:
     def __init__(self, gpu: GPU, plan: KernelPlan, cfg: Config, T: int):
         self.cfg, self.T = cfg, T
         self.model = m = Model(gpu, plan, RunSpec(cfg, inspection(), B=1, T=T, training=False))
-        C, VP = cfg.d_model, m.VP
+        C, VP = cfg.d_model, m.layout.VP
         self.ln, self.stats = gpu.tensor((T, C), name="lens.ln"), gpu.tensor((2, T), name="lens.stats")  # [T,C] [2,T]
         chunks = logit_chunks(T, VP, gpu.max_binding)  # bound a chunk of rows at a time when too large
         self.logits = Tensor(gpu.buffer(4 * T * VP, "lens.logits", binding=len(chunks) == 1), 0, (T, VP), "f32",
                              "lens.logits")                                                         # [T,VP]
         # one list of dispatches per residual stream x_0 .. x_L
         head = [d for r0, n in chunks for d in m.head.forward(rows(self.ln, r0, n), rows(self.logits, r0, n), n)]
-        self.lens = [[m.kn.layernorm_forward(x, m.P["ln_f"], self.ln, self.stats, T, C)] + head for x in m.residuals]
+        self.lens = [[m.kn.layernorm_forward(x, m.P["ln_f"], self.ln, self.stats, T, C)] + head for x in m.buf["x"]]
 
     def run(self, params: dict, ids) -> Inspection:
         m, gpu, cfg, T = self.model, self.model.gpu, self.cfg, self.T

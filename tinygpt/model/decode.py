@@ -83,7 +83,7 @@ class Decoder:
         self.cache = self.mode == "cache"
         self.model = Model(gpu, plan, spec.with_(lm_head=not self.cache))
         self.kn = self.model.kn
-        self.VP = self.model.VP
+        self.VP = self.model.layout.VP
         self.uniform = gpu.uniform(DECODE_UNIFORM_BYTES)
         self.allocations, size = buffers.decode_rows(cfg, N, capacity, precision, self.cache, gpu.max_binding)
         self.buf = buffers.allocate(gpu, self.allocations, size)
@@ -100,10 +100,10 @@ class Decoder:
             if precision.feature:          # the decode step's own f16 kernels, judged as the model's were
                 numerics.check(gpu, plan, numerics.half_kernels(self.steps, precision.stored), precision.name)
             return
-        if len(self.model.chunks) > 1:  # the sampler binds every logits row at once
+        if len(self.model.layout.logit_chunks) > 1:  # the sampler binds every logits row at once
             raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
                              f"({gpu.max_binding:,} bytes): sample with the key/value cache, or fewer samples")
-        self.steps = [self.kn.sample_tokens(self.model.logits, self.ids, N, self.uniform)]
+        self.steps = [self.kn.sample_tokens(self.model.buf["logits"], self.ids, N, self.uniform)]
 
     def _record_step(self) -> list:
         """One token of every sequence: embed, every block with the cache as its attention, the

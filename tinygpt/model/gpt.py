@@ -7,8 +7,6 @@ reads the loss when it is shown. The flat parameter layout is model.layout's.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -16,19 +14,18 @@ import numpy as np
 from ..core.config import UNSCORED
 from ..core.dpo import preference_stats
 from ..core.lora import trainable_shapes
-from ..core.block import HEAD_TABLES
 from ..core.init import token_buckets
 from ..core.rope import rope_table
 from ..device import numerics
-from ..device.gpu import GPU, PER_WORD
+from ..device.gpu import GPU
 from ..device.kernels import Kernels
 from ..device.plan import KernelPlan
 from . import buffers
 from . import record
 from .block import MATRICES, PolicyKernels
 from .head import Head
-from .layout import LOSS_SLOT, batch_layout, flat_chunks, flat_part, flat_view, logit_chunks, padded_vocab, \
-    param_layout, read_tensors, write_tensors
+from .layout import LOSS_SLOT, FlatLayout, batch_layout, flat_chunks, flat_part, flat_view, logit_chunks, \
+    padded_vocab, param_layout, param_views, read_tensors, write_tensors
 from .optim import Gate
 from .optimizers import make_optimizer
 from .spec import RunSpec
@@ -66,6 +63,44 @@ class HeldOrder(Mapping):
         return len(self.params)
 
 
+class Recorded:
+    """A model's recorded dispatches, each list a part of the submissions Model makes: the
+    forward; the loss (cross-entropy over the logits' chunks, each micro-batch's reduction, what
+    follows it), the rows' losses of an evaluation; the backward (the first micro-batch's, the
+    later ones'), the optimizer's step; the weights' copies the policy's matmuls read."""
+
+    def __init__(self):
+        self.fwd, self.reduce, self.ce, self.after, self.eval_rows, self.loss = [], [], [], [], [], []
+        self.bwd, self.bwd_more, self.opt, self.copy_weights, self.copy_base = [], [], [], [], []
+
+    def every(self) -> list:
+        """Every recorded dispatch (the numerics check judges their kernels)."""
+        return (self.fwd + self.loss + self.eval_rows + self.bwd + self.bwd_more + self.opt + self.copy_weights
+                + self.copy_base)
+
+
+def model_layout(gpu: GPU, plan: KernelPlan, spec: RunSpec, optimizer) -> FlatLayout:
+    """Where a model's things lie on this device (layout.FlatLayout), from its spec and the
+    device's limits, before anything is allocated."""
+    cfg = spec.cfg
+    VP = padded_vocab(cfg.vocab)                                       # logits row stride
+    trainable = trainable_shapes(cfg, spec.lora)                       # what the optimizer updates
+    align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
+    part = flat_part(gpu.max_buffer, align)                            # a flat array's floats a device buffer
+    offsets, n_flat = param_layout(cfg, trainable, part)
+    base, n_base = param_layout(cfg, part=part)
+    rows, size = buffers.model_rows(spec, plan, gpu.max_binding, optimizer, part)
+    return FlatLayout(
+        VP=VP, trainable=trainable, part=part, offsets=offsets, n_flat=n_flat,
+        base_offsets=base if spec.lora else None,                     # a LoRA run's frozen model
+        logit_chunks=logit_chunks(spec.B * spec.T, VP, gpu.max_binding) if spec.lm_head else [],
+        flat_chunks=flat_chunks(n_flat, gpu.max_binding, align, part),
+        base_chunks=flat_chunks(n_base, gpu.max_binding, align, part) if spec.lora else [],
+        batch_parts=batch_layout(spec.B * spec.T, cfg.vocab, spec.B if spec.dpo is not None else 0,
+                                 spec.T if spec.packed else 0)[0],
+        rows=rows, size=size)
+
+
 class Model:
     """A GPT built as its run spec says (model.spec.RunSpec: the config, [B, T] tokens a step, the
     precision policy, the attention path, ...), on `gpu` under the kernel plan `plan`. What the
@@ -84,145 +119,101 @@ class Model:
 
     def __init__(self, gpu: GPU, plan: KernelPlan, spec: RunSpec):
         cfg, precision = spec.cfg, spec.precision
-        self.gpu, self.plan, self.spec, self.cfg, self.precision, self.lora = gpu, plan, spec, cfg, precision, spec.lora
-        self.training, self.accum, self.attention, self.dpo = spec.training, spec.accum, spec.attention, spec.dpo
-        self.packed = spec.packed
-        self.recompute = spec.recompute
-        self.scaled = spec.training and precision.loss_scaling
+        self.gpu, self.plan, self.spec, self.cfg, self.precision = gpu, plan, spec, cfg, precision
+        self.B, self.T = spec.B, spec.T
         self.optimizer = make_optimizer(spec.optimizer) if spec.training else None
         self.kn = Kernels(gpu, plan)
         self.pk = PolicyKernels(self.kn, precision, cfg.block)
-        self.B, self.T = spec.B, spec.T
-        self.VP = padded_vocab(cfg.vocab)                                       # logits row stride
-        self.trainable = trainable_shapes(cfg, spec.lora)                                  # what the optimizer updates
-        align = int(gpu.limits.get("min-storage-buffer-offset-alignment", 256))
-        self.part = flat_part(gpu.max_buffer, align)          # a flat array's floats a device buffer
-        self.offsets, self.n_flat = param_layout(cfg, self.trainable, self.part)
-        base, n_base = param_layout(cfg, part=self.part)
-        self.base_offsets = base if spec.lora else None                               # a LoRA run's frozen model
+        self.layout = model_layout(gpu, plan, spec, self.optimizer)
         record.check_fits(self)
-        self.chunks = logit_chunks(self.B * self.T, self.VP, gpu.max_binding) if spec.lm_head else []
-        self.flat_chunks = flat_chunks(self.n_flat, gpu.max_binding, align, self.part)
-        self.base_chunks = flat_chunks(n_base, gpu.max_binding, align, self.part) if spec.lora else []
-        self.buf = self._allocate()
+        self.buf = buffers.allocate(gpu, self.layout.rows, self.layout.size,
+                                    {"logits": len(self.layout.logit_chunks)})
         self._views()
         if "rope table" in self.buf:          # a rotary model's angles, made once on the host (core.rope)
             gpu.write(self.buf["rope table"], rope_table(cfg.ctx, cfg.hd, cfg.rope_theta,
                                                                   scaling=cfg.rope_scaling).reshape(-1))
         if "ones" in self.buf:                # the gains of norms without weights
-            gpu.write(self.buf["ones"], np.ones(self.size["ones"], np.float32))
-        self._copy_weights = record.weight_copy(self)
-        self._copy_base = record.weight_copy(self, "base")      # a LoRA run's frozen copy: made once, when set
-        if self.scaled:
+            gpu.write(self.buf["ones"], np.ones(self.layout.size["ones"], np.float32))
+        graph = self.graph = Recorded()
+        graph.copy_weights = record.weight_copy(self)
+        graph.copy_base = record.weight_copy(self, "base")      # a LoRA run's frozen copy: made once, when set
+        if spec.scaled:
             self.set_gate(scale=spec.loss_scale, clean=0, skipped=0, taken=0)
         self.att = [record.layer_attention(self, l) for l in range(cfg.layers)]
         self.head = Head(self.kn, self.pk, self.P["tok_emb"], self.read[cfg.block.head], cfg.d_model,
-                         max((n for _, n in self.chunks), default=0), self.buf.get("head block"))
-        self._fwd = record.forward(self)
-        self._reduce, self._ce, self._after, self._eval_rows = record.losses(self, spec.lm_head)
-        self._loss = self._ce + self._reduce[:1] + self._after     # one micro-batch's, in order
-        self._scored = self.accum * self.B * self.T         # the targets the recorded loss scales mean over
-        self._bwd, self._bwd_more, self._opt = [], [], []
+                         max((n for _, n in self.layout.logit_chunks), default=0), self.buf.get("head block"))
+        graph.fwd = record.forward(self)
+        graph.reduce, graph.ce, graph.after, graph.eval_rows = record.losses(self, spec.lm_head)
+        graph.loss = graph.ce + graph.reduce[:1] + graph.after     # one micro-batch's, in order
+        self._scored = spec.accum * self.B * self.T         # the targets the recorded loss scales mean over
         if spec.training:
-            self._bwd = record.backward(self, self.G)
-            self._opt = record.optimizer_step(self)
+            graph.bwd = record.backward(self, self.G)
+            graph.opt = record.optimizer_step(self)
         if spec.accum > 1:   # later micro-batches: the backward into a second buffer, added to the first
-            self._bwd_more = record.backward(self, self.G_micro) + [
-                self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.grads, f0, k), k)
-                for f0, k in self.flat_chunks]
+            graph.bwd_more = record.backward(self, self.G_micro) + [
+                self.kn.accumulate(flat_view(self.buf["grads micro"], f0, k), flat_view(self.buf["grads"], f0, k),
+                                   k)
+                for f0, k in self.layout.flat_chunks]
         if precision.feature:       # a precision WGSL has as an option: its kernels judged on this device first
-            numerics.check(gpu, plan, numerics.half_kernels(self._fwd + self._loss + self._eval_rows + self._bwd
-                                                    + self._bwd_more + self._opt + self._copy_weights
-                                                    + self._copy_base, precision.stored), precision.name)
+            numerics.check(gpu, plan, numerics.half_kernels(graph.every(), precision.stored), precision.name)
         self.step_count = 0
         self.moments_from = 0       # the step the optimizer's state started from (zero state then)
 
     # ---- building ----------------------------------------------------------------------------------
-    def _allocate(self) -> dict:
-        """This model's rows of the buffer table (self.allocations, one entry a buffer), allocated."""
-        self.allocations, self.size = buffers.model_rows(self.spec, self.plan, self.gpu.max_binding, self.optimizer,
-                                                         self.part)
-        return buffers.allocate(self.gpu, self.allocations, self.size, {"logits": len(self.chunks)})
-
     def _views(self):
-        """Names for the buffers, and views of every parameter in the flat ones."""
-        b = self.buf
-        self.params, self.batch = b["params"], b["batch"]
-        self.grads = b.get("grads")
-        self.logits, self.losses, self.loss_buf = b.get("logits"), b.get("losses"), b.get("loss slots")
-        self.gate = b.get("gate")                                # model.optim.Gate's: the clip, the loss scaler
-        self.residuals = b["x"]                                  # the stream into each block, and out of the last
-        self.batch_parts = batch_layout(self.B * self.T, self.cfg.vocab, self.B if self.dpo is not None else 0,
-                                        self.T if self.packed else 0)[0]
+        """Views of every parameter in the flat buffers: P (the float32 masters), read (what the
+        matmuls read: the policy's copy, or the masters), G and G_micro (the gradients)."""
+        b, lay, cfg = self.buf, self.layout, self.cfg
+        views = lambda flat, offsets=None: param_views(flat, lay.offsets if offsets is None else offsets, lay.VP, cfg)
         # every parameter where it lives: the trainable ones in params, a LoRA run's frozen rest in base
-        frozen = lambda key: self._param_views(b[key], self.base_offsets) if self.lora else {}
-        self.P = {**frozen("base"), **self._param_views(self.params)}
+        frozen = lambda key: views(b[key], lay.base_offsets) if self.spec.lora else {}
+        self.P = {**frozen("base"), **views(b["params"])}
         # each weight as the matmuls read it: the policy's copy, or the float32 master itself
         copy = "params copy" in b
-        self.read = {**frozen("base copy"), **self._param_views(b["params copy"])} if copy else self.P
-        self.G = self._param_views(self.grads) if self.grads is not None else None
+        self.read = {**frozen("base copy"), **views(b["params copy"])} if copy else self.P
+        self.G = views(b["grads"]) if "grads" in b else None
         if "ones" in b:             # the norms without weights read ones where a gain would be (no gradient)
-            blk, L = self.cfg.block, self.cfg.layers
+            blk, L = cfg.block, cfg.layers
             free = ([] if blk.norm.weights else ["ln_f", "ln_f_g", "ln_e", "ln_e_g"]
                     + [f"h{l}.ln{i}{g}" for l in range(L) for i in (1, 2) for g in ("", "_g")])
             free += [] if blk.qk_norm.weights else [f"h{l}.{w}_norm_g" for l in range(L) for w in "qk"]
             self.P.update({n: b["ones"] for n in free})
-        self.G_micro = self._param_views(b["grads micro"]) if "grads micro" in b else None
-
-    def _param_views(self, flat, offsets: dict | None = None) -> dict:
-        """name -> a view of that parameter in a flat array (a Tensor, or layout.Parts) of the layout
-        `offsets` (the trainable one by default; tok_emb [VP, C], its padded rows included), and "ln_f",
-        "hL.ln1", "hL.ln2" -> the norm's [g | b] as one [2, C] where the layout holds it (an RMSNorm's
-        g alone, [1, C])."""
-        per_word = PER_WORD[flat.dtype]                         # a bf16 flat buffer packs two a word
-        offsets = self.offsets if offsets is None else offsets
-        view = lambda off, shape, name: dataclasses.replace(
-            flat_view(flat, off, math.prod(shape), shape[:-1] + (shape[-1] // per_word,)), name=name)
-        out = {}
-        for name, (off, shape) in offsets.items():
-            out[name] = view(off, (self.VP, shape[1]) if name in HEAD_TABLES else tuple(shape), name)
-        C = self.cfg.d_model
-        norms = [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")]
-        for ln, gain in norms + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(self.cfg.layers)
-                                               for i in (1, 2)]:
-            if gain in offsets:
-                out[ln] = view(offsets[gain][0], (2 if gain[:-1] + "b" in offsets else 1, C), ln)
-        return out
+        self.G_micro = views(b["grads micro"]) if "grads micro" in b else None
 
     # ---- state in and out ------------------------------------------------------------------------
     def set_params(self, params: dict):
         """Every parameter (a LoRA run's: the base model's and the adapters'), each as the files hold
         it: the blocks' matrices [in, out], turned here where this model holds them [out, in]."""
         params = HeldOrder(params) if self.spec.out_in else params
-        if self.lora:
-            write_tensors(self.gpu, self.buf["base"], self.base_offsets, params)
-            if self._copy_base:
-                self.gpu.run(self._copy_base)
-        write_tensors(self.gpu, self.params, self.offsets, params)
-        if self._copy_weights:
-            self.gpu.run(self._copy_weights)
+        if self.spec.lora:
+            write_tensors(self.gpu, self.buf["base"], self.layout.base_offsets, params)
+            if self.graph.copy_base:
+                self.gpu.run(self.graph.copy_base)
+        write_tensors(self.gpu, self.buf["params"], self.layout.offsets, params)
+        if self.graph.copy_weights:
+            self.gpu.run(self.graph.copy_weights)
 
     def get_params(self) -> dict:
         """Every parameter, as set_params takes them (the trainable ones where they live)."""
-        base = read_tensors(self.gpu, self.buf["base"], self.base_offsets) if self.lora else {}
-        held = {**base, **read_tensors(self.gpu, self.params, self.offsets)}
+        base = read_tensors(self.gpu, self.buf["base"], self.layout.base_offsets) if self.spec.lora else {}
+        held = {**base, **read_tensors(self.gpu, self.buf["params"], self.layout.offsets)}
         return dict(HeldOrder(held, back=True)) if self.spec.out_in else held
 
     def get_grads(self) -> dict:
-        return read_tensors(self.gpu, self.grads, self.offsets)
+        return read_tensors(self.gpu, self.buf["grads"], self.layout.offsets)
 
     def set_opt_state(self, state: dict, steps: int):
         """The optimizer's state ({row: {parameter: array}}, its state_rows each, zeros where a row
         is missing) and the updates it has taken (its bias corrections count from there)."""
         for row in self.optimizer.state_rows:
             held = state.get(row)
-            write_tensors(self.gpu, self.buf[row], self.offsets, held if held is not None else
-                          {n: np.zeros(s, np.float32) for n, (_, s) in self.offsets.items()})
+            write_tensors(self.gpu, self.buf[row], self.layout.offsets, held if held is not None else
+                          {n: np.zeros(s, np.float32) for n, (_, s) in self.layout.offsets.items()})
         self.set_gate(taken=int(steps))
 
     def get_opt_state(self) -> dict:
         """{row: {parameter: array}} of the optimizer's state rows, read from the device."""
-        return {row: read_tensors(self.gpu, self.buf[row], self.offsets) for row in self.optimizer.state_rows}
+        return {row: read_tensors(self.gpu, self.buf[row], self.layout.offsets) for row in self.optimizer.state_rows}
 
     def opt_steps(self) -> int:
         """The updates the optimizer's state has taken (a loss scaler's skips not among them)."""
@@ -230,11 +221,11 @@ class Model:
 
     def gate_state(self) -> dict:
         """The gate's values (kernels.GATE: norm, factor, scale, skipped, taken, ...), one read."""
-        return Gate.read(self.gpu, self.gate)
+        return Gate.read(self.gpu, self.buf["gate"])
 
     def set_gate(self, **values):
         """Set any of the gate's values: scale, clean, skipped, taken (a resumed run's, or the first scale)."""
-        Gate.write(self.gpu, self.gate, **values)
+        Gate.write(self.gpu, self.buf["gate"], **values)
 
     # ---- running -----------------------------------------------------------------------------
     def write_batch(self, x: np.ndarray, y: np.ndarray | None = None, refs: np.ndarray | None = None,
@@ -244,21 +235,21 @@ class Model:
         one record a window) -> the batch buffer, in one write."""
         B, T, V = self.B, self.T, self.cfg.vocab
         x = np.asarray(x).reshape(-1)
-        data = np.zeros(self.batch.size, np.uint32)
-        data[self.batch_parts["tokens"][0]:][:B * T] = x
+        data = np.zeros(self.buf["batch"].size, np.uint32)
+        data[self.layout.batch_parts["tokens"][0]:][:B * T] = x
         if y is not None:
-            data[self.batch_parts["targets"][0]:][:B * T] = np.asarray(y).reshape(-1)
+            data[self.layout.batch_parts["targets"][0]:][:B * T] = np.asarray(y).reshape(-1)
         if refs is not None:
-            data[self.batch_parts["refs"][0]:][:B] = np.asarray(refs, np.float32).view(np.uint32)
-        if self.training:
-            put_buckets(data, self.batch_parts["buckets"][0], x, V)
-        if self.packed:
+            data[self.layout.batch_parts["refs"][0]:][:B] = np.asarray(refs, np.float32).view(np.uint32)
+        if self.spec.training:
+            put_buckets(data, self.layout.batch_parts["buckets"][0], x, V)
+        if self.spec.packed:
             docs = np.tile(np.arange(T, dtype=np.uint32), B) if docs is None else np.asarray(docs).reshape(-1)
             assert docs.shape == (B * T,) and (docs <= np.tile(np.arange(T), B)).all(), "a record before its window"
-            data[self.batch_parts["docs"][0]:][:B * T] = docs
-            if self.training:
-                put_buckets(data, self.batch_parts["pos buckets"][0], docs, T)
-        self.gpu.write(self.batch, data)
+            data[self.layout.batch_parts["docs"][0]:][:B * T] = docs
+            if self.spec.training:
+                put_buckets(data, self.layout.batch_parts["pos buckets"][0], docs, T)
+        self.gpu.write(self.buf["batch"], data)
 
     def step(self, x, y, lr: float, refs=None, docs=None):
         """One training step: forward, loss, backward, the gate, the optimizer; one submit (one per
@@ -267,7 +258,7 @@ class Model:
         [accum*B, T]: a packed model's positions of each row in its record."""
         self.step_count += 1
         self.optimizer.write_step(self.gpu, lr)
-        self._micro_batches(x, y, self._opt, refs, docs)
+        self._micro_batches(x, y, self.graph.opt, refs, docs)
 
     def grads_only(self, x, y, refs=None, docs=None):
         """Forward, loss and backward without the update (tests compare gradients)."""
@@ -275,40 +266,41 @@ class Model:
 
     def _micro_batches(self, x, y, then, refs=None, docs=None):
         x, y, B = np.asarray(x), np.asarray(y), self.B
-        assert (refs is None) == (self.dpo is None), "a DPO model's steps take the pairs' reference log-probabilities"
-        if self.dpo is None:
+        assert (refs is None) == (self.spec.dpo is None), \
+            "a DPO model's steps take the pairs' reference log-probabilities"
+        if self.spec.dpo is None:
             self._scale_loss(y)
-        for i in range(self.accum):
+        for i in range(self.spec.accum):
             part = slice(i * B, (i + 1) * B)
             self.write_batch(x[part], y[part], None if refs is None else refs[part],
                              None if docs is None else np.asarray(docs)[part])
-            bwd = self._bwd if i == 0 else self._bwd_more
-            self.gpu.run(self._fwd + self._ce + self._reduce[i:i + 1] + self._after + bwd
-                         + (then if i == self.accum - 1 else []))
+            bwd = self.graph.bwd if i == 0 else self.graph.bwd_more
+            self.gpu.run(self.graph.fwd + self.graph.ce + self.graph.reduce[i:i + 1] + self.graph.after + bwd
+                         + (then if i == self.spec.accum - 1 else []))
 
     def _scale_loss(self, y):
         """The step's loss is the mean over its scored targets (a chat file's assistant tokens; every
         target of a text): where their count differs from the last step's, the recorded scales are
         rewritten, dlogits' 1/scored and each micro-batch's slot accum/scored (loss() averages them)."""
         scored = max(1, int(np.count_nonzero(y != UNSCORED)))
-        if scored != self._scored and self._reduce:
-            for d in self._ce:
+        if scored != self._scored and self.graph.reduce:
+            for d in self.graph.ce:
                 self.kn.set_loss_scale(d, 1.0 / scored)
-            for d in self._reduce:
-                self.kn.set_loss_scale(d, self.accum / scored)
+            for d in self.graph.reduce:
+                self.kn.set_loss_scale(d, self.spec.accum / scored)
             self._scored = scored
 
     def dispatch_groups(self):
         """[(group, dispatch)] of one training step in order (the profiler times each)."""
-        return ([("forward", d) for d in self._fwd + self._loss] + [("backward", d) for d in self._bwd]
-                + [("optimizer", d) for d in self._opt])
+        return ([("forward", d) for d in self.graph.fwd + self.graph.loss] + [("backward", d) for d in self.graph.bwd]
+                + [("optimizer", d) for d in self.graph.opt])
 
     def row_losses(self, x, y, rows: int | None = None, docs=None) -> np.ndarray:
         """The next-token loss of each of the first `rows` of B*T positions (all by default):
         forward, then cross-entropy over every chunk of logits, no gradient, no update."""
         self.write_batch(x, y, docs=docs)
-        self.gpu.run(self._fwd + self._eval_rows)
-        return self.gpu.read(self.losses, count=rows or self.B * self.T)
+        self.gpu.run(self.graph.fwd + self.graph.eval_rows)
+        return self.gpu.read(self.buf["losses"], count=rows or self.B * self.T)
 
     def window_logprobs(self, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
         """Each window's log-probability of its scored targets (minus the sum of their losses, float64),
@@ -331,7 +323,7 @@ class Model:
         log-probabilities (a DPO model's windows): their DPO loss instead. docs [N, T]: packed
         windows' positions of each row in its record (a packed model's)."""
         if refs is not None:
-            return preference_stats(self.window_logprobs(np.asarray(xs), np.asarray(ys)), refs, self.dpo)["loss"]
+            return preference_stats(self.window_logprobs(np.asarray(xs), np.asarray(ys)), refs, self.spec.dpo)["loss"]
         B, T, n = self.B, self.T, len(xs)
         scored = int(np.count_nonzero(np.asarray(ys) != UNSCORED))
         if n == 0 or scored == 0:
@@ -354,16 +346,16 @@ class Model:
         """The forward alone, then `then` in the same submission; its activations (and the naive
         path's attention weights) are then readable."""
         self.write_batch(x)
-        self.gpu.run(self._fwd + list(then))
+        self.gpu.run(self.graph.fwd + list(then))
 
     def logits_of(self, x) -> np.ndarray:
         self.forward(x)
-        return self.gpu.read(self.logits)[:, :self.cfg.vocab].reshape(self.B, self.T, -1)
+        return self.gpu.read(self.buf["logits"])[:, :self.cfg.vocab].reshape(self.B, self.T, -1)
 
     def loss(self) -> float:
         """The last step's mean loss (over its micro-batches)."""
-        slots = self.gpu.read(self.loss_buf, count=LOSS_SLOT * (self.accum - 1) + 1)[::LOSS_SLOT]
-        return float(slots.astype(np.float64).mean()) if self.accum > 1 else float(slots[0])
+        slots = self.gpu.read(self.buf["loss slots"], count=LOSS_SLOT * (self.spec.accum - 1) + 1)[::LOSS_SLOT]
+        return float(slots.astype(np.float64).mean()) if self.spec.accum > 1 else float(slots[0])
 
     def grad_norm(self) -> float:
-        return float(self.gpu.read(self.gate, count=1)[0])
+        return float(self.gpu.read(self.buf["gate"], count=1)[0])

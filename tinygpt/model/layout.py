@@ -11,6 +11,7 @@ anything exists, the model when it allocates.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -105,6 +106,43 @@ def flat_view(t, f0: int, n: int, shape: tuple | None = None) -> Tensor:
 
 
 WRITE_FLUSH = 64 << 20     # bytes written between waits for the device (write_tensors)
+
+
+@dataclass
+class FlatLayout:
+    """Where a model's things lie, decided once when it is built (gpt.model_layout): the flat
+    arrays' layouts and how they are bound, the logits' chunks, the batch's parts and the
+    buffer table's rows (model.buffers)."""
+    VP: int                      # the padded vocabulary: the logits' row stride
+    trainable: list              # what the optimizer updates (core.lora.trainable_shapes)
+    part: int                    # a flat array's floats a device buffer (flat_part)
+    offsets: dict                # the trainable parameters' layout: name -> (offset, shape)
+    n_flat: int                  # their flat arrays' floats
+    base_offsets: dict | None    # a LoRA run's frozen model's layout
+    logit_chunks: list           # (first row, rows) of the logits each binding holds
+    flat_chunks: list            # (first float, floats) of a flat array each binding holds
+    base_chunks: list            # the frozen model's
+    batch_parts: dict            # batch_layout's parts: name -> (first word, words)
+    rows: list                   # the buffer table's rows, one a buffer
+    size: dict                   # their sizes by name
+
+
+def param_views(flat, offsets: dict, VP: int, cfg: Config) -> dict:
+    """name -> a view of that parameter in a flat array (a Tensor, or Parts) of the layout
+    `offsets` (tok_emb [VP, C], its padded rows included), and "ln_f", "hL.ln1", "hL.ln2" -> the
+    norm's [g | b] as one [2, C] where the layout holds it (an RMSNorm's g alone, [1, C])."""
+    per_word = PER_WORD[flat.dtype]                         # a bf16 flat buffer packs two a word
+    view = lambda off, shape, name: dataclasses.replace(
+        flat_view(flat, off, math.prod(shape), shape[:-1] + (shape[-1] // per_word,)), name=name)
+    out = {}
+    for name, (off, shape) in offsets.items():
+        out[name] = view(off, (VP, shape[1]) if name in HEAD_TABLES else tuple(shape), name)
+    C = cfg.d_model
+    norms = [("ln_f", "ln_f_g"), ("ln_e", "ln_e_g")]
+    for ln, gain in norms + [(f"h{l}.ln{i}", f"h{l}.ln{i}_g") for l in range(cfg.layers) for i in (1, 2)]:
+        if gain in offsets:
+            out[ln] = view(offsets[gain][0], (2 if gain[:-1] + "b" in offsets else 1, C), ln)
+    return out
 
 
 def write_tensors(gpu, flat, offsets: dict, tensors: dict):

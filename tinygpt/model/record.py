@@ -13,7 +13,7 @@ from . import attention as attn
 from . import buffers
 from .block import (MATRICES, VECTORS, BlockActs, BlockGrads, BlockLoRA, BlockWeights, Rotary, block_backward,
                     block_forward)
-from .layout import LOSS_SLOT, flat_view, rows
+from .layout import LOSS_SLOT, flat_view, param_views, rows
 from .optim import Flat, Gate
 
 
@@ -41,23 +41,23 @@ def check_fits(m):
         if cfg.hd % wm:
             raise UsageError(f"{{opt:precision}} {m.precision.name} with {{opt:qk_norm}} needs a head dim that is a "
                              f"multiple of {wm} (its norm's kernels' width), got {cfg.hd}")
-    m.attention.check(m.T, hs.q_width, cfg.heads)
-    m.attention.check_fits(m.B, m.T, g)
-    lo = m.lora
+    m.spec.attention.check(m.T, hs.q_width, cfg.heads)
+    m.spec.attention.check_fits(m.B, m.T, g)
+    lo = m.spec.lora
     if lo and m.precision.width_multiple > 1 and lo.rank % m.precision.width_multiple:
         raise UsageError(f"{{opt:lora}} {lo.rank}: {{opt:precision}} {m.precision.name} needs a rank that is a "
                          f"multiple of {m.precision.width_multiple} (its kernels' width)")
-    for name, (_, shape) in {**(m.base_offsets or {}), **m.offsets}.items():   # each parameter is bound
+    for name, (_, shape) in {**(m.layout.base_offsets or {}), **m.layout.offsets}.items():   # each parameter is bound
         if name not in HEAD_TABLES:                  # whole by its kernels, except the [V, C] tables (Head: chunks)
             g.check_size(4 * int(np.prod(shape)), f"parameter {name} {list(shape)}")
-        elif m.part and np.prod(shape) > m.part:     # and each lies in one buffer of the flat arrays (model.layout)
+        elif m.layout.part and np.prod(shape) > m.layout.part:   # and each lies in one buffer of the flat arrays
             raise LimitError(f"parameter {name} {list(shape)} needs {4 * int(np.prod(shape)):,} bytes in one buffer "
-                             f"but this adapter's hold {4 * m.part:,} (max-buffer-size); use a smaller model")
+                             f"but this adapter's hold {4 * m.layout.part:,} (max-buffer-size); use a smaller model")
 
 
 def layer_attention(m, l: int) -> attn.Attention:
-    cfg, a = m.cfg, m.attention
-    return a.bind(m.kn, m.B, m.T, cfg.block.heads.q_width, cfg.heads, a.scratch(m.buf, m.size, l),
+    cfg, a = m.cfg, m.spec.attention
+    return a.bind(m.kn, m.B, m.T, cfg.block.heads.q_width, cfg.heads, a.scratch(m.buf, m.layout.size, l),
                   cfg.attn_window, docs=docs(m))
 
 
@@ -72,7 +72,7 @@ def block_weights(m, l: int) -> BlockWeights:
 def block_adapters(m, l: int, G: dict | None) -> BlockLoRA | None:
     """Block l's adapters (None without LoRA): A and B as the matmuls read them, the saved
     s (x A^T) of each target, and where their gradients go in G."""
-    lo, b = m.lora, m.buf
+    lo, b = m.spec.lora, m.buf
     if lo is None:
         return None
     BT, R = m.B * m.T, lo.rank
@@ -105,30 +105,30 @@ def rotary(m, T: int) -> Rotary | None:
 
 
 def batch_view(m, part: str) -> Tensor:
-    w0, n = m.batch_parts[part]
-    return Tensor(m.batch.buf, 4 * w0, (n,), "u32", part)
+    w0, n = m.layout.batch_parts[part]
+    return Tensor(m.buf["batch"].buf, 4 * w0, (n,), "u32", part)
 
 
 def docs(m) -> Tensor | None:
     """A packed model's positions of each row in its record (the batch's docs), else None."""
-    return batch_view(m, "docs") if m.packed else None
+    return batch_view(m, "docs") if m.spec.packed else None
 
 
 def forward(m) -> list:
     cfg, B, T, BT = m.cfg, m.B, m.T, m.B * m.T
     C, M, L = cfg.d_model, cfg.d_mlp, cfg.layers
-    emb = m.buf.get("x emb", m.residuals[0])          # where the embedding is normed, it is kept before
+    emb = m.buf.get("x emb", m.buf["x"][0])          # where the embedding is normed, it is kept before
     fwd = m.head.embed(batch_view(m, "tokens"), m.P.get("pos_emb"), emb, B, T, docs(m))
-    if emb is not m.residuals[0]:
-        fwd.append(m.pk.norm_f32(emb, m.P["ln_e"], m.residuals[0], m.buf["x emb stats"], BT, C))
+    if emb is not m.buf["x"][0]:
+        fwd.append(m.pk.norm_f32(emb, m.P["ln_e"], m.buf["x"][0], m.buf["x emb stats"], BT, C))
     for l in range(L):
         fwd += block_forward(m.kn, m.pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                              block_adapters(m, l, None), rotary(m, T))
-    if m.chunks:
+    if m.layout.logit_chunks:
         lnf = m.buf["lnf"]
-        fwd.append(m.pk.layernorm(m.residuals[L], m.P["ln_f"], lnf, m.buf["lnf stats"], BT, C))
-        for r0, n in m.chunks:
-            fwd += m.head.forward(rows(lnf, r0, n), rows(m.logits, r0, n), n)
+        fwd.append(m.pk.layernorm(m.buf["x"][L], m.P["ln_f"], lnf, m.buf["lnf stats"], BT, C))
+        for r0, n in m.layout.logit_chunks:
+            fwd += m.head.forward(rows(lnf, r0, n), rows(m.buf["logits"], r0, n), n)
     return fwd
 
 
@@ -152,24 +152,28 @@ def losses(m, head: bool) -> tuple:
     without a gradient, for evaluation). A micro-batch runs the cross-entropy, its slot's reduction,
     then what follows. The dispatch lists are the model's own: callers use step / mean_loss /
     logits_of / dispatch_groups, so no caller can run part of a list."""
-    kn, V, BT, accum = m.kn, m.cfg.vocab, m.B * m.T, m.accum
+    kn, V, BT, accum = m.kn, m.cfg.vocab, m.B * m.T, m.spec.accum
     targets = batch_view(m, "targets")
     # dlogits carry 1/(accum*B*T): the micro-batches' gradients add up to the mean's (DPO's: 1, its
     # own factor follows) and, under a loss scaler, its scale (from the device: the gate changes it there)
-    scaler = m.gate if m.scaled else None
-    scale = 1.0 if m.dpo is not None else 1.0 / (accum * BT)
-    ce = lambda grad: [kn.cross_entropy(targets, rows(m.logits, r0, n), m.losses, n, V, scale,
-                                        grad, r0, m.VP, scaler=scaler if grad else None, softcap=m.cfg.block.softcap)
-                       for r0, n in m.chunks]
-    slot = lambda i: Tensor(m.loss_buf.buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
+    scaler = m.buf.get("gate") if m.spec.scaled else None
+    scale = 1.0 if m.spec.dpo is not None else 1.0 / (accum * BT)
+    logits, losses = m.buf.get("logits"), m.buf.get("losses")
+    ce = lambda grad: [kn.cross_entropy(targets, rows(logits, r0, n), losses, n, V, scale, grad, r0, m.layout.VP,
+                                        scaler=scaler if grad else None, softcap=m.cfg.block.softcap)
+                       for r0, n in m.layout.logit_chunks]
+    slot = lambda i: Tensor(m.buf["loss slots"].buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
     if not head:
         return [], [], [], ce(False)
-    if m.dpo is None:
-        return [kn.loss_reduce(m.losses, slot(i), BT, 1.0 / BT) for i in range(accum)], ce(m.training), [], ce(False)
+    if m.spec.dpo is None:
+        return [kn.loss_reduce(losses, slot(i), BT, 1.0 / BT) for i in range(accum)], ce(m.spec.training), [], \
+            ce(False)
     pairs, w = m.B // 2, m.buf["dpo weights"]
-    reduce = [kn.dpo(batch_view(m, "refs"), m.losses, w, slot(i), pairs, m.T, m.dpo, 1.0 / (pairs * accum), 1.0 / pairs)
+    reduce = [kn.dpo(batch_view(m, "refs"), losses, w, slot(i), pairs, m.T, m.spec.dpo, 1.0 / (pairs * accum),
+                     1.0 / pairs)
               for i in range(accum)]
-    return reduce, ce(True), [kn.scale_rows(w, rows(m.logits, r0, n), n, m.VP, m.T, r0) for r0, n in m.chunks], \
+    return reduce, ce(True), [kn.scale_rows(w, rows(m.buf["logits"], r0, n), n, m.layout.VP, m.T, r0)
+                              for r0, n in m.layout.logit_chunks], \
         ce(False)
 
 
@@ -177,11 +181,11 @@ def backward(m, Gd: dict) -> list:
     """The backward writing every gradient into the flat buffer of the views Gd."""
     kn, pk, cfg, b = m.kn, m.pk, m.cfg, m.buf
     B, T, C, V, M, L = m.B, m.T, cfg.d_model, cfg.vocab, cfg.d_mlp, cfg.layers
-    BT, lnf, x_last = B * T, b["lnf"], m.residuals[L]
+    BT, lnf, x_last = B * T, b["lnf"], m.buf["x"][L]
     dres, dln = b["d residual"], b["d ln"]
     ds = []
-    for i, (r0, n) in enumerate(m.chunks):                    # logits hold dlogits after cross_entropy
-        ds += m.head.backward(rows(m.logits, r0, n), rows(lnf, r0, n), Gd.get(cfg.block.head), rows(dln, r0, n),
+    for i, (r0, n) in enumerate(m.layout.logit_chunks):                    # logits hold dlogits after cross_entropy
+        ds += m.head.backward(rows(m.buf["logits"], r0, n), rows(lnf, r0, n), Gd.get(cfg.block.head), rows(dln, r0, n),
                                  n, accumulate=i > 0)
     if "ln_f" in Gd:                # a parameter without a gradient view is frozen (LoRA)
         ds.append(pk.norm_dgb(dln, x_last, b["lnf stats"], Gd["ln_f"], BT, C))
@@ -191,7 +195,7 @@ def backward(m, Gd: dict) -> list:
              if f"h{l}.{n}" in Gd}
         grads = BlockGrads(G, dres, dln, b["d act"], b["d pre"], b["d ctx"], (b["dq"], b["dk"], b["dv"]),
                            b.get("d qk raw"), (b["dk kv"], b["dv kv"]) if "dk kv" in b else (), b.get("d mlp gate"))
-        if m.recompute and l < L - 1:    # the top block's are still those of the forward
+        if m.spec.recompute and l < L - 1:    # the top block's are still those of the forward
             ds += block_forward(kn, pk, block_weights(m, l), block_acts(m, l), m.att[l].forward, BT, C, M,
                                 block_adapters(m, l, None), rotary(m, T))
         ds += block_backward(kn, pk, block_weights(m, l), block_acts(m, l), grads, m.att[l], BT, C, M,
@@ -205,7 +209,7 @@ def backward(m, Gd: dict) -> list:
     if "tok_emb" in Gd:
         ds += m.head.embed_grad(batch_view(m, "buckets"), demb, Gd["tok_emb"], B, T, V,
                                 accumulate=cfg.block.tied and cfg.block.head in Gd)     # onto the head's
-        if "pos_emb" in Gd and m.packed:                   # each position's rows, wherever its records lie
+        if "pos_emb" in Gd and m.spec.packed:                   # each position's rows, wherever its records lie
             ds.append(kn.embed_tok_grad(batch_view(m, "pos buckets"), demb, Gd["pos_emb"], B, T, C, T, False))
         elif "pos_emb" in Gd:
             ds.append(kn.embed_pos_grad(demb, Gd["pos_emb"], B, T, C))
@@ -217,10 +221,11 @@ def optimizer_step(m) -> list:
     the weights' copy the next step reads. The flat buffers are bound a chunk at a time where
     they exceed one binding; the partial sums and the decay table are bound whole (small: one
     float per 4,096 and per 256), each chunk's place in them passed as an index."""
-    flat = Flat(m.gpu, m.kn, m.params, m.grads, m.gate, m.buf, m.flat_chunks, m.n_flat,
-                m.trainable, m.offsets, m._param_views)
-    gate = Gate(m.cfg.grad_clip, m.scaled)
-    return gate.record(flat, m.buf["norm partials"]) + m.optimizer.record(flat) + m._copy_weights
+    lay = m.layout
+    flat = Flat(m.gpu, m.kn, m.buf["params"], m.buf["grads"], m.buf["gate"], m.buf, lay.flat_chunks, lay.n_flat,
+                lay.trainable, lay.offsets, lambda t: param_views(t, lay.offsets, lay.VP, m.cfg))
+    gate = Gate(m.cfg.grad_clip, m.spec.scaled)
+    return gate.record(flat, m.buf["norm partials"]) + m.optimizer.record(flat) + m.graph.copy_weights
 
 
 def weight_copy(m, src: str = "params") -> list:
@@ -231,5 +236,5 @@ def weight_copy(m, src: str = "params") -> list:
     if copy is None:
         return []
     flat = m.buf[src]
-    return [d for f0, k in (m.flat_chunks if src == "params" else m.base_chunks)
+    return [d for f0, k in (m.layout.flat_chunks if src == "params" else m.layout.base_chunks)
             for d in m.pk.convert(flat_view(flat, f0, k), flat_view(copy, f0, k), k)]

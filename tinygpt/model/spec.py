@@ -56,6 +56,11 @@ class RunSpec:
         which its backward's products read."""
         return not self.training
 
+    @property
+    def scaled(self) -> bool:
+        """Whether a loss scaler guards this model's steps: a training run of a precision that has one."""
+        return self.training and self.precision.loss_scaling
+
     def with_(self, **changes) -> RunSpec:
         return replace(self, **changes)
 

@@ -74,14 +74,15 @@ def _errors(gpu: GPU, plan: KernelPlan, spec: RunSpec) -> tuple:
     m.set_params(params)
     got = {"logits": (m.logits_of(x), logits)}
     if spec.training:
-        scale = LOSS_SCALE if m.scaled else 1.0
+        scale = LOSS_SCALE if m.spec.scaled else 1.0
         grads = RG.backward(f64, cfg, cache, loss_scale=scale)
         m.grads_only(x, y)
         got["loss"] = (np.float64(m.loss()), np.float64(loss))
         G = m.get_grads()
         got.update({f"gradient of {n}": (G[n] / scale, w) for n, w in grads.items()})
     kernels = lambda ds: {(d.kernel.file, d.kernel.name, d.kernel.constants) for d in ds}
-    forward, every = kernels(m._fwd + m._eval_rows), kernels(m._fwd + m._loss + m._eval_rows + m._bwd + m._copy_weights)
+    g = m.graph
+    forward, every = kernels(g.fwd + g.eval_rows), kernels(g.fwd + g.loss + g.eval_rows + g.bwd + g.copy_weights)
     out = {}
     for name, (have, want) in got.items():
         have, want = np.asarray(have, np.float64), np.asarray(want, np.float64)
@@ -188,7 +189,7 @@ def first_nonfinite(model: Model, x, y) -> str | None:
         return True
     model.write_batch(np.asarray(x)[:model.B], np.asarray(y)[:model.B])
     try:
-        for d in model._fwd + model._ce:
+        for d in model.graph.fwd + model.graph.ce:
             binds = list(zip(d.entries[1:], d.kernel.access[1:]))
             inputs_ok = finite([e for e, a in binds if a == "r"])
             gpu.run([d])

@@ -19,15 +19,15 @@ def set_reference(model, data: PreferenceData, reference: str | None, resume, ne
     held = resume.extra.get("dpoReference") if resume else None
     if reference is None and not new_lora and data.reference_from(held):
         return "the log-probabilities the resumed file kept"
-    if model.lora and reference is not None:
+    if model.spec.lora and reference is not None:
         raise UsageError("{opt:reference} names a full fine-tune's reference; a LoRA run's is its base (the "
                          "adapters off): drop it")
-    if model.lora and not new_lora:
+    if model.spec.lora and not new_lora:
         raise UsageError(f"{label} holds trained adapters and keeps no reference log-probabilities of this data "
                          "and window; start the DPO run on the base with {opt:lora}")
     if reference is None:
         data.set_reference(model.window_logprobs)
-        return "the base (its adapters at zero)" if model.lora else "the weights the run starts from"
+        return "the base (its adapters at zero)" if model.spec.lora else "the weights the run starts from"
     ref = ckpt.load(reference, f"{{opt:reference}} {reference}", moments=False)
     if list(param_shapes(ref.cfg)) != list(param_shapes(model.cfg)):
         raise UsageError(f"{{opt:reference}} {reference}: not this model's shape; give the model the run starts "

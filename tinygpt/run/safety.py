@@ -130,7 +130,7 @@ def run_file(run, params: dict) -> ckpt.Checkpoint:
     extra["dataRngState"] = run.rng.bit_generator.state
     extra["schedule"] = run.schedule.as_dict()
     extra["momentsFrom"] = model.moments_from
-    if model.scaled:           # the loss scaler's state, so that a resumed run continues bit for bit
+    if model.spec.scaled:           # the loss scaler's state, so that a resumed run continues bit for bit
         extra.update(lossScale=gate["scale"], lossScaleClean=int(gate["clean"]), skippedSteps=int(gate["skipped"]))
     return run.checkpoint(params, model.get_opt_state(), int(gate["taken"]), model.step_count, extra)
 

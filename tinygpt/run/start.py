@@ -90,13 +90,13 @@ def _restore(model: Model, rng: np.random.Generator, resume: ckpt.Checkpoint, la
     model.step_count = resume.step
     opt = model.optimizer.s
     if held.name == opt.name:
-        state, steps, start = optim_state.read(resume, opt, model.trainable, label)
+        state, steps, start = optim_state.read(resume, opt, model.layout.trainable, label)
     else:
         state, steps, start = None, 0, resume.step
         notes.append(optim_state.fresh_note(held.name, opt, resume.step))
     model.set_opt_state(state or {}, steps)
     model.moments_from = start
-    if model.scaled:
+    if model.spec.scaled:
         scale = resume.extra.get("lossScale")
         if scale is not None and not scale_given:
             if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 2.0 ** -126 <= scale <= 2.0 ** 127:

@@ -88,7 +88,7 @@ class Loop:
     def banner(self):
         run, err = self.run, self.err
         cfg, model, data, sched = run.cfg, run.model, run.data, run.schedule
-        accum_text = f" x {model.accum} micro-batches" if model.accum > 1 else ""
+        accum_text = f" x {model.spec.accum} micro-batches" if model.spec.accum > 1 else ""
         window = f" (windows of {model.T:,})" if model.T < cfg.ctx else ""
         print(f"tinygpt: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, ctx {cfg.ctx}{window}, batch "
               f"{model.B}{accum_text}, vocab {cfg.vocab} ({n_params(cfg):,} parameters), attention "
@@ -138,7 +138,7 @@ class Loop:
             self.deadline.start(self.start)
         while step < self.end and not self.stop.requested:
             self.lr = sched.at(step)
-            batch = run.data.sample(run.rng, model.B * model.accum)   # one batch of accum x B windows
+            batch = run.data.sample(run.rng, model.B * model.spec.accum)   # one batch of accum x B windows
             self.x, self.y = batch[:2]
             self.refs = batch[2] if len(batch) > 2 else None          # a DPO batch's pairs' reference log-probs
             self.docs = batch[3] if len(batch) > 3 else None          # a chat batch's positions in its records
@@ -154,7 +154,7 @@ class Loop:
             want_eval = s.eval_every and (done % s.eval_every == 0 or is_last)
             if done % s.log_every == 0 or is_last or want_eval:
                 now = self.clock()
-                self.tok_s = n_since * model.accum * model.B * model.T / max(now - t_last, 1e-9)
+                self.tok_s = n_since * model.spec.accum * model.B * model.T / max(now - t_last, 1e-9)
                 t_last, n_since = now, 0
                 self._record(done, want_eval)
             self.bar.update(1)
@@ -172,11 +172,11 @@ class Loop:
                                   f"{saver.kept_text()}", 3)
         saver.best = loss if saver.best is None else min(saver.best, loss)
         rec = {"step": done, "train": loss, "lr": lr, "tokens_per_s": round(self.tok_s, 1)}
-        scaler = model.gate_state() if model.scaled else None      # read with the loss, when shown
+        scaler = model.gate_state() if model.spec.scaled else None      # read with the loss, when shown
         pairs = {}
-        if want_eval and model.dpo is not None:        # DPO: the reward accuracy and margin beside the loss
+        if want_eval and model.spec.dpo is not None:        # DPO: the reward accuracy and margin beside the loss
             xs, ys, refs = self.val
-            pairs = preference_stats(model.window_logprobs(xs, ys), refs, model.dpo)
+            pairs = preference_stats(model.window_logprobs(xs, ys), refs, model.spec.dpo)
             rec["val"] = self.last["val"] = pairs["loss"]
         elif want_eval:
             rec["val"] = self.last["val"] = model.mean_loss(*self.val)
@@ -358,11 +358,11 @@ def profile(o: TrainOptions, warmup: int = 3, as_json: bool = False) -> str:
     model = run.model
     if "timestamp-query" not in model.gpu.features:
         raise TrainingStopped(f"{model.gpu.name} offers no timestamp queries, so per-kernel GPU time cannot be read", 1)
-    if model.dpo is not None:
+    if model.spec.dpo is not None:
         raise UsageError("{opt:profile} times a step of text or chat data; a preference file's (DPO) step is not "
                          "profiled")
     for _ in range(warmup):
-        batch = run.data.sample(run.rng, model.B * model.accum)
+        batch = run.data.sample(run.rng, model.B * model.spec.accum)
         model.step(*batch[:2], run.schedule.lr, *batch[2:])
     peaks = cached_peaks(model.gpu)
     rows, summary = profile_step(model, *run.data.sample(run.rng, model.B)[:2], run.schedule.lr, peaks=peaks)

@@ -106,8 +106,8 @@ def traced_step(gpu: GPU, browser_limits: dict, cfg_name: str = "tiny", attentio
         tok = np.random.default_rng(seed).integers(0, cfg.vocab, (cfg.batch, cfg.ctx + 1))
         with recording(gpu) as rec:
             m.step(tok[:, :-1], tok[:, 1:], lr)
-        expected = {"loss": np.float32(m.loss()), "params": gpu.read(m.params)}
-        outputs = {"loss": rec.view(m.loss_buf, 1), "params": rec.view(m.params)}
+        expected = {"loss": np.float32(m.loss()), "params": gpu.read(m.buf["params"])}
+        outputs = {"loss": rec.view(m.buf["loss slots"], 1), "params": rec.view(m.buf["params"])}
     return rec.as_dict(outputs), expected
 
 
