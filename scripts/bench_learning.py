@@ -27,7 +27,7 @@ from tinygpt.files.tokenfile import data_files
 from tinygpt.files.outputs import claim_plot, save_png
 from tinygpt.commands.argtypes import nonneg_int, positive_float, positive_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_setting
+from tinygpt.commands.settings import add_setting
 from tinygpt.core.config import TRAIN_DEFAULTS, preset
 from tinygpt.core.errors import UsageError
 from tinygpt.model.optimizers import NAMES as OPT_NAMES

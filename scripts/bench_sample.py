@@ -15,7 +15,7 @@ import time
 from tinygpt.commands.tables import emit
 from tinygpt.commands.argtypes import nonneg_float, positive_int, seed_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_setting
+from tinygpt.commands.settings import add_setting
 from tinygpt.core.config import PRESETS, preset
 from tinygpt.model.decode import Decoder
 from tinygpt.device.gpu import GPU

@@ -45,7 +45,7 @@ import numpy as np
 
 from tinygpt.commands.argtypes import lora_targets, positive_float, positive_int
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_setting
+from tinygpt.commands.settings import add_setting
 from tinygpt.core.block import BLOCKS
 from tinygpt.core.config import n_params, preset
 from tinygpt.core.init import init_params

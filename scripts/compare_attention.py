@@ -31,7 +31,7 @@ from tinygpt.commands.tables import emit
 from tinygpt.files.outputs import claim_plot, save_png
 from tinygpt.commands.argtypes import positive_int, positive_ints
 from tinygpt.commands.cli import run_script
-from tinygpt.commands.train_settings import add_setting
+from tinygpt.commands.settings import add_setting
 from tinygpt.device.gpu import GPU, LimitError
 from tinygpt.device.planner import make_plan
 

@@ -283,12 +283,12 @@ def test_gpt2_without_file_or_cache_says_what_to_do(tmp_path, corpus):
 
 
 def test_layers_below_the_cli_know_no_flags():
-    """Only the command line (commands/cli.py, chat.py, train's flags in train_settings.py, and their argument
+    """Only the command line (commands/cli.py, chat.py, train's flags in settings.py, and their argument
     types, argtypes.py) knows argparse and flag names; the runtime never imports the reference (the judge)."""
     import re
     root = Path(__file__).resolve().parents[1] / "tinygpt"
     for f in sorted(root.rglob("*.py")):
-        if f.parent.name == "commands" and f.name in ("cli.py", "chat.py", "train_settings.py", "argtypes.py") \
+        if f.parent.name == "commands" and f.name in ("cli.py", "chat.py", "settings.py", "argtypes.py") \
                 or f.parent.name == "reference" or f.name == "browser.py":     # browser.py: Chromium's flags
             continue
         text = f.read_text()

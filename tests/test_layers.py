@@ -372,6 +372,47 @@ def test_the_command_line_and_the_loop_stay_small():
     assert all(n <= MOST_LINES[name] for name, n in sizes.items()), sizes
 
 
+# the one builder of every command's flags (#66: one schema for every setting)
+FLAG_BUILDERS = {("commands/settings.py", "add_setting"), ("commands/settings.py", "add_flags")}
+
+
+def flag_calls(files, root) -> list:
+    """Every add_argument call in files, as (file, the function that makes it, line), outside the
+    builders."""
+    found = []
+    for f in files:
+        tree = ast.parse(f.read_text())
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.Module))]:
+            name = getattr(fn, "name", "<module>")
+            body = ast.walk(fn) if isinstance(fn, ast.FunctionDef) else \
+                [n for stmt in fn.body if not isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) for n in ast.walk(stmt)]
+            for n in body:
+                if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "add_argument" \
+                        and (f.relative_to(root).as_posix(), name) not in FLAG_BUILDERS:
+                    found.append((f.relative_to(root).as_posix(), name, n.lineno))
+    return sorted(set(found))
+
+
+def test_every_flag_is_made_by_the_schemas_builder_and_the_api_parses_no_command_line():
+    """Each command's flags are values (its table in cli.py, chat.py; train's the recipe's fields),
+    built by settings.add_flags alone; the Python API checks its keywords from the same fields
+    without argparse."""
+    found = flag_calls(sorted(PKG.rglob("*.py")), PKG)
+    api_imports = {a.name for n in ast.walk(ast.parse((PKG / "api.py").read_text()))
+                   if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names} | \
+        {n.module for n in ast.walk(ast.parse((PKG / "api.py").read_text())) if isinstance(n, ast.ImportFrom)}
+    print(f"add_argument outside the builder: {found}; api.py's imports of argparse: "
+          f"{sorted(m for m in api_imports if m and 'argparse' in m)}")
+    assert not found and not any(m and "argparse" in m for m in api_imports), found
+
+
+def test_the_flag_check_sees_a_hand_made_flag(tmp_path):
+    (tmp_path / "commands").mkdir()
+    (tmp_path / "commands" / "cli.py").write_text("def f(p):\n    p.add_argument('--x')\n")
+    (tmp_path / "commands" / "settings.py").write_text("def add_flags(p, fs):\n    p.add_argument('--y')\n")
+    assert flag_calls(sorted(tmp_path.rglob("*.py")), tmp_path) == [("commands/cli.py", "f", 2)]
+
+
 def model_privates(src: str) -> tuple[list, set, set]:
     """(the methods of class Model, the private names it gives itself (self._x), and every
     attribute it sets on itself)."""

@@ -13,7 +13,7 @@ import pytest
 
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import build_parser, main
-from tinygpt.commands.train_settings import train_options
+from tinygpt.commands.settings import train_options
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
@@ -105,7 +105,7 @@ def test_trains_flags_are_the_recipes_fields():
     import argparse
     import dataclasses
     from tinygpt.commands.argtypes import flag
-    from tinygpt.commands.train_settings import cli_words, train_flags
+    from tinygpt.commands.settings import cli_words, train_flags
     from tinygpt.core.errors import UsageError
     from tinygpt.run.options import TrainOptions
     p = argparse.ArgumentParser(add_help=False)

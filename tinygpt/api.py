@@ -29,7 +29,7 @@ from .core.errors import TinyGPTError, UsageError
 from .core.fs import available_memory
 from .core.init import init_params
 from .core.precision import PRECISIONS
-from .commands.train_settings import flat_config, train_options    # the flags' own checks on every setting
+from .commands.settings import flat_config, train_options    # the flags' own checks on every setting
 from . import tokenizers
 from .tokenizers import get_tokenizer
 from .device.gpu import GPU

@@ -27,7 +27,7 @@ from ..files.hf_read import shard_files
 from .info import info
 from ..run.infer import evaluate, sample
 from ..files.gguf_write import TYPES as GGUF_TYPES
-from .chat import chat_command
+from .chat import CHAT, CHAT_HELP, CHAT_PRECISION, cmd_chat
 from .lens import inspect
 from .. import tokenizers
 from ..model import budget
@@ -38,7 +38,7 @@ from ..run.safety import Interrupted, stops_on_signals
 from ..files.tokenfile import data_files, is_our_sidecar, is_our_token_file, prepare, sidecar_of
 from ..run.recipe import run_budget
 from ..run.train import profile, train
-from .train_settings import ONE_OF, Parser, add_setting, default, options, read_config, settings_argv, train_flags
+from .settings import ONE_OF, Parser, add_flags, default, flag_of, options, read_config, settings_argv, train_flags
 
 EXIT_ERROR, EXIT_INTERRUPT = 1, 130
 EXIT_BROKEN_PIPE = 128 + 13   # what a process killed by SIGPIPE returns, as `head` leaves a Unix tool
@@ -185,198 +185,152 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def add_model(p):
-    p.add_argument("--model", required=True, help="the .tinygpt file (ours, or TinyGPT's own)")
-
-
-def add_adapters(p):
-    p.add_argument("--adapters", metavar="DIR",
+# ---- flags: each command's, as values (settings.add_flags builds them) ---------------------------
+MODEL = flag_of("--model", required=True, help="the .tinygpt file (ours, or TinyGPT's own)")
+ADAPTERS = flag_of("--adapters", metavar="DIR",
                    help="LoRA adapters from tinygpt export --format peft, folded into --model (the base they were "
                         "trained on, checked by its weights' hash; default: none)")
+FORCE = flag_of("--force", action="store_true", help="replace --out even if tinygpt did not write it")
+QUIET = flag_of("--quiet", action="store_true", help="no progress bar")
 
 
-def add_sampling(p, precision_help: str):
+def sampling(precision_help: str) -> tuple:
     """What every command that samples from a model takes after its own flags: the precision, the
     attention path, the kernels, a tokenizer file and adapters."""
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
-                   help=precision_help)
-    add_setting(p, "attention")
-    add_setting(p, "kernels")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
+    return (flag_of("--precision", choices=list(PRECISIONS), default=default(SampleOptions, "precision"),
+                    help=precision_help),
+            "attention", "kernels", "tokenizer_file", ADAPTERS)
+
+
+EVAL = (
+    MODEL,
+    flag_of("--data", help="a text file, a directory or a token file to take the validation split of "
+                           "(default: the built-in corpus, where the model was trained on it); a chat "
+                           "file (.jsonl): every record, scored on the assistant's tokens"),
+    flag_of("--max-windows", type=positive_int, help="evaluate at most N windows of the split (default: all of them)"),
+    flag_of("--ctx", type=positive_int,
+            help="tokens a window (default: the model's context, at most 1,024, or a chat file's longest "
+                 "record; never over the model's)"),
+    flag_of("--truncate", action="store_true",
+            help="cut a chat file's record longer than the window instead of refusing it"),
+    flag_of("--dpo-beta", type=positive_float, help="a preference file's DPO beta (default 0.1)"),
+    flag_of("--reference", metavar="FILE", help="a preference file's DPO reference model (default: a LoRA run's base)"),
+    flag_of("--json", action="store_true", help="one JSON line instead of the sentence"),
+    QUIET, "attention", "kernels",
+    flag_of("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"),
+            help="the forward's storage: bf16 and f16 store activations and weights in 16 bits (default fp32)"),
+    "tokenizer_file", ADAPTERS)
+
+SAMPLE = (
+    MODEL,
+    flag_of("--prompt", default=default(SampleOptions, "prompt"), help="the text to continue (default: a newline)"),
+    flag_of("--tokens", type=positive_int, default=default(SampleOptions, "tokens"),
+            help=f"tokens to generate (default {default(SampleOptions, 'tokens')})"),
+    flag_of("--temperature", type=nonneg_float, default=default(SampleOptions, "temperature"),
+            help=f"0 is greedy; higher draws more freely (default {default(SampleOptions, 'temperature')})"),
+    flag_of("--top-k", type=int, help="draw from the k most likely tokens only (default: all)"),
+    flag_of("--top-p", type=float, default=default(SampleOptions, "top_p"),
+            help="nucleus: draw from the most likely tokens that hold this share of the probability (default 1: all)"),
+    flag_of("--num-samples", type=positive_int, default=default(SampleOptions, "num_samples"),
+            help="continuations of the prompt, in one batch (default 1)"),
+    flag_of("--no-cache", action="store_true",
+            help="recompute the whole window for every token (as --kernels decode=full)"),
+    flag_of("--seed", type=seed_int, default=default(SampleOptions, "seed"),
+            help="the same seed draws the same text (default 0)"),
+    flag_of("--ignore-eos", action="store_true",
+            help="go on past the model's end-of-turn tokens (default: a sample ends at the first, not shown)"),
+    *sampling("bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)"))
+
+INSPECT = (
+    MODEL,
+    flag_of("--prompt", required=True, help="the text whose attention is drawn"),
+    flag_of("--out", required=True, help="the PNG to write"),
+    FORCE, "kernels", "tokenizer_file", ADAPTERS)
+
+INFO = (
+    flag_of("--model", help="describe this .tinygpt file instead (no device needed; default: the adapter)"),
+    flag_of("--json", action="store_true", help="JSON instead of the text"),
+    flag_of("--brief", action="store_true", help="one line: adapter (backend)"))
+
+TUNE = (
+    flag_of("--json", action="store_true", help="the measurements as JSON Lines"),
+    flag_of("--quick", action="store_true", help="small shapes, one repeat"),
+    flag_of("--reset", action="store_true", help="forget this adapter's cached choices and exit"))
+
+PREPARE = (
+    flag_of("text", nargs="+", help="text files, or directories of them (their files in sorted order)"),
+    flag_of("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it"),
+    flag_of("--tokenizer", choices=list(tokenizers.NAMES),
+            help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
+                 "where the vocabulary fits them)"),
+    flag_of("--model", help="a .tinygpt model whose own tokenizer tokenizes the text (an imported model's "
+                            "tokenizer.json travels in its file); default none: --tokenizer's"),
+    "tokenizer_file", FORCE, QUIET)
+
+IMPORT_HF = (
+    flag_of("directory", help="with config.json, model.safetensors (or its shards and their index) and the "
+                              "tokenizer's files; or a .gguf file (llama.cpp's), or a directory holding one"),
+    flag_of("--ctx", type=int, help="the context of a rotary model (Llama, Qwen): its config's "
+                                    "max_position_embeddings by default; a shorter one needs less memory"),
+    flag_of("--out", required=True, help="the .tinygpt to write"),
+    flag_of("--dtype", choices=list(IMPORT_DTYPES), default="f32",
+            help="the weights' precision in the file, the weights alone (a full fine-tune starts its "
+                 "moments at zero): f32, or f16 or bf16 in half the bytes (default f32; bf16 keeps "
+                 "float32's range, f16 refuses weights past 65,504)"),
+    FORCE,
+    flag_of("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)"))
+
+EXPORT = (
+    MODEL,
+    flag_of("--format", required=True, choices=["safetensors", "hf", "gguf", "tinygpt", "tinygpt-fp16", "peft"],
+            help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them; "
+                 "tinygpt: float32 (with --merge, a LoRA run as a plain model TinyGPT's readers compute); "
+                 "peft: a LoRA run's adapters as Hugging Face PEFT's adapter directory for --format hf's model; "
+                 "gguf: one file llama.cpp, Ollama and LM Studio run (a Llama, Qwen2 or Qwen3 block)"),
+    flag_of("--gguf-type", choices=list(GGUF_TYPES), default=default(ExportOptions, "gguf_type"),
+            help="the GGUF file's matrices (norms stay f32; default f16)"),
+    flag_of("--merge", action="store_true",
+            help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats"),
+    flag_of("--force", action="store_true", help="replace files tinygpt did not write"),
+    flag_of("--quiet", action="store_true", help="no progress bar (shown for files of 64 MiB or more)"),
+    "tokenizer_file",
+    flag_of("out"))
+
+DEBUG = flag_of("--debug", action="store_true", help="show tracebacks on errors")
+# every command: (its help, its flags, its function); train and plan take train's flags (settings.train_flags)
+COMMANDS = {
+    "train": ("train a model (default: the small preset on the built-in corpus)", None, cmd_train),
+    "plan": ("the memory budget of a training run (any train command's flags), buffer group by group, "
+             "against this adapter's limits", None, cmd_plan),
+    "eval": ("validation loss of a checkpoint", EVAL, cmd_eval),
+    "sample": ("generate text from a checkpoint", SAMPLE, cmd_sample),
+    "chat": (CHAT_HELP, (MODEL, *CHAT, *sampling(CHAT_PRECISION)), cmd_chat),
+    "inspect": ("attention weights of every layer and head for a prompt, and a logit lens, as a PNG", INSPECT,
+                cmd_inspect),
+    "info": ("adapter, backend, features, limits and kernel plan; or a checkpoint with --model", INFO, cmd_info),
+    "tune": ("measure kernel variants on this adapter and cache the fastest", TUNE, cmd_tune),
+    "prepare": ("tokenize text files once into a token file that --data memory-maps", PREPARE, cmd_prepare),
+    "import-hf": ("a Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3) or a GGUF file (Llama, "
+                  "Qwen2, Qwen3) as a .tinygpt to chat with or fine-tune", IMPORT_HF, cmd_import_hf),
+    "export": ("weights as safetensors (TinyGPT's names), a Hugging Face directory, a GGUF file for llama.cpp, "
+               "or a compact fp16 .tinygpt", EXPORT, cmd_export),
+}
 
 
 def build_parser():
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks on errors")
+    add_flags(common, [flag_of("--debug", action="store_true", default=argparse.SUPPRESS,
+                               help="show tracebacks on errors")])
     ap = Parser(prog="tinygpt", description="A WebGPU trainer for small GPT models.")
-    ap.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    ap.add_argument("--version", action="version", version=version(), help="the version of tinygpt and of wgpu-py")
+    add_flags(ap, [DEBUG, flag_of("--version", action="version", version=version(),
+                                  help="the version of tinygpt and of wgpu-py")])
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    _train_command(sub, common)
-    _plan_command(sub, common)
-    _eval_command(sub, common)
-    _sample_command(sub, common)
-    chat_command(sub, common, add_model, add_sampling)
-    _inspect_command(sub, common)
-    _info_command(sub, common)
-    _tune_command(sub, common)
-    _prepare_command(sub, common)
-    _import_hf_command(sub, common)
-    _export_command(sub, common)
+    for name, (help_, flags, fn) in COMMANDS.items():
+        p = sub.add_parser(name, parents=[common], help=help_)
+        train_flags(p) if flags is None else add_flags(p, flags)
+        p.set_defaults(fn=fn)
     return ap
 
-
-def _train_command(sub, common):
-    p = sub.add_parser("train", parents=[common],
-                       help="train a model (default: the small preset on the built-in corpus)")
-    train_flags(p)
-    p.set_defaults(fn=cmd_train)
-
-
-def _plan_command(sub, common):
-    p = sub.add_parser("plan", parents=[common],
-                       help="the memory budget of a training run (any train command's flags), buffer group by group, "
-                            "against this adapter's limits")
-    train_flags(p)
-    p.set_defaults(fn=cmd_plan)
-
-
-def _eval_command(sub, common):
-    p = sub.add_parser("eval", parents=[common], help="validation loss of a checkpoint")
-    add_model(p)
-    p.add_argument("--data", help="a text file, a directory or a token file to take the validation split of "
-                                  "(default: the built-in corpus, where the model was trained on it); a chat "
-                                  "file (.jsonl): every record, scored on the assistant's tokens")
-    p.add_argument("--max-windows", type=positive_int,
-                   help="evaluate at most N windows of the split (default: all of them)")
-    p.add_argument("--ctx", type=positive_int,
-                   help="tokens a window (default: the model's context, at most 1,024, or a chat file's longest "
-                        "record; never over the model's)")
-    p.add_argument("--truncate", action="store_true",
-                   help="cut a chat file's record longer than the window instead of refusing it")
-    p.add_argument("--dpo-beta", type=positive_float, help="a preference file's DPO beta (default 0.1)")
-    p.add_argument("--reference", metavar="FILE",
-                   help="a preference file's DPO reference model (default: a LoRA run's base)")
-    p.add_argument("--json", action="store_true", help="one JSON line instead of the sentence")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_setting(p, "attention")
-    add_setting(p, "kernels")
-    p.add_argument("--precision", choices=list(PRECISIONS), default=default(EvalOptions, "precision"),
-                   help="the forward's storage: bf16 and f16 store activations and weights in 16 bits (default fp32)")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
-    p.set_defaults(fn=cmd_eval)
-
-
-def _sample_command(sub, common):
-    p = sub.add_parser("sample", parents=[common], help="generate text from a checkpoint")
-    add_model(p)
-    p.add_argument("--prompt", default=default(SampleOptions, "prompt"),
-                   help="the text to continue (default: a newline)")
-    p.add_argument("--tokens", type=positive_int, default=default(SampleOptions, "tokens"),
-                   help=f"tokens to generate (default {default(SampleOptions, 'tokens')})")
-    p.add_argument("--temperature", type=nonneg_float, default=default(SampleOptions, "temperature"),
-                   help=f"0 is greedy; higher draws more freely (default {default(SampleOptions, 'temperature')})")
-    p.add_argument("--top-k", type=int, help="draw from the k most likely tokens only (default: all)")
-    p.add_argument("--top-p", type=float, default=default(SampleOptions, "top_p"),
-                   help="nucleus: draw from the most likely tokens that hold this share of the probability "
-                        "(default 1: all)")
-    p.add_argument("--num-samples", type=positive_int, default=default(SampleOptions, "num_samples"),
-                   help="continuations of the prompt, in one batch (default 1)")
-    p.add_argument("--no-cache", action="store_true",
-                   help="recompute the whole window for every token (as --kernels decode=full)")
-    p.add_argument("--seed", type=seed_int, default=default(SampleOptions, "seed"),
-                   help="the same seed draws the same text (default 0)")
-    p.add_argument("--ignore-eos", action="store_true",
-                   help="go on past the model's end-of-turn tokens (default: a sample ends at the first, not shown)")
-    add_sampling(p, "bf16 and f16 sample from a key/value cache kept in their 16 bits (default fp32)")
-    p.set_defaults(fn=cmd_sample)
-
-
-def _inspect_command(sub, common):
-    p = sub.add_parser("inspect", parents=[common],
-                       help="attention weights of every layer and head for a prompt, and a logit lens, as a PNG")
-    add_model(p)
-    p.add_argument("--prompt", required=True, help="the text whose attention is drawn")
-    p.add_argument("--out", required=True, help="the PNG to write")
-    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    add_setting(p, "kernels")
-    add_setting(p, "tokenizer_file")
-    add_adapters(p)
-    p.set_defaults(fn=cmd_inspect)
-
-
-def _info_command(sub, common):
-    p = sub.add_parser("info", parents=[common],
-                       help="adapter, backend, features, limits and kernel plan; or a checkpoint with --model")
-    p.add_argument("--model", help="describe this .tinygpt file instead (no device needed; default: the adapter)")
-    p.add_argument("--json", action="store_true", help="JSON instead of the text")
-    p.add_argument("--brief", action="store_true", help="one line: adapter (backend)")
-    p.set_defaults(fn=cmd_info)
-
-
-def _tune_command(sub, common):
-    p = sub.add_parser("tune", parents=[common], help="measure kernel variants on this adapter and cache the fastest")
-    p.add_argument("--json", action="store_true", help="the measurements as JSON Lines")
-    p.add_argument("--quick", action="store_true", help="small shapes, one repeat")
-    p.add_argument("--reset", action="store_true", help="forget this adapter's cached choices and exit")
-    p.set_defaults(fn=cmd_tune)
-
-
-def _prepare_command(sub, common):
-    p = sub.add_parser("prepare", parents=[common],
-                       help="tokenize text files once into a token file that --data memory-maps")
-    p.add_argument("text", nargs="+", help="text files, or directories of them (their files in sorted order)")
-    p.add_argument("--out", required=True, help="the token file (.bin) to write, its sidecar .bin.json beside it")
-    p.add_argument("--tokenizer", choices=list(tokenizers.NAMES),
-                   help=f"{tokenizers.flag_help()}; default {tokenizers.DEFAULT} (a token file holds uint16 ids "
-                        "where the vocabulary fits them)")
-    p.add_argument("--model", help="a .tinygpt model whose own tokenizer tokenizes the text (an imported model's "
-                                   "tokenizer.json travels in its file); default none: --tokenizer's")
-    add_setting(p, "tokenizer_file")
-    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(fn=cmd_prepare)
-
-
-def _import_hf_command(sub, common):
-    p = sub.add_parser("import-hf", parents=[common],
-                       help="a Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3) or a GGUF file (Llama, "
-                            "Qwen2, Qwen3) as a .tinygpt to chat with or fine-tune")
-    p.add_argument("directory", help="with config.json, model.safetensors (or its shards and their index) and the "
-                                     "tokenizer's files; or a .gguf file (llama.cpp's), or a directory holding one")
-    p.add_argument("--ctx", type=int, help="the context of a rotary model (Llama, Qwen): its config's "
-                                           "max_position_embeddings by default; a shorter one needs less memory")
-    p.add_argument("--out", required=True, help="the .tinygpt to write")
-    p.add_argument("--dtype", choices=list(IMPORT_DTYPES), default="f32",
-                   help="the weights' precision in the file, the weights alone (a full fine-tune starts its "
-                        "moments at zero): f32, or f16 or bf16 in half the bytes (default f32; bf16 keeps "
-                        "float32's range, f16 refuses weights past 65,504)")
-    p.add_argument("--force", action="store_true", help="replace --out even if tinygpt did not write it")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (shown for weights of 64 MiB or more)")
-    # GPT-2's tanh GELU is imported as itself now; the flag that accepted it stays accepted, unused
-    p.set_defaults(fn=cmd_import_hf)
-
-
-def _export_command(sub, common):
-    p = sub.add_parser("export", parents=[common], help="weights as safetensors (TinyGPT's names), a Hugging Face "
-                       "directory, a GGUF file for llama.cpp, or a compact fp16 .tinygpt")
-    add_model(p)
-    p.add_argument("--format", required=True, choices=["safetensors", "hf", "gguf", "tinygpt", "tinygpt-fp16", "peft"],
-                   help="tinygpt-fp16: float16 weights without optimizer state, as TinyGPT's gallery ships them; "
-                        "tinygpt: float32 (with --merge, a LoRA run as a plain model TinyGPT's readers compute); "
-                        "peft: a LoRA run's adapters as Hugging Face PEFT's adapter directory for --format hf's model; "
-                        "gguf: one file llama.cpp, Ollama and LM Studio run (a Llama, Qwen2 or Qwen3 block)")
-    p.add_argument("--gguf-type", choices=list(GGUF_TYPES), default=default(ExportOptions, "gguf_type"),
-                   help="the GGUF file's matrices (norms stay f32; default f16)")
-    p.add_argument("--merge", action="store_true",
-                   help="fold a LoRA run's adapters into the weights (W + alpha/r (B A)^T) for the other formats")
-    p.add_argument("--force", action="store_true", help="replace files tinygpt did not write")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (shown for files of 64 MiB or more)")
-    add_setting(p, "tokenizer_file")
-    p.add_argument("out")
-    p.set_defaults(fn=cmd_export)
 
 def handled(name: str, fn, debug: bool, stopped: str, traceback_hint: str) -> int:
     """fn() under the one error rule of the CLI and the scripts: every error one line on stderr with

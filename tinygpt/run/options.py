@@ -3,7 +3,7 @@
 TrainOptions is the recipe of a training run: each field is a setting, and its metadata says
 which of the recipe's groups it belongs to (GROUPS), what checks its value (core.values) and
 what it does (its help). tinygpt train's flags, their help and defaults, a config file's keys
-and the Python API's keywords are all made from these fields (commands/train_settings.py), so
+and the Python API's keywords are all made from these fields (commands/settings.py), so
 each is written once, here. Field names are the option names that errors and help write as
 {opt:NAME}; the CLI turns NAME into the flag --NAME (underscores as dashes), the API keeps NAME.
 """

@@ -1,17 +1,19 @@
-"""tinygpt train's settings as flags, made from the recipe's fields (run/options.py: each one's
-help, default, check and group), and the same check for any mapping of them (a --config file,
-the Python API's keywords), so that a setting is checked alike wherever it comes from. The
-command line (cli.py) and the Python API (api.py) both take train's settings from here; neither
-reads the other.
+"""Every command's settings as flags, made in one place: train's from the recipe's fields
+(run/options.py: each one's help, default, check and group), the other commands' from their
+tables of Flag values (cli.py, chat.py); add_flags is the one builder of them all. And the same
+check for any mapping of train's settings (a --config file, the Python API's keywords), made
+from the fields without a command line, so that a setting is checked alike wherever it comes
+from. The command line (cli.py) and the Python API (api.py) both take train's settings from
+here; neither reads the other.
 """
 from __future__ import annotations
 
 import argparse
-import re
-from dataclasses import fields
+from dataclasses import dataclass, fields
 
 from .argtypes import as_type, flag
-from ..core.errors import UsageError, with_names
+from ..core import values
+from ..core.errors import TinyGPTError, UsageError, with_names
 from ..core.fs import read_user_file
 from ..run.options import GROUP_OF, GROUPS, TrainOptions
 
@@ -57,6 +59,37 @@ def add_setting(p, name: str, dest: str | None = None):
     return p.add_argument(*names, dest=dest or name, **kw)
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A flag of a command that is not a setting of the recipe: its names (a positional
+    argument's one name) and how argparse reads it (help, type, default, choices, action, ...)."""
+    names: tuple
+    kw: dict
+
+
+def flag_of(*names: str, **kw) -> Flag:
+    return Flag(names, kw)
+
+
+def add_flags(p, flags) -> None:
+    """A command's flags, in the order its help shows them: each a Flag, or the name of a setting
+    of the recipe (its flag made from its field: add_setting)."""
+    for f in flags:
+        if isinstance(f, str):
+            add_setting(p, f)
+        else:
+            p.add_argument(*f.names, **f.kw)
+
+
+# After train's settings, the two that ask for a profile or a plan's budget instead of a run.
+TRAIN_EXTRA = (
+    flag_of("--profile", action="store_true",
+            help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
+                 "each kernel of one step, and the step's MFU, and exit"),
+    flag_of("--json", action="store_true",
+            help="JSON: with --profile, JSON Lines, one row per kernel, then the step; for plan, the budget"))
+
+
 def train_flags(p):
     """Every flag of `tinygpt train`, one a setting of the recipe, in its group's section of the
     help (options.GROUPS): plan takes them all too, so any training command can be planned by
@@ -64,19 +97,7 @@ def train_flags(p):
     sections = {g: p.add_argument_group(title) for g, (title, _) in GROUPS.items()}
     for name, f in SETTINGS.items():
         add_setting(sections[f.metadata["group"]], name)
-    p.add_argument("--profile", action="store_true",
-                   help="run a few steps, print the GPU time, GFLOP/s, GB/s and share of the adapter's peak of "
-                        "each kernel of one step, and the step's MFU, and exit")
-    p.add_argument("--json", action="store_true",
-                   help="JSON: with --profile, JSON Lines, one row per kernel, then the step; for plan, the budget")
-
-
-class RaisingParser(Parser):
-    """A parser whose errors are UsageErrors: settings given as a mapping (a TOML file, the
-    Python API's keywords) are checked by the very flags that check the command line."""
-
-    def error(self, message):
-        raise UsageError(message)
+    add_flags(p, TRAIN_EXTRA)
 
 
 NUMBER_TYPES = ("_int", "_float")      # the argument types of train's numeric flags (argtypes)
@@ -101,56 +122,75 @@ def flat_config(table: dict, label: str) -> dict:
     return flat
 
 
-def settings_argv(mapping: dict, source: str, exclude=("profile", "json", "config")) -> list[str]:
-    """A mapping of train's flags by long name ("d_model": 96, "recompute": True) as the command
-    line that says the same: parsed by train's own flags, so each value is checked as the flag
-    would check it, and a command line placed after it overrides it."""
-    p = RaisingParser(prog="tinygpt train", add_help=False)
-    train_flags(p)
-    known = p._option_string_actions
-    argv = []
+# a setting's other names (options.setting's aliases): log_file is log
+ALIASES = {alias: name for name, f in SETTINGS.items() for alias in f.metadata["aliases"]}
+LISTS = ("kernels", "lora_targets")     # the settings whose value is a list or table, as a word of the flag's form
+
+
+def checked_settings(mapping: dict, source: str) -> dict:
+    """Train's settings from a mapping of them by name ("d_model": 96, "recompute": True: a config
+    file's table, the API's keywords), each checked by its field's check and choices as its flag
+    checks the command line's word, without a command line: {name: (value, word)}, word the
+    command line's for it (a toggle's: None)."""
+    out = {}
     for key, value in flat_config(mapping, source).items():
-        name = flag(str(key))
-        action = known.get(name) if key not in exclude else None
-        if action is None or not str(key).isidentifier():
+        name = ALIASES.get(key, key) if isinstance(key, str) else None
+        f = SETTINGS.get(name) if name != "config" else None      # a config names no other config
+        if f is None:
             raise UsageError(f"{source}: {key!r} is not a setting of tinygpt train; its settings are the long names "
                              "of its flags with _ for - (d_model, steps, lr, ...)")
         if value is None:
             continue
-        if isinstance(action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)):
+        m = f.metadata
+        if m["toggle"]:
             if not isinstance(value, bool):
                 raise UsageError(f"{source}: {key} is true or false, got {value!r}")
-            argv += [name] if value else [] if isinstance(action, argparse._StoreTrueAction) else \
-                [flag("no_" + str(key))]
+            out[name] = (value, None)
             continue
-        if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and key not in ("kernels", "lora_targets"):
+        if isinstance(value, bool) or isinstance(value, (dict, list, tuple)) and name not in LISTS:
             raise UsageError(f"{source}: {key} takes one value, got {value!r}")
-        if isinstance(value, str) and getattr(action.type, "__name__", "").endswith(NUMBER_TYPES):
+        check = m["check"]
+        if isinstance(value, str) and check is not None and check.__name__.endswith(NUMBER_TYPES):
             raise UsageError(f"{source}: {key} takes a number, not the text {value!r}")
-        if isinstance(value, dict):
-            value = ",".join(f"{k}={v}" for k, v in value.items())
-        elif isinstance(value, (list, tuple)):
-            value = ",".join(map(str, value))
-        argv.append(f"{name}={value}")      # one word: a value that begins with - is the value, as --flag=-x says
+        word = word_of(value)
+        out[name] = (as_value(check, m["choices"], word, f"{source}: {key}"), word)
+    return out
+
+
+def word_of(value) -> str:
+    """A value as the command line's word for it: a table as k=v,k=v and a list as a,b (--kernels
+    and --lora-targets read them so)."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def as_value(check, choices, word: str, label: str):
+    """A setting's word checked and converted as its flag does (argtypes.as_type), or a one-line
+    error naming the setting by label."""
     try:
-        p.parse_args(argv)                  # checked here, so the error names the mapping's source
-    except UsageError as e:
-        raise UsageError(f"{source}: {by_key(e.text)}") from None
-    return argv
+        value = word if check is None else check(word)
+    except values.BadValue as e:
+        raise UsageError(f"{label}: {e}") from None
+    except TinyGPTError as e:
+        raise UsageError(f"{label}: {e.worded()}") from None
+    if choices is not None and value not in choices:
+        raise UsageError(f"{label}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")
+    return value
 
 
-def by_key(message: str) -> str:
-    """argparse's "argument --d-model: must be positive" as a mapping names it: "d_model: must be
-    positive" (a TOML file's key, the API's keyword), not as the command line's flag."""
-    m = re.match(r"argument --([a-z0-9-]+)(?:/-\w+)?: ", message)
-    return f"{m.group(1).replace('-', '_')}: {message[m.end():]}" if m else message
+def settings_argv(mapping: dict, source: str) -> list[str]:
+    """A --config file's settings (checked: checked_settings) as the command line that says the
+    same, which the command line's own flags, placed after it, override."""
+    return [(flag(name) if value else flag("no_" + name)) if word is None else f"{flag(name)}={word}"
+            for name, (value, word) in checked_settings(mapping, source).items()]   # one word: --flag=-x
 
 
 def train_options(mapping: dict, source: str) -> TrainOptions:
-    """TrainOptions from a mapping of train's settings, checked as the flags check them."""
-    p = RaisingParser(prog="tinygpt train", add_help=False)
-    train_flags(p)
-    return options(TrainOptions, p.parse_args(settings_argv(mapping, source)))
+    """TrainOptions from a mapping of train's settings, each checked as its flag checks it."""
+    return TrainOptions(**{name: value for name, (value, _) in checked_settings(mapping, source).items()})
 
 
 MAX_CONFIG_BYTES = 1 << 20
