@@ -39,6 +39,7 @@ import sys
 
 import numpy as np
 
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.device import kernels as K
 from tinygpt.device.kernels import Kernels
 from tinygpt.device.plan import PORTABLE
@@ -66,32 +67,23 @@ def cases(gpu, rows, C, M, V, n, rng):
     sg = ["sg"] if subgroups_ok(gpu) else []
     x, y = rng.standard_normal(rows * M).astype(np.float32), rng.standard_normal(rows * M).astype(np.float32)
     tx, ty, tout = up(x), up(y), gpu.tensor((rows * M,))
-    for entry, args, want in (("add", (tx, ty), f64(x) + y), ("gelu_forward", (tx,), R.gelu_forward(f64(x))),
-                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y))),
-                              ("relu2_forward", (tx,), R.relu2_forward(f64(x))),        # nanochat's activation
-                              ("relu2_backward", (tx, ty), R.relu2_backward(f64(x), f64(y)))):
+    for v in ("scalar", "vec4"):
+        yield "add", v, f"n={rows * M}", kn.add(tx, ty, tout, rows * M, variant=v), \
+            lambda: np.abs(gpu.read(tout) - (f64(x) + y)).max()
+    n = rows * M
+    xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "bf16")
+    for act in ACTIVATIONS.values():            # every activation's room, float32 at both widths, then bf16
         for v in ("scalar", "vec4"):
-            d = getattr(kn, entry)(*args, tout, rows * M, variant=v)
-            yield entry, v, f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
-    for entry, args, want in (("gelu_forward", (tx,), R.gelu_forward(f64(x), True)),    # GPT-2's tanh form
-                              ("gelu_backward", (tx, ty), R.gelu_backward(f64(x), f64(y), True))):
-        for v in ("scalar", "vec4"):
-            d = getattr(kn, entry)(*args, tout, rows * M, variant=v, tanh=True)
-            yield entry, v + " tanh", f"n={rows * M}", d, lambda w=want: np.abs(gpu.read(tout) - w).max()
-    if (rows * M) % 8 == 0:     # the pre-activation stored as bf16 (gelu_forward_bf16, elementwise.wgsl)
-        n = rows * M
-        xh, th = R.cast_bf16(x), gpu.tensor((n // 2,), "bf16")
-        d = kn.gelu_forward_bf16(up(xh), th, n)
-        yield "gelu_forward", "bf16", f"n={n}", d, lambda: np.abs(
-            R.cast_f32(gpu.read(th), n) - R.cast_f32(R.gelu_forward_bf16(xh), n)).max()
-        d = kn.gelu_backward_bf16(up(xh), ty, tout, n)
-        yield "gelu_backward", "bf16", f"n={n}", d, \
-            lambda: np.abs(gpu.read(tout) - R.gelu_backward_bf16(xh, f64(y))).max()
-        rh = gpu.tensor((n // 2,), "bf16")         # nanochat's activation, the same way
-        yield "relu2_forward", "bf16", f"n={n}", kn.relu2_forward_bf16(up(xh), rh, n), lambda: np.abs(
-            R.cast_f32(gpu.read(rh), n) - R.cast_f32(R.relu2_forward_bf16(xh), n)).max()
-        yield "relu2_backward", "bf16", f"n={n}", kn.relu2_backward_bf16(up(xh), ty, tout, n), \
-            lambda: np.abs(gpu.read(tout) - R.relu2_backward_bf16(xh, f64(y))).max()
+            yield f"{act.name}_forward", v, f"n={n}", kn.act_forward(act, tx, tout, n, variant=v), \
+                lambda a=act: np.abs(gpu.read(tout) - a.forward(f64(x))).max()
+            yield f"{act.name}_backward", v, f"n={n}", kn.act_backward(act, tx, ty, tout, n, variant=v), \
+                lambda a=act: np.abs(gpu.read(tout) - a.backward(f64(x), f64(y))).max()
+        if n % 8 == 0:     # the pre-activation stored as bf16: the same entry points, the bf16 section
+            yield f"{act.name}_forward", "bf16", f"n={n}", kn.act_forward(act, up(xh, dtype="bf16"), th, n), \
+                lambda a=act: np.abs(R.cast_f32(gpu.read(th), n)
+                                     - R.cast_f32(R.stored_forward(a.forward, xh, "bf16"), n)).max()
+            yield f"{act.name}_backward", "bf16", f"n={n}", kn.act_backward(act, up(xh, dtype="bf16"), ty, tout, n), \
+                lambda a=act: np.abs(gpu.read(tout) - R.stored_backward(a.backward, xh, f64(y), "bf16")).max()
     acc0 = rng.standard_normal(rows * M).astype(np.float32)
     for v in ("scalar", "vec4"):     # in place: checked after its first run, then timed adding on
         tacc = up(acc0)
@@ -479,12 +471,12 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
         x, y = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         xh = R.cast_f16(x)
         tx, th, tout = gpu.tensor((n // 2,), "f16", data=xh), gpu.tensor((n // 2,), "f16"), gpu.tensor((n,))
-        d = kn.gelu_forward_f16(tx, th, n)
-        yield "gelu_forward", "f16", f"n={n}", d, lambda: np.abs(
-            R.unpack_f16(gpu.read(th)) - R.unpack_f16(R.gelu_forward_f16(xh))).max()
-        d = kn.gelu_backward_f16(tx, up(y), tout, n)
-        yield "gelu_backward", "f16", f"n={n}", d, \
-            lambda: np.abs(gpu.read(tout) - R.gelu_backward_f16(xh, y.astype(np.float64))).max()
+        for act in ACTIVATIONS.values():        # every activation's room, its f16 section
+            yield f"{act.name}_forward", "f16", f"n={n}", kn.act_forward(act, tx, th, n), lambda a=act: np.abs(
+                R.unpack_f16(gpu.read(th)) - R.unpack_f16(R.stored_forward(a.forward, xh, "f16"))).max()
+            yield f"{act.name}_backward", "f16", f"n={n}", kn.act_backward(act, tx, up(y), tout, n), \
+                lambda a=act: np.abs(gpu.read(tout) - R.stored_backward(a.backward, xh, y.astype(np.float64),
+                                                                         "f16")).max()
         xl, gb = rng.standard_normal((rows, C)).astype(np.float32), rng.standard_normal((2, C)).astype(np.float32)
         yh, st = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows))
         d = kn.layernorm_forward_f16(up(xl), up(gb), yh, st, rows, C)

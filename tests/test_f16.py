@@ -4,6 +4,7 @@ WGSL's f16 where the adapter has the shader-f16 feature, and the one-line refusa
 import numpy as np
 import pytest
 
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.reference import kernels as R
 
 from conftest import check
@@ -149,36 +150,22 @@ def test_layernorm_forward_f16(gpu, rng, rows, C, rms, kn, f16):
     check(f"layernorm_forward_f16 stats {rows}x{C}", gpu.read(stats), np.stack([mean, rstd]), 1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("tanh", [False, True])
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
 @pytest.mark.parametrize("n", [4, 12, 64 * 16 + 4, 3 * 64 * 16])
-def test_gelu_f16(gpu, rng, n, kn, f16, tanh):
-    """The exact GELU and the tanh form, reading f16, computing in float32."""
-    x = (rng.standard_normal(n) * 3).astype(np.float32)
-    xh = R.cast_f16(x)
-    X = gpu.tensor((n // 2,), "f16", data=xh)
-    out = gpu.tensor((n // 2,), "f16")
-    dy = rng.standard_normal(n).astype(np.float32)
-    dx = gpu.tensor((n,))
-    run(gpu, kn.gelu_forward_f16(X, out, n, tanh=tanh), kn.gelu_backward_f16(X, gpu.upload(dy), dx, n, tanh=tanh))
-    xv = R.unpack_f16(xh)
-    form = "tanh " if tanh else ""
-    check(f"gelu_forward_f16 {form}n={n}", R.unpack_f16(gpu.read(out)), R.gelu_forward(xv, tanh), 2e-6,
-          rtol=2.0 ** -11 + 1e-6)
-    check(f"gelu_backward_f16 {form}n={n}", gpu.read(dx), R.gelu_backward_f16(xh, f64(dy), tanh), 2e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("n", [4, 64 * 16 + 4])
-def test_relu2_f16(gpu, rng, n, kn, f16):
-    """The squared ReLU reading f16, computing in float32: one f16 rounding of the exact value."""
+def test_activation_f16(gpu, rng, n, kn, f16, act):
+    """Every activation reading f16 (the same entry points, the f16 section), computing in float32:
+    forward one f16 rounding of the float64 twin of the same f16 values, backward against the twin."""
+    act = ACTIVATIONS[act]
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     xh = R.cast_f16(x)
     X = gpu.tensor((n // 2,), "f16", data=xh)
     out, dx = gpu.tensor((n // 2,), "f16"), gpu.tensor((n,))
     dy = rng.standard_normal(n).astype(np.float32)
-    run(gpu, kn.relu2_forward_f16(X, out, n), kn.relu2_backward_f16(X, gpu.upload(dy), dx, n))
-    check(f"relu2_forward_f16 n={n}", R.unpack_f16(gpu.read(out)), R.relu2_forward(R.unpack_f16(xh)), 2e-6,
+    run(gpu, kn.act_forward(act, X, out, n), kn.act_backward(act, X, gpu.upload(dy), dx, n))
+    check(f"{act.name}_forward f16 n={n}", R.unpack_f16(gpu.read(out)), act.forward(R.unpack_f16(xh)), 2e-6,
           rtol=2.0 ** -11 + 1e-6)
-    check(f"relu2_backward_f16 n={n}", gpu.read(dx), R.relu2_backward_f16(xh, f64(dy)), 2e-6, rtol=1e-5)
+    check(f"{act.name}_backward f16 n={n}", gpu.read(dx), R.stored_backward(act.backward, xh, f64(dy), "f16"), 2e-6,
+          rtol=1e-5)
 
 
 def test_refusal_without_shader_f16(gpu):
@@ -254,7 +241,7 @@ def test_the_numerics_check_judges_every_f16_kernel_a_model_uses(gpu, f16, monke
     print("judged:", sorted(judged, key=str))
     assert judged and not any(judged.values())
     names = {e for e, _ in judged}
-    assert {"cast_f16", "layernorm_forward_f16", "gelu_forward_f16", "gelu_backward_f16"} <= names
+    assert {"cast_f16", "layernorm_forward_f16", "gelu_forward", "gelu_backward"} <= names
     assert any(e.startswith("matmul_abt_f16") for e in names) and any(e.startswith("matmul_atb_f16") for e in names)
     assert ("attention", "sg") in judged or plan.attention != "sg"
     from tinygpt.model.decode import Decoder
@@ -289,13 +276,13 @@ def test_a_precision_with_a_feature_finds_its_kernels_and_refuses_one_it_cannot_
     found = numerics.half_kernels(m.graph.fwd + m.graph.bwd + m.graph.opt + m.graph.copy_weights, BF16.stored)
     names = {e for e, _ in found}
     print(sorted(names))
-    assert {"layernorm_forward_bf16", "gelu_forward_bf16", "gelu_backward_bf16"} <= names
+    assert {"layernorm_forward_bf16", "gelu_forward", "gelu_backward"} <= names
     assert any(n.startswith("matmul") for n in names) and any(n.startswith("cast_bf16") for n in names)
     monkeypatch.setattr(numerics, "_VERDICTS", type(numerics._VERDICTS)())
     with pytest.raises(numerics.NumericsError) as e:
-        numerics.check(gpu, plan, {("gelu_forward_bf16", ())}, "bf16")
+        numerics.check(gpu, plan, {("layernorm_forward_bf16", ())}, "bf16")
     print(e.value)
-    assert "the kernel gelu_forward_bf16 has no case in the numerics check" in str(e.value)
+    assert "the kernel layernorm_forward_bf16 has no case in the numerics check" in str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -313,9 +300,8 @@ def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
     tile = (("BK", 4), ("TM", 8), ("TV", 1), ("WX", 4), ("WY", 2))     # 16 x 16: the ragged shape crosses tiles
     kernels |= {(f"{e}_f16{v}", tuple(sorted(m + (tile if v else ())))) for e in ("matmul", "matmul_abt", "matmul_atb")
                 for v in ("", "_tiled") for m in template_mixes}
-    kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "gelu_forward_f16", "gelu_backward_f16",
-                                  "relu2_forward_f16", "relu2_backward_f16",
-                                  "layernorm_forward_f16", "kv_append_half")}
+    kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "layernorm_forward_f16", "kv_append_half")}
+    kernels |= {(f"{a}_{way}", ()) for a in ACTIVATIONS for way in ("forward", "backward")}   # every activation
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
     kernels |= {(e, (("F16", True),)) for e in ("rope_forward", "rope_backward", "qk_norm_rope")}  # q, k stored f16
     kernels |= {("kv_expand", ())} | {(e, (("F16", True),)) for e in ("swiglu_forward", "swiglu_backward")}

@@ -12,6 +12,7 @@ from tinygpt.device.plan import tile_problem
 from tinygpt.device.planner import subgroups_ok
 from tinygpt.reference import kernels as R
 from tinygpt.core.config import ADAMW_BETA1, ADAMW_BETA2, ADAMW_EPS
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.core.init import token_buckets
 from tinygpt.core.rope import rope_table
 from tinygpt.model.optimizers import KINDS as OPTIMIZERS
@@ -225,16 +226,11 @@ def test_elementwise(gpu, rng, n, kn):
     xg = x.copy()
     xg[:4] = [30.0, -30.0, 1e5, -1e5][:n]        # the tanh form's x^3 past float32's range: its clamp
     tg = gpu.upload(xg)
-    for tanh in (False, True):                    # the exact GELU, and GPT-2's tanh form (TANH)
-        form = "tanh " if tanh else ""
-        run(gpu, kn.gelu_forward(tg, out, n, tanh=tanh))
-        check(f"gelu_forward {form}n={n}", gpu.read(out), R.gelu_forward(f64(xg), tanh), 5e-7, 1e-6)
-        run(gpu, kn.gelu_backward(tg, gpu.upload(dy), out, n, tanh=tanh))
-        check(f"gelu_backward {form}n={n}", gpu.read(out), R.gelu_backward(f64(xg), f64(dy), tanh), 5e-7, 1e-6)
-    run(gpu, kn.relu2_forward(tx, out, n))                     # nanochat's squared ReLU
-    check(f"relu2_forward n={n}", gpu.read(out), R.relu2_forward(f64(x)), 1e-6, 1e-6)
-    run(gpu, kn.relu2_backward(tx, gpu.upload(dy), out, n))
-    check(f"relu2_backward n={n}", gpu.read(out), R.relu2_backward(f64(x), f64(dy)), 1e-6, 1e-6)
+    for act in ACTIVATIONS.values():              # every activation's room: GELU's two forms, relu2, ...
+        run(gpu, kn.act_forward(act, tg, out, n))
+        check(f"{act.name}_forward n={n}", gpu.read(out), act.forward(f64(xg)), 5e-7, 1e-6)
+        run(gpu, kn.act_backward(act, tg, gpu.upload(dy), out, n))
+        check(f"{act.name}_backward n={n}", gpu.read(out), act.backward(f64(xg), f64(dy)), 5e-7, 1e-6)
     run(gpu, kn.add(tx, gpu.upload(dy), out, n))
     check(f"add n={n}", gpu.read(out), R.add(f64(x), f64(dy)), 1e-6)
     acc = gpu.upload(dy)
@@ -975,44 +971,28 @@ def test_matmul_abt_adds_a_bias(gpu, rng, variant):
               R.matmul_abt_bf16(a, R.unpack_bf16(bh.reshape(N, -1))) + bias, tol)
 
 
-@pytest.mark.parametrize("tanh", [False, True])
+@pytest.mark.parametrize("act", sorted(ACTIVATIONS))
 @pytest.mark.parametrize("n", [8, 1024, 64 * 2 * 8 * 3 + 8])
-def test_gelu_bf16(gpu, rng, n, kn, tanh):
-    """The pre-activation stored as bf16: forward within one bf16 rounding of the float64 GELU of
-    the same bf16 values (a float32 result on the other side of a rounding edge may round the
-    other way), backward in float32 against the float64 twin; the exact form and the tanh one."""
+def test_activation_bf16(gpu, rng, n, kn, act):
+    """Every activation with its pre-activation stored as bf16 (the same entry points, the bf16
+    section): forward within one bf16 rounding of the float64 twin of the same bf16 values (a
+    float32 result on the other side of a rounding edge may round the other way), backward in
+    float32 against the float64 twin."""
+    act = ACTIVATIONS[act]
     x = (rng.standard_normal(n) * 3).astype(np.float32)
     dy = rng.standard_normal(n).astype(np.float32)
     xh = R.cast_bf16(x)
     outh, dx = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
-    run(gpu, kn.gelu_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n, tanh=tanh),
-        kn.gelu_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n, tanh=tanh))
-    xb = R.cast_f32(xh, n).astype(np.float64)
-    want = R.gelu_forward(xb, tanh)
+    run(gpu, kn.act_forward(act, gpu.upload(xh, dtype="bf16"), outh, n),
+        kn.act_backward(act, gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n))
     got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
-    form = "tanh " if tanh else ""
-    check(f"gelu_forward_bf16 {form}n={n} (one bf16 rounding)", got, want, 1e-6, 2.0 ** -8)
-    same = np.mean(gpu.read(outh) == R.gelu_forward_bf16(xh, tanh))
-    print(f"gelu_forward_bf16 {form}: {same:.2%} of words equal to the float64 twin's rounding")
-    assert same > 0.98
-    check(f"gelu_backward_bf16 {form}n={n}", gpu.read(dx), R.gelu_backward_bf16(xh, f64(dy), tanh), 1e-6, 1e-6)
-
-
-@pytest.mark.parametrize("n", [8, 64 * 2 * 8 * 3 + 8])
-def test_relu2_bf16(gpu, rng, n, kn):
-    """The squared ReLU with its pre-activation stored as bf16: forward within one bf16 rounding of
-    the float64 value of the same bf16 inputs, backward in float32 against the float64 twin."""
-    x = (rng.standard_normal(n) * 3).astype(np.float32)
-    dy = rng.standard_normal(n).astype(np.float32)
-    xh = R.cast_bf16(x)
-    outh, dx = gpu.tensor((n // 2,), "bf16"), gpu.tensor((n,))
-    run(gpu, kn.relu2_forward_bf16(gpu.upload(xh, dtype="bf16"), outh, n),
-        kn.relu2_backward_bf16(gpu.upload(xh, dtype="bf16"), gpu.upload(dy), dx, n))
-    got = R.cast_f32(gpu.read(outh), n).astype(np.float64)
-    check(f"relu2_forward_bf16 n={n} (one bf16 rounding)", got, R.relu2_forward(R.cast_f32(xh, n).astype(np.float64)),
+    check(f"{act.name}_forward bf16 n={n} (one bf16 rounding)", got, act.forward(R.cast_f32(xh, n).astype(np.float64)),
           1e-6, 2.0 ** -8)
-    assert np.array_equal(gpu.read(outh), R.relu2_forward_bf16(xh))     # one product, one rounding: the same bits
-    check(f"relu2_backward_bf16 n={n}", gpu.read(dx), R.relu2_backward_bf16(xh, f64(dy)), 1e-6, 1e-6)
+    same = np.mean(gpu.read(outh) == R.stored_forward(act.forward, xh, "bf16"))
+    print(f"{act.name}_forward bf16: {same:.2%} of words equal to the float64 twin's rounding")
+    assert same > 0.98
+    check(f"{act.name}_backward bf16 n={n}", gpu.read(dx), R.stored_backward(act.backward, xh, f64(dy), "bf16"),
+          1e-6, 1e-6)
 
 
 @pytest.mark.parametrize("rows,C,rms", [(1, 8, False), (65, 48, False), (130, 96, False), (65, 48, True)])

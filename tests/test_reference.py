@@ -4,6 +4,7 @@ import sys
 import numpy as np
 import pytest
 
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
 from tinygpt.core.config import Config, param_shapes
@@ -290,6 +291,13 @@ def test_every_wgsl_entry_point_has_a_numpy_twin():
     print("the elementwise optimizers' entry points:", rooms)
     missing += [k for k in rooms if "fn update(" not in OPTIMIZERS[k].wgsl
                 or OPTIMIZERS[k].twin is not getattr(sys.modules[OPTIMIZERS[k].__module__], k, 0)]
+    # elementwise.wgsl's activation entry points take each activation's name (its room writes
+    # act4 and act_grad4): the twins of those names are the room's
+    assert "fn {{ACT}}_forward(" in (shaders / "elementwise.wgsl").read_text()
+    missing += [f"{a.name}_{way}" for a in ACTIVATIONS.values() for way, twin in (("forward", a.forward),
+                                                                                 ("backward", a.backward))
+                if twin.__name__ != f"{a.name}_{way}" or "fn act4(" not in a.wgsl or "fn act_grad4(" not in a.wgsl]
+    print("the activations' entry points:", sorted(ACTIVATIONS))
     assert not missing, f"no NumPy twin for {missing}"
 
 

@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.device.planner import make_plan, subgroups_ok
 
 
@@ -69,17 +70,18 @@ def test_bench_matmul_json(gpu):
 def test_bench_kernels_json(gpu):
     rows = run_json("bench_kernels.py", "--preset", "tiny", "--repeats", "1")
     sg = subgroups_ok(gpu)
-    want = {(k, "scalar") for k in ("add", "gelu_forward", "gelu_backward", "bias_grad", "layernorm_forward",
+    want = {(k, "scalar") for k in ("add", "bias_grad", "layernorm_forward",
                                     "layernorm_dx", "layernorm_dgb", "cross_entropy", "grad_sumsq", "adamw",
                                     "lion", "sgd")}
-    want |= {(k, "vec4") for k in ("add", "gelu_forward", "gelu_backward", "layernorm_forward", "layernorm_dx",
+    want |= {(k, "vec4") for k in ("add", "layernorm_forward", "layernorm_dx",
                                    "grad_sumsq", "adamw", "lion", "sgd", "accumulate")}
     want |= {(k, "scalar") for k in ("accumulate", "embed_decode", "kv_append", "attn_decode", "sample_tokens",
                                      "scale", "muon_momentum", "muon_normalize", "ns_mix", "muon_update")}
     want |= {(k, "sg") for k in ("bias_grad", "layernorm_dgb", "cross_entropy")} if sg else set()
-    want |= {("gelu_forward", "bf16"), ("gelu_backward", "bf16"), ("layernorm_forward", "bf16")}
-    want |= {(k, v + " tanh") for k in ("gelu_forward", "gelu_backward") for v in ("scalar", "vec4")}
-    want |= {(k, v) for k in ("relu2_forward", "relu2_backward") for v in ("scalar", "vec4", "bf16")}
+    want |= {("layernorm_forward", "bf16")}
+    half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache
+    want |= {(f"{a}_{way}", v) for a in ACTIVATIONS for way in ("forward", "backward")      # every activation's room
+             for v in ("scalar", "vec4", "bf16") + (("f16",) if half == "f16" else ())}
     want |= {(k, v + " rms") for k in ("layernorm_forward", "layernorm_dx") for v in ("scalar", "vec4")}
     want |= {("rope_forward", "f32"), ("rope_forward", "bf16"), ("qk_norm_rope", "f32"), ("qk_norm_rope_dx", "f32")}
     turned = ("vec4", "sg", "tiled") if sg else ("vec4", "tiled")     # the q projection turning, beside the plain
@@ -91,8 +93,7 @@ def test_bench_kernels_json(gpu):
     want |= {("kv_expand", "bf16"), ("kv_reduce", "scalar"), ("softcap", "scalar")}
     want |= {("grad_sumsq", v + " scaled") for v in ("scalar", "vec4")}
     want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
-    half = "f16" if "shader-f16" in gpu.features else "bf16"      # the f16 kernels, and the half cache
-    want |= {("gelu_forward", "f16"), ("gelu_backward", "f16"), ("layernorm_forward", "f16"),
+    want |= {("layernorm_forward", "f16"),
              ("cast_f16", "scalar"), ("cast_f16_to_f32", "scalar")} if half == "f16" else set()
     want |= {("kv_append", half), ("attn_decode", half), ("attn_decode", half + " vec4"), ("attn_decode", "vec4")}
     want |= {(f"{e} 1 rows", v) for e in ("matmul", "matmul_abt") for v in ("scalar", "f32", "bf16")}

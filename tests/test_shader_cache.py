@@ -21,6 +21,7 @@ pytestmark = pytest.mark.kernel
 CHILD = r'''
 import json, sys
 import numpy as np
+from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.device import kernels as K
 from tinygpt.device.gpu import GPU
 from tinygpt.device.kernels import Kernels
@@ -54,10 +55,11 @@ gpu.write_uniform(u, K.decode_uniform(N=N, T=T, C=C, H=H, pos=pos, step=0, V=256
 out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
 gpu.run([kn.attn_decode(*(gpu.upload(a.astype(np.float32)) for a in (qd, kc, vc)), out, scratch, N, H, u, window)])
 errs[f"attn_decode window={window}"] = err(gpu.read(out), R.attn_decode(qd, kc, vc, pos, H, window or None))
-x = (r.standard_normal(200) * 3).astype(np.float32)  # GELU: TANH
+x = (r.standard_normal(200) * 3).astype(np.float32)  # GELU's two forms: two sources of one file
 y = gpu.tensor((200,))
-gpu.run([kn.gelu_forward(gpu.upload(x), y, 200, tanh=tanh)])
-errs[f"gelu_forward tanh={tanh}"] = err(gpu.read(y), R.gelu_forward(x.astype(np.float64), tanh))
+act = ACTIVATIONS["gelu_tanh" if tanh else "gelu"]
+gpu.run([kn.act_forward(act, gpu.upload(x), y, 200)])
+errs[f"{act.name}_forward"] = err(gpu.read(y), act.forward(x.astype(np.float64)))
 M, Nn, Kd = 24 + 8 * head_dims[0], 40 + 8 * head_dims[0], 12   # matmul: the sg kernel's NC, TM
 a, b = r.standard_normal((M, Kd)).astype(np.float32), r.standard_normal((Kd, Nn)).astype(np.float32)
 mo = gpu.tensor((M, Nn))

@@ -31,7 +31,9 @@ BLOCKS names sets of parts (the blocks of the models people train), as Config fi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .activations import ACTIVATIONS, Activation
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,10 @@ class Position:
 @dataclass(frozen=True)
 class Mlp:
     name: str
-    forward: str         # the precision's kernel role of the activation (core.precision.ROLES); a gated
-    backward: str        # one's launchers, which read gate and up as stored whatever the precision
-    options: dict = field(default_factory=dict)     # what its launchers take besides the tensors
+    act: Activation | None = None   # its activation's room (core.activations: WGSL, twins); None: gated
     gated: bool = False  # a gate projection beside the input one (fc_gate_W, fc_gate_b)
+    forward: str | None = None      # a gated one's launchers and twins (glu.wgsl), which read gate and up
+    backward: str | None = None     # as stored whatever the precision
     gpt2_name: str | None = None   # its name in a Hugging Face GPT-2 config's activation_function (None: none)
 
 
@@ -66,10 +68,10 @@ NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=T
                              Norm("rmsnorm_free", rms=True, weights=False))}
 POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
-MLPS = {m.name: m for m in (Mlp("gelu", "gelu_forward", "gelu_backward", gpt2_name="gelu"),
-                            Mlp("gelu_tanh", "gelu_forward", "gelu_backward", {"tanh": True}, gpt2_name="gelu_new"),
-                            Mlp("relu2", "relu2_forward", "relu2_backward"),
-                            Mlp("swiglu", "swiglu_forward", "swiglu_backward", gated=True))}
+MLPS = {m.name: m for m in (Mlp("gelu", ACTIVATIONS["gelu"], gpt2_name="gelu"),
+                            Mlp("gelu_tanh", ACTIVATIONS["gelu_tanh"], gpt2_name="gelu_new"),
+                            Mlp("relu2", ACTIVATIONS["relu2"]),
+                            Mlp("swiglu", gated=True, forward="swiglu_forward", backward="swiglu_backward"))}
 UPSTREAM_MLP = MLPS["gelu"]     # TinyGPT's exact GELU: what a .tinygpt header without "activation" means
 
 
@@ -156,7 +158,7 @@ class Block:
     def gpt2(self) -> bool:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form, every head its own keys and values, d_model / heads wide."""
-        return (not self.norm.rms and self.position.table and self.mlp.forward == "gelu_forward"
+        return (not self.norm.rms and self.position.table and self.mlp.gpt2_name is not None
                 and self.bias is BIASES["all"] and self.tied and not self.qk_norm.on and not self.heads.grouped
                 and not self.heads.apart and not self.softcap and not self.embed_norm)
 

@@ -27,9 +27,13 @@ ROWS_MOST = 4        # the most rows matmul_words.wgsl takes (its MR)
 ROWS_LANES = 8       # invocations per workgroup of matmul_words.wgsl
 # The widths of the shaders written once for both (layernorm.wgsl, elementwise.wgsl, grad_norm.wgsl):
 # the element type V, W floats in it, hsum (the sum of its lanes), the entry points' suffix {{VEC}}.
-WIDTH_WGSL = {"scalar": "alias V = f32;\nconst W = 1u;\nfn hsum(v: f32) -> f32 { return v; }\n",
+# to4 and from4 carry a V to 4 lanes and back (an activation's act4, at either width).
+WIDTH_WGSL = {"scalar": "alias V = f32;\nconst W = 1u;\nfn hsum(v: f32) -> f32 { return v; }\n"
+                        "fn to4(v: f32) -> vec4<f32> { return vec4<f32>(v); }\n"
+                        "fn from4(v: vec4<f32>) -> f32 { return v.x; }\n",
               "vec4": "alias V = vec4<f32>;\nconst W = 4u;\n"
-                      "fn hsum(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }\n"}
+                      "fn hsum(v: vec4<f32>) -> f32 { return (v.x + v.y) + (v.z + v.w); }\n"
+                      "fn to4(v: V) -> vec4<f32> { return v; }\nfn from4(v: vec4<f32>) -> V { return v; }\n"}
 
 
 def width(variant: str, *tags: str) -> Fill:
@@ -51,6 +55,9 @@ def _docs(access: str, tensors: list, docs) -> tuple:
     return (access + "r", list(tensors) + [docs], DOCS) if docs is not None else (access, list(tensors), None)
 
 
+# elementwise.wgsl's activations on a 16-bit type: the values of its section's unit (one vector
+# load), a multiple of which n must be; float32's unit is its width's
+ACT_UNIT = {"bf16": 8, "f16": 4}
 CHUNK = 4096         # floats per partial sum of the gradient norm (optim.wgsl)
 NO_CLIP = 3.0e38     # a clip threshold no norm reaches
 DECODE_ACCESS = "urrrrwww"     # decode.wgsl's bindings: uniform | a b c ids_in | o1 o2 ids_out
@@ -241,11 +248,6 @@ ROPE_TURNS = {"rope_forward": 4, "qk_norm_rope": 4, **{e + v: 10 for e in ("matm
 def rope_at(packed: bytes, offset: int, word: int = 4) -> bytes:
     """A turning dispatch's Params as it packed them, with the position offset (at `word`) replaced."""
     return packed[:4 * word] + struct.pack("<I", offset) + packed[4 * word + 4:]
-
-
-def _tanh(tanh: bool) -> dict | None:
-    """The GELU kernels' override constants: TANH for GPT-2's tanh form (common.wgsl's gelu4)."""
-    return {"TANH": True} if tanh else None
 
 
 def windowed(window: int, T: int | None = None) -> dict:
@@ -440,31 +442,6 @@ class Kernels:
         """out (f32 [n]) = the bf16 values of xh; "x8" where n is a multiple of 8, as cast_bf16."""
         return self._cast("cast_f32", [None, xh, None, out], n, 64, variant)
 
-    def gelu_forward_bf16(self, xh, outh, n, tanh=False) -> Dispatch:
-        """outh = bf16(gelu(xh)): n values, a multiple of 8, two to a word on both sides; tanh: GPT-2's
-        tanh form (every GELU launcher takes it)."""
-        assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "gelu_forward_bf16", "urrww", _tanh(tanh), width("vec4"))
-        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
-
-    def gelu_backward_bf16(self, xh, dy, out, n, tanh=False) -> Dispatch:
-        """out (f32) = dy * gelu'(xh), xh bf16 (the saved pre-activation), n a multiple of 8."""
-        assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_bf16", "urrww", _tanh(tanh), width("vec4"))
-        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
-
-    def relu2_forward_bf16(self, xh, outh, n) -> Dispatch:
-        """outh = bf16(relu(xh)^2), n a multiple of 8 (gelu_forward_bf16's layout)."""
-        assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "relu2_forward_bf16", "urrww", fill=width("vec4"))
-        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (8 * 64 * 2))))
-
-    def relu2_backward_bf16(self, xh, dy, out, n) -> Dispatch:
-        """out (f32) = dy * 2 relu(xh), xh bf16, n a multiple of 8."""
-        assert n % 8 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "relu2_backward_bf16", "urrww", fill=width("vec4"))
-        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (8 * 64 * 2))))
-
     # ---- f16 (the f16 sections of cast.wgsl, layernorm.wgsl, elementwise.wgsl) ------------------------
     def cast_f16(self, x, out, n) -> Dispatch:
         """out (f16 [ceil(n/2)] words) = x (f32 [n]) rounded to nearest even, +-inf past f16's range."""
@@ -475,30 +452,6 @@ class Kernels:
         """out (f32 [n]) = the f16 values of xh, exactly."""
         k = self.gpu.kernel("cast.wgsl", "cast_f16_to_f32", "urrww", fill=F16)
         return self.gpu.dispatch(k, (n,), [None, xh, None, out], grid1d(-(-n // 64)))
-
-    def gelu_forward_f16(self, xh, outh, n, tanh=False) -> Dispatch:
-        """outh = f16(gelu(xh)), n a multiple of 4."""
-        assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "gelu_forward_f16", "urrww", _tanh(tanh), width("vec4", "f16"))
-        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
-
-    def gelu_backward_f16(self, xh, dy, out, n, tanh=False) -> Dispatch:
-        """out (f32) = dy * gelu'(xh), xh f16 (the saved pre-activation), n a multiple of 4."""
-        assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "gelu_backward_f16", "urrww", _tanh(tanh), width("vec4", "f16"))
-        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
-
-    def relu2_forward_f16(self, xh, outh, n) -> Dispatch:
-        """outh = f16(relu(xh)^2), n a multiple of 4."""
-        assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "relu2_forward_f16", "urrww", fill=width("vec4", "f16"))
-        return self.gpu.dispatch(k, (n, 0), [xh, None, outh, None], grid1d(-(-n // (4 * 64 * 4))))
-
-    def relu2_backward_f16(self, xh, dy, out, n) -> Dispatch:
-        """out (f32) = dy * 2 relu(xh), xh f16, n a multiple of 4."""
-        assert n % 4 == 0, n
-        k = self.gpu.kernel("elementwise.wgsl", "relu2_backward_f16", "urrww", fill=width("vec4", "f16"))
-        return self.gpu.dispatch(k, (n, 0), [xh, dy, None, out], grid1d(-(-n // (4 * 64 * 4))))
 
     # ---- elementwise -------------------------------------------------------------------------------
     def _ew(self, entry, x, y, out, n, cols=0, groups=None, variant=None, consts=None) -> Dispatch:
@@ -524,21 +477,30 @@ class Kernels:
         """out = x * s (LoRA's alpha / rank; s is the pipeline's constant SCALE)."""
         return self._ew("scale", x, None, out, n, variant="scalar", consts={"SCALE": float(s)})
 
-    def gelu_forward(self, x, out, n, variant=None, tanh=False) -> Dispatch:
-        """out = gelu(x): the exact x Phi(x), or GPT-2's tanh form where tanh (override TANH)."""
-        return self._ew("gelu_forward", x, None, out, n, variant=variant, consts=_tanh(tanh))
+    # ---- the MLP's activation (elementwise.wgsl's {{ACT}}_ entry points, its room's WGSL) --------------
+    def act_forward(self, act, x, out, n, variant=None) -> Dispatch:
+        """out = act(x) over n values, x and out stored alike (float32, or bf16 or f16 two to a
+        word): `act` an activation's room (core.activations: its name and WGSL)."""
+        return self._act(act, "forward", [x, None, out, None], x.dtype, n, variant)
 
-    def gelu_backward(self, x, dy, out, n, variant=None, tanh=False) -> Dispatch:
-        """out = dy * gelu'(x), x the pre-activation; tanh as gelu_forward."""
-        return self._ew("gelu_backward", x, dy, out, n, variant=variant, consts=_tanh(tanh))
+    def act_backward(self, act, x, dy, dx, n, variant=None) -> Dispatch:
+        """dx (float32) = dy * act'(x), x the pre-activation as stored."""
+        return self._act(act, "backward", [x, dy, None, dx], x.dtype, n, variant)
 
-    def relu2_forward(self, x, out, n, variant=None) -> Dispatch:
-        """out = relu(x)^2 (nanochat's MLP activation)."""
-        return self._ew("relu2_forward", x, None, out, n, variant=variant)
-
-    def relu2_backward(self, x, dy, out, n, variant=None) -> Dispatch:
-        """out = dy * 2 relu(x), x the pre-activation."""
-        return self._ew("relu2_backward", x, dy, out, n, variant=variant)
+    def _act(self, act, way, bindings, dtype, n, variant) -> Dispatch:
+        """The activation's entry point for the stored type of x: float32 at the plan's width (vec4
+        where n is a multiple of 4), a 16-bit type at the vec4 width, 16 values an invocation, n a
+        multiple of 8 (bf16) or 4 (f16)."""
+        unit = ACT_UNIT.get(dtype)
+        if unit is None:
+            variant = variant or ("vec4" if self.plan.elementwise == "vec4" and n % 4 == 0 else "scalar")
+        else:
+            assert n % unit == 0, (dtype, n)
+            variant = "vec4"
+        fill = Fill(f"{act.name} on {dtype} at the {variant} width", WIDTH_WGSL[variant] + act.wgsl,
+                    (("VEC", "4" if variant == "vec4" else ""), ("ACT", act.name)), frozenset((variant, "act", dtype)))
+        k = self.gpu.kernel("elementwise.wgsl", f"{act.name}_{way}", "urrww", fill=fill)
+        return self.gpu.dispatch(k, (n, 0), bindings, grid1d(-(-n // (64 * (16 if variant == "vec4" else 1)))))
 
     def bias_grad(self, dy, out, rows, cols, variant=None) -> Dispatch:
         variant = variant or ("sg" if cols % 4 == 0 and self.plan.reduce == "sg" else "scalar")

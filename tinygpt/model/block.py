@@ -75,14 +75,14 @@ class PolicyKernels:
         mlp = self.block.mlp
         if mlp.gated:
             return getattr(self.kn, mlp.forward)(gate, x, out, n)
-        return self._k(mlp.forward)(x, out, n, **mlp.options)
+        return self.kn.act_forward(mlp.act, x, out, n)
 
     def act_backward(self, x, dy, out, n, gate=None, dgate=None):
         """out: d(x); a gated activation's d(gate) into dgate."""
         mlp = self.block.mlp
         if mlp.gated:
             return getattr(self.kn, mlp.backward)(gate, x, dy, dgate, out, n)
-        return self._k(mlp.backward)(x, dy, out, n, **mlp.options)
+        return self.kn.act_backward(mlp.act, x, dy, out, n)
 
     def convert(self, src: Tensor, dst: Tensor, n: int) -> list:
         """dst = src in dst's dtype; nothing where they are one tensor."""

@@ -38,8 +38,8 @@ def _parts(cfg: Config, T: int, dtype):
         act = lambda x, gate: getattr(RK, blk.mlp.forward)(gate, x)
         act_grad = lambda x, dy, gate: getattr(RK, blk.mlp.backward)(gate, x, dy)[::-1]     # (dx, dgate)
     else:
-        act = lambda x, gate: getattr(RK, blk.mlp.forward)(x, **blk.mlp.options)
-        act_grad = lambda x, dy, gate: (getattr(RK, blk.mlp.backward)(x, dy, **blk.mlp.options), None)
+        act = lambda x, gate: blk.mlp.act.forward(x)
+        act_grad = lambda x, dy, gate: (blk.mlp.act.backward(x, dy), None)
     if not blk.position.rotary:
         return norm, act, act_grad, (lambda x: x), (lambda dx: dx)
     cs = rope_table(cfg.ctx, cfg.hd, blk.rope_theta, scaling=cfg.rope_scaling).astype(dtype)

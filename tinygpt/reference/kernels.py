@@ -16,20 +16,8 @@ import numpy as np
 
 from ..core.config import UNSCORED
 
-_erf = np.frompyfunc(math.erf, 1, 1)
-
-
-def erf(x):
-    """Exact (math.erf) in float64; in float32 the approximation the WGSL uses
-    (Abramowitz & Stegun 7.1.26, |error| < 1.5e-7), vectorised, so a float32
-    reference trainer mirrors the GPU and is not slowed by a Python loop."""
-    if x.dtype != np.float32:
-        return _erf(x).astype(x.dtype)
-    a = np.abs(x)
-    t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
-    poly = ((((np.float32(1.061405429) * t - np.float32(1.453152027)) * t + np.float32(1.421413741)) * t
-             - np.float32(0.284496736)) * t + np.float32(0.254829592)) * t
-    return np.sign(x) * (np.float32(1.0) - poly * np.exp(-a * a))
+from ..core.activations import (erf, gelu_backward, gelu_forward, gelu_tanh_backward,  # noqa: F401  the rooms' twins
+                               gelu_tanh_forward, relu2_backward, relu2_forward)
 
 
 # ---- matmul (weights [in, out]) -------------------------------------------------------
@@ -111,23 +99,6 @@ def matmul_bf16_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] pa
 def layernorm_forward_bf16(x, g, b, eps=1e-5, rms=False):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
     y, mean, rstd = layernorm_forward(x, g, b, eps, rms)
     return cast_bf16(y).reshape(len(x), -1), mean, rstd
-
-
-def gelu_forward_bf16(xh, tanh=False):   # packed bf16 x -> packed bf16 gelu(x), computed in x's float precision
-    x = cast_f32(xh, 2 * np.size(xh))
-    return cast_bf16(gelu_forward(x, tanh))
-
-
-def gelu_backward_bf16(xh, dy, tanh=False):   # packed bf16 x, dy -> d(x) in dy's precision
-    return gelu_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy, tanh)
-
-
-def relu2_forward_bf16(xh):              # packed bf16 x -> packed bf16 relu(x)^2
-    return cast_bf16(relu2_forward(cast_f32(xh, 2 * np.size(xh))))
-
-
-def relu2_backward_bf16(xh, dy):         # packed bf16 x, dy -> d(x) in dy's precision
-    return relu2_backward(unpack_bf16(np.ravel(xh)[None])[0].astype(np.asarray(dy).dtype), dy)
 
 
 def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
@@ -222,20 +193,16 @@ def layernorm_forward_f16(x, g, b, eps=1e-5, rms=False):     # float32 x -> pack
     return cast_f16(y).reshape(len(x), -1), mean, rstd
 
 
-def gelu_forward_f16(xh, tanh=False):   # packed f16 x -> packed f16 gelu(x), computed in float64
-    return cast_f16(gelu_forward(unpack_f16(np.ravel(xh)), tanh))
+# ---- an activation stored in 16 bits (elementwise.wgsl's {{ACT}}_forward, _backward with bf16 or f16) ----------
+def stored_forward(forward, xh, dtype):  # packed x (bf16 or f16 words) -> packed forward(x), one rounding
+    if dtype == "bf16":                  # computed in x's float32 values, as the kernel does
+        return cast_bf16(forward(cast_f32(xh, 2 * np.size(xh))))
+    return cast_f16(forward(unpack_f16(np.ravel(xh))))
 
 
-def gelu_backward_f16(xh, dy, tanh=False):   # packed f16 x, dy -> d(x) in dy's precision
-    return gelu_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy, tanh)
-
-
-def relu2_forward_f16(xh):               # packed f16 x -> packed f16 relu(x)^2, computed in float64
-    return cast_f16(relu2_forward(unpack_f16(np.ravel(xh))))
-
-
-def relu2_backward_f16(xh, dy):          # packed f16 x, dy -> d(x) in dy's precision
-    return relu2_backward(unpack_f16(np.ravel(xh)).astype(np.asarray(dy).dtype), dy)
+def stored_backward(backward, xh, dy, dtype):   # packed x, dy -> d(x) in dy's precision
+    x = unpack_bf16(np.ravel(xh)[None])[0] if dtype == "bf16" else unpack_f16(np.ravel(xh))
+    return backward(x.astype(np.asarray(dy).dtype), dy)
 
 
 # ---- elementwise ----------------------------------------------------------------------
@@ -247,37 +214,8 @@ def scale(x, s):                          # -> x * s (LoRA's alpha / rank), roun
     return x * np.float32(s) if np.asarray(x).dtype == np.float32 else x * s
 
 
-def relu2_forward(x):                     # -> relu(x)^2
-    return np.maximum(x, 0.0) ** 2
-
-
-def relu2_backward(x, dy):                # -> dy * 2 relu(x), x the pre-activation
-    return dy * 2.0 * np.maximum(x, 0.0)
-
-
 def accumulate(x, out):                   # -> out + x (the kernel writes it into out)
     return out + x
-
-
-def _tanh_arg(x):                        # GPT-2's GELU: u = sqrt(2/pi) (x + 0.044715 x^3), clamped as the kernels do
-    with np.errstate(over="ignore"):
-        return np.clip(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x), -40.0, 40.0)
-
-
-def gelu_forward(x, tanh=False):         # exact erf GELU; tanh: GPT-2's 0.5 x (1 + tanh(u)) (gelu_new),
-    if tanh:                             # as x sigmoid(2u): the same function, without 1 + tanh's cancellation
-        return x / (1.0 + np.exp(-2.0 * _tanh_arg(x)))
-    return 0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))
-
-
-def gelu_backward(x, dy, tanh=False):    # x = pre-activation
-    if tanh:
-        e = np.exp(-2.0 * _tanh_arg(x))
-        s = 1.0 / (1.0 + e)
-        return dy * (s + 2.0 * x * math.sqrt(2.0 / math.pi) * (1.0 + 3 * 0.044715 * x * x) * (s * e) * s)
-    cdf = 0.5 * (1.0 + erf(x / math.sqrt(2.0)))
-    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-    return dy * (cdf + x * pdf)
 
 
 # elementwise.wgsl at the vec4 width: the same, read as vec4
