@@ -10,17 +10,17 @@ enable subgroups;
 // as 0, so that dgb (dg = sum_rows dy * x * rstd; no db written) and dx read RMSNorm's statistics
 // as LayerNorm's, dx dropping only the mean(dxhat) term that centring puts there. A norm without
 // weights (nanochat's) is g = 1.
-//   layernorm_forward{{VEC}}  y = g * (x - mean) * rstd + b; caches mean, rstd per row
+//   layernorm_forward{{VEC}}  y = g * (x - mean) * rstd + b; caches mean, rstd per row. y is stored
+//                           as the fill's stored type says (its section below: f32; bf16 or f16, two
+//                           to a u32, for a 16-bit model's norms, whose outputs only feed matmuls;
+//                           statistics and arithmetic in float32 either way)
 //   layernorm_dx{{VEC}}       dx (+)= rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * g
 //   layernorm_dgb           dg = sum_rows dy * xhat, db = sum_rows dy
-//   layernorm_forward_bf16  the forward writing y as bf16 (two to a u32, common.wgsl): a bf16
-//   layernorm_forward_f16   or f16 model's LayerNorms, whose outputs only feed matmuls;
-//                           statistics and arithmetic in float32 (C a multiple of 8 | 4)
 //   layernorm_dgb_sg        layernorm_dgb by subgroups
 // One invocation per row (per channel for dgb): no barriers, deterministic.
 //
 // The width is the launcher's (kernels.WIDTHS): V = f32 (W empty: any C) or vec4<f32> (W = 4:
-// C a multiple of 4, rows read as C/4 vec4; the half forwards are of this width). Why vec4:
+// C a multiple of 4, rows read as C/4 vec4; a 16-bit y is written at this width). Why vec4:
 // lavapipe pays per lane for each load instruction whatever its width, so a row read as C/4
 // vec4 costs a quarter of C floats. hsum: the sum of a V's lanes.
 //
@@ -39,9 +39,6 @@ struct Params { rows: u32, C: u32, eps: f32, accumulate: u32, rms: u32 }
 @group(0) @binding(3) var<storage, read> cs: array<f32>;    // mean|rstd [2, rows] (dgb, dgb_sg)
 @group(0) @binding(4) var<storage, read_write> o1: array<V>; // y [rows, C]; dx [rows, C]; dg|db [2, C]
 @group(0) @binding(5) var<storage, read_write> o2: array<f32>; // mean|rstd [2, rows] (forward); for dx: mean|rstd input
-// the half forwards' bindings: x, g|b as the forward's a, b; then these
-@group(0) @binding(3) var<storage, read_write> yb: array<vec4<u32>>;  // bf16 y [rows, C/8] words of 8
-@group(0) @binding(4) var<storage, read_write> stats: array<f32>;     // mean | rstd [2, rows]
 
 // (mean, rstd) of the n values of V from a[base]; RMSNorm's mean is 0
 fn row_stats(base: u32, n: u32) -> vec2<f32> {
@@ -70,7 +67,7 @@ fn layernorm_forward{{VEC}}(@builtin(global_invocation_id) gid: vec3<u32>) {
   let base = r * n;
   let ms = row_stats(base, n);
   for (var i = 0u; i < n; i++) {
-    o1[base + i] = (a[base + i] - ms.x) * ms.y * b[i] + shift(n + i);
+    store_y(base + i, (a[base + i] - ms.x) * ms.y * b[i] + shift(n + i));
   }
   o2[r] = ms.x;
   o2[p.rows + r] = ms.y;
@@ -116,40 +113,23 @@ fn layernorm_dgb(@builtin(global_invocation_id) gid: vec3<u32>) {
   o1[ch] = dg;
   if (p.rms == 0u) { o1[p.C + ch] = db; }         // RMSNorm's gradient is g's alone: [C]
 }
-//#else
+//#endif
+//#if f32
 
-@compute @workgroup_size(64)
-fn layernorm_forward_bf16(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r = gid.x;
-  if (r >= p.rows) { return; }
-  let n = p.C / 4u;
-  let base = r * n;
-  let ms = row_stats(base, n);
-  for (var i = 0u; i < n; i += 2u) {
-    let lo = (a[base + i] - ms.x) * ms.y * b[i] + shift(n + i);
-    let hi = (a[base + i + 1u] - ms.x) * ms.y * b[i + 1u] + shift(n + i + 1u);
-    yb[(base + i) / 2u] = vec4<u32>(bf16_pack(lo.x, lo.y), bf16_pack(lo.z, lo.w), bf16_pack(hi.x, hi.y),
-                                    bf16_pack(hi.z, hi.w));
-  }
-  stats[r] = ms.x;
-  stats[p.rows + r] = ms.y;
-}
+// y as float32: V at a time
+fn store_y(j: u32, v: V) { o1[j] = v; }
+//#endif
+//#if bf16
+
+// y as bf16 (common.wgsl's bf16_pack): a vec4 as two words
+@group(0) @binding(4) var<storage, read_write> yb: array<vec2<u32>>;   // [rows, C/4]
+fn store_y(j: u32, v: V) { yb[j] = vec2<u32>(bf16_pack(v.x, v.y), bf16_pack(v.z, v.w)); }
 //#endif
 //#if f16
 
-@group(0) @binding(3) var<storage, read_write> yh: array<vec4<f16>>;  // f16 y [rows, C]
-
-@compute @workgroup_size(64)
-fn layernorm_forward_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
-  let r = gid.x;
-  if (r >= p.rows) { return; }
-  let n = p.C / 4u;
-  let base = r * n;
-  let ms = row_stats(base, n);
-  for (var i = 0u; i < n; i++) { yh[base + i] = to_f16x4((a[base + i] - ms.x) * ms.y * b[i] + shift(n + i)); }
-  stats[r] = ms.x;
-  stats[p.rows + r] = ms.y;
-}
+// y as f16 (WGSL's)
+@group(0) @binding(4) var<storage, read_write> yh: array<vec4<f16>>;   // [rows, C/4]
+fn store_y(j: u32, v: V) { yh[j] = to_f16x4(v); }
 //#endif
 //#if sg
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# the steps of a block whose kernel depends on the stored dtype. The matmuls and the MLP's
-# activations are not among them: one launcher serves every precision, reading it from its
-# tensors' dtypes (the matmul templates completed with a section of shaders/products.wgsl;
-# elementwise.wgsl's activations with their stored type's section).
-ROLES = ("layernorm", "to_f32", "from_f32")
+# the steps of a block whose kernel depends on the stored dtype: the casts between it and float32.
+# The others are not among them: one launcher serves every precision, reading it from its
+# tensors' dtypes (the matmul templates completed with a section of shaders/products.wgsl; the
+# activations and the norm's forward with their stored type's section of their file).
+ROLES = ("to_f32", "from_f32")
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,11 @@ class Precision:
 
 
 FP32 = Precision("fp32", stored="f32", weights="f32", width_multiple=1, decode_cache=True, kernels={
-    "layernorm": "layernorm_forward", "to_f32": None, "from_f32": None})
+    "to_f32": None, "from_f32": None})
 
 # bf16: GELU reads 8 bf16 at a time and the subgroup matmuls 8 per row, hence the multiple of 8.
 BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode_cache=True, kernels={
-    "layernorm": "layernorm_forward_bf16", "to_f32": "cast_f32", "from_f32": "cast_bf16"})
+    "to_f32": "cast_f32", "from_f32": "cast_bf16"})
 
 # f16: WGSL's own half type (the shader-f16 feature). Each matmul product is taken in f16 and the
 # products summed in float32; float32 operands (the backward's gradients) are rounded to f16 as
@@ -64,7 +64,7 @@ BF16 = Precision("bf16", stored="bf16", weights="bf16", width_multiple=8, decode
 # small gradients above f16's subnormals and to skip a step whose gradients overflowed. The kernels
 # read 4 values at a time (vec4<f16>), hence the multiple of 4.
 F16 = Precision("f16", stored="f16", weights="f16", width_multiple=4, decode_cache=True, kernels={
-    "layernorm": "layernorm_forward_f16", "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"},
+    "to_f32": "cast_f16_to_f32", "from_f32": "cast_f16"},
     grad_operands="f16", feature="shader-f16",
     loss_scaling=True)
 

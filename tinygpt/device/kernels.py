@@ -510,29 +510,22 @@ class Kernels:
         return self._ew("bias_grad", dy, None, out, rows, cols, groups=-(-cols // 64))
 
     # ---- layernorm ---------------------------------------------------------------------------------
-    def _ln(self, entry, C, variant=None, access="urrrww"):
-        """layernorm.wgsl's `entry` at the width the plan reads (vec4 where C is a multiple of 4)."""
+    def _ln(self, entry, C, variant=None, access="urrrww", stored="f32"):
+        """layernorm.wgsl's `entry` at the width the plan reads (vec4 where C is a multiple of 4),
+        its y stored as `stored` (the file's section of that name)."""
         variant = variant or ("vec4" if self.plan.elementwise == "vec4" and C % 4 == 0 else "scalar")
         return self.gpu.kernel("layernorm.wgsl", entry + ("4" if variant == "vec4" else ""), access,
-                               fill=width(variant))
+                               fill=width(variant, stored))
 
     def layernorm_forward(self, x, gb, y, stats, rows, C, eps=1e-5, variant=None, rms=False) -> Dispatch:
         """gb = [g | b] packed [2, C] (RMSNorm's, rms: g alone, [C]); stats = [mean | rstd] packed
-        [2, rows] (RMSNorm's mean 0)."""
-        k = self._ln("layernorm_forward", C, variant)
+        [2, rows] (RMSNorm's mean 0). y is stored as its dtype: float32, or bf16 or f16 two to a
+        word ([rows, C/2] words: the vec4 width, C a multiple of 4)."""
+        if DTYPES[y.dtype].packed:
+            assert C % 4 == 0, C
+            variant = "vec4"
+        k = self._ln("layernorm_forward", C, variant, stored=y.dtype)
         return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, None, y, stats], (-(-rows // 64),))
-
-    def layernorm_forward_bf16(self, x, gb, yh, stats, rows, C, eps=1e-5, rms=False) -> Dispatch:
-        """layernorm_forward with y written as bf16 ([rows, C/2] words); C a multiple of 8."""
-        assert C % 8 == 0, C
-        k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_bf16", "urrww", fill=width("vec4"))
-        return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, yh, stats], (-(-rows // 64),))
-
-    def layernorm_forward_f16(self, x, gb, yh, stats, rows, C, eps=1e-5, rms=False) -> Dispatch:
-        """layernorm_forward with y written as f16 ([rows, C/2] words); C a multiple of 4."""
-        assert C % 4 == 0, C
-        k = self.gpu.kernel("layernorm.wgsl", "layernorm_forward_f16", "urrww", fill=width("vec4", "f16"))
-        return self.gpu.dispatch(k, (rows, C, float(eps), 0, bool(rms)), [x, gb, yh, stats], (-(-rows // 64),))
 
     def layernorm_dx(self, dy, x, g, stats, dx, rows, C, accumulate=True, variant=None, rms=False) -> Dispatch:
         k = self._ln("layernorm_dx", C, variant)
@@ -543,9 +536,9 @@ class Kernels:
         variant = variant or ("sg" if C % 4 == 0 and self.plan.reduce == "sg" else "scalar")
         u = (rows, C, 0.0, 0, bool(rms))
         if variant == "sg":  # one 8-lane subgroup per 4 channels
-            k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb_sg", "urrrww", fill=width("vec4", "sg"))
+            k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb_sg", "urrrww", fill=width("vec4", "sg", "f32"))
             return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], grid1d(C // 4))
-        k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar"))
+        k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar", "f32"))
         return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], (-(-C // 64),))
 
     # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------

@@ -39,7 +39,7 @@ class PolicyKernels:
 
     def layernorm(self, x, gb, y, stats, rows, C):
         """The block's norm: gb its [g | b] (RMSNorm's g alone)."""
-        return self._k("layernorm")(x, gb, y, stats, rows, C, eps=self.block.eps, rms=self.rms)
+        return self.kn.layernorm_forward(x, gb, y, stats, rows, C, eps=self.block.eps, rms=self.rms)
 
     def norm_f32(self, x, gb, y, stats, rows, C):
         """The block's norm writing float32 (the embedding's norm, into the residual stream)."""
@@ -53,7 +53,7 @@ class PolicyKernels:
 
     def qk_norm(self, x, g, y, stats, rows, hd):
         """QK-norm: RMSNorm over each head's hd channels (x [rows, hd]), whatever the block's norm."""
-        return self._k("layernorm")(x, g, y, stats, rows, hd, eps=self.block.eps, rms=True)
+        return self.kn.layernorm_forward(x, g, y, stats, rows, hd, eps=self.block.eps, rms=True)
 
     def qk_norm_dx(self, dy, x, g, stats, dx, rows, hd):
         return self.kn.layernorm_dx(dy, x, g, stats, dx, rows, hd, accumulate=False, rms=True)

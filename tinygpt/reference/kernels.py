@@ -96,11 +96,6 @@ def matmul_bf16_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] pa
     return _out(matmul(_operand(a), _operand(b), bias), out_bf16)
 
 
-def layernorm_forward_bf16(x, g, b, eps=1e-5, rms=False):     # float32 x -> packed bf16 y [rows, C/2], mean, rstd
-    y, mean, rstd = layernorm_forward(x, g, b, eps, rms)
-    return cast_bf16(y).reshape(len(x), -1), mean, rstd
-
-
 def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
     return _out(matmul_abt(_operand(a), _operand(b)), out_bf16)
 
@@ -188,11 +183,6 @@ matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmu
 matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
 
 
-def layernorm_forward_f16(x, g, b, eps=1e-5, rms=False):     # float32 x -> packed f16 y [rows, C/2], mean, rstd
-    y, mean, rstd = layernorm_forward(x, g, b, eps, rms)
-    return cast_f16(y).reshape(len(x), -1), mean, rstd
-
-
 # ---- an activation stored in 16 bits (elementwise.wgsl's {{ACT}}_forward, _backward with bf16 or f16) ----------
 def stored_forward(forward, xh, dtype):  # packed x (bf16 or f16 words) -> packed forward(x), one rounding
     if dtype == "bf16":                  # computed in x's float32 values, as the kernel does
@@ -203,6 +193,11 @@ def stored_forward(forward, xh, dtype):  # packed x (bf16 or f16 words) -> packe
 def stored_backward(backward, xh, dy, dtype):   # packed x, dy -> d(x) in dy's precision
     x = unpack_bf16(np.ravel(xh)[None])[0] if dtype == "bf16" else unpack_f16(np.ravel(xh))
     return backward(x.astype(np.asarray(dy).dtype), dy)
+
+
+def stored_layernorm_forward(x, g, b, dtype, eps=1e-5, rms=False):   # float32 x -> y packed [rows, C/2], mean, rstd
+    y, mean, rstd = layernorm_forward(x, g, b, eps, rms)   # (layernorm.wgsl's forward with a bf16 or f16 section)
+    return (cast_bf16 if dtype == "bf16" else cast_f16)(y).reshape(len(x), -1), mean, rstd
 
 
 # ---- elementwise ----------------------------------------------------------------------
