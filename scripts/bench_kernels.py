@@ -140,7 +140,7 @@ def cases(gpu, rows, C, M, V, n, rng):
     rl, rd = R.cross_entropy(tgt, f64(logits), 1.0 / rows)
     for v in ["scalar"] + sg:
         tl, losses = up(logits), gpu.tensor((rows,))  # logits become dlogits: a copy per variant
-        d = kn.cross_entropy(up(tgt), tl, losses, rows, V, 1.0 / rows, variant=v)
+        d = kn.losses.cross_entropy(up(tgt), tl, losses, rows, V, 1.0 / rows, variant=v)
         yield "cross_entropy", v, f"{rows}x{V}", d, lambda tl=tl, losses=losses: max(
             np.abs(gpu.read(losses) - rl).max(), np.abs(gpu.read(tl) - rd).max())
 
@@ -149,7 +149,7 @@ def cases(gpu, rows, C, M, V, n, rng):
     v0 = np.abs(v0)
     tg, parts = up(gr), gpu.tensor((-(-n // K.CHUNK),))
     for v in ("scalar", "vec4"):
-        d = kn.grad_sumsq(tg, parts, n, variant=v)
+        d = kn.optim.grad_sumsq(tg, parts, n, variant=v)
         yield "grad_sumsq", v, f"n={n}", d, lambda: np.abs(gpu.read(parts) - R.grad_sumsq(f64(gr))).max()
     wd = np.full(-(-n // 256), 0.1, np.float32)
     lr = 1e-3
@@ -168,15 +168,15 @@ def cases(gpu, rows, C, M, V, n, rng):
         room.twin(f64(gr), 0.1, gate, rw, rm_, rv, lr, *consts)
         for v in ("scalar", "vec4"):
             tw = up(w0)  # updated in place: a copy per variant, checked after the first step only
-            d = kn.elementwise_optimizer(room.name, room.wgsl, tg, up(wd), tgate, tw, up(m0), up(v0) if two else None,
-                                         n, u, variant=v)
+            d = kn.optim.elementwise_optimizer(room.name, room.wgsl, tg, up(wd), tgate, tw, up(m0),
+                                               up(v0) if two else None, n, u, variant=v)
             yield room.name, v, f"n={n}", d, lambda tw=tw, rw=rw: np.abs(gpu.read(tw) - rw).max()
     # the loss scaler's form of grad_sumsq (SCALED, f16's): gradients carrying a scale of 1024,
     # unscaled as they are squared (the scale read from the gate, kernels.GATE)
     gs = gr * np.float32(1024.0)
     tgs, scaled = up(gs), up(words(dict(gate, scale=1024.0)))
     for v in ("scalar", "vec4"):
-        d = kn.grad_sumsq(tgs, parts, n, variant=v, gate=scaled)
+        d = kn.optim.grad_sumsq(tgs, parts, n, variant=v, gate=scaled)
         yield "grad_sumsq", v + " scaled", f"n={n}", d, lambda: np.abs(
             gpu.read(parts) - R.grad_sumsq(f64(gs), gate={"scale": 1024.0})).max()
     yield from muon_cases(gpu, kn, up, tgate, gate, C, M, rng)
@@ -191,18 +191,18 @@ def muon_cases(gpu, kn, up, tgate, gate, C, M, rng):
     tm, x, y = up(m), gpu.tensor((C, M)), gpu.tensor((C, M))
     rm, ru = f64(m), np.zeros((C, M))
     R.muon_momentum(f64(g), gate, rm, ru, 0.95, True)
-    yield "muon_momentum", "scalar", f"{C}x{M}", kn.muon_momentum(up(g), tgate, tm, x, n, 0.95), \
+    yield "muon_momentum", "scalar", f"{C}x{M}", kn.optim.muon_momentum(up(g), tgate, tm, x, n, 0.95), \
         lambda: np.abs(gpu.read(x) - ru).max()
     tx = up(g)
-    yield "muon_normalize", "scalar", f"{C}x{M}", kn.muon_normalize(tx, n, 1e-7), \
+    yield "muon_normalize", "scalar", f"{C}x{M}", kn.optim.muon_normalize(tx, n, 1e-7), \
         lambda: np.abs(gpu.read(tx) - R.muon_normalize(f64(g), 1e-7)).max()
-    yield "ns_mix", "scalar", f"{C}x{M}", kn.ns_mix(up(g), up(m), y, n, 3.4445, 1.0), \
+    yield "ns_mix", "scalar", f"{C}x{M}", kn.optim.ns_mix(up(g), up(m), y, n, 3.4445, 1.0), \
         lambda: np.abs(gpu.read(y) - R.ns_mix(f64(g), f64(m), 3.4445, 1.0)).max()
     u = gpu.uniform(16)
     gpu.write_uniform(u, K.pack_uniform((0, 1e-3, 0.1, 0)))
     tw, rw = up(w), f64(w)
     R.muon_update(f64(g), gate, rw, 1e-3, 0.1, muon_ratio((C, M)))
-    yield "muon_update", "scalar", f"{C}x{M}", kn.muon_update(up(g), tgate, tw, n, muon_ratio((C, M)), u), \
+    yield "muon_update", "scalar", f"{C}x{M}", kn.optim.muon_update(up(g), tgate, tw, n, muon_ratio((C, M)), u), \
         lambda: np.abs(gpu.read(tw) - rw).max()
 
 
@@ -273,7 +273,7 @@ def rope_cases(gpu, rows, T, C, H, rng):
                                       ("bf16", R.cast_bf16(x), R.cast_f32(R.cast_bf16(x), rows * C).reshape(rows, C),
                                        lambda w: R.cast_f32(w, rows * C).reshape(rows, C))):
         t = gpu.tensor(np.shape(stored), dtype, data=stored)
-        d = kn.rope_forward(table, t, rows, T, C, hd)
+        d = kn.rope.rope_forward(table, t, rows, T, C, hd)
         want = R.rope_forward(exact, np.asarray(seen, np.float64), T, hd)
         want = back(R.cast_bf16(want)) if dtype == "bf16" else want
         # each run turns t again: the check reads the first run's result, before the timing's
@@ -281,12 +281,12 @@ def rope_cases(gpu, rows, T, C, H, rng):
             lambda t=t, w=want, b=back: np.abs(b(gpu.read(t)) - w).max()
     gain = rng.standard_normal(hd).astype(np.float32)        # QK-norm with the turn, in one pass
     y, stats = gpu.tensor((rows, C)), gpu.tensor((2, rows * H))
-    d = kn.qk_norm_rope(table, gpu.upload(x), gpu.upload(gain), y, stats, rows, T, C, hd)
+    d = kn.rope.qk_norm_rope(table, gpu.upload(x), gpu.upload(gain), y, stats, rows, T, C, hd)
     want = R.qk_norm_rope(exact, x.astype(np.float64), gain.astype(np.float64), T, hd)[0]
     yield "qk_norm_rope", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(y) - want).max()
     dy, dx = rng.standard_normal((rows, C)).astype(np.float32), gpu.tensor((rows, C))   # its backward, g frozen
     gpu.run([d])
-    d = kn.qk_norm_rope_dx(table, gpu.upload(dy), gpu.upload(x), gpu.upload(gain), stats, dx, rows, T, C, hd)
+    d = kn.rope.qk_norm_rope_dx(table, gpu.upload(dy), gpu.upload(x), gpu.upload(gain), stats, dx, rows, T, C, hd)
     want_dx = R.qk_norm_rope_dx(exact, dy.astype(np.float64), x.astype(np.float64), gain.astype(np.float64),
                                 gpu.read(stats).astype(np.float64), T, hd)
     yield "qk_norm_rope_dx", "f32", f"{rows}x{C} hd {hd}", d, lambda: np.abs(gpu.read(dx) - want_dx).max()
@@ -371,7 +371,7 @@ def block_cases(gpu, rows, C, M, V, H, rng):
     z = (rng.standard_normal((rows, V)) * 30).astype(np.float32)
     logits = gpu.upload(z)
     # each run caps the capped logits again: the check reads the first run's result, before the timing's
-    yield "softcap", "scalar", f"{rows}x{V} at 15", kn.softcap(logits, rows, V, 15.0), \
+    yield "softcap", "scalar", f"{rows}x{V} at 15", kn.losses.softcap(logits, rows, V, 15.0), \
         lambda: np.abs(gpu.read(logits) - R.softcap(z.astype(np.float64), 15.0)).max()
 
 
@@ -409,31 +409,31 @@ def decode_cases(gpu, N, T, C, M, H, V, rng):
     tok, pe = rng.standard_normal((V, C)).astype(np.float32), rng.standard_normal((T, C)).astype(np.float32)
     ids = rng.integers(0, V, N).astype(np.uint32)
     x = gpu.tensor((N, C))
-    d = kn.embed_decode(gpu.tensor((N,), "u32", data=ids), up(tok), up(pe), x, N, C, u)
+    d = kn.decoding.embed_decode(gpu.tensor((N,), "u32", data=ids), up(tok), up(pe), x, N, C, u)
     yield "embed_decode", "scalar", f"{N}x{C}", d, lambda: np.abs(gpu.read(x) - R.embed_decode(ids, tok, pe, pos)).max()
     k, v, q = (rng.standard_normal((N, C)).astype(np.float32) for _ in range(3))
     kc0, vc0 = rng.standard_normal((N, T, C)).astype(np.float32), rng.standard_normal((N, T, C)).astype(np.float32)
     kc, vc = up(kc0), up(vc0)
     wk, wv = R.kv_append(k, v, kc0, vc0, pos)
-    d = kn.kv_append(up(k), up(v), kc, vc, N, C, u)
+    d = kn.decoding.kv_append(up(k), up(v), kc, vc, N, C, u)
     yield "kv_append", "scalar", f"{N}x{T}x{C}", d, lambda: max(np.abs(gpu.read(kc) - wk).max(),
                                                                 np.abs(gpu.read(vc) - wv).max())
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
     want = R.attn_decode(f64(q), f64(wk), f64(wv), pos, H)
     for variant in ("scalar", "vec4") if (C // H) % 4 == 0 else ("scalar",):
-        d = kn.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u, variant=variant)
+        d = kn.decoding.attn_decode(up(q), up(wk), up(wv), out, scratch, N, H, u, variant=variant)
         yield "attn_decode", variant, f"{N}x{H}x{T}", d, lambda: np.abs(gpu.read(out) - want).max()
     if H > 1:            # multi-query: every query head reads one key/value head's cache [N, T, hd]
         ug, hd = gpu.uniform(K.DECODE_UNIFORM_BYTES), C // H
         gpu.queue.write_buffer(ug, 0, K.decode_uniform(N, T, C, H, pos, 0, V, V, KV=1))
         kc1, vc1 = np.ascontiguousarray(wk[..., :hd]), np.ascontiguousarray(wv[..., :hd])
         outg = gpu.tensor((N, C))
-        d = kn.attn_decode(up(q), up(kc1), up(vc1), outg, scratch, N, H, ug)
+        d = kn.decoding.attn_decode(up(q), up(kc1), up(vc1), outg, scratch, N, H, ug)
         want_g = R.attn_decode(f64(q), f64(kc1), f64(vc1), pos, H)
         yield "attn_decode", "grouped", f"{N}x{H}x{T}, 1 kv head", d, lambda: np.abs(gpu.read(outg) - want_g).max()
     logits = (rng.standard_normal((N, V)) * 3).astype(np.float32)
     tid = gpu.tensor((2 * N,), "u32")
-    d = kn.sample_tokens(up(logits), tid, N, u)
+    d = kn.decoding.sample_tokens(up(logits), tid, N, u)
     want_ids = R.sample_tokens(logits, 0.8, 40, 0.95, 7, 0)     # tokens: the error is how many differ
     yield "sample_tokens", "scalar", f"{N}x{V}", d, lambda: float(np.sum(gpu.read(tid)[:N] != want_ids))
     yield from rows_cases(gpu, kn, 1, C, M, V, rng)             # one sequence's step
@@ -498,12 +498,12 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
     t = lambda a: gpu.tensor(a.shape, half, data=a)
     kc, vc = t(kc0), t(vc0)
     wk, wv = R.kv_append_half(k, v, kc0, vc0, pos)
-    d = kn.kv_append_half(t(k), t(v), kc, vc, N, C, u)
+    d = kn.decoding.kv_append_half(t(k), t(v), kc, vc, N, C, u)
     yield "kv_append", half, f"{N}x{T}x{C}", d, lambda: float(np.sum(gpu.read(kc) != wk) + np.sum(gpu.read(vc) != wv))
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
     want = R.attn_decode_half(q, wk, wv, pos, H, half)
     for variant in ("scalar", "vec4") if (C // H) % 8 == 0 else ("scalar",):     # vec4: 8 values a load
-        d = kn.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u, variant=variant)
+        d = kn.decoding.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u, variant=variant)
         yield "attn_decode", half + " vec4" * (variant == "vec4"), f"{N}x{H}x{T}", d, \
             lambda: np.abs(gpu.read(out) - want).max()
 

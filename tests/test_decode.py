@@ -41,9 +41,9 @@ def test_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos):
     t_ids = gpu.tensor((N,), "u32", data=ids)
     x = gpu.tensor((N, C))
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.embed_decode(t_ids, up(tok), up(pos_emb), x, N, C, u),
-             kn.kv_append(up(k), up(v), kc, vc, N, W, u),
-             kn.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
+    gpu.run([kn.decoding.embed_decode(t_ids, up(tok), up(pos_emb), x, N, C, u),
+             kn.decoding.kv_append(up(k), up(v), kc, vc, N, W, u),
+             kn.decoding.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     check(f"embed_decode N={N} C={C}", gpu.read(x), R.embed_decode(ids, tok, pos_emb, pos), atol=0)
     check("kv_append k", gpu.read(kc), want_kc, atol=0)
@@ -61,7 +61,7 @@ def test_embed_decode_bound_a_chunk_of_rows_at_a_time(gpu, kn, rng):
     prev = rng.standard_normal((N, C)).astype(np.float32)
     u = uniform(gpu, N=N, T=T, C=C, H=1, pos=3, step=0, V=V, VP=V, v0=v0, vn=vn)
     x = gpu.upload(prev)
-    gpu.run([kn.embed_decode(gpu.tensor((N,), "u32", data=ids), gpu.upload(tok[v0:v0 + vn]), gpu.upload(pos_emb),
+    gpu.run([kn.decoding.embed_decode(gpu.tensor((N,), "u32", data=ids), gpu.upload(tok[v0:v0 + vn]), gpu.upload(pos_emb),
                             x, N, C, u)])
     want = R.embed_decode(ids, tok[v0:v0 + vn], pos_emb, 3, v0, out=prev)
     assert 0 < ((ids >= v0) & (ids < v0 + vn)).sum() < N
@@ -73,7 +73,7 @@ def run_sampler(gpu, logits, temperature, top_k, top_p, seed, step):
     u = uniform(gpu, N=N, T=1, C=4, H=1, pos=0, step=step, V=V, VP=V, top_k=top_k, seed=seed,
                 temperature=temperature, top_p=top_p)
     ids = gpu.tensor((N + N * (step + 1),), "u32")
-    gpu.run([Kernels(gpu, PORTABLE).sample_tokens(gpu.upload(logits), ids, N, u)])
+    gpu.run([Kernels(gpu, PORTABLE).decoding.sample_tokens(gpu.upload(logits), ids, N, u)])
     got = gpu.read(ids)
     assert np.array_equal(got[:N], got[N + step * N:])            # the next tokens, and the history row
     return got[:N]
@@ -161,8 +161,8 @@ def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos
     u = uniform(gpu, N=N, T=T, C=C, H=H, pos=pos, step=0, V=1, VP=1, KV=KV)
     up = lambda x: gpu.tensor(x.shape, half, data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, W, u),
-             kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+    gpu.run([kn.decoding.kv_append_half(up(k), up(v), kc, vc, N, W, u),
+             kn.decoding.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
     assert np.array_equal(gpu.read(kc), want_kc) and np.array_equal(gpu.read(vc), want_vc), "kv_append_half"
     want = R.attn_decode_half(q, want_kc, want_vc, pos, H, half)

@@ -306,7 +306,7 @@ def test_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
     seen = back(stored).reshape(rows, C) if dtype != "f32" else x          # what the kernel reads
     for entry, twin in (("rope_forward", R.rope_forward), ("rope_backward", R.rope_backward)):
         t = gpu.tensor(np.shape(stored), dtype, data=stored) if dtype != "f32" else gpu.upload(x)
-        run(gpu, getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset))
+        run(gpu, getattr(kn.rope, entry)(gpu.upload(table), t, rows, T, C, hd, offset))
         got = back(gpu.read(t)).reshape(rows, C) if dtype != "f32" else gpu.read(t)
         want = twin(exact, f64(seen), T, hd, offset)
         check(f"{entry} {dtype} {rows}x{C} hd {hd} offset {offset}", got, want, 1e-6, tol)
@@ -366,7 +366,7 @@ def test_qk_norm_rope(gpu, rng, rows, T, H, hd, offset, dtype, kn):
     back, tol = {"f32": (lambda w: w, 2e-6), "bf16": (lambda w: R.cast_f32(w, rows * C), 2.0 ** -8),
                  "f16": (R.unpack_f16, 2.0 ** -11)}[dtype]
     x, stats = gpu.tensor((rows, C // 2 if dtype != "f32" else C), dtype), gpu.tensor((2, rows * H))
-    run(gpu, kn.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), x, stats, rows, T, C, hd, offset,
+    run(gpu, kn.rope.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), x, stats, rows, T, C, hd, offset,
                              eps=1e-6))
     want, want_stats = R.qk_norm_rope(f64(table), f64(xr), f64(gain), T, hd, offset, eps=1e-6)
     check(f"qk_norm_rope stats {rows}x{C} hd {hd}", gpu.read(stats), want_stats, 1e-6, 1e-6)
@@ -385,8 +385,8 @@ def test_qk_norm_rope_dx(gpu, rng, rows, T, H, hd, offset, kn):
     table = rope_table(T + offset, hd, 10000.0)
     x, stats, dx = gpu.tensor((rows, C)), gpu.tensor((2, rows * H)), gpu.tensor((rows, C))
     t_table, t_xr, t_gain = gpu.upload(table), gpu.upload(xr), gpu.upload(gain)
-    run(gpu, kn.qk_norm_rope(t_table, t_xr, t_gain, x, stats, rows, T, C, hd, offset),
-        kn.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, offset))
+    run(gpu, kn.rope.qk_norm_rope(t_table, t_xr, t_gain, x, stats, rows, T, C, hd, offset),
+        kn.rope.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, offset))
     want = R.qk_norm_rope_dx(f64(table), f64(dy), f64(xr), f64(gain), f64(gpu.read(stats)), T, hd, offset)
     check(f"qk_norm_rope_dx {rows}x{C} hd {hd} offset {offset}", gpu.read(dx), want, 2e-6 * np.abs(want).max(), 1e-5)
 
@@ -503,10 +503,10 @@ def test_cross_entropy(gpu, rng, rows, V, stride, unscored, variant):
     tgt[list(unscored)] = UNSCORED
     scale = 1.0 / max(1, rows - len(unscored))
     tl, losses, loss = gpu.upload(padded), gpu.tensor((rows,)), gpu.tensor((4,))
-    ds = [kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
-          kn.loss_reduce(losses, loss, rows, 1.0 / rows)]
+    ds = [kn.losses.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride),
+          kn.losses.loss_reduce(losses, loss, rows, 1.0 / rows)]
     for d in ds:
-        kn.set_loss_scale(d, scale)
+        kn.losses.set_loss_scale(d, scale)
     run(gpu, *ds)
     rl, rd = R.cross_entropy(tgt, f64(logits), scale)
     want = np.zeros((rows, stride))
@@ -531,10 +531,10 @@ def test_softcap_and_the_capped_cross_entropy(gpu, rng, rows, V, stride, cap, va
     padded[:, :V] = rng.standard_normal((rows, V)) * 3 * cap          # well into tanh's flat part
     tgt = rng.integers(0, V, rows).astype(np.uint32)
     tl, losses = gpu.upload(padded), gpu.tensor((rows,))
-    run(gpu, kn.softcap(tl, rows, stride, cap))
+    run(gpu, kn.losses.softcap(tl, rows, stride, cap))
     capped = R.softcap(f64(padded), cap)
     check(f"softcap {rows}x{stride} at {cap:g}", gpu.read(tl), capped, 1e-6, 1e-6)
-    run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride, variant=variant,
+    run(gpu, kn.losses.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=stride, variant=variant,
                               softcap=cap))
     rl, rd = R.cross_entropy(tgt, capped[:, :V], 1.0 / rows, cap)
     want = np.zeros((rows, stride))
@@ -577,8 +577,8 @@ def test_gate_and_elementwise_optimizers(gpu, rng, n, first, kn, opt):
     consts = room.constants(room.settings())
     gpu.write_uniform(u, K.optim_uniform(n, lr, *consts, first=first))
     two = len(room.state_rows) > 1
-    step = kn.elementwise_optimizer(opt, room.wgsl, tg, table, gate, tw, tm, tv if two else None, n, u)
-    run(gpu, kn.grad_sumsq(tg, parts, n, first=first), kn.grad_clip(parts, gate, first + n_part, clip), step)
+    step = kn.optim.elementwise_optimizer(opt, room.wgsl, tg, table, gate, tw, tm, tv if two else None, n, u)
+    run(gpu, kn.optim.grad_sumsq(tg, parts, n, first=first), kn.optim.grad_clip(parts, gate, first + n_part, clip), step)
     assert not gpu.read(parts)[:first].any()
     parts = Tensor(parts.buf, 4 * first, (n_part,))
     rparts = R.grad_sumsq(f64(grads))
@@ -624,9 +624,9 @@ def test_loss_scaler_kernels(gpu, rng, n, case, kn):
     lion = OPTIMIZERS["lion"]
     lu = gpu.uniform(K.OPTIM_UNIFORM_BYTES)
     gpu.write_uniform(lu, K.optim_uniform(n, lr, *lion.constants(lion.settings())))
-    run(gpu, kn.grad_sumsq(tg, parts, n, gate=gate), kn.grad_clip(parts, gate, parts.size, clip, growth=growth),
-        kn.elementwise_optimizer("adamw", OPTIMIZERS["adamw"].wgsl, tg, gpu.upload(wd), gate, tw, tm, tv, n, u),
-        kn.elementwise_optimizer("lion", lion.wgsl, tg, gpu.upload(wd), gate, lw, lm, None, n, lu))
+    run(gpu, kn.optim.grad_sumsq(tg, parts, n, gate=gate), kn.optim.grad_clip(parts, gate, parts.size, clip, growth=growth),
+        kn.optim.elementwise_optimizer("adamw", OPTIMIZERS["adamw"].wgsl, tg, gpu.upload(wd), gate, tw, tm, tv, n, u),
+        kn.optim.elementwise_optimizer("lion", lion.wgsl, tg, gpu.upload(wd), gate, lw, lm, None, n, lu))
     rparts = R.grad_sumsq(f64(grads), gate=state)
     check(f"grad_sumsq scaled {case} n={n}", gpu.read(parts), rparts, 1e-3, 1e-5)
     R.grad_clip(rparts, clip, gate=state, growth=growth)
@@ -663,7 +663,7 @@ def test_muon_kernels(gpu, rng, kn, K_, N, skip):
     lr, wd, ratio = 1e-2, 0.1, muon_ratio((K_, N))
     gpu.write_uniform(u, K.pack_uniform((0, lr, wd, 0)))
     # the momentum, then (as the model runs them) normalise + iterate, then the update
-    run(gpu, kn.muon_momentum(tg, gate, tm, xs[0], n, 0.95, True))
+    run(gpu, kn.optim.muon_momentum(tg, gate, tm, xs[0], n, 0.95, True))
     got_u = gpu.read(xs[0])
     rm, ru = f64(m), np.zeros((K_, N))
     R.muon_momentum(f64(g), state, rm, ru, 0.95, True)
@@ -677,7 +677,7 @@ def test_muon_kernels(gpu, rng, kn, K_, N, skip):
     run(gpu, *ns)
     want = ns_twin(ru)
     check(f"newton_schulz {K_}x{N}", gpu.read(out), want, 2e-5, 1e-4)
-    run(gpu, kn.muon_update(out, gate, tw, n, ratio, u))
+    run(gpu, kn.optim.muon_update(out, gate, tw, n, ratio, u))
     rw = f64(w)
     R.muon_update(f64(gpu.read(out)), state, rw, lr, wd, ratio)
     if skip:
@@ -719,7 +719,7 @@ def test_cross_entropy_carries_the_loss_scale(gpu, rng, kn):
     _, rd = R.cross_entropy(tgt, f64(logits[:, :V]), 1024.0 / rows)
     for variant in ("scalar",) + (("sg",) if make_plan(gpu, tuning={}).loss == "sg" else ()):
         tl, losses = gpu.upload(logits), gpu.tensor((rows,))
-        run(gpu, kn.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=40, variant=variant,
+        run(gpu, kn.losses.cross_entropy(gpu.upload(tgt), tl, losses, rows, V, 1.0 / rows, stride=40, variant=variant,
                                   scaler=gpu.upload(words)))
         got = gpu.read(tl)
         check(f"cross_entropy {variant} x 1024", got[:, :V], rd, 1e-4, 1e-5)
@@ -1024,7 +1024,7 @@ def test_dpo_and_scale_rows(gpu, rng, kn, pairs, T, beta):
     refs = (-rng.uniform(0, 3 * T, 2 * pairs)).astype(np.float32)
     weights, loss = gpu.tensor((2 * pairs,)), gpu.tensor((4,))
     wscale, lscale = 1.0 / (2 * pairs), 1.0 / pairs
-    run(gpu, kn.dpo(gpu.upload(refs.view(np.uint32)), gpu.upload(losses), weights, loss, pairs, T, beta, wscale,
+    run(gpu, kn.losses.dpo(gpu.upload(refs.view(np.uint32)), gpu.upload(losses), weights, loss, pairs, T, beta, wscale,
                     lscale))
     rw, rl = R.dpo(f64(refs), f64(losses), pairs, T, beta, wscale, lscale)
     check(f"dpo weights, {pairs} pairs of {T}", gpu.read(weights), rw, 1e-6 * beta, 1e-5)
@@ -1033,7 +1033,7 @@ def test_dpo_and_scale_rows(gpu, rng, kn, pairs, T, beta):
     rows = 2 * pairs * T - row0
     dl = rng.standard_normal((rows, stride)).astype(np.float32)
     t = gpu.upload(dl)
-    run(gpu, kn.scale_rows(weights, t, rows, stride, T, row0))
+    run(gpu, kn.losses.scale_rows(weights, t, rows, stride, T, row0))
     check(f"scale_rows {rows}x{stride} from row {row0}", gpu.read(t), R.scale_rows(rw, f64(dl), rows, stride, T, row0),
           1e-6, 1e-5)
 
@@ -1062,7 +1062,7 @@ def test_rope_and_qk_norm_in_packed_windows(gpu, rng, rows, T, H, hd, dtype, kn)
     seen = back(stored).reshape(rows, C) if dtype != "f32" else x
     for entry in ("rope_forward", "rope_backward"):
         t = gpu.tensor(np.shape(stored), dtype, data=stored) if dtype != "f32" else gpu.upload(x)
-        run(gpu, getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, docs=t_docs))
+        run(gpu, getattr(kn.rope, entry)(gpu.upload(table), t, rows, T, C, hd, docs=t_docs))
         got = back(gpu.read(t)).reshape(rows, C) if dtype != "f32" else gpu.read(t)
         want = getattr(R, entry)(f64(table), f64(seen), T, hd, docs=docs)
         check(f"{entry} {dtype} packed {rows}x{C} hd {hd}", got, want, 1e-6, tol)
@@ -1070,12 +1070,12 @@ def test_rope_and_qk_norm_in_packed_windows(gpu, rng, rows, T, H, hd, dtype, kn)
     xq, stats, dx = gpu.tensor((rows, C // 2 if dtype != "f32" else C), dtype), gpu.tensor((2, rows * H)), \
         gpu.tensor((rows, C))
     t_table, t_xr, t_gain = gpu.upload(table), gpu.upload(x), gpu.upload(gain)
-    run(gpu, kn.qk_norm_rope(t_table, t_xr, t_gain, xq, stats, rows, T, C, hd, eps=1e-6, docs=t_docs))
+    run(gpu, kn.rope.qk_norm_rope(t_table, t_xr, t_gain, xq, stats, rows, T, C, hd, eps=1e-6, docs=t_docs))
     want, _ = R.qk_norm_rope(f64(table), f64(x), f64(gain), T, hd, eps=1e-6, docs=docs)
     check(f"qk_norm_rope {dtype} packed {rows}x{C}", back(gpu.read(xq)).reshape(rows, C), want,
           1e-6 * np.abs(want).max(), tol)
     if dtype == "f32":
-        run(gpu, kn.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, docs=t_docs))
+        run(gpu, kn.rope.qk_norm_rope_dx(t_table, gpu.upload(dy), t_xr, t_gain, stats, dx, rows, T, C, hd, docs=t_docs))
         want = R.qk_norm_rope_dx(f64(table), f64(dy), f64(x), f64(gain), f64(gpu.read(stats)), T, hd, docs=docs)
         check(f"qk_norm_rope_dx packed {rows}x{C}", gpu.read(dx), want, 2e-6 * np.abs(want).max(), 1e-5)
 

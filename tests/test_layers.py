@@ -413,6 +413,23 @@ def test_the_flag_check_sees_a_hand_made_flag(tmp_path):
     assert flag_calls(sorted(tmp_path.rglob("*.py")), tmp_path) == [("commands/cli.py", "f", 2)]
 
 
+MOST_KERNELS_METHODS = 40    # #66: the launchers of each other shader family are a Family of their own
+
+
+def test_the_launchers_are_families():
+    """Kernels holds its own launchers (products, casts, elementwise ops and activations, norms, the
+    gated MLP's, the heads' and the tables') and one Family object per other shader family; no
+    class of launchers grows past MOST_KERNELS_METHODS."""
+    tree = ast.parse((PKG / "device" / "kernels.py").read_text())
+    classes = {c.name: [n.name for n in c.body if isinstance(n, ast.FunctionDef)]
+               for c in tree.body if isinstance(c, ast.ClassDef)}
+    families = [c.name for c in tree.body if isinstance(c, ast.ClassDef)
+                and any(getattr(b, "id", None) == "Family" for b in c.bases)]
+    sizes = {name: len(classes[name]) for name in ["Kernels"] + families}
+    print("methods:", sizes)
+    assert len(families) >= 5 and all(n <= MOST_KERNELS_METHODS for n in sizes.values()), sizes
+
+
 def model_privates(src: str) -> tuple[list, set, set]:
     """(the methods of class Model, the private names it gives itself (self._x), and every
     attribute it sets on itself)."""

@@ -147,8 +147,8 @@ def test_muon_matches_torch(gpu, kn, tmp_path, K_, N):
     ns, out = ns_device(kn, xs, gpu.tensor((K_, N)), gpu.tensor((r, r)), gpu.tensor((r, r)), gpu.tensor((r, r)), K_, N)
     u = gpu.uniform(16)
     gpu.write_uniform(u, K.pack_uniform((0, lr, wd, 0)))
-    gpu.run([kn.muon_momentum(gpu.upload(g), gate, tm, xs[0], n, 0.95, True)] + ns
-            + [kn.muon_update(out, gate, tw, n, ratio, u)])
+    gpu.run([kn.optim.muon_momentum(gpu.upload(g), gate, tm, xs[0], n, 0.95, True)] + ns
+            + [kn.optim.muon_update(out, gate, tw, n, ratio, u)])
     ours = gpu.read(tw) - w
     np.savez(tmp_path / "in.npz", w=w, g=g, m=m, lr=lr, wd=wd)
     done = subprocess.run([sys.executable, "-c", TORCH_MUON, str(tmp_path / "in.npz"), str(tmp_path / "out.npy")],

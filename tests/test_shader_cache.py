@@ -53,7 +53,7 @@ qd, kc, vc = r.standard_normal((N, C)), r.standard_normal((N, T, C)), r.standard
 u = gpu.uniform(K.DECODE_UNIFORM_BYTES)
 gpu.write_uniform(u, K.decode_uniform(N=N, T=T, C=C, H=H, pos=pos, step=0, V=256, VP=256))
 out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
-gpu.run([kn.attn_decode(*(gpu.upload(a.astype(np.float32)) for a in (qd, kc, vc)), out, scratch, N, H, u, window)])
+gpu.run([kn.decoding.attn_decode(*(gpu.upload(a.astype(np.float32)) for a in (qd, kc, vc)), out, scratch, N, H, u, window)])
 errs[f"attn_decode window={window}"] = err(gpu.read(out), R.attn_decode(qd, kc, vc, pos, H, window or None))
 x = (r.standard_normal(200) * 3).astype(np.float32)  # GELU's two forms: two sources of one file
 y = gpu.tensor((200,))

@@ -264,10 +264,17 @@ def batch_stride(n: int) -> int:
 
 
 class Kernels:
-    """One device's launchers under one kernel plan."""
+    """One device's launchers under one kernel plan: its own (the products, the casts, the
+    elementwise ops and activations, the norms, the gated MLP's, the heads' and the tables'), and
+    one object per other family (Family): rope, losses, optim, attention, decoding."""
 
     def __init__(self, gpu: GPU, plan: KernelPlan):
         self.gpu, self.plan = gpu, plan
+        self.rope = RopeKernels(gpu, plan)
+        self.losses = LossKernels(gpu, plan)
+        self.optim = OptimKernels(gpu, plan)
+        self.attention = AttentionKernels(gpu, plan)
+        self.decoding = DecodeKernels(gpu, plan)
 
     # ---- matmul ----------------------------------------------------------------------------------
     def matmul(self, a, b, bias, out, M, N, K, accumulate=False, variant=None, batch=1, nb=None, tm=None,
@@ -541,43 +548,6 @@ class Kernels:
         k = self.gpu.kernel("layernorm.wgsl", "layernorm_dgb", "urrrww", fill=width("scalar", "f32"))
         return self.gpu.dispatch(k, u, [dy, x, stats, dgb, None], (-(-C // 64),))
 
-    # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------
-    # docs: packed windows' positions of each row in its record (u32 [rows]), which replace r % T + offset
-    def _rope(self, entry, cs, x, rows, T, C, hd, offset, docs=None) -> Dispatch:
-        assert hd % 4 == 0 and C % hd == 0, (C, hd)
-        flag = DTYPES[x.dtype].flag                                    # q or k as stored
-        access, tensors, fill = _docs("urw" + "rrrr" * (docs is not None), [cs, x] + [None] * 4 * (docs is not None),
-                                      docs)                            # docs at binding 7
-        k = self.gpu.kernel("rope.wgsl", entry, access, {flag: True} if flag else None, fill)
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * C // 4 // 64)))
-
-    def rope_forward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
-        """x [rows, C] (q or k, heads of hd channels) turned in place by its rows' positions,
-        r % T + offset (or docs); cs = (cos, sin) [positions, hd/2] (core.rope.rope_table)."""
-        return self._rope("rope_forward", cs, x, rows, T, C, hd, offset, docs)
-
-    def rope_backward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
-        """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
-        return self._rope("rope_backward", cs, x, rows, T, C, hd, offset, docs)
-
-    def qk_norm_rope(self, cs, xr, g, x, stats, rows, T, C, hd, offset=0, eps=1e-5, docs=None) -> Dispatch:
-        """QK-norm then rope_forward in one pass: x [rows, C] as stored = the turn of RMSNorm over each
-        head of the float32 xr (gain g [hd]); stats [2, rows * C/hd] = 0 | rstd (layernorm_forward's)."""
-        assert hd % 4 == 0 and C % hd == 0, (C, hd)
-        flag = DTYPES[x.dtype].flag
-        access, tensors, fill = _docs("urwrrw" + "r" * (docs is not None), [cs, x, xr, g, stats]
-                                      + [None] * (docs is not None), docs)
-        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope", access, {flag: True} if flag else None, fill)
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), tensors, grid1d(-(-rows * (C // hd) // 64)))
-
-    def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
-        """qk_norm_rope's backward to its input where g takes no gradient: dy [rows, C], the gradient
-        of what it wrote, turned back and through the RMSNorm of xr (its stats) into dx [rows, C]."""
-        assert hd % 4 == 0 and C % hd == 0 and not (DTYPES[dy.dtype].packed or DTYPES[dx.dtype].packed), (C, hd)
-        access, tensors, fill = _docs("urwrrwr", [cs, dx, xr, g, stats, dy], docs)
-        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", access, None, fill)
-        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * (C // hd) // 64)))
-
     # ---- the gated MLP's activation (glu.wgsl) -------------------------------------------------------
     def _glu(self, entry, access, tensors, n, dtype) -> Dispatch:
         assert n % 2 == 0, n
@@ -635,6 +605,62 @@ class Kernels:
         return self.gpu.dispatch(k, (rows, cols, src_stride, src_col, out_stride, out_col), [src, out],
                                  grid1d(-(-rows * cols // 64)))
 
+
+
+class Family:
+    """One shader family's launchers on one device under one kernel plan: Kernels holds one of
+    each beside its own (the products, the elementwise ops, the norms, the MLP's and the tables'),
+    so that each family's launchers read together and the model's parts take the family they use."""
+
+    def __init__(self, gpu: GPU, plan: KernelPlan):
+        self.gpu, self.plan = gpu, plan
+
+
+class RopeKernels(Family):
+    """RoPE's turns of q and k, alone or with QK-norm (rope.wgsl): Kernels.rope."""
+
+    # ---- rotary position embedding (rope.wgsl) -------------------------------------------------------
+    # docs: packed windows' positions of each row in its record (u32 [rows]), which replace r % T + offset
+    def _rope(self, entry, cs, x, rows, T, C, hd, offset, docs=None) -> Dispatch:
+        assert hd % 4 == 0 and C % hd == 0, (C, hd)
+        flag = DTYPES[x.dtype].flag                                    # q or k as stored
+        access, tensors, fill = _docs("urw" + "rrrr" * (docs is not None), [cs, x] + [None] * 4 * (docs is not None),
+                                      docs)                            # docs at binding 7
+        k = self.gpu.kernel("rope.wgsl", entry, access, {flag: True} if flag else None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * C // 4 // 64)))
+
+    def rope_forward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
+        """x [rows, C] (q or k, heads of hd channels) turned in place by its rows' positions,
+        r % T + offset (or docs); cs = (cos, sin) [positions, hd/2] (core.rope.rope_table)."""
+        return self._rope("rope_forward", cs, x, rows, T, C, hd, offset, docs)
+
+    def rope_backward(self, cs, x, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
+        """d(out) [rows, C] in place becomes d(in): rope_forward's transpose."""
+        return self._rope("rope_backward", cs, x, rows, T, C, hd, offset, docs)
+
+    def qk_norm_rope(self, cs, xr, g, x, stats, rows, T, C, hd, offset=0, eps=1e-5, docs=None) -> Dispatch:
+        """QK-norm then rope_forward in one pass: x [rows, C] as stored = the turn of RMSNorm over each
+        head of the float32 xr (gain g [hd]); stats [2, rows * C/hd] = 0 | rstd (layernorm_forward's)."""
+        assert hd % 4 == 0 and C % hd == 0, (C, hd)
+        flag = DTYPES[x.dtype].flag
+        access, tensors, fill = _docs("urwrrw" + "r" * (docs is not None), [cs, x, xr, g, stats]
+                                      + [None] * (docs is not None), docs)
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope", access, {flag: True} if flag else None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset, float(eps)), tensors, grid1d(-(-rows * (C // hd) // 64)))
+
+    def qk_norm_rope_dx(self, cs, dy, xr, g, stats, dx, rows, T, C, hd, offset=0, docs=None) -> Dispatch:
+        """qk_norm_rope's backward to its input where g takes no gradient: dy [rows, C], the gradient
+        of what it wrote, turned back and through the RMSNorm of xr (its stats) into dx [rows, C]."""
+        assert hd % 4 == 0 and C % hd == 0 and not (DTYPES[dy.dtype].packed or DTYPES[dx.dtype].packed), (C, hd)
+        access, tensors, fill = _docs("urwrrwr", [cs, dx, xr, g, stats, dy], docs)
+        k = self.gpu.kernel("rope.wgsl", "qk_norm_rope_dx", access, None, fill)
+        return self.gpu.dispatch(k, (rows, T, C, hd, offset), tensors, grid1d(-(-rows * (C // hd) // 64)))
+
+
+
+class LossKernels(Family):
+    """The loss over the logits' chunks, its reductions and DPO's (loss.wgsl, preference.wgsl): Kernels.losses."""
+
     # ---- loss --------------------------------------------------------------------------------------
     def cross_entropy(self, targets, logits, losses, rows, V, scale, write_grad=True, row0=0, stride=None,
                       variant=None, scaler=None, softcap=0.0) -> Dispatch:
@@ -680,6 +706,12 @@ class Kernels:
     def loss_reduce(self, losses, loss, rows, scale) -> Dispatch:
         k = self.gpu.kernel("loss.wgsl", "loss_reduce", "urww")
         return self.gpu.dispatch(k, (rows, 0, float(scale), 0, 0, 0), [None, loss, losses], (1,))
+
+
+
+class OptimKernels(Family):
+    """The gate (the gradient's norm, the clip, the loss scaler) and the optimizers' updates (grad_norm.wgsl,
+    optim.wgsl, muon.wgsl): Kernels.optim."""
 
     # ---- the gradient's norm, the clip and the loss scaler: the gate (grad_norm.wgsl) -----------------
     def grad_sumsq(self, g, partials, n, first=0, variant=None, gate=None) -> Dispatch:
@@ -736,6 +768,12 @@ class Kernels:
         lr, b = wd), rewritten each step; n: w's length, which its binding gives the kernel."""
         k = self.gpu.kernel("muon.wgsl", "muon_update", "urrww", {"RATIO": float(ratio)})
         return self.gpu.dispatch_with(k, step_uniform, [x, gate, w, None], grid1d(-(-n // 256)))
+
+
+
+class AttentionKernels(Family):
+    """Attention's kernels over the whole window: the score matrix's (attention.wgsl) and the online
+    ones (online.wgsl, online_sg.wgsl): Kernels.attention."""
 
     # ---- attention with the score matrix (attention.wgsl) ------------------------------------------
     def _attn(self, entry, x1, x2, x3, o1, o2, B, T, C, H, h0, nh, n_inv, window, docs=None) -> Dispatch:
@@ -853,6 +891,11 @@ class Kernels:
         """cs: as attn_online_dq's, for dk."""
         return self._online_either("attn_online_dkv", [q, k, v, dout, L, D], dk, dv, B, T, C, H, block, variant, 1,
                                    window, cs, docs)
+
+
+
+class DecodeKernels(Family):
+    """The decode step's kernels over the key/value cache, and sampling (decode.wgsl): Kernels.decoding."""
 
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.

@@ -126,7 +126,7 @@ def _elementwise(gpu: GPU, kn: Kernels, entry: str, rng):
         table = rope_table(T + offset, hd, 10000.0)
         xh = R.cast_f16(rng.standard_normal((rows, C)).astype(np.float32))
         t = gpu.tensor(np.shape(xh), "f16", data=xh)
-        gpu.run([getattr(kn, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
+        gpu.run([getattr(kn.rope, entry)(gpu.upload(table), t, rows, T, C, hd, offset)])
         want = getattr(R, entry)(table.astype(np.float64), R.unpack_f16(xh).reshape(rows, C), T, hd, offset)
         return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
     if entry == "qk_norm_rope":
@@ -163,7 +163,8 @@ def _qk_norm_rope(gpu: GPU, kn: Kernels, rng):
     table, gain = rope_table(T + offset, hd, 10000.0), rng.standard_normal(hd).astype(np.float32)
     xr = rng.standard_normal((rows, C)).astype(np.float32)
     t, stats = gpu.tensor((rows, C // 2), "f16"), gpu.tensor((2, rows * C // hd))
-    gpu.run([kn.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), t, stats, rows, T, C, hd, offset)])
+    gpu.run([kn.rope.qk_norm_rope(gpu.upload(table), gpu.upload(xr), gpu.upload(gain), t, stats, rows, T, C, hd,
+                                  offset)])
     want = R.qk_norm_rope(table.astype(np.float64), xr.astype(np.float64), gain.astype(np.float64), T, hd, offset)[0]
     return R.unpack_f16(gpu.read(t)).reshape(rows, C), want
 
@@ -184,10 +185,10 @@ def _attention(gpu: GPU, plan, rng, variant: str):
     L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     tdo = gpu.upload(do)
-    gpu.run([from_plan.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, variant=variant),
-             from_plan.attn_online_d(tdo, out, D, B, T, C, H),
-             from_plan.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, variant=variant),
-             from_plan.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, variant=variant)])
+    gpu.run([from_plan.attention.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, variant=variant),
+             from_plan.attention.attn_online_d(tdo, out, D, B, T, C, H),
+             from_plan.attention.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, variant=variant),
+             from_plan.attention.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, variant=variant)])
     got = np.concatenate([gpu.read(t).ravel() for t in (out, dq, dk, dv)])
     want = np.concatenate([RA.attention_forward(*f, H).ravel()] +
                           [g.ravel() for g in RA.attention_backward(*f, do.astype(np.float64), H)])
@@ -204,8 +205,8 @@ def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
     gpu.write_uniform(u, decode_uniform(N, T, C, H, pos, 0, 1, 1))
     up = lambda x: gpu.tensor(x.shape, "f16", data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.kv_append_half(up(k), up(v), kc, vc, N, C, u),
-             kn.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+    gpu.run([kn.decoding.kv_append_half(up(k), up(v), kc, vc, N, C, u),
+             kn.decoding.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
     got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(),
                           gpu.read(out).ravel()])

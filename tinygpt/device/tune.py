@@ -58,10 +58,10 @@ def _online_ms(gpu, block, T, hd, repeats, variant="tiles"):
     tq, tk, tv, tdo = (gpu.upload(x) for x in (q, k, v, do))
     out, dq, dk, dv = (gpu.tensor((B, T, C)) for _ in range(4))
     L, D = gpu.tensor((B, H, T)), gpu.tensor((B, H, T))
-    ds = [kn.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, block, variant),
-          kn.attn_online_d(tdo, out, D, B, T, C, H, block),
-          kn.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, block, variant),
-          kn.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block, variant)]
+    ds = [kn.attention.attn_online_forward(tq, tk, tv, out, L, B, T, C, H, block, variant),
+          kn.attention.attn_online_d(tdo, out, D, B, T, C, H, block),
+          kn.attention.attn_online_dq(tq, tk, tv, tdo, L, D, dq, B, T, C, H, block, variant),
+          kn.attention.attn_online_dkv(tq, tk, tv, tdo, L, D, dk, dv, B, T, C, H, block, variant)]
     gpu.run(ds)
     f = lambda x: x.astype(np.float64)
     err = max(np.abs(gpu.read(out) - RA.attention_forward(f(q), f(k), f(v), H)).max(),

@@ -162,10 +162,10 @@ class _ScoreMatrix(AttentionPath):
         kn, w, s, d = a.kn, a.window, a.scratch, a.docs
         ds = []
         for (h0, nh), P in zip(s["chunks"], s["P"]):
-            ds += [kn.attn_dscores(dout, v, P, s["dS"], B, T, C, H, h0, nh, w, d),
-                   kn.attn_dq(s["dS"], k, dq, B, T, C, H, h0, nh, w, d),
-                   kn.attn_dk(s["dS"], q, dk, B, T, C, H, h0, nh, w, d),
-                   kn.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh, w, d)]
+            ds += [kn.attention.attn_dscores(dout, v, P, s["dS"], B, T, C, H, h0, nh, w, d),
+                   kn.attention.attn_dq(s["dS"], k, dq, B, T, C, H, h0, nh, w, d),
+                   kn.attention.attn_dk(s["dS"], q, dk, B, T, C, H, h0, nh, w, d),
+                   kn.attention.attn_dvalue(P, dout, dv, B, T, C, H, h0, nh, w, d)]
         return ds
 
 
@@ -178,9 +178,9 @@ class Naive(_ScoreMatrix):
         kn, w, s, d = a.kn, a.window, a.scratch, a.docs
         ds = []
         for (h0, nh), P in zip(s["chunks"], s["P"]):
-            ds += [kn.attn_scores(q, k, P, B, T, C, H, h0, nh, w, d),
-                   kn.attn_softmax(P, B, T, C, H, h0, nh, w, d),
-                   kn.attn_value(P, v, out, B, T, C, H, h0, nh, w, d)]
+            ds += [kn.attention.attn_scores(q, k, P, B, T, C, H, h0, nh, w, d),
+                   kn.attention.attn_softmax(P, B, T, C, H, h0, nh, w, d),
+                   kn.attention.attn_value(P, v, out, B, T, C, H, h0, nh, w, d)]
         return ds
 
 
@@ -193,7 +193,7 @@ class FusedSV(_ScoreMatrix):
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape
         kn, s = a.kn, a.scratch
-        return [kn.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh, a.window, a.docs)
+        return [kn.attention.attn_fused_sv(q, k, v, out, P, B, T, C, H, h0, nh, a.window, a.docs)
                 for (h0, nh), P in zip(s["chunks"], s["P"])]
 
 
@@ -225,22 +225,23 @@ class Online(AttentionPath):
 
     def forward(self, a, q, k, v, out):
         B, T, C, H = a.shape
-        return [a.kn.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window,
+        return [a.kn.attention.attn_online_forward(q, k, v, out, a.scratch["L"], B, T, C, H, a.block, window=a.window,
                                          docs=a.docs)]
 
     def backward(self, a, q, k, v, out, dout, dq, dk, dv, rot=None):
         B, T, C, H = a.shape
         kn, L, D, blk, w = a.kn, a.scratch["L"], a.scratch["D"], a.block, a.window
         cs = rot.cs if rot is not None else None
-        return [kn.attn_online_d(dout, out, D, B, T, C, H, blk),
-                kn.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w, cs=cs, docs=a.docs),
-                kn.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs, docs=a.docs)]
+        return [kn.attention.attn_online_d(dout, out, D, B, T, C, H, blk),
+                kn.attention.attn_online_dq(q, k, v, dout, L, D, dq, B, T, C, H, blk, window=w, cs=cs, docs=a.docs),
+                kn.attention.attn_online_dkv(q, k, v, dout, L, D, dk, dv, B, T, C, H, blk, window=w, cs=cs,
+                                             docs=a.docs)]
 
     def turns_back(self, a, rot):
-        """Its kernels do (Kernels.turns_back), for training's rows: positions 0..T-1 (not a packed
+        """Its kernels do (AttentionKernels.turns_back), for training's rows: positions 0..T-1 (not a packed
         window's, whose positions restart at each record)."""
         B, T, C, H = a.shape
-        return rot.offset == 0 and rot.T == T and rot.docs is None and a.kn.turns_back(T, C, H)
+        return rot.offset == 0 and rot.T == T and rot.docs is None and a.kn.attention.turns_back(T, C, H)
 
 
 PATHS = {p.name: p for p in (Naive(), FusedSV(), Online())}

@@ -104,10 +104,10 @@ class Rotary:
     docs: Tensor | None = None
 
     def forward(self, kn: Kernels, x: Tensor, rows: int, C: int) -> list:
-        return [kn.rope_forward(self.cs, x, rows, self.T, C, self.hd, self.offset, self.docs)]
+        return [kn.rope.rope_forward(self.cs, x, rows, self.T, C, self.hd, self.offset, self.docs)]
 
     def backward(self, kn: Kernels, dx: Tensor, rows: int, C: int) -> list:
-        return [kn.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset, self.docs)]
+        return [kn.rope.rope_backward(self.cs, dx, rows, self.T, C, self.hd, self.offset, self.docs)]
 
     def turned(self, kn: Kernels, entry: str, a, b, bias, out, M: int, N: int, K: int,
                accumulate: bool) -> object:
@@ -120,12 +120,13 @@ class Rotary:
     def forward_normed(self, kn: Kernels, xr: Tensor, g: Tensor, x: Tensor, stats: Tensor, rows: int, C: int,
                        eps: float) -> list:
         """QK-norm of the float32 xr into x, turned as it is written (rope.wgsl's qk_norm_rope)."""
-        return [kn.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps, self.docs)]
+        return [kn.rope.qk_norm_rope(self.cs, xr, g, x, stats, rows, self.T, C, self.hd, self.offset, eps, self.docs)]
 
     def backward_normed(self, kn: Kernels, dy: Tensor, xr: Tensor, g: Tensor, stats: Tensor, dx: Tensor, rows: int,
                         C: int) -> list:
         """forward_normed's gradient to xr where g takes none: dy turned back as QK-norm's dx reads it."""
-        return [kn.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset, self.docs)]
+        return [kn.rope.qk_norm_rope_dx(self.cs, dy, xr, g, stats, dx, rows, self.T, C, self.hd, self.offset,
+                                        self.docs)]
 
 
 @dataclass

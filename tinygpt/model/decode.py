@@ -103,7 +103,7 @@ class Decoder:
         if len(self.model.layout.logit_chunks) > 1:  # the sampler binds every logits row at once
             raise LimitError(f"{N} x {cfg.ctx} rows of {cfg.vocab}-token logits exceed one binding "
                              f"({gpu.max_binding:,} bytes): sample with the key/value cache, or fewer samples")
-        self.steps = [self.kn.sample_tokens(self.model.buf["logits"], self.ids, N, self.uniform)]
+        self.steps = [self.kn.decoding.sample_tokens(self.model.buf["logits"], self.ids, N, self.uniform)]
 
     def _record_step(self) -> list:
         """One token of every sequence: embed, every block with the cache as its attention, the
@@ -116,7 +116,7 @@ class Decoder:
         self.embed_uniforms = [(v0, nv, u if i == 0 else self.gpu.uniform(DECODE_UNIFORM_BYTES))
                                for i, (v0, nv) in enumerate(head.vchunks)]
         emb = b["x mid"] if cfg.block.embed_norm else b["x a"]     # x mid: free until the first block
-        steps = [kn.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P.get("pos_emb"), emb, N, C,
+        steps = [kn.decoding.embed_decode(self.ids, table_rows(m.P["tok_emb"], v0, nv), m.P.get("pos_emb"), emb, N, C,
                                  ub) for v0, nv, ub in self.embed_uniforms]
         if emb is not b["x a"]:
             steps.append(m.pk.norm_f32(emb, m.P["ln_e"], b["x a"], b["ln stats"], N, C))
@@ -124,8 +124,8 @@ class Decoder:
         x, other = b["x a"], b["x b"]
         # a bf16 or f16 cache is read as stored, the attention's output written as float32 and
         # converted by the block, as in training
-        append, attn = (kn.kv_append_half, kn.attn_decode_half) if m.precision.converts else \
-            (kn.kv_append, kn.attn_decode)
+        append, attn = (kn.decoding.kv_append_half, kn.decoding.attn_decode_half) if m.precision.converts else \
+            (kn.decoding.kv_append, kn.decoding.attn_decode)
         window = cfg.attn_window                                  # the cache's rows each query sees
         grouped = "k kv" in m.buf          # grouped-query attention: the cache holds the kv heads alone
         W = cfg.block.heads.kv_width
@@ -149,7 +149,7 @@ class Decoder:
         self.body = len(steps)            # a token into the cache, nothing drawn: the steps before the head
         steps.append(m.pk.layernorm(x, m.P["ln_f"], b["ln"], b["ln stats"], N, C))
         steps += head.forward(b["ln"], b["logits"], N)
-        steps.append(kn.sample_tokens(b["logits"], self.ids, N, u))
+        steps.append(kn.decoding.sample_tokens(b["logits"], self.ids, N, u))
         return steps
 
     def forget(self):

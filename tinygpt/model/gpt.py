@@ -285,9 +285,9 @@ class Model:
         scored = max(1, int(np.count_nonzero(y != UNSCORED)))
         if scored != self._scored and self.graph.reduce:
             for d in self.graph.ce:
-                self.kn.set_loss_scale(d, 1.0 / scored)
+                self.kn.losses.set_loss_scale(d, 1.0 / scored)
             for d in self.graph.reduce:
-                self.kn.set_loss_scale(d, self.spec.accum / scored)
+                self.kn.losses.set_loss_scale(d, self.spec.accum / scored)
             self._scored = scored
 
     def dispatch_groups(self):

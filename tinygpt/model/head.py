@@ -50,7 +50,7 @@ class Head:
     def forward(self, x: Tensor, logits: Tensor, n: int) -> list:
         """logits [n, VP] of x [n, C], capped where the block soft-caps them (core.block)."""
         kn, pk, VP, C, tok = self.kn, self.pk, self.VP, self.C, self.tok_read
-        cap = [kn.softcap(logits, n, VP, pk.block.softcap)] if pk.block.softcap else []
+        cap = [kn.losses.softcap(logits, n, VP, pk.block.softcap)] if pk.block.softcap else []
         if not self.split:
             return [pk.matmul_abt(x, tok, logits, n, VP, C)] + cap
         ds = []

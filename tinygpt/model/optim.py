@@ -55,9 +55,9 @@ class Gate:
         """The chunks start on whole blocks of the partial sums, so the norm is that of one
         dispatch, bit for bit."""
         kn, scaler = f.kn, f.gate if self.scaled else None     # the loss scaler: unscale, find infs
-        ds = [kn.grad_sumsq(flat_view(f.grads, f0, k), partials, k, first=f0 // CHUNK, gate=scaler)
+        ds = [kn.optim.grad_sumsq(flat_view(f.grads, f0, k), partials, k, first=f0 // CHUNK, gate=scaler)
               for f0, k in f.chunks]
-        return ds + [kn.grad_clip(partials, f.gate, -(-f.n // CHUNK), self.clip,
+        return ds + [kn.optim.grad_clip(partials, f.gate, -(-f.n // CHUNK), self.clip,
                                   growth=SCALE_GROWTH if self.scaled else None)]
 
     @staticmethod

@@ -159,20 +159,20 @@ def losses(m, head: bool) -> tuple:
     scaler = m.buf.get("gate") if m.spec.scaled else None
     scale = 1.0 if m.spec.dpo is not None else 1.0 / (accum * BT)
     logits, losses = m.buf.get("logits"), m.buf.get("losses")
-    ce = lambda grad: [kn.cross_entropy(targets, rows(logits, r0, n), losses, n, V, scale, grad, r0, m.layout.VP,
+    ce = lambda grad: [kn.losses.cross_entropy(targets, rows(logits, r0, n), losses, n, V, scale, grad, r0, m.layout.VP,
                                         scaler=scaler if grad else None, softcap=m.cfg.block.softcap)
                        for r0, n in m.layout.logit_chunks]
     slot = lambda i: Tensor(m.buf["loss slots"].buf, 4 * LOSS_SLOT * i, (LOSS_SLOT,), "f32", f"loss{i}")
     if not head:
         return [], [], [], ce(False)
     if m.spec.dpo is None:
-        return [kn.loss_reduce(losses, slot(i), BT, 1.0 / BT) for i in range(accum)], ce(m.spec.training), [], \
+        return [kn.losses.loss_reduce(losses, slot(i), BT, 1.0 / BT) for i in range(accum)], ce(m.spec.training), [], \
             ce(False)
     pairs, w = m.B // 2, m.buf["dpo weights"]
-    reduce = [kn.dpo(batch_view(m, "refs"), losses, w, slot(i), pairs, m.T, m.spec.dpo, 1.0 / (pairs * accum),
+    reduce = [kn.losses.dpo(batch_view(m, "refs"), losses, w, slot(i), pairs, m.T, m.spec.dpo, 1.0 / (pairs * accum),
                      1.0 / pairs)
               for i in range(accum)]
-    return reduce, ce(True), [kn.scale_rows(w, rows(m.buf["logits"], r0, n), n, m.layout.VP, m.T, r0)
+    return reduce, ce(True), [kn.losses.scale_rows(w, rows(m.buf["logits"], r0, n), n, m.layout.VP, m.T, r0)
                               for r0, n in m.layout.logit_chunks], \
         ce(False)
 

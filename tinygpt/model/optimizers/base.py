@@ -227,7 +227,7 @@ class ElementwiseOptimizer(Optimizer):
         consts = self.constants(self.s)
         self.uniforms = [(f.gpu.uniform(OPTIM_UNIFORM_BYTES), f0, k, consts) for f0, k in f.chunks]
         state = [f.buf[r] for r in self.state_rows]
-        return [f.kn.elementwise_optimizer(self.name, self.wgsl, flat_view(f.grads, f0, k), f.buf["weight decay"],
+        return [f.kn.optim.elementwise_optimizer(self.name, self.wgsl, flat_view(f.grads, f0, k), f.buf["weight decay"],
                                            f.gate, flat_view(f.params, f0, k),
                                            *[flat_view(t, f0, k) for t in state], *[None] * (2 - len(state)), k, u)
                 for u, f0, k, _ in self.uniforms]

@@ -120,13 +120,13 @@ class Muon(Optimizer):
             sx, sg = b * batch_stride(K * N), b * batch_stride(r * r)
             xs = [row("ns x", sx), row("ns x next", sx)]
             for j, name in enumerate(names):
-                ds.append(kn.muon_momentum(G[name], f.gate, Mo[name], slot(xs[0], j, K, N), K * N,
+                ds.append(kn.optim.muon_momentum(G[name], f.gate, Mo[name], slot(xs[0], j, K, N), K * N,
                                            self.s.momentum, self.s.nesterov))
             ns, out = newton_schulz(kn, xs, row("ns bx", sx), row("ns a", sg), row("ns aa", sg),
                                     row("ns b", sg), K, N, b)
             ds += ns
             for j, name in enumerate(names):
-                ds.append(kn.muon_update(slot(out, j, K, N), f.gate, P[name], K * N, muon_ratio((K, N)),
+                ds.append(kn.optim.muon_update(slot(out, j, K, N), f.gate, P[name], K * N, muon_ratio((K, N)),
                                          self.update_uniform))
         return ds
 
@@ -143,17 +143,17 @@ def newton_schulz(kn: Kernels, xs: list, bx: Tensor, A: Tensor, AA: Tensor, B: T
     scratch. newton_schulz_twin is its twin."""
     a, b, c = NS_COEFFICIENTS
     n, r = K * N, min(K, N)
-    ds = [kn.muon_normalize(xs[0], n, NS_EPS, batch)]
+    ds = [kn.optim.muon_normalize(xs[0], n, NS_EPS, batch)]
     for i in range(NS_STEPS):
         X, Y = xs[i % 2], xs[1 - i % 2]
         # A = X X^T of the wide orientation: a tall matrix [K > N] is worked on as its transpose,
         # X^T X and X B, so that no transpose is ever written
         ds.append(kn.matmul_atb(X, X, A, r, r, K, batch=batch) if K > N else
                   kn.matmul_abt(X, X, A, r, r, N, batch=batch))
-        ds += [kn.matmul(A, A, None, AA, r, r, r, batch=batch), kn.ns_mix(A, AA, B, r * r, b, c, batch)]
+        ds += [kn.matmul(A, A, None, AA, r, r, r, batch=batch), kn.optim.ns_mix(A, AA, B, r * r, b, c, batch)]
         ds.append(kn.matmul(X, B, None, bx, K, N, N, batch=batch) if K > N else
                   kn.matmul(B, X, None, bx, K, N, K, batch=batch))
-        ds.append(kn.ns_mix(X, bx, Y, n, a, 1.0, batch))
+        ds.append(kn.optim.ns_mix(X, bx, Y, n, a, 1.0, batch))
     return ds, xs[NS_STEPS % 2]
 
 
