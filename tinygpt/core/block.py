@@ -62,16 +62,19 @@ class Mlp:
     forward: str | None = None      # a gated one's launchers and twins (glu.wgsl), which read gate and up
     backward: str | None = None     # as stored whatever the precision
     gpt2_name: str | None = None   # its name in a Hugging Face GPT-2 config's activation_function (None: none)
+    summary: str = ""    # what it is, as --mlp's help says
 
 
 NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),
                              Norm("rmsnorm_free", rms=True, weights=False))}
 POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
-MLPS = {m.name: m for m in (Mlp("gelu", ACTIVATIONS["gelu"], gpt2_name="gelu"),
-                            Mlp("gelu_tanh", ACTIVATIONS["gelu_tanh"], gpt2_name="gelu_new"),
-                            Mlp("relu2", ACTIVATIONS["relu2"]),
-                            Mlp("swiglu", gated=True, forward="swiglu_forward", backward="swiglu_backward"))}
+MLPS = {m.name: m for m in (
+    Mlp("gelu", ACTIVATIONS["gelu"], gpt2_name="gelu", summary="TinyGPT's exact GELU"),
+    Mlp("gelu_tanh", ACTIVATIONS["gelu_tanh"], gpt2_name="gelu_new", summary="GPT-2's tanh form"),
+    Mlp("relu2", ACTIVATIONS["relu2"], summary="nanochat's squared ReLU"),
+    Mlp("swiglu", gated=True, forward="swiglu_forward", backward="swiglu_backward",
+        summary="Llama's gated MLP, 8/3 as wide"))}
 UPSTREAM_MLP = MLPS["gelu"]     # TinyGPT's exact GELU: what a .tinygpt header without "activation" means
 
 

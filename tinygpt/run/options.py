@@ -65,6 +65,12 @@ def _kept(name: str) -> str:
     return f"default {repr(v) if isinstance(v, str) else v}, or the resumed run's"
 
 
+def mlp_choices() -> str:
+    """The MLPs as --mlp's help lists them, each with what it is (core.block's MLPS)."""
+    said = [f"{m.name} ({m.summary})" for m in MLPS.values()]
+    return ", ".join(said[:-1]) + " or " + said[-1]
+
+
 def _preset(name: str) -> str:
     return f"default: the preset's, {_shape[name]} for small"
 
@@ -104,9 +110,7 @@ class TrainOptions:
         "shape", f"RoPE's base theta, with {{opt:position}} rope (default {ROPE_THETA:g}, or the resumed model's)",
         check=values.positive_float, metavar="X")
     mlp: str | None = setting(
-        "shape", "the MLP's activation: gelu (TinyGPT's exact GELU), gelu_tanh (GPT-2's tanh form), relu2 "
-        "(nanochat's squared ReLU) or swiglu (Llama's gated MLP, 8/3 as wide) (default gelu, or the resumed "
-        "model's)", choices=list(MLPS))
+        "shape", f"the MLP's activation: {mlp_choices()} (default gelu, or the resumed model's)", choices=list(MLPS))
     bias: bool | None = setting(
         "shape", "biases on every projection, q, k, v, o and the MLP's (GPT-2's), or on none (Llama's, nanochat's) "
         "(default: on, or the resumed model's)", toggle=True)
