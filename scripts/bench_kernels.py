@@ -462,7 +462,7 @@ def rows_cases(gpu, kn, N, C, M, V, rng):
 
 def half_cases(gpu, rows, C, M, N, T, H, rng):
     """With shader-f16, the f16 model's own kernels (variant f16): GELU both ways, the LayerNorm
-    writing f16, the casts (listed as scalar); and the decode step's half cache (kv_append_half,
+    writing f16, the casts (listed as scalar); and the decode step's half cache (kv_append on its words,
     attn_decode_half) in f16, or in bf16 without the feature."""
     up, n = gpu.upload, rows * M
     kn = Kernels(gpu, PORTABLE)
@@ -497,8 +497,8 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
     k, v, q, kc0, vc0 = w(N, C), w(N, C), w(N, C), w(N, T, C), w(N, T, C)
     t = lambda a: gpu.tensor(a.shape, half, data=a)
     kc, vc = t(kc0), t(vc0)
-    wk, wv = R.kv_append_half(k, v, kc0, vc0, pos)
-    d = kn.decoding.kv_append_half(t(k), t(v), kc, vc, N, C, u)
+    wk, wv = R.kv_append(k, v, kc0, vc0, pos)
+    d = kn.decoding.kv_append(t(k), t(v), kc, vc, N, C, u)
     yield "kv_append", half, f"{N}x{T}x{C}", d, lambda: float(np.sum(gpu.read(kc) != wk) + np.sum(gpu.read(vc) != wv))
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
     want = R.attn_decode_half(q, wk, wv, pos, H, half)

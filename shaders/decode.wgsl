@@ -57,16 +57,20 @@ fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   o1[i] = x;
 }
 
-// a = k [N, W], b = v [N, W] -> o1 = kc [N, T, W], o2 = vc [N, T, W] (W = kv_width()), row pos of each sequence
+// a = k [N, W], b = v [N, W] -> o1 = kc [N, T, W], o2 = vc [N, T, W] (W = kv_width()), row pos of
+// each sequence, copied as words whatever they hold: PER_WORD values a word (1 float32, 2 for a
+// bf16 or f16 model's cache, W even), so one entry point serves every stored type
+override PER_WORD: u32 = 1u;
+
 @compute @workgroup_size(64)
 fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_id) lid: vec3<u32>) {
   let i = lin(wid, nwg, lid);
-  let w = kv_width();
+  let w = kv_width() / PER_WORD;
   if (i >= p.N * w) { return; }
   let dst = ((i / w) * p.T + p.pos) * w + i % w;
-  o1[dst] = a[i];
-  o2[dst] = b[i];
+  o1h[dst] = ah[i];
+  o2h[dst] = bh[i];
 }
 
 // One workgroup per (n, h): a = q [N, C], b = kc [N, T, W], c = vc [N, T, W] (W = kv_width())
@@ -173,7 +177,7 @@ fn attn_decode4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 // ---- a bf16 or f16 model's cache -----------------------------------------------------------------
 // Its k, v (the prefill's, and the step's from its matmuls) are stored two to a word, as the
 // model stores them (HALF: 1 bf16, 2 f16), and so the caches are too: the same bindings read as
-// words, by these entry points only.
+// words, by these entry points (and kv_append, which copies words for every type).
 @group(0) @binding(1) var<storage, read> ah: array<u32>;
 @group(0) @binding(2) var<storage, read> bh: array<u32>;
 @group(0) @binding(3) var<storage, read> ch: array<u32>;
@@ -186,18 +190,6 @@ override HALF: u32 = 1u;
 fn half_at(w: u32, e: u32) -> f32 {
   if (HALF == 2u) { return unpack2x16float(w)[e & 1u]; }
   return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u));
-}
-
-// kv_append on words: ah = k, bh = v [N, W/2] -> o1h = kc, o2h = vc [N, T, W/2] (W = kv_width(), even)
-@compute @workgroup_size(64)
-fn kv_append_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_id) lid: vec3<u32>) {
-  let i = lin(wid, nwg, lid);
-  let c2 = kv_width() / 2u;
-  if (i >= p.N * c2) { return; }
-  let dst = ((i / c2) * p.T + p.pos) * c2 + i % c2;
-  o1h[dst] = ah[i];
-  o2h[dst] = bh[i];
 }
 
 // attn_decode reading q (ah), kc (bh), vc (ch) as stored; out (o1) and the scratch (o2) float32:

@@ -300,7 +300,7 @@ def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
     tile = (("BK", 4), ("TM", 8), ("TV", 1), ("WX", 4), ("WY", 2))     # 16 x 16: the ragged shape crosses tiles
     kernels |= {(f"{e}_f16{v}", tuple(sorted(m + (tile if v else ())))) for e in ("matmul", "matmul_abt", "matmul_atb")
                 for v in ("", "_tiled") for m in template_mixes}
-    kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "layernorm_forward4", "kv_append_half")}
+    kernels |= {(e, ()) for e in ("cast_f16", "cast_f16_to_f32", "layernorm_forward4", "kv_append")}
     kernels |= {(f"{a}_{way}", ()) for a in ACTIVATIONS for way in ("forward", "backward")}   # every activation
     kernels |= {("attn_online_forward", (("F16", True),))}           # online.wgsl, the tiles, reading f16
     kernels |= {(e, (("F16", True),)) for e in ("rope_forward", "rope_backward", "qk_norm_rope")}  # q, k stored f16

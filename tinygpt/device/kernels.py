@@ -910,8 +910,12 @@ class DecodeKernels(Family):
                             None if pos is not None else {"LEARNED": False})
 
     def kv_append(self, k, v, kc, vc, N, W, uniform) -> Dispatch:
-        """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, W], W the key/value heads' width)"""
-        return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * W // 64)))
+        """kc[n, p.pos] = k[n]; vc[n, p.pos] = v[n] (caches [N, T, W], W the key/value heads' width),
+        copied as words whatever their dtype (a bf16 or f16 model's: two values a word, W even)."""
+        per = DTYPES[k.dtype].per_word
+        assert k.dtype == v.dtype == kc.dtype == vc.dtype and W % per == 0, (k.dtype, kc.dtype, W)
+        return self._decode("kv_append", uniform, k, v, None, None, kc, vc, None, grid1d(-(-N * W // (64 * per))),
+                            {"PER_WORD": per} if per > 1 else None)
 
     def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
         """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
@@ -924,12 +928,6 @@ class DecodeKernels(Family):
         entry = "attn_decode4" if variant == "vec4" else "attn_decode"
         k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, windowed(window) or None)
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
-
-    def kv_append_half(self, k, v, kc, vc, N, W, uniform) -> Dispatch:
-        """kv_append for a bf16 or f16 model's k, v and caches (their dtype), two values a word."""
-        assert k.dtype == kc.dtype and k.dtype in HALVES and W % 2 == 0, (k.dtype, kc.dtype, W)
-        k_ = self.gpu.kernel("decode.wgsl", "kv_append_half", DECODE_ACCESS, {"HALF": DTYPES[k.dtype].half})
-        return self.gpu.dispatch_with(k_, uniform, [k, v, None, None, kc, vc, None], grid1d(-(-N * W // 128)))
 
     def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
         """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32;

@@ -196,7 +196,7 @@ def _attention(gpu: GPU, plan, rng, variant: str):
 
 
 def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
-    """decode.wgsl's f16 cache: kv_append_half then attn_decode_half (head dim 5, a ragged T), or
+    """decode.wgsl's f16 cache: kv_append (its words) then attn_decode_half (head dim 5, a ragged T), or
     where wide attn_decode_half4 (head dim 8: the launcher's choice for a multiple of 8)."""
     N, T, C, H, pos = 2, 9, 32 if wide else 20, 4, 6
     f = lambda *s: R.cast_f16(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
@@ -205,9 +205,9 @@ def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
     gpu.write_uniform(u, decode_uniform(N, T, C, H, pos, 0, 1, 1))
     up = lambda x: gpu.tensor(x.shape, "f16", data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    gpu.run([kn.decoding.kv_append_half(up(k), up(v), kc, vc, N, C, u),
+    gpu.run([kn.decoding.kv_append(up(k), up(v), kc, vc, N, C, u),
              kn.decoding.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
-    want_kc, want_vc = R.kv_append_half(k, v, kc0, vc0, pos)
+    want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(),
                           gpu.read(out).ravel()])
     want = np.concatenate([R.unpack_f16(want_kc).ravel(), R.unpack_f16(want_vc).ravel(),
@@ -223,7 +223,7 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
         key = ("attention", "sg" if entry.endswith("_sg") else "tiles") if entry.startswith("attn_online") else \
-            ("decode", ()) if entry in ("kv_append_half", "attn_decode_half") else \
+            ("decode", ()) if entry in ("kv_append", "attn_decode_half") else \
             ("decode", "wide") if entry == "attn_decode_half4" else (entry, consts)
         if key not in seen:
             rng = np.random.default_rng(11)

@@ -484,7 +484,7 @@ def embed_decode(ids, tok, pos, at, v0=0, out=None):  # ids [N] -> x [N,C]: toke
     return out
 
 
-def kv_append(k, v, kc, vc, at):          # k, v [N,W] -> caches [N,T,W] with row `at` written
+def kv_append(k, v, kc, vc, at):          # k, v [N,W] -> caches [N,T,W] with row `at` written (words: any dtype)
     kc, vc = kc.copy(), vc.copy()
     kc[:, at], vc[:, at] = k, v
     return kc, vc
@@ -507,10 +507,6 @@ def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,KV*hd] 
 
 
 attn_decode4 = attn_decode                # q, k and v read a vec4 at a time: the same attention
-
-
-def kv_append_half(k, v, kc, vc, at):     # kv_append on packed words: k, v [N,W/2] -> caches [N,T,W/2]
-    return kv_append(k, v, kc, vc, at)
 
 
 def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,W/2] -> [N,C]
