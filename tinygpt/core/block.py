@@ -62,7 +62,7 @@ class Mlp:
     forward: str | None = None      # a gated one's launchers and twins (glu.wgsl), which read gate and up
     backward: str | None = None     # as stored whatever the precision
     gpt2_name: str | None = None   # its name in a Hugging Face GPT-2 config's activation_function (None: none)
-    summary: str = ""    # what it is, as --mlp's help says
+    summary: str = ""    # what it is, as the option's help says
 
 
 NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=True),

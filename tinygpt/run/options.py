@@ -66,7 +66,7 @@ def _kept(name: str) -> str:
 
 
 def mlp_choices() -> str:
-    """The MLPs as --mlp's help lists them, each with what it is (core.block's MLPS)."""
+    """The MLPs as the option's help lists them, each with what it is (core.block's MLPS)."""
     said = [f"{m.name} ({m.summary})" for m in MLPS.values()]
     return ", ".join(said[:-1]) + " or " + said[-1]
 
