@@ -5,7 +5,7 @@ reference function of the same name), and the speed-up over the scalar variant.
 
 Variants: scalar (elementwise, layernorm, loss, grad_norm, optim, muon .wgsl), vec4 (elementwise,
 layernorm, grad_norm, optim .wgsl at the vec4 width), sg (their sg sections' kernels; where
-subgroups work) and bf16 (gelu_*_bf16: GELU with its pre-activation stored as bf16;
+subgroups work) and bf16 (every activation with its pre-activation stored as bf16;
 layernorm_forward bf16: the LayerNorm writing bf16; max_err against the twin's bf16 result, in float32 values);
 rms: the LayerNorm kernels as RMSNorm (no centring, no bias).
 decode.wgsl's kernels (sampling), one variant each, at a decode step of batch sequences over a

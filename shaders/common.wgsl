@@ -40,7 +40,7 @@ fn erf_approx(v: f32) -> f32 {
 // GELU and its derivative on 4 lanes, in float32, in the two forms a checkpoint may name: the exact
 // x Phi(x) (activation "gelu"), or GPT-2's tanh approximation 0.5 x (1 + tanh(u)),
 // u = sqrt(2/pi) (x + 0.044715 x^3) (activation "gelu_tanh": Hugging Face's gelu_new, PyTorch's
-// approximate="tanh"), where tanh_form. The tanh form is computed as x sigmoid(2u), the same
+// approximate="tanh"). The tanh form is computed as x sigmoid(2u), the same
 // function: 1 + tanh(u) cancels where u is very negative (x = -5.3 gave 0, not -1.6e-7), the
 // sigmoid does not. u is clamped to +-40 (exp(80) is finite in float32), so x^3 overflowing gives
 // 0 or x, not an implementation's exp(inf).
@@ -50,21 +50,21 @@ fn tanh_arg4(v: vec4<f32>) -> vec4<f32> {     // u, clamped
   return clamp(0.7978845608028654 * (v + 0.044715 * v * v * v), vec4<f32>(-40.0), vec4<f32>(40.0));
 }
 
-fn gelu4(v: vec4<f32>, tanh_form: bool) -> vec4<f32> {
-  if (tanh_form) { return v / (1.0 + exp(-2.0 * tanh_arg4(v))); }
-  return v * cdf4(v);
-}
+// Each form is a function of its own, not one with a bool: the exact forward taking the form as a
+// literal argument ran slower on lavapipe than with the form fixed (docs/results.md, "The house").
+fn gelu4(v: vec4<f32>) -> vec4<f32> { return v * cdf4(v); }
+
+fn gelu_tanh4(v: vec4<f32>) -> vec4<f32> { return v / (1.0 + exp(-2.0 * tanh_arg4(v))); }
 
 // d/dx x s(x), s = sigmoid(2u): s + 2 x u' s (1 - s), with s (1 - s) as (s e) s, e = exp(-2u): no
 // cancellation, and nothing past float32's range.
-fn gelu_grad4(v: vec4<f32>, tanh_form: bool) -> vec4<f32> {
-  if (tanh_form) {
-    let e = exp(-2.0 * tanh_arg4(v));
-    let s = 1.0 / (1.0 + e);
-    return s + 2.0 * v * 0.7978845608028654 * (1.0 + 0.134145 * v * v) * (s * e) * s;
-  }
-  return cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v);
+fn gelu_tanh_grad4(v: vec4<f32>) -> vec4<f32> {
+  let e = exp(-2.0 * tanh_arg4(v));
+  let s = 1.0 / (1.0 + e);
+  return s + 2.0 * v * 0.7978845608028654 * (1.0 + 0.134145 * v * v) * (s * e) * s;
 }
+
+fn gelu_grad4(v: vec4<f32>) -> vec4<f32> { return cdf4(v) + v * 0.3989422804014327 * exp(-0.5 * v * v); }
 
 // Tree reductions across a 64- or 256-lane workgroup; every lane gets the result, so call them
 // from uniform control flow (they hold barriers). WGSL passes no pointer to workgroup memory into

@@ -26,14 +26,15 @@ class Activation:
 
 
 # ---- GELU: the exact x Phi(x) (TinyGPT's), and GPT-2's tanh form (Hugging Face's gelu_new) ----------
-# gelu4 and gelu_grad4 are common.wgsl's (erf by Abramowitz & Stegun 7.1.26, WGSL having none).
+# gelu4, gelu_grad4 and their tanh forms are common.wgsl's (erf by Abramowitz & Stegun 7.1.26,
+# WGSL having none).
 GELU_WGSL = """
-fn act4(v: vec4<f32>) -> vec4<f32> { return gelu4(v, false); }
-fn act_grad4(v: vec4<f32>) -> vec4<f32> { return gelu_grad4(v, false); }
+fn act4(v: vec4<f32>) -> vec4<f32> { return gelu4(v); }
+fn act_grad4(v: vec4<f32>) -> vec4<f32> { return gelu_grad4(v); }
 """
 GELU_TANH_WGSL = """
-fn act4(v: vec4<f32>) -> vec4<f32> { return gelu4(v, true); }
-fn act_grad4(v: vec4<f32>) -> vec4<f32> { return gelu_grad4(v, true); }
+fn act4(v: vec4<f32>) -> vec4<f32> { return gelu_tanh4(v); }
+fn act_grad4(v: vec4<f32>) -> vec4<f32> { return gelu_tanh_grad4(v); }
 """
 
 
