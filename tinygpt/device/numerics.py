@@ -15,6 +15,7 @@ import weakref
 import numpy as np
 
 from ..core.activations import ACTIVATIONS
+from ..core.precision import PRECISIONS
 from ..core.rope import rope_table
 
 from ..reference import attention as RA
@@ -25,6 +26,11 @@ from .plan import PORTABLE
 
 TOL = 2e-3           # of the twin's largest magnitude: a broken kernel is off by far more, a rounding by less
 _VERDICTS = weakref.WeakKeyDictionary()     # device -> {(entry, constants): None or why not}
+# The stored type this check's cases are written for: f16's, the one precision that needs a device
+# feature. Its entry points are named as any type's (an activation's, the norm's forward: the type is
+# a section of their file), so a precision storing another type is refused whole, not judged by
+# cases of f16's kernels.
+CASES = DTYPES["f16"]
 
 
 class NumericsError(GPUError):
@@ -220,6 +226,11 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     the first that disagrees (or fails to run, or has no check here: a kernel of a precision that
     needs a device feature is never trusted unjudged)."""
     seen = _VERDICTS.setdefault(gpu, {})
+    if kernels and DTYPES[PRECISIONS[precision].stored] is not CASES:
+        first = min(e for e, _ in kernels)
+        raise NumericsError(f"{{opt:precision}} {precision}: the kernel {first} has no case in the numerics check "
+                            "(device/numerics.py: its cases are f16's), so it is not trusted on this device; use "
+                            "{opt:precision} fp32 (or write its cases)")
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
         key = ("attention", "sg" if entry.endswith("_sg") else "tiles") if entry.startswith("attn_online") else \
