@@ -463,7 +463,7 @@ def rows_cases(gpu, kn, N, C, M, V, rng):
 def half_cases(gpu, rows, C, M, N, T, H, rng):
     """With shader-f16, the f16 model's own kernels (variant f16): GELU both ways, the LayerNorm
     writing f16, the casts (listed as scalar); and the decode step's half cache (kv_append on its words,
-    attn_decode_half) in f16, or in bf16 without the feature."""
+    attn_decode's section of the type) in f16, or in bf16 without the feature."""
     up, n = gpu.upload, rows * M
     kn = Kernels(gpu, PORTABLE)
     f16 = "shader-f16" in gpu.features
@@ -501,10 +501,10 @@ def half_cases(gpu, rows, C, M, N, T, H, rng):
     d = kn.decoding.kv_append(t(k), t(v), kc, vc, N, C, u)
     yield "kv_append", half, f"{N}x{T}x{C}", d, lambda: float(np.sum(gpu.read(kc) != wk) + np.sum(gpu.read(vc) != wv))
     out, scratch = gpu.tensor((N, C)), gpu.tensor((N, H, T))
-    want = R.attn_decode_half(q, wk, wv, pos, H, half)
+    want = R.stored_attn_decode(q, wk, wv, pos, H, half)
     for variant in ("scalar", "vec4") if (C // H) % 8 == 0 else ("scalar",):     # vec4: 8 values a load
-        d = kn.decoding.attn_decode_half(t(q), t(wk), t(wv), out, scratch, N, H, u, variant=variant)
-        yield "attn_decode", half + " vec4" * (variant == "vec4"), f"{N}x{H}x{T}", d, \
+        d = kn.decoding.attn_decode(t(q), t(wk), t(wv), out, scratch, N, H, u, variant=variant)
+        yield "attn_decode", "vec4 " * (variant == "vec4") + half, f"{N}x{H}x{T}", d, \
             lambda: np.abs(gpu.read(out) - want).max()
 
 

@@ -10,7 +10,7 @@ sg as matmul_words.wgsl's sg section; tiled and scalar, the templates matmul_til
 reading bf16) run again with dtype bf16, validated against the float64 product of the same bf16
 values. dtype mixed is what a bf16 model's backward runs: A @ B^T with A float32 (dX = dY @ W^T)
 and A^T @ B with B float32 (dW = X^T @ dY), the other operand bf16. dtype f16 runs the f16 kernels
-(WGSL's f16: products in f16, float32 sums) beside each float32 variant (sg and vec4 as matmul_f16.wgsl's
+(WGSL's f16: products in f16, float32 sums) beside each float32 variant (sg and vec4 as matmul_quad.wgsl's
 sections, tiled and scalar as the templates with f16 products), judged against
 the twin that rounds each product to f16; f16mixed is an f16 model's backward, the float32 operand
 rounded to f16 as it is read.
@@ -75,7 +75,7 @@ def bench_one(gpu, plan, entry, variant, dtype, a, b, repeats) -> dict:
         extra = [None] if entry == "matmul" else []
         up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
         d = getattr(kn, entry)(up(ah), up(bh), *extra, out, M, N, Kd, variant=variant, dtype="bf16")
-        want = getattr(R, entry + "_bf16_sg")(ah, bh)
+        want = getattr(R, entry + "_words_sg")(ah, bh)
     else:
         fn = getattr(kn, entry)
         extra = [None] if entry == "matmul" else []
@@ -147,7 +147,7 @@ def main(argv=None):
             for dtype in dtypes:
                 for entry, variant in chosen:
                     if dtype in ("f16", "f16mixed"):
-                        ok = K.vec4_ok if variant == "tiled" else K.f16_vec4_ok
+                        ok = K.vec4_ok if variant == "tiled" else K.quad_ok
                         if variant not in F16 or (variant != "scalar" and not ok(entry, M, N, Kd)) \
                                 or (dtype == "f16mixed" and entry == "matmul"):
                             continue

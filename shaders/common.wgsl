@@ -143,7 +143,7 @@ fn to_f16x4(v: vec4<f32>) -> vec4<f16> {
 
 // rows 4q..4q+3 of a 16-row block as the columns of a mat4x4, from the 8 lanes that loaded them:
 // lane l holds rows l (x0) and 8+l (x1), 4 k of each, as float32 (the subgroup matmuls,
-// matmul_vec4.wgsl's and matmul_bf16_sg.wgsl's)
+// matmul_vec4.wgsl's and matmul_words.wgsl's)
 fn rows_of(x0: vec4<f32>, x1: vec4<f32>, q: u32) -> mat4x4<f32> {
   switch q {
     case 0u: { return mat4x4<f32>(subgroupBroadcast(x0, 0u), subgroupBroadcast(x0, 1u), subgroupBroadcast(x0, 2u), subgroupBroadcast(x0, 3u)); }

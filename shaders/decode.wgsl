@@ -57,6 +57,16 @@ fn embed_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   o1[i] = x;
 }
 
+
+// The same bindings read as words: kv_append's, and a bf16 or f16 model's attention's (its k, v,
+// the prefill's and the step's, are stored two to a word, as the model stores them, and so are the
+// caches).
+@group(0) @binding(1) var<storage, read> ah: array<u32>;
+@group(0) @binding(2) var<storage, read> bh: array<u32>;
+@group(0) @binding(3) var<storage, read> ch: array<u32>;
+@group(0) @binding(5) var<storage, read_write> o1h: array<u32>;
+@group(0) @binding(6) var<storage, read_write> o2h: array<u32>;
+
 // a = k [N, W], b = v [N, W] -> o1 = kc [N, T, W], o2 = vc [N, T, W] (W = kv_width()), row pos of
 // each sequence, copied as words whatever they hold: PER_WORD values a word (1 float32, 2 for a
 // bf16 or f16 model's cache, W even), so one entry point serves every stored type
@@ -73,17 +83,16 @@ fn kv_append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
   o2h[dst] = bh[i];
 }
 
-// One workgroup per (n, h): a = q [N, C], b = kc [N, T, W], c = vc [N, T, W] (W = kv_width())
-// -> o1 = out [N, C], o2 = scratch [N, H, T] (the scores, then their exponentials).
+// One workgroup per (n, h): a = q [N, C], b = kc [N, T, W], c = vc [N, T, W] (W = kv_width()),
+// each stored as the model stores them (the section of its type, below, says how a value is
+// read) -> o1 = out [N, C] float32 (the block converts it to what it stores, as in training),
+// o2 = scratch [N, H, T] (the scores, then their exponentials).
 // Three passes over the cached rows it sees (pos + 1, or the window's last W): scores and their
 // max (a lane a row), exp and sum, weighted values (a lane a channel). attn_decode4, for a head
-// dim that is a multiple of 4, reads q, k and v a vec4 at a time: on lavapipe a lane's load
-// costs about the same whatever it carries, and the passes over the cache are loads (how much
-// faster: docs/results.md, "Chat beside transformers"). The passes' frame is shared; an entry
-// point binds a, b, c as floats or as vec4, never both.
-@group(0) @binding(1) var<storage, read> a4: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> b4: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> c4: array<vec4<f32>>;
+// dim that is a multiple of UNIT, reads q, k and v a vector load at a time (a unit: a vec4 of
+// float32, or a vec4 of words, 8 bf16 or f16): on lavapipe a lane's load costs about the same
+// whatever it carries, and the passes over the cache are loads (how much faster:
+// docs/results.md, "Chat beside transformers"). An entry point binds a, b, c one way only.
 
 // where a workgroup's head reads and writes
 struct At {
@@ -131,8 +140,9 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   var m = -3.0e38;
   if (h.live) {
     for (var t = h.lo + lid; t < h.rows; t += 64u) {
+      let kb = h.kv + t * h.w;
       var s = 0.0;
-      for (var d = 0u; d < h.hd; d++) { s += a[h.q + d] * b[h.kv + t * h.w + d]; }
+      for (var d = 0u; d < h.hd; d++) { s += q_at(h.q + d) * k_at(kb + d); }
       s *= p.scale;
       o2[h.srow + t] = s;
       m = max(m, s);
@@ -142,7 +152,7 @@ fn attn_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
   if (!h.live) { return; }
   for (var d = lid; d < h.hd; d += 64u) {
     var acc = 0.0;
-    for (var t = h.lo; t < h.rows; t++) { acc += o2[h.srow + t] * c[h.kv + t * h.w + d]; }
+    for (var t = h.lo; t < h.rows; t++) { acc += o2[h.srow + t] * v_at(h.kv + t * h.w + d); }
     o1[h.q + d] = acc / z;
   }
 }
@@ -152,12 +162,12 @@ fn attn_decode4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 @builtin(local_invocation_id) lid3: vec3<u32>) {
   let h = head_at(wid, nwg);
   let lid = lid3.x;
-  let d4 = h.hd / 4u;
+  let du = h.hd / UNIT;
   var m = -3.0e38;
   if (h.live) {
     for (var t = h.lo + lid; t < h.rows; t += 64u) {
       var s4 = vec4<f32>();
-      for (var d = 0u; d < d4; d++) { s4 = fma(a4[h.q / 4u + d], b4[(h.kv + t * h.w) / 4u + d], s4); }
+      for (var d = 0u; d < du; d++) { s4 = dot_fma(q_unit(h.q / UNIT + d), k_unit((h.kv + t * h.w) / UNIT + d), s4); }
       let s = ((s4.x + s4.y) + (s4.z + s4.w)) * p.scale;
       o2[h.srow + t] = s;
       m = max(m, s);
@@ -165,117 +175,77 @@ fn attn_decode4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
   }
   let z = softmax_rows(h, lid, m);
   if (!h.live) { return; }
-  for (var d = lid; d < d4; d += 64u) {
-    var acc = vec4<f32>();
-    for (var t = h.lo; t < h.rows; t++) { acc = fma(vec4<f32>(o2[h.srow + t]), c4[(h.kv + t * h.w) / 4u + d], acc); }
-    let o = acc / z;
-    let i = h.q + 4u * d;
-    o1[i] = o.x; o1[i + 1u] = o.y; o1[i + 2u] = o.z; o1[i + 3u] = o.w;
+  for (var d = lid; d < du; d += 64u) {
+    var acc: Unit;                        // zero
+    for (var t = h.lo; t < h.rows; t++) { acc = weigh(o2[h.srow + t], v_unit((h.kv + t * h.w) / UNIT + d), acc); }
+    put_unit(h.q + UNIT * d, acc, z);
   }
 }
 
-// ---- a bf16 or f16 model's cache -----------------------------------------------------------------
-// Its k, v (the prefill's, and the step's from its matmuls) are stored two to a word, as the
-// model stores them (HALF: 1 bf16, 2 f16), and so the caches are too: the same bindings read as
-// words, by these entry points (and kv_append, which copies words for every type).
-@group(0) @binding(1) var<storage, read> ah: array<u32>;
-@group(0) @binding(2) var<storage, read> bh: array<u32>;
-@group(0) @binding(3) var<storage, read> ch: array<u32>;
-@group(0) @binding(5) var<storage, read_write> o1h: array<u32>;
-@group(0) @binding(6) var<storage, read_write> o2h: array<u32>;
-
-override HALF: u32 = 1u;
-
-// value e of a buffer of words of two 16-bit values (element 2i in the low half of word i)
-fn half_at(w: u32, e: u32) -> f32 {
-  if (HALF == 2u) { return unpack2x16float(w)[e & 1u]; }
-  return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u));
+// out[i .. i+3] = o / z
+fn put4(i: u32, o: vec4<f32>, z: f32) {
+  let r = o / z;
+  o1[i] = r.x; o1[i + 1u] = r.y; o1[i + 2u] = r.z; o1[i + 3u] = r.w;
 }
 
-// attn_decode reading q (ah), kc (bh), vc (ch) as stored; out (o1) and the scratch (o2) float32:
-// the block converts out to what it stores (block.PolicyKernels.convert), as in training.
-// attn_decode_half4, for a head dim that is a multiple of 8, reads a vec4 of words (8 values) at
-// a time, as attn_decode4 does.
+// ---- how the attention reads a stored value, by the type's section: q_at, k_at, v_at (value e
+// of q, kc, vc); a unit (UNIT values, one vector load) of each; dot_fma (s + the unit's products,
+// 4 lanes), weigh (acc + e times a unit), put_unit (out = a unit / z)
+//#if f32
+
+@group(0) @binding(1) var<storage, read> a4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> b4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> c4: array<vec4<f32>>;
+
+fn q_at(e: u32) -> f32 { return a[e]; }
+fn k_at(e: u32) -> f32 { return b[e]; }
+fn v_at(e: u32) -> f32 { return c[e]; }
+
+const UNIT: u32 = 4u;
+alias Unit = vec4<f32>;
+fn q_unit(i: u32) -> Unit { return a4[i]; }
+fn k_unit(i: u32) -> Unit { return b4[i]; }
+fn v_unit(i: u32) -> Unit { return c4[i]; }
+fn dot_fma(x: Unit, y: Unit, s: vec4<f32>) -> vec4<f32> { return fma(x, y, s); }
+fn weigh(e: f32, v: Unit, acc: Unit) -> Unit { return fma(vec4<f32>(e), v, acc); }
+fn put_unit(i: u32, o: Unit, z: f32) { put4(i, o, z); }
+//#endif
+//#if !f32
+
+// a 16-bit type, two to a word (element 2i in the low half of word i): a unit is a vec4 of words,
+// 8 values, as two vec4<f32> (lo: values 0-3, hi: 4-7), unpacked by the type's half8
 @group(0) @binding(1) var<storage, read> ah4: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> bh4: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> ch4: array<vec4<u32>>;
 
-struct Half8 { lo: vec4<f32>, hi: vec4<f32> }
+fn q_at(e: u32) -> f32 { return half_at(ah[e / 2u], e); }
+fn k_at(e: u32) -> f32 { return half_at(bh[e / 2u], e); }
+fn v_at(e: u32) -> f32 { return half_at(ch[e / 2u], e); }
 
-fn half8(w: vec4<u32>) -> Half8 {         // the 8 values of 4 words
-  if (HALF == 2u) {
-    return Half8(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
-                 vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
-  }
-  return Half8(bf16_lo4(w.xy), bf16_lo4(w.zw));
+const UNIT: u32 = 8u;
+struct Unit { lo: vec4<f32>, hi: vec4<f32> }
+fn q_unit(i: u32) -> Unit { return half8(ah4[i]); }
+fn k_unit(i: u32) -> Unit { return half8(bh4[i]); }
+fn v_unit(i: u32) -> Unit { return half8(ch4[i]); }
+fn dot_fma(x: Unit, y: Unit, s: vec4<f32>) -> vec4<f32> { return fma(x.lo, y.lo, fma(x.hi, y.hi, s)); }
+fn weigh(e: f32, v: Unit, acc: Unit) -> Unit {
+  return Unit(fma(vec4<f32>(e), v.lo, acc.lo), fma(vec4<f32>(e), v.hi, acc.hi));
 }
+fn put_unit(i: u32, o: Unit, z: f32) { put4(i, o.lo, z); put4(i + 4u, o.hi, z); }
+//#endif
+//#if bf16
 
-@compute @workgroup_size(64)
-fn attn_decode_half(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_id) lid3: vec3<u32>) {
-  let h = head_at(wid, nwg);
-  let lid = lid3.x;
-  var m = -3.0e38;
-  if (h.live) {
-    for (var t = h.lo + lid; t < h.rows; t += 64u) {
-      let kb = h.kv + t * h.w;
-      var s = 0.0;
-      for (var d = 0u; d < h.hd; d++) { s += half_at(ah[(h.q + d) / 2u], h.q + d) * half_at(bh[(kb + d) / 2u], kb + d); }
-      s *= p.scale;
-      o2[h.srow + t] = s;
-      m = max(m, s);
-    }
-  }
-  let z = softmax_rows(h, lid, m);
-  if (!h.live) { return; }
-  for (var d = lid; d < h.hd; d += 64u) {
-    var acc = 0.0;
-    for (var t = h.lo; t < h.rows; t++) {
-      let e = h.kv + t * h.w + d;
-      acc += o2[h.srow + t] * half_at(ch[e / 2u], e);
-    }
-    o1[h.q + d] = acc / z;
-  }
-}
+fn half_at(w: u32, e: u32) -> f32 { return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (e & 1u) == 1u)); }
+fn half8(w: vec4<u32>) -> Unit { return Unit(bf16_lo4(w.xy), bf16_lo4(w.zw)); }
+//#endif
+//#if f16
 
-@compute @workgroup_size(64)
-fn attn_decode_half4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_id) lid3: vec3<u32>) {
-  let h = head_at(wid, nwg);
-  let lid = lid3.x;
-  let d8 = h.hd / 8u;
-  var m = -3.0e38;
-  if (h.live) {
-    for (var t = h.lo + lid; t < h.rows; t += 64u) {
-      var s4 = vec4<f32>();
-      for (var d = 0u; d < d8; d++) {
-        let q = half8(ah4[h.q / 8u + d]);
-        let k = half8(bh4[(h.kv + t * h.w) / 8u + d]);
-        s4 = fma(q.lo, k.lo, fma(q.hi, k.hi, s4));
-      }
-      let s = ((s4.x + s4.y) + (s4.z + s4.w)) * p.scale;
-      o2[h.srow + t] = s;
-      m = max(m, s);
-    }
-  }
-  let z = softmax_rows(h, lid, m);
-  if (!h.live) { return; }
-  for (var d = lid; d < d8; d += 64u) {
-    var lo = vec4<f32>();
-    var hi = vec4<f32>();
-    for (var t = h.lo; t < h.rows; t++) {
-      let e = vec4<f32>(o2[h.srow + t]);
-      let v = half8(ch4[(h.kv + t * h.w) / 8u + d]);
-      lo = fma(e, v.lo, lo);
-      hi = fma(e, v.hi, hi);
-    }
-    let i = h.q + 8u * d;
-    let ol = lo / z;
-    let oh = hi / z;
-    o1[i] = ol.x; o1[i + 1u] = ol.y; o1[i + 2u] = ol.z; o1[i + 3u] = ol.w;
-    o1[i + 4u] = oh.x; o1[i + 5u] = oh.y; o1[i + 6u] = oh.z; o1[i + 7u] = oh.w;
-  }
+// unpack2x16float: WGSL's f16 values read as float32, without the f16 extension
+fn half_at(w: u32, e: u32) -> f32 { return unpack2x16float(w)[e & 1u]; }
+fn half8(w: vec4<u32>) -> Unit {
+  return Unit(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)), vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));
 }
+//#endif
 
 // ---- sampling -----------------------------------------------------------------------------
 // One workgroup of 256 per sequence n, over its logits row a[(row0 + n*row_stride) * VP + i], i < V.

@@ -31,11 +31,11 @@ enable subgroups;
 // Shapes: K a multiple of 8; N of 8 (matmul_rows) or 4 (matmul_abt_rows). Columns past N are
 // clamped on load and skipped on store.
 //
-// ---- The sg section: matmul_vec4.wgsl's sg kernels with bf16 operands (A and B bf16 unless
-// A_F32, B_F32), the sums in float32, out (and bias) float32 unless OUT_BF16.
-//   matmul_bf16_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
-//   matmul_abt_bf16_sg  out[M,N] = A[M,K]   @ B[N,K]^T
-//   matmul_atb_bf16_sg  out[M,N] = A[K,M]^T @ B[K,N]
+// ---- The sg section: matmul_vec4.wgsl's sg kernels on words (A and B bf16 unless A_F32,
+// B_F32), the sums in float32, out (and bias) float32 unless OUT_BF16: the bf16 model's.
+//   matmul_words_sg      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
+//   matmul_abt_words_sg  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_words_sg  out[M,N] = A[K,M]^T @ B[K,N]
 // Why: on lavapipe a load costs the same whatever it carries (scripts/probe_adapter.py), and
 // a vec4<u32> carries 8 bf16 where a vec4<f32> carries 4: per lane and 8 k this kernel loads
 // 4 words of A (rows l, 8+l, 16+l, 24+l) and 8 of B (8 rows of its 8 columns), 12 loads for
@@ -401,12 +401,12 @@ fn a_times_b(wid: vec3<u32>, lane: u32, tb: bool) {
 }
 
 @compute @workgroup_size(LANES)
-fn matmul_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+fn matmul_words_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   a_times_b(wid, lane, false);
 }
 
 @compute @workgroup_size(LANES)
-fn matmul_abt_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+fn matmul_abt_words_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   a_times_b(wid, lane, true);
 }
 
@@ -473,7 +473,7 @@ fn store32(r: P8, row0: u32, cc: u32, live: bool) {
 }
 
 @compute @workgroup_size(LANES)
-fn matmul_atb_bf16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+fn matmul_atb_words_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
   let k8 = p.K / 8u;
   let m8 = p.M / 8u;
   let blk = block_of(wid, lane);

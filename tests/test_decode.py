@@ -149,9 +149,9 @@ def decoding(plan, cache: bool):
                                                   (2, 9, 24, 8, 8, 5), (2, 13, 40, 8, 2, 9), (2, 9, 24, 8, 2, 8)])
 def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos, half):
     """A bf16 or f16 model's cache: kv_append copies the step's k, v words bit for bit, and
-    attn_decode_half (head dims 4, 5 and 3; grouped caches of 2 key/value heads) and
-    attn_decode_half4 (head dim 32: 8 values a load) read q and the caches as stored, against the
-    float64 attention of the same 16-bit values."""
+    attn_decode with the type's section (head dims 4, 5 and 3; grouped caches of 2 key/value heads)
+    and attn_decode4 with it (head dim 32: 8 values a load) read q and the caches as stored,
+    against the float64 attention of the same 16-bit values."""
     if half == "f16" and "shader-f16" not in gpu.features:   # the kernels need no f16 type, but no
         pytest.skip(f"{gpu.name} has no shader-f16, so no f16 model")   # f16 model runs without it
     cast = R.cast_bf16 if half == "bf16" else R.cast_f16
@@ -162,11 +162,11 @@ def test_half_decode_kernels_match_their_twins(gpu, kn, rng, N, T, C, H, KV, pos
     up = lambda x: gpu.tensor(x.shape, half, data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
     gpu.run([kn.decoding.kv_append(up(k), up(v), kc, vc, N, W, u),
-             kn.decoding.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+             kn.decoding.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     assert np.array_equal(gpu.read(kc), want_kc) and np.array_equal(gpu.read(vc), want_vc), "kv_append"
-    want = R.attn_decode_half(q, want_kc, want_vc, pos, H, half)
-    check(f"attn_decode_half{'4' * (C // H % 8 == 0)} {half} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
+    want = R.stored_attn_decode(q, want_kc, want_vc, pos, H, half)
+    check(f"attn_decode{'4' * (C // H % 8 == 0)} {half} T={T} hd={C // H} H={H} KV={KV} pos={pos}", gpu.read(out), want,
           atol=2e-6, rtol=1e-5)
 
 

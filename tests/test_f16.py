@@ -295,11 +295,11 @@ def test_the_numerics_check_runs_every_f16_matmul_and_mix(gpu, f16):
     out f16), judged directly: each passes on this device."""
     from tinygpt.device import numerics
     from tinygpt.device.planner import make_plan, subgroups_ok
-    variants = ("_vec4",) + (("_sg",) if subgroups_ok(gpu) else ())
-    mixes = [(), (("A_F32", True),), (("B_F32", True),), (("OUT_F16", True),)]
-    kernels = {(f"{e}_f16{v}", m) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants for m in mixes}
-    ab = (("A_HALF", True), ("B_HALF", True))       # the templates name the half operands instead
+    variants = ("_quad_vec4",) + (("_quad_sg",) if subgroups_ok(gpu) else ())
+    ab = (("A_HALF", True), ("B_HALF", True))       # every template names the half operands
     template_mixes = [ab, ab[1:], ab[:1], ab + (("OUT_HALF", True),)]
+    kernels = {(f"{e}_f16{v}", m) for e in ("matmul", "matmul_abt", "matmul_atb") for v in variants
+               for m in template_mixes}
     tile = (("BK", 4), ("TM", 8), ("TV", 1), ("WX", 4), ("WY", 2))     # 16 x 16: the ragged shape crosses tiles
     kernels |= {(f"{e}_f16{v}", tuple(sorted(m + (tile if v else ())))) for e in ("matmul", "matmul_abt", "matmul_atb")
                 for v in ("", "_tiled") for m in template_mixes}

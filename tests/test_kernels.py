@@ -915,6 +915,38 @@ def test_matmul_family_bf16(gpu, rng, M, N, K_, variant, nb, tm):
     assert same >= 0.9
 
 
+@pytest.mark.parametrize("variant", ["vec4", "sg"])
+@pytest.mark.parametrize("M,N,K_", [(4, 4, 4), (17, 36, 20), (33, 200, 64)])
+def test_matmul_quad_template_with_float32_products(gpu, rng, M, N, K_, variant, kn):
+    """matmul_quad.wgsl is a template as matmul_tiled.wgsl is: completed with float32's products it
+    reads bf16 operands (f16's fast matmuls complete it with f16's, test_f16.py). No precision
+    takes this form, so its launcher is called directly: each half operand beside a float32 one,
+    and out bf16, against the float64 products of the same bf16 values."""
+    if variant == "sg" and not subgroups_ok(gpu):
+        pytest.skip("the sg kernels need subgroups that pass the plan's check")
+    a, b, bias, prev, out, tol = mm_inputs(gpu, rng, M, N, K_)
+    pk = lambda x: R.cast_bf16(x).reshape(len(x), -1)
+    up = lambda x: gpu.upload(x, dtype="bf16" if x.dtype == np.uint32 else None)
+    quad = lambda entry, A, B, o, bias=None: kn._mm_quad(entry, A, B, bias, o, M, N, K_,
+                                                         (M, N, K_, bias is not None, 0), variant, None, None, "bf16")
+    bt = b.T.copy()
+    for A, B in ((pk(a), pk(b)), (a, pk(b)), (pk(a), b)):
+        run(gpu, quad("matmul", up(A), up(B), out, up(bias)))
+        kinds = "x".join("bf16" if x.dtype == np.uint32 else "float32" for x in (A, B))
+        check(f"matmul_quad_{variant} {kinds} {M}x{N}x{K_}", gpu.read(out),
+              R.matmul_quad_vec4(A, B, f64(bias)), tol)
+    run(gpu, quad("matmul_abt", up(pk(a)), up(pk(bt)), out))
+    check(f"matmul_abt_quad_{variant} bf16 {M}x{N}x{K_}", gpu.read(out), R.matmul_abt_quad_vec4(pk(a), pk(bt)), tol)
+    if M % 4 == 0:                                                 # A^T @ B: vec4 along M
+        at = a.T.copy()
+        run(gpu, quad("matmul_atb", up(pk(at)), up(b), out))
+        check(f"matmul_atb_quad_{variant} bf16 {M}x{N}x{K_}", gpu.read(out), R.matmul_atb_quad_vec4(pk(at), b), tol)
+    outh = gpu.tensor((M * N // 2,), "bf16")
+    run(gpu, quad("matmul", up(pk(a)), up(pk(b)), outh, up(bias)))
+    got, want = R.unpack_bf16(gpu.read(outh).reshape(M, -1)), R.matmul_quad_vec4(pk(a), pk(b), f64(bias))
+    check(f"matmul_quad_{variant} bf16 out {M}x{N}x{K_} (one bf16 rounding)", got, want, tol, 2.0 ** -8)
+
+
 @pytest.mark.parametrize("M", [1, 2, 3, 4])
 @pytest.mark.parametrize("N,K_", [(8, 8), (40, 16), (72, 200), (100, 24)])   # N 100: A @ B^T alone (4 columns a lane)
 def test_matmul_rows(gpu, rng, M, N, K_, kn):

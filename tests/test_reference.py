@@ -301,6 +301,19 @@ def test_every_wgsl_entry_point_has_a_numpy_twin():
     assert not missing, f"no NumPy twin for {missing}"
 
 
+def test_no_entry_point_is_named_for_a_storage_type():
+    """A stored type is a fill or a section of the file (its loads and stores), not another copy of
+    an entry point: only the casts between types name them."""
+    import re
+    from pathlib import Path
+    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    names = {n for f in shaders.glob("*.wgsl") for w in ("", "4")
+             for n in re.findall(r"@compute[^\n]*\n\s*fn (\w+)", f.read_text().replace("{{VEC}}", w))}
+    typed = sorted(n for n in names if re.search(r"bf16|f16|half", n) and not n.startswith("cast_"))
+    print(f"{len(names)} entry points; named for a stored type, casts left out: {typed}")
+    assert not typed
+
+
 def test_preset_parameter_counts_match_tinygpt():
     from tinygpt.core.config import n_params, preset
     assert n_params(preset("tiny")) == 70_464

@@ -95,14 +95,15 @@ def test_bench_kernels_json(gpu):
     want |= {(k, v) for k in ("cast_bf16", "cast_f32") for v in ("scalar", "x8")} | {("copy_block", "scalar")}
     want |= {("layernorm_forward", "f16"),
              ("cast_f16", "scalar"), ("cast_f16_to_f32", "scalar")} if half == "f16" else set()
-    want |= {("kv_append", half), ("attn_decode", half), ("attn_decode", half + " vec4"), ("attn_decode", "vec4")}
+    want |= {("kv_append", half), ("attn_decode", half), ("attn_decode", "vec4 " + half), ("attn_decode", "vec4")}
     want |= {(f"{e} 1 rows", v) for e in ("matmul", "matmul_abt") for v in ("scalar", "f32", "bf16")}
     want |= {("newton_schulz", "each"), ("newton_schulz", "batched")}
     assert {(r["kernel"], r["variant"]) for r in rows} == want
     for r in rows:
         if r["kernel"] == "newton_schulz":     # the preset's matrices through the plan's matmuls
             assert r["max_err"] < 1e-5 and r["ms"] > 0 and r["wall_ms"] > 0, r
-    # each variant a different entry point, or the same one under an override constant (TANH, SCALED)
+    # each variant a different entry point, or the same one under an override constant (SCALED) or with
+    # another section of its file (its variant's last word: the stored type, bf16 or f16)
     assert len({(r["entry"], r["variant"].split(" ")[-1]) for r in rows}) == len(rows)
     assert all(r["ms"] > 0 and r["max_err"] < 1e-3 for r in rows)
     assert all(r["speedup"] == 1.0 for r in rows if r["variant"] == "scalar")

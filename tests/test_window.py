@@ -136,8 +136,8 @@ def test_attn_decode_sees_the_window(gpu, pos, W, half):
         cast = R.cast_bf16 if half == "bf16" else R.cast_f16
         words = [cast(a.astype(np.float32)).reshape(*a.shape[:-1], C // 2) for a in (q, kc, vc)]
         tq, tk, tv = (gpu.tensor(w.shape, half, data=w) for w in words)
-        gpu.run([kn.decoding.attn_decode_half(tq, tk, tv, out, scratch, N, H, u, W)])
-        want = R.attn_decode_half(*words, pos, H, half, W)
+        gpu.run([kn.decoding.attn_decode(tq, tk, tv, out, scratch, N, H, u, W)])
+        want = R.stored_attn_decode(*words, pos, H, half, W)
     check(f"attn_decode {half or 'f32'} pos={pos} W={W}", gpu.read(out), want, 2e-5)
 
 

@@ -36,18 +36,15 @@ class DType:
     """What a tensor's dtype name means, decided here once for the device, the kernels, the numerics
     check and the model: values per 4-byte word, the NumPy type of a word on the host (a 16-bit
     type's words are packed, element 2i in the low half of word i), and the kernels' constants
-    that say a binding holds it: `flag` for the attention kernels (BF16 / F16), `half` decode.wgsl's
-    HALF code (1 bf16, 2 f16; 0 for a 32-bit type). `products`: the section of products.wgsl that
-    completes the matmul templates for it (its products' type); `files`: the shader files that
-    are its own whole (the others keep its kernels in a section tagged with its name). Its own
-    fast matmuls are device/kernels.py's MATMULS[name]."""
+    that say a binding holds it: `flag` for the attention kernels (BF16 / F16). `products`: the
+    section of products.wgsl that completes the matmul templates for it (its products' type). The
+    other shader files keep its kernels in a section tagged with its name (elementwise.wgsl's
+    bf16, decode.wgsl's f16, ...). Its own fast matmuls are device/kernels.py's MATMULS[name]."""
     name: str
     per_word: int
     word: type
     flag: str | None = None
-    half: int = 0
     products: str = "f32"
-    files: frozenset = frozenset()
 
     @property
     def packed(self) -> bool:
@@ -56,8 +53,8 @@ class DType:
 
 
 DTYPES = {d.name: d for d in (DType("f32", 1, np.float32), DType("u32", 1, np.uint32), DType("i32", 1, np.int32),
-                              DType("bf16", 2, np.uint32, "BF16", 1),
-                              DType("f16", 2, np.uint32, "F16", 2, "f16", frozenset({"matmul_f16.wgsl"})))}
+                              DType("bf16", 2, np.uint32, "BF16"),
+                              DType("f16", 2, np.uint32, "F16", "f16"))}
 PER_WORD = {n: d.per_word for n, d in DTYPES.items()}       # the model's tables read this one field
 HALVES = tuple(n for n, d in DTYPES.items() if d.packed)
 
@@ -199,6 +196,16 @@ class Kernel:
     def tags(self) -> frozenset:
         """The sections of its file it was built with (Fill.tags; a product type is its own)."""
         return frozenset({self.fill}) if isinstance(self.fill, str) else self.fill.tags if self.fill else frozenset()
+
+    @property
+    def products(self) -> str | None:
+        """A matmul template's product type ("f32", "f16": the section of products.wgsl it was
+        completed with); None for a kernel that is not completed with products."""
+        if isinstance(self.fill, str):
+            return self.fill
+        if self.fill and self.fill.shown == f"shaders/{PRODUCTS}":
+            return "f16" if "f16" in self.fill.tags else "f32"
+        return None
 
 
 @dataclass
@@ -566,6 +573,12 @@ class Fill(NamedTuple):
     tags: frozenset = frozenset()
 
 
+def products(kind: str, *tags: str) -> Fill:
+    """What completes a matmul template: shaders/products.wgsl with the section of its product type
+    ("f32", "f16": DType.products) kept, and those of `tags` in the template ("sg": subgroups)."""
+    return Fill(f"shaders/{PRODUCTS}", (shader_dir() / PRODUCTS).read_text(), (), frozenset((kind,) + tags))
+
+
 def sections(text: str, tags, shown: str) -> str:
     """text with its `//#if TAG` sections resolved: a section's lines (and the directives) become
     empty lines where it is not kept, so that compile errors keep their line numbers. One level,
@@ -597,7 +610,7 @@ def with_prelude(src: str, shown: str, fill=None):
     if shown.endswith(PRELUDE):
         return src, lambda n: (shown, n)
     if isinstance(fill, str):
-        fill = Fill(f"shaders/{PRODUCTS}", (shader_dir() / PRODUCTS).read_text(), (), frozenset({fill}))
+        fill = products(fill)
     for key, value in fill.names if fill else ():
         src = src.replace("{{" + key + "}}", value)
     tags = fill.tags if fill else frozenset()

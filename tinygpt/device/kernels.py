@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import struct
 
-from .gpu import DTYPES, GPU, HALVES, PER_WORD, Dispatch, Fill, grid1d, pack_uniform
+from .gpu import DTYPES, GPU, HALVES, PER_WORD, Dispatch, Fill, grid1d, pack_uniform, products
 from .plan import KernelPlan, online_tiles, tile_problem
 
 MM_TILE = 4 * 8      # scalar kernels: rows (and cols) of output per workgroup, TM * WG
@@ -45,6 +45,8 @@ def width(variant: str, *tags: str) -> Fill:
 
 SUBGROUPS = Fill("subgroups", tags=frozenset({"sg"}))   # a file's sg section kept: its subgroup kernels
 F16 = Fill("f16", tags=frozenset({"f16"}))               # its f16 section: the kernels of WGSL's f16
+# a file's section of a stored type (f32, bf16, f16): how its kernels read and write that type
+STORED = {n: Fill(f"stored as {n}", tags=frozenset({n})) for n in ("f32", "bf16", "f16")}
 # a file's DOCS section: packed windows, several records to a window, each attending within itself
 # and its positions restarting at 0 (docs: each row's position in its record, u32 [rows])
 DOCS = Fill("packed windows", tags=frozenset({"DOCS"}))
@@ -89,8 +91,19 @@ def _word_flags(a, b, out) -> dict:
     return {n: True for n, on in zip(("A_F32", "B_F32", "OUT_BF16"), (not packed[0], not packed[1], packed[2])) if on}
 
 
-def f16_vec4_ok(entry, M, N, K) -> bool:
-    """matmul_f16.wgsl's kernels read vec4 along K and N of A @ B and A @ B^T,
+def _template_bindings(a, b, bias, out) -> tuple:
+    """The matmul templates' constants and bindings (products.wgsl says which): a float32 operand
+    at A or B, a half one at AH or BH (A_HALF, B_HALF), out at out or OH (OUT_HALF); the other
+    binding of each pair gets a dummy."""
+    half = {"A_HALF": a.dtype in HALVES, "B_HALF": b.dtype in HALVES, "OUT_HALF": out.dtype in HALVES}
+    pick = lambda t, on: t if on else None
+    return ({n: True for n, on in half.items() if on},
+            [pick(a, not half["A_HALF"]), pick(b, not half["B_HALF"]), pick(a, half["A_HALF"]),
+             pick(b, half["B_HALF"]), bias, pick(out, not half["OUT_HALF"]), pick(out, half["OUT_HALF"])])
+
+
+def quad_ok(entry, M, N, K) -> bool:
+    """matmul_quad.wgsl's kernels read vec4 along K and N of A @ B and A @ B^T,
     along M and N of A^T @ B (whose k advances one row at a time: any K)."""
     return N % 4 == 0 and (M % 4 == 0 if entry == "matmul_atb" else K % 4 == 0)
 
@@ -99,9 +112,9 @@ class MatmulSet:
     """A stored type's own fast matmul kernels, beside the templates every type shares (scalar:
     matmul.wgsl, any shape; tiled: matmul_tiled.wgsl), completed with its DType's products. One
     per type in MATMULS: `variant` is which kernel a plan and a shape take, `launch` the Kernels
-    method that binds it (given the variant, the shape and the uniform: whole where `batched`,
-    else its first five values); `batched`: whether its kernels take a batch of products in one
-    dispatch."""
+    method that binds it (given the variant, the shape, the uniform: whole where `batched`, else
+    its first five values, and the stored type); `batched`: whether its kernels take a batch of
+    products in one dispatch."""
     batched = False
     launch = ""
 
@@ -126,7 +139,7 @@ class F32Matmuls(MatmulSet):
 class BF16Matmuls(MatmulSet):
     """bf16: tiled; sg (matmul_words.wgsl: K and N multiples of 8) for sg, and for vec4 (which has
     no bf16 form) where subgroups work; scalar otherwise."""
-    launch = "_mm_bf16_sg"
+    launch = "_mm_words_sg"
 
     def variant(self, plan, entry, M, N, K):
         if rows_ok(plan, entry, M, N, K):
@@ -140,15 +153,15 @@ class BF16Matmuls(MatmulSet):
 
 
 class F16Matmuls(MatmulSet):
-    """f16: tiled (the template with f16 products); sg (matmul_f16.wgsl's sg section) where the plan's
-    matmuls take subgroups (sg, or vec4 with subgroups that passed the check); vec4 (matmul_f16.wgsl)
-    otherwise."""
-    launch = "_mm_f16"
+    """f16: tiled (the template with f16 products); sg (the matmul_quad.wgsl template's sg section,
+    f16 products) where the plan's matmuls take subgroups (sg, or vec4 with subgroups that passed
+    the check); vec4 (matmul_quad.wgsl's vec4 kernels) otherwise."""
+    launch = "_mm_quad"
 
     def variant(self, plan, entry, M, N, K):
         if plan.matmul == "tiled" and vec4_ok(entry, M, N, K):
             return "tiled"
-        if not f16_vec4_ok(entry, M, N, K):
+        if not quad_ok(entry, M, N, K):
             return "scalar"
         return "sg" if subgroups_on(plan) else "vec4"
 
@@ -321,7 +334,7 @@ class Kernels:
             return self._mm_template(entry, a, b, bias, out, M, N, K, uniform, "scalar", dtype)
         assert batch == 1 or own.batched, (entry, dtype)
         return getattr(self, own.launch)(entry, a, b, bias, out, M, N, K, uniform if own.batched else uniform[:5],
-                                         variant, nb, tm)
+                                         variant, nb, tm, dtype)
 
     def _mm_rows(self, entry, a, b, bias, out, M, N, K, uniform) -> Dispatch:
         """matmul_words.wgsl: one pipeline per row count M; each operand float32 or bf16, as its
@@ -335,8 +348,9 @@ class Kernels:
         k = self.gpu.kernel("matmul_words.wgsl", entry + "_rows", "urrrw", consts)
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (cols * ROWS_LANES)), 1, 1))
 
-    def _mm_f32(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
+    def _mm_f32(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm, dtype) -> Dispatch:
         """matmul_vec4.wgsl's vec4 kernels, or its sg section's (rows and column blocks: sg_tile)."""
+        assert not any(DTYPES[t].packed for t in (dtype, a.dtype, b.dtype, out.dtype)), (entry, dtype)
         gpu, tensors, batch = self.gpu, [a, b, bias, out], uniform[5]
         if variant == "sg":
             tm, nc = sg_tile(M, N)
@@ -383,18 +397,13 @@ class Kernels:
 
     def _mm_template(self, entry, a, b, bias, out, M, N, K, uniform, variant, dtype) -> Dispatch:
         """matmul.wgsl (scalar) or matmul_tiled.wgsl (workgroup tiles of BM x BN, TM x 4TV per
-        invocation, the plan's tile), completed with the precision's products. A float32 operand
-        is bound at A or B, a half one at AH or BH (A_HALF, B_HALF), out at out or OH (OUT_HALF);
-        the other binding of each pair gets a dummy."""
-        half = {"A_HALF": a.dtype in HALVES, "B_HALF": b.dtype in HALVES, "OUT_HALF": out.dtype in HALVES}
-        consts = {n: True for n, on in half.items() if on}
+        invocation, the plan's tile), completed with the precision's products, bound as
+        _template_bindings says."""
+        consts, tensors = _template_bindings(a, b, bias, out)
         products = DTYPES[dtype].products
-        pick = lambda t, on: t if on else None
-        tensors = [pick(a, not half["A_HALF"]), pick(b, not half["B_HALF"]), pick(a, half["A_HALF"]),
-                   pick(b, half["B_HALF"]), bias, pick(out, not half["OUT_HALF"]), pick(out, half["OUT_HALF"])]
         batch = uniform[5]
         if variant == "scalar":
-            assert not half["OUT_HALF"] or N % 2 == 0, (entry, N)
+            assert "OUT_HALF" not in consts or N % 2 == 0, (entry, N)
             k = self.gpu.kernel("matmul.wgsl", entry, "urrrrrww", consts, products)
             return self.gpu.dispatch(k, uniform, tensors, (-(-N // MM_TILE), -(-M // MM_TILE), batch))
         assert vec4_ok(entry, M, N, K), (entry, M, N, K)
@@ -403,33 +412,29 @@ class Kernels:
                             {"WX": wx, "WY": wy, "TM": tm, "TV": tv, "BK": bk, **consts}, products)
         return self.gpu.dispatch(k, uniform, tensors, (-(-N // (4 * wx * tv)), -(-M // (wy * tm)), batch))
 
-    def _mm_bf16_sg(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
+    def _mm_words_sg(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm, dtype) -> Dispatch:
         """matmul_words.wgsl: 8 bf16 at a time (its one fast kernel: a forced vec4 has no bf16
         form). An operand not packed is float32 (the backward's gradients; any operand but B of
         A @ B^T); out float32 or bf16."""
-        assert variant == "sg" and half_ok(entry, M, N, K), (entry, variant, M, N, K)
+        words = DTYPES[dtype].packed and DTYPES[dtype].products == DTYPES["f32"].products   # bf16: float32 sums
+        assert variant == "sg" and half_ok(entry, M, N, K) and words, (entry, variant, M, N, K, dtype)
         consts = _word_flags(a, b, out)
         assert not (entry == "matmul_abt" and "B_F32" in consts), (entry, consts)
         nb = bf16_blocks(N) if nb is None else nb
         tm = tm or bf16_rows(M)
-        k = self.gpu.kernel("matmul_words.wgsl", entry + "_bf16_sg", "urrrw", {**consts, "NB": nb, "TM": tm}, SUBGROUPS)
+        k = self.gpu.kernel("matmul_words.wgsl", entry + "_words_sg", "urrrw", {**consts, "NB": nb, "TM": tm},
+                            SUBGROUPS)
         return self.gpu.dispatch(k, uniform, [a, b, bias, out], (-(-N // (4 * nb * SG_LANES)), -(-M // tm)))
 
-    def _mm_f16(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm) -> Dispatch:
-        """matmul_f16.wgsl's sg section ("sg") or its vec4 kernels ("vec4"). Each operand f16, or float32
-        rounded to f16 as it is read (bound at A32/B32, the f16 binding left to a dummy); out
-        float32 or f16."""
-        assert variant in ("sg", "vec4") and f16_vec4_ok(entry, M, N, K), (entry, variant, M, N, K)
-        half = {n: DTYPES[t.dtype].packed for n, t in (("a", a), ("b", b), ("out", out))}
-        consts = {n: True for n, on in (("A_F32", not half["a"]), ("B_F32", not half["b"]), ("OUT_F16", half["out"]))
-                  if on}
-        k = self.gpu.kernel("matmul_f16.wgsl", f"{entry}_f16_{variant}", "urrrrrww", consts,
-                            SUBGROUPS if variant == "sg" else None)
+    def _mm_quad(self, entry, a, b, bias, out, M, N, K, uniform, variant, nb, tm, dtype) -> Dispatch:
+        """matmul_quad.wgsl's sg section ("sg") or its vec4 kernels ("vec4"), completed with the stored
+        type's products (f16's: the f16 precision's own), bound as the other templates are."""
+        assert variant in ("sg", "vec4") and quad_ok(entry, M, N, K), (entry, variant, M, N, K)
+        consts, tensors = _template_bindings(a, b, bias, out)
+        fill = products(DTYPES[dtype].products, *(("sg",) if variant == "sg" else ()))
+        k = self.gpu.kernel("matmul_quad.wgsl", f"{entry}_quad_{variant}", "urrrrrww", consts, fill)
         grid = (-(-N // (4 * SG_LANES)), -(-M // 16)) if variant == "sg" else (-(-N // 256), -(-M // 4))
-        pick = lambda t, f16: t if f16 else None
-        return self.gpu.dispatch(k, uniform, [pick(a, half["a"]), pick(b, half["b"]), pick(a, not half["a"]),
-                                             pick(b, not half["b"]), bias, pick(out, not half["out"]),
-                                             pick(out, half["out"])], grid)
+        return self.gpu.dispatch(k, uniform, tensors, grid)
 
     # ---- bf16 (cast.wgsl, elementwise.wgsl) ------------------------------------------------------------
     def _cast(self, entry, bindings, n, per_group, variant):
@@ -900,7 +905,7 @@ class DecodeKernels(Family):
     # ---- decoding from a key/value cache, and sampling (decode.wgsl) -------------------------------
     # Every decode kernel reads one uniform buffer (decode_uniform), rewritten before each token.
     def _decode(self, entry, uniform, a, b, c, ids_in, o1, o2, ids_out, grid, consts=None) -> Dispatch:
-        k = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, consts)
+        k = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, consts, STORED["f32"])
         return self.gpu.dispatch_with(k, uniform, [a, b, c, ids_in, o1, o2, ids_out], grid)
 
     def embed_decode(self, ids, tok, pos, out, N, C, uniform) -> Dispatch:
@@ -920,26 +925,18 @@ class DecodeKernels(Family):
     def attn_decode(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
         """out[n] = attention of q[n] over cache rows 0..p.pos (the last `window` of them where
         window > 0), per head, each query head reading its key/value head's channels of the caches
-        (the uniform's KV heads); scratch [N, H, T]. variant: "vec4" (attn_decode4: a head dim
-        that is a multiple of 4) where the head dim allows it, else "scalar"."""
-        hd = q.size // N // H                                     # q: [N, H * hd] floats
-        variant = variant or ("vec4" if hd % 4 == 0 else "scalar")
-        assert variant == "scalar" or hd % 4 == 0, (variant, hd)
+        (the uniform's KV heads); scratch [N, H, T]. q and the caches are stored alike (float32, or
+        bf16 or f16 two to a word: decode.wgsl's section of their type), out is float32. variant:
+        "vec4" (attn_decode4: a vector load at a time, a head dim that is a multiple of its unit,
+        4 float32 or 8 16-bit values) where the head dim allows it, else "scalar"."""
+        dt = DTYPES[q.dtype]
+        assert q.dtype == kc.dtype == vc.dtype and not DTYPES[out.dtype].packed, (q.dtype, kc.dtype, out.dtype)
+        hd = q.size * dt.per_word // N // H                       # q: [N, H * hd] values
+        unit = 8 if dt.packed else 4
+        variant = variant or ("vec4" if hd % unit == 0 else "scalar")
+        assert variant == "scalar" or hd % unit == 0, (variant, hd)
         entry = "attn_decode4" if variant == "vec4" else "attn_decode"
-        k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, windowed(window) or None)
-        return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
-
-    def attn_decode_half(self, q, kc, vc, out, scratch, N, H, uniform, window=0, variant=None) -> Dispatch:
-        """attn_decode with q and the caches stored as bf16 or f16 (their dtype), out float32;
-        variant "vec4" (attn_decode_half4: 8 values a load, a head dim that is a multiple of 8)
-        where the head dim allows it, else "scalar"."""
-        assert q.dtype == kc.dtype == vc.dtype and q.dtype in HALVES and not DTYPES[out.dtype].packed, \
-            (q.dtype, out.dtype)
-        hd = q.size * DTYPES[q.dtype].per_word // N // H          # q: [N, H * hd] values, two a word
-        variant = variant or ("vec4" if hd % 8 == 0 else "scalar")
-        assert variant == "scalar" or hd % 8 == 0, (variant, hd)
-        entry = "attn_decode_half4" if variant == "vec4" else "attn_decode_half"
-        k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, {"HALF": DTYPES[q.dtype].half, **windowed(window)})
+        k_ = self.gpu.kernel("decode.wgsl", entry, DECODE_ACCESS, windowed(window) or None, STORED[q.dtype])
         return self.gpu.dispatch_with(k_, uniform, [q, kc, vc, None, out, scratch, None], grid1d(N * H))
 
     def sample_tokens(self, logits, ids, N, uniform) -> Dispatch:

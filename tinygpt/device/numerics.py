@@ -10,6 +10,7 @@ device, kernel and override constants.
 """
 from __future__ import annotations
 
+import re
 import weakref
 
 import numpy as np
@@ -39,29 +40,29 @@ class NumericsError(GPUError):
 
 def half_kernels(dispatches, dtype: str = "f16") -> set:
     """(entry, constants) of the dispatches that read or write `dtype` (a precision's stored type):
-    every one that binds a tensor of it, the kernels of its own files (gpu.DType.files) and those
-    built with a file's section tagged with its name, the matmul templates completed with its
-    products (named as their twins are: matmul_atb_f16, matmul_f16_tiled; they take float32
-    gradients rounded to it as read) and the attention's and the decode step's with its constants
-    (F16, HALF 2)."""
+    every one that binds a tensor of it, those built with a file's section tagged with its name
+    (decode.wgsl's attention, the activations, ...), the matmul templates completed with its
+    products (named as their twins are: matmul_atb_f16, matmul_f16_tiled, matmul_f16_quad_sg; they
+    take float32 gradients rounded to it as read) and the attention's with its constant (F16)."""
     dt = DTYPES[dtype]
-    consts = {(dt.flag, True), ("HALF", dt.half)} if dt.packed else set()
-    own = lambda k: k.file in dt.files or dtype in k.tags or bool(consts & set(k.constants)) or _own_products(k, dt)
+    consts = {(dt.flag, True)} if dt.packed else set()
+    own = lambda k: dtype in k.tags or bool(consts & set(k.constants)) or _own_products(k, dt)
     return {(typed_name(d.kernel, dt), d.kernel.constants) for d in dispatches if dtype in d.dtypes or own(d.kernel)}
 
 
 def _own_products(kernel, dt) -> bool:
     """Whether a template kernel was completed with `dt`'s products, where those are not float32's."""
-    return dt.products != DTYPES["f32"].products and kernel.fill == dt.products
+    return dt.products != DTYPES["f32"].products and kernel.products == dt.products
 
 
 def typed_name(kernel, dt=DTYPES["f16"]) -> str:
-    """A template's entry point with the type of its products in the name (matmul_abt_tiled ->
-    matmul_abt_f16_tiled, the twin's name) where they are `dt`'s; any other kernel's entry point."""
+    """A template's entry point with the type of its products after the product's name
+    (matmul_abt_tiled -> matmul_abt_f16_tiled, matmul_quad_sg -> matmul_f16_quad_sg: the twin's name)
+    where they are `dt`'s; any other kernel's entry point."""
     if not _own_products(kernel, dt):
         return kernel.name
-    base, tiled = kernel.name.removesuffix("_tiled"), kernel.name.endswith("_tiled")
-    return base + "_" + dt.name + ("_tiled" if tiled else "")
+    op = re.match(r"matmul(_abt|_atb)?(_rope)?", kernel.name)[0]
+    return op + "_" + dt.name + kernel.name[len(op):]
 
 
 def _far(got, want) -> float | None:
@@ -75,15 +76,11 @@ def _far(got, want) -> float | None:
 
 
 def _matmul(gpu: GPU, kn: Kernels, entry: str, consts: dict, rng):
-    """matmul(_abt, _atb)_f16(_vec4, _sg, _tiled) with its operand mix (and tile), at a ragged shape its
-    variant takes. The templates (scalar, tiled) say a half operand with A_HALF, B_HALF, OUT_HALF;
-    matmul_f16.wgsl a float32 one with A_F32, B_F32 and a half out with OUT_F16."""
+    """matmul(_abt, _atb)_f16(_quad_vec4, _quad_sg, _tiled) with its operand mix (and tile), at a
+    ragged shape its variant takes. Every template says a half operand with A_HALF, B_HALF, OUT_HALF."""
     variant = entry.rsplit("_", 1)[1] if entry.endswith(("_vec4", "_sg", "_tiled")) else "scalar"
-    base = entry.removesuffix("_" + variant).removesuffix("_f16")
-    if variant in ("scalar", "tiled"):
-        half = [bool(consts.get(n)) for n in ("A_HALF", "B_HALF", "OUT_HALF")]
-    else:
-        half = [not consts.get("A_F32"), not consts.get("B_F32"), bool(consts.get("OUT_F16"))]
+    base = entry.removesuffix("_" + variant).removesuffix("_quad").removesuffix("_f16")
+    half = [bool(consts.get(n)) for n in ("A_HALF", "B_HALF", "OUT_HALF")]
     atb = base == "matmul_atb"
     if variant == "tiled":
         kn = Kernels(gpu, PORTABLE.with_(matmul_tile=tuple(consts[n] for n in ("WX", "WY", "TM", "TV", "BK"))))
@@ -202,8 +199,9 @@ def _attention(gpu: GPU, plan, rng, variant: str):
 
 
 def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
-    """decode.wgsl's f16 cache: kv_append (its words) then attn_decode_half (head dim 5, a ragged T), or
-    where wide attn_decode_half4 (head dim 8: the launcher's choice for a multiple of 8)."""
+    """decode.wgsl's f16 cache: kv_append (its words) then attn_decode with its f16 section (head dim
+    5, a ragged T), or where wide attn_decode4 with it (head dim 8: the launcher's choice for a
+    multiple of 8)."""
     N, T, C, H, pos = 2, 9, 32 if wide else 20, 4, 6
     f = lambda *s: R.cast_f16(rng.standard_normal(s).astype(np.float32)).reshape(*s[:-1], s[-1] // 2)
     k, v, q, kc0, vc0 = f(N, C), f(N, C), f(N, C), f(N, T, C), f(N, T, C)
@@ -212,12 +210,12 @@ def _decode(gpu: GPU, kn: Kernels, rng, wide: bool):
     up = lambda x: gpu.tensor(x.shape, "f16", data=x)
     kc, vc, out, scratch = up(kc0), up(vc0), gpu.tensor((N, C)), gpu.tensor((N, H, T))
     gpu.run([kn.decoding.kv_append(up(k), up(v), kc, vc, N, C, u),
-             kn.decoding.attn_decode_half(up(q), kc, vc, out, scratch, N, H, u)])
+             kn.decoding.attn_decode(up(q), kc, vc, out, scratch, N, H, u)])
     want_kc, want_vc = R.kv_append(k, v, kc0, vc0, pos)
     got = np.concatenate([R.unpack_f16(gpu.read(kc)).ravel(), R.unpack_f16(gpu.read(vc)).ravel(),
                           gpu.read(out).ravel()])
     want = np.concatenate([R.unpack_f16(want_kc).ravel(), R.unpack_f16(want_vc).ravel(),
-                           R.attn_decode_half(q, want_kc, want_vc, pos, H).ravel()])
+                           R.stored_attn_decode(q, want_kc, want_vc, pos, H, "f16").ravel()])
     return got, want
 
 
@@ -234,8 +232,8 @@ def check(gpu: GPU, plan, kernels: set, precision: str = "f16"):
     kn = Kernels(gpu, PORTABLE)
     for entry, consts in sorted(kernels, key=str):
         key = ("attention", "sg" if entry.endswith("_sg") else "tiles") if entry.startswith("attn_online") else \
-            ("decode", ()) if entry in ("kv_append", "attn_decode_half") else \
-            ("decode", "wide") if entry == "attn_decode_half4" else (entry, consts)
+            ("decode", ()) if entry in ("kv_append", "attn_decode") else \
+            ("decode", "wide") if entry == "attn_decode4" else (entry, consts)
         if key not in seen:
             rng = np.random.default_rng(11)
             try:

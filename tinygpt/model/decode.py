@@ -124,8 +124,7 @@ class Decoder:
         x, other = b["x a"], b["x b"]
         # a bf16 or f16 cache is read as stored, the attention's output written as float32 and
         # converted by the block, as in training
-        append, attn = (kn.decoding.kv_append, kn.decoding.attn_decode_half) if m.precision.converts else \
-            (kn.decoding.kv_append, kn.decoding.attn_decode)
+        append, attn = kn.decoding.kv_append, kn.decoding.attn_decode
         window = cfg.attn_window                                  # the cache's rows each query sees
         grouped = "k kv" in m.buf          # grouped-query attention: the cache holds the kv heads alone
         W = cfg.block.heads.kv_width

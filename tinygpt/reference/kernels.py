@@ -92,15 +92,15 @@ def _out(y, out_bf16):                   # OUT_BF16: the float32 result rounded,
     return cast_bf16(np.asarray(y, np.float32)).reshape(len(y), -1) if out_bf16 else y
 
 
-def matmul_bf16_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] packed bf16 -> [M,N], sums in float32
+def matmul_words_sg(a, b, bias=None, out_bf16=False):   # a [M,K/2], b [K,N/2] packed bf16 (or float32) -> [M,N]
     return _out(matmul(_operand(a), _operand(b), bias), out_bf16)
 
 
-def matmul_abt_bf16_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
+def matmul_abt_words_sg(a, b, out_bf16=False):   # a [M,K/2] (or float32 [M,K]), b [N,K/2] packed -> [M,N]
     return _out(matmul_abt(_operand(a), _operand(b)), out_bf16)
 
 
-def matmul_atb_bf16_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (or float32 [K,N]) -> [M,N]
+def matmul_atb_words_sg(a, b, out_bf16=False):   # a [K,M/2], b [K,N/2] packed (or float32 [K,N]) -> [M,N]
     return _out(matmul_atb(_operand(a), _operand(b)), out_bf16)
 
 
@@ -114,9 +114,12 @@ def matmul_abt_rows(a, b, bias=None, out_bf16=False):   # a [M,K], b [N,K]: floa
 
 # the matmul.wgsl template reading bf16 (products.wgsl's float32 products; A_HALF, B_HALF, OUT_HALF), named with the
 # dtype it reads: the same products, summed one k at a time
-matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
+matmul_bf16, matmul_abt_bf16, matmul_atb_bf16 = matmul_words_sg, matmul_abt_words_sg, matmul_atb_words_sg
 # the matmul_tiled.wgsl template takes float32 or bf16 operands alike and may write bf16
-matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_bf16_sg, matmul_abt_bf16_sg, matmul_atb_bf16_sg
+matmul_tiled, matmul_abt_tiled, matmul_atb_tiled = matmul_words_sg, matmul_abt_words_sg, matmul_atb_words_sg
+# so does matmul_quad.wgsl with float32 products (vec4 and sg): the same products of bf16 values
+matmul_quad_vec4, matmul_abt_quad_vec4, matmul_atb_quad_vec4 = matmul_words_sg, matmul_abt_words_sg, matmul_atb_words_sg
+matmul_quad_sg, matmul_abt_quad_sg, matmul_atb_quad_sg = matmul_words_sg, matmul_abt_words_sg, matmul_atb_words_sg
 
 
 # ---- f16 storage and arithmetic (the f16 sections of cast, layernorm, elementwise .wgsl; the matmul templates)
@@ -176,11 +179,11 @@ def matmul_atb_f16(a, b, out_f16=False):          # a [K,M], b [K,N] -> [M,N]
     return _out16(_f16_products(_half(a).T, _half(b)), out_f16)
 
 
-# matmul_f16.wgsl (vec4, and its sg section) and the tiled template with f16 products: the same f16
-# products, summed in other float32 orders
-matmul_f16_vec4, matmul_abt_f16_vec4, matmul_atb_f16_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
+# the matmul_quad.wgsl template (vec4, and its sg section) and the tiled one with f16 products: the same
+# f16 products, summed in other float32 orders
+matmul_f16_quad_vec4, matmul_abt_f16_quad_vec4, matmul_atb_f16_quad_vec4 = matmul_f16, matmul_abt_f16, matmul_atb_f16
 matmul_f16_tiled, matmul_abt_f16_tiled, matmul_atb_f16_tiled = matmul_f16, matmul_abt_f16, matmul_atb_f16
-matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
+matmul_f16_quad_sg, matmul_abt_f16_quad_sg, matmul_atb_f16_quad_sg = matmul_f16, matmul_abt_f16, matmul_atb_f16
 
 
 # ---- an activation stored in 16 bits (elementwise.wgsl's {{ACT}}_forward, _backward with bf16 or f16) ----------
@@ -509,12 +512,9 @@ def attn_decode(q, kc, vc, at, H, window=None):   # q [N,C], caches [N,T,KV*hd] 
 attn_decode4 = attn_decode                # q, k and v read a vec4 at a time: the same attention
 
 
-def attn_decode_half(q, kc, vc, at, H, half="f16", window=None):   # packed [N,C/2], [N,T,W/2] -> [N,C]
-    unpack = unpack_f16 if half == "f16" else unpack_bf16
+def stored_attn_decode(q, kc, vc, at, H, dtype, window=None):   # packed [N,C/2], [N,T,W/2] -> [N,C]
+    unpack = unpack_f16 if dtype == "f16" else unpack_bf16   # (attn_decode with decode.wgsl's bf16 or f16 section)
     return attn_decode(unpack(q), unpack(kc), unpack(vc), at, H, window)
-
-
-attn_decode_half4 = attn_decode_half      # 8 values a load: the same attention
 
 
 def pcg(v):                               # PCG-RXS-M-XS on uint32 (as decode.wgsl)

@@ -1,54 +1,54 @@
 //#if sg
 enable subgroups;
 //#endif
-enable f16;
-// f16's own matmuls: the f16 products (products.wgsl's f16 section) read as vec4<f16>, for shapes
-// where N and K (M and N for matmul_atb, which takes any K) are multiples of 4
-// (kernels.f16_vec4_ok); the matmul.wgsl template takes the rest.
-//   matmul_f16_vec4      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
-//   matmul_abt_f16_vec4  out[M,N] = A[M,K]   @ B[N,K]^T
-//   matmul_atb_f16_vec4  out[M,N] = A[K,M]^T @ B[K,N]
-//   matmul_f16_sg, matmul_abt_f16_sg, matmul_atb_f16_sg: the same with subgroup broadcasts (the sg
-//                        section), for adapters whose subgroups pass the plan's check
+// Matmuls of small register blocks, taken in the products' type: a template, completed by
+// products.wgsl as matmul.wgsl and matmul_tiled.wgsl are (the type T of the products, how a
+// stored half operand is read and a half result stored). The f16 precision's fast matmuls (its
+// products: each one f16 multiply of 4 lanes, the packed rate GPUs double, widened to float32 and
+// added, so the sums are float32, never f16), for shapes where N and K (M and N for
+// matmul_atb_quad, which takes any K) are multiples of 4 (kernels.quad_ok); the scalar template
+// takes the rest. With float32 products they read bf16 as the tiled template does.
+//   matmul_quad_vec4      out[M,N] = A[M,K]   @ B[K,N] (+ bias[N])
+//   matmul_abt_quad_vec4  out[M,N] = A[M,K]   @ B[N,K]^T
+//   matmul_atb_quad_vec4  out[M,N] = A[K,M]^T @ B[K,N]
+//   matmul_quad_sg, matmul_abt_quad_sg, matmul_atb_quad_sg: the same with subgroup broadcasts (the
+//                        sg section), for adapters whose subgroups pass the plan's check
 //                        (device/planner.py): the same products, bindings, overrides and shapes
-// Every product is one f16 multiply of 4 lanes (the packed rate GPUs double), widened to float32
-// and added: the sums are float32, never f16. Operands and out: f16, or float32 (A32, B32:
-// rounded to f16 as read; A_F32, B_F32), out float32 (out32) or f16 (out16, OUT_F16). Rows past
-// M are clamped on load and skipped on store.
+// An operand is float32 (A, B: rounded to T as read, wide4) or, where an override constant says
+// so, the precision's half type (AH4, BH4: the products file declares them; the bindings not used
+// are bound to a dummy); out float32 (out) or half (OH4, OUT_HALF). Rows past M are clamped on
+// load and skipped on store.
 //
 // vec4: each invocation owns a 4 x 4 block of out: 4 rows, one vec4 of columns. Per 4 steps of K
-// it loads 4 vec4 of A and 4 of B and takes 16 vec4<f16> products. 8 x 8 invocations a
+// it loads 4 vec4 of A and 4 of B and takes 16 vec4<T> products. 8 x 8 invocations a
 // workgroup: 32 x 32 of out.
 // sg: a workgroup is one subgroup of 8 lanes owning 16 rows x 32 columns of out; lane l owns the
 // 4 columns 4(8 wid.x + l).. of all 16 rows. Why another algorithm: lavapipe loads one lane at a
 // time whatever the address (matmul_vec4.wgsl says how that was measured), so the rows of A are
 // loaded once, by one lane each, and handed to the others by broadcast. Per lane and 4 k (A @ B):
 // 2 loads of A and 4 of B for 256 products; A^T @ B, per 8 k: 4 of A and 8 of B for 512. The
-// broadcasts carry f16.
+// broadcasts carry T.
 
 struct Params { M: u32, N: u32, K: u32, has_bias: u32, accumulate: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> A16: array<vec4<f16>>;
-@group(0) @binding(2) var<storage, read> B16: array<vec4<f16>>;
-@group(0) @binding(3) var<storage, read> A32: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> B32: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> A: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> B: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> bias: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> out32: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> out16: array<vec4<f16>>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
-override A_F32: bool = false;
-override B_F32: bool = false;
-override OUT_F16: bool = false;
+override A_HALF: bool = false;
+override B_HALF: bool = false;
+override OUT_HALF: bool = false;
 
-fn a4(i: u32) -> vec4<f16> {          // vec4 i of A, row-major
-  if (A_F32) { return to_f16x4(A32[i]); }
-  return A16[i];
+fn a4(i: u32) -> vec4<T> {            // vec4 i of A, row-major
+  if (A_HALF) { return a_half4(i); }
+  return wide4(A[i]);
 }
 
-fn b4(i: u32) -> vec4<f16> {
-  if (B_F32) { return to_f16x4(B32[i]); }
-  return B16[i];
+fn b4(i: u32) -> vec4<T> {
+  if (B_HALF) { return b_half4(i); }
+  return wide4(B[i]);
 }
 
 fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
@@ -56,12 +56,12 @@ fn row(r: u32) -> u32 { return min(r, p.M - 1u); }
 // out row i at the 4 columns c4 (v: the products' sums plus the bias)
 fn put(i: u32, c4: u32, v: vec4<f32>) {
   let o = i * (p.N / 4u) + c4;
-  if (OUT_F16) {
-    out16[o] = to_f16x4(v);
+  if (OUT_HALF) {
+    store_half4(o, v);
   } else {
     var w = v;
-    if (p.accumulate != 0u) { w += out32[o]; }
-    out32[o] = w;
+    if (p.accumulate != 0u) { w += out[o]; }
+    out[o] = w;
   }
 }
 
@@ -72,18 +72,18 @@ fn bias4(c4: u32) -> vec4<f32> {
 
 // B's rows 4kk .. 4kk + 3 at the 4 columns c4 (k4 = K / 4): A @ B reads them as they lie; for
 // A @ B^T (tb) columns 4c4.. are B's rows, each a vec4 along k, transposed here
-fn b_rows(c4: u32, kk: u32, k4: u32, tb: bool) -> array<vec4<f16>, 4> {
-  var bk: array<vec4<f16>, 4>;
+fn b_rows(c4: u32, kk: u32, k4: u32, tb: bool) -> array<vec4<T>, 4> {
+  var bk: array<vec4<T>, 4>;
   if (tb) {
     let j = 4u * c4;
     let q0 = b4(j * k4 + kk);
     let q1 = b4((j + 1u) * k4 + kk);
     let q2 = b4((j + 2u) * k4 + kk);
     let q3 = b4((j + 3u) * k4 + kk);
-    bk[0] = vec4<f16>(q0.x, q1.x, q2.x, q3.x);
-    bk[1] = vec4<f16>(q0.y, q1.y, q2.y, q3.y);
-    bk[2] = vec4<f16>(q0.z, q1.z, q2.z, q3.z);
-    bk[3] = vec4<f16>(q0.w, q1.w, q2.w, q3.w);
+    bk[0] = vec4<T>(q0.x, q1.x, q2.x, q3.x);
+    bk[1] = vec4<T>(q0.y, q1.y, q2.y, q3.y);
+    bk[2] = vec4<T>(q0.z, q1.z, q2.z, q3.z);
+    bk[3] = vec4<T>(q0.w, q1.w, q2.w, q3.w);
   } else {
     for (var t = 0u; t < 4u; t++) { bk[t] = b4((4u * kk + t) * (p.N / 4u) + c4); }
   }
@@ -117,15 +117,15 @@ fn a_times_b(gid: vec3<u32>, tb: bool) {
 }
 
 @compute @workgroup_size(64)
-fn matmul_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, false); }
+fn matmul_quad_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, false); }
 
 @compute @workgroup_size(64)
-fn matmul_abt_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, true); }
+fn matmul_abt_quad_vec4(@builtin(global_invocation_id) gid: vec3<u32>) { a_times_b(gid, true); }
 
 // A^T @ B: per k, one vec4 of A's row k (out rows row0..) and one of B's (the 4 columns): an
-// outer product of f16 lanes
+// outer product of T lanes
 @compute @workgroup_size(64)
-fn matmul_atb_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn matmul_atb_quad_vec4(@builtin(global_invocation_id) gid: vec3<u32>) {
   let n4 = p.N / 4u;
   let m4 = p.M / 4u;
   let c4 = gid.x;
@@ -146,8 +146,8 @@ fn matmul_atb_f16_vec4(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 const LANES: u32 = 8u;
 
-// out row r += a . (B's rows k..k+3 at the 4 columns): four f16 products per column, float32 sums
-fn mac(acc: ptr<function, array<vec4<f32>, 16>>, r: u32, h: vec4<f16>, b: array<vec4<f16>, 4>) {
+// out row r += a . (B's rows k..k+3 at the 4 columns): four T products per column, float32 sums
+fn mac_row(acc: ptr<function, array<vec4<f32>, 16>>, r: u32, h: vec4<T>, b: array<vec4<T>, 4>) {
   (*acc)[r] += vec4<f32>(h.x * b[0]) + vec4<f32>(h.y * b[1]) + vec4<f32>(h.z * b[2]) + vec4<f32>(h.w * b[3]);
 }
 
@@ -174,38 +174,38 @@ fn a_times_b_sg(wid: vec3<u32>, lane: u32, tb: bool) {
     let b = b_rows(c4, kk, k4, tb);    // b[t]: B's row 4kk + t at the 4 columns
     let x0 = a4(r0 + kk);
     let x1 = a4(r1 + kk);
-    mac(&acc, 0u, subgroupBroadcast(x0, 0u), b);
-    mac(&acc, 1u, subgroupBroadcast(x0, 1u), b);
-    mac(&acc, 2u, subgroupBroadcast(x0, 2u), b);
-    mac(&acc, 3u, subgroupBroadcast(x0, 3u), b);
-    mac(&acc, 4u, subgroupBroadcast(x0, 4u), b);
-    mac(&acc, 5u, subgroupBroadcast(x0, 5u), b);
-    mac(&acc, 6u, subgroupBroadcast(x0, 6u), b);
-    mac(&acc, 7u, subgroupBroadcast(x0, 7u), b);
-    mac(&acc, 8u, subgroupBroadcast(x1, 0u), b);
-    mac(&acc, 9u, subgroupBroadcast(x1, 1u), b);
-    mac(&acc, 10u, subgroupBroadcast(x1, 2u), b);
-    mac(&acc, 11u, subgroupBroadcast(x1, 3u), b);
-    mac(&acc, 12u, subgroupBroadcast(x1, 4u), b);
-    mac(&acc, 13u, subgroupBroadcast(x1, 5u), b);
-    mac(&acc, 14u, subgroupBroadcast(x1, 6u), b);
-    mac(&acc, 15u, subgroupBroadcast(x1, 7u), b);
+    mac_row(&acc, 0u, subgroupBroadcast(x0, 0u), b);
+    mac_row(&acc, 1u, subgroupBroadcast(x0, 1u), b);
+    mac_row(&acc, 2u, subgroupBroadcast(x0, 2u), b);
+    mac_row(&acc, 3u, subgroupBroadcast(x0, 3u), b);
+    mac_row(&acc, 4u, subgroupBroadcast(x0, 4u), b);
+    mac_row(&acc, 5u, subgroupBroadcast(x0, 5u), b);
+    mac_row(&acc, 6u, subgroupBroadcast(x0, 6u), b);
+    mac_row(&acc, 7u, subgroupBroadcast(x0, 7u), b);
+    mac_row(&acc, 8u, subgroupBroadcast(x1, 0u), b);
+    mac_row(&acc, 9u, subgroupBroadcast(x1, 1u), b);
+    mac_row(&acc, 10u, subgroupBroadcast(x1, 2u), b);
+    mac_row(&acc, 11u, subgroupBroadcast(x1, 3u), b);
+    mac_row(&acc, 12u, subgroupBroadcast(x1, 4u), b);
+    mac_row(&acc, 13u, subgroupBroadcast(x1, 5u), b);
+    mac_row(&acc, 14u, subgroupBroadcast(x1, 6u), b);
+    mac_row(&acc, 15u, subgroupBroadcast(x1, 7u), b);
   }
   store16(acc, row0, c4, cw < n4);
 }
 
 @compute @workgroup_size(8)
-fn matmul_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn matmul_quad_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
   a_times_b_sg(wid, lane, false);
 }
 
 @compute @workgroup_size(8)
-fn matmul_abt_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn matmul_abt_quad_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
   a_times_b_sg(wid, lane, true);
 }
 
 // the 16 values (4 vec4) of A's row k0 + t, from the lane t that loaded them
-struct Row16 { y0: vec4<f16>, y1: vec4<f16>, y2: vec4<f16>, y3: vec4<f16> }
+struct Row16 { y0: vec4<T>, y1: vec4<T>, y2: vec4<T>, y3: vec4<T> }
 
 fn from_lane(y: Row16, t: u32) -> Row16 {
   switch t {
@@ -220,8 +220,8 @@ fn from_lane(y: Row16, t: u32) -> Row16 {
   }
 }
 
-// out rows 4j..4j+3 += y (A's row k at those 4 output rows) times b (B's row k): f16 products
-fn outer(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, h: vec4<f16>, b: vec4<f16>) {
+// out rows 4j..4j+3 += y (A's row k at those 4 output rows) times b (B's row k): T products
+fn outer(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, h: vec4<T>, b: vec4<T>) {
   (*acc)[4u * j] += vec4<f32>(h.x * b);
   (*acc)[4u * j + 1u] += vec4<f32>(h.y * b);
   (*acc)[4u * j + 2u] += vec4<f32>(h.z * b);
@@ -231,7 +231,7 @@ fn outer(acc: ptr<function, array<vec4<f32>, 16>>, j: u32, h: vec4<f16>, b: vec4
 // A^T @ B: lane t loads A's row k0 + t at the 16 output rows (4 vec4); every lane then walks the
 // 8 rows, each from its lane, with its own row of B.
 @compute @workgroup_size(8)
-fn matmul_atb_f16_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn matmul_atb_quad_sg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
   let n4 = p.N / 4u;
   let m4 = p.M / 4u;
   let cw = wid.x * LANES + lane;
