@@ -27,13 +27,13 @@ engines: $(STAMP)
 # Dawn, Chrome's engine, on SwiftShader, Chrome's CPU Vulkan driver: a small GPU's limits (256
 # invocations a workgroup, 4-lane subgroups, 256-byte offset alignment) and Tint's validation.
 DAWN       := TINYGPT_WEBGPU=dawn VK_ICD_FILENAMES=/usr/lib/chromium/vk_swiftshader_icd.json
-DAWN_TESTS := tests/test_kernels.py tests/test_lora.py::test_scale_against_its_twin \
-              tests/test_attention.py::test_attention_against_float64 \
-              tests/test_attention.py::test_online_reads_half_q_k_v tests/test_attention.py::test_online_turns_dq_and_dk_back \
-              tests/test_window.py::test_windowed_attention_against_float64 \
-              tests/test_attention.py::test_packed_windows_attend_within_their_records \
-              tests/test_model.py::test_step0_logits_loss_and_every_gradient tests/test_model.py::test_ten_adamw_steps_match_reference \
-              "tests/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
+DAWN_TESTS := tests/device/test_kernels.py tests/model/test_lora.py::test_scale_against_its_twin \
+              tests/device/test_attention.py::test_attention_against_float64 \
+              tests/device/test_attention.py::test_online_reads_half_q_k_v tests/device/test_attention.py::test_online_turns_dq_and_dk_back \
+              tests/model/test_window.py::test_windowed_attention_against_float64 \
+              tests/device/test_attention.py::test_packed_windows_attend_within_their_records \
+              tests/model/test_model.py::test_step0_logits_loss_and_every_gradient tests/model/test_model.py::test_ten_adamw_steps_match_reference \
+              "tests/model/test_optim.py::test_steps_of_each_optimizer_match_float64[muon-1-False]"
 
 # Trains the default preset (small, its schedule) on the built-in corpus for 3.5 minutes: the
 # step count is fitted to the time, so it ends within 4 minutes whatever the CPU's speed.
@@ -57,7 +57,7 @@ train: adapter
 # each width cost 8 minutes of a fresh clone's run; nor at head dim 128, whose rows held in
 # registers were most of the 16-lane window run's time (docs/results.md, Tests): a head's width sets
 # how many vec4 a lane holds, not how the subgroup reduces, which the other four shapes test.
-# The OpenGL run has no shader-f16: there tests/test_f16.py checks the refusal.
+# The OpenGL run has no shader-f16: there tests/device/test_f16.py checks the refusal.
 # Last, Dawn on SwiftShader: the kernel tests, every attention path (with a sliding window too)
 # and whole training steps (AdamW's, and Muon's: its Newton-Schulz matmuls under Tint) against
 # the float64 reference.
@@ -65,8 +65,8 @@ test: adapter engines
 	$(BIN)/python -m pytest -q $(XDIST) --durations=25 $(ARGS)
 	@for w in 128 512; do echo "== kernel tests with LP_NATIVE_VECTOR_WIDTH=$$w =="; \
 		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) \
-			tests/test_kernels.py tests/test_decode.py tests/test_f16.py -k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
-		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) tests/test_window.py tests/test_attention.py \
+			tests/device/test_kernels.py tests/model/test_decode.py tests/device/test_f16.py -k "not gate and not numerics_check and not precision_with_a_feature and not absurd" $(ARGS) || exit 1; \
+		LP_NATIVE_VECTOR_WIDTH=$$w $(BIN)/python -m pytest -q $(XDIST) tests/model/test_window.py tests/device/test_attention.py \
 			-k "(windowed_attention or packed_windows) and online and not online-tiles and not -128-" $(ARGS) \
 			|| exit 1; done
 	@if TINYGPT_BACKEND=gl $(BIN)/python -m tinygpt info --brief >/dev/null 2>&1; then \
@@ -81,8 +81,8 @@ test: adapter engines
 # The inner loop, a few minutes on a 2-core CPU (docs/testing.md): the layering and the reference,
 # every kernel against its twin, the optimizers' steps, the file formats and the online attention,
 # on the preferred adapter only. make test runs all of it and the rest, on every backend.
-FAST := tests/test_layers.py tests/test_reference.py tests/test_kernels.py tests/test_optim.py tests/test_format.py \
-        tests/test_tokenfile.py tests/test_attention.py
+FAST := tests/test_layers.py tests/reference/test_reference.py tests/device/test_kernels.py tests/model/test_optim.py tests/files/test_format.py \
+        tests/files/test_tokenfile.py tests/device/test_attention.py
 test-fast: adapter
 	$(BIN)/python -m pytest -q $(XDIST) -m "not slow" $(FAST) -k "not float64 or online" $(ARGS)
 

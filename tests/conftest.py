@@ -1,7 +1,8 @@
-"""Shared fixtures: one GPU for the session, and the compare helper every op test uses."""
+"""Shared fixtures: one GPU for the session, the compare helper every op test uses, and the inputs
+several rooms' tests train and write on."""
 import os
+import subprocess
 import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ def rng():
     return np.random.default_rng(1234)
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+from support import SHARED  # noqa: E402  (the tests' folder is on sys.path: conftest's own)
 
 
 @pytest.fixture
@@ -69,3 +70,22 @@ def corpus(tmp_path):
         else ("To be, or not to be, that is the question. " * 1500)
     p.write_text(text)
     return p
+
+
+@pytest.fixture
+def sentences(tmp_path):
+    """A few sentences repeated: a corpus that trains in a few steps, whatever lies beside the checkout."""
+    p = tmp_path / "c.txt"
+    p.write_text("It was the best of times, it was the worst of times; it was the age of wisdom. " * 300)
+    return p
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 256 KiB file system: too small for a tiny checkpoint (~850 KB)."""
+    d = tmp_path / "small"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
+    yield d
+    subprocess.run(["umount", str(d)], capture_output=True)

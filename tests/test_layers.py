@@ -466,3 +466,45 @@ def test_the_private_read_check_sees_a_read(tmp_path):
     (tmp_path / "api.py").write_text("x = model._fwd\ny = model.fwd\n")
     assert methods == ["f"] and private == attributes == {"_fwd"}
     assert [r.endswith(":1: ._fwd") for r in private_reads([tmp_path / "api.py"], private)] == [True]
+
+
+# The tests mirror the rooms: tests/ROOM/ for each room of the package (tinygpt/ROOM) or of the checkout
+# (scripts/), at the top the house's own rules and what serves every room (conftest.py's fixtures,
+# support.py, upstream.py). A test imports another test module of its own room only: a helper two
+# rooms use lives at the top, so that any one room's tests run alone.
+HOUSE_TESTS = {"test_layers.py", "test_docs.py", "test_promises.py", "test_api.py"}
+
+
+def layout_problems(tests: Path, pkg: Path) -> list:
+    """What breaks the tests' layout: a folder no room of the package's or the checkout's, a test file
+    of a room at the top, a test importing a test module of another room."""
+    rooms = {d.name for d in pkg.iterdir() if (d / "__init__.py").exists()} | {"scripts"}
+    bad = [f"tests/{d.name}/ is no room of tinygpt/ or the checkout" for d in tests.iterdir()
+           if d.is_dir() and not d.name.startswith((".", "__")) and d.name not in rooms]
+    bad += [f"tests/{f.name} belongs in a room's folder" for f in tests.glob("test_*.py") if f.name not in HOUSE_TESTS]
+    for f in tests.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            bad += [f"{f.relative_to(tests)} imports {n}, a test of another room" for n in names
+                    if n.startswith("test_") and not (f.parent / f"{n}.py").exists()]
+    return bad
+
+
+def test_the_tests_mirror_the_rooms():
+    tests = PKG.parent / "tests"
+    rooms = sorted(d.name for d in tests.iterdir() if d.is_dir() and not d.name.startswith((".", "__")))
+    print(f"rooms: {rooms}; {len(list(tests.glob('*/test_*.py')))} test files in them, "
+          f"{len(list(tests.glob('test_*.py')))} at the top")
+    assert not layout_problems(tests, PKG)
+
+
+def test_the_room_check_sees_a_stray(tmp_path):
+    (tmp_path / "tinygpt" / "model").mkdir(parents=True)
+    (tmp_path / "tinygpt" / "model" / "__init__.py").write_text("")
+    (tmp_path / "tests" / "model").mkdir(parents=True)
+    (tmp_path / "tests" / "model" / "test_a.py").write_text("from test_b import x\n")
+    (tmp_path / "tests" / "nowhere").mkdir()
+    (tmp_path / "tests" / "test_c.py").write_text("")
+    found = layout_problems(tmp_path / "tests", tmp_path / "tinygpt")
+    assert len(found) == 3, found

@@ -13,9 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_hardening import TINY, in_process, one_line_error
-from test_hf import model, rewrite
-from test_reliability import tmpfs  # noqa: F401  (the fixture, by name)
+from support import TINY, in_process, one_line_error
+from support import model, rewrite
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params

@@ -1,5 +1,5 @@
 """One submission as data, for another WebGPU to replay: tinygpt/web/replay.js runs it in a
-browser (scripts/browser_step.py, tests/test_browser.py).
+browser (scripts/browser_step.py, tests/web/test_browser.py).
 
 A trace holds everything the submission depends on and nothing of Python's: each shader module's
 WGSL as a browser compiles it (the prelude in, `enable subgroups;` kept), each pipeline's entry

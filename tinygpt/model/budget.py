@@ -3,7 +3,7 @@ in model.buffers that the run's Model (and the sampler at its end) would allocat
 group, with what each binds at once, held against the adapter's limits.
 
 It counts the same resolved rows the model allocates, so the two agree by construction
-(tests/test_memory.py holds them against the bytes the device is asked for). What it cannot
+(tests/model/test_memory.py holds them against the bytes the device is asked for). What it cannot
 know on a GPU is the device's free memory (WebGPU does not say); on a CPU adapter the budget is
 held against the memory the system has available.
 """

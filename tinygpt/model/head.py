@@ -5,7 +5,7 @@ tok_emb is bound whole where it fits one binding. Where it does not, it is bound
 kernels cannot address, so each block passes through a dense scratch (embed.wgsl's copy_block), a
 block of rows at a time. The forward's logits are the same sums over the same K in the same
 order, bit for bit. The backward's sums over rows (dtok) and over the vocabulary (dx) are split
-into blocks and chunks added in turn, so their float32 rounding differs (tests/test_model.py
+into blocks and chunks added in turn, so their float32 rounding differs (tests/model/test_model.py
 bounds it).
 """
 from __future__ import annotations

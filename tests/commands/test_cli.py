@@ -4,11 +4,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import read_log, ROOT, run_cli, SHARED
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config, param_shapes
 from tinygpt.commands.cli import main
@@ -18,19 +18,7 @@ from tinygpt.reference import gpt as RG
 from tinygpt.core.init import init_params
 
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet"]
-
-
-def run_cli(*args):
-    """In-process; returns the exit code."""
-    return main([str(a) for a in args])
-
-
-def read_log(path, final=False):
-    """A run's JSON Lines log: the logged steps' rows (final: the run's final-loss row too)."""
-    rows = [json.loads(l) for l in Path(path).read_text().splitlines()]
-    return rows if final else [r for r in rows if "train_loss" in r]
 
 
 def test_train_writes_checkpoint_log_plot_and_sample(tmp_path, corpus, capsys):
@@ -286,7 +274,7 @@ def test_layers_below_the_cli_know_no_flags():
     """Only the command line (commands/cli.py, chat.py, train's flags in settings.py, and their argument
     types, argtypes.py) knows argparse and flag names; the runtime never imports the reference (the judge)."""
     import re
-    root = Path(__file__).resolve().parents[1] / "tinygpt"
+    root = ROOT / "tinygpt"
     for f in sorted(root.rglob("*.py")):
         if f.parent.name == "commands" and f.name in ("cli.py", "chat.py", "settings.py", "argtypes.py") \
                 or f.parent.name == "reference" or f.name == "browser.py":     # browser.py: Chromium's flags

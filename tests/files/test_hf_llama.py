@@ -1,6 +1,6 @@
 """Hugging Face's Llama family both ways, against transformers itself: random small Llama (GQA, an
 untied head), Qwen2 (q/k/v biases, a tied head) and Qwen3 (QK-norm, multi-query) models that
-transformers builds (tests/hf_reference.py, in a process of its own), each with a byte-level BPE
+transformers builds (tests/files/hf_reference.py, in a process of its own), each with a byte-level BPE
 tokenizer.json, imported by `tinygpt import-hf`:
 - the logits are transformers' within 1e-4 and 20 greedy tokens from the key/value cache are its;
 - the tokenizer travels in the file: encode is the tokenizers library's, and train, eval and
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_cli import run_cli
+from support import run_cli
 from tinygpt.files import checkpoint as ckpt
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 
 
 def reference(*args):
-    """tests/hf_reference.py in a process of its own."""
+    """tests/files/hf_reference.py in a process of its own."""
     missing = [m for m in ("torch", "transformers", "peft", "tokenizers") if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{', '.join(missing)} not installed: make engines (or pip install torch transformers peft)")

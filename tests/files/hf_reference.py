@@ -1,27 +1,27 @@
-"""transformers' side of tests/test_hf_llama.py, run in a process of its own (torch beside lavapipe's
+"""transformers' side of tests/files/test_hf_llama.py, run in a process of its own (torch beside lavapipe's
 LLVM in one process crashes):
 
-    python tests/hf_reference.py build OUT        random small Llama, Qwen2 and Qwen3 models, each
+    python tests/files/hf_reference.py build OUT        random small Llama, Qwen2 and Qwen3 models, each
                                                   in OUT/<family> with a byte-level BPE tokenizer.json
                                                   and ref.npz: its logits, 20 greedy tokens, tokens
-    python tests/hf_reference.py gguf OUT         the same three, each written with the gguf package's
+    python tests/files/hf_reference.py gguf OUT         the same three, each written with the gguf package's
                                                   writer as OUT/<family>-<type>.gguf (f32, f16, q8_0), a
                                                   chat template and its special tokens in the file, and
                                                   transformers' reading of each: its logits and greedy chat
                                                   replies in OUT/<family>-<type>.npz
-    python tests/hf_reference.py chat OUT         a random small Qwen2 model in OUT/hf with a chat template
+    python tests/files/hf_reference.py chat OUT         a random small Qwen2 model in OUT/hf with a chat template
                                                   that marks the assistant's tokens ({% generation %}),
                                                   OUT/chat.jsonl of conversations, and transformers'
                                                   mean cross-entropy over their assistant tokens
                                                   (apply_chat_template's assistant mask) in OUT/chat.npz
-    python tests/hf_reference.py chatloss OUT DIR  the same loss of DIR (a PEFT export over OUT/hf, or
+    python tests/files/hf_reference.py chatloss OUT DIR  the same loss of DIR (a PEFT export over OUT/hf, or
                                                   a Hugging Face directory) in DIR/chatloss.npz, and the
                                                   DPO loss, reward accuracy and margin of OUT/pref.jsonl's
                                                   pairs with DIR's model against OUT/hf's (beta 0.1)
-    python tests/hf_reference.py ggufread F ...   each GGUF file read by transformers' GGUF loader: its
+    python tests/files/hf_reference.py ggufread F ...   each GGUF file read by transformers' GGUF loader: its
                                                   logits, its tokenizer's ids of TEXT and its rendering of
                                                   a conversation, in F.npz
-    python tests/hf_reference.py load DIR ...     each directory loaded as it is (AutoModelForCausalLM,
+    python tests/files/hf_reference.py load DIR ...     each directory loaded as it is (AutoModelForCausalLM,
                                                   and peft's PeftModel over DIR/../hf where DIR has an
                                                   adapter_config.json): its logits and greedy text in
                                                   DIR/loaded.npz

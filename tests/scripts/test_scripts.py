@@ -2,13 +2,12 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
+from support import ROOT
 from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.device.planner import make_plan, subgroups_ok
 
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_json(script, *args):

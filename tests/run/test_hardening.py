@@ -8,54 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import cli, in_process, one_line_error, ROOT, SHARED, TINY
 from tinygpt.model.spec import RunSpec
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import main
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
-
-
-# no samples at the end (3.7 s of a 9 s tiny run here): the tests that sample say so
-TINY = ["--preset", "tiny", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
-
-
-def cli(*args, env=None, timeout=180):
-    """A subprocess run: (exit code, stderr lines other than the driver's XDG noise)."""
-    r = subprocess.run([sys.executable, "-m", "tinygpt", *[str(a) for a in args]], capture_output=True, text=True,
-                       env=dict(os.environ, **(env or {})), timeout=timeout)
-    err = [l for l in r.stderr.splitlines() if "XDG_RUNTIME_DIR" not in l and l.strip()]
-    return r.returncode, err
-
-
-def in_process(*args):
-    """The same as cli() without a new process (which costs ~2.5 s of imports and adapter here):
-    for commands that cannot hang; stderr captured, (exit code, lines)."""
-    from io import StringIO
-    from tinygpt.commands.cli import main
-    old, sys.stderr = sys.stderr, StringIO()
-    try:
-        rc = main([str(a) for a in args])
-    except SystemExit as e:
-        rc = e.code
-    finally:
-        err, sys.stderr = sys.stderr.getvalue(), old
-    return rc, [l for l in err.splitlines() if l.strip() and "XDG_RUNTIME_DIR" not in l]
-
-
-def one_line_error(rc, err, *needles):
-    """Non-zero exit; the error is one line (the last), with no traceback; progress lines may precede it."""
-    assert rc != 0, err
-    assert not any("Traceback" in l for l in err), err
-    errors = [l for l in err if "error" in l.lower()]
-    assert len(errors) == 1 and errors[0] == err[-1], err
-    assert err[-1].startswith("tinygpt: error:"), err
-    for n in needles:
-        assert n in err[-1], (n, err[-1])
 
 
 @pytest.fixture
@@ -119,7 +81,7 @@ def test_unreadable_data(tmp_path, monkeypatch, capsys):
 
 
 def test_invalid_utf8_with_gpt2(tmp_path):
-    f = Path(__file__).resolve().parents[2] / "shared" / "data" / "r50k_base.tiktoken"
+    f = SHARED / "r50k_base.tiktoken"
     if not f.exists():
         pytest.skip("no r50k_base.tiktoken beside the checkout")
     p = tmp_path / "bad.txt"
@@ -239,7 +201,7 @@ def test_out_over_a_foreign_file_needs_force(tmp_path, corpus):
 def test_no_pickle_anywhere():
     """Loading a file never executes code from it: no pickle, no allow_pickle, no eval."""
     import re
-    root = Path(__file__).resolve().parents[1] / "tinygpt"
+    root = ROOT / "tinygpt"
     for f in root.rglob("*.py"):
         text = f.read_text()
         for bad in (r"import pickle", r"allow_pickle=True", r"torch\.load\(", r"(?<![\w.])eval\(", r"(?<![\w.])exec\("):
@@ -253,7 +215,7 @@ def test_kill_9_during_checkpoint_writes_leaves_a_loadable_file(tmp_path):
     cfg = Config(layers=4, d_model=128, heads=4, ctx=64, batch=2)
     ckpt.save(path, ckpt.Checkpoint(cfg, init_params(cfg), step=0))
     code = f"""
-import sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+import sys; sys.path.insert(0, {str(ROOT)!r})
 from tinygpt.files import checkpoint as ck
 from tinygpt.core.config import Config
 from tinygpt.core.init import init_params

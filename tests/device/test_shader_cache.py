@@ -156,7 +156,7 @@ def test_a_nan_names_the_kernel_not_the_learning_rate(monkeypatch, tmp_path, cor
     """After a NaN loss the kernels are checked again (model/twincheck.blame): where one now
     disagrees with the reference (forced here: every check after the start one sees the logits
     doubled, as no family switch cures), the error says so and does not suggest --lr; where all
-    agree, it does (tests/test_hardening.py's test_nan_stops_with_the_step_and_a_hint)."""
+    agree, it does (tests/run/test_hardening.py's test_nan_stops_with_the_step_and_a_hint)."""
     from tinygpt.commands.cli import main
     from tinygpt.model import twincheck
     real, calls = twincheck._errors, []

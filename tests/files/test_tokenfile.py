@@ -6,18 +6,17 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import ROOT
 from tinygpt.files import data as D
 from tinygpt.files import tokenfile as TF
 from tinygpt.commands.cli import main
 from tinygpt.files.data import DataError, Dataset
 from tinygpt.tokenizers import ByteTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 R50K = ROOT.parent / "shared" / "data" / "r50k_base.tiktoken"
 TEXT = ("First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak. " * 400).encode()
 

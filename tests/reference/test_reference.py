@@ -4,6 +4,7 @@ import sys
 import numpy as np
 import pytest
 
+from support import ROOT
 from tinygpt.core.activations import ACTIVATIONS
 from tinygpt.reference import kernels as R
 from tinygpt.reference import attention as RA
@@ -276,8 +277,7 @@ def test_lion_and_muon_match_their_definitions():
 def test_every_wgsl_entry_point_has_a_numpy_twin():
     """The rule of the house: each kernel has a reference function of the same name."""
     import re
-    from pathlib import Path
-    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    shaders = ROOT / "shaders"
     entries = lambda text: re.findall(r"@compute[^\n]*\n\s*fn (\w+)", text)
     # a file written once for both widths names its entry points {{VEC}}: "" and "4" (kernels.width)
     widths = lambda text: {text.replace("{{VEC}}", w) for w in ("", "4")}
@@ -305,8 +305,7 @@ def test_no_entry_point_is_named_for_a_storage_type():
     """A stored type is a fill or a section of the file (its loads and stores), not another copy of
     an entry point: only the casts between types name them."""
     import re
-    from pathlib import Path
-    shaders = Path(__file__).resolve().parents[1] / "shaders"
+    shaders = ROOT / "shaders"
     names = {n for f in shaders.glob("*.wgsl") for w in ("", "4")
              for n in re.findall(r"@compute[^\n]*\n\s*fn (\w+)", f.read_text().replace("{{VEC}}", w))}
     typed = sorted(n for n in names if re.search(r"bf16|f16|half", n) and not n.startswith("cast_"))

@@ -102,7 +102,7 @@ def test_a_command_over_the_memory_it_has_is_refused_before_it_allocates(tmp_pat
     memory available (forced low here) each is refused in one line naming what would fit, exit 4."""
     import io
     import sys
-    from test_cli import run_cli
+    from support import run_cli
     from tinygpt.model import budget
     model = tmp_path / "m.tinygpt"
     assert run_cli("train", "--preset", "tiny", "--ctx", 128, "--steps", 1, "--quiet", "--sample-tokens", 0,

@@ -288,7 +288,7 @@ def test_lion_and_muon_resume_bit_for_bit_and_files_upstream_reads(tmp_path):
 def test_a_damaged_state_is_refused_before_it_is_trained_on(tmp_path, opt):
     """A resumed file's optimizer state is checked before the run trusts it (issue 47): a NaN in a
     moment slot stops the resume in one line naming the tensor, and the file is left as it was."""
-    from test_hardening import in_process, one_line_error
+    from support import in_process, one_line_error
     f = tmp_path / "a.tinygpt"
     run_cli("train", "--preset", "tiny", "--quiet", "--sample-tokens", "0", "--eval-every", "0", "--optimizer", opt,
             "--steps", "2", "--out", str(f), cwd=tmp_path)

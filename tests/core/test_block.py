@@ -12,13 +12,18 @@ from tinygpt.commands.cli import main
 from tinygpt.core.block import BIASES, MLPS, NORMS, POSITIONS, QK_NORMS
 from tinygpt.core.config import n_params, param_shapes, preset
 from tinygpt.files import checkpoint as ckpt
-from test_runs import corpus  # noqa: F401  (the fixture: a short text of repeated sentences)
 
 MODERN = ["--norm", "rmsnorm", "--position", "rope", "--rope-theta", "500", "--mlp", "relu2", "--norm-eps", "1e-6",
           "--no-bias", "--untied-head", "--qk-norm", "weighted", "--kv-heads", "1", "--logit-softcap", "15",
           "--embed-norm"]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0",
         "--eval-every", "0", "--lr", "3e-3"]
+
+
+@pytest.fixture
+def corpus(sentences):
+    """This file's runs train on conftest's few repeated sentences, not on Tiny Shakespeare."""
+    return sentences
 
 
 def test_the_nanochat_block_is_its_parts_and_each_part_option_wins(tmp_path, corpus):

@@ -309,7 +309,7 @@ def test_step0_half_against_its_reference(gpu, monkeypatch, which, half):
     from tinygpt.device.planner import make_plan
     precision = PRECISIONS[half]
     if precision.feature and precision.feature not in gpu.features:
-        pytest.skip(f"{gpu.name} has no {precision.feature} (tests/test_f16.py tests the refusal)")
+        pytest.skip(f"{gpu.name} has no {precision.feature} (tests/device/test_f16.py tests the refusal)")
     plan = make_plan(gpu)
     cfg = preset("tiny")
     if "a GPU's" in which:

@@ -1,16 +1,15 @@
 """GGUF in, and chat out, against transformers' reading of the same files: random Llama, Qwen2 and
-Qwen3 models that transformers builds, written by tests/hf_reference.py with the gguf package's
+Qwen3 models that transformers builds, written by tests/files/hf_reference.py with the gguf package's
 writer as llama.cpp's converter writes them (f32, f16 and q8_0; a chat template and its special
 tokens in the file), imported with `tinygpt import-hf FILE.gguf`. The logits within 1e-4 of the
 largest (transformers dequantizes the same bytes), the chat template rendered as transformers
 renders it, and GPT.chat's greedy replies equal to transformers' generate for conversations with
 and without a system prompt and of two turns; files tinygpt cannot read refused in one line."""
-import json
 
 import numpy as np
 import pytest
 
-from test_cli import run_cli
+from support import run_cli
 from test_hf_llama import reference
 from tinygpt.files import checkpoint as ckpt
 

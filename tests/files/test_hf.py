@@ -5,11 +5,11 @@ import json
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import model, rewrite, SHARED
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import main
 from tinygpt.core.config import preset
@@ -19,16 +19,7 @@ from tinygpt.core.init import init_params
 from tinygpt.model.spec import RunSpec
 
 
-R50K = Path(__file__).resolve().parents[2] / "shared" / "data" / "r50k_base.tiktoken"
-
-
-def model(vocab=256, seed=0):
-    cfg = preset("tiny", layers=2, d_model=16, heads=2, ctx=12, vocab=vocab)
-    p = init_params(cfg)
-    r = np.random.default_rng(seed)
-    p = {k: (v + r.standard_normal(v.shape) * 0.1).astype(np.float32) for k, v in p.items()}
-    extra = {"tokenizer": "gpt2" if vocab == 50257 else "byte"}
-    return ckpt.Checkpoint(cfg, p, None, None, 7, [], extra)
+R50K = SHARED / "r50k_base.tiktoken"
 
 
 def tokenizer_flags(tokenizer: str) -> list:
@@ -78,20 +69,6 @@ def test_gpt2s_gelu_is_imported_as_itself(tmp_path):
         ckpt.save(tmp_path / "m.tinygpt", ck)
         back = ckpt.load(tmp_path / "m.tinygpt")
         assert back.cfg.activation == "gelu_tanh" and back.header["config"]["activation"] == "gelu_tanh"
-
-
-def rewrite(d, config=None, tensors=None, drop=None):
-    """Edit an exported directory: config keys, tensors (name -> array), or a dropped tensor."""
-    from safetensors.numpy import load_file, save_file
-    if config:
-        c = json.loads((d / "config.json").read_text())
-        c.update(config)
-        (d / "config.json").write_text(json.dumps(c))
-    if tensors or drop:
-        sd = load_file(d / "model.safetensors")
-        sd.update(tensors or {})
-        sd.pop(drop, None)
-        save_file(sd, d / "model.safetensors")
 
 
 @pytest.mark.kernel
@@ -173,7 +150,7 @@ def test_import_then_fine_tune_from_the_command_line(tmp_path, capsys):
 def test_logits_match_transformers_gpt2_with_gelu_new(tmp_path, gpu, plan):
     """A small random GPT2Config made offline, GPT-2's gelu_new: transformers' logits and the
     imported model's agree to float32 noise (where torch and transformers are installed:
-    pip install torch transformers, then pytest tests/test_hf.py -k transformers)."""
+    pip install torch transformers, then pytest tests/files/test_hf.py -k transformers)."""
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     from tinygpt.model.gpt import Model

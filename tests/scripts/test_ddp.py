@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support import ROOT
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import main
 
 torch = pytest.importorskip("torch", reason="torch is not installed: the DDP hand-off needs it (an optional extra)")
 
-ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
 

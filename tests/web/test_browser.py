@@ -7,6 +7,7 @@ import base64
 import numpy as np
 import pytest
 
+from support import ROOT
 from tinygpt.web.browser import BrowserUnavailable, open_page
 from tinygpt.web.step import LOSS_RTOL, compare, compiler_problems, decode, every_pipeline, traced_step
 
@@ -70,8 +71,7 @@ def test_browser_step_without_a_browser_is_one_line(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parents[1] / "scripts" / "browser_step.py"
+    script = ROOT / "scripts" / "browser_step.py"
     r = subprocess.run([sys.executable, str(script), "--skip-compile"], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, TINYGPT_CHROMIUM=str(tmp_path / "no-chromium")))
     lines = [l for l in r.stderr.splitlines() if l.strip() and "XDG_RUNTIME_DIR" not in l]

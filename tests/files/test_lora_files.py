@@ -8,9 +8,9 @@ import os
 import numpy as np
 import pytest
 
-from test_cli import read_log, run_cli
-from test_format import upstream_problems
-from test_hardening import TINY, in_process, one_line_error
+from support import read_log, run_cli
+from upstream import upstream_problems
+from support import TINY, in_process, one_line_error
 from tinygpt.files import lora_files as AD
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.core import lora as LR

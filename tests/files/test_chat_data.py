@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from test_cli import run_cli
+from support import run_cli
 from test_hf_llama import reference
 
 

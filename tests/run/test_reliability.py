@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_hardening import TINY, cli, in_process, one_line_error
+from support import TINY, cli, in_process, one_line_error
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import main
 from tinygpt.core.config import Config
@@ -35,17 +35,6 @@ def saved(tmp_path, corpus):
     rc, err = train(corpus, out, steps=4)
     assert rc == 0, err
     return out
-
-
-@pytest.fixture
-def tmpfs(tmp_path):
-    """A 256 KiB file system: too small for a tiny checkpoint (~850 KB)."""
-    d = tmp_path / "small"
-    d.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here (not root, or no mount namespace)")
-    yield d
-    subprocess.run(["umount", str(d)], capture_output=True)
 
 
 def foreign_png(path):

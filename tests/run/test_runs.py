@@ -6,24 +6,22 @@ import argparse
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support import ROOT
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.commands.cli import build_parser, main
 from tinygpt.commands.settings import train_options
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "c.txt"
-    p.write_text("It was the best of times, it was the worst of times; it was the age of wisdom. " * 300)
-    return p
+def corpus(sentences):
+    """This file's runs train on conftest's few repeated sentences, not on Tiny Shakespeare."""
+    return sentences
 
 
 def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):

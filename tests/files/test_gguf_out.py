@@ -1,18 +1,16 @@
 """GGUF out (issue 65): `tinygpt export --format gguf` of random Llama, Qwen2 and Qwen3 models that
-transformers builds (tests/hf_reference.py's GGUF files, each with a chat template, imported here;
+transformers builds (tests/files/hf_reference.py's GGUF files, each with a chat template, imported here;
 Qwen3's with transformers' GGUF head dim of 128), read back by transformers' own GGUF loader: f32's logits
 within 1e-4 of tinygpt's (relative to the largest), f16's, bf16's and q8_0's within their rounding,
 and each file's logits as transformers reads it within 1e-4 of tinygpt's import of the same file
 (both dequantize the same bytes); the tokenizer's ids and the chat template as transformers reads
 them; a LoRA run merged; what GGUF cannot hold refused in one line."""
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from test_cli import run_cli
+from support import run_cli, SHARED
 from test_gguf import ggufs  # noqa: F401 - transformers' models as GGUF files
-from test_reliability import tmpfs  # noqa: F401 - a 256 KiB file system
 from test_hf_llama import reference
 
 FAMILIES = ("llama", "qwen2", "qwen3")
@@ -122,7 +120,7 @@ def test_a_gguf_export_onto_a_full_disk_leaves_nothing_behind(exported, tmpfs, c
     assert sorted(p.name for p in tmpfs.iterdir()) == ["filler", "mine.txt"] and keep.read_text() == "the user's own file"
 
 
-R50K = Path(__file__).resolve().parents[2] / "shared" / "data" / "r50k_base.tiktoken"
+R50K = SHARED / "r50k_base.tiktoken"
 
 
 def test_gpt2s_block_exports_as_llama_cpps_gpt2(tmp_path, capsys):

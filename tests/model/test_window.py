@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from conftest import check
-from test_format import fp16_state, header_of, upstream_file, with_config
+from upstream import fp16_state, header_of, upstream_file, with_config
 from test_model import check_step0
-from test_hardening import in_process as cli, one_line_error
+from support import in_process as cli, one_line_error
 from tinygpt.files import checkpoint as ckpt
 from tinygpt.core.config import Config, preset
 from tinygpt.core.init import init_params
