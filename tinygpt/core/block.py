@@ -61,7 +61,8 @@ class Mlp:
     gated: bool = False  # a gate projection beside the input one (fc_gate_W, fc_gate_b)
     forward: str | None = None      # a gated one's launchers and twins (glu.wgsl), which read gate and up
     backward: str | None = None     # as stored whatever the precision
-    gpt2_name: str | None = None   # its name in a Hugging Face GPT-2 config's activation_function (None: none)
+    hf_name: str | None = None     # its name in Hugging Face's configs (GPT-2's activation_function, the Llama
+                                   # family's hidden_act: a gated one's gate activation); None: none
     summary: str = ""    # what it is, as the option's help says
 
 
@@ -70,10 +71,10 @@ NORMS = {n.name: n for n in (Norm("layernorm", rms=False), Norm("rmsnorm", rms=T
 POSITIONS = {p.name: p for p in (Position("learned", table=True, rotary=False),
                                  Position("rope", table=False, rotary=True))}
 MLPS = {m.name: m for m in (
-    Mlp("gelu", ACTIVATIONS["gelu"], gpt2_name="gelu", summary="TinyGPT's exact GELU"),
-    Mlp("gelu_tanh", ACTIVATIONS["gelu_tanh"], gpt2_name="gelu_new", summary="GPT-2's tanh form"),
+    Mlp("gelu", ACTIVATIONS["gelu"], hf_name="gelu", summary="TinyGPT's exact GELU"),
+    Mlp("gelu_tanh", ACTIVATIONS["gelu_tanh"], hf_name="gelu_new", summary="GPT-2's tanh form"),
     Mlp("relu2", ACTIVATIONS["relu2"], summary="nanochat's squared ReLU"),
-    Mlp("swiglu", gated=True, forward="swiglu_forward", backward="swiglu_backward",
+    Mlp("swiglu", gated=True, forward="swiglu_forward", backward="swiglu_backward", hf_name="silu",
         summary="Llama's gated MLP, 8/3 as wide"))}
 UPSTREAM_MLP = MLPS["gelu"]     # TinyGPT's exact GELU: what a .tinygpt header without "activation" means
 
@@ -161,7 +162,7 @@ class Block:
     def gpt2(self) -> bool:
         """Whether this is GPT-2's (TinyGPT's) block, which upstream's readers compute: a LayerNorm,
         a learned table, a GELU of either form, every head its own keys and values, d_model / heads wide."""
-        return (not self.norm.rms and self.position.table and self.mlp.gpt2_name is not None
+        return (not self.norm.rms and self.position.table and not self.mlp.gated and self.mlp.hf_name is not None
                 and self.bias is BIASES["all"] and self.tied and not self.qk_norm.on and not self.heads.grouped
                 and not self.heads.apart and not self.softcap and not self.embed_norm)
 

@@ -55,7 +55,7 @@ def gpt2_config_json(cfg: Config, tok) -> dict:
         "architectures": [GPT2.name], "model_type": GPT2.model_type,
         "vocab_size": cfg.vocab, "n_positions": cfg.ctx, "n_ctx": cfg.ctx, "n_embd": cfg.d_model,
         "n_layer": cfg.layers, "n_head": cfg.heads, "n_inner": cfg.d_mlp,
-        "activation_function": cfg.block.mlp.gpt2_name,      # the model's own (a GPT-2 block's: a GELU)
+        "activation_function": cfg.block.mlp.hf_name,      # the model's own (a GPT-2 block's: a GELU)
         "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
         "initializer_range": 0.02, "tie_word_embeddings": True, "scale_attn_weights": True,
         "bos_token_id": 50256 if cfg.vocab == 50257 else 0, "eos_token_id": 50256 if cfg.vocab == 50257 else 0,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import CheckpointError, rope_scaling_of, show
-from ..core.block import BIASES, QK_NORMS, ROPE_THETA, QKNorm
+from ..core.block import BIASES, MLPS, QK_NORMS, ROPE_THETA, QKNorm
 from ..core.config import Config, own_head_dim, param_shapes
 from ..core.rope import SCALINGS
 from ..core.fs import read_user_file
@@ -41,6 +41,7 @@ _VECTORS = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias", "bv": 
             "ln2_g": "post_attention_layernorm.weight", "q_norm_g": "self_attn.q_norm.weight",
             "k_norm_g": "self_attn.k_norm.weight"}
 _TOP = {"tok_emb": "model.embed_tokens.weight", "ln_f_g": "model.norm.weight", "lm_head": "lm_head.weight"}
+FAMILY_MLP = MLPS["swiglu"]     # every member's MLP: SwiGLU, its gate's activation Hugging Face's hidden_act
 # config.json's names of our dimensions, for messages
 _DIMS = {"layers": "num_hidden_layers", "d_model": "hidden_size", "heads": "num_attention_heads",
          "ctx": "max_position_embeddings", "d_mlp": "intermediate_size", "vocab": "vocab_size"}
@@ -122,8 +123,9 @@ def _bias(family: Family, c: dict, label: str) -> str:
 
 def _check_fields(c: dict, label: str):
     """The fields that change what the model computes in ways tinygpt does not, each refused by name."""
-    if c.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{label}: hidden_act {show(c.get('hidden_act'))}; this family's MLP is SwiGLU (silu)")
+    act = FAMILY_MLP.hf_name                  # asked of the part, so no part's name is compared here
+    if c.get("hidden_act", act) != act:
+        raise CheckpointError(f"{label}: hidden_act {show(c.get('hidden_act'))}; this family's MLP is SwiGLU ({act})")
     if c.get("use_sliding_window") or any(t != "full_attention" for t in c.get("layer_types") or ()):
         raise CheckpointError(f"{label}: use_sliding_window / layer_types: some layers attend through a sliding "
                               "window, which tinygpt does not honour per layer")
@@ -155,7 +157,7 @@ def _config(family: Family, c: dict, label: str, ctx: int | None = None) -> Conf
     if window < 0:
         raise CheckpointError(f"{label}: sliding_window {window}; a window is 1 or more tokens (null: none)")
     cfg = Config(layers=num("num_hidden_layers"), d_model=C, heads=H, ctx=ctx or n_ctx, d_mlp=num("intermediate_size"),
-                 vocab=num("vocab_size"), batch=1, activation="swiglu", norm="rmsnorm", position="rope",
+                 vocab=num("vocab_size"), batch=1, activation=FAMILY_MLP.name, norm="rmsnorm", position="rope",
                  rope_theta=theta, norm_eps=field(c, "rms_norm_eps", 1e-6, float, label),
                  bias=_bias(family, c, label), tied=c.get("tie_word_embeddings", False), qk_norm=family.qk_norm.name,
                  kv_heads=0 if kv == H else kv, head_dim=own_head_dim(C, H, hd), window=window, rope_scaling=scaling)
@@ -181,7 +183,7 @@ def _config_json(family: Family, cfg: Config, tok) -> dict:
     out = {"architectures": [family.name], "model_type": family.model_type, "vocab_size": cfg.vocab,
            "hidden_size": cfg.d_model, "intermediate_size": cfg.d_mlp, "num_hidden_layers": cfg.layers,
            "num_attention_heads": cfg.heads, "num_key_value_heads": blk.heads.kv, "head_dim": cfg.hd,
-           "hidden_act": "silu", "max_position_embeddings": cfg.ctx, "rms_norm_eps": blk.eps,
+           "hidden_act": FAMILY_MLP.hf_name, "max_position_embeddings": cfg.ctx, "rms_norm_eps": blk.eps,
            # both spellings: the hub's (transformers 4) and today's transformers'
            "rope_theta": blk.rope_theta, "rope_scaling": cfg.rope_scaling,
            "rope_parameters": {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": blk.rope_theta},
