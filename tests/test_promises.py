@@ -24,13 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "c.txt"
-    p.write_text("It was the best of times, it was the worst of times. " * 300)
-    return p
-
-
 # ---- an input is never an output, including the files read inside a directory ------------------
 def test_an_input_is_never_an_output_inside_a_directory(tmp_path):
     d = tmp_path / "hf"
@@ -54,14 +47,14 @@ LARGEST = [["--batch", 1 << 20, "--grad-accum", 4096], ["--ctx", 1 << 20], ["--s
            ["--d-model", 65536, "--heads", 512]]
 
 
-def test_every_search_is_bounded(tmp_path, corpus):
+def test_every_search_is_bounded(tmp_path, sentences):
     """All of LARGEST through plan, then train for one step, in one process under one time limit
     (a search over a user's number would hang it): each answers, refuses in one line, or trains."""
     runs = []
     for flags in LARGEST:
         runs.append(["plan", "--preset", "tiny", *flags])
         if flags[0] in ("--batch", "--ctx", "--sample-tokens", "--eval-windows"):   # what sizes a train's work
-            runs.append(["train", *TINY, "--data", corpus, "--steps", 1, "--out", tmp_path / "m.tinygpt",
+            runs.append(["train", *TINY, "--data", sentences, "--steps", 1, "--out", tmp_path / "m.tinygpt",
                          "--sample-tokens", 0, "--force", *flags])
     runs.append(["plan", "--preset", "tiny", "--grad-accum", 10 ** 9])
     code = ("import json, sys, time\nfrom tinygpt.commands.cli import main\n"
@@ -80,7 +73,7 @@ def test_every_search_is_bounded(tmp_path, corpus):
 
 
 # ---- caches never brick the tool, when written too ---------------------------------------------
-def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, corpus, monkeypatch, capsys):
+def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, sentences, monkeypatch, capsys):
     from tinygpt.device import tuning
     blocker = tmp_path / "cache-is-a-file"
     blocker.write_text("not a directory")
@@ -88,7 +81,7 @@ def test_a_cache_that_cannot_be_written_is_a_warning(tmp_path, corpus, monkeypat
     assert tuning.save_tuning("adapter", {"matmul": "tiled"}) is None
     err = capsys.readouterr().err
     assert "warning: could not write the tuning cache" in err and "TINYGPT_CACHE_DIR" in err
-    rc, err = in_process("train", *TINY, "--data", corpus, "--profile")     # the cache directory set above
+    rc, err = in_process("train", *TINY, "--data", sentences, "--profile")     # the cache directory set above
     assert rc == 0, err
     assert any("could not write the tuning cache" in l for l in err) and blocker.read_text() == "not a directory"
 
@@ -300,9 +293,9 @@ def test_the_byte_tokenizer_takes_any_bytes(tmp_path):
 
 
 # ---- flags mean one thing on every command ----------------------------------------------------------
-def test_flags_mean_one_thing_on_every_command(tmp_path, corpus):
+def test_flags_mean_one_thing_on_every_command(tmp_path, sentences):
     """A train command line is planned by changing its verb, every flag included."""
-    line = [*TINY, "--data", corpus, "--steps", 3, "--log", tmp_path / "l.jsonl", "--tokenizer", "byte",
+    line = [*TINY, "--data", sentences, "--steps", 3, "--log", tmp_path / "l.jsonl", "--tokenizer", "byte",
             "--tokenizer-file", tmp_path / "absent.tiktoken", "--out", tmp_path / "m.tinygpt", "--lr", "1e-3",
             "--warmup", 1, "--eval-every", 0, "--sample-tokens", 0]
     rc, err = in_process("plan", *line)

@@ -20,29 +20,23 @@ TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--q
         "--eval-every", "0", "--lr", "3e-3"]
 
 
-@pytest.fixture
-def corpus(sentences):
-    """This file's runs train on conftest's few repeated sentences, not on Tiny Shakespeare."""
-    return sentences
-
-
-def test_the_nanochat_block_is_its_parts_and_each_part_option_wins(tmp_path, corpus):
+def test_the_nanochat_block_is_its_parts_and_each_part_option_wins(tmp_path, sentences):
     out = tmp_path / "n.tinygpt"
     assert main(["train", *TINY, "--block", "nanochat", "--kv-heads", "1", "--logit-softcap", "10", "--steps", "2",
-                 "--data", str(corpus), "--out", str(out)]) == 0
+                 "--data", str(sentences), "--out", str(out)]) == 0
     cfg = ckpt.load(out).cfg
     assert (cfg.norm, cfg.position, cfg.activation, cfg.bias, cfg.tied, cfg.qk_norm, cfg.embed_norm) == \
         ("rmsnorm_free", "rope", "relu2", "none", False, "free", True)
     assert (cfg.softcap, cfg.n_kv) == (10.0, 1)
     # resumed with the same options: no contradiction; the block's name alone says a cap of 15: one
     assert main(["train", "--resume", str(out), "--block", "nanochat", "--logit-softcap", "10", "--steps", "3",
-                 "--quiet", "--data", str(corpus)]) == 0
+                 "--quiet", "--data", str(sentences)]) == 0
     assert main(["train", "--resume", str(out), "--block", "nanochat", "--steps", "4", "--quiet",
-                 "--data", str(corpus)]) == 2
+                 "--data", str(sentences)]) == 2
     assert ckpt.load(out).step == 3
 
 
-def test_the_llama_block_trains_from_the_api_and_keeps_its_mlp_width(tmp_path, corpus):
+def test_the_llama_block_trains_from_the_api_and_keeps_its_mlp_width(tmp_path, sentences):
     from tinygpt import GPT
     gpt = GPT.from_preset("tiny", block="llama", kv_heads=1, layers=1, ctx=16, batch=4)
     cfg = gpt.config
@@ -91,12 +85,12 @@ def test_the_parts_table_and_parameter_count_agree():
     assert sum(int(np.prod(s)) for s in shapes.values()) == n_params(cfg) and not cfg.block.gpt2
 
 
-def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, corpus, capsys):
+def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file(tmp_path, sentences, capsys):
     whole, half = tmp_path / "whole.tinygpt", tmp_path / "half.tinygpt"
-    common = [*TINY, *MODERN, "--data", str(corpus), "--optimizer", "adamw", "--schedule", "constant"]
+    common = [*TINY, *MODERN, "--data", str(sentences), "--optimizer", "adamw", "--schedule", "constant"]
     assert main(["train", *common, "--steps", "6", "--out", str(whole)]) == 0
     assert main(["train", *common, "--steps", "3", "--out", str(half)]) == 0
-    assert main(["train", "--resume", str(half), "--steps", "6", "--quiet", "--data", str(corpus)]) == 0
+    assert main(["train", "--resume", str(half), "--steps", "6", "--quiet", "--data", str(sentences)]) == 0
     a, b = ckpt.load(whole), ckpt.load(half)
     assert a.step == b.step == 6
     for name in a.params:
@@ -129,7 +123,7 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
                              "1 kv heads, logits capped at 15, normed embedding"), info["block"]
     # a GPT-2 block's file stays version 2, upstream's
     gpt2 = tmp_path / "gpt2.tinygpt"
-    assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(gpt2)]) == 0
+    assert main(["train", *TINY, "--steps", "1", "--data", str(sentences), "--out", str(gpt2)]) == 0
     assert struct.unpack("<I", gpt2.read_bytes()[4:8])[0] == 2
 
 
@@ -141,8 +135,8 @@ def test_a_modern_run_trains_resumes_bit_for_bit_samples_and_is_a_version_3_file
     (["--position", "rope", "--head-dim", "6"], "(--head-dim, or --d-model/--heads) = 6 must be a multiple of 4"),
     (["--head-dim", "7", "--precision", "bf16"], "--precision bf16 needs --head-dim a multiple of 8, got 7"),
 ])
-def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, corpus, capsys, extra, needle):
-    assert main(["train", *TINY, "--steps", "1", "--data", str(corpus), "--out", str(tmp_path / "x.tinygpt"),
+def test_a_combination_the_block_cannot_take_is_one_line(tmp_path, sentences, capsys, extra, needle):
+    assert main(["train", *TINY, "--steps", "1", "--data", str(sentences), "--out", str(tmp_path / "x.tinygpt"),
                  *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert needle in err[-1] and "Traceback" not in "\n".join(err), err
@@ -160,15 +154,15 @@ def test_the_mac_apps_parts_are_refused_until_mapped(key, value):
                                    "the file").block.gpt2          # their GPT-2 values read as GPT-2's block
 
 
-def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, corpus, capsys):
+def test_resume_and_export_refuse_what_contradicts_the_block(tmp_path, sentences, capsys):
     out = tmp_path / "m.tinygpt"
-    assert main(["train", *TINY, *MODERN, "--steps", "1", "--data", str(corpus), "--out", str(out)]) == 0
+    assert main(["train", *TINY, *MODERN, "--steps", "1", "--data", str(sentences), "--out", str(out)]) == 0
     capsys.readouterr()
     assert main(["train", "--resume", str(out), "--steps", "2", "--norm", "layernorm", "--quiet",
-                 "--data", str(corpus)]) == 2
+                 "--data", str(sentences)]) == 2
     assert "--norm layernorm (file: norm rmsnorm)" in capsys.readouterr().err
     assert main(["train", "--resume", str(out), "--steps", "2", "--block", "gpt2", "--quiet",
-                 "--data", str(corpus)]) == 2
+                 "--data", str(sentences)]) == 2
     assert "--block gpt2 (file: rmsnorm" in capsys.readouterr().err
     assert main(["export", "--model", str(out), "--format", "hf", str(tmp_path / "hf")]) != 0
     err = capsys.readouterr().err

@@ -63,14 +63,17 @@ FAMILIES = {
 }
 
 
-def tokenizer(vocab: int):
-    """A byte-level BPE trained here (no download), with an end-of-text token."""
+def tokenizer(vocab: int, chat: bool = False):
+    """A byte-level BPE trained here (no download), with an end-of-text token; chat: a chat model's,
+    with ChatML's turn tokens too (and trained on a shorter line, as those files always were)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    text = (TEXT + ", whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune.\n") * 50
-    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>"],
+    line = "the slings and arrows" if chat else "the slings and arrows of outrageous fortune"
+    text = (TEXT + f", whether 'tis nobler in the mind to suffer {line}.\n") * 50
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] if chat else ["<|endoftext|>"]
+    tok.train_from_iterator([text], trainers.BpeTrainer(vocab_size=vocab, special_tokens=specials,
                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     return tok
 
@@ -216,14 +219,7 @@ def gguf_build(out: Path):
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(torch.randn_like(p) * 0.2)
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        text = (TEXT + ", whether 'tis nobler in the mind to suffer the slings and arrows.\n") * 50
-        tok.train_from_iterator([text], trainers.BpeTrainer(
-            vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tok = tokenizer(300, chat=True)
         state = {k: v for k, v in model.state_dict().items() if "rotary" not in k}
         if cfg.tie_word_embeddings:
             state.pop("lm_head.weight", None)
@@ -322,14 +318,7 @@ def chat_build(out: Path):
             p.add_(torch.randn_like(p) * 0.2)
     d = out / "hf"
     model.save_pretrained(d, safe_serialization=True)
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    text = (TEXT + ", whether 'tis nobler in the mind to suffer the slings and arrows.\n") * 50
-    tok.train_from_iterator([text], trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = tokenizer(300, chat=True)
     tok.save(str(d / "tokenizer.json"))
     (d / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>",

@@ -43,18 +43,11 @@ CFG = Config(layers=2, d_model=48, heads=3, ctx=16, batch=4, vocab=256)   # TINY
 
 
 # ---- what we write ---------------------------------------------------------------------------
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "c.txt"
-    p.write_text("It was the best of times, it was the worst of times. " * 300)
-    return p
-
-
-def test_every_file_we_write_reads_as_upstreams(tmp_path, corpus):
+def test_every_file_we_write_reads_as_upstreams(tmp_path, sentences):
     """train, resume and both exports: every header passes upstream's rules; the fp16 export holds
     the weights rounded to f16 and nothing else."""
     a = tmp_path / "a.tinygpt"
-    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 4, "--log-every", 2, "--eval-every", 4, "--out", a,
+    rc, err = cli("train", *TINY, "--data", sentences, "--steps", 4, "--log-every", 2, "--eval-every", 4, "--out", a,
                   "--optimizer", "adamw")     # upstream's moments in the state (Lion's and Muon's files: test_optim)
     assert rc == 0, err
     raw = a.read_bytes()
@@ -62,7 +55,7 @@ def test_every_file_we_write_reads_as_upstreams(tmp_path, corpus):
     h = header_of(raw)
     assert h["finalLoss"]["step"] == 4 and is_num(h["finalLoss"]["train"]) and is_num(h["finalLoss"]["val"])
     assert h["bestVal"]["step"] == 4 and h["corpus"] == "c.txt" and h["config"]["maxSteps"] == 4
-    rc, err = cli("train", "--resume", a, "--data", corpus, "--steps", 6, "--quiet", "--eval-every", 0)
+    rc, err = cli("train", "--resume", a, "--data", sentences, "--steps", 6, "--quiet", "--eval-every", 0)
     assert rc == 0, err
     assert upstream_problems(a.read_bytes()) == [] and header_of(a.read_bytes())["finalLoss"]["step"] == 6
     small = tmp_path / "a16.tinygpt"
@@ -91,7 +84,7 @@ def test_an_imported_model_reads_as_upstreams(tmp_path):
     assert upstream_problems(raw) == [] and header_of(raw)["finalLoss"] is None
 
 
-def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
+def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, sentences):
     """An fp32 file in upstream's layout, with the fields upstream writes: its weights load in
     their place, its corpus is not forgotten, and after our resume every field we do not use is
     still there while the ones we compute are upstream's types."""
@@ -113,7 +106,7 @@ def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
     one_line_error(rc, err, "'shakespeare'", "--data")
     rc, err = cli("train", "--resume", f, "--steps", 102, "--quiet", "--eval-every", 0)
     one_line_error(rc, err, "'shakespeare'", "--data")
-    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 102, "--quiet", "--eval-every", 0,
+    rc, err = cli("train", "--resume", f, "--data", sentences, "--steps", 102, "--quiet", "--eval-every", 0,
                   "--log-every", 1)
     assert rc == 0, err
     raw = f.read_bytes()
@@ -124,13 +117,13 @@ def test_resuming_an_upstream_file_keeps_its_fields(tmp_path, corpus):
     assert h["config"]["backend"] == "wasm" and h["config"]["maxSteps"] == 102
     assert h["bestVal"] == {"loss": 2.4, "step": 90}
     assert h["corpus"] == "shakespeare" and h["tinygptPy"]["data"].endswith("c.txt")    # the user's text kept
-    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 104, "--quiet", "--eval-every", 0)
+    rc, err = cli("train", "--resume", f, "--data", sentences, "--steps", 104, "--quiet", "--eval-every", 0)
     assert rc == 0 and header_of(f.read_bytes())["corpus"] == "shakespeare"             # and on every resume
     assert [p["step"] for p in h["lossHistory"]] == [100, 101, 102] and h["finalLoss"]["step"] == 102
     assert h["savedAt"] != "2026-05-01T10:00:00.000Z"
 
 
-def test_a_version_1_file_holds_weights_and_moments(tmp_path, corpus):
+def test_a_version_1_file_holds_weights_and_moments(tmp_path, sentences):
     """Version 1 (no manifest, no includesOptimizerState, no stateByteLength): upstream's reader
     takes the fp32 state as weights and moments, and so do we (it was refused as "more state
     than its config needs"); a version-1 state of the weights alone reads as weights."""
@@ -153,7 +146,7 @@ def test_a_version_1_file_holds_weights_and_moments(tmp_path, corpus):
             assert all(np.all(ck.m[k] == np.float32(2e-3)) and np.all(ck.v[k] == np.float32(3e-6)) for k in p)
         else:
             assert ck.m is None
-    rc, err = cli("train", "--resume", tmp_path / "v1True.tinygpt", "--data", corpus, "--steps", 42, "--quiet",
+    rc, err = cli("train", "--resume", tmp_path / "v1True.tinygpt", "--data", sentences, "--steps", 42, "--quiet",
                   "--eval-every", 0, "--sample-tokens", 0)
     assert rc == 0, err
 
@@ -192,7 +185,7 @@ def test_fp16_and_int4_weights_only_files_load_with_their_weights(tmp_path, weig
         assert worst <= step / 2 * 1.01
 
 
-def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, corpus):
+def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, sentences):
     state, _, nscales = int4_state(CFG, weights)
     files = {"fp16": fp16_state(CFG, weights), "int4": state}
     for dtype, st in files.items():
@@ -200,12 +193,12 @@ def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, c
         f.write_bytes(upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": dtype}, st))
         rc, err = cli("info", "--model", f)
         assert rc == 0, err
-        rc, err = cli("eval", "--model", f, "--data", corpus, "--max-windows", 8)
+        rc, err = cli("eval", "--model", f, "--data", sentences, "--max-windows", 8)
         assert rc == 0, err
         rc, err = cli("sample", "--model", f, "--tokens", 8, "--prompt", "It")
         assert rc == 0, err
         out = tmp_path / f"{dtype}-tuned.tinygpt"
-        rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 2, "--out", out, "--quiet",
+        rc, err = cli("train", "--resume", f, "--data", sentences, "--steps", 2, "--out", out, "--quiet",
                       "--eval-every", 0)
         assert rc == 0, err
         tuned = ckpt.load(out)
@@ -214,7 +207,7 @@ def test_compact_files_are_sampled_evaluated_and_fine_tuned(tmp_path, weights, c
         assert "int4BlockSize" not in header_of(out.read_bytes())
 
 
-def test_a_bf16_file_holds_the_weights_rounded_once_and_is_used_as_the_others(tmp_path, weights, corpus):
+def test_a_bf16_file_holds_the_weights_rounded_once_and_is_used_as_the_others(tmp_path, weights, sentences):
     """--dtype bf16's layout (this trainer's compact base; import-hf writes it): every weight the
     nearest bfloat16, ties to even, half the bytes of fp32, in a version 3 file even for GPT-2's
     block (a reader that takes an unknown weightDtype as fp32 must refuse it, as upstream's refuse
@@ -236,26 +229,26 @@ def test_a_bf16_file_holds_the_weights_rounded_once_and_is_used_as_the_others(tm
     assert worst <= 2 ** -8
     tie = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, np.nan, -np.inf], np.float32)        # ties to even; nan; inf
     assert list(ckpt.to_bf16(tie)) == [0x3F80, 0x3F82, 0x7FC0, 0xFF80]
-    for args in (("info", "--model", f), ("eval", "--model", f, "--data", corpus, "--max-windows", 8),
+    for args in (("info", "--model", f), ("eval", "--model", f, "--data", sentences, "--max-windows", 8),
                  ("sample", "--model", f, "--tokens", 8, "--prompt", "It")):
         rc, err = cli(*args)
         assert rc == 0, err
     for more in ((), ("--lora", 4)):
         out = tmp_path / f"tuned{len(more)}.tinygpt"
-        rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 2, "--out", out, "--quiet",
+        rc, err = cli("train", "--resume", f, "--data", sentences, "--steps", 2, "--out", out, "--quiet",
                       "--eval-every", 0, *more)
         assert rc == 0, err
         assert ckpt.load(out).step == 2
 
 
-def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path, weights, corpus):
+def test_weights_only_resume_starts_the_moments_bias_correction_afresh(tmp_path, weights, sentences):
     """Zero moments at step 250: AdamW's bias correction counts from the resume (momentsFrom),
     so the first update is lr-sized, not 3x it as 1 - beta^251 ~ 1 would make it."""
     f = tmp_path / "g.tinygpt"
     f.write_bytes(upstream_file(CFG, {"includesOptimizerState": False, "weightDtype": "fp16"},
                                 fp16_state(CFG, weights, step=250)))
     out = tmp_path / "t.tinygpt"
-    rc, err = cli("train", "--resume", f, "--data", corpus, "--steps", 251, "--out", out, "--quiet",
+    rc, err = cli("train", "--resume", f, "--data", sentences, "--steps", 251, "--out", out, "--quiet",
                   "--eval-every", 0, "--lr", "1e-3", "--schedule", "constant")
     assert rc == 0, err
     before, after = ckpt.load(f), ckpt.load(out)

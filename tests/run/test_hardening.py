@@ -21,16 +21,9 @@ from tinygpt.core.init import init_params
 
 
 @pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "c.txt"
-    p.write_text("It was the best of times, it was the worst of times. " * 300)
-    return p
-
-
-@pytest.fixture
-def saved(tmp_path, corpus):
+def saved(tmp_path, sentences):
     out = tmp_path / "m.tinygpt"
-    assert main(["train", *TINY, "--data", str(corpus), "--steps", "4", "--eval-every", "0", "--out", str(out)]) == 0
+    assert main(["train", *TINY, "--data", str(sentences), "--steps", "4", "--eval-every", "0", "--out", str(out)]) == 0
     return out
 
 
@@ -115,17 +108,17 @@ def test_sampling_limits(saved):
     one_line_error(rc, err, "--top-k must be positive")
 
 
-def test_too_big_for_the_device_is_caught_before_training(tmp_path, corpus):
-    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", corpus, "--layers", "1",
+def test_too_big_for_the_device_is_caught_before_training(tmp_path, sentences):
+    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", sentences, "--layers", "1",
                   "--d-model", "4096", "--heads", "32", "--out", tmp_path / "o.tinygpt")
     # the first buffer over the limit: Muon's Newton-Schulz scratch (Muon is the default at every size
     # now that its state lies in the file's moment slots), as large as h0.fc_in_W
     one_line_error(rc, err, "does not fit", "binds 268,435,456 bytes", "binding limit", "--d-model")
-    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", corpus, "--batch", "4096",
+    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", sentences, "--batch", "4096",
                   "--ctx", "32", "--out", tmp_path / "o.tinygpt")
     one_line_error(rc, err, "131,072", "--batch")
     # where the end-of-run samples are what does not fit, the advice is about them (not --ctx)
-    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", corpus, "--sample-tokens", 10**12,
+    rc, err = cli("train", "--preset", "tiny", "--quiet", "--steps", "1", "--data", sentences, "--sample-tokens", 10**12,
                   "--out", tmp_path / "o.tinygpt")
     one_line_error(rc, err, "does not fit", "samples at the end", "--sample-tokens")
 
@@ -182,19 +175,19 @@ def test_bad_checkpoint_files(tmp_path, saved):
         one_line_error(rc, err, needle)
 
 
-def test_resume_with_contradicting_flags_lists_them(saved, corpus):
-    rc, err = cli("train", "--resume", saved, "--layers", 3, "--ctx", 32, "--steps", 10, "--data", corpus,
+def test_resume_with_contradicting_flags_lists_them(saved, sentences):
+    rc, err = cli("train", "--resume", saved, "--layers", 3, "--ctx", 32, "--steps", 10, "--data", sentences,
                   "--out", saved)
     one_line_error(rc, err, "--layers 3 (file: 2)", "--ctx 32 (file: 16)")
 
 
-def test_out_over_a_foreign_file_needs_force(tmp_path, corpus):
+def test_out_over_a_foreign_file_needs_force(tmp_path, sentences):
     precious = tmp_path / "notes.txt"
     precious.write_text("my notes")
-    rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, "--out", precious)
+    rc, err = cli("train", *TINY, "--steps", 1, "--data", sentences, "--out", precious)
     one_line_error(rc, err, "not a checkpoint written by tinygpt", "--force")
     assert precious.read_text() == "my notes"
-    rc, _ = cli("train", *TINY, "--steps", 1, "--data", corpus, "--eval-every", 0, "--out", precious, "--force")
+    rc, _ = cli("train", *TINY, "--steps", 1, "--data", sentences, "--eval-every", 0, "--out", precious, "--force")
     assert rc == 0 and ckpt.is_tinygpt(precious)
 
 
@@ -236,9 +229,9 @@ while True:
         assert back.cfg.d_model == 128 and back.step >= 0
 
 
-def test_second_ctrl_c_during_the_save_leaves_a_whole_file(tmp_path, corpus):
+def test_second_ctrl_c_during_the_save_leaves_a_whole_file(tmp_path, sentences):
     out = tmp_path / "m.tinygpt"
-    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(corpus),
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(sentences),
                              "--steps", "100000", "--eval-every", "0", "--log-every", "1", "--log", str(tmp_path / "l.jsonl"),
                              "--out", str(out)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -256,7 +249,7 @@ def test_second_ctrl_c_during_the_save_leaves_a_whole_file(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("final", [True, False])
-def test_disk_full_at_save(tmp_path, corpus, saved, monkeypatch, capsys, final):
+def test_disk_full_at_save(tmp_path, sentences, saved, monkeypatch, capsys, final):
     """A failed save says so and keeps the last good checkpoint; a periodic one lets training go on."""
     before = saved.read_bytes()
     real = os.fsync
@@ -264,7 +257,7 @@ def test_disk_full_at_save(tmp_path, corpus, saved, monkeypatch, capsys, final):
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(os, "fsync", full)
-    args = ["train", *TINY, "--data", str(corpus), "--eval-every", "0", "--out", str(saved), "--force"]
+    args = ["train", *TINY, "--data", str(sentences), "--eval-every", "0", "--out", str(saved), "--force"]
     if final:
         rc = main(args + ["--steps", "3"])
         err = capsys.readouterr().err.strip().splitlines()
@@ -287,9 +280,9 @@ def test_disk_full_at_save(tmp_path, corpus, saved, monkeypatch, capsys, final):
     assert not list(tmp_path.glob(".tinygpt-*"))
 
 
-def test_nan_stops_with_the_step_and_a_hint(tmp_path, corpus, saved):
+def test_nan_stops_with_the_step_and_a_hint(tmp_path, sentences, saved):
     before = saved.read_bytes()
-    rc, err = cli("train", *TINY, "--data", corpus, "--steps", 50, "--lr", "1e30", "--log-every", 1,
+    rc, err = cli("train", *TINY, "--data", sentences, "--steps", 50, "--lr", "1e30", "--log-every", 1,
                   "--eval-every", 0, "--out", saved)
     one_line_error(rc, err, "at step", "lower --lr", "every kernel of this run agrees with its float64 reference",
                    "wrote the step's first value that is not finite")     # issue 49: checked, then --lr

@@ -18,21 +18,14 @@ from tinygpt.core.config import Config
 from tinygpt.core.init import init_params
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    p = tmp_path / "c.txt"
-    p.write_text("It was the best of times, it was the worst of times. " * 300)
-    return p
-
-
-def train(corpus, out, *extra, steps=3):
-    return cli("train", *TINY, "--data", corpus, "--steps", steps, "--eval-every", 0, "--out", out, *extra)
+def train(sentences, out, *extra, steps=3):
+    return cli("train", *TINY, "--data", sentences, "--steps", steps, "--eval-every", 0, "--out", out, *extra)
 
 
 @pytest.fixture
-def saved(tmp_path, corpus):
+def saved(tmp_path, sentences):
     out = tmp_path / "m.tinygpt"
-    rc, err = train(corpus, out, steps=4)
+    rc, err = train(sentences, out, steps=4)
     assert rc == 0, err
     return out
 
@@ -49,45 +42,45 @@ def foreign_png(path):
 
 
 # ---- 1. files: write only what is ours -----------------------------------------------------------
-def test_out_named_png_keeps_the_checkpoint(tmp_path, corpus):
+def test_out_named_png_keeps_the_checkpoint(tmp_path, sentences):
     out = tmp_path / "model.png"
-    rc, err = train(corpus, out)
+    rc, err = train(sentences, out)
     assert rc == 0, err
     assert ckpt.load(out).step == 3                      # the plot went beside it, not over it
     assert (tmp_path / "model.loss.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_a_foreign_png_beside_the_checkpoint_is_never_replaced(tmp_path, corpus):
+def test_a_foreign_png_beside_the_checkpoint_is_never_replaced(tmp_path, sentences):
     holiday = foreign_png(tmp_path / "holiday.png")
-    rc, err = train(corpus, tmp_path / "holiday.tinygpt")
+    rc, err = train(sentences, tmp_path / "holiday.tinygpt")
     assert rc == 0 and (tmp_path / "holiday.png").read_bytes() == holiday
     # where the plot would go, a file of someone else's is refused before training, unless --force
     other = foreign_png(tmp_path / "trip.loss.png")
-    rc, err = train(corpus, tmp_path / "trip.tinygpt")
+    rc, err = train(sentences, tmp_path / "trip.tinygpt")
     one_line_error(rc, err, "trip.loss.png exists and is not a loss-curve plot written by tinygpt", "--force")
     assert rc == 2 and (tmp_path / "trip.loss.png").read_bytes() == other
     assert not (tmp_path / "trip.tinygpt").exists()
-    rc, err = train(corpus, tmp_path / "trip.tinygpt", "--force")
+    rc, err = train(sentences, tmp_path / "trip.tinygpt", "--force")
     assert rc == 0 and (tmp_path / "trip.loss.png").read_bytes() != other
-    rc, err = train(corpus, tmp_path / "trip.tinygpt")  # our own plot and checkpoint: replaced freely
+    rc, err = train(sentences, tmp_path / "trip.tinygpt")  # our own plot and checkpoint: replaced freely
     assert rc == 0, err
 
 
-def test_log_appends_only_to_json_lines(tmp_path, corpus, saved):
+def test_log_appends_only_to_json_lines(tmp_path, sentences, saved):
     before = saved.read_bytes()
-    rc, err = train(corpus, tmp_path / "n.tinygpt", "--log", saved)
+    rc, err = train(sentences, tmp_path / "n.tinygpt", "--log", saved)
     one_line_error(rc, err, "is not a JSON Lines log")
     assert saved.read_bytes() == before and ckpt.load(saved).step == 4
     log = tmp_path / "l.jsonl"
     log.write_text('{"step": 1}\n')
-    rc, err = train(corpus, tmp_path / "n.tinygpt", "--log", log, "--log-every", 1)
+    rc, err = train(sentences, tmp_path / "n.tinygpt", "--log", log, "--log-every", 1)
     assert rc == 0 and len(log.read_text().splitlines()) == 4
 
 
-def test_an_input_is_never_an_output(tmp_path, corpus, saved):
-    rc, err = train(corpus, corpus, "--force")
+def test_an_input_is_never_an_output(tmp_path, sentences, saved):
+    rc, err = train(sentences, sentences, "--force")
     one_line_error(rc, err, "is also this command's --data")
-    rc, err = train(corpus, tmp_path / "x.tinygpt", "--log", corpus)
+    rc, err = train(sentences, tmp_path / "x.tinygpt", "--log", sentences)
     one_line_error(rc, err, "is also this command's --data")
     before = saved.read_bytes()
     for force in ([], ["--force"]):
@@ -96,7 +89,7 @@ def test_an_input_is_never_an_output(tmp_path, corpus, saved):
     assert saved.read_bytes() == before
 
 
-def test_the_files_an_input_stands_for_are_inputs_too(tmp_path, corpus):
+def test_the_files_an_input_stands_for_are_inputs_too(tmp_path, sentences):
     """An input is every file reading it opens, compared by identity: a directory's text files
     (also through a symbolic link to it), a token file's sidecar, the tokenizer file, an adapters
     directory's files; none is ever written, --force or not. A directory's own token files are
@@ -112,7 +105,7 @@ def test_the_files_an_input_stands_for_are_inputs_too(tmp_path, corpus):
         one_line_error(rc, err, "is also this command's --data", "b.txt")
     assert (d / "b.txt").read_bytes() == before
     tokens = tmp_path / "c.bin"
-    assert cli("prepare", corpus, "--out", tokens)[0] == 0
+    assert cli("prepare", sentences, "--out", tokens)[0] == 0
     side = tokens.with_name("c.bin.json")
     kept = side.read_bytes()
     rc, err = train(tokens, side, "--force")
@@ -120,7 +113,7 @@ def test_the_files_an_input_stands_for_are_inputs_too(tmp_path, corpus):
     assert side.read_bytes() == kept
     vocab = tmp_path / "r50k.tiktoken"
     vocab.write_text("not really a vocabulary")
-    rc, err = cli("prepare", corpus, "--tokenizer", "gpt2", "--tokenizer-file", vocab, "--out", vocab, "--force")
+    rc, err = cli("prepare", sentences, "--tokenizer", "gpt2", "--tokenizer-file", vocab, "--out", vocab, "--force")
     one_line_error(rc, err, "is also this command's --tokenizer-file")
     peft = tmp_path / "peft"
     peft.mkdir()
@@ -157,15 +150,15 @@ def test_export_replaces_only_its_own_files(tmp_path, saved):
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o027])
-def test_outputs_honour_the_umask(tmp_path, corpus, mask):
+def test_outputs_honour_the_umask(tmp_path, sentences, mask):
     """Every output is created as open() and mkdir() would create it under the umask (the
     temporary files they are renamed from were 0600 and 0700 whatever the umask); a file replaced
     keeps the mode it had."""
     old = os.umask(mask)
     try:
         out, log, tokens, hf = tmp_path / "m.tinygpt", tmp_path / "m.jsonl", tmp_path / "c.bin", tmp_path / "hf"
-        assert train(corpus, out, "--log", log)[0] == 0
-        assert cli("prepare", corpus, "--out", tokens)[0] == 0
+        assert train(sentences, out, "--log", log)[0] == 0
+        assert cli("prepare", sentences, "--out", tokens)[0] == 0
         assert cli("export", "--model", out, "--format", "hf", hf)[0] == 0
         mode = lambda p: oct(p.stat().st_mode & 0o777)
         files = [out, out.with_suffix(".loss.png"), log, tokens, tokens.with_name(tokens.name + ".json"),
@@ -175,48 +168,48 @@ def test_outputs_honour_the_umask(tmp_path, corpus, mask):
         assert len(got) == len(files), got
         assert set(got.values()) == {oct(0o666 & ~mask)} and mode(hf) == oct(0o777 & ~mask)
         out.chmod(0o600)                        # replaced: the user's mode stays
-        assert train(corpus, out, "--force")[0] == 0
+        assert train(sentences, out, "--force")[0] == 0
         assert mode(out) == oct(0o600)
     finally:
         os.umask(old)
 
 
-def test_resume_without_out_writes_back_to_the_resumed_file(tmp_path, corpus, saved):
+def test_resume_without_out_writes_back_to_the_resumed_file(tmp_path, sentences, saved):
     (tmp_path / "runs").mkdir()
     bystander = tmp_path / "runs" / "tiny.tinygpt"
     bystander.write_bytes(saved.read_bytes())
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", "--resume", str(saved), "--quiet", "--data",
-                        str(corpus), "--steps", "6", "--eval-every", "0"], cwd=tmp_path, capture_output=True, text=True)
+                        str(sentences), "--steps", "6", "--eval-every", "0"], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert ckpt.load(saved).step == 6 and ckpt.load(bystander).step == 4
 
 
-def test_long_names(tmp_path, corpus):
+def test_long_names(tmp_path, sentences):
     """A legal 248-byte name trains and saves (the temporary name is short); the plot's derived
     name stays under the limit; a name over the limit is refused before the first step."""
     out = tmp_path / ("m" * 240 + ".tinygpt")
-    rc, err = train(corpus, out)
+    rc, err = train(sentences, out)
     assert rc == 0, err
     assert ckpt.load(out).step == 3
     pngs = list(tmp_path.glob("*.loss.png"))
     assert len(pngs) == 1 and len(pngs[0].name) <= 255
-    rc, err = train(corpus, tmp_path / ("m" * 300 + ".tinygpt"))
+    rc, err = train(sentences, tmp_path / ("m" * 300 + ".tinygpt"))
     one_line_error(rc, err, "over this file system's limit")
     assert rc == 2
 
 
-def test_unwritable_output_is_refused_before_the_first_step(tmp_path, corpus):
+def test_unwritable_output_is_refused_before_the_first_step(tmp_path, sentences):
     blocker = tmp_path / "file.txt"
     blocker.write_text("x")
     t0 = time.time()
-    rc, err = train(corpus, blocker / "m.tinygpt", steps=100000)
+    rc, err = train(sentences, blocker / "m.tinygpt", steps=100000)
     one_line_error(rc, err, "cannot write in")
     assert rc == 2 and time.time() - t0 < 60 and not any("step" in l for l in err)
 
 
 # ---- 2. a finished run is never lost ---------------------------------------------------------------
-def test_full_disk_at_the_final_save_puts_the_model_elsewhere(tmp_path, corpus, tmpfs):
-    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(corpus), "--steps", "3",
+def test_full_disk_at_the_final_save_puts_the_model_elsewhere(tmp_path, sentences, tmpfs):
+    r = subprocess.run([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(sentences), "--steps", "3",
                         "--eval-every", "0", "--out", str(tmpfs / "m.tinygpt")], cwd=tmp_path,
                        capture_output=True, text=True, timeout=300)
     err = [l for l in r.stderr.splitlines() if "XDG" not in l and l.strip()]
@@ -226,37 +219,37 @@ def test_full_disk_at_the_final_save_puts_the_model_elsewhere(tmp_path, corpus, 
     assert not list(tmpfs.glob(".tinygpt-*"))
 
 
-def test_full_disk_for_the_log_warns_and_the_run_goes_on(tmp_path, corpus, tmpfs):
+def test_full_disk_for_the_log_warns_and_the_run_goes_on(tmp_path, sentences, tmpfs):
     (tmpfs / "filler").write_bytes(b"\0" * (256 * 1024 - 8192))
-    rc, err = train(corpus, tmp_path / "m.tinygpt", "--log", tmpfs / "l.jsonl", "--log-every", 1, steps=120)
+    rc, err = train(sentences, tmp_path / "m.tinygpt", "--log", tmpfs / "l.jsonl", "--log-every", 1, steps=120)
     assert rc == 0, err
     assert sum("warning: could not write the log" in l for l in err) == 1
     assert ckpt.load(tmp_path / "m.tinygpt").step == 120
 
 
-def test_full_disk_for_tensorboard_warns_once_without_a_traceback(tmp_path, corpus, tmpfs):
+def test_full_disk_for_tensorboard_warns_once_without_a_traceback(tmp_path, sentences, tmpfs):
     """tensorboardX writes from a thread of its own and flushes at exit: its full disk is said once,
     the run goes on and ends 0, and neither its thread nor its exit hook prints a traceback."""
     (tmpfs / "filler").write_bytes(b"\0" * (256 * 1024 - 8192))
-    rc, err = train(corpus, tmp_path / "m.tinygpt", "--tensorboard", tmpfs / "tb", "--log-every", 1, steps=60)
+    rc, err = train(sentences, tmp_path / "m.tinygpt", "--tensorboard", tmpfs / "tb", "--log-every", 1, steps=60)
     assert rc == 0, err
     assert sum("warning: could not write the TensorBoard log (No space left on device)" in l for l in err) == 1, err
     assert not any("Traceback" in l or "Exception" in l for l in err), err
     assert ckpt.load(tmp_path / "m.tinygpt").step == 60
 
 
-def test_a_peft_export_onto_a_full_disk_leaves_nothing(tmp_path, corpus, tmpfs):
+def test_a_peft_export_onto_a_full_disk_leaves_nothing(tmp_path, sentences, tmpfs):
     """A LoRA run's adapters as PEFT's directory, onto a full disk: one line, no half directory."""
     base, ft = tmp_path / "m.tinygpt", tmp_path / "ft.tinygpt"
-    assert train(corpus, base, steps=2)[0] == 0
-    assert train(corpus, ft, "--resume", base, "--lora", 64, steps=2)[0] == 0
+    assert train(sentences, base, steps=2)[0] == 0
+    assert train(sentences, ft, "--resume", base, "--lora", 64, steps=2)[0] == 0
     (tmpfs / "filler").write_bytes(b"\0" * (200 << 10))
     rc, err = cli("export", "--model", ft, "--format", "peft", tmpfs / "peft")
     assert rc == 1 and len(err) == 1 and "No space left on device" in err[0] and "Traceback" not in err[0], err
     assert sorted(p.name for p in tmpfs.iterdir()) == ["filler"]
 
 
-def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, corpus, monkeypatch, capsys):
+def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, sentences, monkeypatch, capsys):
     """SIGTERM (or Ctrl-C) in the middle of prepare: its temporary file is removed, the output
     stays as it was, exit 143, and the message speaks of what prepare writes (a token file), not
     of a checkpoint."""
@@ -271,14 +264,14 @@ def test_prepare_stopped_by_sigterm_leaves_nothing(tmp_path, corpus, monkeypatch
     monkeypatch.setattr(tokenfile, "CHUNK", 1024)         # many pieces
     monkeypatch.setattr(tokenfile, "_pieces", killed_midway)
     out = tmp_path / "c.bin"
-    assert main(["prepare", str(corpus), "--out", str(out), "--quiet"]) == 143
+    assert main(["prepare", str(sentences), "--out", str(out), "--quiet"]) == 143
     err = capsys.readouterr().err
     assert "prepare stopped by SIGTERM; nothing was written" in err and "checkpoint" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.txt"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_prepare_onto_a_full_disk_blames_the_output(tmp_path, corpus, tmpfs):
+def test_prepare_onto_a_full_disk_blames_the_output(tmp_path, sentences, tmpfs):
     """No space for the token file: the error names the output and says to free space (it said the
     input "cannot be read (No space left on device)"); nothing is left behind."""
     big = tmp_path / "big.txt"
@@ -289,19 +282,19 @@ def test_prepare_onto_a_full_disk_blames_the_output(tmp_path, corpus, tmpfs):
     assert list(tmpfs.iterdir()) == []
 
 
-def test_a_failing_plot_never_kills_a_run(tmp_path, corpus, monkeypatch, capsys):
+def test_a_failing_plot_never_kills_a_run(tmp_path, sentences, monkeypatch, capsys):
     import tinygpt.run.train as T
 
     def broken(*_):
         raise RuntimeError("no fonts")
     monkeypatch.setattr(T, "plot_losses", broken)
-    assert main(["train", *TINY, "--data", str(corpus), "--steps", "3", "--out", str(tmp_path / "m.tinygpt")]) == 0
+    assert main(["train", *TINY, "--data", str(sentences), "--steps", "3", "--out", str(tmp_path / "m.tinygpt")]) == 0
     assert "could not write the loss-curve plot (no fonts)" in capsys.readouterr().err
 
 
-def _run_and_signal(tmp_path, corpus, sig, when_lines, steps):
+def _run_and_signal(tmp_path, sentences, sig, when_lines, steps):
     out, log = tmp_path / "m.tinygpt", tmp_path / "l.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(corpus),
+    proc = subprocess.Popen([sys.executable, "-m", "tinygpt", "train", *TINY, "--data", str(sentences),
                              "--steps", str(steps), "--eval-every", "0", "--log-every", "1", "--log", str(log),
                              "--out", str(out)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
@@ -312,26 +305,26 @@ def _run_and_signal(tmp_path, corpus, sig, when_lines, steps):
     return proc.returncode, stderr, out
 
 
-def test_sigterm_saves_like_ctrl_c(tmp_path, corpus):
-    rc, stderr, out = _run_and_signal(tmp_path, corpus, signal.SIGTERM, 3, 100000)
+def test_sigterm_saves_like_ctrl_c(tmp_path, sentences):
+    rc, stderr, out = _run_and_signal(tmp_path, sentences, signal.SIGTERM, 3, 100000)
     assert rc == 143 and "Traceback" not in stderr and "SIGTERM" in stderr, stderr
     assert ckpt.load(out).step >= 3
 
 
 @pytest.mark.parametrize("trial", range(3))
-def test_ctrl_c_after_the_last_step_still_saves(tmp_path, corpus, trial):
+def test_ctrl_c_after_the_last_step_still_saves(tmp_path, sentences, trial):
     """The signal lands between the last step's log line and the end of the run: exit 0 or 130,
     and the checkpoint holds the last step either way."""
     steps = 6
-    rc, stderr, out = _run_and_signal(tmp_path, corpus, signal.SIGINT, steps, steps)
+    rc, stderr, out = _run_and_signal(tmp_path, sentences, signal.SIGINT, steps, steps)
     assert rc in (0, 130) and "Traceback" not in stderr, stderr
     assert ckpt.load(out).step == steps
 
 
 # ---- 3. a checkpoint saved is a good one -------------------------------------------------------------
-def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, corpus, saved):
+def test_divergence_is_never_saved_over_a_good_checkpoint(tmp_path, sentences, saved):
     before = saved.read_bytes()
-    rc, err = cli("train", "--resume", saved, "--quiet", "--data", corpus, "--steps", 40, "--eval-every", 0,
+    rc, err = cli("train", "--resume", saved, "--quiet", "--data", sentences, "--steps", 40, "--eval-every", 0,
                   "--lr", "1e4", "--rewarm", "--save-every", 1, "--log-every", 100)
     one_line_error(rc, err, "not saved", "keeps the checkpoint of step 4", "lower --lr")
     assert rc == 3 and saved.read_bytes() == before
@@ -401,7 +394,7 @@ def test_crafted_header_is_refused_by_arithmetic(tmp_path, saved):
     assert time.time() - t0 < 30
 
 
-def test_another_writers_nan_is_kept_as_null_and_the_run_saves(tmp_path, corpus, saved):
+def test_another_writers_nan_is_kept_as_null_and_the_run_saves(tmp_path, sentences, saved):
     """A header field of another writer holding NaN or Infinity (JSON has neither; Python's json
     writes them) is read as null, as TinyGPT's JSON.stringify writes it: the resumed run trains
     and saves (it trained, then failed the save, its work lost), the field kept as null."""
@@ -413,34 +406,34 @@ def test_another_writers_nan_is_kept_as_null_and_the_run_saves(tmp_path, corpus,
     assert b"NaN" in hb and b"-Infinity" in hb
     p = tmp_path / "other.tinygpt"
     p.write_bytes(good[:8] + len(hb).to_bytes(4, "little") + hb + good[12 + hlen:])
-    rc, err = cli("train", "--resume", p, "--data", corpus, "--steps", 6, "--eval-every", 0, "--quiet",
+    rc, err = cli("train", "--resume", p, "--data", sentences, "--steps", 6, "--eval-every", 0, "--quiet",
                   "--sample-tokens", 0)
     assert rc == 0, err
     back = ckpt.load(p)
     assert back.step == 6 and back.header["otherWriter"] == {"score": None, "range": [None, 1.5]}
 
 
-def test_model_flags_too_big_are_refused_by_arithmetic(tmp_path, corpus):
+def test_model_flags_too_big_are_refused_by_arithmetic(tmp_path, sentences):
     for args, needle in ((["--layers", 10 ** 8], "--layers 100,000,000 is more than"),
                          (["--layers", 4000, "--d-model", 8192, "--heads", 64], "parameters, more than")):
-        rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, *args, "--out", tmp_path / "o.tinygpt",
+        rc, err = cli("train", *TINY, "--steps", 1, "--data", sentences, *args, "--out", tmp_path / "o.tinygpt",
                       timeout=60)
         one_line_error(rc, err, needle)
         assert rc == 2
 
 
-def test_a_path_inside_a_checkpoint_is_never_opened(tmp_path, corpus):
+def test_a_path_inside_a_checkpoint_is_never_opened(tmp_path, sentences):
     """The checkpoint records its --data; resuming or evaluating without --data asks for it
     (the recorded path is a FIFO here: opening it would hang)."""
     out = tmp_path / "m.tinygpt"
-    rc, err = train(corpus, out)
+    rc, err = train(sentences, out)
     assert rc == 0, err
-    corpus.unlink()
-    os.mkfifo(corpus)
+    sentences.unlink()
+    os.mkfifo(sentences)
     rc, err = cli("eval", "--model", out, timeout=60)
-    one_line_error(rc, err, f"was trained on {corpus}", "--data")
+    one_line_error(rc, err, f"was trained on {sentences}", "--data")
     rc, err = cli("train", "--resume", out, "--steps", 5, "--quiet", timeout=60)
-    one_line_error(rc, err, f"was trained on {corpus}", "--data")
+    one_line_error(rc, err, f"was trained on {sentences}", "--data")
 
 
 def test_tokenizer_that_cannot_produce_the_vocabulary(tmp_path):
@@ -454,7 +447,7 @@ def test_tokenizer_that_cannot_produce_the_vocabulary(tmp_path):
 # ---- 5. caches never brick the tool ------------------------------------------------------------------
 @pytest.mark.parametrize("bad", [{"matmul_wx": 0}, {"online_block": [0, 32]}, {"matmul_wx": "8"},
                                  {"online_variant": 3}, "a number", None])
-def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad, monkeypatch, capsys):
+def test_bad_tuning_cache_warns_and_runs(tmp_path, sentences, bad, monkeypatch, capsys):
     """In this process (the cache is read afresh by every plan): a process a run costs ~2.5 s."""
     from tinygpt.device.gpu import GPU
     cache = tmp_path / "cache"
@@ -462,7 +455,7 @@ def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad, monkeypatch, cap
     key = GPU().key
     (cache / "tuning.json").write_text(json.dumps({key: bad}) if bad is not None else "{not json")
     monkeypatch.setenv("TINYGPT_CACHE_DIR", str(cache))
-    line = ["train", *TINY, "--data", corpus, "--steps", 2, "--eval-every", 0, "--sample-tokens", 0,
+    line = ["train", *TINY, "--data", sentences, "--steps", 2, "--eval-every", 0, "--sample-tokens", 0,
             "--out", tmp_path / "m.tinygpt"]
     rc, err = in_process(*line)
     assert rc == 0, err
@@ -474,30 +467,30 @@ def test_bad_tuning_cache_warns_and_runs(tmp_path, corpus, bad, monkeypatch, cap
 
 
 # ---- 6. messages and codes ----------------------------------------------------------------------------
-def test_bad_flag_values_exit_2(tmp_path, corpus):
+def test_bad_flag_values_exit_2(tmp_path, sentences):
     for args in (["--seed", "-1"], ["--seed", str(2 ** 70)], ["--warmup", "x"], ["--min-lr", "inf"]):
-        rc, err = cli("train", *TINY, "--steps", 1, "--data", corpus, *args, "--out", tmp_path / "o.tinygpt")
+        rc, err = cli("train", *TINY, "--steps", 1, "--data", sentences, *args, "--out", tmp_path / "o.tinygpt")
         one_line_error(rc, err, args[0])
         assert rc == 2
 
 
-def test_the_file_records_the_whole_split_loss_and_eval_every(tmp_path, corpus):
+def test_the_file_records_the_whole_split_loss_and_eval_every(tmp_path, sentences):
     """finalLoss.val (and bestVal, where lowest) hold the whole-split loss the run prints and
     eval computes, not the 64-window estimate; the header's config carries evalEvery, which
     upstream's continue loop counts its next evaluation from (NaN without it)."""
     out = tmp_path / "m.tinygpt"
-    rc, err = train(corpus, out, "--eval-every", 2, steps=4)
+    rc, err = train(sentences, out, "--eval-every", 2, steps=4)
     assert rc == 0, err
     h = ckpt.load(out).header
     whole = json.loads(subprocess.run([sys.executable, "-m", "tinygpt", "eval", "--model", str(out), "--data",
-                                       str(corpus), "--json"], capture_output=True, text=True).stdout)["loss"]
+                                       str(sentences), "--json"], capture_output=True, text=True).stdout)["loss"]
     print("finalLoss", h["finalLoss"], "bestVal", h["bestVal"], "eval", whole)
     assert h["finalLoss"]["step"] == 4 and abs(h["finalLoss"]["val"] - whole) < 1e-5
     assert h["config"]["evalEvery"] == 2
     assert h["bestVal"]["loss"] <= h["finalLoss"]["val"]
 
 
-def test_non_finite_weights_are_refused_before_anything_runs(tmp_path, corpus, saved):
+def test_non_finite_weights_are_refused_before_anything_runs(tmp_path, sentences, saved):
     """A file whose weights hold NaN or inf (a diverged run another tool saved): eval, sample,
     inspect and train --resume say so in one line, naming the tensor (eval printed nan, sample
     failed in Python's bytes())."""
@@ -505,28 +498,28 @@ def test_non_finite_weights_are_refused_before_anything_runs(tmp_path, corpus, s
     ck.params["h0.Wq"][0, :3] = [np.nan, np.inf, -np.inf]
     p = tmp_path / "nan.tinygpt"
     ckpt.save(p, ck)
-    for args in (("eval", "--model", p, "--data", corpus), ("sample", "--model", p, "--tokens", 5),
+    for args in (("eval", "--model", p, "--data", sentences), ("sample", "--model", p, "--tokens", 5),
                  ("inspect", "--model", p, "--prompt", "It", "--out", tmp_path / "i.png"),
-                 ("train", "--resume", p, "--data", corpus, "--steps", 8)):
+                 ("train", "--resume", p, "--data", sentences, "--steps", 8)):
         rc, err = cli(*args)
         one_line_error(rc, err, "h0.Wq hold 3 NaN or infinite values", "use an earlier checkpoint")
     assert not (tmp_path / "i.png").exists()
 
 
-def test_eval_of_an_exploded_model_prints_what_it_can(tmp_path, corpus, saved, capsys):
+def test_eval_of_an_exploded_model_prints_what_it_can(tmp_path, sentences, saved, capsys):
     ck = ckpt.load(saved)
     ck.params["tok_emb"] = ck.params["tok_emb"] * 1e4   # logits of ~1e4: a loss too large for exp
     p = tmp_path / "big.tinygpt"
     ckpt.save(p, ck)
-    assert main(["eval", "--model", str(p), "--data", str(corpus)]) == 0
+    assert main(["eval", "--model", str(p), "--data", str(sentences)]) == 0
     out = capsys.readouterr().out
     assert "perplexity too large to show" in out
-    assert main(["eval", "--model", str(p), "--data", str(corpus), "--json"]) == 0
+    assert main(["eval", "--model", str(p), "--data", str(sentences), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["perplexity"] is None and r["loss"] > 700 and np.isfinite(r["loss"])
 
 
-def test_a_runs_outputs_are_distinct_from_each_other(tmp_path, corpus):
+def test_a_runs_outputs_are_distinct_from_each_other(tmp_path, sentences):
     """Issue 47: the checkpoint, its plot, the log, the best checkpoint and the TensorBoard directory
     are claimed before the first step and none may be another: each pair that collides is refused
     in one line, and nothing is made (the TensorBoard directory took the checkpoint's name before)."""
@@ -535,7 +528,7 @@ def test_a_runs_outputs_are_distinct_from_each_other(tmp_path, corpus):
                           (["--keep-best", "--log", tmp_path / "a.best.tinygpt"], "log is written there"),
                           (["--tensorboard", out], "checkpoint is written there"),
                           (["--tensorboard", tmp_path / "a.loss.png"], "loss-curve plot is written there")):
-        rc, err = in_process("train", *TINY, "--data", corpus, "--steps", 1, "--eval-every", 0, "--out", out, *extra)
+        rc, err = in_process("train", *TINY, "--data", sentences, "--steps", 1, "--eval-every", 0, "--out", out, *extra)
         print(err[-1])
         one_line_error(rc, err, needle)
         assert not out.exists() and not (tmp_path / "a.loss.png").exists()

@@ -18,21 +18,15 @@ from tinygpt.commands.settings import train_options
 TINY = ["--preset", "tiny", "--layers", "1", "--batch", "4", "--ctx", "16", "--quiet", "--sample-tokens", "0"]
 
 
-@pytest.fixture
-def corpus(sentences):
-    """This file's runs train on conftest's few repeated sentences, not on Tiny Shakespeare."""
-    return sentences
-
-
-def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, corpus):
+def test_a_config_is_the_same_run_as_its_flags_bit_for_bit(tmp_path, sentences):
     (tmp_path / "run.toml").write_text(f'preset = "tiny"\nlayers = 1\nbatch = 4\nctx = 16\nquiet = true\n'
                                        f'sample_tokens = 0\nsteps = 5\nlr = 3e-3\neval_every = 0\n'
                                        f'optimizer = "adamw"\nkernels = {{ matmul = "scalar" }}\n'
-                                       f'data = "{corpus}"\n')
+                                       f'data = "{sentences}"\n')
     a, b = tmp_path / "a.tinygpt", tmp_path / "b.tinygpt"
     assert main(["train", "--config", str(tmp_path / "run.toml"), "--out", str(a)]) == 0
     assert main(["train", *TINY, "--steps", "5", "--lr", "3e-3", "--eval-every", "0", "--optimizer", "adamw",
-                 "--kernels", "matmul=scalar", "--data", str(corpus), "--out", str(b)]) == 0
+                 "--kernels", "matmul=scalar", "--data", str(sentences), "--out", str(b)]) == 0
     ca, cb = ckpt.load(a), ckpt.load(b)
     assert ca.step == cb.step == 5
     for name in ca.params:
@@ -136,28 +130,28 @@ def test_the_example_configs_load():
         ["q", "k", "v", "o"]
 
 
-def test_a_resumed_run_keeps_its_settings(tmp_path, corpus):
+def test_a_resumed_run_keeps_its_settings(tmp_path, sentences):
     out, log = tmp_path / "m.tinygpt", tmp_path / "l.jsonl"
     assert main(["train", *TINY, "--steps", "7", "--log-every", "3", "--eval-every", "0", "--save-every", "0",
-                 "--data", str(corpus), "--out", str(out)]) == 0
+                 "--data", str(sentences), "--out", str(out)]) == 0
     settings = ckpt.load(out).extra["settings"]
     assert settings["log_every"] == 3 and settings["eval_every"] == 0 and settings["sample_tokens"] == 0
-    assert main(["train", "--resume", str(out), "--steps", "13", "--quiet", "--data", str(corpus),
+    assert main(["train", "--resume", str(out), "--steps", "13", "--quiet", "--data", str(sentences),
                  "--log", str(log)]) == 0
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert rows[0]["resumed_from"] == 7 and all("resumed_from" not in r for r in rows[1:]), rows
     steps = [r["step"] for r in rows]
     assert steps == [9, 12, 13], steps          # every 3rd step and the last, no evaluation
     assert main(["train", "--resume", str(out), "--steps", "15", "--log-every", "1", "--quiet",
-                 "--data", str(corpus)]) == 0
+                 "--data", str(sentences)]) == 0
     assert ckpt.load(out).extra["settings"]["log_every"] == 1           # an option given replaces it
 
 
-def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
+def test_logs_tensorboard_and_keep_best(tmp_path, sentences):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     out, log, tb = tmp_path / "m.tinygpt", tmp_path / "l.jsonl", tmp_path / "tb"
     r = subprocess.run([sys.executable, "-m", "tinygpt", "train", *TINY, "--steps", "12", "--eval-every", "4",
-                        "--eval-windows", "4", "--log-every", "2", "--data", str(corpus), "--out", str(out),
+                        "--eval-windows", "4", "--log-every", "2", "--data", str(sentences), "--out", str(out),
                         "--log", str(log), "--tensorboard", str(tb), "--keep-best"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -184,14 +178,14 @@ def test_logs_tensorboard_and_keep_best(tmp_path, corpus):
     assert f"best checkpoint {best} (step {best_step}" in r.stdout and f"TensorBoard logs in {run_dir}" in r.stdout
 
 
-def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, corpus):
+def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, sentences):
     """Issue 47: a resumed run appends to its JSON Lines log and to its own TensorBoard run (the
     folder its checkpoint names), its first row saying where it resumed; a second run given the
     same --tensorboard directory, even in the same second, gets a folder of its own. The command
     an interrupted run prints names its logs, so that they go on."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     out, log, tb = tmp_path / "m.tinygpt", tmp_path / "l.jsonl", tmp_path / "tb"
-    common = [*TINY, "--eval-every", "0", "--log-every", "2", "--data", str(corpus), "--tensorboard", str(tb)]
+    common = [*TINY, "--eval-every", "0", "--log-every", "2", "--data", str(sentences), "--tensorboard", str(tb)]
     assert main(["train", *common, "--steps", "4", "--out", str(out), "--log", str(log)]) == 0
     assert main(["train", *common, "--resume", str(out), "--steps", "8", "--log", str(log)]) == 0
     assert main(["train", *common, "--steps", "2", "--out", str(tmp_path / "m2.tinygpt")]) == 0
@@ -207,13 +201,13 @@ def test_a_resumed_run_continues_its_logs_and_each_run_has_its_folder(tmp_path, 
     assert [e.step for e in ea.Scalars("loss/train")] == [2, 4, 6, 8]
 
 
-def test_f16_logs_its_loss_scale(gpu, tmp_path, corpus):
+def test_f16_logs_its_loss_scale(gpu, tmp_path, sentences):
     if "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.name} has no shader-f16")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     tb = tmp_path / "tb"
     assert main(["train", *TINY, "--steps", "2", "--eval-every", "0", "--log-every", "1", "--precision", "f16",
-                 "--data", str(corpus), "--out", str(tmp_path / "m.tinygpt"), "--tensorboard", str(tb)]) == 0
+                 "--data", str(sentences), "--out", str(tmp_path / "m.tinygpt"), "--tensorboard", str(tb)]) == 0
     ea = EventAccumulator(str(next(tb.iterdir())))
     ea.Reload()
     assert [e.value for e in ea.Scalars("loss_scale")] == [65536.0, 65536.0]
@@ -247,14 +241,14 @@ def test_version_help_and_a_closed_pipe():
         assert not err and rc == (141 if argv == ["info"] else 0), (argv, rc, err)     # --help has said all
 
 
-def test_no_output_lands_on_or_in_an_input(tmp_path, corpus, capsys):
+def test_no_output_lands_on_or_in_an_input(tmp_path, sentences, capsys):
     """--force replaces files tinygpt did not write, but never the run's own config; TensorBoard's
     files never go inside a --data directory (the next run would read them as text)."""
     cfg = tmp_path / "run.toml"
     cfg.write_text('preset = "tiny"\nsteps = 1\n')
     texts = tmp_path / "texts"
     texts.mkdir()
-    (texts / "a.txt").write_text(corpus.read_text())
+    (texts / "a.txt").write_text(sentences.read_text())
     for argv, needle in ((["--config", str(cfg), "--out", str(cfg), "--force"], "is also this command's --config"),
                          (["--data", str(texts), "--tensorboard", str(texts / "tb")], "lies inside --data")):
         assert main(["train", *TINY, *argv]) == 2
@@ -265,13 +259,13 @@ def test_no_output_lands_on_or_in_an_input(tmp_path, corpus, capsys):
         train_options({"config": str(cfg)}, "train")          # the API cannot name a file it would not read
 
 
-def test_keep_best_compares_like_with_like(tmp_path, corpus, capsys):
+def test_keep_best_compares_like_with_like(tmp_path, sentences, capsys):
     """Issue 47: keep-best compares a step's loss over the evaluation windows with the best file's
     loss over as many windows (its keepBest record), never with the end's whole-split loss in the
     history: a resumed run whose file's last point is a low whole-split loss still keeps a better
     estimate; and over another number of windows the first evaluation starts the record again."""
     out, best = tmp_path / "m.tinygpt", tmp_path / "m.best.tinygpt"
-    common = ["--data", str(corpus), "--eval-every", "2", "--eval-windows", "4", "--sample-tokens", "0", "--quiet"]
+    common = ["--data", str(sentences), "--eval-every", "2", "--eval-windows", "4", "--sample-tokens", "0", "--quiet"]
     assert main(["train", *TINY, "--steps", "4", "--out", str(out), "--keep-best", *common]) == 0
     ck = ckpt.load(out)
     rec = ck.extra["keepBest"]
